@@ -1,0 +1,53 @@
+"""The `colibri` command line: one subcommand per job, each defined next to the
+code it drives (a module exposing `add_parser(subparsers)` that sets
+`func=handler`). Errors the user can act on become one line and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import ColibriError
+
+# Modules that contribute subcommands, in the order `colibri -h` lists them.
+SUBCOMMAND_MODULES = (
+    "colibri.convert",   # convert
+    "colibri.inspect",   # info, verify
+    "colibri.run",       # run
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="colibri",
+        description="Convert Mixture-of-Experts checkpoints to .colibri files, "
+                    "inspect them and run the numpy reference.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a real missing dependency, not an absent module
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ColibriError as exc:
+        print(f"colibri: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("colibri: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
