@@ -1,0 +1,635 @@
+"""Read and write .colibri files (docs/FORMAT.md is the spec; this module and
+src/include/colibri_format.h must agree, which a test checks).
+
+Writer: `ColibriWriter` streams one tensor at a time (the converter's peak
+memory is one tensor), `write_file` writes pre-built tensors.
+Reader: `read_file` validates every field and offset before any data is used,
+then (by default) every CRC, and raises FormatError / CRCError naming the field
+or tensor and the value found.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import mmap
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+import numpy as np
+
+from . import quant
+from .errors import CRCError, FormatError
+
+MAGIC = b"CLBR"
+VERSION = 1
+BOM = 0xFEFF
+HEADER_SIZE = 64
+ENTRY_SIZE = 40
+ALIGN = 64
+NO_INDEX = 0xFFFF
+FLAG_CRITICAL = 0x01
+U16_MAX = 0xFFFF
+U32_MAX = 0xFFFFFFFF
+U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+# Header layout after the byte-order-independent magic (FORMAT.md section 2).
+# The byte-order character is prepended at use: "<" or ">".
+HEADER_FIELDS = (
+    # (name, struct code, offset)
+    ("magic", "4s", 0),
+    ("version", "H", 4),
+    ("bom", "H", 6),
+    ("vocab", "I", 8),
+    ("hidden", "I", 12),
+    ("intermediate", "I", 16),
+    ("max_seq_len", "I", 20),
+    ("n_layers", "H", 24),
+    ("n_heads", "H", 26),
+    ("n_kv_heads", "H", 28),
+    ("head_dim", "H", 30),
+    ("n_experts", "H", 32),
+    ("top_k", "H", 34),
+    ("max_batch", "H", 36),
+    ("group_size", "H", 38),
+    ("rope_theta", "f", 40),
+    ("rms_eps", "f", 44),
+    ("n_tensors", "I", 48),
+    ("table_crc", "I", 52),
+    ("flags", "I", 56),
+    ("header_crc", "I", 60),
+)
+HEADER_STRUCT = "".join(code for _, code, _ in HEADER_FIELDS)
+ENTRY_FIELDS = (
+    ("kind", "H", 0),
+    ("dtype", "B", 2),
+    ("flags", "B", 3),
+    ("layer", "H", 4),
+    ("expert", "H", 6),
+    ("rows", "I", 8),
+    ("cols", "I", 12),
+    ("offset", "Q", 16),
+    ("size", "Q", 24),
+    ("crc", "I", 32),
+    ("reserved", "I", 36),
+)
+ENTRY_STRUCT = "".join(code for _, code, _ in ENTRY_FIELDS)
+
+# Packing is checked against the documented sizes when the module loads, the
+# way MCUboot's imgtool asserts its header layout.
+assert struct.calcsize("<" + HEADER_STRUCT) == HEADER_SIZE
+assert struct.calcsize("<" + ENTRY_STRUCT) == ENTRY_SIZE
+for _fields in (HEADER_FIELDS, ENTRY_FIELDS):
+    for (_n, _c, _o), (_n2, _c2, _o2) in zip(_fields, _fields[1:]):
+        assert _o + struct.calcsize("<" + _c) == _o2, (_n, _n2)
+
+
+class Kind(enum.IntEnum):
+    EMBED = 1
+    ATTN_NORM = 2
+    WQ = 3
+    WK = 4
+    WV = 5
+    WO = 6
+    FFN_NORM = 7
+    ROUTER = 8
+    EXPERT_W1 = 9
+    EXPERT_W3 = 10
+    EXPERT_W2 = 11
+    FINAL_NORM = 12
+    LM_HEAD = 13
+
+
+class DType(enum.IntEnum):
+    F32 = 0
+    I8_GROUP = 1
+    I16_ROW = 2
+
+
+GLOBAL_KINDS = (Kind.EMBED, Kind.FINAL_NORM, Kind.LM_HEAD)
+LAYER_KINDS = (Kind.ATTN_NORM, Kind.WQ, Kind.WK, Kind.WV, Kind.WO, Kind.FFN_NORM, Kind.ROUTER)
+EXPERT_KINDS = (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)
+
+# Storage types each kind may use (FORMAT.md section 3).
+ALLOWED_DTYPES: dict[Kind, tuple[DType, ...]] = {
+    Kind.EMBED: (DType.F32, DType.I16_ROW),
+    Kind.ATTN_NORM: (DType.F32,),
+    Kind.WQ: (DType.F32, DType.I8_GROUP),
+    Kind.WK: (DType.F32, DType.I8_GROUP),
+    Kind.WV: (DType.F32, DType.I8_GROUP),
+    Kind.WO: (DType.F32, DType.I8_GROUP),
+    Kind.FFN_NORM: (DType.F32,),
+    Kind.ROUTER: (DType.F32, DType.I16_ROW),
+    Kind.EXPERT_W1: (DType.F32, DType.I8_GROUP),
+    Kind.EXPERT_W3: (DType.F32, DType.I8_GROUP),
+    Kind.EXPERT_W2: (DType.F32, DType.I8_GROUP),
+    Kind.FINAL_NORM: (DType.F32,),
+    Kind.LM_HEAD: (DType.F32, DType.I8_GROUP),
+}
+
+# `--quant` presets (FORMAT.md section 4). Norms are always F32.
+PRESET_F32 = {k: DType.F32 for k in Kind}
+PRESET_INT8 = dict(PRESET_F32)
+PRESET_INT8.update({
+    Kind.ROUTER: DType.I16_ROW,
+    Kind.EMBED: DType.I16_ROW,
+    Kind.LM_HEAD: DType.I8_GROUP,
+    **{k: DType.I8_GROUP for k in (Kind.WQ, Kind.WK, Kind.WV, Kind.WO, *EXPERT_KINDS)},
+})
+
+
+def align64(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model hyper-parameters stored in the header."""
+    vocab: int
+    hidden: int
+    intermediate: int
+    max_seq_len: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_experts: int
+    top_k: int
+    max_batch: int = 1
+    group_size: int = 32
+    rope_theta: float = 1e6
+    rms_eps: float = 1e-5
+
+    def validate(self) -> None:
+        """Raise FormatError naming the first field out of its range."""
+        limits = {"vocab": U32_MAX, "hidden": U32_MAX, "intermediate": U32_MAX,
+                  "max_seq_len": U32_MAX, "n_layers": U16_MAX - 1, "n_heads": U16_MAX,
+                  "n_kv_heads": U16_MAX, "head_dim": U16_MAX, "n_experts": U16_MAX - 1,
+                  "top_k": U16_MAX, "max_batch": U16_MAX, "group_size": U16_MAX}
+        for name, hi in limits.items():
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or not 1 <= v <= hi:
+                raise FormatError(f"header field {name} = {v!r} is out of range 1..{hi}")
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise FormatError(f"header field head_dim = {self.head_dim} must be even "
+                              "(RoPE rotates the two halves of each head)")
+        if self.n_heads % self.n_kv_heads:
+            raise FormatError(f"header field n_kv_heads = {self.n_kv_heads} does not divide "
+                              f"n_heads = {self.n_heads}")
+        if self.top_k > self.n_experts:
+            raise FormatError(f"header field top_k = {self.top_k} exceeds "
+                              f"n_experts = {self.n_experts}")
+        for name in ("rope_theta", "rms_eps"):
+            v = float(getattr(self, name))
+            f32 = float(np.float32(v))
+            if not (math.isfinite(f32) and f32 > 0):
+                raise FormatError(f"header field {name} = {v!r} must be finite and > 0 "
+                                  "in float32")
+
+
+@dataclass
+class Tensor:
+    """One stored tensor: values [rows, cols] (float32/int8/int16) and scales
+    (float32 [rows, ngroups] for I8_GROUP, [rows] for I16_ROW, None for F32)."""
+    kind: Kind
+    layer: int | None
+    expert: int | None
+    dtype: DType
+    rows: int
+    cols: int
+    values: np.ndarray
+    scales: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor-table entry as stored (FORMAT.md section 3)."""
+    kind: int
+    dtype: int
+    flags: int
+    layer: int
+    expert: int
+    rows: int
+    cols: int
+    offset: int
+    size: int
+    crc: int
+    reserved: int = 0
+
+    def label(self) -> str:
+        """Human name of the tensor, e.g. 'EXPERT_W2 layer 1 expert 3'."""
+        try:
+            name = Kind(self.kind).name
+        except ValueError:
+            name = f"unknown kind {self.kind}"
+        parts = [name]
+        if self.layer != NO_INDEX:
+            parts.append(f"layer {self.layer}")
+        if self.expert != NO_INDEX:
+            parts.append(f"expert {self.expert}")
+        return " ".join(parts)
+
+
+def tensor_order(shape: ModelShape) -> list[tuple[Kind, int | None, int | None]]:
+    """(kind, layer, expert) of every tensor, in file order (FORMAT.md 3, rule 1)."""
+    order: list[tuple[Kind, int | None, int | None]] = [(Kind.EMBED, None, None)]
+    for layer in range(shape.n_layers):
+        order += [(k, layer, None) for k in LAYER_KINDS]
+        for e in range(shape.n_experts):
+            order += [(k, layer, e) for k in EXPERT_KINDS]
+    order += [(Kind.FINAL_NORM, None, None), (Kind.LM_HEAD, None, None)]
+    return order
+
+
+def expected_shape(shape: ModelShape, kind: Kind) -> tuple[int, int]:
+    """(rows, cols) the header implies for a tensor of this kind."""
+    h, q, kv = shape.hidden, shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim
+    return {
+        Kind.EMBED: (shape.vocab, h),
+        Kind.ATTN_NORM: (1, h),
+        Kind.WQ: (q, h),
+        Kind.WK: (kv, h),
+        Kind.WV: (kv, h),
+        Kind.WO: (h, q),
+        Kind.FFN_NORM: (1, h),
+        Kind.ROUTER: (shape.n_experts, h),
+        Kind.EXPERT_W1: (shape.intermediate, h),
+        Kind.EXPERT_W3: (shape.intermediate, h),
+        Kind.EXPERT_W2: (h, shape.intermediate),
+        Kind.FINAL_NORM: (1, h),
+        Kind.LM_HEAD: (shape.vocab, h),
+    }[kind]
+
+
+def section_size(dtype: int, rows: int, cols: int, group_size: int) -> int:
+    """Exact section length in bytes (FORMAT.md section 4). Python integers do
+    not overflow; the caller checks the result against 64-bit limits."""
+    n = rows * cols
+    if dtype == DType.F32:
+        return 4 * n
+    if dtype == DType.I8_GROUP:
+        return align64(n) + 4 * rows * quant.n_groups(cols, group_size)
+    if dtype == DType.I16_ROW:
+        return align64(2 * n) + 4 * rows
+    raise FormatError(f"unknown dtype {dtype}")
+
+
+def _byte_char(byte_order: str) -> str:
+    if byte_order not in ("little", "big"):
+        raise FormatError(f"byte order {byte_order!r} must be 'little' or 'big'")
+    return "<" if byte_order == "little" else ">"
+
+
+def _section_bytes(values: np.ndarray, scales: np.ndarray | None, bc: str) -> bytes:
+    """Serialise values then scales (at the next 64-byte boundary) in byte order bc."""
+    v = np.ascontiguousarray(values)
+    v = v.astype(v.dtype.newbyteorder(bc), copy=False) if v.dtype.itemsize > 1 else v
+    out = v.tobytes()
+    if scales is not None:
+        out += b"\0" * (align64(len(out)) - len(out))
+        out += np.ascontiguousarray(scales, dtype=np.dtype("f4").newbyteorder(bc)).tobytes()
+    return out
+
+
+def pack_header(shape: ModelShape, n_tensors: int, table_crc: int, bc: str,
+                flags: int = 0) -> bytes:
+    """The 64-byte header with its CRC."""
+    values = dict(dataclasses.asdict(shape), magic=MAGIC, version=VERSION, bom=BOM,
+                  n_tensors=n_tensors, table_crc=table_crc, flags=flags, header_crc=0)
+    body = struct.pack(bc + HEADER_STRUCT, *(values[name] for name, _, _ in HEADER_FIELDS))
+    crc = zlib.crc32(body[:60])
+    return body[:60] + struct.pack(bc + "I", crc)
+
+
+def pack_entry(e: Entry, bc: str) -> bytes:
+    return struct.pack(bc + ENTRY_STRUCT, *(getattr(e, name) for name, _, _ in ENTRY_FIELDS))
+
+
+class ColibriWriter:
+    """Streams a .colibri file: the layout (every offset and size) follows from
+    the shape and the storage types, so sections are written as tensors arrive
+    and the table and header are filled in at close.
+
+        with ColibriWriter(path, shape, PRESET_INT8) as w:
+            for kind, layer, expert in tensor_order(shape):
+                w.add(kind, layer, expert, weights_float32_2d)
+
+    `add_encoded` takes already-encoded values/scales (used to re-write a file
+    byte for byte). Peak memory is one tensor and its encoding.
+    """
+
+    def __init__(self, path: str | os.PathLike, shape: ModelShape,
+                 dtypes: dict[Kind, DType] | None = None, byte_order: str = "little"):
+        shape.validate()
+        self.path = Path(path)
+        self.shape = shape
+        self.dtypes = dict(PRESET_F32 if dtypes is None else dtypes)
+        for kind, dt in self.dtypes.items():
+            if dt not in ALLOWED_DTYPES[kind]:
+                allowed = ", ".join(d.name for d in ALLOWED_DTYPES[kind])
+                raise FormatError(f"{kind.name} cannot be stored as {DType(dt).name} "
+                                  f"(allowed: {allowed})")
+        self.bc = _byte_char(byte_order)
+        self.order = tensor_order(shape)
+        self.entries: list[Entry] = []
+        self._offset = align64(HEADER_SIZE + ENTRY_SIZE * len(self.order))
+        self._tmp = self.path.with_name(self.path.name + ".partial")
+        self._f: BinaryIO | None = None
+
+    def __enter__(self) -> "ColibriWriter":
+        self._f = open(self._tmp, "wb")
+        self._f.write(b"\0" * self._offset)  # header + table, filled at close
+        return self
+
+    def add(self, kind: Kind, layer: int | None, expert: int | None, weights: np.ndarray) -> None:
+        """Encode float weights [rows, cols] with the kind's storage type and
+        write them as the next section."""
+        dt = self.dtypes[kind]
+        values, scales = quant.encode(weights, dt, self.shape.group_size)
+        self.add_encoded(kind, layer, expert, dt, values, scales)
+
+    def add_encoded(self, kind: Kind, layer: int | None, expert: int | None, dtype: DType,
+                    values: np.ndarray, scales: np.ndarray | None) -> None:
+        idx = len(self.entries)
+        if idx >= len(self.order):
+            raise FormatError(f"too many tensors: the model has {len(self.order)}")
+        want = self.order[idx]
+        if (kind, layer, expert) != want:
+            raise FormatError(f"tensor {_label(kind, layer, expert)} given where the file "
+                              f"order expects {_label(*want)}")
+        if dtype not in ALLOWED_DTYPES[kind]:
+            raise FormatError(f"{kind.name} cannot be stored as {DType(dtype).name}")
+        rows, cols = expected_shape(self.shape, kind)
+        if tuple(values.shape) != (rows, cols):
+            raise FormatError(f"tensor {_label(kind, layer, expert)} has shape "
+                              f"{tuple(values.shape)}, expected {(rows, cols)}")
+        data = _section_bytes(values, scales, self.bc)
+        size = section_size(dtype, rows, cols, self.shape.group_size)
+        if len(data) != size:
+            raise FormatError(f"tensor {_label(kind, layer, expert)}: encoded {len(data)} "
+                              f"bytes, the format requires {size}")
+        assert self._f is not None, "use ColibriWriter as a context manager"
+        self._f.write(data)
+        self._f.write(b"\0" * (align64(size) - size))
+        self.entries.append(Entry(
+            kind=int(kind), dtype=int(dtype), flags=FLAG_CRITICAL,
+            layer=NO_INDEX if layer is None else layer,
+            expert=NO_INDEX if expert is None else expert,
+            rows=rows, cols=cols, offset=self._offset, size=size, crc=zlib.crc32(data)))
+        self._offset += align64(size)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        f, self._f = self._f, None
+        try:
+            if exc_type is None and len(self.entries) != len(self.order):
+                missing = self.order[len(self.entries)]
+                raise FormatError(f"file incomplete: tensor {_label(*missing)} was never given")
+            if exc_type is None:
+                table = b"".join(pack_entry(e, self.bc) for e in self.entries)
+                header = pack_header(self.shape, len(self.entries), zlib.crc32(table), self.bc)
+                f.seek(0)
+                f.write(header + table)
+                f.close()
+                os.replace(self._tmp, self.path)  # never leave a half-written OUT
+        finally:
+            if f is not None and not f.closed:
+                f.close()
+            if self._tmp.exists():
+                self._tmp.unlink()
+
+
+def write_file(path: str | os.PathLike, shape: ModelShape, tensors: Iterable[Tensor],
+               byte_order: str = "little") -> Path:
+    """Write already-encoded tensors (in tensor_order) to a .colibri file; the
+    storage type of each comes from the tensor itself."""
+    with ColibriWriter(path, shape, None, byte_order) as w:
+        for t in tensors:
+            w.add_encoded(t.kind, t.layer, t.expert, DType(t.dtype), t.values, t.scales)
+    return Path(path)
+
+
+def _label(kind, layer, expert) -> str:
+    return Entry(int(kind), 0, 0, NO_INDEX if layer is None else layer,
+                 NO_INDEX if expert is None else expert, 0, 0, 0, 0, 0).label()
+
+
+# --------------------------------------------------------------------------
+# Reader
+
+
+class ColibriFile:
+    """A validated .colibri file. Tensor data is read lazily from a memory map
+    and returned as numpy arrays in native byte order."""
+
+    def __init__(self, buf, shape: ModelShape, entries: list[Entry], byte_order: str,
+                 version: int, path: Path | None = None):
+        self._buf = buf
+        self.shape = shape
+        self.entries = entries
+        self.byte_order = byte_order
+        self.version = version
+        self.path = path
+        self._index = {(e.kind, e.layer, e.expert): e for e in entries
+                       if e.kind in Kind._value2member_map_}
+
+    @property
+    def dtypes(self) -> dict[Kind, DType]:
+        """Storage type per kind, as found in the file."""
+        return {Kind(e.kind): DType(e.dtype) for e in self.entries
+                if e.kind in Kind._value2member_map_}
+
+    def entry(self, kind: Kind, layer: int | None = None, expert: int | None = None) -> Entry:
+        key = (int(kind), NO_INDEX if layer is None else layer,
+               NO_INDEX if expert is None else expert)
+        try:
+            return self._index[key]
+        except KeyError:
+            raise FormatError(f"no tensor {_label(kind, layer, expert)} in this file") from None
+
+    def section(self, e: Entry) -> memoryview:
+        return memoryview(self._buf)[e.offset:e.offset + e.size]
+
+    def tensor(self, kind: Kind, layer: int | None = None, expert: int | None = None) -> Tensor:
+        e = self.entry(kind, layer, expert)
+        bc = "<" if self.byte_order == "little" else ">"
+        raw = self.section(e)
+        n = e.rows * e.cols
+        vtype = {DType.F32: "f4", DType.I8_GROUP: "i1", DType.I16_ROW: "i2"}[DType(e.dtype)]
+        vdt = np.dtype(vtype).newbyteorder(bc)
+        values = np.frombuffer(raw, dtype=vdt, count=n).reshape(e.rows, e.cols)
+        values = values.astype(vdt.newbyteorder("="), copy=False)
+        scales = None
+        sdt = np.dtype("f4").newbyteorder(bc)
+        if e.dtype == DType.I8_GROUP:
+            ng = quant.n_groups(e.cols, self.shape.group_size)
+            scales = np.frombuffer(raw, dtype=sdt, count=e.rows * ng,
+                                   offset=align64(n)).reshape(e.rows, ng)
+        elif e.dtype == DType.I16_ROW:
+            scales = np.frombuffer(raw, dtype=sdt, count=e.rows, offset=align64(2 * n))
+        if scales is not None:
+            scales = scales.astype(np.float32, copy=False)
+        return Tensor(Kind(e.kind), layer, expert, DType(e.dtype), e.rows, e.cols, values, scales)
+
+    def dequantized(self, kind: Kind, layer: int | None = None,
+                    expert: int | None = None) -> np.ndarray:
+        """The tensor as float32 [rows, cols]."""
+        t = self.tensor(kind, layer, expert)
+        return quant.decode(t.values, t.scales, t.dtype, self.shape.group_size)
+
+    def verify(self) -> list[str]:
+        """Check every section's CRC; returns one message per bad section."""
+        problems = []
+        for e in self.entries:
+            got = zlib.crc32(self.section(e))
+            if got != e.crc:
+                problems.append(f"CRC mismatch in {e.label()} (offset {e.offset}, {e.size} bytes):"
+                                f" stored 0x{e.crc:08x}, computed 0x{got:08x}")
+        return problems
+
+    def tensors(self) -> Iterator[Tensor]:
+        """Every known tensor in file order (encoded, not dequantised)."""
+        for e in self.entries:
+            if e.kind in Kind._value2member_map_:
+                yield self.tensor(Kind(e.kind), None if e.layer == NO_INDEX else e.layer,
+                                  None if e.expert == NO_INDEX else e.expert)
+
+    def close(self) -> None:
+        if isinstance(self._buf, mmap.mmap):
+            self._buf.close()
+
+
+def read_file(path: str | os.PathLike, check_crc: bool = True) -> ColibriFile:
+    """Open, validate and (by default) CRC-check a .colibri file."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise FormatError(f"{path}: file is empty, not a .colibri file")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return parse(buf, check_crc=check_crc, path=path)
+    except FormatError as exc:
+        buf.close()
+        raise type(exc)(f"{path}: {exc}") from None
+
+
+def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
+    """Validate a whole file held in `buf` (bytes, mmap, memoryview), in the
+    order FORMAT.md section 3 prescribes, and return a ColibriFile over it."""
+    size = len(buf)
+    if size < HEADER_SIZE:
+        raise FormatError(f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header")
+    head = bytes(buf[:HEADER_SIZE])
+    if head[:4] != MAGIC:
+        raise FormatError(f"magic is {head[:4]!r}, expected {MAGIC!r}: not a .colibri file")
+    bom_bytes = head[6:8]
+    if bom_bytes == b"\xff\xfe":
+        bc, byte_order = "<", "little"
+    elif bom_bytes == b"\xfe\xff":
+        bc, byte_order = ">", "big"
+    else:
+        raise FormatError(f"byte-order mark is {bom_bytes.hex()}, expected fffe (little-endian)"
+                          " or feff (big-endian)")
+    fields = dict(zip((n for n, _, _ in HEADER_FIELDS), struct.unpack(bc + HEADER_STRUCT, head)))
+    if fields["version"] != VERSION:
+        if fields["version"] > VERSION:
+            raise FormatError(f"format version {fields['version']} is newer than the "
+                              f"supported version {VERSION}: upgrade colibri")
+        raise FormatError(f"format version {fields['version']} is not supported "
+                          f"(this reader reads version {VERSION})")
+    crc = zlib.crc32(head[:60])
+    if crc != fields["header_crc"]:
+        raise CRCError(f"header CRC mismatch: stored 0x{fields['header_crc']:08x}, "
+                       f"computed 0x{crc:08x}")
+    if fields["flags"] != 0:
+        raise FormatError(f"header field flags = 0x{fields['flags']:x}, must be 0 in version 1")
+    shape = ModelShape(**{f.name: fields[f.name] for f in dataclasses.fields(ModelShape)})
+    shape.validate()
+    n = fields["n_tensors"]
+    if n == 0:
+        raise FormatError("header field n_tensors = 0: the file holds no tensors")
+    table_end = HEADER_SIZE + ENTRY_SIZE * n
+    if table_end > size:
+        raise FormatError(f"header field n_tensors = {n}: the table would end at byte "
+                          f"{table_end}, past the end of the file ({size} bytes)")
+    table = bytes(buf[HEADER_SIZE:table_end])
+    crc = zlib.crc32(table)
+    if crc != fields["table_crc"]:
+        raise CRCError(f"tensor table CRC mismatch: stored 0x{fields['table_crc']:08x}, "
+                       f"computed 0x{crc:08x}")
+    names = [name for name, _, _ in ENTRY_FIELDS]
+    entries = [Entry(**dict(zip(names, struct.unpack_from(bc + ENTRY_STRUCT, table,
+                                                              i * ENTRY_SIZE))))
+               for i in range(n)]
+    _check_entries(shape, entries, size)
+    cf = ColibriFile(buf, shape, entries, byte_order, fields["version"], path)
+    if check_crc:
+        problems = cf.verify()
+        if problems:
+            raise CRCError(problems[0] + (f" (and {len(problems) - 1} more)"
+                                          if len(problems) > 1 else ""))
+    return cf
+
+
+def _check_entries(shape: ModelShape, entries: list[Entry], file_size: int) -> None:
+    """Every entry's fields, offsets and sizes (FORMAT.md section 3)."""
+    want = iter(tensor_order(shape))
+    next_known = next(want, None)
+    offset = align64(HEADER_SIZE + ENTRY_SIZE * len(entries))
+    for i, e in enumerate(entries):
+        where = f"tensor table entry {i} ({e.label()})"
+        known = e.kind in Kind._value2member_map_
+        if e.flags & ~FLAG_CRITICAL:
+            raise FormatError(f"{where}: flags = 0x{e.flags:x} has unknown bits")
+        if e.reserved != 0:
+            raise FormatError(f"{where}: reserved = {e.reserved}, must be 0")
+        if not known:
+            if e.flags & FLAG_CRITICAL:
+                raise FormatError(f"{where}: kind {e.kind} is unknown and marked critical: "
+                                  "this file needs a newer colibri")
+            if i == 0:
+                raise FormatError(f"{where}: the first entry must be EMBED")
+            # An optional section of a newer writer: its size is taken as
+            # stored; bounds, position and CRC are still checked.
+        else:
+            kind = Kind(e.kind)
+            layer = None if e.layer == NO_INDEX else e.layer
+            expert = None if e.expert == NO_INDEX else e.expert
+            if next_known is None or (kind, layer, expert) != next_known:
+                expect = "no more tensors" if next_known is None else _label(*next_known)
+                raise FormatError(f"{where}: out of order or out of range, expected {expect}")
+            next_known = next(want, None)
+            if e.dtype not in DType._value2member_map_:
+                raise FormatError(f"{where}: dtype = {e.dtype} is unknown")
+            if DType(e.dtype) not in ALLOWED_DTYPES[kind]:
+                raise FormatError(f"{where}: dtype {DType(e.dtype).name} is not allowed for "
+                                  f"{kind.name}")
+            rows, cols = expected_shape(shape, kind)
+            if (e.rows, e.cols) != (rows, cols):
+                raise FormatError(f"{where}: shape [{e.rows}, {e.cols}], the header implies "
+                                  f"[{rows}, {cols}]")
+            expect_size = section_size(e.dtype, e.rows, e.cols, shape.group_size)
+            if expect_size > U64_MAX or e.size != expect_size:
+                raise FormatError(f"{where}: size = {e.size}, expected {expect_size} for "
+                                  f"[{e.rows}, {e.cols}] {DType(e.dtype).name}")
+        if e.offset != offset:
+            raise FormatError(f"{where}: offset = {e.offset}, expected {offset} (sections "
+                              "follow the table in order, 64-byte aligned)")
+        end = e.offset + e.size
+        if end > file_size:
+            raise FormatError(f"{where}: section ends at byte {end}, past the end of the "
+                              f"file ({file_size} bytes): the file is truncated")
+        offset = align64(end)
+    if next_known is not None:
+        raise FormatError(f"tensor {_label(*next_known)} is missing from the table")
+    if offset != file_size:
+        raise FormatError(f"file is {file_size} bytes, the table describes {offset}: "
+                          + ("the file is truncated" if file_size < offset
+                             else "trailing bytes after the last section"))
