@@ -80,3 +80,14 @@ def save_mixtral(name: str, out_dir: Path, seed: int = 0, dtype: str = "float32"
     model.save_pretrained(out_dir, **kwargs)
     json.loads((out_dir / "config.json").read_text())  # written and parseable
     return out_dir
+
+
+if __name__ == "__main__":
+    # `python tests/golden_configs.py NAME OUT_DIR [SEED]`: write a checkpoint
+    # (used by scripts/demo.sh to make a model without any download).
+    import sys
+
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in GOLDEN_CONFIGS:
+        sys.exit(f"usage: {sys.argv[0]} {{{','.join(GOLDEN_CONFIGS)}}} OUT_DIR [SEED]")
+    save_mixtral(sys.argv[1], Path(sys.argv[2]), seed=int(sys.argv[3]) if len(sys.argv) == 4 else 0)
+    print(f"wrote {sys.argv[1]} Mixtral checkpoint to {sys.argv[2]}")
