@@ -1,0 +1,453 @@
+"""Hugging Face Mixtral checkpoint -> .colibri file (`colibri convert`).
+
+The conversion is planned completely before anything is written: every tensor
+of the .colibri file (format.tensor_order) is mapped to its source in the
+checkpoint, and missing tensors, unexpected tensors and shape mismatches are
+reported by name. Then the tensors are streamed one at a time: read from the
+safetensors file (colibri.hf), quantised and written by format.ColibriWriter,
+and dropped. Peak memory is a few copies of the largest tensor, whatever the
+model's size.
+
+Source layouts understood (per layer L, expert E):
+- Mixtral on disk (transformers 4 and 5 save this):
+  model.layers.L.block_sparse_moe.gate.weight            [E, hidden]
+  model.layers.L.block_sparse_moe.experts.E.w1.weight    [I, hidden] (gate)
+  model.layers.L.block_sparse_moe.experts.E.w3.weight    [I, hidden] (up)
+  model.layers.L.block_sparse_moe.experts.E.w2.weight    [hidden, I] (down)
+  (also accepted with `mlp` in place of `block_sparse_moe`).
+- transformers 5's in-memory fused layout, if a checkpoint was saved that way:
+  model.layers.L.mlp.gate.weight                         [E, hidden]
+  model.layers.L.mlp.experts.gate_up_proj                [E, 2I, hidden]
+      = concat(w1, w3) along dim 1 (MixtralExperts.forward: `gate, up =
+        linear(x, gate_up_proj[e]).chunk(2, dim=-1)`)
+  model.layers.L.mlp.experts.down_proj                   [E, hidden, I]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import format as fmt
+from . import hf
+from .errors import ColibriError, ConversionError
+from .format import DType, Kind
+
+# Default KV-cache length when --max-seq-len is not given: the model's
+# max_position_embeddings, capped here (a 32k-token cache of Mixtral 8x7B is
+# 4 GiB of float32 KV per sequence, too much for the devices colibri targets)
+# and by the sliding window (beyond it Mixtral's attention differs from ours).
+DEFAULT_MAX_SEQ_CAP = 4096
+
+# Names of the expert matrices in the Mixtral checkpoint layout.
+MIXTRAL_EXPERT_NAMES = {"w1": Kind.EXPERT_W1, "w3": Kind.EXPERT_W3, "w2": Kind.EXPERT_W2}
+
+# Per-layer tensors outside the MoE block: kind -> name after "model.layers.L.".
+LAYER_TENSORS = {
+    Kind.ATTN_NORM: "input_layernorm.weight",
+    Kind.WQ: "self_attn.q_proj.weight",
+    Kind.WK: "self_attn.k_proj.weight",
+    Kind.WV: "self_attn.v_proj.weight",
+    Kind.WO: "self_attn.o_proj.weight",
+    Kind.FFN_NORM: "post_attention_layernorm.weight",
+}
+NORM_KINDS = (Kind.ATTN_NORM, Kind.FFN_NORM, Kind.FINAL_NORM)
+EMBED_NAME = "model.embed_tokens.weight"
+FINAL_NORM_NAME = "model.norm.weight"
+LM_HEAD_NAME = "lm_head.weight"
+
+# Checkpoint entries that carry no weights colibri needs: old checkpoints store
+# RoPE's inverse frequencies, which follow from rope_theta.
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+# User-facing storage-type names per option -> DType. Norms are always F32.
+QUANT_CHOICES = {
+    "router": ({"f32": DType.F32, "int16": DType.I16_ROW}, (Kind.ROUTER,)),
+    "experts": ({"f32": DType.F32, "int8": DType.I8_GROUP}, fmt.EXPERT_KINDS),
+    "attention": ({"f32": DType.F32, "int8": DType.I8_GROUP},
+                  (Kind.WQ, Kind.WK, Kind.WV, Kind.WO)),
+    "embedding": ({"f32": DType.F32, "int16": DType.I16_ROW}, (Kind.EMBED,)),
+    "lm_head": ({"f32": DType.F32, "int8": DType.I8_GROUP}, (Kind.LM_HEAD,)),
+}
+PRESETS = {"f32": fmt.PRESET_F32, "int8": fmt.PRESET_INT8}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one .colibri tensor comes from: elements [first, first + count)
+    of checkpoint tensor `name` (the whole tensor when count is None), whose
+    full shape must be `hf_shape`."""
+    name: str
+    hf_shape: tuple[int, ...]
+    first: int = 0
+    count: int | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: Kind
+    layer: int | None
+    expert: int | None
+    source: Source
+
+
+def parse_expert_map(text: str) -> dict[str, str]:
+    """'wi=w1,wo=w2' -> {'wi': 'w1', 'wo': 'w2'} (checkpoint name -> Mixtral name)."""
+    mapping: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        src, sep, dst = item.partition("=")
+        if not sep or not src.strip() or not dst.strip():
+            raise ConversionError(f"--expert-map: {item!r} is not SOURCE=TARGET "
+                                  f"(example: wi=w1,wo=w2)")
+        mapping[src.strip()] = dst.strip()
+    return mapping
+
+
+def _dtype_for(option: str, value: str) -> DType:
+    choices, _ = QUANT_CHOICES[option]
+    if value not in choices:
+        raise ConversionError(f"quantize_{option} = {value!r}: choose one of "
+                              f"{', '.join(choices)}")
+    return choices[value]
+
+
+class ColibriExporter:
+    """Converts one Hugging Face Mixtral checkpoint directory to .colibri.
+
+        ColibriExporter("mixtral-dir", quantize_experts="int8").export("m.colibri")
+
+    `quant` picks the preset ("int8": router int16, experts/attention int8,
+    embedding int16, lm_head int8; "f32": everything float32); each
+    quantize_* argument left at None follows the preset. The constructor reads
+    config.json and the safetensors headers (no weights) and checks the options.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, num_experts: int | None = None,
+                 top_k: int | None = None, max_seq_len: int | None = None,
+                 max_batch: int = 1, quant: str = "int8",
+                 quantize_router: str | None = None, quantize_experts: str | None = None,
+                 quantize_attention: str | None = None,
+                 quantize_embedding: str | None = None,
+                 quantize_lm_head: str | None = None, group_size: int = 32,
+                 byte_order: str = "little", output: str | os.PathLike | None = None,
+                 progress: Callable[[str], None] | None = None):
+        self.model_dir = Path(model_dir)
+        self.config = hf.read_config(self.model_dir)
+        self.checkpoint = hf.Checkpoint(self.model_dir)
+        self.output = output
+        self.progress = progress
+        if byte_order not in ("little", "big"):
+            raise ConversionError(f"byte_order = {byte_order!r}: choose little or big")
+        self.byte_order = byte_order
+        self.dtypes = self._dtypes(quant, router=quantize_router, experts=quantize_experts,
+                                   attention=quantize_attention, embedding=quantize_embedding,
+                                   lm_head=quantize_lm_head)
+        self.shape = self._shape(num_experts, top_k, max_seq_len, max_batch, group_size)
+        self.expert_map: dict[str, str] = {}
+
+    # --- options -------------------------------------------------------------
+
+    @staticmethod
+    def _dtypes(quant: str, **overrides: str | None) -> dict[Kind, DType]:
+        if quant not in PRESETS:
+            raise ConversionError(f"quant = {quant!r}: choose f32 or int8")
+        dtypes = dict(PRESETS[quant])
+        for option, value in overrides.items():
+            if value is not None:
+                for kind in QUANT_CHOICES[option][1]:
+                    dtypes[kind] = _dtype_for(option, value)
+        return dtypes
+
+    def _shape(self, num_experts, top_k, max_seq_len, max_batch, group_size) -> fmt.ModelShape:
+        c = self.config
+        if num_experts is not None and num_experts != c.n_experts:
+            raise ConversionError(
+                f"num_experts = {num_experts}, but config.json has num_local_experts = "
+                f"{c.n_experts} (the routers have {c.n_experts} rows): colibri converts "
+                f"every expert; omit --num-experts or pass {c.n_experts}")
+        if top_k is None:
+            top_k = c.top_k
+            if top_k > c.n_experts:
+                raise ConversionError(
+                    f"config.json: num_experts_per_tok = {top_k} exceeds num_local_experts "
+                    f"= {c.n_experts}")
+        elif not 1 <= top_k <= c.n_experts:
+            raise ConversionError(f"top_k = {top_k} must be between 1 and the number of "
+                                  f"experts, {c.n_experts}")
+        limit = min(c.max_position_embeddings, DEFAULT_MAX_SEQ_CAP)
+        if c.sliding_window is not None:
+            limit = min(limit, c.sliding_window)
+        if max_seq_len is None:
+            max_seq_len = limit
+        elif max_seq_len < 1:
+            raise ConversionError(f"max_seq_len = {max_seq_len} must be at least 1")
+        elif c.sliding_window is not None and max_seq_len > c.sliding_window:
+            raise ConversionError(
+                f"max_seq_len = {max_seq_len} exceeds the model's sliding_window = "
+                f"{c.sliding_window}; colibri's attention has no sliding window, so pass "
+                f"--max-seq-len {c.sliding_window} or less")
+        if not 1 <= max_batch <= fmt.U16_MAX:
+            raise ConversionError(f"max_batch = {max_batch} must be between 1 and {fmt.U16_MAX}")
+        if not 1 <= group_size <= fmt.U16_MAX:
+            raise ConversionError(f"group_size = {group_size} must be between 1 and "
+                                  f"{fmt.U16_MAX}")
+        shape = fmt.ModelShape(
+            vocab=c.vocab, hidden=c.hidden, intermediate=c.intermediate,
+            max_seq_len=max_seq_len, n_layers=c.n_layers, n_heads=c.n_heads,
+            n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, n_experts=c.n_experts,
+            top_k=top_k, max_batch=max_batch, group_size=group_size,
+            rope_theta=c.rope_theta, rms_eps=c.rms_eps)
+        try:
+            shape.validate()
+        except ColibriError as exc:
+            raise ConversionError(f"this model does not fit the .colibri header: {exc}") from exc
+        return shape
+
+    def set_expert_weight_mapping(self, mapping: dict[str, str]) -> "ColibriExporter":
+        """Name the expert matrices of a checkpoint that does not call them
+        w1/w3/w2: {checkpoint name: Mixtral name}, e.g. {"wi": "w1", "wo": "w2"}.
+        Unmapped Mixtral names keep their own name."""
+        targets = list(mapping.values())
+        for src, dst in mapping.items():
+            if dst not in MIXTRAL_EXPERT_NAMES:
+                raise ConversionError(f"expert map {src}={dst}: the target must be one of "
+                                      f"{', '.join(MIXTRAL_EXPERT_NAMES)}")
+            if targets.count(dst) > 1:
+                raise ConversionError(f"expert map: several names map to {dst}")
+            if "." in src or not src:
+                raise ConversionError(f"expert map {src}={dst}: the source is one name "
+                                      f"component, like 'wi' in experts.0.wi.weight")
+        self.expert_map = dict(mapping)
+        return self
+
+    # --- plan ----------------------------------------------------------------
+
+    def _source_name(self, mixtral_name: str) -> str:
+        for src, dst in self.expert_map.items():
+            if dst == mixtral_name:
+                return src
+        return mixtral_name
+
+    def plan(self) -> list[Step]:
+        """Every .colibri tensor's source, in file order, checked against the
+        checkpoint (names and shapes). Raises ConversionError listing what is
+        missing, unexpected or mis-shaped."""
+        s, c, ck = self.shape, self.config, self.checkpoint
+        h, inter, n_exp = s.hidden, s.intermediate, s.n_experts
+        steps: list[Step] = []
+        layouts = [self._layer_layout(layer) for layer in range(s.n_layers)]
+        for kind, layer, expert in fmt.tensor_order(s):
+            rows, cols = fmt.expected_shape(s, kind)
+            whole = (cols,) if kind in NORM_KINDS else (rows, cols)
+            if kind == Kind.EMBED:
+                src = Source(EMBED_NAME, whole)
+            elif kind == Kind.FINAL_NORM:
+                src = Source(FINAL_NORM_NAME, whole)
+            elif kind == Kind.LM_HEAD:
+                src = Source(EMBED_NAME if c.tie_word_embeddings else LM_HEAD_NAME, whole)
+            elif kind in LAYER_TENSORS:
+                src = Source(f"model.layers.{layer}.{LAYER_TENSORS[kind]}", whole)
+            else:
+                moe, fused = layouts[layer]
+                prefix = f"model.layers.{layer}.{moe}"
+                if kind == Kind.ROUTER:
+                    src = Source(f"{prefix}.gate.weight", whole)
+                elif fused and kind in (Kind.EXPERT_W1, Kind.EXPERT_W3):
+                    # gate_up_proj [E, 2I, H]: expert e's block is [2I, H],
+                    # gate (w1) rows first, then up (w3).
+                    half = inter * h
+                    first = expert * 2 * half + (half if kind == Kind.EXPERT_W3 else 0)
+                    src = Source(f"{prefix}.experts.gate_up_proj", (n_exp, 2 * inter, h),
+                                 first, half)
+                elif fused:  # down_proj [E, H, I]
+                    src = Source(f"{prefix}.experts.down_proj", (n_exp, h, inter),
+                                 expert * h * inter, h * inter)
+                else:
+                    mixtral = {v: k for k, v in MIXTRAL_EXPERT_NAMES.items()}[kind]
+                    name = self._source_name(mixtral)
+                    src = Source(f"{prefix}.experts.{expert}.{name}.weight", whole)
+            steps.append(Step(kind, layer, expert, src))
+        self._check_plan(steps)
+        return steps
+
+    def _layer_layout(self, layer: int) -> tuple[str, bool]:
+        """(MoE module name, fused?) for one layer, from the names present."""
+        ck = self.checkpoint
+        if f"model.layers.{layer}.mlp.experts.gate_up_proj" in ck:
+            return "mlp", True
+        if f"model.layers.{layer}.mlp.gate.weight" in ck:
+            return "mlp", False
+        return "block_sparse_moe", False
+
+    def _check_plan(self, steps: list[Step]) -> None:
+        ck = self.checkpoint
+        used = {step.source.name for step in steps}
+        missing = [name for name in dict.fromkeys(st.source.name for st in steps)
+                   if name not in ck]
+        ignorable = {LM_HEAD_NAME} if self.config.tie_word_embeddings else set()
+        unexpected = [name for name in ck.tensors
+                      if name not in used and name not in ignorable
+                      and not name.endswith(IGNORED_SUFFIXES)]
+        if missing:
+            hint = ""
+            if any(".experts." in n for n in missing) and \
+                    any(".experts." in n for n in unexpected):
+                hint = ("; the checkpoint names its expert weights differently: map them "
+                        "with --expert-map (e.g. wi=w1,wo=w2,wv=w3)")
+            elif self.config.tie_word_embeddings is False and missing == [LM_HEAD_NAME]:
+                hint = ("; if the model ties its output layer to the embedding, set "
+                        "tie_word_embeddings in config.json")
+            raise ConversionError(f"{len(missing)} tensor(s) missing from the checkpoint "
+                                  f"in {self.model_dir}: {_some(missing)}"
+                                  + (f" (the checkpoint has unexpected {_some(unexpected)})"
+                                     if unexpected and hint else "") + hint)
+        if unexpected:
+            raise ConversionError(
+                f"{len(unexpected)} unexpected tensor(s) in the checkpoint in "
+                f"{self.model_dir}: {_some(unexpected)}; colibri converts Mixtral "
+                f"(config.json says {self.config.n_layers} layers, "
+                f"{self.config.n_experts} experts), so these would be lost")
+        checked: set[str] = set()
+        for st in steps:
+            src = st.source
+            if src.name in checked:
+                continue
+            checked.add(src.name)
+            info = ck.info(src.name)
+            if tuple(info.shape) != src.hf_shape:
+                raise ConversionError(
+                    f"tensor {src.name!r} has shape {list(info.shape)}, expected "
+                    f"{list(src.hf_shape)} (from config.json: {self._shape_note(st.kind)})")
+            if info.dtype not in ("F32", "F16", "BF16", "F64"):
+                raise ConversionError(
+                    f"tensor {src.name!r} is {info.dtype}; colibri converts BF16, F16, "
+                    f"F32 and F64 weights (dequantise quantised checkpoints first)")
+
+    def _shape_note(self, kind: Kind) -> str:
+        s = self.shape
+        if kind in (Kind.EMBED, Kind.LM_HEAD):
+            return f"vocab_size {s.vocab}, hidden_size {s.hidden}"
+        if kind in (Kind.WQ, Kind.WO):
+            return f"num_attention_heads {s.n_heads} x head_dim {s.head_dim}, hidden_size {s.hidden}"
+        if kind in (Kind.WK, Kind.WV):
+            return f"num_key_value_heads {s.n_kv_heads} x head_dim {s.head_dim}, hidden_size {s.hidden}"
+        if kind == Kind.ROUTER:
+            return f"num_local_experts {s.n_experts}, hidden_size {s.hidden}"
+        if kind in fmt.EXPERT_KINDS:
+            return (f"num_local_experts {s.n_experts}, intermediate_size {s.intermediate}, "
+                    f"hidden_size {s.hidden}")
+        return f"hidden_size {s.hidden}"
+
+    # --- export --------------------------------------------------------------
+
+    def load(self, step: Step) -> np.ndarray:
+        """The source weights of one step as float32 [rows, cols]."""
+        src = step.source
+        flat = hf.read_tensor(self.checkpoint.info(src.name), src.first, src.count)
+        return flat.reshape(fmt.expected_shape(self.shape, step.kind))
+
+    def export(self, output: str | os.PathLike | None = None) -> Path:
+        """Write the .colibri file; returns its path. The file appears only when
+        complete (the writer writes OUT.partial and renames it)."""
+        out = output if output is not None else self.output
+        if out is None:
+            raise ConversionError("no output file: pass output= or -o OUT.colibri")
+        out = Path(out)
+        if not out.parent.is_dir():
+            raise ConversionError(f"output directory {out.parent} does not exist")
+        steps = self.plan()
+        start = time.monotonic()
+        try:
+            with fmt.ColibriWriter(out, self.shape, self.dtypes, self.byte_order) as w:
+                for i, st in enumerate(steps):
+                    weights = self.load(st)
+                    try:
+                        w.add(st.kind, st.layer, st.expert, weights)
+                    except ColibriError as exc:
+                        raise ConversionError(f"tensor {st.source.name!r}: {exc}") from exc
+                    del weights
+                    last_of_layer = st.layer is not None and (
+                        i + 1 == len(steps) or steps[i + 1].layer != st.layer)
+                    if last_of_layer and self.progress:
+                        self.progress(f"layer {st.layer + 1}/{self.shape.n_layers} written "
+                                      f"({time.monotonic() - start:.1f} s)")
+        except OSError as exc:
+            raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
+        return out
+
+
+def _some(names: list[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# --- command line ----------------------------------------------------------
+
+# Checkpoints at least this big print one progress line per layer.
+PROGRESS_BYTES = 64 * 1024 * 1024
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "convert", help="convert a Hugging Face Mixtral checkpoint to .colibri",
+        description="Convert a Hugging Face Mixtral checkpoint directory (config.json + "
+                    "safetensors, single or sharded, bf16/f16/f32) to a .colibri file.")
+    p.add_argument("model_dir", metavar="HF_DIR", help="checkpoint directory")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.colibri")
+    p.add_argument("--quant", choices=("f32", "int8"), default="int8",
+                   help="preset: int8 = router int16, experts/attention int8, embedding "
+                        "int16, lm_head int8; f32 = exact (default: %(default)s)")
+    p.add_argument("--router", choices=("f32", "int16"), help="override the preset")
+    p.add_argument("--experts", choices=("f32", "int8"), help="override the preset")
+    p.add_argument("--attention", choices=("f32", "int8"), help="override the preset")
+    p.add_argument("--embedding", choices=("f32", "int16"), help="override the preset")
+    p.add_argument("--lm-head", choices=("f32", "int8"), help="override the preset")
+    p.add_argument("--group-size", type=int, default=32,
+                   help="int8 group length along a row (default: %(default)s)")
+    p.add_argument("--max-seq-len", type=int,
+                   help="KV-cache length (default: max_position_embeddings, at most "
+                        f"{DEFAULT_MAX_SEQ_CAP} and at most sliding_window)")
+    p.add_argument("--max-batch", type=int, default=1,
+                   help="sequences per batch the runtime allocates (default: %(default)s)")
+    p.add_argument("--num-experts", type=int,
+                   help="expected expert count, checked against num_local_experts")
+    p.add_argument("--top-k", type=int,
+                   help="experts per token (default: config num_experts_per_tok)")
+    p.add_argument("--expert-map", metavar="SRC=DST,...",
+                   help="checkpoint expert-weight names -> Mixtral names, e.g. wi=w1,wo=w2")
+    p.add_argument("--byte-order", choices=("little", "big"), default="little",
+                   help="byte order of the file (big for PowerPC; default: %(default)s)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+
+    def progress(line: str) -> None:
+        print(f"colibri convert: {line}", file=sys.stderr, flush=True)
+
+    exporter = ColibriExporter(
+        args.model_dir, num_experts=args.num_experts, top_k=args.top_k,
+        max_seq_len=args.max_seq_len, max_batch=args.max_batch, quant=args.quant,
+        quantize_router=args.router, quantize_experts=args.experts,
+        quantize_attention=args.attention, quantize_embedding=args.embedding,
+        quantize_lm_head=args.lm_head, group_size=args.group_size,
+        byte_order=args.byte_order, output=args.output)
+    if args.expert_map:
+        exporter.set_expert_weight_mapping(parse_expert_map(args.expert_map))
+    if not args.quiet and exporter.checkpoint.nbytes() >= PROGRESS_BYTES:
+        exporter.progress = progress
+    out = exporter.export()
+    size = out.stat().st_size
+    print(f"wrote {out}: {size} bytes ({size / 2**20:.1f} MiB), "
+          f"{len(fmt.tensor_order(exporter.shape))} tensors, "
+          f"{time.monotonic() - start:.1f} s")
+    return 0
