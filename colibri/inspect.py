@@ -1,0 +1,116 @@
+"""`colibri info FILE` (metadata, storage type and size per kind and per
+section) and `colibri verify FILE` (every CRC; names the sections that fail).
+
+Both open the file with format.read_file(check_crc=False): the structure
+(header CRC, table CRC, offsets, sizes) is always validated, but section CRCs
+are left to `verify`, so `info` on a file with a damaged section still shows
+what is in it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+from . import format as fmt
+from .format import DType, Kind
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
+    """The text `colibri info` prints."""
+    s = cf.shape
+    size = cf.path.stat().st_size if cf.path else None
+    lines = []
+    if cf.path:
+        lines.append(f"file          {cf.path}")
+    lines += [
+        f"format        version {cf.version}, {cf.byte_order}-endian, {len(cf.entries)} tensors",
+        f"model         {s.n_layers} layers, hidden {s.hidden}, vocab {s.vocab}",
+        f"attention     {s.n_heads} heads, {s.n_kv_heads} kv heads, head_dim {s.head_dim}, "
+        f"rope_theta {s.rope_theta:g}, rms_eps {s.rms_eps:g}",
+        f"experts       {s.n_experts} experts, top_k {s.top_k}, intermediate {s.intermediate}",
+        f"runtime       max_seq_len {s.max_seq_len}, max_batch {s.max_batch}, "
+        f"group_size {s.group_size}",
+    ]
+    params = sum(e.rows * e.cols for e in cf.entries)
+    lines.append(f"parameters    {params}")
+
+    # Per kind: storage type, count, bytes (section sizes, excluding padding).
+    per_kind: OrderedDict[str, list] = OrderedDict()
+    for e in cf.entries:
+        name = Kind(e.kind).name if e.kind in Kind._value2member_map_ else f"kind {e.kind}"
+        dt = DType(e.dtype).name if e.dtype in DType._value2member_map_ else str(e.dtype)
+        row = per_kind.setdefault(name, [set(), 0, 0])
+        row[0].add(dt)
+        row[1] += 1
+        row[2] += e.size
+    lines.append("")
+    lines.append(f"{'kind':<12} {'dtype':<9} {'count':>6} {'bytes':>14} {'size':>12}")
+    for name, (dts, count, nbytes) in per_kind.items():
+        lines.append(f"{name:<12} {'/'.join(sorted(dts)):<9} {count:>6} {nbytes:>14} "
+                     f"{_mib(nbytes):>12}")
+    data = sum(e.size for e in cf.entries)
+    lines.append(f"{'sections':<12} {'':<9} {len(cf.entries):>6} {data:>14} {_mib(data):>12}")
+    if size is not None:
+        lines.append(f"{'total file':<12} {'':<9} {'':>6} {size:>14} {_mib(size):>12}"
+                     f"  (header, table and 64-byte alignment: {size - data} bytes)")
+    if sections:
+        lines.append("")
+        lines.append(f"{'section':<32} {'dtype':<9} {'shape':<14} {'offset':>12} "
+                     f"{'bytes':>12} {'crc':>10}")
+        for e in cf.entries:
+            dt = DType(e.dtype).name if e.dtype in DType._value2member_map_ else str(e.dtype)
+            lines.append(f"{e.label():<32} {dt:<9} {f'[{e.rows}, {e.cols}]':<14} "
+                         f"{e.offset:>12} {e.size:>12} {e.crc:>#10x}")
+    return "\n".join(lines)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("info", help="print a .colibri file's metadata and sizes",
+                              description="Print the model shape, the storage type and "
+                              "size per kind, the total, and (unless --brief) one line "
+                              "per section. Section CRCs are not checked: use verify.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--brief", action="store_true", help="omit the per-section lines")
+    p.set_defaults(func=_info)
+
+    p = subparsers.add_parser("verify", help="check every CRC of a .colibri file",
+                              description="Validate the header, the table and every "
+                              "section's CRC32; name each section that fails. Exit "
+                              "status 0 when the file is intact, 1 when a section is "
+                              "damaged, 2 when the file cannot be read at all.")
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(func=_verify)
+
+
+def _info(args: argparse.Namespace) -> int:
+    cf = fmt.read_file(args.file, check_crc=False)
+    try:
+        print(describe(cf, sections=not args.brief))
+    finally:
+        cf.close()
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    # Header/table damage or a structural problem raises FormatError/CRCError,
+    # which the CLI reports as one line with exit status 2.
+    cf = fmt.read_file(args.file, check_crc=False)
+    try:
+        problems = cf.verify()
+        n = len(cf.entries)
+    finally:
+        cf.close()
+    if problems:
+        for p in problems:
+            print(f"{args.file}: {p}", file=sys.stderr)
+        print(f"{args.file}: FAILED: {len(problems)} of {n} sections damaged", file=sys.stderr)
+        return 1
+    print(f"{args.file}: OK: header, table and {n} section CRCs match")
+    return 0
