@@ -1,0 +1,504 @@
+/*
+ * avx2.c - AVX2+FMA kernels for x86-64 (the table "avx2", kernels.h).
+ *
+ * Build: the whole file is inside `#if COLIBRI_USE_AVX2`; every function that
+ * uses AVX2 carries __attribute__((target("avx2,fma"))), so the library is
+ * compiled with the default x86-64 flags (no -mavx2 needed) and
+ * colibri_kernels_avx2() picks at run time: it returns NULL on a CPU without
+ * AVX2 and FMA. Without COLIBRI_USE_AVX2 (or off x86) the getter still exists
+ * and returns NULL, so every target links the same set of getters.
+ *
+ * Arithmetic: docs/FORMAT.md section 5, checked against ref.c by
+ * tests/c/test_kernels.c. Summation order differs from ref (8 lanes, then a
+ * horizontal sum), so F32 results agree to float rounding; the I8 inner group
+ * sums are exact int32 and quantize_act_i8 is bit-identical to ref.
+ *
+ * Blocking: all matrix kernels are "dot-product form": W rows and X rows are
+ * both contiguous along cols, so a block of R weight rows x T tokens keeps
+ * R*T vector accumulators, each weight vector loaded once is used for T
+ * tokens, each activation vector for R rows. Rows are walked in panels that
+ * fit in L2 so that, with many tokens (prefill), one panel of weights stays in
+ * cache while every token block streams past it. No allocation, no alignment
+ * assumption (unaligned loads; the tails use masked loads, which never touch
+ * the masked-out bytes, or a scalar loop).
+ */
+#include "kernels.h"
+
+#if defined(COLIBRI_USE_AVX2) && (defined(__x86_64__) || defined(__i386__)) && \
+    (defined(__GNUC__) || defined(__clang__))
+
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx2,fma")))
+/* The block kernels take R and T as arguments and are always inlined with
+ * constants, so each (R, T) pair becomes its own fully unrolled code with the
+ * accumulator arrays in registers (a C11 stand-in for templates). */
+#define BLOCK static inline __attribute__((always_inline)) TGT
+
+enum { MAXR = 8, MAXT = 4 };
+
+/* Weight bytes per row panel: the panel stays in L2 while all the token
+ * blocks of a prefill pass over it. 128 KiB is under every AVX2 CPU's L2. */
+#define PANEL_BYTES (128u * 1024u)
+
+/* mask_tab + 8 - k gives a load mask whose first k int32 lanes are set. */
+static const int32_t mask_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                     0,  0,  0,  0,  0,  0,  0,  0};
+
+TGT static inline __m256i tail_mask(uint32_t k) /* 1 <= k <= 7 */
+{
+    return _mm256_loadu_si256((const __m256i *)(const void *)(mask_tab + 8 - k));
+}
+
+/* Sum of each of a, b, c, d -> [sum a, sum b, sum c, sum d]. */
+TGT static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 ab = _mm256_hadd_ps(a, b);
+    __m256 cd = _mm256_hadd_ps(c, d);
+    __m256 abcd = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+TGT static inline float hsum1(__m256 a)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Store acc[r][t] horizontally summed (times scale[r] when scale is given)
+ * into Y[t0 + t, r0 + r]. */
+BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
+                       float *Y, uint32_t rows, uint32_t r0, uint32_t t0,
+                       const float *scale)
+{
+    for (int t = 0; t < T; t++) {
+        float *y = Y + (size_t)(t0 + t) * rows + r0;
+        int r = 0;
+        for (; r + 4 <= R; r += 4) {
+            __m128 v = hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]);
+            if (scale)
+                v = _mm_mul_ps(v, _mm_loadu_ps(scale + r));
+            _mm_storeu_ps(y + r, v);
+        }
+        for (; r < R; r++) {
+            float v = hsum1(acc[r][t]);
+            y[r] = scale ? scale[r] * v : v;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Float activations: matmul_f32 (W float) and matmul_i16 (W int16 -> float). */
+
+/* 8 weights of row w from column c as floats; `i16` selects the int16 form. */
+BLOCK __m256 load_w8(const int i16, const void *w, uint32_t c)
+{
+    if (i16)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(
+            _mm_loadu_si128((const __m128i *)(const void *)((const int16_t *)w + c))));
+    return _mm256_loadu_ps((const float *)w + c);
+}
+
+/* The last k (1..7) weights of row w from column c, zero beyond. */
+BLOCK __m256 load_w_tail(const int i16, const void *w, uint32_t c, uint32_t k,
+                         __m256i mask)
+{
+    if (i16) {
+        int16_t tmp[8] = {0};
+        memcpy(tmp, (const int16_t *)w + c, k * sizeof(int16_t));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(
+            _mm_loadu_si128((const __m128i *)(void *)tmp)));
+    }
+    return _mm256_maskload_ps((const float *)w + c, mask);
+}
+
+/* Y[t0..t0+T, r0..r0+R] for float activations X [n, cols] and weights W
+ * [rows, cols] (float, or int16 with per-row scales S when i16). One
+ * accumulator per (row, token); per 8 columns: R weight loads, T activation
+ * loads, R*T FMAs. */
+BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
+                    const void *W, const float *S, const float *X, uint32_t rows,
+                    uint32_t cols, uint32_t r0, uint32_t t0)
+{
+    const size_t esz = i16 ? sizeof(int16_t) : sizeof(float);
+    const char *w[MAXR];
+    const float *x[MAXT];
+    __m256 acc[MAXR][MAXT];
+    for (int r = 0; r < R; r++)
+        w[r] = (const char *)W + (size_t)(r0 + r) * cols * esz;
+    for (int t = 0; t < T; t++)
+        x[t] = X + (size_t)(t0 + t) * cols;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm256_setzero_ps();
+
+    uint32_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m256 xv[MAXT];
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_loadu_ps(x[t] + c);
+        for (int r = 0; r < R; r++) {
+            __m256 wv = load_w8(i16, w[r], c);
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    if (c < cols) {
+        uint32_t k = cols - c;
+        __m256i mask = tail_mask(k);
+        __m256 xv[MAXT];
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_maskload_ps(x[t] + c, mask);
+        for (int r = 0; r < R; r++) {
+            __m256 wv = load_w_tail(i16, w[r], c, k, mask);
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    store_block(R, T, acc, Y, rows, r0, t0, i16 ? S + r0 : NULL);
+}
+
+/* Rows per panel: a multiple of 8 whose weights fit in PANEL_BYTES. */
+static uint32_t panel_rows(uint32_t rows, size_t row_bytes)
+{
+    size_t p = PANEL_BYTES / (row_bytes ? row_bytes : 1);
+    p = p < 8 ? 8 : p - p % 8;
+    return p > rows ? rows : (uint32_t)p;
+}
+
+/* Drives fx_block over the whole output: 4 rows x 2 tokens while two tokens
+ * are left (weights stream once per token pair, 6 loads per 8 FMAs), then
+ * 8 rows x 1 token (8 independent FMA chains hide the FMA latency). */
+BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
+                     const float *X, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    const uint32_t pr = panel_rows(rows, (size_t)cols * (i16 ? 2 : 4));
+    for (uint32_t p0 = 0; p0 < rows; p0 += pr) {
+        const uint32_t pe = rows - p0 < pr ? rows : p0 + pr;
+        uint32_t t = 0;
+        for (; t + 2 <= n; t += 2) {
+            uint32_t r = p0;
+            for (; r + 4 <= pe; r += 4)
+                fx_block(i16, 4, 2, Y, W, S, X, rows, cols, r, t);
+            for (; r < pe; r++)
+                fx_block(i16, 1, 2, Y, W, S, X, rows, cols, r, t);
+        }
+        for (; t < n; t++) {
+            uint32_t r = p0;
+            for (; r + 8 <= pe; r += 8)
+                fx_block(i16, 8, 1, Y, W, S, X, rows, cols, r, t);
+            for (; r + 4 <= pe; r += 4)
+                fx_block(i16, 4, 1, Y, W, S, X, rows, cols, r, t);
+            for (; r < pe; r++)
+                fx_block(i16, 1, 1, Y, W, S, X, rows, cols, r, t);
+        }
+    }
+}
+
+TGT static void avx2_matmul_f32(float *Y, const float *W, const float *X,
+                                uint32_t n, uint32_t rows, uint32_t cols)
+{
+    fx_matmul(0, Y, W, NULL, X, n, rows, cols);
+}
+
+TGT static void avx2_matmul_i16(float *Y, const int16_t *Q, const float *S,
+                                const float *X, uint32_t n, uint32_t rows,
+                                uint32_t cols)
+{
+    fx_matmul(1, Y, Q, S, X, n, rows, cols);
+}
+
+/* ------------------------------------------------------------------------ */
+/* quantize_act_i8: bit-identical to ref (same float32 operations). */
+
+/* Largest |x| of x[0..len) as the bit pattern of a non-negative float. For
+ * non-negative floats the integer order of the bits is the numeric order, so
+ * an integer max gives ref's amax exactly, and a NaN shows as a pattern above
+ * +inf (0x7f800000) instead of being silently dropped or kept by max_ps. */
+TGT static uint32_t amax_bits(const float *x, uint32_t len)
+{
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i m = _mm256_setzero_si256();
+    uint32_t c = 0;
+    for (; c + 8 <= len; c += 8)
+        m = _mm256_max_epi32(m, _mm256_and_si256(
+            _mm256_loadu_si256((const __m256i *)(const void *)(x + c)), abs_mask));
+    if (c < len)
+        m = _mm256_max_epi32(m, _mm256_and_si256(
+            _mm256_maskload_epi32((const int *)(const void *)(x + c), tail_mask(len - c)),
+            abs_mask));
+    __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    return (uint32_t)_mm_cvtsi128_si32(h);
+}
+
+/* clip(rint(x * inv), -127, 127) for 8 floats, as int32. Clamping a value
+ * before or after rounding to an integer gives the same integer, and
+ * _MM_FROUND_TO_NEAREST_INT is ties-to-even like rintf. */
+TGT static inline __m256i q8(__m256 x, __m256 inv)
+{
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    __m256 v = _mm256_round_ps(_mm256_mul_ps(x, inv),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+}
+
+/* Groups whose amax is below this (including all-zero ones), infinite or
+ * NaN go to ref: there 127/amax may overflow or NaN appear, cases whose exact
+ * ref behaviour is not worth mirroring in vector code. Above it, inv is finite
+ * and every product x*inv is at most 127 in magnitude. */
+#define QA_MIN_BITS 0x04800000u /* 2^-118 */
+
+TGT static void avx2_quantize_act_i8(int8_t *XQ, float *XS, const float *X,
+                                     uint32_t n, uint32_t cols, uint32_t group)
+{
+    const uint32_t ng = (cols + group - 1) / group;
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (uint32_t t = 0; t < n; t++) {
+        const float *x = X + (size_t)t * cols;
+        int8_t *xq = XQ + (size_t)t * cols;
+        float *xs = XS + (size_t)t * ng;
+        for (uint32_t g = 0; g < ng; g++) {
+            const uint32_t c0 = g * group;
+            const uint32_t len = cols - c0 < group ? cols - c0 : group;
+            const uint32_t ab = amax_bits(x + c0, len);
+            if (ab < QA_MIN_BITS || ab >= 0x7f800000u) {
+                colibri_kernels_ref()->quantize_act_i8(xq + c0, xs + g, x + c0, 1,
+                                                       len, len);
+                continue;
+            }
+            float amax;
+            memcpy(&amax, &ab, sizeof amax);
+            xs[g] = amax / 127.0f;
+            const __m256 inv = _mm256_set1_ps(127.0f / amax);
+            const float *xg = x + c0;
+            int8_t *qg = xq + c0;
+            uint32_t c = 0;
+            for (; c + 32 <= len; c += 32) {
+                /* 4 x 8 int32 -> 32 int8: the packs work per 128-bit lane,
+                 * the final permute restores column order. Values are within
+                 * [-127, 127], so the saturating packs are exact. */
+                __m256i a = q8(_mm256_loadu_ps(xg + c), inv);
+                __m256i b = q8(_mm256_loadu_ps(xg + c + 8), inv);
+                __m256i d = q8(_mm256_loadu_ps(xg + c + 16), inv);
+                __m256i e = q8(_mm256_loadu_ps(xg + c + 24), inv);
+                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b),
+                                               _mm256_packs_epi32(d, e));
+                _mm256_storeu_si256((__m256i *)(void *)(qg + c),
+                                    _mm256_permutevar8x32_epi32(p, perm));
+            }
+            for (; c < len; c += 8) {
+                const uint32_t k = len - c < 8 ? len - c : 8;
+                __m256 v = k == 8 ? _mm256_loadu_ps(xg + c)
+                                  : _mm256_maskload_ps(xg + c, tail_mask(k));
+                int32_t tmp[8];
+                _mm256_storeu_si256((__m256i *)(void *)tmp, q8(v, inv));
+                for (uint32_t i = 0; i < k; i++)
+                    qg[c + i] = (int8_t)tmp[i];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* matmul_i8: integer dot products, never dequantising the weights.
+ *
+ * Per 32 columns and (row r, token t): vpmaddubsw needs one unsigned operand,
+ * so it multiplies |q| (as u8: |-128| = 128 is right) by xq * sign(q) (as
+ * s8); each int16 pair sum is at most 2 * 128 * 127 = 32512, no saturation.
+ * This needs xq != -128, which quantize_act_i8 guarantees (its range is
+ * [-127, 127]); weights may hold -128. vpmaddwd with ones widens the pairs to
+ * int32 lanes, summed exactly over the group.
+ *
+ * The 8 lanes of a group must be summed as integers before the scale: scaling
+ * lanes one by one would round each lane, and lanes that cancel (+9000,
+ * -8990) would leave a relative error far above float rounding of the group
+ * term. So groups go in batches of 8: one hadd tree turns the 8 groups' lane
+ * vectors into one vector of 8 exact group dots, which is converted to float
+ * and multiplied by the 8 scale products S[r,g] * XS[t,g] (the same float
+ * product ref forms) into a float accumulator. Only the order of the float
+ * sum over groups differs from ref. */
+
+/* Exact int32 dot of q[0..k) and x[0..k), k < 16, for the group tails. */
+static inline int32_t dot_tail(const int8_t *q, const int8_t *x, uint32_t k)
+{
+    int32_t s = 0;
+    for (uint32_t i = 0; i < k; i++)
+        s += (int32_t)q[i] * (int32_t)x[i];
+    return s;
+}
+
+TGT static inline __m256i dot32(__m256i qa, __m256i qraw, __m256i xv, __m256i ones)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, qraw)), ones);
+}
+
+/* [sum of v[0], ..., sum of v[7]] for 8 vectors of int32 lanes. */
+TGT static inline __m256i hsum8x8(const __m256i v[8])
+{
+    __m256i a = _mm256_hadd_epi32(v[0], v[1]);
+    __m256i b = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i c = _mm256_hadd_epi32(v[4], v[5]);
+    __m256i d = _mm256_hadd_epi32(v[6], v[7]);
+    __m256i ab = _mm256_hadd_epi32(a, b); /* [v0..v3 low halves | v0..v3 high] */
+    __m256i cd = _mm256_hadd_epi32(c, d);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20),
+                            _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+/* Exact int32 dot products of group g's columns [c, c1) for R rows x T
+ * tokens, as lane vectors (their lane sum is the dot), into d[r][t]. */
+BLOCK void i8_group(const int R, const int T, __m256i d[MAXR][MAXT][8], int j,
+                    const int8_t *const q[MAXR], const int8_t *const x[MAXT],
+                    uint32_t c, uint32_t c1)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i iacc[MAXR][MAXT];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            iacc[r][t] = _mm256_setzero_si256();
+    for (; c + 32 <= c1; c += 32) {
+        __m256i qraw[MAXR], qa[MAXR];
+        for (int r = 0; r < R; r++) {
+            qraw[r] = _mm256_loadu_si256((const __m256i *)(const void *)(q[r] + c));
+            qa[r] = _mm256_abs_epi8(qraw[r]);
+        }
+        for (int t = 0; t < T; t++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x[t] + c));
+            for (int r = 0; r < R; r++)
+                iacc[r][t] = _mm256_add_epi32(iacc[r][t], dot32(qa[r], qraw[r], xv, ones));
+        }
+    }
+    if (c + 16 <= c1) { /* 16 columns in the low half, zeros above */
+        __m256i qraw[MAXR], qa[MAXR];
+        for (int r = 0; r < R; r++) {
+            qraw[r] = _mm256_zextsi128_si256(
+                _mm_loadu_si128((const __m128i *)(const void *)(q[r] + c)));
+            qa[r] = _mm256_abs_epi8(qraw[r]);
+        }
+        for (int t = 0; t < T; t++) {
+            __m256i xv = _mm256_zextsi128_si256(
+                _mm_loadu_si128((const __m128i *)(const void *)(x[t] + c)));
+            for (int r = 0; r < R; r++)
+                iacc[r][t] = _mm256_add_epi32(iacc[r][t], dot32(qa[r], qraw[r], xv, ones));
+        }
+        c += 16;
+    }
+    if (c < c1) /* under 16 columns: scalar, added into lane 0 */
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                iacc[r][t] = _mm256_add_epi32(iacc[r][t], _mm256_zextsi128_si256(
+                    _mm_cvtsi32_si128(dot_tail(q[r] + c, x[t] + c, c1 - c))));
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            d[r][t][j] = iacc[r][t];
+}
+
+BLOCK void i8_block(const int R, const int T, float *Y, const int8_t *Q,
+                    const float *S, const int8_t *XQ, const float *XS,
+                    uint32_t rows, uint32_t cols, uint32_t group, uint32_t ng,
+                    uint32_t r0, uint32_t t0)
+{
+    const int8_t *q[MAXR];
+    const int8_t *x[MAXT];
+    const float *s[MAXR];
+    const float *xs[MAXT];
+    __m256 acc[MAXR][MAXT];
+    for (int r = 0; r < R; r++) {
+        q[r] = Q + (size_t)(r0 + r) * cols;
+        s[r] = S + (size_t)(r0 + r) * ng;
+    }
+    for (int t = 0; t < T; t++) {
+        x[t] = XQ + (size_t)(t0 + t) * cols;
+        xs[t] = XS + (size_t)(t0 + t) * ng;
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm256_setzero_ps();
+
+    for (uint32_t gb = 0; gb < ng; gb += 8) {
+        const int nb = ng - gb < 8 ? (int)(ng - gb) : 8;
+        __m256i d[MAXR][MAXT][8];
+        for (int j = 0; j < nb; j++) {
+            const uint32_t c0 = (gb + (uint32_t)j) * group;
+            const uint32_t c1 = cols - c0 < group ? cols : c0 + group;
+            i8_group(R, T, d, j, q, x, c0, c1);
+        }
+        for (int j = nb; j < 8; j++)
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < T; t++)
+                    d[r][t][j] = _mm256_setzero_si256();
+        /* Scales of the batch; past the row's last group the masked loads
+         * give 0 and read nothing. */
+        const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask((uint32_t)nb);
+        __m256 sv[MAXR], xsv[MAXT];
+        for (int r = 0; r < R; r++)
+            sv[r] = _mm256_maskload_ps(s[r] + gb, m);
+        for (int t = 0; t < T; t++)
+            xsv[t] = _mm256_maskload_ps(xs[t] + gb, m);
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(d[r][t])),
+                                            _mm256_mul_ps(sv[r], xsv[t]), acc[r][t]);
+    }
+    store_block(R, T, acc, Y, rows, r0, t0, NULL);
+}
+
+/* 2 rows x 2 tokens while two tokens are left (8 int + 4 float accumulators
+ * fit the 16 ymm registers with the weights), else 4 rows x 1 token. */
+TGT static void avx2_matmul_i8(float *Y, const int8_t *Q, const float *S,
+                               const int8_t *XQ, const float *XS, uint32_t n,
+                               uint32_t rows, uint32_t cols, uint32_t group)
+{
+    const uint32_t ng = (cols + group - 1) / group;
+    const uint32_t pr = panel_rows(rows, cols);
+    for (uint32_t p0 = 0; p0 < rows; p0 += pr) {
+        const uint32_t pe = rows - p0 < pr ? rows : p0 + pr;
+        uint32_t t = 0;
+        for (; t + 2 <= n; t += 2) {
+            uint32_t r = p0;
+            for (; r + 2 <= pe; r += 2)
+                i8_block(2, 2, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t);
+            for (; r < pe; r++)
+                i8_block(1, 2, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t);
+        }
+        for (; t < n; t++) {
+            uint32_t r = p0;
+            for (; r + 4 <= pe; r += 4)
+                i8_block(4, 1, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t);
+            for (; r < pe; r++)
+                i8_block(1, 1, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+
+static const colibri_kernels avx2_kernels = {
+    "avx2",
+    avx2_matmul_f32,
+    avx2_quantize_act_i8,
+    avx2_matmul_i8,
+    avx2_matmul_i16,
+};
+
+const colibri_kernels *colibri_kernels_avx2(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return &avx2_kernels;
+    return NULL;
+}
+
+#else /* not built with COLIBRI_USE_AVX2, or not x86 */
+
+const colibri_kernels *colibri_kernels_avx2(void)
+{
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,613 @@
+/*
+ * test_kernels.c - checks every optimised kernel table (avx2, neon: whichever
+ * this build has and the CPU runs) against the reference kernels (ref.c) on
+ * many odd and even shapes, and benchmarks them with --bench.
+ *
+ * Build (tests/test_kernels.py does this):
+ *   cc -std=c11 -O2 -Isrc/kernels [-DCOLIBRI_USE_AVX2 | -DCOLIBRI_USE_NEON]
+ *      tests/c/test_kernels.c src/kernels/ref.c src/kernels/avx2.c
+ *      src/kernels/neon.c -lm
+ * Usage:
+ *   test_kernels [--require NAME]...  run the checks; exit 1 on any mismatch,
+ *                                     or if table NAME is not available
+ *   test_kernels --bench              time ref against each optimised table
+ *
+ * What "agree" means (kernels.h, docs/FORMAT.md 5):
+ * - matmul_f32 / matmul_i16: |y - y_ref| <= 1e-5 * sum_c |w*x| (summation
+ *   order may differ; the bound scales with the terms, not the result, since
+ *   the result may cancel to ~0).
+ * - matmul_i8: the same bound over the group terms with random scales; and
+ *   with all scales 1 the result must be bit-identical to ref, because then
+ *   every partial sum is an integer below 2^24: any inexact integer dot
+ *   product (lost bits, int16 saturation) shows as a difference.
+ * - quantize_act_i8: XQ and XS bit-identical, including rounding ties,
+ *   all-zero groups, subnormal and huge groups.
+ * Buffers are allocated at their exact size (so AddressSanitizer sees any
+ * over-read), alternately 4-byte misaligned, and the output is checked for
+ * writes past its end and for values left unwritten.
+ */
+/* clock_gettime is POSIX, not C11. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------------ */
+/* Fixed-seed PRNG (splitmix64): the same cases on every run and target. */
+
+static uint64_t rng_state = 0x5eed0fc011b41ull;
+
+static uint64_t rng_u64(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint32_t rng_below(uint32_t n) { return (uint32_t)(rng_u64() % n); }
+
+/* Uniform in [-1, 1). */
+static float rng_sym(void)
+{
+    return (float)((double)(rng_u64() >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Buffers: exact-size heap blocks, optionally shifted by one element so the
+ * kernels see pointers that are not 8/16/32-byte aligned. */
+
+typedef struct {
+    void *base;
+    void *p;
+} buf;
+
+static buf buf_new(size_t count, size_t esz, int misalign)
+{
+    buf b;
+    b.base = malloc((count + (misalign ? 1 : 0)) * esz);
+    if (!b.base) {
+        fprintf(stderr, "out of memory (%zu elements)\n", count);
+        exit(2);
+    }
+    b.p = (char *)b.base + (misalign ? esz : 0);
+    return b;
+}
+
+static void buf_free(buf *b) { free(b->base); }
+
+/* Y buffers get GUARD extra floats after the n*rows outputs, and every float
+ * starts as a sentinel NaN pattern: a kernel must overwrite all outputs and
+ * none past them. */
+enum { GUARD = 16 };
+static const uint32_t SENTINEL = 0x7fc0dead;
+
+static void fill_sentinel(float *y, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        memcpy(&y[i], &SENTINEL, sizeof(float));
+}
+
+static int is_sentinel(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    return b == SENTINEL;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static long n_checks, n_failures;
+
+#define FAIL(...)                                                         \
+    do {                                                                  \
+        n_failures++;                                                     \
+        if (n_failures <= 20) {                                           \
+            fprintf(stderr, "FAIL: " __VA_ARGS__);                        \
+            fputc('\n', stderr);                                          \
+        }                                                                 \
+    } while (0)
+
+/* Guard floats intact, every output written. */
+static void check_written(const char *what, const char *kname, const float *y,
+                          size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        if (is_sentinel(y[i])) {
+            FAIL("%s %s: output %zu not written", kname, what, i);
+            return;
+        }
+    for (size_t i = count; i < count + GUARD; i++)
+        if (!is_sentinel(y[i])) {
+            FAIL("%s %s: wrote past the end of Y (element %zu)", kname, what, i);
+            return;
+        }
+}
+
+static const uint32_t COLS[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 44, 60, 63, 64, 65, 100, 257};
+static const uint32_t ROWS[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65};
+static const uint32_t NS[] = {1, 2, 3, 5, 8};
+/* 33 and 48 straddle the 16/32-column vector steps; 1 and 7 are all tail. */
+static const uint32_t GROUPS[] = {1, 7, 16, 32, 33, 48, 64};
+#define LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+static uint32_t case_no; /* alternates alignment */
+
+/* ---- matmul_f32 --------------------------------------------------------- */
+
+static void test_matmul_f32(const colibri_kernels *ref, const colibri_kernels *k,
+                            uint32_t n, uint32_t rows, uint32_t cols)
+{
+    int mis = (int)(case_no++ & 1);
+    buf W = buf_new((size_t)rows * cols, sizeof(float), mis);
+    buf X = buf_new((size_t)n * cols, sizeof(float), !mis);
+    buf Yr = buf_new((size_t)n * rows + GUARD, sizeof(float), 0);
+    buf Yk = buf_new((size_t)n * rows + GUARD, sizeof(float), mis);
+    float *w = W.p, *x = X.p, *yr = Yr.p, *yk = Yk.p;
+    for (size_t i = 0; i < (size_t)rows * cols; i++)
+        w[i] = rng_sym();
+    for (size_t i = 0; i < (size_t)n * cols; i++)
+        x[i] = 4.0f * rng_sym();
+    fill_sentinel(yr, (size_t)n * rows + GUARD);
+    fill_sentinel(yk, (size_t)n * rows + GUARD);
+    ref->matmul_f32(yr, w, x, n, rows, cols);
+    k->matmul_f32(yk, w, x, n, rows, cols);
+    check_written("matmul_f32", k->name, yk, (size_t)n * rows);
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t r = 0; r < rows; r++) {
+            double mag = 0;
+            for (uint32_t c = 0; c < cols; c++)
+                mag += fabs((double)w[(size_t)r * cols + c] * x[(size_t)t * cols + c]);
+            float a = yr[(size_t)t * rows + r], b = yk[(size_t)t * rows + r];
+            n_checks++;
+            if (!(fabs((double)a - b) <= 1e-5 * mag + 1e-30)) {
+                FAIL("%s matmul_f32 n=%u rows=%u cols=%u: y[%u,%u] = %.9g, ref %.9g (sum|terms| %.9g)",
+                     k->name, n, rows, cols, t, r, b, a, mag);
+                goto done;
+            }
+        }
+done:
+    buf_free(&W);
+    buf_free(&X);
+    buf_free(&Yr);
+    buf_free(&Yk);
+}
+
+/* ---- matmul_i16 --------------------------------------------------------- */
+
+static void test_matmul_i16(const colibri_kernels *ref, const colibri_kernels *k,
+                            uint32_t n, uint32_t rows, uint32_t cols)
+{
+    int mis = (int)(case_no++ & 1);
+    buf Q = buf_new((size_t)rows * cols, sizeof(int16_t), mis);
+    buf S = buf_new(rows, sizeof(float), !mis);
+    buf X = buf_new((size_t)n * cols, sizeof(float), mis);
+    buf Yr = buf_new((size_t)n * rows + GUARD, sizeof(float), 0);
+    buf Yk = buf_new((size_t)n * rows + GUARD, sizeof(float), !mis);
+    int16_t *q = Q.p;
+    float *s = S.p, *x = X.p, *yr = Yr.p, *yk = Yk.p;
+    for (size_t i = 0; i < (size_t)rows * cols; i++)
+        q[i] = (int16_t)(int32_t)(rng_below(65536) - 32768); /* -32768 too */
+    for (uint32_t r = 0; r < rows; r++)
+        s[r] = (1.0f + rng_sym()) / 32767.0f;
+    for (size_t i = 0; i < (size_t)n * cols; i++)
+        x[i] = rng_sym();
+    fill_sentinel(yr, (size_t)n * rows + GUARD);
+    fill_sentinel(yk, (size_t)n * rows + GUARD);
+    ref->matmul_i16(yr, q, s, x, n, rows, cols);
+    k->matmul_i16(yk, q, s, x, n, rows, cols);
+    check_written("matmul_i16", k->name, yk, (size_t)n * rows);
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t r = 0; r < rows; r++) {
+            double mag = 0;
+            for (uint32_t c = 0; c < cols; c++)
+                mag += fabs((double)q[(size_t)r * cols + c] * x[(size_t)t * cols + c]);
+            mag *= s[r];
+            float a = yr[(size_t)t * rows + r], b = yk[(size_t)t * rows + r];
+            n_checks++;
+            if (!(fabs((double)a - b) <= 1e-5 * mag + 1e-30)) {
+                FAIL("%s matmul_i16 n=%u rows=%u cols=%u: y[%u,%u] = %.9g, ref %.9g",
+                     k->name, n, rows, cols, t, r, b, a);
+                goto done;
+            }
+        }
+done:
+    buf_free(&Q);
+    buf_free(&S);
+    buf_free(&X);
+    buf_free(&Yr);
+    buf_free(&Yk);
+}
+
+/* ---- quantize_act_i8 ---------------------------------------------------- */
+
+/* Fill one group of x with one of several kinds of content. */
+static void fill_group(float *x, uint32_t len, int kind)
+{
+    switch (kind) {
+    case 0: /* plain random, magnitude varies per group */
+    default: {
+        float m = ldexpf(1.0f, (int)rng_below(20) - 10);
+        for (uint32_t i = 0; i < len; i++)
+            x[i] = m * rng_sym();
+        break;
+    }
+    case 1: /* all zero (and -0) */
+        for (uint32_t i = 0; i < len; i++)
+            x[i] = (i & 1) ? -0.0f : 0.0f;
+        break;
+    case 2: /* ties: amax 127 makes inv exactly 1, so k + 0.5 is a tie that
+               rint must send to the even neighbour */
+        for (uint32_t i = 0; i < len; i++)
+            x[i] = (float)((int32_t)rng_below(253) - 126) + 0.5f;
+        x[rng_below(len)] = (rng_u64() & 1) ? 127.0f : -127.0f;
+        break;
+    case 3: /* ties after scaling by a power of two: amax 254 -> inv 0.5 */
+        for (uint32_t i = 0; i < len; i++)
+            x[i] = (float)(2 * ((int32_t)rng_below(253) - 126) + 1);
+        x[rng_below(len)] = -254.0f;
+        break;
+    case 4: /* subnormal and tiny values, amax below 2^-118 */
+        for (uint32_t i = 0; i < len; i++)
+            x[i] = ldexpf(rng_sym(), -120 - (int)rng_below(20));
+        break;
+    case 5: /* tiny but normal amax (inv near its largest) with subnormals */
+        for (uint32_t i = 0; i < len; i++)
+            x[i] = ldexpf(rng_sym(), -130);
+        x[rng_below(len)] = ldexpf(1.0f, -117);
+        break;
+    case 6: /* huge finite values */
+        for (uint32_t i = 0; i < len; i++)
+            x[i] = 3.0e38f * rng_sym();
+        break;
+    case 7: /* one big outlier: the rest quantises to small integers */
+        for (uint32_t i = 0; i < len; i++)
+            x[i] = rng_sym();
+        x[rng_below(len)] = 1000.0f;
+        break;
+    }
+}
+
+static void test_quantize(const colibri_kernels *ref, const colibri_kernels *k,
+                          uint32_t n, uint32_t cols, uint32_t group)
+{
+    int mis = (int)(case_no++ & 1);
+    uint32_t ng = (cols + group - 1) / group;
+    buf X = buf_new((size_t)n * cols, sizeof(float), mis);
+    buf QR = buf_new((size_t)n * cols, 1, 0);
+    buf QK = buf_new((size_t)n * cols, 1, mis);
+    buf SR = buf_new((size_t)n * ng + GUARD, sizeof(float), 0);
+    buf SK = buf_new((size_t)n * ng + GUARD, sizeof(float), !mis);
+    float *x = X.p, *sr = SR.p, *sk = SK.p;
+    int8_t *qr = QR.p, *qk = QK.p;
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t g = 0; g < ng; g++) {
+            uint32_t c0 = g * group, len = cols - c0 < group ? cols - c0 : group;
+            fill_group(x + (size_t)t * cols + c0, len, (int)rng_below(8));
+        }
+    memset(qr, 0x55, (size_t)n * cols);
+    memset(qk, 0x55, (size_t)n * cols);
+    fill_sentinel(sr, (size_t)n * ng + GUARD);
+    fill_sentinel(sk, (size_t)n * ng + GUARD);
+    ref->quantize_act_i8(qr, sr, x, n, cols, group);
+    k->quantize_act_i8(qk, sk, x, n, cols, group);
+    check_written("quantize_act_i8 XS", k->name, sk, (size_t)n * ng);
+    n_checks++;
+    for (size_t i = 0; i < (size_t)n * cols; i++)
+        if (qr[i] != qk[i]) {
+            FAIL("%s quantize_act_i8 n=%u cols=%u group=%u: xq[%zu] = %d, ref %d (x = %.9g)",
+                 k->name, n, cols, group, i, qk[i], qr[i], x[i]);
+            goto done;
+        }
+    if (memcmp(sr, sk, (size_t)n * ng * sizeof(float)) != 0)
+        FAIL("%s quantize_act_i8 n=%u cols=%u group=%u: xs differs from ref",
+             k->name, n, cols, group);
+done:
+    buf_free(&X);
+    buf_free(&QR);
+    buf_free(&QK);
+    buf_free(&SR);
+    buf_free(&SK);
+}
+
+/* ---- matmul_i8 ---------------------------------------------------------- */
+
+/* mode 0: random weights, scales and activations (through ref's quantiser);
+ * mode 1: all scales 1, random int8 (weights include -128): bit-exact;
+ * mode 2: all scales 1, extreme values only (|q| 127/128, |xq| 127). */
+static void test_matmul_i8(const colibri_kernels *ref, const colibri_kernels *k,
+                           uint32_t n, uint32_t rows, uint32_t cols,
+                           uint32_t group, int mode)
+{
+    int mis = (int)(case_no++ & 1);
+    uint32_t ng = (cols + group - 1) / group;
+    buf Q = buf_new((size_t)rows * cols, 1, mis);
+    buf S = buf_new((size_t)rows * ng, sizeof(float), !mis);
+    buf XQ = buf_new((size_t)n * cols, 1, !mis);
+    buf XS = buf_new((size_t)n * ng, sizeof(float), mis);
+    buf Yr = buf_new((size_t)n * rows + GUARD, sizeof(float), 0);
+    buf Yk = buf_new((size_t)n * rows + GUARD, sizeof(float), mis);
+    int8_t *q = Q.p, *xq = XQ.p;
+    float *s = S.p, *xs = XS.p, *yr = Yr.p, *yk = Yk.p;
+    if (mode == 0) {
+        buf X = buf_new((size_t)n * cols, sizeof(float), 0);
+        float *x = X.p;
+        for (size_t i = 0; i < (size_t)rows * cols; i++)
+            q[i] = (int8_t)(int32_t)(rng_below(256) - 128);
+        for (size_t i = 0; i < (size_t)rows * ng; i++)
+            s[i] = (1.0f + rng_sym()) / 127.0f;
+        for (size_t i = 0; i < (size_t)n * cols; i++)
+            x[i] = rng_sym();
+        ref->quantize_act_i8(xq, xs, x, n, cols, group);
+        buf_free(&X);
+    } else {
+        static const int8_t qext[] = {-128, -127, 127};
+        for (size_t i = 0; i < (size_t)rows * cols; i++)
+            q[i] = mode == 1 ? (int8_t)(int32_t)(rng_below(256) - 128)
+                             : qext[rng_below(3)];
+        for (size_t i = 0; i < (size_t)n * cols; i++)
+            xq[i] = mode == 1 ? (int8_t)(int32_t)(rng_below(255) - 127)
+                              : (int8_t)((rng_u64() & 1) ? 127 : -127);
+        for (size_t i = 0; i < (size_t)rows * ng; i++)
+            s[i] = 1.0f;
+        for (size_t i = 0; i < (size_t)n * ng; i++)
+            xs[i] = 1.0f;
+    }
+    fill_sentinel(yr, (size_t)n * rows + GUARD);
+    fill_sentinel(yk, (size_t)n * rows + GUARD);
+    ref->matmul_i8(yr, q, s, xq, xs, n, rows, cols, group);
+    k->matmul_i8(yk, q, s, xq, xs, n, rows, cols, group);
+    check_written("matmul_i8", k->name, yk, (size_t)n * rows);
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t r = 0; r < rows; r++) {
+            double mag = 0;
+            for (uint32_t g = 0; g < ng; g++) {
+                uint32_t c0 = g * group, c1 = cols - c0 < group ? cols : c0 + group;
+                int64_t dot = 0;
+                for (uint32_t c = c0; c < c1; c++)
+                    dot += (int64_t)q[(size_t)r * cols + c] * xq[(size_t)t * cols + c];
+                mag += fabs((double)dot * s[(size_t)r * ng + g] * xs[(size_t)t * ng + g]);
+            }
+            float a = yr[(size_t)t * rows + r], b = yk[(size_t)t * rows + r];
+            double tol = mode == 0 ? 1e-5 * mag + 1e-30 : 0.0;
+            n_checks++;
+            if (!(fabs((double)a - b) <= tol)) {
+                FAIL("%s matmul_i8 mode %d n=%u rows=%u cols=%u group=%u: y[%u,%u] = %.9g, ref %.9g (sum|terms| %.9g)",
+                     k->name, mode, n, rows, cols, group, t, r, b, a, mag);
+                goto done;
+            }
+        }
+done:
+    buf_free(&Q);
+    buf_free(&S);
+    buf_free(&XQ);
+    buf_free(&XS);
+    buf_free(&Yr);
+    buf_free(&Yk);
+}
+
+static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
+{
+    long f0 = n_failures, c0 = n_checks;
+    for (size_t a = 0; a < LEN(NS); a++)
+        for (size_t b = 0; b < LEN(ROWS); b++)
+            for (size_t c = 0; c < LEN(COLS); c++) {
+                test_matmul_f32(ref, k, NS[a], ROWS[b], COLS[c]);
+                test_matmul_i16(ref, k, NS[a], ROWS[b], COLS[c]);
+                for (size_t g = 0; g < LEN(GROUPS); g++)
+                    test_matmul_i8(ref, k, NS[a], ROWS[b], COLS[c], GROUPS[g],
+                                   (int)((b + c + g) % 3));
+            }
+    /* Quantisation: every (n, cols, group), several draws each. */
+    for (size_t a = 0; a < LEN(NS); a++)
+        for (size_t c = 0; c < LEN(COLS); c++)
+            for (size_t g = 0; g < LEN(GROUPS); g++)
+                for (int rep = 0; rep < 4; rep++)
+                    test_quantize(ref, k, NS[a], COLS[c], GROUPS[g]);
+    /* Long groups: the int32 sums over many 32-column steps. */
+    for (int mode = 0; mode < 3; mode++)
+        test_matmul_i8(ref, k, 3, 5, 4099, 4096, mode);
+    test_matmul_f32(ref, k, 3, 5, 4099);
+    test_matmul_i16(ref, k, 3, 5, 4099);
+    printf("%-5s %ld checks, %ld failures\n", k->name, n_checks - c0, n_failures - f0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* --bench: time per call and throughput, ref against each optimised table.
+ * Figures only: no assertion depends on timing. */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    uint32_t n, rows, cols, group;
+    const float *w, *x, *s;
+    const int8_t *q8, *xq;
+    const float *xs;
+    const int16_t *q16;
+    float *y;
+    int8_t *xq_out;
+    float *xs_out;
+} bench_args;
+
+enum { B_F32, B_I8, B_I16, B_QUANT };
+
+static void bench_call(const colibri_kernels *k, int what, const bench_args *a)
+{
+    switch (what) {
+    case B_F32:
+        k->matmul_f32(a->y, a->w, a->x, a->n, a->rows, a->cols);
+        break;
+    case B_I8:
+        k->matmul_i8(a->y, a->q8, a->s, a->xq, a->xs, a->n, a->rows, a->cols, a->group);
+        break;
+    case B_I16:
+        k->matmul_i16(a->y, a->q16, a->s, a->x, a->n, a->rows, a->cols);
+        break;
+    default:
+        k->quantize_act_i8(a->xq_out, a->xs_out, a->x, a->n, a->cols, a->group);
+        break;
+    }
+}
+
+/* Seconds per call: best of several timed batches (the least disturbed). */
+static double time_call(const colibri_kernels *k, int what, const bench_args *a)
+{
+    bench_call(k, what, a); /* warm caches */
+    double best = 1e30, total = 0;
+    for (int batch = 0; batch < 5 && total < 1.5; batch++) {
+        int reps = 0;
+        double t0 = now_s(), t1;
+        do {
+            bench_call(k, what, a);
+            reps++;
+            t1 = now_s();
+        } while (t1 - t0 < 0.1);
+        total += t1 - t0;
+        if ((t1 - t0) / reps < best)
+            best = (t1 - t0) / reps;
+    }
+    return best;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    return p;
+}
+
+static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, int nopt)
+{
+    static const uint32_t shapes[][3] = {
+        {1, 2816, 1024}, {1, 1024, 2816}, {128, 2816, 1024}, {128, 1024, 2816},
+    };
+    const uint32_t maxrc = 2816 * 1024, maxn = 128, maxc = 2816;
+    float *w = xmalloc((size_t)maxrc * sizeof(float));
+    float *x = xmalloc((size_t)maxn * maxc * sizeof(float));
+    float *s = xmalloc((size_t)maxrc * sizeof(float)); /* scales, any shape */
+    int8_t *q8 = xmalloc(maxrc);
+    int16_t *q16 = xmalloc((size_t)maxrc * sizeof(int16_t));
+    int8_t *xq = xmalloc((size_t)maxn * maxc);
+    float *xs = xmalloc((size_t)maxn * maxc * sizeof(float));
+    float *y = xmalloc((size_t)maxn * 2816 * sizeof(float));
+    int8_t *xq_out = xmalloc((size_t)maxn * maxc);
+    float *xs_out = xmalloc((size_t)maxn * maxc * sizeof(float));
+    for (size_t i = 0; i < maxrc; i++) {
+        w[i] = rng_sym();
+        s[i] = (1.0f + rng_sym()) / 127.0f;
+        q8[i] = (int8_t)(int32_t)(rng_below(255) - 127);
+        q16[i] = (int16_t)(int32_t)(rng_below(65535) - 32767);
+    }
+    for (size_t i = 0; i < (size_t)maxn * maxc; i++)
+        x[i] = rng_sym();
+
+    printf("%-16s %-18s %10s %10s", "kernel", "n x rows x cols", "ref ms", "ref G/s");
+    for (int i = 0; i < nopt; i++)
+        printf(" %8s ms %8s G/s %6s", opt[i]->name, opt[i]->name, "x ref");
+    printf("\n");
+    static const char *names[] = {"matmul_f32", "matmul_i8 g32", "matmul_i8 g64",
+                                  "matmul_i16", "quantize g32"};
+    for (int which = 0; which < 5; which++) {
+        int what = which == 0 ? B_F32 : which <= 2 ? B_I8 : which == 3 ? B_I16 : B_QUANT;
+        for (size_t sh = 0; sh < LEN(shapes); sh++) {
+            bench_args a;
+            a.n = shapes[sh][0];
+            a.rows = shapes[sh][1];
+            a.cols = shapes[sh][2];
+            a.group = which == 2 ? 64 : 32;
+            if (what == B_QUANT && a.rows != 2816)
+                continue; /* quantize depends on n x cols only */
+            a.w = w;
+            a.x = x;
+            a.s = s;
+            a.q8 = q8;
+            a.q16 = q16;
+            a.y = y;
+            a.xq_out = xq_out;
+            a.xs_out = xs_out;
+            ref->quantize_act_i8(xq, xs, x, a.n, a.cols, a.group);
+            a.xq = xq;
+            a.xs = xs;
+            /* GFLOPS for the float forms, GOPS (2 per multiply-add) for
+             * int8; quantize: G elements/s. */
+            double ops = what == B_QUANT ? (double)a.n * a.cols
+                                         : 2.0 * a.n * a.rows * a.cols;
+            double tr = time_call(ref, what, &a);
+            char shape[32];
+            snprintf(shape, sizeof shape, "%ux%ux%u", a.n, a.rows, a.cols);
+            printf("%-16s %-18s %10.3f %10.2f", names[which], shape, tr * 1e3, ops / tr * 1e-9);
+            for (int i = 0; i < nopt; i++) {
+                double tk = time_call(opt[i], what, &a);
+                printf(" %11.3f %12.2f %6.1f", tk * 1e3, ops / tk * 1e-9, tr / tk);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+    free(w);
+    free(x);
+    free(s);
+    free(q8);
+    free(q16);
+    free(xq);
+    free(xs);
+    free(y);
+    free(xq_out);
+    free(xs_out);
+}
+
+int main(int argc, char **argv)
+{
+    const colibri_kernels *ref = colibri_kernels_ref();
+    const colibri_kernels *opt[2];
+    int nopt = 0, bench = 0;
+    if (colibri_kernels_avx2())
+        opt[nopt++] = colibri_kernels_avx2();
+    if (colibri_kernels_neon())
+        opt[nopt++] = colibri_kernels_neon();
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--bench") == 0) {
+            bench = 1;
+        } else if (strcmp(argv[i], "--require") == 0 && i + 1 < argc) {
+            const char *want = argv[++i];
+            int found = 0;
+            for (int j = 0; j < nopt; j++)
+                found |= strcmp(opt[j]->name, want) == 0;
+            if (!found) {
+                fprintf(stderr, "kernel table \"%s\" is not available in this build/CPU\n", want);
+                return 1;
+            }
+        } else {
+            fprintf(stderr, "usage: %s [--bench] [--require NAME]...\n", argv[0]);
+            return 2;
+        }
+    }
+    if (bench) {
+        run_bench(ref, opt, nopt);
+        return 0;
+    }
+    if (nopt == 0)
+        printf("no optimised kernel table in this build: nothing to compare\n");
+    for (int i = 0; i < nopt; i++)
+        test_table(ref, opt[i]);
+    if (n_failures) {
+        printf("%ld FAILURES\n", n_failures);
+        return 1;
+    }
+    printf("all kernels agree with ref\n");
+    return 0;
+}
