@@ -1,0 +1,197 @@
+"""Build the C runtime (libcolibri.a and colibri-cli) with a given toolchain.
+
+The plain-function build the tests use for their variants (sanitizers, static
+work buffer, debug, cross compilers) and `python -m colibri.cbuild` uses for the
+default host build into build/x86_64/. The SCons build reuses the source lists
+and flag tables below, so there is one definition of what the runtime is made of.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+
+# The library proper, portable C11.
+LIB_SOURCES = ("src/core.c", "src/tensor.c", "src/moe.c")
+# Kernel sets: source, the define that tells core.c it is linked in, and the
+# flags that file alone is compiled with.
+KERNELS = {
+    "ref": dict(source="src/kernels/ref.c", define=None, flags=()),
+    "avx2": dict(source="src/kernels/avx2.c", define="COLIBRI_USE_AVX2",
+                 flags=("-mavx2", "-mfma")),
+    "neon": dict(source="src/kernels/neon.c", define="COLIBRI_USE_NEON", flags=()),
+}
+CLI_SOURCES = ("src/cli/colibri-cli.c",)
+INCLUDE_DIRS = ("src/include", "src")
+# -ffp-contract=off: no fused multiply-add behind our back, so the ref kernels
+# give bit-identical results on every target.
+BASE_CFLAGS = ("-std=c11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+               "-O2")
+LIBS = ("-lm",)
+
+
+class BuildError(RuntimeError):
+    """A compiler or archiver failed; the message carries its output."""
+
+
+def tool_for(cc: str, tool: str) -> str:
+    """The binutils `tool` matching compiler `cc`: arm-linux-gnueabihf-gcc ->
+    arm-linux-gnueabihf-ar; gcc/clang -> ar."""
+    name = os.path.basename(cc)
+    if name.endswith("-gcc") or name.endswith("-cc"):
+        return os.path.join(os.path.dirname(cc), name.rsplit("-", 1)[0] + "-" + tool)
+    return tool
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def _flags(*, cflags, defines, kernels, sanitize, static_workbuf, mmap, debug):
+    """Compile flags shared by every object (and by test programs)."""
+    flags = list(BASE_CFLAGS)
+    if debug or sanitize:
+        flags += ["-g"]
+    if sanitize:
+        flags += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer",
+                  "-fno-sanitize-recover=all"]
+    flags += [f"-I{ROOT / d}" for d in INCLUDE_DIRS]
+    defs = list(defines)
+    defs.append(f"COLIBRI_ENABLE_MMAP={1 if mmap else 0}")
+    if static_workbuf:
+        defs.append("COLIBRI_STATIC_WORKBUF")
+    if debug:
+        defs.append("COLIBRI_DEBUG")
+    if tuple(kernels) == ("ref",):
+        defs.append("COLIBRI_KERNELS_REF_ONLY")
+    for k in kernels:
+        if KERNELS[k]["define"]:
+            defs.append(KERNELS[k]["define"])
+    flags += [f"-D{d}" for d in defs]
+    flags += list(cflags)
+    ldflags = [f"-fsanitize={sanitize}"] if sanitize else []
+    return flags, ldflags
+
+
+def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
+          sanitize=None, static_workbuf=False, mmap=True, debug=False,
+          ldflags=()) -> dict:
+    """Compile libcolibri.a and colibri-cli into out_dir.
+
+    kernels: kernel sets to link ("ref" is always added); ("ref",) alone
+    defines COLIBRI_KERNELS_REF_ONLY. sanitize: e.g. "address,undefined" or
+    "thread". Returns {"lib", "cli", "include_flags", "cflags", "ldflags",
+    "cc"} (paths as Path); rebuilds only when the sources or the options
+    changed.
+    """
+    out = Path(out_dir)
+    kernels = tuple(dict.fromkeys(("ref",) + tuple(kernels)))
+    for k in kernels:
+        if k not in KERNELS:
+            raise BuildError(f"unknown kernel set {k!r}: choose from {sorted(KERNELS)}")
+        if not (ROOT / KERNELS[k]["source"]).exists():
+            raise BuildError(f"kernel set {k!r} needs {KERNELS[k]['source']}, "
+                             "which is not in this tree")
+    flags, link = _flags(cflags=cflags, defines=defines, kernels=kernels,
+                         sanitize=sanitize, static_workbuf=static_workbuf,
+                         mmap=mmap, debug=debug)
+    link += list(ldflags)
+    sources = list(LIB_SOURCES) + [KERNELS[k]["source"] for k in kernels]
+    result = {"lib": out / "libcolibri.a", "cli": out / "colibri-cli",
+              "cflags": flags, "ldflags": link, "cc": cc}
+
+    # Rebuild only when something that matters changed.
+    h = hashlib.sha256(json.dumps([cc, flags, link, sources]).encode())
+    for path in sorted(SRC.rglob("*.[ch]")):
+        h.update(str(path).encode())
+        h.update(path.read_bytes())
+    stamp = out / ".build-stamp"
+    if (stamp.exists() and stamp.read_text() == h.hexdigest()
+            and result["lib"].exists() and result["cli"].exists()):
+        return result
+
+    obj_dir = out / "obj"
+    if obj_dir.exists():
+        shutil.rmtree(obj_dir)
+    obj_dir.mkdir(parents=True)
+    objs = []
+    for src in sources:
+        obj = obj_dir / (Path(src).stem + ".o")
+        extra = []
+        for k in kernels:
+            if KERNELS[k]["source"] == src:
+                extra = list(KERNELS[k]["flags"])
+        _run([cc, *flags, *extra, "-c", str(ROOT / src), "-o", str(obj)])
+        objs.append(obj)
+    if result["lib"].exists():
+        result["lib"].unlink()
+    _run([tool_for(cc, "ar"), "rcs", str(result["lib"]), *map(str, objs)])
+    cli_objs = []
+    for src in CLI_SOURCES:
+        obj = obj_dir / (Path(src).stem + ".o")
+        _run([cc, *flags, "-c", str(ROOT / src), "-o", str(obj)])
+        cli_objs.append(obj)
+    _run([cc, *map(str, cli_objs), str(result["lib"]), *link, *LIBS,
+          "-o", str(result["cli"])])
+    stamp.write_text(h.hexdigest())
+    return result
+
+
+def build_program(info: dict, sources, out_path, *, extra_cflags=(),
+                  extra_ldflags=()) -> Path:
+    """Compile and link a C program (e.g. a test) against the library of a
+    build() result, with the same compiler and flags."""
+    out_path = Path(out_path)
+    _run([info["cc"], *info["cflags"], *extra_cflags, *map(str, sources),
+          str(info["lib"]), *info["ldflags"], *extra_ldflags, *LIBS,
+          "-o", str(out_path)])
+    return out_path
+
+
+def host_kernels() -> tuple:
+    """The kernel sets the default host build links: ref, plus avx2 on x86-64
+    when its source is in the tree."""
+    import platform
+    ks = ["ref"]
+    if platform.machine() in ("x86_64", "AMD64") and (ROOT / KERNELS["avx2"]["source"]).exists():
+        ks.append("avx2")
+    return tuple(ks)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m colibri.cbuild",
+        description="Build libcolibri.a and colibri-cli for the host into build/x86_64/.")
+    parser.add_argument("--out", default=str(ROOT / "build" / "x86_64"))
+    parser.add_argument("--cc", default="gcc")
+    parser.add_argument("--kernels", default=None,
+                        help="comma-separated kernel sets (default: ref + host SIMD present)")
+    parser.add_argument("--sanitize", default=None)
+    parser.add_argument("--static-workbuf", action="store_true")
+    parser.add_argument("--no-mmap", action="store_true")
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+    kernels = tuple(args.kernels.split(",")) if args.kernels else host_kernels()
+    try:
+        res = build(args.out, cc=args.cc, kernels=kernels, sanitize=args.sanitize,
+                    static_workbuf=args.static_workbuf, mmap=not args.no_mmap,
+                    debug=args.debug)
+    except BuildError as exc:
+        print(f"colibri.cbuild: build failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"built {res['lib']} and {res['cli']} (kernels: {', '.join(kernels)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,480 @@
+/*
+ * colibri-cli - inspect, verify and run a .colibri model with the C runtime.
+ *
+ *   colibri-cli --model F --info
+ *   colibri-cli --model F --verify
+ *   colibri-cli --model F --dump-router-lut
+ *   colibri-cli --model F --tokens 1,2,3 [--generate N] [--logits-out OUT]
+ *   colibri-cli --model F --bench N [--tokens 1,2,3]
+ *
+ * Errors: one line "colibri-cli: FILE: <error> (<detail>): <what to do>" on
+ * stderr and exit status 1 (2 for usage errors).
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "colibri.h"
+
+static const char *usage_text =
+    "usage: colibri-cli --model FILE ACTION [options]\n"
+    "\n"
+    "actions (exactly one):\n"
+    "  --info              print the model's shape, dtypes, arena size, kernels\n"
+    "  --verify            check every CRC; names each failing section\n"
+    "  --dump-router-lut   print every router weight as the runtime uses it\n"
+    "                      (int16 rows dequantised: q * scale), one number per\n"
+    "                      line, in the order layer, expert, hidden column\n"
+    "                      (layer 0 expert 0 column 0, column 1, ...)\n"
+    "  --tokens 1,2,3      run the prompt; print each position's greedy token\n"
+    "  --bench N           time N single-token decode steps after a prompt\n"
+    "                      (--tokens, default 1,2,3,4); prints mean, p50, p99\n"
+    "                      and standard deviation in microseconds\n"
+    "\n"
+    "options:\n"
+    "  --generate N        with --tokens: greedily generate N tokens\n"
+    "  --logits-out OUT    with --tokens: write little-endian float32 logits,\n"
+    "                      one row of vocab values per prompt position, then\n"
+    "                      one row per generated token fed back (the same\n"
+    "                      format as `colibri run --logits-out`)\n"
+    "  --help              this text\n";
+
+static const char *model_path = "-";
+
+/* What the user can do about an error code. */
+static const char *advice(int rc)
+{
+    switch (rc) {
+    case COLIBRI_E_BAD_FORMAT: return "re-create it with `colibri convert`";
+    case COLIBRI_E_CRC: return "the file is corrupted: copy or convert it again";
+    case COLIBRI_E_VERSION: return "upgrade colibri";
+    case COLIBRI_E_IO: return "check the path and permissions";
+    case COLIBRI_E_NO_MEMORY: return "free memory or use a smaller model";
+    case COLIBRI_E_BYTE_ORDER:
+        return "convert with `colibri convert --byte-order` for this host";
+    case COLIBRI_E_TOKEN: return "use token ids below the model's vocab";
+    default: return "see colibri-cli --help";
+    }
+}
+
+static int fail(int rc, const colibri_model *m, const char *what)
+{
+    const char *detail = what ? what : (m ? colibri_error_detail(m) : "");
+    fprintf(stderr, "colibri-cli: %s: %s%s%s%s: %s\n", model_path,
+            colibri_strerror(rc), *detail ? " (" : "", detail, *detail ? ")" : "",
+            advice(rc));
+    return 1;
+}
+
+static int usage_error(const char *msg)
+{
+    fprintf(stderr, "colibri-cli: %s: %s: see colibri-cli --help\n", model_path, msg);
+    return 2;
+}
+
+/* Read the whole file into a 64-byte aligned buffer (*base to free). */
+static int read_file(const char *path, void **base, uint8_t **data, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return COLIBRI_E_IO;
+    long end = -1;
+    if (fseek(f, 0, SEEK_END) == 0)
+        end = ftell(f);
+    if (end < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return COLIBRI_E_IO;
+    }
+    *base = malloc((size_t)end + 64);
+    if (!*base) {
+        fclose(f);
+        return COLIBRI_E_NO_MEMORY;
+    }
+    *data = (uint8_t *)(((uintptr_t)*base + 63) & ~(uintptr_t)63);
+    *size = fread(*data, 1, (size_t)end, f);
+    fclose(f);
+    return *size == (size_t)end ? COLIBRI_OK : COLIBRI_E_IO;
+}
+
+/* Load the model: colibri_init, or (static work-buffer builds, where the
+ * library cannot allocate) the file read here plus an arena of the size the
+ * header asks for. */
+static void *file_base, *arena_base;
+
+static int load(colibri_model *m)
+{
+    if (!(colibri_build_flags() & COLIBRI_BUILD_STATIC_WORKBUF))
+        return colibri_init(m, model_path);
+    uint8_t *data;
+    size_t size, need;
+    memset(m, 0, sizeof *m);
+    int rc = read_file(model_path, &file_base, &data, &size);
+    if (rc == COLIBRI_OK)
+        rc = colibri_arena_size(data, size, &need);
+    if (rc == COLIBRI_OK) {
+        arena_base = malloc(need + 64);
+        if (!arena_base)
+            return COLIBRI_E_NO_MEMORY;
+        void *arena = (void *)(((uintptr_t)arena_base + 63) & ~(uintptr_t)63);
+        rc = colibri_init_from_memory(m, data, size, arena, need);
+    }
+    return rc;
+}
+
+static void unload(colibri_model *m)
+{
+    colibri_free(m);
+    free(file_base);
+    free(arena_base);
+    file_base = arena_base = NULL;
+}
+
+static const char *dtype_name(unsigned d)
+{
+    return d == COLIBRI_DTYPE_F32 ? "f32" : d == COLIBRI_DTYPE_I8_GROUP ? "i8_group"
+         : d == COLIBRI_DTYPE_I16_ROW ? "i16_row" : "?";
+}
+
+static int do_info(colibri_model *m)
+{
+    colibri_info in;
+    int rc = colibri_get_info(m, &in);
+    if (rc)
+        return fail(rc, m, NULL);
+    const colibri_shape *s = &in.shape;
+    printf("format_version: %u\n", (unsigned)in.format_version);
+    printf("byte_order: %s%s\n", in.file_big_endian ? "big" : "little",
+           in.byte_swapped ? " (swapped in memory)" : "");
+    printf("file_size: %llu\n", (unsigned long long)in.file_size);
+    printf("vocab: %u\nhidden: %u\nintermediate: %u\nmax_seq_len: %u\n",
+           s->vocab, s->hidden, s->intermediate, s->max_seq_len);
+    printf("n_layers: %u\nn_heads: %u\nn_kv_heads: %u\nhead_dim: %u\n",
+           s->n_layers, s->n_heads, s->n_kv_heads, s->head_dim);
+    printf("n_experts: %u\ntop_k: %u\nmax_batch: %u\ngroup_size: %u\n",
+           s->n_experts, s->top_k, s->max_batch, s->group_size);
+    printf("rope_theta: %.9g\nrms_eps: %.9g\nn_tensors: %u\n",
+           (double)s->rope_theta, (double)s->rms_eps, s->n_tensors);
+    printf("unknown_sections: %u\nparameters: %llu\n", in.n_unknown_sections,
+           (unsigned long long)in.n_params);
+    printf("dtype_embed: %s\ndtype_attention: %s\ndtype_router: %s\n"
+           "dtype_experts: %s\ndtype_lm_head: %s\n", dtype_name(in.dtype_embed),
+           dtype_name(in.dtype_attn), dtype_name(in.dtype_router),
+           dtype_name(in.dtype_expert), dtype_name(in.dtype_lm_head));
+    printf("arena_bytes: %llu\nchunk_tokens: %u\nkernels: %s\nload: %s\n",
+           (unsigned long long)in.arena_bytes, in.chunk_tokens, in.kernels,
+           in.load_mode);
+    return 0;
+}
+
+static void on_bad(void *user, int index, const char *what)
+{
+    (void)user;
+    if (index == -3)
+        printf("FAIL structure: %s\n", what);
+    else if (index == -2)
+        printf("FAIL header: %s\n", what);
+    else if (index == -1)
+        printf("FAIL tensor table: %s\n", what);
+    else
+        printf("FAIL section %d: %s\n", index, what);
+}
+
+static int do_verify(void)
+{
+    void *base = NULL;
+    uint8_t *data;
+    size_t size;
+    int rc = read_file(model_path, &base, &data, &size);
+    if (rc) {
+        free(base);
+        return fail(rc, NULL, "cannot read the file");
+    }
+    uint32_t nbad = 0;
+    rc = colibri_verify(data, size, on_bad, NULL, &nbad);
+    free(base);
+    if (rc)
+        return fail(rc, NULL, nbad ? "sections listed above" : "see above");
+    printf("OK: header, table and every section CRC verified\n");
+    return 0;
+}
+
+static int do_dump_router(colibri_model *m)
+{
+    colibri_info in;
+    int rc = colibri_get_info(m, &in);
+    if (rc)
+        return fail(rc, m, NULL);
+    size_t n = (size_t)in.shape.n_experts * in.shape.hidden;
+    float *w = (float *)malloc(n * sizeof(float));
+    if (!w)
+        return fail(COLIBRI_E_NO_MEMORY, m, NULL);
+    for (uint32_t l = 0; l < in.shape.n_layers; l++) {
+        rc = colibri_router_weights(m, l, w);
+        if (rc) {
+            free(w);
+            return fail(rc, m, NULL);
+        }
+        for (size_t i = 0; i < n; i++)
+            printf("%.9g\n", (double)w[i]);
+    }
+    free(w);
+    return 0;
+}
+
+/* "1,2,3" -> ids; returns the count or -1. */
+static long parse_tokens(const char *s, int32_t **out)
+{
+    size_t cap = 1;
+    for (const char *c = s; *c; c++)
+        cap += *c == ',';
+    *out = (int32_t *)malloc(cap * sizeof(int32_t));
+    if (!*out)
+        return -1;
+    long n = 0;
+    const char *c = s;
+    while (*c) {
+        char *end;
+        errno = 0;
+        long v = strtol(c, &end, 10);
+        if (end == c || errno || v < INT32_MIN || v > INT32_MAX)
+            return -1;
+        (*out)[n++] = (int32_t)v;
+        c = end;
+        if (*c == ',')
+            c++;
+        else if (*c)
+            return -1;
+    }
+    return n;
+}
+
+static uint32_t argmax(const float *v, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Append rows of float32 as little-endian bytes whatever the host. */
+static int write_le(FILE *f, const float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        unsigned char b[4] = { (unsigned char)u, (unsigned char)(u >> 8),
+                               (unsigned char)(u >> 16), (unsigned char)(u >> 24) };
+        if (fwrite(b, 1, 4, f) != 4)
+            return -1;
+    }
+    return 0;
+}
+
+static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
+                     long generate, const char *logits_out)
+{
+    colibri_info in;
+    colibri_get_info(m, &in);
+    uint32_t V = in.shape.vocab;
+    if ((uint64_t)n + (uint64_t)generate > in.shape.max_seq_len)
+        return usage_error("prompt plus --generate exceeds the model's max_seq_len");
+    float *logits = (float *)malloc((size_t)n * V * sizeof(float));
+    if (!logits)
+        return fail(COLIBRI_E_NO_MEMORY, m, NULL);
+    FILE *out = NULL;
+    if (logits_out && !(out = fopen(logits_out, "wb"))) {
+        free(logits);
+        return fail(COLIBRI_E_IO, m, "cannot create the --logits-out file");
+    }
+    int rc = colibri_infer(m, ids, NULL, 1, n, 0, logits);
+    int status = 0;
+    if (rc) {
+        status = fail(rc, m, NULL);
+        goto done;
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t a = argmax(logits + (size_t)t * V, V);
+        printf("position %u: token %d -> next %u (logit %.6g)\n", t, (int)ids[t],
+               a, (double)logits[(size_t)t * V + a]);
+    }
+    if (out && write_le(out, logits, (size_t)n * V)) {
+        status = fail(COLIBRI_E_IO, m, "cannot write the --logits-out file");
+        goto done;
+    }
+    if (generate > 0) {
+        int32_t next = (int32_t)argmax(logits + (size_t)(n - 1) * V, V);
+        printf("generated:");
+        for (long g = 0; g < generate; g++) {
+            printf(" %d", (int)next);
+            rc = colibri_infer(m, &next, NULL, 1, 1, n + (uint32_t)g, logits);
+            if (rc) {
+                printf("\n");
+                status = fail(rc, m, NULL);
+                goto done;
+            }
+            if (out && write_le(out, logits, V)) {
+                status = fail(COLIBRI_E_IO, m, "cannot write the --logits-out file");
+                goto done;
+            }
+            next = (int32_t)argmax(logits, V);
+        }
+        printf("\n");
+    }
+done:
+    if (out && fclose(out) != 0 && status == 0)
+        status = fail(COLIBRI_E_IO, m, "cannot write the --logits-out file");
+    free(logits);
+    return status;
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Decode latency: prompt once, then N single-token steps at positions
+ * P, P+1, ... wrapping back to P (a rewind) when the cache is full. */
+static int do_bench(colibri_model *m, const int32_t *ids, uint32_t n, long steps)
+{
+    colibri_info in;
+    colibri_get_info(m, &in);
+    uint32_t V = in.shape.vocab, S = in.shape.max_seq_len;
+    if (n >= S)
+        return usage_error("the --bench prompt must be shorter than max_seq_len");
+    float *logits = (float *)malloc((size_t)n * V * sizeof(float));
+    double *t = (double *)malloc((size_t)steps * sizeof(double));
+    if (!logits || !t) {
+        free(logits);
+        free(t);
+        return fail(COLIBRI_E_NO_MEMORY, m, NULL);
+    }
+    int rc = colibri_infer(m, ids, NULL, 1, n, 0, logits);
+    int32_t next = (int32_t)argmax(logits + (size_t)(n - 1) * V, V);
+    for (long i = 0; rc == 0 && i < steps; i++) {
+        uint32_t pos = n + (uint32_t)(i % (S - n));
+        double t0 = now_us();
+        rc = colibri_infer(m, &next, NULL, 1, 1, pos, logits);
+        t[i] = now_us() - t0;
+        next = (int32_t)argmax(logits, V);
+    }
+    if (rc) {
+        free(logits);
+        free(t);
+        return fail(rc, m, NULL);
+    }
+    double sum = 0, sq = 0;
+    for (long i = 0; i < steps; i++)
+        sum += t[i];
+    double mean = sum / (double)steps;
+    for (long i = 0; i < steps; i++)
+        sq += (t[i] - mean) * (t[i] - mean);
+    qsort(t, (size_t)steps, sizeof(double), cmp_double);
+    size_t p50 = (size_t)((double)(steps - 1) * 0.50 + 0.5);
+    size_t p99 = (size_t)((double)(steps - 1) * 0.99 + 0.5);
+    printf("decode steps: %ld (prompt %u tokens, kernels %s)\n", steps, n, in.kernels);
+    printf("mean_us: %.3f\np50_us: %.3f\np99_us: %.3f\nstddev_us: %.3f\n",
+           mean, t[p50], t[p99], sqrt(sq / (double)steps));
+    free(logits);
+    free(t);
+    return 0;
+}
+
+static int parse_count(const char *s, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < 1 || v > 100000000)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *tokens = NULL, *logits_out = NULL;
+    int info = 0, verify = 0, dump = 0, have_model = 0;
+    long generate = 0, bench = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has_val = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage_text, stdout);
+            return 0;
+        } else if (!strcmp(a, "--model") && has_val) {
+            model_path = argv[++i];
+            have_model = 1;
+        } else if (!strcmp(a, "--info")) {
+            info = 1;
+        } else if (!strcmp(a, "--verify")) {
+            verify = 1;
+        } else if (!strcmp(a, "--dump-router-lut")) {
+            dump = 1;
+        } else if (!strcmp(a, "--tokens") && has_val) {
+            tokens = argv[++i];
+        } else if (!strcmp(a, "--logits-out") && has_val) {
+            logits_out = argv[++i];
+        } else if (!strcmp(a, "--generate") && has_val) {
+            if (parse_count(argv[++i], &generate))
+                return usage_error("--generate needs a count >= 1");
+        } else if (!strcmp(a, "--bench") && has_val) {
+            if (parse_count(argv[++i], &bench))
+                return usage_error("--bench needs a count >= 1");
+        } else {
+            fprintf(stderr, "colibri-cli: unknown or incomplete option '%s': "
+                    "see colibri-cli --help\n", a);
+            return 2;
+        }
+    }
+    if (!have_model)
+        return usage_error("--model FILE is required");
+    int actions = info + verify + dump + (bench > 0) + (tokens && !bench);
+    if (actions != 1)
+        return usage_error("give exactly one of --info, --verify, "
+                           "--dump-router-lut, --tokens, --bench");
+    if ((generate || logits_out) && (!tokens || bench))
+        return usage_error("--generate and --logits-out go with --tokens");
+    if (verify)
+        return do_verify();
+
+    int32_t *ids = NULL;
+    long n = 0;
+    if (tokens || bench) {
+        n = parse_tokens(tokens ? tokens : "1,2,3,4", &ids);
+        if (n < 1) {
+            free(ids);
+            return usage_error("--tokens needs comma-separated integers, e.g. 1,2,3");
+        }
+    }
+    colibri_model m;
+    int rc = load(&m);
+    int status;
+    if (rc) {
+        status = fail(rc, &m, NULL);
+    } else if (info) {
+        status = do_info(&m);
+    } else if (dump) {
+        status = do_dump_router(&m);
+    } else if (bench) {
+        status = do_bench(&m, ids, (uint32_t)n, bench);
+    } else {
+        status = do_tokens(&m, ids, (uint32_t)n, generate, logits_out);
+    }
+    unload(&m);
+    free(ids);
+    return status;
+}

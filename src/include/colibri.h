@@ -1,0 +1,243 @@
+/*
+ * colibri.h - the public API of the Colibri Mixture-of-Experts runtime.
+ *
+ * A model is a .colibri file (docs/FORMAT.md). The runtime validates it, then
+ * computes Mixtral logits with every byte of mutable memory carved from one
+ * 64-byte aligned arena that is allocated (or supplied) once, at init:
+ * colibri_infer() performs no heap allocation and no system call.
+ *
+ * Typical use:
+ *     colibri_model m;                       // caller-owned, stack or static
+ *     int rc = colibri_init(&m, "model.colibri");
+ *     if (rc) { puts(colibri_strerror(rc)); puts(colibri_error_detail(&m)); }
+ *     rc = colibri_infer(&m, ids, NULL, 1, n, 0, logits);   // prefill
+ *     rc = colibri_infer(&m, &next, NULL, 1, 1, n, logits); // one decode step
+ *     colibri_free(&m);
+ *
+ * Threads: one instance per thread. Instances may share one mapping of the
+ * weights (colibri_share) and then add only their own arena. Functions taking
+ * a const colibri_model* may run concurrently on the same instance.
+ *
+ * Build switches (compile-time defines, the same for the library and users):
+ *   COLIBRI_ENABLE_MMAP=0|1   colibri_init maps the file (1, default) or reads
+ *                             it into memory it allocates (0).
+ *   COLIBRI_STATIC_WORKBUF    the library never calls malloc: arenas come from
+ *                             the caller, colibri_init is unavailable
+ *                             (COLIBRI_E_UNSUPPORTED), files must be in the
+ *                             host byte order.
+ *   COLIBRI_CHUNK_TOKENS=N    tokens processed together (default 16); enters
+ *                             the arena size (see colibri_arena_size).
+ *   COLIBRI_KERNELS_REF_ONLY  use the portable reference kernels only.
+ *   COLIBRI_DEBUG             dump each kernel call to stderr.
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri_format.h" /* COLIBRI_FORMAT_VERSION, COLIBRI_DTYPE_*, kinds */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of this API (bumped on incompatible changes). The file format
+ * version this library reads is COLIBRI_FORMAT_VERSION (colibri_format.h). */
+#define COLIBRI_API_VERSION 1
+
+/* Arenas handed to the library must be aligned to this many bytes. */
+#define COLIBRI_ARENA_ALIGN 64
+/* Blobs (a file's bytes in memory) must be aligned to at least this many
+ * bytes; 64 is recommended so that SIMD kernels can use aligned loads. */
+#define COLIBRI_BLOB_ALIGN 4
+
+/* Error codes: 0 is success, every failure a distinct negative value except
+ * -1, which keeps its historical two meanings. */
+enum {
+    COLIBRI_OK = 0,
+    /* -1 at init: the file is not a valid .colibri file (magic, a header
+     *    field, a table entry, a size or an offset is wrong). */
+    COLIBRI_E_BAD_FORMAT = -1,
+    /* -1 at infer: batch > max_batch, seq > max_seq_len or
+     *    n_past + seq > max_seq_len. */
+    COLIBRI_E_INPUT_TOO_LARGE = -1,
+    COLIBRI_E_NO_MEMORY = -2,       /* malloc failed */
+    COLIBRI_E_CRC = -3,             /* header, table or section CRC mismatch */
+    COLIBRI_E_IO = -4,              /* open, stat, mmap or read failed */
+    COLIBRI_E_VERSION = -5,         /* format version newer than supported */
+    COLIBRI_E_BYTE_ORDER = -6,      /* file in the other byte order and this
+                                       path cannot swap (zero-copy/static) */
+    COLIBRI_E_ARG = -7,             /* NULL pointer, zero size, bad mask value */
+    COLIBRI_E_TOKEN = -8,           /* token id < 0 or >= vocab */
+    COLIBRI_E_ARENA_TOO_SMALL = -9, /* caller arena smaller than needed */
+    COLIBRI_E_ALIGN = -10,          /* blob or arena misaligned */
+    COLIBRI_E_KV_STATE = -11,       /* n_past > cached tokens or batch differs
+                                       from the cached batch */
+    COLIBRI_E_UNSUPPORTED = -12,    /* not available in this build */
+    COLIBRI_E_NOT_INIT = -13        /* model not initialised (or freed) */
+};
+
+/* What a model is, in host order. */
+typedef struct colibri_shape {
+    uint32_t vocab, hidden, intermediate, max_seq_len;
+    uint16_t n_layers, n_heads, n_kv_heads, head_dim;
+    uint16_t n_experts, top_k, max_batch, group_size;
+    float rope_theta, rms_eps;
+    uint32_t n_tensors;
+} colibri_shape;
+
+/* Everything colibri_get_info reports. Plain data; strings are static. */
+typedef struct colibri_info {
+    colibri_shape shape;
+    uint16_t format_version;
+    uint8_t file_big_endian;   /* 1 if the file is big-endian */
+    uint8_t byte_swapped;      /* 1 if the runtime swapped it into memory */
+    /* dtypes (COLIBRI_DTYPE_* of colibri_format.h) of layer 0 / the model */
+    uint8_t dtype_embed, dtype_attn, dtype_router, dtype_expert, dtype_lm_head;
+    uint32_t n_unknown_sections;  /* non-critical entries that were skipped */
+    uint64_t file_size;           /* bytes */
+    uint64_t n_params;            /* weights in all known tensors */
+    size_t arena_bytes;           /* this instance's arena */
+    uint32_t chunk_tokens;        /* tokens processed together */
+    const char *kernels;          /* "ref", "avx2", "neon" */
+    const char *load_mode;        /* "mmap", "read", "memory", "shared" */
+} colibri_info;
+
+/* The instance. The caller allocates it (stack, static, heap); the library
+ * fills it. Every field is PRIVATE to the library: read it only through the
+ * functions below; its layout may change between releases. */
+typedef struct colibri_model {
+    struct colibri_model_private_ {
+        uint32_t magic;            /* set while initialised */
+        uint8_t  load_mode;        /* 1 mmap, 2 read, 3 memory, 4 shared */
+        uint8_t  file_big_endian, byte_swapped, pad_;
+        const uint8_t *blob;       /* the file bytes in host order */
+        size_t blob_size;
+        void *owned_blob;          /* malloc'd copy to free, or NULL */
+        void *map;                 /* mmap'd region to unmap, or NULL */
+        size_t map_size;
+        void *arena;
+        size_t arena_size;
+        void *owned_arena;         /* malloc'd arena to free, or NULL */
+        const void *kernels;       /* colibri_kernels* */
+        void *plan;                /* the arena's layout, inside the arena */
+        colibri_shape shape;
+        uint32_t cached_len;       /* tokens per sequence in the KV cache */
+        uint32_t cached_batch;     /* sequences in the KV cache */
+        char detail[192];          /* last error, human-readable */
+    } priv_;
+} colibri_model;
+
+/* Load the file at `path`, validate it (FORMAT.md section 3: every header
+ * field, every table entry, every offset and size, then every CRC), allocate
+ * the arena. With COLIBRI_ENABLE_MMAP the file is mapped read-only (it must
+ * not change while mapped), otherwise read into allocated memory. A file in
+ * the other byte order is swapped into allocated memory.
+ * Ownership: the model owns the mapping/copy and the arena until
+ * colibri_free. `m` need not be initialised before; on failure it is left
+ * freed (colibri_free is harmless) with colibri_error_detail describing the
+ * problem.
+ * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC, _IO, _NO_MEMORY, _ARG,
+ * _UNSUPPORTED (COLIBRI_STATIC_WORKBUF builds). */
+int colibri_init(colibri_model *m, const char *path);
+
+/* Use a file that is already in memory, in place (zero-copy: flash, a mapped
+ * region, an embedded array). `blob` must stay valid and unchanged until
+ * colibri_free, be aligned to COLIBRI_BLOB_ALIGN (64 recommended) and be in
+ * the host byte order (else COLIBRI_E_BYTE_ORDER: convert with
+ * `colibri convert --byte-order`). `arena` (COLIBRI_ARENA_ALIGN aligned,
+ * arena_size >= colibri_arena_size) stays owned by the caller and must
+ * outlive the model; with arena NULL the library allocates it (not in
+ * COLIBRI_STATIC_WORKBUF builds: there arena is required).
+ * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC, _BYTE_ORDER, _ALIGN,
+ * _ARENA_TOO_SMALL, _NO_MEMORY, _ARG. */
+int colibri_init_from_memory(colibri_model *m, const void *blob, size_t size,
+                             void *arena, size_t arena_size);
+
+/* Bytes of arena a model needs in this build, from its header alone (the
+ * header is validated, its CRC checked; the table is not read). Formula with
+ * C = min(COLIBRI_CHUNK_TOKENS, max_batch*max_seq_len), every term rounded
+ * up to 64 bytes:
+ *   KV cache   2 * 4 * n_layers * max_batch * max_seq_len * n_kv_heads*head_dim
+ *   mask cache max_batch * max_seq_len
+ *   RoPE       2 * 4 * max_seq_len * head_dim/2
+ *   scratch    4 * C * (5*hidden + 2*n_heads*head_dim + 2*n_kv_heads*head_dim
+ *              + 2*intermediate + 2*n_experts + 2*top_k)
+ *              + C*max_cols + 4*C*ceil(max_cols/group_size)   (int8 activations)
+ *              + 4*max_seq_len (attention scores) + 4*C*top_k (token lists)
+ *              + 9*n_experts (counts, offsets, flags)
+ *   tables     the plan, per-layer and per-expert tensor views (pointers)
+ * where max_cols = max(hidden, n_heads*head_dim, intermediate).
+ * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC, _ARG, _NO_MEMORY (the
+ * size does not fit in size_t). */
+int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes);
+
+/* Make `m` a second instance over `owner`'s weights (no copy, no new
+ * mapping): only its own arena (KV cache, scratch) is added. `owner` must be
+ * initialised and must outlive `m` (free `m` first). arena as in
+ * colibri_init_from_memory (NULL: allocated, not in static builds).
+ * Returns 0, COLIBRI_E_NOT_INIT, _ARG, _ALIGN, _ARENA_TOO_SMALL, _NO_MEMORY. */
+int colibri_share(colibri_model *m, const colibri_model *owner,
+                  void *arena, size_t arena_size);
+
+/* Compute logits for `batch` sequences of `seq` new tokens each.
+ *   input_ids      [batch, seq] token ids, 0 <= id < vocab.
+ *   attention_mask [batch, seq] 1 = real token, 0 = padding; NULL = all 1.
+ *                  The mask of cached tokens is remembered.
+ *   n_past         0 starts fresh sequences; n_past > 0 continues from the KV
+ *                  cache: n_past <= tokens cached and batch == cached batch
+ *                  (n_past below the cached count rewinds). Token t of the
+ *                  call sits at position n_past + t.
+ *   logits         [batch, seq, vocab] float32, written by the call.
+ * No allocation, no system call; the instance is not thread-safe (one per
+ * thread). On error nothing is computed and the KV cache is unchanged.
+ * Returns 0, COLIBRI_E_INPUT_TOO_LARGE (-1), _ARG, _TOKEN, _KV_STATE,
+ * _NOT_INIT. */
+int colibri_infer(colibri_model *m, const int32_t *input_ids,
+                  const uint8_t *attention_mask, uint32_t batch, uint32_t seq,
+                  uint32_t n_past, float *logits);
+
+/* Release what the model owns (mapping, copy, arena) and mark it
+ * uninitialised. Safe on a freed or failed instance and on NULL. A caller
+ * arena or blob stays the caller's. */
+void colibri_free(colibri_model *m);
+
+/* A static English sentence for an error code (never NULL). */
+const char *colibri_strerror(int code);
+
+/* The last error of this instance in words, naming the field, tensor or
+ * value ("tensor 7 (EXPERT_W1 layer 0 expert 1): crc 0x... != 0x..."); ""
+ * if none. Valid until the next call on `m`. */
+const char *colibri_error_detail(const colibri_model *m);
+
+/* Fill `out` with the model's shape and properties. Returns 0,
+ * COLIBRI_E_NOT_INIT or COLIBRI_E_ARG. */
+int colibri_get_info(const colibri_model *m, colibri_info *out);
+
+/* Check every CRC of the file in `blob` (in either byte order) after the
+ * structural checks, calling `on_bad(user, index, what)` for each failing
+ * part: index -2 header, -1 table, >= 0 the tensor-table entry; `what`
+ * names it. Stops at the first structural error (reported through on_bad
+ * with index -3). `bad_count` (may be NULL) receives the number of
+ * failures. Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC, _ARG. */
+int colibri_verify(const void *blob, size_t size,
+                   void (*on_bad)(void *user, int index, const char *what),
+                   void *user, uint32_t *bad_count);
+
+/* The router of one layer, dequantised: router[e * hidden + c] for expert e,
+ * column c (float32 values as the runtime uses them: q * scale for I16_ROW).
+ * `out` holds n_experts * hidden floats. Returns 0, COLIBRI_E_NOT_INIT,
+ * COLIBRI_E_ARG (layer out of range, NULL). */
+int colibri_router_weights(const colibri_model *m, uint32_t layer, float *out);
+
+/* Build properties, a combination of the COLIBRI_BUILD_* bits. */
+#define COLIBRI_BUILD_MMAP 1u
+#define COLIBRI_BUILD_STATIC_WORKBUF 2u
+#define COLIBRI_BUILD_DEBUG 4u
+unsigned colibri_build_flags(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COLIBRI_H */

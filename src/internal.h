@@ -1,0 +1,142 @@
+/*
+ * internal.h - declarations shared by core.c (load, validate, arena, infer
+ * loop), tensor.c (embedding, norms, RoPE, attention, linear layers) and
+ * moe.c (router, top-k, dispatch, experts). Not installed, not public.
+ *
+ * Everything an inference touches hangs off one clb_plan, which lives at the
+ * start of the instance's arena: pointers into the (read-only) file for the
+ * weights, pointers into the arena for the mutable buffers. Shapes in the
+ * comments use C = plan->chunk (tokens processed together), E = n_experts,
+ * K = top_k, L = n_layers, B = max_batch, S = max_seq_len.
+ */
+#ifndef COLIBRI_INTERNAL_H
+#define COLIBRI_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri.h"
+#include "kernels/kernels.h"
+
+#ifndef COLIBRI_CHUNK_TOKENS
+#define COLIBRI_CHUNK_TOKENS 16
+#endif
+#if COLIBRI_CHUNK_TOKENS < 1
+#error "COLIBRI_CHUNK_TOKENS must be >= 1"
+#endif
+
+/* A weight matrix [rows, cols] in the file, in host byte order. */
+typedef struct clb_weight {
+    const void *q;        /* F32: float[rows*cols]; I8_GROUP: int8; I16_ROW: int16 */
+    const float *scales;  /* I8_GROUP [rows, ngroups]; I16_ROW [rows]; F32 NULL */
+    uint32_t rows, cols;
+    uint8_t dtype;        /* COLIBRI_DTYPE_* */
+} clb_weight;
+
+/* One expert's SwiGLU FFN: the dispatch-table entry built at init. */
+typedef struct clb_expert {
+    clb_weight w1;  /* gate [intermediate, hidden] */
+    clb_weight w3;  /* up   [intermediate, hidden] */
+    clb_weight w2;  /* down [hidden, intermediate] */
+} clb_expert;
+
+typedef struct clb_layer {
+    const float *attn_norm;   /* [hidden] */
+    const float *ffn_norm;    /* [hidden] */
+    clb_weight wq, wk, wv, wo;
+    clb_weight router;        /* [E, hidden], F32 or I16_ROW */
+    const clb_expert *experts; /* [E], in the arena */
+} clb_layer;
+
+typedef struct clb_plan {
+    colibri_shape s;
+    const colibri_kernels *k;
+    uint32_t chunk;             /* C */
+    uint32_t qdim;              /* n_heads * head_dim */
+    uint32_t kvdim;             /* n_kv_heads * head_dim */
+    uint32_t max_cols;          /* max(hidden, qdim, intermediate) */
+    uint32_t max_groups;        /* ceil(max_cols / group_size) */
+    float attn_scale;           /* 1/sqrt(head_dim) */
+
+    /* Weights (into the blob). */
+    clb_weight embed;           /* [vocab, hidden], F32 or I16_ROW */
+    clb_weight lm_head;         /* [vocab, hidden], F32 or I8_GROUP */
+    const float *final_norm;    /* [hidden] */
+    const clb_layer *layers;    /* [L], in the arena */
+
+    /* Read-only tables computed at init (in the arena). */
+    const float *rope_cos, *rope_sin;   /* [S, head_dim/2] */
+
+    /* Mutable state (in the arena). */
+    float *k_cache, *v_cache;   /* [L, B, S, kvdim] */
+    uint8_t *mask_cache;        /* [B, S] */
+    uint32_t *tok_b, *tok_pos;  /* [C] sequence and position of chunk rows */
+    float *x, *xn, *tmp;        /* [C, hidden] residual, normed, branch out */
+    float *q, *att;             /* [C, qdim] queries, attention output */
+    float *kbuf, *vbuf;         /* [C, kvdim] new keys and values */
+    float *scores;              /* [S] one query's attention weights */
+    float *router_logits;       /* [C, E] */
+    float *probs;               /* [C, E] */
+    uint16_t *sel;              /* [C, K] chosen experts, rank order */
+    float *selw;                /* [C, K] their renormalised weights */
+    uint8_t *chosen;            /* [E] top-k scratch */
+    uint32_t *counts;           /* [E] tokens routed to each expert */
+    uint32_t *offsets;          /* [E+1] start of each expert's token list */
+    uint32_t *tok_list;         /* [C*K] chunk rows grouped by expert */
+    float *tok_w;               /* [C*K] routing weight of each list entry */
+    float *xe, *ye;             /* [C, hidden] one expert's gathered in/out */
+    float *h1, *h3;             /* [C, intermediate] gate and up */
+    int8_t *xq;                 /* [C, max_cols] int8 activations */
+    float *xs;                  /* [C, max_groups] their scales */
+} clb_plan;
+
+/* --- tensor.c -------------------------------------------------------------- */
+
+/* X[n, hidden] = rows of the embedding for ids[n] (ids already validated). */
+void clb_embed(const clb_plan *p, const int32_t *ids, uint32_t n, float *X);
+
+/* Y[n, dim] = X / sqrt(mean(X^2) + eps) * w, row by row. Y may equal X. */
+void clb_rmsnorm(float *Y, const float *X, const float *w, uint32_t n,
+                 uint32_t dim, float eps);
+
+/* Y[n, rows] = X[n, cols] * W^T for any dtype: I8_GROUP quantises X into
+ * p->xq/p->xs first (FORMAT.md 5). `what` names the call for debug dumps. */
+void clb_linear(const clb_plan *p, const clb_weight *w, const float *X,
+                uint32_t n, float *Y, const char *what);
+
+/* Two matrices of the same input shape applied to the same X (expert w1 and
+ * w3): the int8 activations are quantised once. */
+void clb_linear2(const clb_plan *p, const clb_weight *wa, const clb_weight *wb,
+                 const float *X, uint32_t n, float *Ya, float *Yb,
+                 const char *what);
+
+/* Rotate n_heads heads of head_dim in v (in place) for position pos. */
+void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos);
+
+/* Attention of one query row q [qdim] of sequence b at position pos against
+ * layer `layer`'s cache (keys 0..pos, mask-filtered); out [qdim]. */
+void clb_attention(const clb_plan *p, uint32_t layer, uint32_t b,
+                   uint32_t pos, const float *q, float *out);
+
+/* COLIBRI_DEBUG: print a labelled dump of a float buffer to stderr. */
+#ifdef COLIBRI_DEBUG
+void clb_debug_dump(const char *what, const char *role, const void *data,
+                    size_t n_values, size_t elem_size, int is_float);
+#endif
+
+/* --- moe.c ----------------------------------------------------------------- */
+
+/* Y[n, hidden] = sparse MoE of X[n, hidden] (already normalised) for the
+ * layer: router, softmax, top-k, per-expert grouped SwiGLU, weighted sum. */
+void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
+             uint32_t n, float *Y);
+
+/* p[0..n) = softmax(v[0..n)) in float32 (max-subtracted). */
+void clb_softmax(float *p, const float *v, uint32_t n);
+
+/* Top-k of probs[n] with ties towards the lower index: k passes over all n,
+ * no early exit. sel[k] in rank order, w[k] renormalised to sum 1. */
+void clb_topk(const float *probs, uint32_t n, uint32_t k, uint8_t *chosen,
+              uint16_t *sel, float *w);
+
+#endif /* COLIBRI_INTERNAL_H */

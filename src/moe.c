@@ -1,0 +1,122 @@
+/*
+ * moe.c - the sparse Mixture-of-Experts block (FORMAT.md 6):
+ *   router logits [n, E] -> softmax -> top-k (ties to the lower index,
+ *   constant work) -> renormalised weights -> tokens grouped per expert ->
+ *   each expert's fused SwiGLU over just its tokens -> weighted accumulate.
+ * Experts that no token selected are not touched (their weights are not even
+ * read, which is what makes a mapped or flash-resident model cheap).
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+void clb_softmax(float *p, const float *v, uint32_t n)
+{
+    float mx = v[0];
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] > mx)
+            mx = v[i];
+    float sum = 0.0f;
+    for (uint32_t i = 0; i < n; i++) {
+        p[i] = expf(v[i] - mx);
+        sum += p[i];
+    }
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = p[i] / sum;
+}
+
+void clb_topk(const float *probs, uint32_t n, uint32_t k, uint8_t *chosen,
+              uint16_t *sel, float *w)
+{
+    memset(chosen, 0, n);
+    float total = 0.0f;
+    for (uint32_t j = 0; j < k; j++) {
+        /* One full pass; strict '>' keeps the lowest index among equals.
+         * best starts at the first free index so a NaN cannot leave it
+         * unset. */
+        int32_t best = -1;
+        float bestv = 0.0f;
+        for (uint32_t e = 0; e < n; e++) {
+            int better = !chosen[e] && (best < 0 || probs[e] > bestv);
+            if (better) {
+                best = (int32_t)e;
+                bestv = probs[e];
+            }
+        }
+        chosen[best] = 1;
+        sel[j] = (uint16_t)best;
+        w[j] = bestv;
+        total += bestv;
+    }
+    for (uint32_t j = 0; j < k; j++)
+        w[j] = w[j] / total;
+}
+
+/* Route every row: fills p->sel/selw [n, K], then groups rows per expert
+ * (counting sort, rows in ascending order within an expert) into
+ * p->tok_list/tok_w with p->offsets[e]..p->offsets[e+1]. */
+static void route(const clb_plan *p, const clb_layer *layer, const float *X,
+                  uint32_t n)
+{
+    uint32_t E = p->s.n_experts, K = p->s.top_k;
+    clb_linear(p, &layer->router, X, n, p->router_logits, "router");
+    for (uint32_t t = 0; t < n; t++) {
+        clb_softmax(p->probs + (size_t)t * E, p->router_logits + (size_t)t * E, E);
+        clb_topk(p->probs + (size_t)t * E, E, K, p->chosen,
+                 p->sel + (size_t)t * K, p->selw + (size_t)t * K);
+    }
+    memset(p->counts, 0, E * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n * K; i++)
+        p->counts[p->sel[i]]++;
+    p->offsets[0] = 0;
+    for (uint32_t e = 0; e < E; e++)
+        p->offsets[e + 1] = p->offsets[e] + p->counts[e];
+    memset(p->counts, 0, E * sizeof(uint32_t)); /* reused as fill cursors */
+    for (uint32_t t = 0; t < n; t++) {
+        for (uint32_t j = 0; j < K; j++) {
+            uint32_t e = p->sel[(size_t)t * K + j];
+            uint32_t at = p->offsets[e] + p->counts[e]++;
+            p->tok_list[at] = t;
+            p->tok_w[at] = p->selw[(size_t)t * K + j];
+        }
+    }
+}
+
+/* ye[m, hidden] = W2 * (silu(W1 xe) * (W3 xe)) for the m gathered rows. */
+static void expert_swiglu(const clb_plan *p, const clb_expert *ex, uint32_t m)
+{
+    uint32_t inter = p->s.intermediate;
+    clb_linear2(p, &ex->w1, &ex->w3, p->xe, m, p->h1, p->h3, "expert.w1w3");
+    for (size_t i = 0; i < (size_t)m * inter; i++) {
+        float g = p->h1[i];
+        p->h1[i] = g / (1.0f + expf(-g)) * p->h3[i];
+    }
+    clb_linear(p, &ex->w2, p->h1, m, p->ye, "expert.w2");
+}
+
+void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
+             uint32_t n, float *Y)
+{
+    uint32_t h = p->s.hidden;
+    route(p, layer, X, n);
+    memset(Y, 0, (size_t)n * h * sizeof(float));
+    /* Experts in index order, so each token's k contributions are summed in
+     * a fixed order whatever the chunking or the thread. */
+    for (uint32_t e = 0; e < p->s.n_experts; e++) {
+        uint32_t a = p->offsets[e], m = p->offsets[e + 1] - a;
+        if (m == 0)
+            continue;
+        for (uint32_t i = 0; i < m; i++)
+            memcpy(p->xe + (size_t)i * h, X + (size_t)p->tok_list[a + i] * h,
+                   h * sizeof(float));
+        expert_swiglu(p, &layer->experts[e], m);
+        for (uint32_t i = 0; i < m; i++) {
+            float w = p->tok_w[a + i];
+            float *y = Y + (size_t)p->tok_list[a + i] * h;
+            const float *ye = p->ye + (size_t)i * h;
+            for (uint32_t c = 0; c < h; c++)
+                y[c] += w * ye[c];
+        }
+    }
+}
