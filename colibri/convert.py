@@ -25,7 +25,6 @@ Source layouts understood (per layer L, expert E):
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -239,7 +238,7 @@ class ColibriExporter:
         """Every .colibri tensor's source, in file order, checked against the
         checkpoint (names and shapes). Raises ConversionError listing what is
         missing, unexpected or mis-shaped."""
-        s, c, ck = self.shape, self.config, self.checkpoint
+        s, c = self.shape, self.config
         h, inter, n_exp = s.hidden, s.intermediate, s.n_experts
         steps: list[Step] = []
         layouts = [self._layer_layout(layer) for layer in range(s.n_layers)]

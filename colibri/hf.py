@@ -175,6 +175,7 @@ class Checkpoint:
     def __init__(self, model_dir: str | os.PathLike):
         self.dir = Path(model_dir)
         self.tensors: dict[str, TensorInfo] = {}
+        self._index: dict[str, str] = {}  # model.safetensors.index.json's weight_map
         for shard in self._shard_files():
             for name, info in SafetensorsFile(shard).tensors.items():
                 if name in self.tensors:
@@ -224,7 +225,7 @@ class Checkpoint:
     def _check_index(self) -> None:
         # The index must agree with the shards: a tensor it promises but no
         # shard holds is a broken download.
-        for name, shard in getattr(self, "_index", {}).items():
+        for name, shard in self._index.items():
             info = self.tensors.get(name)
             if info is None:
                 raise ConversionError(f"{INDEX_FILE} lists tensor {name!r} in {shard}, "

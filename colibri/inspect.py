@@ -9,10 +9,8 @@ what is in it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import OrderedDict
-from pathlib import Path
 
 from . import format as fmt
 from .format import DType, Kind

@@ -451,3 +451,18 @@ def test_cli_errors_are_one_line_exit_2(hf_checkpoint, tmp_path, capsys):
     rc = cli.main(["convert", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x.colibri")])
     assert rc == 2
     assert "no config.json in" in capsys.readouterr().err
+
+
+def test_unfused_mlp_prefix(hf_checkpoint, tmp_path):
+    """Mixtral names with transformers 5's `mlp` module name instead of
+    `block_sparse_moe` (a checkpoint renamed but not fused) convert the same."""
+    src = hf_checkpoint("tiny")
+    d = tmp_path / "mlp"
+    d.mkdir()
+    shutil.copy(src / "config.json", d / "config.json")
+    tensors = {k.replace(".block_sparse_moe.", ".mlp."): v
+               for k, v in load_file(src / "model.safetensors").items()}
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    ColibriExporter(d, quant="int8").export(tmp_path / "a.colibri")
+    ColibriExporter(src, quant="int8").export(tmp_path / "b.colibri")
+    assert (tmp_path / "a.colibri").read_bytes() == (tmp_path / "b.colibri").read_bytes()
