@@ -9,6 +9,7 @@ what is in it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import OrderedDict
 
@@ -90,7 +91,11 @@ def add_parser(subparsers) -> None:
 def _info(args: argparse.Namespace) -> int:
     cf = fmt.read_file(args.file, check_crc=False)
     try:
-        print(describe(cf, sections=not args.brief))
+        print(describe(cf, sections=not args.brief), flush=True)
+    except BrokenPipeError:
+        # `colibri info big.colibri | head`: the reader left; not an error.
+        # Point stdout at /dev/null so the interpreter's final flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         cf.close()
     return 0
