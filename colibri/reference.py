@@ -356,10 +356,11 @@ class Reference:
         """Greedy generation from one or more equal-length prompts.
 
         prompt_tokens [s] or [b, s]. Returns (tokens, rows): tokens [n_new]
-        (or [b, n_new]) generated ids, rows [s + n_new - 1, vocab] (or
-        [b, ...]) the logits of every position fed to the model: row i is the
-        distribution that chose token i + 1 of prompt + generated. The argmax
-        takes the lowest id among equal logits."""
+        (or [b, n_new]) generated ids, rows [s + max(n_new - 1, 0), vocab]
+        (or [b, ...]) the logits of every position fed to the model: row i is
+        the distribution that chose token i + 1 of prompt + generated (the
+        last generated token is not fed back). The argmax takes the lowest id
+        among equal logits."""
         prompt = np.asarray(prompt_tokens)
         single = prompt.ndim == 1
         prompt = np.atleast_2d(prompt)

@@ -240,3 +240,44 @@ def test_continuing_beyond_cache_or_with_other_batch_is_refused(ref):
         ref.forward(toks((2, 21)), n_past=4)
     with pytest.raises(ColibriError, match="max_seq_len"):
         ref.generate(toks(20), 6)
+
+
+# ---- quantised products (the torch-free counterpart of test_reference_int8) ----
+
+def test_every_int8_product_equals_the_shared_formula(tmp_path):
+    """On a random --quant int8 model, every I8_GROUP product the reference
+    applies gives the same bits as colibri.quant.matmul_i8 (int64 dots)."""
+    from colibri import quant
+    r = Reference(write_random_model(tmp_path / "q.colibri", dtypes=F.PRESET_INT8))
+    x_rng = np.random.default_rng(13)
+    keys = [(Kind.LM_HEAD, None, None)]
+    for layer in range(SHAPE.n_layers):
+        keys += [(k, layer, None) for k in (Kind.WQ, Kind.WK, Kind.WV, Kind.WO)]
+        keys += [(k, layer, e) for e in range(SHAPE.n_experts)
+                 for k in (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)]
+    for kind, layer, expert in keys:
+        t = r.file.tensor(kind, layer, expert)
+        assert t.dtype == F.DType.I8_GROUP
+        x = x_rng.standard_normal((3, t.cols)).astype(np.float32)
+        xq, xs = quant.quantize_activations_i8(x, SHAPE.group_size)
+        np.testing.assert_array_equal(
+            r.linear(kind, x, layer, expert),
+            quant.matmul_i8(xq, xs, t.values, t.scales, SHAPE.group_size))
+    assert np.all(np.isfinite(r.forward(toks((2, 6)))))
+
+
+@pytest.mark.parametrize("group", [5, 1100])  # 1100 * 127^2 > 2^24: float64 dots
+def test_i8_group_matrix_dots_are_exact(group):
+    from colibri import quant
+    from colibri.reference import I8GroupMatrix
+    rng = np.random.default_rng(14)
+    cols = 2300 if group > 1000 else 23
+    # Extreme values, including -128 (never written, but a reader must take it).
+    q = rng.choice(np.array([-128, -127, 127, 126], dtype=np.int8), size=(4, cols))
+    ng = -(-cols // group)
+    scales = rng.uniform(0.5, 2, (4, ng)).astype(np.float32)
+    x = np.abs(rng.standard_normal((2, cols))).astype(np.float32)
+    x[:, ::2] *= -1
+    got = I8GroupMatrix(q, scales, group)(x)
+    xq, xs = quant.quantize_activations_i8(x, group)
+    np.testing.assert_array_equal(got, quant.matmul_i8(xq, xs, q, scales, group))

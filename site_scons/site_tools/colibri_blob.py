@@ -1,0 +1,52 @@
+"""SCons tool: embedding the model in the firmware.
+
+env.ColibriFirmwareInputs(out_dir, model) generates, from the .colibri file,
+model.bin (the target's byte order), model_blob.S (.incbin into the
+.colibri_model section) and fw_config.h (arena size, prompts) through
+colibri.build.blob.prepare_firmware_inputs. env.ColibriTestModel(path)
+writes the default tiny model (colibri.build.testmodel).
+"""
+from SCons.Action import Action
+import os
+
+from colibri.build import blob, testmodel
+
+
+def _inputs_action(target, source, env):
+    blob.prepare_firmware_inputs(str(source[0]), os.path.dirname(str(target[0])),
+                                 env["COLIBRI_TARGET"])
+    return 0
+
+
+def _model_action(target, source, env):
+    testmodel.make_model(str(target[0]), env["COLIBRI_TEST_QUANT"])
+    return 0
+
+
+def ColibriFirmwareInputs(env, out_dir, model):
+    out = env.Dir(out_dir)
+    nodes = env.Command(
+        [out.File("model.bin"), out.File("model_blob.S"), out.File("fw_config.h")],
+        model,
+        Action(_inputs_action, "  BLOB  [$COLIBRI_TARGET_NAME] $TARGET"))
+    # Regenerate when the generator or the target's byte order/pointer size change.
+    env.Depends(nodes, [env.File("#colibri/build/blob.py"),
+                        env.Value((env["COLIBRI_TARGET"].byte_order,
+                                   env["COLIBRI_TARGET"].pointer_bytes))])
+    return nodes
+
+
+def ColibriTestModel(env, path, quant="int8"):
+    nodes = env.Command(path, [], Action(_model_action, "  MODEL $TARGET"),
+                        COLIBRI_TEST_QUANT=quant)
+    env.Depends(nodes, [env.File("#colibri/build/testmodel.py"), env.Value(quant)])
+    return nodes
+
+
+def generate(env):
+    env.AddMethod(ColibriFirmwareInputs)
+    env.AddMethod(ColibriTestModel)
+
+
+def exists(env):
+    return True

@@ -1,0 +1,41 @@
+"""SCons tool: the regression run of a target (`scons target=X check`).
+
+env.ColibriCheck(alias, firmware, cli, model) runs the firmware (and
+colibri-cli on Linux targets) under the target's emulator with a timeout,
+compares the logits with the numpy reference (colibri.build.check) and
+fails naming the target, prompt, worst position and error.
+"""
+from SCons.Action import Action
+import SCons.Errors
+
+from colibri.build import check
+from colibri.errors import ColibriError
+
+
+def _check_action(target, source, env):
+    t = env["COLIBRI_TARGET"]
+    firmware, model = str(source[0]), str(source[1])
+    cli = str(source[2]) if len(source) > 2 else None
+    try:
+        result = check.check_target(t, firmware, model, cli=cli)
+    except ColibriError as exc:
+        raise SCons.Errors.BuildError(errstr=str(exc))
+    print(result.summary())
+    if not result.ok:
+        raise SCons.Errors.BuildError(errstr="\n".join(result.failures))
+    return 0
+
+
+def ColibriCheck(env, alias, firmware, model, cli=None):
+    srcs = [firmware, model] + ([cli] if cli is not None else [])
+    a = env.Alias(alias, srcs, Action(_check_action, "  CHECK [$COLIBRI_TARGET_NAME]"))
+    env.AlwaysBuild(a)
+    return a
+
+
+def generate(env):
+    env.AddMethod(ColibriCheck)
+
+
+def exists(env):
+    return True

@@ -1,0 +1,28 @@
+"""32-bit ARMv7-A Linux, hard float, NEON kernels, mmap on, dynamic work
+buffer. Runs under qemu-arm with a pinned Cortex-A9."""
+from . import Target
+
+TARGET = Target(
+    name="armv7",
+    description="ARMv7-A Linux (Cortex-A9 class), NEON kernels, under qemu-arm",
+    os="linux",
+    prefix="arm-linux-gnueabihf-",
+    package="gcc-arm-linux-gnueabihf",
+    arch_flags=("-march=armv7-a", "-mfpu=neon", "-mfloat-abi=hard"),
+    byte_order="little",
+    pointer_bytes=4,
+    kernels=("neon",),
+    defaults=dict(mmap=True, workbuf="dynamic", avx2=False, fma=False, neon=True),
+    emulator=("qemu-arm", "-cpu", "cortex-a9", "-L", "/usr/arm-linux-gnueabihf"),
+    emulator_package="qemu-user",
+    ram_bytes=32 << 20,
+    flash_bytes=8 << 20,
+    budgets=dict(
+        runtime=128 << 10,
+        firmware_flash=2 << 20,
+        firmware_ram=8 << 20,
+        image=4 << 20,
+    ),
+    link_flags=("-static",),
+    run_timeout=120.0,
+)

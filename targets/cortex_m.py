@@ -1,0 +1,36 @@
+"""Bare-metal Cortex-M4F on the Arm MPS2 AN386 board (qemu-system-arm
+-M mps2-an386): our start-up code, vector table and linker script, the model
+in flash (ZBT SSRAM1 at 0x0, 4 MB), the arena in RAM (SSRAM2/3 at
+0x20000000, 4 MB), output and exit status through semihosting. Reference
+kernels, no mmap, static work buffer, newlib for libc/libm."""
+from . import Target
+
+TARGET = Target(
+    name="cortex-m",
+    description="Cortex-M4F bare metal (MPS2 AN386), ref kernels, under qemu-system-arm",
+    os="bare",
+    prefix="arm-none-eabi-",
+    package="gcc-arm-none-eabi libnewlib-arm-none-eabi",
+    arch_flags=("-mcpu=cortex-m4", "-mthumb", "-mfloat-abi=hard", "-mfpu=fpv4-sp-d16"),
+    byte_order="little",
+    pointer_bytes=4,
+    kernels=(),
+    defaults=dict(mmap=False, workbuf="static", avx2=False, fma=False, neon=False),
+    emulator=("qemu-system-arm", "-M", "mps2-an386", "-cpu", "cortex-m4",
+              "-nographic", "-monitor", "none", "-serial", "none",
+              "-semihosting-config", "enable=on,target=native", "-kernel", "{prog}"),
+    emulator_package="qemu-system-arm",
+    ram_bytes=4 << 20,
+    flash_bytes=4 << 20,
+    budgets=dict(
+        runtime=64 << 10,          # the engine itself must stay small
+        firmware_flash=4 << 20,    # code + rodata + data image + model
+        firmware_ram=4 << 20,      # data + bss + arena + stack
+        image=4 << 20,             # firmware.bin in the flash slot
+    ),
+    ldscript="firmware/cortex_m/mps2_an386.ld",
+    startup=("firmware/cortex_m/startup.c", "firmware/cortex_m/semihost.c"),
+    link_flags=("-nostartfiles", "--specs=nano.specs", "-Wl,--gc-sections"),
+    libs=("m", "c", "gcc"),
+    run_timeout=120.0,
+)

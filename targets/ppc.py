@@ -1,0 +1,31 @@
+"""32-bit big-endian PowerPC Linux: reference kernels only, no mmap, static
+work buffer, the model embedded in big-endian order so it is used in place.
+Runs under qemu-ppc (about 65x slower than native: keep models tiny)."""
+from . import Target
+
+TARGET = Target(
+    name="ppc",
+    description="PowerPC 32-bit big-endian Linux, ref kernels, under qemu-ppc",
+    os="linux",
+    prefix="powerpc-linux-gnu-",
+    package="gcc-powerpc-linux-gnu",
+    arch_flags=("-m32", "-mcpu=powerpc", "-mbig-endian"),
+    byte_order="big",
+    pointer_bytes=4,
+    kernels=(),
+    defaults=dict(mmap=False, workbuf="static", avx2=False, fma=False, neon=False),
+    # The 7400 (G4) is a plain 32-bit core with an FPU; pinning it keeps the
+    # emulated instruction set fixed across QEMU versions.
+    emulator=("qemu-ppc", "-cpu", "7400", "-L", "/usr/powerpc-linux-gnu"),
+    emulator_package="qemu-user",
+    ram_bytes=32 << 20,
+    flash_bytes=8 << 20,
+    budgets=dict(
+        runtime=128 << 10,
+        firmware_flash=2 << 20,
+        firmware_ram=8 << 20,
+        image=4 << 20,
+    ),
+    link_flags=("-static",),
+    run_timeout=240.0,
+)
