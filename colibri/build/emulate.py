@@ -1,0 +1,110 @@
+"""Running target programs (natively or under the target's emulator, always
+under a timeout) and reading the firmware's output.
+
+The firmware (firmware/app/main.c) prints every logit row as float bits in
+hex, so the host sees exactly what the target computed: the comparison with
+the reference and the bit-identity check across targets need no text
+round-off.
+"""
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ColibriError
+from .toolchain import missing_emulator
+
+
+@dataclass
+class RunResult:
+    cmd: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def run(target, prog: str, args=(), timeout: float | None = None) -> RunResult:
+    """Run `prog` on `target` (its emulator command, see targets/) and wait at
+    most `timeout` seconds (the target's run_timeout by default). A timeout
+    or a missing emulator raises ColibriError naming the command."""
+    problem = missing_emulator(target)
+    if problem:
+        raise ColibriError(problem)
+    cmd = target.emulator_command(str(prog), tuple(args))
+    timeout = target.run_timeout if timeout is None else timeout
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise ColibriError(f"target {target.name}: {' '.join(cmd)} did not finish within "
+                           f"{timeout:.0f} s (killed)") from exc
+    return RunResult(cmd, p.returncode, p.stdout.decode(errors="replace"),
+                     p.stderr.decode(errors="replace"), time.monotonic() - t0)
+
+
+def fnv1a(rows: np.ndarray) -> int:
+    """The firmware's checksum: FNV-1a 32 over each float's bits, least
+    significant byte first (same value on any host byte order)."""
+    h = 2166136261
+    for b in np.ascontiguousarray(rows, dtype="<f4").tobytes():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+@dataclass
+class PromptRun:
+    prompt: list[int]
+    rows: np.ndarray              # [positions, vocab] float32, as computed
+    tokens: list[int]             # greedy tokens
+    checksum: int
+
+
+@dataclass
+class FirmwareRun:
+    header: dict[str, str]
+    prompts: list[PromptRun] = field(default_factory=list)
+    done: bool = False
+
+
+def parse_firmware_output(text: str) -> FirmwareRun:
+    """Parse the firmware's records (see firmware/app/main.c). Raises
+    ColibriError on a malformed line, or when a printed checksum does not
+    match the printed rows (the output was cut or corrupted)."""
+    run_ = FirmwareRun(header={})
+    rows: dict[int, dict[int, np.ndarray]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            tag = parts[0]
+            if tag == "colibri-fw":
+                run_.header = dict(p.split("=", 1) for p in parts[1:])
+            elif tag == "prompt":
+                run_.prompts.append(PromptRun([int(t) for t in parts[2].split(",")],
+                                              np.zeros((0, 0), np.float32), [], 0))
+                rows[int(parts[1])] = {}
+            elif tag == "row":
+                bits = np.array([int(h, 16) for h in parts[3:]], dtype=np.uint32)
+                rows[int(parts[1])][int(parts[2])] = bits.view(np.float32)
+            elif tag == "tokens":
+                run_.prompts[int(parts[1])].tokens = [int(t) for t in parts[2].split(",")]
+            elif tag == "checksum":
+                p = run_.prompts[int(parts[1])]
+                r = rows[int(parts[1])]
+                p.rows = np.stack([r[i] for i in sorted(r)]) if r else np.zeros((0, 0), np.float32)
+                p.checksum = int(parts[2], 16)
+                if fnv1a(p.rows) != p.checksum:
+                    raise ColibriError(f"prompt {parts[1]}: checksum 0x{p.checksum:08x} "
+                                       f"does not match the printed rows "
+                                       f"(0x{fnv1a(p.rows):08x}): output corrupted")
+            elif tag == "done":
+                run_.done = True
+        except (IndexError, ValueError, KeyError) as exc:
+            raise ColibriError(f"firmware output line {n} is malformed ({exc}): "
+                               f"{line[:120]!r}") from None
+    return run_

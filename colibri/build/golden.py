@@ -1,0 +1,92 @@
+"""Golden logits from the numpy reference (colibri/reference.py, never the
+C code) and the comparison of a target's logits with them.
+
+Tolerances, per quantisation of the model file (docs/FORMAT.md 5 and
+DESIGN.md 7), as a bound on |target - reference| relative to the row's
+largest reference magnitude (at least 1):
+  f32   1e-4  float32 sums in a different order (BLAS vs the C loops)
+  int8  1e-3  as f32, plus activation quantisation flips at rounding ties
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import format as cformat
+from ..reference import Reference
+
+TOLERANCE = {"f32": 1e-4, "int8": 1e-3}
+
+
+def quantisation(model) -> str:
+    """"f32" if every tensor of the file is float32, else "int8"."""
+    f = cformat.read_file(model)
+    try:
+        return "f32" if all(d == cformat.DType.F32 for d in f.dtypes.values()) else "int8"
+    finally:
+        f.close()
+
+
+def reference_rows(model, prompt, fed_tokens) -> np.ndarray:
+    """Reference logits [len(prompt) + len(fed_tokens), vocab] for a prefill
+    of `prompt` followed by one decode step per token of `fed_tokens`
+    (teacher-forced with the tokens the target chose, so one argmax near a
+    tie cannot derail the rest of the comparison)."""
+    ref = Reference(model)
+    rows = [ref.forward(np.asarray([prompt], dtype=np.int64))[0]]
+    for i, tok in enumerate(fed_tokens):
+        rows.append(ref.forward(np.asarray([[tok]], dtype=np.int64), n_past=len(prompt) + i)[0])
+    return np.concatenate(rows, axis=0).astype(np.float32)
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    worst_position: int
+    worst_token: int
+    got: float
+    want: float
+    error: float          # relative to the row scale
+    tolerance: float
+    message: str
+
+
+def compare(got: np.ndarray, want: np.ndarray, tolerance: float, what: str,
+            prompt_len: int) -> Comparison:
+    """Compare [positions, vocab] logits; the message names `what` (target,
+    prompt), the worst position (prefill or decode) and the error."""
+    if got.shape != want.shape:
+        return Comparison(False, -1, -1, 0.0, 0.0, float("inf"), tolerance,
+                          f"{what}: logits shape {got.shape}, reference {want.shape}")
+    if not np.all(np.isfinite(got)):
+        pos, tok = np.argwhere(~np.isfinite(got))[0]
+        return Comparison(False, int(pos), int(tok), float(got[pos, tok]), float(want[pos, tok]),
+                          float("inf"), tolerance,
+                          f"{what}: non-finite logit {got[pos, tok]} at position {pos} token {tok}")
+    scale = np.maximum(1.0, np.max(np.abs(want), axis=1, keepdims=True))
+    rel = np.abs(got.astype(np.float64) - want) / scale
+    pos, tok = np.unravel_index(int(np.argmax(rel)), rel.shape)
+    err = float(rel[pos, tok])
+    phase = "prefill" if pos < prompt_len else f"decode step {pos - prompt_len + 1}"
+    msg = (f"{what}: worst position {pos} ({phase}), token {tok}: target {got[pos, tok]:.7g}"
+           f" vs reference {want[pos, tok]:.7g}, relative error {err:.2e} "
+           f"{'<=' if err <= tolerance else '>'} tolerance {tolerance:.0e}")
+    return Comparison(err <= tolerance, int(pos), int(tok), float(got[pos, tok]),
+                      float(want[pos, tok]), err, tolerance, msg)
+
+
+def check_greedy(tokens, rows: np.ndarray, want: np.ndarray, prompt_len: int,
+                 tolerance: float, what: str) -> str | None:
+    """The target's greedy token i must be the reference argmax of the row
+    that chose it, unless the reference's top two are within the tolerance
+    (a tie the arithmetic may break either way). Returns a message or None."""
+    for i, tok in enumerate(tokens):
+        r = want[prompt_len - 1 + i]
+        best = int(np.argmax(r))
+        if tok != best:
+            gap = (float(r[best]) - float(r[tok])) / max(1.0, float(np.max(np.abs(r))))
+            if gap > tolerance:
+                return (f"{what}: greedy token {i} is {tok}, the reference chooses {best} "
+                        f"(logit gap {gap:.2e} > tolerance {tolerance:.0e})")
+    return None

@@ -1,0 +1,138 @@
+"""Build options and compiler flags for a target, without SCons.
+
+`resolve_options` turns the user's variables (strings from the command line,
+"auto" = the target's default) into checked values; `flags` gives the
+compiler/linker settings for a target and those options. SCons's
+colibri_toolchain tool applies them; pytest checks them directly.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ColibriError
+from . import sources
+
+TRUE = ("1", "yes", "true", "on")
+FALSE = ("0", "no", "false", "off")
+
+
+@dataclass(frozen=True)
+class Options:
+    mmap: bool
+    workbuf: str        # "static" or "dynamic"
+    debug: bool
+    avx2: bool
+    fma: bool
+    neon: bool
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """Optional kernel sets compiled in (the ref kernels always are)."""
+        return tuple(k for k in ("avx2", "neon") if getattr(self, k))
+
+
+def _bool(name: str, value, default: bool) -> bool:
+    if value is None or value == "auto":
+        return default
+    if isinstance(value, bool):
+        return value
+    v = str(value).lower()
+    if v in TRUE:
+        return True
+    if v in FALSE:
+        return False
+    raise ColibriError(f"{name}={value!r}: expected 0, 1 or auto")
+
+
+def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
+                    fma="auto", neon="auto") -> Options:
+    """Check the variables against what `target` supports and fill in its
+    defaults. Errors name the variable, the value and what is allowed."""
+    d = target.defaults
+    if workbuf in (None, "auto"):
+        workbuf = d.get("workbuf", "dynamic")
+    if workbuf not in ("static", "dynamic"):
+        raise ColibriError(f"workbuf={workbuf!r}: expected static, dynamic or auto")
+    use_avx2 = _bool("avx2", avx2, d.get("avx2", False))
+    opts = Options(
+        mmap=_bool("mmap", mmap, d.get("mmap", False)),
+        workbuf=workbuf,
+        debug=_bool("debug", debug, False),
+        avx2=use_avx2,
+        # FMA is part of the AVX2 kernels (src/kernels/avx2.c): it follows avx2.
+        fma=_bool("fma", fma, use_avx2),
+        neon=_bool("neon", neon, d.get("neon", False)),
+    )
+    for k in ("avx2", "neon"):
+        if getattr(opts, k) and k not in target.kernels:
+            have = ", ".join(target.kernels) or "none"
+            raise ColibriError(f"{k}=1: target {target.name} has no {k} kernels "
+                               f"(available: {have})")
+    if opts.fma != opts.avx2:
+        raise ColibriError(f"fma={int(opts.fma)} with avx2={int(opts.avx2)}: the AVX2 kernels "
+                           "(src/kernels/avx2.c) are AVX2+FMA kernels, so fma must equal avx2 "
+                           "(scalar ref kernels never fuse: -ffp-contract=off)")
+    if not target.is_linux and (opts.mmap or opts.workbuf != "static"):
+        raise ColibriError(f"target {target.name} is bare metal: it needs mmap=0 "
+                           "workbuf=static (there is no file system and no heap)")
+    return opts
+
+
+@dataclass(frozen=True)
+class Flags:
+    ccflags: tuple[str, ...]
+    cppdefines: tuple[str, ...]
+    linkflags: tuple[str, ...]
+    libs: tuple[str, ...]
+    # per-source extra flags and defines for the optional kernels
+    kernel_ccflags: dict
+
+
+def flags(target, opts: Options, root: str | Path) -> Flags:
+    """Compiler and linker settings for `target` built with `opts`. `root`
+    (the repository) is mapped to "." in debug info and __FILE__, so builds
+    in different checkouts give the same bytes."""
+    from targets import COMMON_CFLAGS
+
+    opt = ("-O0", "-g3") if opts.debug else ("-O2", "-g")
+    ccflags = (*COMMON_CFLAGS, *target.arch_flags, *opt,
+               f"-ffile-prefix-map={Path(root).resolve()}=.")
+    defines = [f"COLIBRI_ENABLE_MMAP={int(opts.mmap)}"]
+    if opts.workbuf == "static":
+        defines.append("COLIBRI_STATIC_WORKBUF")
+    if opts.debug:
+        defines.append("COLIBRI_DEBUG")
+    kernel_ccflags = {}
+    for k in opts.kernels:
+        src, extra, define = sources.KERNELS[k]
+        defines.append(define)
+        kernel_ccflags[k] = tuple(extra)
+    if not opts.kernels:
+        defines.append("COLIBRI_KERNELS_REF_ONLY")
+    linkflags = (*target.arch_flags, *target.link_flags)
+    return Flags(ccflags, tuple(defines), linkflags, tuple(target.libs), kernel_ccflags)
+
+
+def missing_tools(target) -> list[str]:
+    """Messages for the build tools of `target` not found on PATH."""
+    out = []
+    for tool in ("gcc", "ar", "objcopy"):
+        name = target.tool(tool)
+        if shutil.which(name) is None:
+            out.append(f"{name} not found: install the Debian package(s) {target.package} "
+                       f"(apt-get install {target.package}) to build target {target.name}")
+            break
+    return out
+
+
+def missing_emulator(target) -> str | None:
+    """A message if the emulator of `target` is not on PATH, else None."""
+    if not target.emulator:
+        return None
+    if shutil.which(target.emulator[0]) is None:
+        return (f"{target.emulator[0]} not found: install the Debian package "
+                f"{target.emulator_package} (apt-get install {target.emulator_package}) "
+                f"to run target {target.name}")
+    return None
