@@ -266,18 +266,20 @@ def test_every_int8_product_equals_the_shared_formula(tmp_path):
     assert np.all(np.isfinite(r.forward(toks((2, 6)))))
 
 
-@pytest.mark.parametrize("group", [5, 1100])  # 1100 * 127^2 > 2^24: float64 dots
+@pytest.mark.parametrize("group", [5, 8000])  # 8000 * 127^2 > 2^26: float64 dots
 def test_i8_group_matrix_dots_are_exact(group):
     from colibri import quant
     from colibri.reference import I8GroupMatrix
     rng = np.random.default_rng(14)
-    cols = 2300 if group > 1000 else 23
-    # Extreme values, including -128 (never written, but a reader must take it).
-    q = rng.choice(np.array([-128, -127, 127, 126], dtype=np.int8), size=(4, cols))
+    cols = 2 * group + 7  # two full groups and a short one
+    # Large same-sign values so that group dots exceed 2^24 for the big group
+    # (a float32 sum would round them), and -128, never written but legal.
+    q = rng.choice(np.array([-128, 125, 126, 127], dtype=np.int8), size=(4, cols),
+                   p=[0.1, 0.3, 0.3, 0.3])
     ng = -(-cols // group)
     scales = rng.uniform(0.5, 2, (4, ng)).astype(np.float32)
-    x = np.abs(rng.standard_normal((2, cols))).astype(np.float32)
-    x[:, ::2] *= -1
+    x = rng.uniform(0.9, 1.0, (2, cols)).astype(np.float32)
+    x[1] *= -1
     got = I8GroupMatrix(q, scales, group)(x)
     xq, xs = quant.quantize_activations_i8(x, group)
     np.testing.assert_array_equal(got, quant.matmul_i8(xq, xs, q, scales, group))
