@@ -2,8 +2,9 @@
 
 The plain-function build the tests use for their variants (sanitizers, static
 work buffer, debug, cross compilers) and `python -m colibri.cbuild` uses for the
-default host build into build/x86_64/. The SCons build reuses the source lists
-and flag tables below, so there is one definition of what the runtime is made of.
+default host build into build/x86_64/. The SCons build reuses the same source
+lists (colibri/build/sources.py), so there is one definition of what the
+runtime is made of.
 """
 from __future__ import annotations
 
@@ -19,18 +20,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 
-# The library proper, portable C11.
-LIB_SOURCES = ("src/core.c", "src/tensor.c", "src/moe.c")
-# Kernel sets: source, the define that tells core.c it is linked in, and the
-# flags that file alone is compiled with.
-KERNELS = {
-    "ref": dict(source="src/kernels/ref.c", define=None, flags=()),
-    "avx2": dict(source="src/kernels/avx2.c", define="COLIBRI_USE_AVX2",
-                 flags=("-mavx2", "-mfma")),
-    "neon": dict(source="src/kernels/neon.c", define="COLIBRI_USE_NEON", flags=()),
-}
-CLI_SOURCES = ("src/cli/colibri-cli.c",)
-INCLUDE_DIRS = ("src/include", "src")
+from .build import sources as _sources
+
+# The canonical source lists live in colibri/build/sources.py (shared with
+# SConstruct). KERNELS: name -> source, the define telling core.c the set is
+# linked in, and flags for that one file. "ref" is always linked.
+LIB_SOURCES = tuple(x for x in _sources.LIBRARY if x != "src/kernels/ref.c")
+KERNELS = {"ref": dict(source="src/kernels/ref.c", define=None, flags=())}
+for _name, (_src, _flags, _define) in _sources.KERNELS.items():
+    KERNELS[_name] = dict(source=_src, define=_define, flags=tuple(_flags))
+CLI_SOURCES = tuple(_sources.CLI)
+INCLUDE_DIRS = tuple(_sources.INCLUDE_DIRS)
 # -ffp-contract=off: no fused multiply-add behind our back, so the ref kernels
 # give bit-identical results on every target.
 BASE_CFLAGS = ("-std=c11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",

@@ -758,13 +758,17 @@ static void build_plan(clb_plan *p, const uint8_t *blob, int be,
         default: p->lm_head = w; break;
         }
     }
+    /* RoPE as transformers computes it: exponent 2i/d, inv_freq = 1 /
+     * theta^exponent and angle = pos * inv_freq rounded to float32 at each
+     * step; pow, cos and sin in double precision then rounded, so the table
+     * is the same bits with every libm. */
     uint32_t half = s->head_dim / 2;
     float *cs = (float *)p->rope_cos, *sn = (float *)p->rope_sin;
     for (uint32_t i = 0; i < half; i++) {
-        double inv_freq = pow((double)s->rope_theta,
-                              -2.0 * (double)i / (double)s->head_dim);
+        float exponent = (float)(2 * i) / (float)s->head_dim;
+        float inv_freq = 1.0f / (float)pow((double)s->rope_theta, (double)exponent);
         for (uint32_t pos = 0; pos < s->max_seq_len; pos++) {
-            double a = (double)pos * inv_freq;
+            double a = (double)((float)pos * inv_freq);
             cs[(size_t)pos * half + i] = (float)cos(a);
             sn[(size_t)pos * half + i] = (float)sin(a);
         }

@@ -40,8 +40,9 @@ static const char *usage_text =
     "  --generate N        with --tokens: greedily generate N tokens\n"
     "  --logits-out OUT    with --tokens: write little-endian float32 logits,\n"
     "                      one row of vocab values per prompt position, then\n"
-    "                      one row per generated token fed back (the same\n"
-    "                      format as `colibri run --logits-out`)\n"
+    "                      one row per generated token fed back (N - 1 rows:\n"
+    "                      the last generated token is not fed back); the\n"
+    "                      same format as `colibri run --logits-out`\n"
     "  --help              this text\n";
 
 static const char *model_path = "-";
@@ -282,7 +283,7 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
     colibri_info in;
     colibri_get_info(m, &in);
     uint32_t V = in.shape.vocab;
-    if ((uint64_t)n + (uint64_t)generate > in.shape.max_seq_len)
+    if ((uint64_t)n + (uint64_t)generate > (uint64_t)in.shape.max_seq_len + 1)
         return usage_error("prompt plus --generate exceeds the model's max_seq_len");
     float *logits = (float *)malloc((size_t)n * V * sizeof(float));
     if (!logits)
@@ -312,6 +313,8 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
         printf("generated:");
         for (long g = 0; g < generate; g++) {
             printf(" %d", (int)next);
+            if (g == generate - 1)
+                break; /* the last token is printed, not fed back */
             rc = colibri_infer(m, &next, NULL, 1, 1, n + (uint32_t)g, logits);
             if (rc) {
                 printf("\n");
