@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = (
     "colibri.convert",   # convert
     "colibri.inspect",   # info, verify
     "colibri.run",       # run
+    "colibri.fw_cli",    # fw keygen|pack|ota|verify|info|flash-init|install|boot|...
 )
 
 

@@ -1,0 +1,212 @@
+"""`colibri fw ...`: keys, signed images, OTA packages and the A/B flash
+simulation (docs/IMAGE.md).
+
+  colibri fw keygen -o KEY                      KEY + KEY.pub (Ed25519)
+  colibri fw pack ELF --target T --version V --key KEY -o IMG
+  colibri fw ota IMG [IMG...] --key KEY -o PKG
+  colibri fw verify FILE --key KEY.pub [policy]  exit 0 only for a good file
+  colibri fw info FILE                           what a file says (not verified)
+  colibri fw flash-init / install / boot / confirm / rollback / status
+                                                 the A/B update agent over a flash file
+
+`verify` exits with the VerifyError's own status per reason (IMAGE.md 6) and
+prints one line; everything else follows colibri.cli (one line, status 2).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import image as I
+from . import keys, ota
+from .errors import ColibriError
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '65536', '0x10000', '64K', '4M'."""
+    t = text.strip().upper()
+    mult = 1
+    if t.endswith(("K", "M")):
+        mult = 1024 if t[-1] == "K" else 1 << 20
+        t = t[:-1]
+    try:
+        value = int(t, 0) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 65536, 0x10000, 64K, 4M)")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} is negative")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _version(text: str) -> I.Version:
+    try:
+        return I.Version.parse(text)
+    except ColibriError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def read_input(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ColibriError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def write_output(path: str, data: bytes) -> None:
+    """Write via a temporary file and rename, so a failed run never leaves a
+    half-written image that looks like a real one."""
+    tmp = Path(str(path) + ".tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ColibriError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", choices=list(I.TARGET_IDS),
+                   help="the device's target: reject files built for another")
+    p.add_argument("--installed-version", type=_version, metavar="V",
+                   help="reject a lower version (downgrade)")
+    p.add_argument("--installed-counter", type=_int, metavar="N",
+                   help="reject a lower security counter (anti-rollback)")
+    p.add_argument("--slot-size", type=parse_size, metavar="BYTES",
+                   help="reject an image larger than the flash slot")
+
+
+def policy_from(args) -> I.Policy:
+    return I.Policy(target=args.target, installed_version=args.installed_version,
+                    installed_counter=args.installed_counter, slot_size=args.slot_size)
+
+
+def add_parser(subparsers) -> None:
+    fw = subparsers.add_parser("fw", help="sign, package, verify and install firmware images",
+                               description="Signed firmware images, OTA packages and the "
+                               "A/B update agent (docs/IMAGE.md).")
+    sub = fw.add_subparsers(dest="fw_command", metavar="FWCOMMAND")
+    sub.required = True
+
+    p = sub.add_parser("keygen", help="create an Ed25519 key pair (KEY and KEY.pub)")
+    p.add_argument("-o", "--output", required=True, metavar="KEY")
+    p.add_argument("--force", action="store_true", help="overwrite an existing key")
+    p.set_defaults(func=_keygen)
+
+    p = sub.add_parser("pack", help="sign a firmware ELF/binary into an image",
+                       description="Build a signed image: header, payload, TLVs (SHA-256, "
+                       "Ed25519, security counter, model SHA-256 from the ELF's "
+                       f"{I.MODEL_SECTION} section or --model).")
+    p.add_argument("payload", metavar="ELF", help="firmware.elf (or a raw firmware binary)")
+    p.add_argument("--target", required=True, choices=list(I.TARGET_IDS))
+    p.add_argument("--version", required=True, type=_version, help="MAJOR.MINOR.PATCH[+BUILD]")
+    p.add_argument("--key", required=True, metavar="KEY", help="private key from fw keygen")
+    p.add_argument("--security-counter", type=_int, default=0, metavar="N",
+                   help="anti-rollback counter; raise it to revoke older releases (default 0)")
+    p.add_argument("--slot-size", type=parse_size, metavar="BYTES",
+                   help="refuse to build an image larger than this")
+    p.add_argument("--model", metavar="FILE",
+                   help=f"the .colibri blob when the payload has no {I.MODEL_SECTION} section")
+    p.add_argument("--load-address", type=_int, metavar="ADDR",
+                   help="override the load address (default: the ELF's lowest PT_LOAD, 0 "
+                   "for a binary)")
+    p.add_argument("-o", "--output", required=True, metavar="IMG")
+    p.set_defaults(func=_pack)
+
+    p = sub.add_parser("ota", help="bundle signed images into a signed OTA package")
+    p.add_argument("images", nargs="+", metavar="IMG")
+    p.add_argument("--key", required=True, metavar="KEY")
+    p.add_argument("-o", "--output", required=True, metavar="PKG")
+    p.set_defaults(func=_ota)
+
+    p = sub.add_parser("verify", help="verify an image or OTA package (exit 0 only if good)",
+                       description="Check integrity, signer, signature, critical TLVs and "
+                       "the device policy. Exit 0: good; otherwise one line and the "
+                       "reason's own status: " + ", ".join(
+                           f"{e.exit_status} {e.reason}" for e in I.REJECTIONS)
+                       + "; 2 cannot read the file or the key.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--key", required=True, metavar="KEY.pub")
+    add_policy_args(p)
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("info", help="print what an image or package says (not verified)")
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(func=_info)
+
+    from . import update_agent
+    update_agent.add_parsers(sub)
+
+
+def _keygen(args) -> int:
+    priv, pub = keys.generate(args.output, force=args.force)
+    print(f"wrote {priv} (private: keep it secret) and {pub} (public: give it to devices)")
+    return 0
+
+
+def _pack(args) -> int:
+    payload = read_input(args.payload)
+    model = read_input(args.model) if args.model else None
+    img = I.pack_image(payload, args.target, args.version, keys.load_private(args.key),
+                       security_counter=args.security_counter, load_address=args.load_address,
+                       model=model, slot_size=args.slot_size)
+    write_output(args.output, img)
+    info = I.inspect_image(img)
+    model_note = (f", model {info.model.size} bytes sha256 {info.model.sha256.hex()[:16]}..."
+                  if info.model else ", no model")
+    print(f"wrote {args.output}: {args.target} {args.version}, {len(img)} bytes, "
+          f"security counter {args.security_counter}{model_note}")
+    return 0
+
+
+def _ota(args) -> int:
+    images = [read_input(p) for p in args.images]
+    pkg = ota.pack_package(images, keys.load_private(args.key))
+    write_output(args.output, pkg)
+    info = ota.inspect_package(pkg)
+    print(f"wrote {args.output}: {info.target} {info.version}, {len(info.entries)} payload(s), "
+          f"{len(pkg)} bytes")
+    return 0
+
+
+def verify_bytes(data: bytes, public_key, policy: I.Policy):
+    """Verify an image or a package, whichever `data` is."""
+    if ota.is_package(data):
+        return ota.verify_package(data, public_key, policy)
+    return I.verify_image(data, public_key, policy)
+
+
+def _verify(args) -> int:
+    public_key = keys.load_public(args.key)
+    data = read_input(args.file)
+    try:
+        result = verify_bytes(data, public_key, policy_from(args))
+    except I.VerifyError as exc:
+        print(f"{args.file}: REJECTED ({exc.reason}): {exc}", file=sys.stderr)
+        return exc.exit_status
+    kind = "package" if isinstance(result, ota.Package) else "image"
+    print(f"{args.file}: OK: signed {kind}, {result.target} {result.version}, "
+          f"security counter {result.security_counter}")
+    return 0
+
+
+def _info(args) -> int:
+    data = read_input(args.file)
+    try:
+        if ota.is_package(data):
+            text = ota.describe(ota.inspect_package(data))
+        else:
+            text = I.describe(I.inspect_image(data))
+    except I.VerifyError as exc:
+        print(f"{args.file}: cannot be read ({exc.reason}): {exc}", file=sys.stderr)
+        return exc.exit_status
+    print(text)
+    print("signature     not checked here: run `colibri fw verify FILE --key KEY.pub`")
+    return 0
