@@ -226,31 +226,41 @@ def describe_model(blob: bytes, offset: int) -> ModelInfo:
     return ModelInfo(hashlib.sha256(blob).digest(), offset, len(blob), cf.version, cf.byte_order)
 
 
-def elf_model_blob(elf: bytes) -> tuple[int, bytes] | None:
-    """(offset in the ELF file, bytes) of the `.colibri_model` section, or None
-    when the ELF has no such section."""
+def _elf(data: bytes):
+    """An ELFFile over `data`; PackError when pyelftools cannot read it."""
+    from elftools.elf.elffile import ELFFile
+    return ELFFile(io.BytesIO(data))
+
+
+def _elf_errors():
     from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
+    from elftools.construct import ConstructError
+    return (ELFError, ConstructError, ValueError, IndexError, KeyError)
+
+
+def elf_facts(elf: bytes) -> tuple[int, tuple[int, bytes] | None]:
+    """(load address, model) of an ELF payload. The load address is the lowest
+    physical address of a loadable segment (for bare-metal ELFs, the flash LMA).
+    The model is (offset in the ELF file, bytes) of its `.colibri_model`
+    section, or None when there is no such section."""
     try:
-        sec = ELFFile(io.BytesIO(elf)).get_section_by_name(MODEL_SECTION)
-    except ELFError as exc:
-        raise PackError(f"the payload starts like an ELF file but cannot be parsed: {exc}") from None
-    if sec is None:
-        return None
-    if sec["sh_type"] == "SHT_NOBITS":
-        raise PackError(f"section {MODEL_SECTION} has no file contents (NOBITS): the model "
-                        "must be embedded as initialised data")
-    off, size = sec["sh_offset"], sec["sh_size"]
-    return off, elf[off:off + size]
-
-
-def elf_load_address(elf: bytes) -> int:
-    """Lowest physical address of a loadable segment: where the image's first
-    byte goes in flash/RAM (for bare-metal ELFs the LMA)."""
-    from elftools.elf.elffile import ELFFile
-    f = ELFFile(io.BytesIO(elf))
-    loads = [seg["p_paddr"] for seg in f.iter_segments() if seg["p_type"] == "PT_LOAD"]
-    return min(loads) if loads else f["e_entry"]
+        f = _elf(elf)
+        loads = [seg["p_paddr"] for seg in f.iter_segments() if seg["p_type"] == "PT_LOAD"]
+        load = min(loads) if loads else f["e_entry"]
+        sec = f.get_section_by_name(MODEL_SECTION)
+        if sec is None:
+            return load, None
+        if sec["sh_type"] == "SHT_NOBITS":
+            raise PackError(f"section {MODEL_SECTION} has no file contents (NOBITS): the "
+                            "model must be embedded as initialised data")
+        off, size = sec["sh_offset"], sec["sh_size"]
+    except _elf_errors() as exc:
+        raise PackError(f"the payload starts like an ELF file but cannot be parsed ({exc}): "
+                        "pass the firmware.elf the build produced") from None
+    if off + size > len(elf):
+        raise PackError(f"section {MODEL_SECTION} (bytes {off}..{off + size}) lies past the "
+                        f"end of the {len(elf)}-byte ELF file: the file is truncated")
+    return load, (off, elf[off:off + size])
 
 
 # --- Packing --------------------------------------------------------------------
@@ -288,9 +298,9 @@ def pack_image(payload: bytes, target: str, version: Version, key, *,
     if not 0 <= security_counter <= U32_MAX:
         raise PackError(f"security counter {security_counter} is outside 0..{U32_MAX}")
     tid = target_id(target)
+    elf_load, found = elf_facts(payload) if is_elf else (0, None)
     if load_address is None:
-        load_address = elf_load_address(payload) if is_elf else 0
-    found = elf_model_blob(payload) if is_elf else None
+        load_address = elf_load
     if model is not None:
         model = bytes(model)
         pos = payload.find(model) if model else -1
