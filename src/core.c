@@ -666,7 +666,7 @@ static void layout(carver *c, const colibri_shape *s, clb_plan **pp)
     p->counts = (uint32_t *)carve(c, cm(c, E, 4));
     p->offsets = (uint32_t *)carve(c, cm(c, E + 1, 4));
     p->tok_list = (uint32_t *)carve(c, cm(c, C * 4, K));
-    p->tok_w = (float *)carve(c, cm(c, C * 4, K));
+    p->yslot = (float *)carve(c, cm(c, cm(c, C * 4, K), h));
     p->xe = (float *)carve(c, cm(c, C * 4, h));
     p->ye = (float *)carve(c, cm(c, C * 4, h));
     p->h1 = (float *)carve(c, cm(c, C * 4, inter));

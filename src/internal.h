@@ -82,8 +82,8 @@ typedef struct clb_plan {
     uint8_t *chosen;            /* [E] top-k scratch */
     uint32_t *counts;           /* [E] tokens routed to each expert */
     uint32_t *offsets;          /* [E+1] start of each expert's token list */
-    uint32_t *tok_list;         /* [C*K] chunk rows grouped by expert */
-    float *tok_w;               /* [C*K] routing weight of each list entry */
+    uint32_t *tok_list;         /* [C*K] selections (row*K + slot) by expert */
+    float *yslot;               /* [C, K, hidden] expert outputs per selection */
     float *xe, *ye;             /* [C, hidden] one expert's gathered in/out */
     float *h1, *h3;             /* [C, intermediate] gate and up */
     int8_t *xq;                 /* [C, max_cols] int8 activations */

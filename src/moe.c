@@ -2,7 +2,8 @@
  * moe.c - the sparse Mixture-of-Experts block (FORMAT.md 6):
  *   router logits [n, E] -> softmax -> top-k (ties to the lower index,
  *   constant work) -> renormalised weights -> tokens grouped per expert ->
- *   each expert's fused SwiGLU over just its tokens -> weighted accumulate.
+ *   each expert's fused SwiGLU over just its tokens -> weighted sum in
+ *   selection order.
  * Experts that no token selected are not touched (their weights are not even
  * read, which is what makes a mapped or flash-resident model cheap).
  */
@@ -53,9 +54,10 @@ void clb_topk(const float *probs, uint32_t n, uint32_t k, uint8_t *chosen,
         w[j] = w[j] / total;
 }
 
-/* Route every row: fills p->sel/selw [n, K], then groups rows per expert
- * (counting sort, rows in ascending order within an expert) into
- * p->tok_list/tok_w with p->offsets[e]..p->offsets[e+1]. */
+/* Route every row: fills p->sel/selw [n, K], then groups the n*K
+ * selections per expert (counting sort, ascending within an expert) into
+ * p->tok_list[p->offsets[e] .. p->offsets[e+1]): each entry is a selection
+ * index i = row * K + slot. */
 static void route(const clb_plan *p, const clb_layer *layer, const float *X,
                   uint32_t n)
 {
@@ -73,13 +75,9 @@ static void route(const clb_plan *p, const clb_layer *layer, const float *X,
     for (uint32_t e = 0; e < E; e++)
         p->offsets[e + 1] = p->offsets[e] + p->counts[e];
     memset(p->counts, 0, E * sizeof(uint32_t)); /* reused as fill cursors */
-    for (uint32_t t = 0; t < n; t++) {
-        for (uint32_t j = 0; j < K; j++) {
-            uint32_t e = p->sel[(size_t)t * K + j];
-            uint32_t at = p->offsets[e] + p->counts[e]++;
-            p->tok_list[at] = t;
-            p->tok_w[at] = p->selw[(size_t)t * K + j];
-        }
+    for (uint32_t i = 0; i < n * K; i++) {
+        uint32_t e = p->sel[i];
+        p->tok_list[p->offsets[e] + p->counts[e]++] = i; /* row i / K, slot i % K */
     }
 }
 
@@ -98,25 +96,32 @@ static void expert_swiglu(const clb_plan *p, const clb_expert *ex, uint32_t m)
 void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
              uint32_t n, float *Y)
 {
-    uint32_t h = p->s.hidden;
+    uint32_t h = p->s.hidden, K = p->s.top_k;
     route(p, layer, X, n);
-    memset(Y, 0, (size_t)n * h * sizeof(float));
-    /* Experts in index order, so each token's k contributions are summed in
-     * a fixed order whatever the chunking or the thread. */
+    /* Each expert runs once over the rows routed to it; its outputs land in
+     * p->yslot [n, K, hidden] at (row, slot). */
     for (uint32_t e = 0; e < p->s.n_experts; e++) {
         uint32_t a = p->offsets[e], m = p->offsets[e + 1] - a;
         if (m == 0)
             continue;
         for (uint32_t i = 0; i < m; i++)
-            memcpy(p->xe + (size_t)i * h, X + (size_t)p->tok_list[a + i] * h,
+            memcpy(p->xe + (size_t)i * h, X + (size_t)(p->tok_list[a + i] / K) * h,
                    h * sizeof(float));
         expert_swiglu(p, &layer->experts[e], m);
-        for (uint32_t i = 0; i < m; i++) {
-            float w = p->tok_w[a + i];
-            float *y = Y + (size_t)p->tok_list[a + i] * h;
-            const float *ye = p->ye + (size_t)i * h;
+        for (uint32_t i = 0; i < m; i++)
+            memcpy(p->yslot + (size_t)p->tok_list[a + i] * h,
+                   p->ye + (size_t)i * h, h * sizeof(float));
+    }
+    /* y = sum_j w_j * expert_j(x) in selection order: a fixed order whatever
+     * the chunking or the thread, and the order the reference uses. */
+    for (uint32_t t = 0; t < n; t++) {
+        float *y = Y + (size_t)t * h;
+        const float *ys = p->yslot + (size_t)t * K * h;
+        const float *w = p->selw + (size_t)t * K;
+        for (uint32_t c = 0; c < h; c++)
+            y[c] = ys[c] * w[0];
+        for (uint32_t j = 1; j < K; j++)
             for (uint32_t c = 0; c < h; c++)
-                y[c] += w * ye[c];
-        }
+                y[c] = y[c] + ys[(size_t)j * h + c] * w[j];
     }
 }

@@ -162,11 +162,13 @@ int colibri_init_from_memory(colibri_model *m, const void *blob, size_t size,
  *   KV cache   2 * 4 * n_layers * max_batch * max_seq_len * n_kv_heads*head_dim
  *   mask cache max_batch * max_seq_len
  *   RoPE       2 * 4 * max_seq_len * head_dim/2
- *   scratch    4 * C * (5*hidden + 2*n_heads*head_dim + 2*n_kv_heads*head_dim
- *              + 2*intermediate + 2*n_experts + 2*top_k)
+ *   scratch    4*C * (5*hidden + 2*n_heads*head_dim + 2*n_kv_heads*head_dim
+ *                     + 2*intermediate + 2*n_experts + top_k*(hidden + 2) + 2)
+ *              + 2*C*top_k (selected experts)
  *              + C*max_cols + 4*C*ceil(max_cols/group_size)   (int8 activations)
- *              + 4*max_seq_len (attention scores) + 4*C*top_k (token lists)
- *              + 9*n_experts (counts, offsets, flags)
+ *              + 4*max_seq_len (attention scores)
+ *              + n_experts + 4*n_experts + 4*(n_experts+1) (top-k flags,
+ *                counts, offsets)
  *   tables     the plan, per-layer and per-expert tensor views (pointers)
  * where max_cols = max(hidden, n_heads*head_dim, intermediate).
  * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC, _ARG, _NO_MEMORY (the
