@@ -40,6 +40,8 @@ class Target:
     budgets         name -> bytes; see colibri/build/size.py for the names
     ldscript        linker script of bare-metal targets (relative to the top)
     startup         extra firmware sources of bare-metal targets
+    program_sources extra sources linked into every executable of the target
+                    (colibri-cli and the firmware), e.g. emulator workarounds
     run_timeout     seconds one emulated run may take before it is killed
     """
     name: str
@@ -59,6 +61,7 @@ class Target:
     budgets: dict = field(default_factory=dict)
     ldscript: str = ""
     startup: tuple[str, ...] = ()
+    program_sources: tuple[str, ...] = ()
     link_flags: tuple[str, ...] = ()
     libs: tuple[str, ...] = ("m",)
     run_timeout: float = 60.0

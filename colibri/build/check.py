@@ -5,6 +5,7 @@ reference. Used by `scons target=X check` and tests/test_targets_matrix.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import ColibriError
 from . import emulate, golden
@@ -14,8 +15,10 @@ from . import emulate, golden
 class CheckResult:
     target: str
     quant: str
+    emulated: bool = True
     firmware: emulate.FirmwareRun | None = None
     seconds: float = 0.0
+    seconds_cli: float = 0.0
     worst: list[str] = field(default_factory=list)     # one comparison line per prompt
     failures: list[str] = field(default_factory=list)
 
@@ -25,7 +28,9 @@ class CheckResult:
 
     def summary(self) -> str:
         head = (f"target {self.target}: {'PASS' if self.ok else 'FAIL'} ({self.quant} model, "
-                f"firmware {self.seconds:.2f} s under emulation)")
+                f"firmware {self.seconds:.2f} s"
+                + (f", colibri-cli {self.seconds_cli:.2f} s" if self.seconds_cli else "")
+                + (" under emulation)" if self.emulated else " native)"))
         return "\n".join([head, *("  " + w for w in self.worst),
                           *("  FAIL " + f for f in self.failures)])
 
@@ -59,12 +64,16 @@ def check_firmware(target, firmware, model, result: CheckResult) -> None:
             result.failures.append(bad)
 
 
-def check_target(target, firmware, model, cli=None) -> CheckResult:
+def check_target(target, firmware, model, cli=None, cli_model=None) -> CheckResult:
     """Run everything of `target` and compare. `model` is the .colibri file
-    the firmware embeds (any byte order: the reference reads both)."""
-    result = CheckResult(target.name, golden.quantisation(model))
+    the firmware embeds (any byte order: the reference reads both);
+    `cli_model` the file colibri-cli loads (default: the blob next to the
+    firmware, already in the target's byte order)."""
+    result = CheckResult(target.name, golden.quantisation(model), bool(target.emulator))
     check_firmware(target, firmware, model, result)
     if cli is not None:
         from . import cli_check
-        cli_check.check_cli(target, cli, model, result)
+        if cli_model is None:
+            cli_model = Path(firmware).parent / "firmware" / "model.bin"
+        cli_check.check_cli(target, cli, cli_model, result)
     return result
