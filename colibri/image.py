@@ -1,5 +1,5 @@
 """Signed firmware images (docs/IMAGE.md is the spec; this module and
-src/include/colibri_image.h must agree, which tests/test_image_c_consts.py checks).
+src/include/colibri_image.h must agree, which tests/test_image_c.py checks).
 
 An image is MCUboot-shaped: a fixed 64-byte little-endian header, the payload
 (the firmware ELF or its raw binary), a protected TLV area (covered by the
