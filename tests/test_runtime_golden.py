@@ -1,0 +1,98 @@
+"""The C runtime's logits against the numpy reference (colibri/reference.py)
+on every golden config, through the real converter's files.
+
+Each case: a 32-token prefill then 16 single-token decode steps from the KV
+cache, batch 1 and batch 3 (one sequence right-padded, one left-padded).
+Float32 files must agree within 1e-4; int8 files within 1e-3 relative per
+logits row (max |diff| / max |logit|), see the int8 test for the exception.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import GOLDEN_NAMES
+from test_runtime_support import (c_build, golden_calls, reference_logits,  # noqa: F401
+                                  relative_row_error, run_driver, valid_rows)
+
+F32_ATOL = 1e-4
+INT8_RTOL = 1e-3
+
+
+def _compare(c_build, colibri_file, reference, tmp_path, name, quant, batch,
+             variant):
+    build = c_build(variant)
+    model = colibri_file(name, quant)
+    ref = reference(name, quant)
+    calls = golden_calls(ref.shape.vocab, batch, seed=batch * 100 + len(name))
+    got = run_driver(build, model, calls, tmp_path, vocab=ref.shape.vocab)
+    want = reference_logits(ref, calls)
+    return valid_rows(calls, got), valid_rows(calls, want)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_f32_logits_match_reference(c_build, colibri_file, reference, tmp_path,
+                                    name, batch):
+    for variant in ("ref", "host"):
+        got, want = _compare(c_build, colibri_file, reference, tmp_path / variant,
+                             name, "f32", batch, variant)
+        err = np.abs(got - want).max()
+        assert err <= F32_ATOL, f"{variant} kernels: max |C - reference| = {err:.3g}"
+        # The runtime really ran: greedy tokens agree and logits are not flat.
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+        assert want.std() > 0.1
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_int8_logits_match_reference_of_same_file(c_build, colibri_file, reference,
+                                                  tmp_path, name, batch):
+    """Int8 rows agree within 1e-3 relative, save those downstream of an
+    activation rounding flip.
+
+    C and numpy sum float32 in different orders (1-ulp differences). Where a
+    value lands within that distance of an int8 activation rounding boundary
+    (x * 127/amax near k + 0.5; about 2e-5 of the values, so a few per
+    hundred tokens), one activation moves by one step: that row, and every
+    later row of the same sequence (they attend to it), move by up to ~1e-2
+    relative. That is quantisation, not a bug. So: the median row agrees to
+    float rounding (1e-5), at least 2/3 of the rows within 1e-3, every row
+    within 3e-2, greedy tokens agree on 95% of rows."""
+    for variant in ("ref", "host"):
+        got, want = _compare(c_build, colibri_file, reference, tmp_path / variant,
+                             name, "int8", batch, variant)
+        rel = relative_row_error(got, want)
+        print(f"{name} batch {batch} {variant}: rows {len(rel)}, over 1e-3: "
+              f"{int(np.sum(rel > INT8_RTOL))}, worst {rel.max():.3g}")
+        assert np.median(rel) <= 1e-5, f"{variant} kernels: median row {np.median(rel):.3g}"
+        assert np.mean(rel <= INT8_RTOL) >= 2 / 3, (
+            f"{variant} kernels: {np.sum(rel > INT8_RTOL)} of {len(rel)} rows over 1e-3")
+        assert rel.max() <= 3e-2, f"{variant} kernels: worst row {rel.max():.3g}"
+        assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.95
+
+
+def test_chunking_and_rewind_do_not_change_logits(c_build, colibri_file, reference,
+                                                  tmp_path):
+    """A prompt fed in one call, token by token, or after a rewind over
+    different tokens gives the same logits: the KV cache and the chunked
+    forward hold no hidden state."""
+    build = c_build("ref")
+    model = colibri_file("awkward", "f32")
+    ref = reference("awkward", "f32")
+    from test_runtime_support import Call
+    rng = np.random.default_rng(7)
+    toks = rng.integers(0, ref.shape.vocab, size=(1, 40))
+    other = rng.integers(0, ref.shape.vocab, size=(1, 20))
+    whole = [Call(toks, None, 0)]
+    stepwise = [Call(toks[:, :1], None, 0)] + [
+        Call(toks[:, i:i + 1], None, i) for i in range(1, 40)]
+    rewound = [Call(toks[:, :20], None, 0), Call(other, None, 20),
+               Call(toks[:, 20:], None, 20)]
+    a = run_driver(build, model, whole, tmp_path / "a")[0][0]
+    b = np.concatenate([x[0] for x in run_driver(build, model, stepwise, tmp_path / "b")])
+    c = run_driver(build, model, rewound, tmp_path / "c")
+    c = np.concatenate([c[0][0], c[2][0]])
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+    np.testing.assert_allclose(a, ref.forward(toks)[0], atol=F32_ATOL, rtol=0)

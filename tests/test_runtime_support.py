@@ -1,0 +1,198 @@
+"""Shared machinery of the C runtime tests (tests/test_runtime_*.py); no tests.
+
+- `c_build(variant)`: session-cached builds of libcolibri.a, colibri-cli and
+  the C test programs of tests/c/ for one build variant (VARIANTS).
+- `run_driver(build, model, calls, ...)`: runs tests/c/infer_driver.c over a
+  list of colibri_infer calls and returns each call's logits.
+- `golden_calls(...)`: the prefill + decode script of the golden tests, and
+  `reference_logits(ref, calls)`, the same calls on the numpy reference.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri import cbuild
+
+TESTS_C = Path(__file__).parent / "c"
+
+# name -> cbuild.build keyword arguments (plus "runner": the emulator prefix).
+VARIANTS = {
+    "host": dict(kernels=None),                       # ref + avx2 if present
+    "ref": dict(kernels=("ref",)),
+    "asan": dict(kernels=None, sanitize="address,undefined"),
+    "tsan": dict(kernels=None, sanitize="thread"),
+    "static": dict(kernels=("ref",), static_workbuf=True, mmap=False),
+    "nommap": dict(kernels=("ref",), mmap=False),
+    "debug": dict(kernels=("ref",), debug=True),
+    "ppc": dict(kernels=("ref",), cc="powerpc-linux-gnu-gcc", mmap=False,
+                runner=("qemu-ppc", "-L", "/usr/powerpc-linux-gnu")),
+    "arm": dict(kernels=("ref",), cc="arm-linux-gnueabihf-gcc",
+                cflags=("-march=armv7-a", "-mfpu=neon", "-mfloat-abi=hard"),
+                runner=("qemu-arm", "-cpu", "cortex-a9", "-L", "/usr/arm-linux-gnueabihf")),
+}
+
+# C test programs built for every variant: name -> (sources, extra ldflags).
+PROGRAMS = {
+    "infer_driver": (("infer_driver.c",), ()),
+    "test_errors": (("test_errors.c",), ()),
+    "test_threads": (("test_threads.c",), ("-pthread",)),
+}
+
+
+@dataclass
+class Build:
+    variant: str
+    info: dict                 # cbuild.build() result
+    programs: dict             # name -> Path
+    runner: tuple = ()
+
+    @property
+    def cli(self) -> Path:
+        return self.info["cli"]
+
+    def cmd(self, program: str, *args) -> list[str]:
+        """Command line running a test program (under the emulator if any)."""
+        path = self.programs[program] if program in self.programs else Path(program)
+        return [*self.runner, str(path), *map(str, args)]
+
+
+def tool_available(variant: str) -> str | None:
+    """Why a variant cannot be built or run here, or None."""
+    kw = VARIANTS[variant]
+    cc = kw.get("cc", "gcc")
+    if shutil.which(cc) is None:
+        return f"{cc} is not installed"
+    runner = kw.get("runner")
+    if runner and shutil.which(runner[0]) is None:
+        return f"{runner[0]} is not installed"
+    return None
+
+
+@pytest.fixture(scope="session")
+def c_build(tmp_path_factory):
+    """Factory: c_build(variant) -> Build (compiled once per session)."""
+    root = tmp_path_factory.mktemp("cbuild")
+    cache: dict[str, Build] = {}
+
+    def get(variant: str) -> Build:
+        if variant in cache:
+            return cache[variant]
+        why = tool_available(variant)
+        if why:
+            pytest.skip(f"build variant {variant}: {why}")
+        kw = dict(VARIANTS[variant])
+        runner = tuple(kw.pop("runner", ()))
+        if kw.get("kernels") is None:
+            kw["kernels"] = cbuild.host_kernels()
+        out = root / variant
+        info = cbuild.build(out, **kw)
+        programs = {}
+        for name, (sources, ldflags) in PROGRAMS.items():
+            programs[name] = cbuild.build_program(
+                info, [TESTS_C / s for s in sources], out / name,
+                extra_ldflags=ldflags)
+        cache[variant] = Build(variant, info, programs, runner)
+        return cache[variant]
+    return get
+
+
+@dataclass
+class Call:
+    """One colibri_infer call: tokens [b, s], mask [b, s] or None, n_past."""
+    tokens: np.ndarray
+    mask: np.ndarray | None
+    n_past: int
+
+
+class DriverError(RuntimeError):
+    def __init__(self, code: int, detail: str):
+        super().__init__(f"colibri error {code}: {detail}")
+        self.code, self.detail = code, detail
+
+
+def write_script(path: Path, calls: list[Call]) -> None:
+    lines = []
+    for c in calls:
+        b, s = c.tokens.shape
+        lines.append(f"{b} {s} {c.n_past}")
+        lines.append(" ".join(str(int(t)) for t in c.tokens.ravel()))
+        lines.append("-" if c.mask is None else
+                     " ".join(str(int(m)) for m in c.mask.ravel()))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def run_driver(build: Build, model: Path, calls: list[Call], workdir: Path,
+               memory: bool = False, vocab: int | None = None,
+               env: dict | None = None, timeout: float = 300) -> list[np.ndarray]:
+    """Run the calls through infer_driver; returns per call logits [b, s, V].
+    Raises DriverError with the library's code when a call (or init) fails."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    script, out = workdir / "calls.txt", workdir / "logits.f32"
+    write_script(script, calls)
+    args = [model, script, out] + (["--memory"] if memory else [])
+    proc = subprocess.run(build.cmd("infer_driver", *args), capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if proc.returncode >= 10 and proc.stdout.startswith("error "):
+        _, code, *detail = proc.stdout.split(" ", 2)
+        raise DriverError(int(code), " ".join(detail).strip())
+    assert proc.returncode == 0, (
+        f"infer_driver ({build.variant}) exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    data = np.fromfile(out, dtype="<f4")
+    if vocab is None:
+        from colibri import format as cformat
+        vocab = cformat.read_file(model, check_crc=False).shape.vocab
+    result, at = [], 0
+    for c in calls:
+        n = c.tokens.size * vocab
+        result.append(data[at:at + n].reshape(*c.tokens.shape, vocab))
+        at += n
+    assert at == data.size, f"driver wrote {data.size} floats, expected {at}"
+    return result
+
+
+def golden_calls(vocab: int, batch: int, seed: int, prefill: int = 32,
+                 decode: int = 16) -> list[Call]:
+    """Prefill `prefill` tokens then `decode` single-token steps. With batch
+    3: sequence 0 full, sequence 1 right-padded (last 7 prompt slots are
+    padding), sequence 2 left-padded (first 13 slots)."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, size=(batch, prefill))
+    mask = np.ones((batch, prefill), dtype=np.int64)
+    if batch >= 2:
+        mask[1, prefill - 7:] = 0
+    if batch >= 3:
+        mask[2, :13] = 0
+    tokens[mask == 0] = 0                      # padding slots hold token 0
+    calls = [Call(tokens, mask if batch > 1 else None, 0)]
+    for i in range(decode):
+        step = rng.integers(0, vocab, size=(batch, 1))
+        calls.append(Call(step, np.ones((batch, 1), dtype=np.int64), prefill + i))
+    return calls
+
+
+def reference_logits(ref, calls: list[Call]) -> list[np.ndarray]:
+    """The same calls on a colibri.reference.Reference."""
+    return [ref.forward(c.tokens, c.mask, n_past=c.n_past) for c in calls]
+
+
+def valid_rows(calls: list[Call], logits: list[np.ndarray]) -> np.ndarray:
+    """All logits rows of real (mask 1) tokens, [rows, V]; padding rows carry
+    no meaning (FORMAT.md 6)."""
+    rows = []
+    for c, lg in zip(calls, logits):
+        m = np.ones(c.tokens.shape, bool) if c.mask is None else c.mask.astype(bool)
+        rows.append(lg[m])
+    return np.concatenate(rows, axis=0)
+
+
+def relative_row_error(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Per row, max |got - want| / max |want| (logits are O(1))."""
+    return np.abs(got - want).max(axis=-1) / np.maximum(np.abs(want).max(axis=-1), 1e-30)
