@@ -1,0 +1,318 @@
+"""The A/B update agent (colibri/update_agent.py, docs/IMAGE.md section 7).
+
+The central test cuts the power at every single write of an update (before
+the write, in the middle of it, and right after it), reboots, and checks that
+the device boots a verified image (old or new), that the confirmed image is
+never lost, and that the update can then be completed. Each boot's choice is
+re-verified here with colibri.image directly, not trusted from the agent."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from colibri import cli
+from colibri import image as I
+from colibri import ota
+from colibri import update_agent as U
+
+V = I.Version.parse
+SLOT = 4096
+WRITE = 256          # bytes per flash write step: ~22 steps per update
+
+
+@pytest.fixture(scope="module")
+def key():
+    return Ed25519PrivateKey.generate()
+
+
+def image(key, version, counter, target="armv7", size=1000):
+    payload = hashlib.sha256(version.encode()).digest() * (size // 32)
+    return I.pack_image(payload, target, V(version), key, security_counter=counter)
+
+
+@pytest.fixture(scope="module")
+def v1(key):
+    return image(key, "1.0.0", 1)
+
+
+@pytest.fixture(scope="module")
+def v2_package(key):
+    return ota.pack_package([image(key, "2.0.0", 2)], key)
+
+
+@pytest.fixture(scope="module")
+def factory_flash(tmp_path_factory, key, v1):
+    """The provisioned flash (v1 confirmed in A), as bytes to copy per run."""
+    path = tmp_path_factory.mktemp("flash") / "factory.bin"
+    U.init_flash(path, v1, key.public_key(), slot_size=SLOT, align=512, write_size=WRITE)
+    return path.read_bytes()
+
+
+@pytest.fixture
+def fresh(tmp_path, factory_flash, key):
+    """fresh(writer=...) -> an Agent over a new copy of the factory flash."""
+    counter = [0]
+
+    def make(writer=U.direct_writer):
+        counter[0] += 1
+        path = tmp_path / f"flash{counter[0]}.bin"
+        path.write_bytes(factory_flash)
+        return U.Agent(path, key.public_key(), writer)
+    return make
+
+
+def reopen(agent, key, writer=U.direct_writer):
+    """The same flash after a reset: a new agent, nothing kept in memory."""
+    agent.close()
+    return U.Agent(agent.path, key.public_key(), writer)
+
+
+def slot_version(agent, key, slot):
+    """Independent check: the slot's image verifies; its version."""
+    return I.verify_image(agent.slot_bytes(slot), key.public_key(), exact=False).version
+
+
+# --- scenarios: each a sequence of agent calls, as the device would make them ------
+def update_ok(agent, pkg):
+    agent.install(pkg)
+    b = agent.boot()
+    assert b.trial and b.image.version == V("2.0.0")
+    agent.confirm()
+
+
+def update_selftest_fails(agent, pkg):
+    agent.install(pkg)
+    assert agent.boot().trial
+    agent.rollback()
+
+
+def update_trial_never_confirms(agent, pkg):
+    agent.install(pkg)
+    assert agent.boot().trial
+    b = agent.boot()               # reset during the trial: no confirm
+    assert not b.trial and b.image.version == V("1.0.0")
+
+
+SCENARIOS = {"ok": (update_ok, V("2.0.0")),
+             "selftest-fails": (update_selftest_fails, V("1.0.0")),
+             "trial-never-confirms": (update_trial_never_confirms, V("1.0.0"))}
+
+
+def count_writes(fresh, scenario, pkg) -> int:
+    w = U.CutWriter(at=0)
+    agent = fresh(w)
+    scenario(agent, pkg)
+    agent.close()
+    return w.count
+
+
+def check_invariants(agent, key, v1_slot_a: bytes, allowed_confirmed) -> U.Boot:
+    """Boot and check: a verified image, old or new; the confirmed one intact."""
+    b = agent.boot()
+    assert slot_version(agent, key, b.slot) == b.image.version
+    assert b.image.version in (V("1.0.0"), V("2.0.0"))
+    state = agent.read_state()
+    assert state is not None
+    confirmed = slot_version(agent, key, state.confirmed_slot)
+    assert confirmed in allowed_confirmed
+    if state.confirmed_slot == 0:
+        # slot A is never written while it holds the confirmed image
+        assert agent.slot_bytes(0) == v1_slot_a
+    return b
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_power_cut_at_every_write(fresh, key, v2_package, factory_flash, name):
+    scenario, final = SCENARIOS[name]
+    total = count_writes(fresh, scenario, v2_package)
+    assert total >= SLOT // WRITE + 3       # erase + program + state writes
+    probe = fresh()
+    v1_slot_a = probe.slot_bytes(0)
+    probe.close()
+    tested = 0
+    for at in range(1, total + 1):
+        for mode in ("before", "torn", "after"):
+            agent = fresh(U.CutWriter(at, mode))
+            with pytest.raises(U.PowerCut):
+                scenario(agent, v2_package)
+            # The confirm is the last write of the "ok" scenario: only when it
+            # completed may the new image be the confirmed one.
+            confirm_done = name == "ok" and at == total and mode == "after"
+            allowed = {V("2.0.0")} if confirm_done else {V("1.0.0")}
+            agent = reopen(agent, key)
+            b = check_invariants(agent, key, v1_slot_a, allowed)
+            # Finish what the power cut interrupted, as the device would.
+            if b.trial:
+                if name == "ok":
+                    agent.confirm()
+                else:
+                    agent.rollback()
+            elif name == "ok" and b.image.version != final:
+                scenario(agent, v2_package)
+            b = agent.boot()
+            assert (b.image.version, b.trial) == (final, False), (at, mode)
+            assert slot_version(agent, key, b.slot) == final
+            agent.close()
+            tested += 1
+    assert tested == 3 * total
+
+
+def test_double_power_cut_during_recovery(fresh, key, v2_package):
+    """A second cut during the first boot after a cut (the boot writes the
+    state too): still a verified image and the confirmed one kept."""
+    total = count_writes(fresh, update_ok, v2_package)
+    probe = fresh()
+    v1_slot_a = probe.slot_bytes(0)
+    probe.close()
+    for at in range(1, total + 1):
+        agent = fresh(U.CutWriter(at, "torn"))
+        with pytest.raises(U.PowerCut):
+            update_ok(agent, v2_package)
+        agent = reopen(agent, key, U.CutWriter(1, "torn"))
+        try:
+            agent.boot()
+        except U.PowerCut:
+            pass
+        agent = reopen(agent, key)
+        check_invariants(agent, key, v1_slot_a, {V("1.0.0")})
+        agent.close()
+
+
+def test_state_copies_ping_pong(fresh, v2_package):
+    agent = fresh()
+    seqs = []
+    agent.install(v2_package)
+    seqs.append(agent.read_state().seq)
+    agent.boot()
+    seqs.append(agent.read_state().seq)
+    agent.confirm()
+    st = agent.read_state()
+    assert (st.confirmed_slot, st.trial_state, st.min_security_counter) == (1, U.TRIAL_NONE, 2)
+    copies = agent._copies()
+    assert all(c is not None for c in copies)
+    assert {c.seq for c in copies} == {st.seq, st.seq - 1}   # newest and the one before
+    assert seqs == [2, 3] and st.seq == 4
+
+
+def test_damaged_newest_state_copy_falls_back_to_the_other(fresh, key, v2_package):
+    agent = fresh()
+    agent.install(v2_package)                     # newest copy: pending B
+    copies = agent._copies()
+    newest = max(range(2), key=lambda i: copies[i].seq)
+    off = U.STATE_OFFSET + newest * U.STATE_SIZE + 8
+    agent._f.seek(off)
+    agent._f.write(b"\x07")                       # one byte: CRC fails
+    agent._f.flush()
+    b = reopen(agent, key).boot()
+    assert (b.slot, b.trial) == (0, False)        # the previous record: A confirmed
+
+
+def test_no_valid_state_boots_the_newest_verified_slot(fresh, key, v2_package):
+    agent = fresh()
+    agent.install(v2_package)
+    agent._f.seek(U.STATE_OFFSET)
+    agent._f.write(b"\xff" * (2 * U.STATE_SIZE))
+    agent._f.flush()
+    agent = reopen(agent, key)
+    b = agent.boot()
+    assert (b.slot, b.image.version) == (1, V("2.0.0")) and "state area unreadable" in b.note
+    st = agent.read_state()
+    assert (st.confirmed_slot, st.min_security_counter) == (1, 2)
+
+
+def rot(agent, slot, at=200):
+    agent._f.seek(agent.geometry.slot_offsets[slot] + at)
+    agent._f.write(b"\x00")
+    agent._f.flush()
+
+
+def test_bit_rot_in_the_confirmed_slot_falls_back(fresh, key):
+    agent = fresh()
+    # 2.0.0 keeps security counter 1, so 1.0.0 in slot A stays acceptable
+    update_ok(agent, ota.pack_package([image(key, "2.0.0", 1)], key))
+    rot(agent, 1)
+    agent = reopen(agent, key)
+    b = agent.boot()
+    assert (b.slot, b.image.version) == (0, V("1.0.0")) and "fell back" in b.note
+    assert agent.read_state().confirmed_slot == 0
+    # both slots damaged: refuse to boot rather than run an unverified image
+    rot(agent, 0)
+    with pytest.raises(U.NoBootableImageError, match="neither slot"):
+        reopen(agent, key).boot()
+
+
+def test_bit_rot_never_falls_back_to_a_revoked_image(fresh, key, v2_package):
+    agent = fresh()
+    update_ok(agent, v2_package)                  # counter raised to 2: 1.0.0 is revoked
+    rot(agent, 1)
+    with pytest.raises(U.NoBootableImageError):
+        reopen(agent, key).boot()
+
+
+def test_install_refusals_leave_the_flash_untouched(fresh, key):
+    cases = [(ota.pack_package([image(key, "0.9.0", 1)], key), I.DowngradeError),
+             (ota.pack_package([image(key, "3.0.0", 0)], key), I.CounterError),
+             (ota.pack_package([image(key, "3.0.0", 2, target="ppc")], key), I.TargetError),
+             (ota.pack_package([image(key, "3.0.0", 2, size=SLOT)], key), I.SlotSizeError)]
+    other = Ed25519PrivateKey.generate()
+    cases.append((ota.pack_package([image(other, "3.0.0", 2)], other), I.KeyMismatchError))
+    good = ota.pack_package([image(key, "3.0.0", 2)], key)
+    cases.append((good[:-10], I.TruncatedError))
+    cases.append((good[:500] + bytes([good[500] ^ 4]) + good[501:], I.DigestError))
+    for pkg, err in cases:
+        agent = fresh()
+        before = agent.path.read_bytes()
+        with pytest.raises(err):
+            agent.install(pkg)
+        assert agent.path.read_bytes() == before
+        agent.close()
+
+
+def test_anti_rollback_after_confirm(fresh, key, v2_package):
+    agent = fresh()
+    update_ok(agent, v2_package)
+    # a newer version still carrying the revoked counter 1 is refused
+    with pytest.raises(I.CounterError, match="counter 1 is below the installed 2"):
+        agent.install(ota.pack_package([image(key, "2.1.0", 1)], key))
+    agent.install(ota.pack_package([image(key, "2.1.0", 2)], key))
+    with pytest.raises(U.UpdateError, match="already on trial"):
+        agent.install(ota.pack_package([image(key, "2.2.0", 2)], key))
+    with pytest.raises(U.UpdateError, match="nothing to confirm"):
+        agent.confirm()                            # pending, not yet booted
+    b = agent.boot()
+    assert (b.slot, b.image.version, b.trial) == (0, V("2.1.0"), True)
+
+
+def test_cli_flash_commands(tmp_path, capsys, key, v1, v2_package):
+    from cryptography.hazmat.primitives import serialization
+    pub = tmp_path / "k.pub"
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    (tmp_path / "v1.img").write_bytes(v1)
+    (tmp_path / "v2.ota").write_bytes(v2_package)
+    flash = tmp_path / "flash.bin"
+
+    def run(*argv):
+        status = cli.main([str(a) for a in argv])
+        out = capsys.readouterr()
+        return status, out.out + out.err
+
+    assert run("fw", "flash-init", flash, "--image", tmp_path / "v1.img", "--key", pub,
+               "--slot-size", "4K", "--write-size", "512")[0] == 0
+    assert run("fw", "install", flash, tmp_path / "v2.ota", "--key", pub)[0] == 0
+    status, out = run("fw", "boot", flash, "--key", pub)
+    assert status == 0 and "boot slot B: trial" in out
+    assert run("fw", "confirm", flash, "--key", pub)[0] == 0
+    status, out = run("fw", "status", flash, "--key", pub)
+    assert "confirmed slot B" in out and "slot B        2.0.0" in out
+    status, out = run("fw", "install", flash, tmp_path / "v2.ota", "--key", pub)
+    assert status == 0   # same version, same counter: reinstall allowed
+    status, out = run("fw", "rollback", flash)
+    assert status == 0 and "no trial" in out
+    (tmp_path / "old.ota").write_bytes(ota.pack_package([image(key, "1.5.0", 2)], key))
+    status, out = run("fw", "install", flash, tmp_path / "old.ota", "--key", pub)
+    assert status == I.DowngradeError.exit_status and "REJECTED (downgrade)" in out
+    status, out = run("fw", "boot", tmp_path / "v1.img", "--key", pub)
+    assert status == 2 and "not a Colibri flash image" in out
