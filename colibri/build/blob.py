@@ -108,30 +108,48 @@ def _a64(n: int) -> int:
 
 def arena_bytes(shape: cformat.ModelShape, pointer_bytes: int,
                 chunk_tokens: int = CHUNK_TOKENS) -> int:
-    """Bytes of arena the runtime needs for `shape` (colibri.h,
-    colibri_arena_size), every term rounded up to 64 bytes. The pointer
-    tables (plan, per-layer and per-expert views) are bounded generously
-    from the pointer size; the firmware checks the runtime's own
-    colibri_arena_size against this at start-up and stops with both numbers
-    if it were ever short."""
+    """Bytes of arena the runtime needs for `shape`: the buffers src/core.c
+    carves in layout() (every one rounded up to 64 bytes), in the same
+    order, with the pointer tables (plan, per-layer and per-expert views)
+    bounded generously from the pointer size, plus 4 KB of slack. The
+    firmware checks the runtime's own colibri_arena_size against this at
+    start-up and stops (status 2) naming both numbers if the runtime ever
+    grows past it, so a drift is caught by the first run, not by memory
+    corruption."""
     s = shape
-    c = min(chunk_tokens, s.max_batch * s.max_seq_len)
-    q = s.n_heads * s.head_dim
-    kv = s.n_kv_heads * s.head_dim
-    max_cols = max(s.hidden, q, s.intermediate)
-    kv_cache = _a64(2 * 4 * s.n_layers * s.max_batch * s.max_seq_len * kv)
-    mask = _a64(s.max_batch * s.max_seq_len)
-    rope = _a64(2 * 4 * s.max_seq_len * (s.head_dim // 2))
-    scratch = (4 * c * (5 * s.hidden + 2 * q + 2 * kv + 2 * s.intermediate
-                        + 2 * s.n_experts + 2 * s.top_k)
-               + c * max_cols + 4 * c * math.ceil(max_cols / s.group_size)
-               + 4 * s.max_seq_len + 4 * c * s.top_k + 9 * s.n_experts)
-    # Per weight a view of ~4 pointers + 4 words; 64 such words per layer,
-    # 16 per expert, 256 for the plan: an upper bound with room to grow.
-    word = max(pointer_bytes, 4)
-    tables = word * (256 + 64 * s.n_layers + 16 * s.n_layers * s.n_experts)
-    # 32 buffers, each rounded up to 64 bytes, plus 4 KB of slack.
-    return _a64(kv_cache + mask + rope + _a64(scratch) + _a64(tables) + 32 * 64 + 4096)
+    L, E, K, h = s.n_layers, s.n_experts, s.top_k, s.hidden
+    S = s.max_seq_len
+    tokens = s.max_batch * S
+    C = min(chunk_tokens, tokens)
+    qdim, kvdim, inter = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.intermediate
+    max_cols = max(h, qdim, inter)
+    max_groups = math.ceil(max_cols / s.group_size)
+    ptr = max(pointer_bytes, 4)
+    buffers = [
+        256 * ptr,                   # the plan
+        L * 64 * ptr,                # per-layer views
+        L * E * 32 * ptr,            # per-expert views
+        S * (s.head_dim // 2) * 4,   # RoPE cos
+        S * (s.head_dim // 2) * 4,   # RoPE sin
+        L * tokens * kvdim * 4,      # K cache
+        L * tokens * kvdim * 4,      # V cache
+        tokens,                      # mask cache
+        C * 4, C * 4,                # token batch / position of chunk rows
+        C * 4 * h, C * 4 * h, C * 4 * h,            # x, xn, tmp
+        C * 4 * qdim, C * 4 * qdim,                 # q, attention output
+        C * 4 * kvdim, C * 4 * kvdim,               # k, v of the chunk
+        S * 4,                                      # attention scores
+        C * 4 * E, C * 4 * E,                       # router logits, probs
+        C * 2 * K, C * 4 * K,                       # selections and weights
+        E, E * 4, (E + 1) * 4,                      # chosen, counts, offsets
+        C * 4 * K,                                  # token lists
+        C * 4 * K * h,                              # per-selection outputs
+        C * 4 * h, C * 4 * h,                       # expert in/out
+        C * 4 * inter, C * 4 * inter,               # h1, h3
+        C * max_cols,                               # int8 activations
+        C * 4 * max_groups,                         # their scales
+    ]
+    return sum(_a64(b) for b in buffers) + 4096
 
 
 def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,

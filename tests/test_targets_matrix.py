@@ -1,0 +1,136 @@
+"""The target matrix: every target of targets/ built by SCons (the command
+users run) with a model embedded, run under its emulator (natively,
+qemu-arm, qemu-ppc, qemu-system-arm) and compared with the numpy reference
+(colibri/reference.py), through the same colibri.build.check functions that
+`scons target=X check` uses.
+
+Builds (each `scons target=all`, shared by the tests below):
+  int8        fw-tiny int8 model (colibri.build.testmodel), default kernels
+  f32         fw-tiny f32 model, default kernels
+  awkward     the converter's "awkward" golden model (hidden 60, 5 heads,
+              6 experts top-3: SIMD tails), int8, default kernels
+  ref         fw-tiny f32 with the reference kernels only: x86_64, armv7 and
+              ppc must give bit-identical logits
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import targets  # noqa: E402
+from colibri.build import check, testmodel, toolchain  # noqa: E402
+
+TARGETS = targets.load_all()
+SCONS = [str(ROOT / ".venv" / "bin" / "scons")]
+LINUX_REF_TARGETS = [n for n, t in TARGETS.items() if t.is_linux]
+
+
+def scons(*args, cwd=ROOT, env=None, check_rc=True):
+    p = subprocess.run([*SCONS, "-Q", *args], cwd=cwd, capture_output=True, text=True,
+                       env=env, timeout=600)
+    if check_rc and p.returncode != 0:
+        raise AssertionError(f"scons {' '.join(args)} failed ({p.returncode}):\n"
+                             f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def matrix_models(tmp_path_factory, colibri_file):
+    d = tmp_path_factory.mktemp("matrix-models")
+    return {
+        "int8": testmodel.make_model(d / "fw-tiny-int8.colibri", "int8"),
+        "f32": testmodel.make_model(d / "fw-tiny-f32.colibri", "f32"),
+        "awkward": Path(colibri_file("awkward", "int8")),
+        "ref": testmodel.make_model(d / "fw-tiny-f32-ref.colibri", "f32", seed=1),
+    }
+
+
+@pytest.fixture(scope="session")
+def matrix_build(tmp_path_factory, matrix_models):
+    """build name -> build directory, built on first use."""
+    root = tmp_path_factory.mktemp("matrix-build")
+    done = {}
+
+    def get(name):
+        if name not in done:
+            extra = ["avx2=0", "neon=0"] if name == "ref" else []
+            out = root / name
+            available = [n for n, t in TARGETS.items() if not toolchain.missing_tools(t)]
+            target = "all" if len(available) == len(TARGETS) else None
+            for t in ([target] if target else available):
+                scons("-j2", f"target={t}", f"model={matrix_models[name]}",
+                      f"build_dir={out}", *extra)
+            done[name] = out
+        return done[name]
+    return get
+
+
+def _need(target):
+    missing = toolchain.missing_tools(target)
+    if missing:
+        pytest.skip(missing[0])
+    problem = toolchain.missing_emulator(target)
+    if problem:
+        pytest.skip(problem)
+
+
+@pytest.mark.parametrize("build", ["int8", "f32", "awkward"])
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_target_matches_reference(name, build, matrix_build, matrix_models):
+    """Firmware (and colibri-cli on Linux) logits within the quantisation's
+    tolerance of the reference, greedy tokens equal, CLI == firmware bits."""
+    t = TARGETS[name]
+    _need(t)
+    bdir = matrix_build(build) / name
+    cli = bdir / "colibri-cli" if t.is_linux else None
+    result = check.check_target(t, bdir / "firmware.elf", matrix_models[build], cli=cli)
+    assert result.ok, result.summary()
+    fw = result.firmware
+    # The build's arena bound covers what this runtime asks for.
+    assert int(fw.header["arena_needed"]) <= int(fw.header["arena_bytes"])
+    assert int(fw.header["model_bytes"]) == (bdir / "firmware" / "model.bin").stat().st_size
+    assert len(fw.prompts) == 2 and all(len(p.tokens) == 4 for p in fw.prompts)
+
+
+def test_ref_kernels_bit_identical_across_targets(matrix_build):
+    """With the reference kernels and -ffp-contract=off, x86_64, armv7 and ppc
+    produce the same float bits for every logit (DESIGN.md 7)."""
+    bdir = matrix_build("ref")
+    runs = {}
+    for name in LINUX_REF_TARGETS:
+        t = TARGETS[name]
+        _need(t)
+        from colibri.build import emulate
+        r = emulate.run(t, bdir / name / "firmware.elf")
+        assert r.returncode == 0, f"{name}: {r.stdout[-500:]} {r.stderr[-500:]}"
+        runs[name] = emulate.parse_firmware_output(r.stdout)
+    base_name = LINUX_REF_TARGETS[0]
+    base = runs[base_name]
+    for name, run in runs.items():
+        for i, (a, b) in enumerate(zip(base.prompts, run.prompts)):
+            diff = np.argwhere(a.rows.view(np.uint32) != b.rows.view(np.uint32))
+            assert diff.size == 0, (
+                f"{name} vs {base_name}, prompt {i} {a.prompt}: {len(diff)} logits differ, first "
+                f"at position {diff[0][0]} token {diff[0][1]}: {a.rows[tuple(diff[0])]!r} vs "
+                f"{b.rows[tuple(diff[0])]!r}")
+            assert a.checksum == b.checksum and a.tokens == b.tokens
+
+
+def test_scons_check_runs_the_matrix_and_reports(matrix_build, matrix_models):
+    """`scons target=X check` on an up-to-date build runs the emulator and
+    prints PASS with the worst position per prompt."""
+    bdir = matrix_build("int8")
+    name = "cortex-m" if "cortex-m" in TARGETS else next(iter(TARGETS))
+    _need(TARGETS[name])
+    p = scons(f"target={name}", f"model={matrix_models['int8']}",
+              f"build_dir={bdir.parent / 'int8'}", "check")
+    assert f"target {name}: PASS" in p.stdout
+    assert "worst position" in p.stdout
