@@ -36,6 +36,10 @@
  * accumulator arrays in registers (a C11 stand-in for templates). */
 #define BLOCK static inline __attribute__((always_inline)) TGT
 
+/* The (R, T) loops must be unrolled completely for the accumulators to live
+ * in registers; GCC's own heuristics stop short for the larger blocks. */
+#define UNROLL _Pragma("GCC unroll 8")
+
 enum { MAXR = 8, MAXT = 4 };
 
 /* Weight bytes per row panel: the panel stays in L2 while all the token
@@ -74,15 +78,18 @@ BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
                        float *Y, uint32_t rows, uint32_t r0, uint32_t t0,
                        const float *scale)
 {
+    UNROLL
     for (int t = 0; t < T; t++) {
         float *y = Y + (size_t)(t0 + t) * rows + r0;
         int r = 0;
+        UNROLL
         for (; r + 4 <= R; r += 4) {
             __m128 v = hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]);
             if (scale)
                 v = _mm_mul_ps(v, _mm_loadu_ps(scale + r));
             _mm_storeu_ps(y + r, v);
         }
+        UNROLL
         for (; r < R; r++) {
             float v = hsum1(acc[r][t]);
             y[r] = scale ? scale[r] * v : v;
@@ -127,21 +134,28 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
     const char *w[MAXR];
     const float *x[MAXT];
     __m256 acc[MAXR][MAXT];
+    UNROLL
     for (int r = 0; r < R; r++)
         w[r] = (const char *)W + (size_t)(r0 + r) * cols * esz;
+    UNROLL
     for (int t = 0; t < T; t++)
         x[t] = X + (size_t)(t0 + t) * cols;
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < T; t++)
             acc[r][t] = _mm256_setzero_ps();
 
     uint32_t c = 0;
     for (; c + 8 <= cols; c += 8) {
         __m256 xv[MAXT];
+        UNROLL
         for (int t = 0; t < T; t++)
             xv[t] = _mm256_loadu_ps(x[t] + c);
+        UNROLL
         for (int r = 0; r < R; r++) {
             __m256 wv = load_w8(i16, w[r], c);
+            UNROLL
             for (int t = 0; t < T; t++)
                 acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
@@ -150,10 +164,13 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
         uint32_t k = cols - c;
         __m256i mask = tail_mask(k);
         __m256 xv[MAXT];
+        UNROLL
         for (int t = 0; t < T; t++)
             xv[t] = _mm256_maskload_ps(x[t] + c, mask);
+        UNROLL
         for (int r = 0; r < R; r++) {
             __m256 wv = load_w_tail(i16, w[r], c, k, mask);
+            UNROLL
             for (int t = 0; t < T; t++)
                 acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
@@ -198,10 +215,104 @@ BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
     }
 }
 
+/* ---- matmul_f32 with many tokens: outer-product form ---------------------
+ *
+ * With many tokens the dot-product form above is held back by loads (6 per 8
+ * FMAs). The GEMM form turns it around: a block of 16 tokens' activations is
+ * packed (transposed) into xp[c][16] on the stack, KC columns at a time, and
+ * each weight W[r,c] is broadcast once and multiplied into 2 vectors of 16
+ * tokens. The micro-kernel holds R rows x 16 tokens in 2R accumulators:
+ * per column, 2 aligned loads of xp, R broadcast loads of W, 2R FMAs (R = 6:
+ * 12 accumulators, 8 loads per 12 FMAs). W is read in its own layout (no
+ * weight packing); a panel of RP rows x KC columns stays in L2 while all the
+ * token blocks pass over it, and xp (KC x 16 floats) stays in L1. Partial
+ * sums over the KC chunks are added into Y, so Y is written once per chunk. */
+
+enum { GEMM_KC = 256, GEMM_TB = 16, GEMM_RP = 96 };
+
+/* xp[c][0..16) = X[t0 + i, kc + c] for i < nt, zero for the padding tokens. */
+TGT static void pack_x16(float *xp, const float *X, uint32_t cols, uint32_t t0,
+                         uint32_t nt, uint32_t kc, uint32_t kl)
+{
+    for (uint32_t i = 0; i < GEMM_TB; i++) {
+        const float *x = X + (size_t)(t0 + i) * cols + kc;
+        if (i < nt)
+            for (uint32_t c = 0; c < kl; c++)
+                xp[c * GEMM_TB + i] = x[c];
+        else
+            for (uint32_t c = 0; c < kl; c++)
+                xp[c * GEMM_TB + i] = 0.0f;
+    }
+}
+
+/* Y[t0 + i, r0 + r] (+)= sum over c < kl of xp[c][i] * W[r0 + r, kc + c],
+ * for r < R, i < nt. `add` is 0 for the first column chunk. */
+BLOCK void gemm_micro(const int R, float *Y, const float *W, const float *xp,
+                      uint32_t rows, uint32_t cols, uint32_t r0, uint32_t t0,
+                      uint32_t nt, uint32_t kc, uint32_t kl, int add)
+{
+    const float *w[MAXR];
+    __m256 acc[MAXR][2];
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        w[r] = W + (size_t)(r0 + r) * cols + kc;
+        acc[r][0] = _mm256_setzero_ps();
+        acc[r][1] = _mm256_setzero_ps();
+    }
+    for (uint32_t c = 0; c < kl; c++) {
+        const __m256 x0 = _mm256_load_ps(xp + c * GEMM_TB);
+        const __m256 x1 = _mm256_load_ps(xp + c * GEMM_TB + 8);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m256 wv = _mm256_broadcast_ss(w[r] + c);
+            acc[r][0] = _mm256_fmadd_ps(wv, x0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(wv, x1, acc[r][1]);
+        }
+    }
+    /* Y is [n, rows]: the 16 token lanes of a row go to 16 rows of Y. */
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        float lanes[GEMM_TB];
+        _mm256_storeu_ps(lanes, acc[r][0]);
+        _mm256_storeu_ps(lanes + 8, acc[r][1]);
+        float *y = Y + (size_t)t0 * rows + r0 + r;
+        for (uint32_t i = 0; i < nt; i++)
+            y[(size_t)i * rows] = add ? y[(size_t)i * rows] + lanes[i] : lanes[i];
+    }
+}
+
+TGT static void gemm_f32(float *Y, const float *W, const float *X, uint32_t n,
+                         uint32_t rows, uint32_t cols)
+{
+    __attribute__((aligned(32))) float xp[GEMM_KC * GEMM_TB];
+    for (uint32_t kc = 0; kc < cols; kc += GEMM_KC) {
+        const uint32_t kl = cols - kc < GEMM_KC ? cols - kc : GEMM_KC;
+        for (uint32_t rp = 0; rp < rows; rp += GEMM_RP) {
+            const uint32_t re = rows - rp < GEMM_RP ? rows : rp + GEMM_RP;
+            for (uint32_t t0 = 0; t0 < n; t0 += GEMM_TB) {
+                const uint32_t nt = n - t0 < GEMM_TB ? n - t0 : GEMM_TB;
+                pack_x16(xp, X, cols, t0, nt, kc, kl);
+                uint32_t r = rp;
+                for (; r + 6 <= re; r += 6)
+                    gemm_micro(6, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
+                for (; r < re; r++)
+                    gemm_micro(1, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
+            }
+        }
+    }
+}
+
+/* Tokens from which the GEMM form beats the dot-product form (measured with
+ * test_kernels --bench on 2816 x 1024). */
+#define GEMM_MIN_N 8
+
 TGT static void avx2_matmul_f32(float *Y, const float *W, const float *X,
                                 uint32_t n, uint32_t rows, uint32_t cols)
 {
-    fx_matmul(0, Y, W, NULL, X, n, rows, cols);
+    if (n >= GEMM_MIN_N)
+        gemm_f32(Y, W, X, n, rows, cols);
+    else
+        fx_matmul(0, Y, W, NULL, X, n, rows, cols);
 }
 
 TGT static void avx2_matmul_i16(float *Y, const int16_t *Q, const float *S,
@@ -358,42 +469,54 @@ BLOCK void i8_group(const int R, const int T, __m256i d[MAXR][MAXT][8], int j,
 {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i iacc[MAXR][MAXT];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < T; t++)
             iacc[r][t] = _mm256_setzero_si256();
     for (; c + 32 <= c1; c += 32) {
         __m256i qraw[MAXR], qa[MAXR];
+        UNROLL
         for (int r = 0; r < R; r++) {
             qraw[r] = _mm256_loadu_si256((const __m256i *)(const void *)(q[r] + c));
             qa[r] = _mm256_abs_epi8(qraw[r]);
         }
+        UNROLL
         for (int t = 0; t < T; t++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x[t] + c));
+            UNROLL
             for (int r = 0; r < R; r++)
                 iacc[r][t] = _mm256_add_epi32(iacc[r][t], dot32(qa[r], qraw[r], xv, ones));
         }
     }
     if (c + 16 <= c1) { /* 16 columns in the low half, zeros above */
         __m256i qraw[MAXR], qa[MAXR];
+        UNROLL
         for (int r = 0; r < R; r++) {
             qraw[r] = _mm256_zextsi128_si256(
                 _mm_loadu_si128((const __m128i *)(const void *)(q[r] + c)));
             qa[r] = _mm256_abs_epi8(qraw[r]);
         }
+        UNROLL
         for (int t = 0; t < T; t++) {
             __m256i xv = _mm256_zextsi128_si256(
                 _mm_loadu_si128((const __m128i *)(const void *)(x[t] + c)));
+            UNROLL
             for (int r = 0; r < R; r++)
                 iacc[r][t] = _mm256_add_epi32(iacc[r][t], dot32(qa[r], qraw[r], xv, ones));
         }
         c += 16;
     }
     if (c < c1) /* under 16 columns: scalar, added into lane 0 */
+        UNROLL
         for (int r = 0; r < R; r++)
+            UNROLL
             for (int t = 0; t < T; t++)
                 iacc[r][t] = _mm256_add_epi32(iacc[r][t], _mm256_zextsi128_si256(
                     _mm_cvtsi32_si128(dot_tail(q[r] + c, x[t] + c, c1 - c))));
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < T; t++)
             d[r][t][j] = iacc[r][t];
 }
@@ -408,15 +531,19 @@ BLOCK void i8_block(const int R, const int T, float *Y, const int8_t *Q,
     const float *s[MAXR];
     const float *xs[MAXT];
     __m256 acc[MAXR][MAXT];
+    UNROLL
     for (int r = 0; r < R; r++) {
         q[r] = Q + (size_t)(r0 + r) * cols;
         s[r] = S + (size_t)(r0 + r) * ng;
     }
+    UNROLL
     for (int t = 0; t < T; t++) {
         x[t] = XQ + (size_t)(t0 + t) * cols;
         xs[t] = XS + (size_t)(t0 + t) * ng;
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < T; t++)
             acc[r][t] = _mm256_setzero_ps();
 
@@ -429,18 +556,24 @@ BLOCK void i8_block(const int R, const int T, float *Y, const int8_t *Q,
             i8_group(R, T, d, j, q, x, c0, c1);
         }
         for (int j = nb; j < 8; j++)
+            UNROLL
             for (int r = 0; r < R; r++)
+                UNROLL
                 for (int t = 0; t < T; t++)
                     d[r][t][j] = _mm256_setzero_si256();
         /* Scales of the batch; past the row's last group the masked loads
          * give 0 and read nothing. */
         const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask((uint32_t)nb);
         __m256 sv[MAXR], xsv[MAXT];
+        UNROLL
         for (int r = 0; r < R; r++)
             sv[r] = _mm256_maskload_ps(s[r] + gb, m);
+        UNROLL
         for (int t = 0; t < T; t++)
             xsv[t] = _mm256_maskload_ps(xs[t] + gb, m);
+        UNROLL
         for (int r = 0; r < R; r++)
+            UNROLL
             for (int t = 0; t < T; t++)
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(d[r][t])),
                                             _mm256_mul_ps(sv[r], xsv[t]), acc[r][t]);

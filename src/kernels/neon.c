@@ -34,6 +34,10 @@
 
 #define BLOCK static inline __attribute__((always_inline))
 
+/* The (R, T) loops must be unrolled completely for the accumulators to live
+ * in registers; GCC's own heuristics stop short for the larger blocks. */
+#define UNROLL _Pragma("GCC unroll 8")
+
 enum { MAXR = 8, MAXT = 4 };
 
 /* Horizontal sums of a, b, c, d -> [sum a, sum b, sum c, sum d]. */
@@ -67,9 +71,11 @@ BLOCK void store_block(const int R, const int T, float32x4_t acc[MAXR][MAXT],
                        float tail[MAXR][MAXT], float *Y, uint32_t rows,
                        uint32_t r0, uint32_t t0, const float *scale)
 {
+    UNROLL
     for (int t = 0; t < T; t++) {
         float *y = Y + (size_t)(t0 + t) * rows + r0;
         int r = 0;
+        UNROLL
         for (; r + 4 <= R; r += 4) {
             float32x4_t v = hsum4f(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]);
             float tl[4] = {tail[r][t], tail[r + 1][t], tail[r + 2][t], tail[r + 3][t]};
@@ -78,6 +84,7 @@ BLOCK void store_block(const int R, const int T, float32x4_t acc[MAXR][MAXT],
                 v = vmulq_f32(v, vld1q_f32(scale + r));
             vst1q_f32(y + r, v);
         }
+        UNROLL
         for (; r < R; r++) {
             float v = hsum1f(acc[r][t]) + tail[r][t];
             y[r] = scale ? scale[r] * v : v;
@@ -102,13 +109,17 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
     const float *x[MAXT];
     float32x4_t acc[MAXR][MAXT];
     float tail[MAXR][MAXT];
+    UNROLL
     for (int r = 0; r < R; r++) {
         wf[r] = (const float *)W + (size_t)(r0 + r) * cols;
         wq[r] = (const int16_t *)W + (size_t)(r0 + r) * cols;
     }
+    UNROLL
     for (int t = 0; t < T; t++)
         x[t] = X + (size_t)(t0 + t) * cols;
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < T; t++) {
             acc[r][t] = vdupq_n_f32(0.0f);
             tail[r][t] = 0.0f;
@@ -117,10 +128,12 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
     uint32_t c = 0;
     for (; c + 8 <= cols; c += 8) {
         float32x4_t xl[MAXT], xh[MAXT];
+        UNROLL
         for (int t = 0; t < T; t++) {
             xl[t] = vld1q_f32(x[t] + c);
             xh[t] = vld1q_f32(x[t] + c + 4);
         }
+        UNROLL
         for (int r = 0; r < R; r++) {
             float32x4_t wl, wh;
             if (i16) {
@@ -131,6 +144,7 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
                 wl = vld1q_f32(wf[r] + c);
                 wh = vld1q_f32(wf[r] + c + 4);
             }
+            UNROLL
             for (int t = 0; t < T; t++) {
                 acc[r][t] = vmlaq_f32(acc[r][t], wl, xl[t]);
                 acc[r][t] = vmlaq_f32(acc[r][t], wh, xh[t]);
@@ -138,8 +152,10 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
         }
     }
     for (; c < cols; c++)
+        UNROLL
         for (int r = 0; r < R; r++) {
             float w = i16 ? (float)wq[r][c] : wf[r][c];
+            UNROLL
             for (int t = 0; t < T; t++)
                 tail[r][t] += w * x[t][c];
         }
@@ -293,36 +309,47 @@ BLOCK void i8_group(const int R, const int T, int32x4_t d[MAXR][MAXT][4], int j,
                     uint32_t c, uint32_t c1)
 {
     int32x4_t iacc[MAXR][MAXT];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < T; t++)
             iacc[r][t] = vdupq_n_s32(0);
     for (; c + 16 <= c1; c += 16) {
         int8x16_t qv[MAXR];
+        UNROLL
         for (int r = 0; r < R; r++)
             qv[r] = vld1q_s8(q[r] + c);
+        UNROLL
         for (int t = 0; t < T; t++) {
             int8x16_t xv = vld1q_s8(x[t] + c);
+            UNROLL
             for (int r = 0; r < R; r++)
                 iacc[r][t] = dot16(iacc[r][t], qv[r], xv);
         }
     }
     if (c + 8 <= c1) {
+        UNROLL
         for (int t = 0; t < T; t++) {
             int8x8_t xv = vld1_s8(x[t] + c);
+            UNROLL
             for (int r = 0; r < R; r++)
                 iacc[r][t] = vpadalq_s16(iacc[r][t], vmull_s8(vld1_s8(q[r] + c), xv));
         }
         c += 8;
     }
     if (c < c1) /* under 8 columns: scalar, added into lane 0 */
+        UNROLL
         for (int r = 0; r < R; r++)
+            UNROLL
             for (int t = 0; t < T; t++) {
                 int32_t s = 0;
                 for (uint32_t i = c; i < c1; i++)
                     s += (int32_t)q[r][i] * (int32_t)x[t][i];
                 iacc[r][t] = vaddq_s32(iacc[r][t], vsetq_lane_s32(s, vdupq_n_s32(0), 0));
             }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < T; t++)
             d[r][t][j] = iacc[r][t];
 }
@@ -338,15 +365,19 @@ BLOCK void i8_block(const int R, const int T, float *Y, const int8_t *Q,
     const float *xs[MAXT];
     float32x4_t acc[MAXR][MAXT];
     float zero_tail[MAXR][MAXT];
+    UNROLL
     for (int r = 0; r < R; r++) {
         q[r] = Q + (size_t)(r0 + r) * cols;
         s[r] = S + (size_t)(r0 + r) * ng;
     }
+    UNROLL
     for (int t = 0; t < T; t++) {
         x[t] = XQ + (size_t)(t0 + t) * cols;
         xs[t] = XS + (size_t)(t0 + t) * ng;
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < T; t++) {
             acc[r][t] = vdupq_n_f32(0.0f);
             zero_tail[r][t] = 0.0f;
@@ -362,27 +393,35 @@ BLOCK void i8_block(const int R, const int T, float *Y, const int8_t *Q,
         }
         float32x4_t sv[MAXR], xsv[MAXT];
         if (nb == 4) {
+            UNROLL
             for (int r = 0; r < R; r++)
                 sv[r] = vld1q_f32(s[r] + gb);
+            UNROLL
             for (int t = 0; t < T; t++)
                 xsv[t] = vld1q_f32(xs[t] + gb);
         } else { /* last batch: zero dots and zero scales past the row end */
             for (int j = nb; j < 4; j++)
+                UNROLL
                 for (int r = 0; r < R; r++)
+                    UNROLL
                     for (int t = 0; t < T; t++)
                         d[r][t][j] = vdupq_n_s32(0);
+            UNROLL
             for (int r = 0; r < R; r++) {
                 float tmp[4] = {0};
                 memcpy(tmp, s[r] + gb, (size_t)nb * sizeof(float));
                 sv[r] = vld1q_f32(tmp);
             }
+            UNROLL
             for (int t = 0; t < T; t++) {
                 float tmp[4] = {0};
                 memcpy(tmp, xs[t] + gb, (size_t)nb * sizeof(float));
                 xsv[t] = vld1q_f32(tmp);
             }
         }
+        UNROLL
         for (int r = 0; r < R; r++)
+            UNROLL
             for (int t = 0; t < T; t++) {
                 int32x4_t dots = hsum4i(d[r][t][0], d[r][t][1], d[r][t][2], d[r][t][3]);
                 acc[r][t] = vmlaq_f32(acc[r][t], vcvtq_f32_s32(dots),

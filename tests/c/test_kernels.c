@@ -10,7 +10,8 @@
  * Usage:
  *   test_kernels [--require NAME]...  run the checks; exit 1 on any mismatch,
  *                                     or if table NAME is not available
- *   test_kernels --bench              time ref against each optimised table
+ *   test_kernels --bench [FILTER]     time ref against each optimised table
+ *                                     (FILTER: a kernel name or shape part)
  *
  * What "agree" means (kernels.h, docs/FORMAT.md 5):
  * - matmul_f32 / matmul_i16: |y - y_ref| <= 1e-5 * sum_c |w*x| (summation
@@ -131,7 +132,9 @@ static void check_written(const char *what, const char *kname, const float *y,
 
 static const uint32_t COLS[] = {1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 44, 60, 63, 64, 65, 100, 257};
 static const uint32_t ROWS[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65};
-static const uint32_t NS[] = {1, 2, 3, 5, 8};
+/* 8 and 17 reach the many-token paths (AVX2 GEMM form from 8 tokens, in
+ * blocks of 16: 17 leaves a 1-token block). */
+static const uint32_t NS[] = {1, 2, 3, 5, 8, 17};
 /* 33 and 48 straddle the 16/32-column vector steps; 1 and 7 are all tail. */
 static const uint32_t GROUPS[] = {1, 7, 16, 32, 33, 48, 64};
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -409,6 +412,16 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
             for (size_t g = 0; g < LEN(GROUPS); g++)
                 for (int rep = 0; rep < 4; rep++)
                     test_quantize(ref, k, NS[a], COLS[c], GROUPS[g]);
+    /* Larger shapes: several row panels, column chunks and token blocks,
+     * each with a remainder. */
+    static const uint32_t big[][3] = {{40, 200, 600}, {19, 101, 1100}, {33, 97, 257}};
+    for (size_t i = 0; i < LEN(big); i++) {
+        test_matmul_f32(ref, k, big[i][0], big[i][1], big[i][2]);
+        test_matmul_i16(ref, k, big[i][0], big[i][1], big[i][2]);
+        for (size_t g = 0; g < LEN(GROUPS); g++)
+            test_matmul_i8(ref, k, big[i][0], big[i][1], big[i][2], GROUPS[g], (int)(g % 3));
+        test_quantize(ref, k, big[i][0], big[i][2], 32);
+    }
     /* Long groups: the int32 sums over many 32-column steps. */
     for (int mode = 0; mode < 3; mode++)
         test_matmul_i8(ref, k, 3, 5, 4099, 4096, mode);
@@ -489,7 +502,8 @@ static void *xmalloc(size_t bytes)
     return p;
 }
 
-static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, int nopt)
+static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, int nopt,
+                      const char *filter)
 {
     static const uint32_t shapes[][3] = {
         {1, 2816, 1024}, {1, 1024, 2816}, {128, 2816, 1024}, {128, 1024, 2816},
@@ -530,6 +544,10 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
             a.group = which == 2 ? 64 : 32;
             if (what == B_QUANT && a.rows != 2816)
                 continue; /* quantize depends on n x cols only */
+            char shape[32];
+            snprintf(shape, sizeof shape, "%ux%ux%u", a.n, a.rows, a.cols);
+            if (filter && !strstr(names[which], filter) && !strstr(shape, filter))
+                continue;
             a.w = w;
             a.x = x;
             a.s = s;
@@ -546,8 +564,6 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
             double ops = what == B_QUANT ? (double)a.n * a.cols
                                          : 2.0 * a.n * a.rows * a.cols;
             double tr = time_call(ref, what, &a);
-            char shape[32];
-            snprintf(shape, sizeof shape, "%ux%ux%u", a.n, a.rows, a.cols);
             printf("%-16s %-18s %10.3f %10.2f", names[which], shape, tr * 1e3, ops / tr * 1e-9);
             for (int i = 0; i < nopt; i++) {
                 double tk = time_call(opt[i], what, &a);
@@ -574,6 +590,7 @@ int main(int argc, char **argv)
     const colibri_kernels *ref = colibri_kernels_ref();
     const colibri_kernels *opt[2];
     int nopt = 0, bench = 0;
+    const char *filter = NULL;
     if (colibri_kernels_avx2())
         opt[nopt++] = colibri_kernels_avx2();
     if (colibri_kernels_neon())
@@ -582,6 +599,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0) {
             bench = 1;
+            if (i + 1 < argc && argv[i + 1][0] != '-')
+                filter = argv[++i];
         } else if (strcmp(argv[i], "--require") == 0 && i + 1 < argc) {
             const char *want = argv[++i];
             int found = 0;
@@ -592,12 +611,12 @@ int main(int argc, char **argv)
                 return 1;
             }
         } else {
-            fprintf(stderr, "usage: %s [--bench] [--require NAME]...\n", argv[0]);
+            fprintf(stderr, "usage: %s [--bench [FILTER]] [--require NAME]...\n", argv[0]);
             return 2;
         }
     }
     if (bench) {
-        run_bench(ref, opt, nopt);
+        run_bench(ref, opt, nopt, filter);
         return 0;
     }
     if (nopt == 0)
