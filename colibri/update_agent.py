@@ -319,8 +319,9 @@ class Agent:
         other = 1 - state.confirmed_slot
         img = self._try_slot(other, state.min_security_counter)
         if img is None:
-            raise NoBootableImageError("neither slot holds a verified image: re-flash the "
-                                       "device with `colibri fw flash-init`")
+            raise NoBootableImageError(f"neither slot holds a verified image with security "
+                                       f"counter >= {state.min_security_counter}: re-flash "
+                                       "the device with `colibri fw flash-init`")
         self.write_state(confirmed_slot=other, trial_slot=NO_SLOT, trial_state=TRIAL_NONE)
         return Boot(other, img, False, f"confirmed slot {SLOT_NAMES[state.confirmed_slot]} "
                     f"does not verify: fell back to slot {SLOT_NAMES[other]} ({img.version})")

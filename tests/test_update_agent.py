@@ -75,74 +75,99 @@ def slot_version(agent, key, slot):
 
 
 # --- scenarios: each a sequence of agent calls, as the device would make them ------
-def update_ok(agent, pkg):
+def update_ok(agent, pkg, old, new):
     agent.install(pkg)
     b = agent.boot()
-    assert b.trial and b.image.version == V("2.0.0")
+    assert b.trial and b.image.version == new
     agent.confirm()
 
 
-def update_selftest_fails(agent, pkg):
+def update_selftest_fails(agent, pkg, old, new):
     agent.install(pkg)
     assert agent.boot().trial
     agent.rollback()
 
 
-def update_trial_never_confirms(agent, pkg):
+def update_trial_never_confirms(agent, pkg, old, new):
     agent.install(pkg)
     assert agent.boot().trial
     b = agent.boot()               # reset during the trial: no confirm
-    assert not b.trial and b.image.version == V("1.0.0")
+    assert not b.trial and b.image.version == old
 
 
-SCENARIOS = {"ok": (update_ok, V("2.0.0")),
-             "selftest-fails": (update_selftest_fails, V("1.0.0")),
-             "trial-never-confirms": (update_trial_never_confirms, V("1.0.0"))}
+SCENARIOS = {"ok": update_ok, "selftest-fails": update_selftest_fails,
+             "trial-never-confirms": update_trial_never_confirms}
 
 
-def count_writes(fresh, scenario, pkg) -> int:
+@pytest.fixture(params=["from-factory", "second-update"])
+def start(request, tmp_path, fresh, key, v2_package):
+    """(make_agent, package, old version, new version). "second-update" starts
+    from a device that already took one update (2.0.0 confirmed in slot B,
+    1.0.0 left in A, older state records in both copies) and installs 3.0.0
+    into slot A."""
+    if request.param == "from-factory":
+        return fresh, v2_package, V("1.0.0"), V("2.0.0")
+    agent = fresh()
+    update_ok(agent, v2_package, V("1.0.0"), V("2.0.0"))
+    agent.close()
+    base = agent.path.read_bytes()
+    counter = [0]
+
+    def make(writer=U.direct_writer):
+        counter[0] += 1
+        path = tmp_path / f"second{counter[0]}.bin"
+        path.write_bytes(base)
+        return U.Agent(path, key.public_key(), writer)
+    return make, ota.pack_package([image(key, "3.0.0", 3)], key), V("2.0.0"), V("3.0.0")
+
+
+def count_writes(make, scenario, *args) -> int:
     w = U.CutWriter(at=0)
-    agent = fresh(w)
-    scenario(agent, pkg)
+    agent = make(w)
+    scenario(agent, *args)
     agent.close()
     return w.count
 
 
-def check_invariants(agent, key, v1_slot_a: bytes, allowed_confirmed) -> U.Boot:
+def check_invariants(agent, key, old_slot: int, old_bytes: bytes, versions,
+                     allowed_confirmed) -> U.Boot:
     """Boot and check: a verified image, old or new; the confirmed one intact."""
     b = agent.boot()
     assert slot_version(agent, key, b.slot) == b.image.version
-    assert b.image.version in (V("1.0.0"), V("2.0.0"))
+    assert b.image.version in versions
     state = agent.read_state()
     assert state is not None
     confirmed = slot_version(agent, key, state.confirmed_slot)
     assert confirmed in allowed_confirmed
-    if state.confirmed_slot == 0:
-        # slot A is never written while it holds the confirmed image
-        assert agent.slot_bytes(0) == v1_slot_a
+    if state.confirmed_slot == old_slot:
+        # the confirmed slot is never written while it is confirmed
+        assert agent.slot_bytes(old_slot) == old_bytes
     return b
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_power_cut_at_every_write(fresh, key, v2_package, factory_flash, name):
-    scenario, final = SCENARIOS[name]
-    total = count_writes(fresh, scenario, v2_package)
+def test_power_cut_at_every_write(start, key, name):
+    make, pkg, old, new = start
+    scenario = SCENARIOS[name]
+    final = new if name == "ok" else old
+    total = count_writes(make, scenario, pkg, old, new)
     assert total >= SLOT // WRITE + 3       # erase + program + state writes
-    probe = fresh()
-    v1_slot_a = probe.slot_bytes(0)
+    probe = make()
+    old_slot = probe.read_state().confirmed_slot
+    old_bytes = probe.slot_bytes(old_slot)
     probe.close()
     tested = 0
     for at in range(1, total + 1):
         for mode in ("before", "torn", "after"):
-            agent = fresh(U.CutWriter(at, mode))
+            agent = make(U.CutWriter(at, mode))
             with pytest.raises(U.PowerCut):
-                scenario(agent, v2_package)
+                scenario(agent, pkg, old, new)
             # The confirm is the last write of the "ok" scenario: only when it
             # completed may the new image be the confirmed one.
             confirm_done = name == "ok" and at == total and mode == "after"
-            allowed = {V("2.0.0")} if confirm_done else {V("1.0.0")}
             agent = reopen(agent, key)
-            b = check_invariants(agent, key, v1_slot_a, allowed)
+            b = check_invariants(agent, key, old_slot, old_bytes, (old, new),
+                                 {new} if confirm_done else {old})
             # Finish what the power cut interrupted, as the device would.
             if b.trial:
                 if name == "ok":
@@ -150,33 +175,37 @@ def test_power_cut_at_every_write(fresh, key, v2_package, factory_flash, name):
                 else:
                     agent.rollback()
             elif name == "ok" and b.image.version != final:
-                scenario(agent, v2_package)
+                scenario(agent, pkg, old, new)
             b = agent.boot()
             assert (b.image.version, b.trial) == (final, False), (at, mode)
             assert slot_version(agent, key, b.slot) == final
             agent.close()
             tested += 1
     assert tested == 3 * total
+    POWER_CUTS.append(tested)
+
+
+POWER_CUTS: list[int] = []   # cut points tested, for the report (pytest -s)
 
 
 def test_double_power_cut_during_recovery(fresh, key, v2_package):
     """A second cut during the first boot after a cut (the boot writes the
     state too): still a verified image and the confirmed one kept."""
-    total = count_writes(fresh, update_ok, v2_package)
+    total = count_writes(fresh, update_ok, v2_package, V("1.0.0"), V("2.0.0"))
     probe = fresh()
     v1_slot_a = probe.slot_bytes(0)
     probe.close()
     for at in range(1, total + 1):
         agent = fresh(U.CutWriter(at, "torn"))
         with pytest.raises(U.PowerCut):
-            update_ok(agent, v2_package)
+            update_ok(agent, v2_package, V("1.0.0"), V("2.0.0"))
         agent = reopen(agent, key, U.CutWriter(1, "torn"))
         try:
             agent.boot()
         except U.PowerCut:
             pass
         agent = reopen(agent, key)
-        check_invariants(agent, key, v1_slot_a, {V("1.0.0")})
+        check_invariants(agent, key, 0, v1_slot_a, (V("1.0.0"), V("2.0.0")), {V("1.0.0")})
         agent.close()
 
 
@@ -231,7 +260,7 @@ def rot(agent, slot, at=200):
 def test_bit_rot_in_the_confirmed_slot_falls_back(fresh, key):
     agent = fresh()
     # 2.0.0 keeps security counter 1, so 1.0.0 in slot A stays acceptable
-    update_ok(agent, ota.pack_package([image(key, "2.0.0", 1)], key))
+    update_ok(agent, ota.pack_package([image(key, "2.0.0", 1)], key), V("1.0.0"), V("2.0.0"))
     rot(agent, 1)
     agent = reopen(agent, key)
     b = agent.boot()
@@ -245,7 +274,7 @@ def test_bit_rot_in_the_confirmed_slot_falls_back(fresh, key):
 
 def test_bit_rot_never_falls_back_to_a_revoked_image(fresh, key, v2_package):
     agent = fresh()
-    update_ok(agent, v2_package)                  # counter raised to 2: 1.0.0 is revoked
+    update_ok(agent, v2_package, V("1.0.0"), V("2.0.0"))   # counter raised to 2: 1.0.0 is revoked
     rot(agent, 1)
     with pytest.raises(U.NoBootableImageError):
         reopen(agent, key).boot()
@@ -272,7 +301,7 @@ def test_install_refusals_leave_the_flash_untouched(fresh, key):
 
 def test_anti_rollback_after_confirm(fresh, key, v2_package):
     agent = fresh()
-    update_ok(agent, v2_package)
+    update_ok(agent, v2_package, V("1.0.0"), V("2.0.0"))
     # a newer version still carrying the revoked counter 1 is refused
     with pytest.raises(I.CounterError, match="counter 1 is below the installed 2"):
         agent.install(ota.pack_package([image(key, "2.1.0", 1)], key))
