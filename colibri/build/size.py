@@ -69,6 +69,24 @@ def _alloc_sections(elf: ELFFile) -> list[Section]:
     return out
 
 
+def _reserved_stack(elf: ELFFile) -> Section | None:
+    """The stack a bare-metal linker script reserves at the top of RAM
+    (__stack_limit__ .. __stack_top__, firmware/cortex_m/*.ld): RAM the
+    sections do not show but the device must have."""
+    tab = elf.get_section_by_name(".symtab")
+    if tab is None:
+        return None
+    found = {}
+    for name in ("__stack_limit__", "__stack_top__"):
+        syms = tab.get_symbol_by_name(name)
+        if syms:
+            found[name] = syms[0]["st_value"]
+    if len(found) != 2:
+        return None
+    return Section("(stack)", "bss", found["__stack_top__"] - found["__stack_limit__"],
+                   found["__stack_limit__"])
+
+
 def _symbols(elf: ELFFile) -> list[Symbol]:
     tab = elf.get_section_by_name(".symtab")
     if tab is None:
@@ -127,6 +145,9 @@ def measure(firmware: str | os.PathLike, lib: str | os.PathLike,
     with open(firmware, "rb") as f:
         elf = ELFFile(f)
         sections = _alloc_sections(elf)
+        stack = _reserved_stack(elf)
+        if stack is not None:
+            sections.append(stack)
         symbols = _symbols(elf)
     rt_kinds, rt_syms = measure_runtime(lib)
     totals = {

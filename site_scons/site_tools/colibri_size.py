@@ -29,12 +29,17 @@ def _show_action(target, source, env):
 
 
 def ColibriSizeReport(env, report, sources):
-    return env.Command(report, sources, Action(
+    nodes = env.Command(report, sources, Action(
         _report_action, "  SIZE  [$COLIBRI_TARGET_NAME] $TARGET"))
+    # Re-check when the budgets (targets/*.py) or the measuring code change.
+    t = env["COLIBRI_TARGET"]
+    env.Depends(nodes, [env.Value(sorted(t.budgets.items())),
+                        env.File("#colibri/build/size.py")])
+    return nodes
 
 
 def ColibriShowSize(env, alias, report):
-    a = env.Alias(alias, report, Action(_show_action, cmdstr=""))
+    a = env.Alias(alias, report, Action(_show_action, cmdstr=None))
     env.AlwaysBuild(a)
     return a
 

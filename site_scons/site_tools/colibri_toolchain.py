@@ -38,7 +38,8 @@ def generate(env):
     if not env.get("COLIBRI_VERBOSE"):
         t = target.name
         env.Replace(CCCOMSTR=f"  CC    [{t}] $TARGET", ASPPCOMSTR=f"  AS    [{t}] $TARGET",
-                    ARCOMSTR=f"  AR    [{t}] $TARGET", RANLIBCOMSTR="",
+                    ARCOMSTR=f"  AR    [{t}] $TARGET",
+                    RANLIBCOMSTR=f"  RANLIB [{t}] $TARGET",
                     LINKCOMSTR=f"  LINK  [{t}] $TARGET")
 
 

@@ -1,0 +1,93 @@
+"""targets/ and colibri.build.toolchain without SCons: every target module is
+complete, options are checked with messages naming what is allowed, flags
+keep the arithmetic reproducible."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import targets  # noqa: E402
+from colibri.build import toolchain  # noqa: E402
+from colibri.errors import ColibriError  # noqa: E402
+
+ALL = targets.load_all()
+
+
+def test_the_four_targets_are_declared():
+    assert set(ALL) == {"x86_64", "armv7", "ppc", "cortex-m"}
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_target_module_is_complete(name):
+    t = ALL[name]
+    assert t.package and t.byte_order in ("little", "big") and t.pointer_bytes in (4, 8)
+    assert set(t.budgets) >= {"runtime", "firmware_flash", "firmware_ram", "image"}
+    assert t.ram_bytes > 0 and t.flash_bytes > 0
+    if t.emulator:  # pinned CPU, so results do not move with QEMU's default
+        assert "-cpu" in t.emulator and t.emulator_package
+    if not t.is_linux:
+        assert t.ldscript and (ROOT / t.ldscript).exists()
+        assert all((ROOT / s).exists() for s in t.startup)
+        assert t.budgets["firmware_flash"] <= t.flash_bytes
+        assert t.budgets["firmware_ram"] <= t.ram_bytes
+    fl = toolchain.flags(t, toolchain.resolve_options(t), ROOT)
+    assert "-ffp-contract=off" in fl.ccflags
+    assert f"-ffile-prefix-map={ROOT.resolve()}=." in fl.ccflags
+
+
+def test_defaults_follow_design_table():
+    ppc = toolchain.resolve_options(ALL["ppc"])
+    assert (ppc.mmap, ppc.workbuf, ppc.kernels) == (False, "static", ())
+    assert ALL["ppc"].byte_order == "big"
+    assert toolchain.resolve_options(ALL["x86_64"]).kernels == ("avx2",)
+    assert toolchain.resolve_options(ALL["armv7"]).kernels == ("neon",)
+    ref = toolchain.flags(ALL["armv7"], toolchain.resolve_options(ALL["armv7"], neon="0"), ROOT)
+    assert "COLIBRI_KERNELS_REF_ONLY" in ref.cppdefines
+    st = toolchain.flags(ALL["ppc"], ppc, ROOT)
+    assert "COLIBRI_STATIC_WORKBUF" in st.cppdefines and "COLIBRI_ENABLE_MMAP=0" in st.cppdefines
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(avx2="1"), r"avx2=1: target ppc has no avx2 kernels \(available: none\)"),
+    (dict(workbuf="heap"), r"workbuf='heap': expected static, dynamic or auto"),
+    (dict(mmap="maybe"), r"mmap='maybe': expected 0, 1 or auto"),
+])
+def test_bad_options_name_the_variable(kwargs, pattern):
+    with pytest.raises(ColibriError, match=pattern):
+        toolchain.resolve_options(ALL["ppc"], **kwargs)
+
+
+def test_bare_metal_refuses_mmap_and_fma_follows_avx2():
+    with pytest.raises(ColibriError, match="bare metal: it needs mmap=0 workbuf=static"):
+        toolchain.resolve_options(ALL["cortex-m"], mmap="1")
+    with pytest.raises(ColibriError, match="fma must equal avx2"):
+        toolchain.resolve_options(ALL["x86_64"], avx2="1", fma="0")
+    assert toolchain.resolve_options(ALL["x86_64"], avx2="0").fma is False
+
+
+def test_missing_toolchain_and_emulator_name_the_debian_package():
+    fake = dataclasses.replace(ALL["ppc"], prefix="no-such-cross-", package="gcc-no-such",
+                               emulator=("qemu-no-such", "-cpu", "x"),
+                               emulator_package="qemu-no-such-pkg")
+    msg = toolchain.missing_tools(fake)
+    assert msg and "no-such-cross-gcc not found" in msg[0] and "apt-get install gcc-no-such" in msg[0]
+    assert "apt-get install qemu-no-such-pkg" in toolchain.missing_emulator(fake)
+
+
+def test_unknown_target_names_the_valid_ones():
+    with pytest.raises(ValueError, match="valid targets: armv7, cortex-m, ppc, x86_64"):
+        targets.get("mips")
+
+
+def test_emulator_command_places_the_program():
+    assert ALL["armv7"].emulator_command("p", ("--x",)) == [
+        "qemu-arm", "-cpu", "cortex-a9", "-L", "/usr/arm-linux-gnueabihf", "p", "--x"]
+    cm = ALL["cortex-m"].emulator_command("fw.elf")
+    assert cm[cm.index("-kernel") + 1] == "fw.elf" and cm[-1] == "fw.elf"
+    assert ALL["x86_64"].emulator_command("p") == ["p"]
