@@ -186,6 +186,19 @@ static const char *kind_name(unsigned kind)
     return kind >= 1 && kind <= COLIBRI_KIND_MAX ? names[kind] : "unknown";
 }
 
+/* "EXPERT_W1 layer 0 expert 3", "WQ layer 1", "LM_HEAD". */
+static const char *entry_label(char *buf, size_t cap, unsigned kind,
+                               unsigned layer, unsigned expert)
+{
+    if (layer == COLIBRI_NO_LAYER)
+        fmt_detail(buf, cap, "%s", kind_name(kind));
+    else if (expert == COLIBRI_NO_EXPERT)
+        fmt_detail(buf, cap, "%s layer %u", kind_name(kind), layer);
+    else
+        fmt_detail(buf, cap, "%s layer %u expert %u", kind_name(kind), layer, expert);
+    return buf;
+}
+
 /* The j-th known entry of the table order (FORMAT.md 3, rule 1). */
 typedef struct { unsigned kind, layer, expert; } known_slot;
 
@@ -349,6 +362,12 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
             return COLIBRI_E_BAD_FORMAT;
         }
     }
+    if (s->n_layers == COLIBRI_NO_LAYER || s->n_experts == COLIBRI_NO_EXPERT) {
+        fmt_detail(detail, DETAIL_CAP, "n_layers %u / n_experts %u: 65535 is "
+                   "reserved (it marks a tensor outside the layers/experts)",
+                   (unsigned)s->n_layers, (unsigned)s->n_experts);
+        return COLIBRI_E_BAD_FORMAT;
+    }
     if (s->n_heads % s->n_kv_heads != 0) {
         fmt_detail(detail, DETAIL_CAP, "n_kv_heads %u does not divide n_heads %u",
                    (unsigned)s->n_kv_heads, (unsigned)s->n_heads);
@@ -480,9 +499,11 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             unsigned dtypes;
             kind_shape(s, kind, &want_rows, &want_cols, &dtypes);
             if (rows != want_rows || cols != want_cols) {
-                fmt_detail(detail, DETAIL_CAP, "tensor %u (%s layer %u expert %u):"
-                           " shape [%u, %u], the header implies [%u, %u]", i,
-                           kind_name(kind), layer, expert, (unsigned)rows,
+                char label[64];
+                fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): shape [%u, %u], "
+                           "the header implies [%u, %u]", i,
+                           entry_label(label, sizeof label, kind, layer, expert),
+                           (unsigned)rows,
                            (unsigned)cols, (unsigned)want_rows, (unsigned)want_cols);
                 return COLIBRI_E_BAD_FORMAT;
             }
@@ -539,10 +560,11 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         uint32_t got_crc = crc32_update(0, b + off, sz);
         if (want_crc != got_crc) {
             unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
-            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s layer %u expert %u): "
-                       "crc %x != computed %x", i, kind_name(kind),
-                       (unsigned)rd16(en + COLIBRI_ENT_LAYER, be),
-                       (unsigned)rd16(en + COLIBRI_ENT_EXPERT, be),
+            char label[64];
+            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): crc %x != computed %x",
+                       i, entry_label(label, sizeof label, kind,
+                                      rd16(en + COLIBRI_ENT_LAYER, be),
+                                      rd16(en + COLIBRI_ENT_EXPERT, be)),
                        (unsigned)want_crc, (unsigned)got_crc);
             if (!cb)
                 return COLIBRI_E_CRC;

@@ -181,7 +181,7 @@ int main(int argc, char **argv)
     /* A header whose arena does not fit in 64 bits. */
     b = copy_of(&good);
     int be = file_be(b.data);
-    put(b.data + COLIBRI_HDR_N_LAYERS, 0xFFFF, 2, be);
+    put(b.data + COLIBRI_HDR_N_LAYERS, 0xFFFE, 2, be);
     put(b.data + COLIBRI_HDR_MAX_BATCH, 0xFFFF, 2, be);
     put(b.data + COLIBRI_HDR_MAX_SEQ_LEN, 0xFFFFFFFFu, 4, be);
     put(b.data + COLIBRI_HDR_N_KV_HEADS, 0xFFFF, 2, be);

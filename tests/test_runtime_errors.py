@@ -1,0 +1,126 @@
+"""Every error code of colibri.h, provoked and checked (tests/c/test_errors.c),
+in the dynamic build and in the static work-buffer build (which alone can
+return COLIBRI_E_UNSUPPORTED); and what a hostile file gets: a code, never a
+crash."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from colibri import format as cformat
+from test_runtime_support import c_build  # noqa: F401
+
+# Every code colibri.h defines (parsed, so a new code cannot be forgotten).
+HEADER = cformat.Path(__file__).resolve().parent.parent / "src" / "include" / "colibri.h"
+
+
+def header_codes() -> dict[str, int]:
+    text = HEADER.read_text()
+    return {name: int(val) for name, val in
+            re.findall(r"^\s*(COLIBRI_(?:OK|E_\w+))\s*=\s*(-?\d+)", text, re.M)}
+
+
+def rewrite(src, dst, byte_order="little", **shape_changes):
+    """Re-write a .colibri file with format.write_file, optionally in the
+    other byte order or with header fields changed."""
+    cf = cformat.read_file(src)
+    shape = dataclasses.replace(cf.shape, **shape_changes)
+    tensors = [cf.tensor(k, l, e) for k, l, e in cformat.tensor_order(shape)]
+    return cformat.write_file(dst, shape, tensors, byte_order=byte_order)
+
+
+@pytest.fixture(scope="module")
+def error_files(colibri_file, tmp_path_factory):
+    d = tmp_path_factory.mktemp("errfiles")
+    good = colibri_file("tiny", "f32")
+    other = rewrite(good, d / "tiny-be.colibri", byte_order="big")
+    # A valid file whose KV cache (max_seq_len ~ 2^32) cannot be allocated.
+    huge = rewrite(good, d / "tiny-huge.colibri", max_seq_len=0xFFFFFF00)
+    return good, other, huge
+
+
+def run_errors(build, files):
+    proc = subprocess.run(build.cmd("test_errors", *files), capture_output=True,
+                          text=True, timeout=120,
+                          env={"ASAN_OPTIONS": "allocator_may_return_null=1"})
+    return proc
+
+
+@pytest.mark.parametrize("variant", ["host", "static"])
+def test_each_case_returns_its_code(c_build, error_files, variant):
+    proc = run_errors(c_build(variant), error_files)
+    print(proc.stdout)
+    assert "FAIL" not in proc.stdout, proc.stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr == "", "the library printed: " + proc.stderr
+
+
+def test_every_code_is_produced_and_described(c_build, error_files):
+    codes = header_codes()
+    seen, texts = set(), {}
+    for variant in ("host", "static"):
+        out = run_errors(c_build(variant), error_files).stdout
+        seen |= {int(c) for c in re.findall(r"^ok (-?\d+) ", out, re.M)}
+        texts.update({int(c): t for c, t in re.findall(r"^strerror (-?\d+) (.*)$", out, re.M)})
+    missing = {n: v for n, v in codes.items() if v not in seen}
+    assert not missing, f"codes never produced: {missing}"
+    for name, v in codes.items():
+        assert texts.get(v), f"{name} has no strerror text"
+    assert len({texts[v] for v in set(codes.values())}) == len(set(codes.values()))
+
+
+def test_error_details_name_the_problem(c_build, error_files):
+    out = run_errors(c_build("host"), error_files).stdout
+    detail = dict(re.findall(r"^ok -?\d+ (.*?) \| (.*)$", out, re.M))
+    assert "n_kv_heads 3 does not divide n_heads 4" in detail["n_kv_heads not dividing n_heads"]
+    assert "version 2" in detail["format version 2"] and "upgrade" in detail["format version 2"]
+    assert re.search(r"tensor \d+ \(LM_HEAD", detail["section crc"])
+    assert "truncated" in detail["truncated file"]
+    assert "token id at [0, 1]" in detail["token id == vocab"]
+    assert "big-endian" in detail["zero-copy of the other byte order"]
+
+
+def covered(data: bytes) -> np.ndarray:
+    """Which bytes of a file some check covers: the header, the table and the
+    sections (CRCs); the zero padding between sections is covered by none."""
+    cf = cformat.parse(data, check_crc=False)
+    cov = np.zeros(len(data), bool)
+    cov[:cformat.HEADER_SIZE + cformat.ENTRY_SIZE * len(cf.entries)] = True
+    for e in cf.entries:
+        cov[e.offset:e.offset + e.size] = True
+    return cov
+
+
+def test_hostile_files_never_crash(c_build, colibri_file, tmp_path):
+    """Random bit flips and truncations of a real file, loaded by the
+    sanitizer build: a format or CRC error, never a crash or a sanitizer
+    report. A flip in the padding between sections (covered by no CRC) must
+    load and give the original logits."""
+    from test_runtime_support import Call, DriverError, run_driver
+    build = c_build("asan")
+    data = colibri_file("awkward", "int8").read_bytes()
+    cov = covered(data)
+    rng = np.random.default_rng(3)
+    calls = [Call(np.array([[1, 2, 3]]), None, 0)]
+    clean = run_driver(build, colibri_file("awkward", "int8"), calls, tmp_path / "clean")
+    for i in range(12):
+        bad = bytearray(data)
+        if i % 3 == 2:
+            bad, hits_data = bad[:int(rng.integers(0, len(bad)))], True
+        else:
+            at = int(rng.integers(0, len(bad)))
+            bad[at] ^= 1 << int(rng.integers(0, 8))
+            hits_data = bool(cov[at])
+        path = tmp_path / f"bad{i}.colibri"
+        path.write_bytes(bytes(bad))
+        if not hits_data:
+            got = run_driver(build, path, calls, tmp_path / f"run{i}", vocab=83)
+            np.testing.assert_array_equal(got[0], clean[0])
+            continue
+        with pytest.raises(DriverError) as exc:
+            run_driver(build, path, calls, tmp_path / f"run{i}", vocab=83)
+        assert exc.value.code in (-1, -3), exc.value
