@@ -6,7 +6,8 @@ shapes (see its header for what "agree" means for each kernel).
 - x86-64: built with the default flags (avx2.c uses target attributes and
   picks at run time), once plain with gcc and clang, once with
   AddressSanitizer + UBSan so any read past an input or write past an output
-  fails. Skipped on a CPU without AVX2+FMA.
+  fails, and (on an AVX-VNNI CPU) once without the vpdpbusd form. Skipped on
+  a CPU without AVX2+FMA.
 - ARMv7: built with arm-linux-gnueabihf-gcc for a Cortex-A9 with NEON and run
   under qemu-arm. Skipped if the cross compiler or qemu-arm is missing.
 """
@@ -51,7 +52,16 @@ def _run(cmd: list[str], timeout: int = 300) -> str:
     return res.stdout
 
 
-@pytest.mark.parametrize("variant", ["gcc", "clang", "gcc-asan-ubsan"])
+def _cpu_has_avx_vnni() -> bool:
+    try:
+        return "avx_vnni" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+# "no-vnni": on a CPU with AVX-VNNI the table uses vpdpbusd for the int8 dot
+# products; COLIBRI_AVX2_NO_VNNI checks the plain AVX2 form as well.
+@pytest.mark.parametrize("variant", ["gcc", "clang", "gcc-asan-ubsan", "gcc-no-vnni"])
 def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
     if not _cpu_has_avx2_fma():
         pytest.skip("this CPU has no AVX2+FMA: the avx2 table cannot run here")
@@ -59,6 +69,10 @@ def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
     if shutil.which(cc) is None:
         pytest.skip(f"{cc} is not installed")
     extra = ["-DCOLIBRI_USE_AVX2"]
+    if variant.endswith("no-vnni"):
+        if not _cpu_has_avx_vnni():
+            pytest.skip("no AVX-VNNI on this CPU: the plain AVX2 form is what the other variants test")
+        extra.append("-DCOLIBRI_AVX2_NO_VNNI")
     if variant.endswith("asan-ubsan"):
         extra += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
     exe = tmp_path / "test_kernels"
