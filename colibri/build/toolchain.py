@@ -112,6 +112,9 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
     if not opts.kernels:
         defines.append("COLIBRI_KERNELS_REF_ONLY")
     linkflags = (*target.arch_flags, *target.link_flags)
+    if opts.debug and "--specs=nano.specs" in target.link_flags:
+        # newlib-nano leaves float printf out unless asked: the debug dumps need it.
+        linkflags += ("-u", "_printf_float")
     return Flags(ccflags, tuple(defines), linkflags, tuple(target.libs), kernel_ccflags)
 
 

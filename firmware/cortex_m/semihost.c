@@ -5,9 +5,13 @@
  * returns our status as its own exit status), plus the few newlib system
  * calls the C library may reference. There is no heap: _sbrk always fails,
  * so any malloc in the firmware or the library would return NULL (and the
- * library reports COLIBRI_E_NO_MEMORY) instead of corrupting RAM.
+ * library reports COLIBRI_E_NO_MEMORY) instead of corrupting RAM. The one
+ * exception is a COLIBRI_DEBUG build: newlib's printf of floating-point
+ * values (the runtime's tensor dumps) allocates its conversion buffers, so
+ * debug builds get a small static heap for them.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
@@ -61,7 +65,19 @@ void fw_exit(int status) {
 /* Only what libc/libm can pull in (snprintf's locale code, errno users);
  * the firmware itself never uses stdio files or the heap. */
 
+#ifdef COLIBRI_DEBUG
+static unsigned char debug_heap[16384] __attribute__((aligned(8)));
+static size_t debug_heap_used;
+#endif
+
 void *_sbrk(ptrdiff_t incr) {
+#ifdef COLIBRI_DEBUG
+    if (incr >= 0 && (size_t)incr <= sizeof debug_heap - debug_heap_used) {
+        void *p = debug_heap + debug_heap_used;
+        debug_heap_used += (size_t)incr;
+        return p;
+    }
+#endif
     (void)incr;
     errno = ENOMEM;
     return (void *)-1;
