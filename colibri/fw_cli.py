@@ -15,9 +15,7 @@ prints one line; everything else follows colibri.cli (one line, status 2).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 from . import image as I
 from . import keys, ota
@@ -54,22 +52,8 @@ def _version(text: str) -> I.Version:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def read_input(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ColibriError(f"cannot read {path}: {exc.strerror}") from None
-
-
-def write_output(path: str, data: bytes) -> None:
-    """Write via a temporary file and rename, so a failed run never leaves a
-    half-written image that looks like a real one."""
-    tmp = Path(str(path) + ".tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ColibriError(f"cannot write {path}: {exc.strerror}") from None
+read_input = I.read_bytes       # the update agent's commands use these too
+write_output = I.write_atomic
 
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:
@@ -152,27 +136,20 @@ def _keygen(args) -> int:
 
 
 def _pack(args) -> int:
-    payload = read_input(args.payload)
-    model = read_input(args.model) if args.model else None
-    img = I.pack_image(payload, args.target, args.version, keys.load_private(args.key),
-                       security_counter=args.security_counter, load_address=args.load_address,
-                       model=model, slot_size=args.slot_size)
-    write_output(args.output, img)
-    info = I.inspect_image(img)
+    info = I.pack_file(args.payload, args.output, args.target, args.version, args.key,
+                       security_counter=args.security_counter, slot_size=args.slot_size,
+                       model_path=args.model, load_address=args.load_address)
     model_note = (f", model {info.model.size} bytes sha256 {info.model.sha256.hex()[:16]}..."
                   if info.model else ", no model")
-    print(f"wrote {args.output}: {args.target} {args.version}, {len(img)} bytes, "
+    print(f"wrote {args.output}: {args.target} {args.version}, {info.size} bytes, "
           f"security counter {args.security_counter}{model_note}")
     return 0
 
 
 def _ota(args) -> int:
-    images = [read_input(p) for p in args.images]
-    pkg = ota.pack_package(images, keys.load_private(args.key))
-    write_output(args.output, pkg)
-    info = ota.inspect_package(pkg)
+    info = ota.pack_files(args.images, args.output, args.key)
     print(f"wrote {args.output}: {info.target} {info.version}, {len(info.entries)} payload(s), "
-          f"{len(pkg)} bytes")
+          f"{info.size} bytes")
     return 0
 
 

@@ -337,6 +337,43 @@ def pack_image(payload: bytes, target: str, version: Version, key, *,
     return image
 
 
+# --- Files (shared by `colibri fw` and the SCons tool) ---------------------------------
+def read_bytes(path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ColibriError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def write_atomic(path, data: bytes) -> None:
+    """Write via a temporary file and a rename, so a failed run never leaves a
+    half-written image that looks like a real one."""
+    import os
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ColibriError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def pack_file(payload_path, out_path, target: str, version: Version | str, key_path, *,
+              security_counter: int = 0, slot_size: int | None = None, model_path=None,
+              load_address: int | None = None) -> Image:
+    """`colibri fw pack` and `scons ... image`: sign the file at payload_path
+    into out_path; returns the (re-parsed) image."""
+    if isinstance(version, str):
+        version = Version.parse(version)
+    data = pack_image(read_bytes(payload_path), target, version, keys.load_private(key_path),
+                      security_counter=security_counter, load_address=load_address,
+                      model=read_bytes(model_path) if model_path else None,
+                      slot_size=slot_size)
+    write_atomic(out_path, data)
+    return inspect_image(data)
+
+
 # --- Parsing and verification ---------------------------------------------------------
 @dataclass
 class Image:

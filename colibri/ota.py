@@ -107,6 +107,13 @@ def pack_package(images: list[bytes], key, *,
     return header + manifest + sig + b"".join(b for _, b in payloads)
 
 
+def pack_files(image_paths, out_path, key_path) -> Package:
+    """`colibri fw ota` and `scons ... ota`: package the image files."""
+    data = pack_package([I.read_bytes(p) for p in image_paths], keys.load_private(key_path))
+    I.write_atomic(out_path, data)
+    return inspect_package(data)
+
+
 def _parse_frame(buf) -> tuple[tuple, int]:
     """Header checks needed to find the signature: (header fields, manifest size)."""
     n = len(buf)
