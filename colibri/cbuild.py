@@ -85,14 +85,15 @@ def _flags(*, cflags, defines, kernels, sanitize, static_workbuf, mmap, debug):
 
 def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
           sanitize=None, static_workbuf=False, mmap=True, debug=False,
-          ldflags=()) -> dict:
+          ldflags=(), program_sources=()) -> dict:
     """Compile libcolibri.a and colibri-cli into out_dir.
 
     kernels: kernel sets to link ("ref" is always added); ("ref",) alone
     defines COLIBRI_KERNELS_REF_ONLY. sanitize: e.g. "address,undefined" or
     "thread". Returns {"lib", "cli", "include_flags", "cflags", "ldflags",
     "cc"} (paths as Path); rebuilds only when the sources or the options
-    changed.
+    changed. ldflags and program_sources (extra C files, e.g. a target's
+    emulator workaround) go into colibri-cli and every build_program().
     """
     out = Path(out_dir)
     kernels = tuple(dict.fromkeys(("ref",) + tuple(kernels)))
@@ -106,12 +107,13 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
                          sanitize=sanitize, static_workbuf=static_workbuf,
                          mmap=mmap, debug=debug)
     link += list(ldflags)
+    extra = [str(ROOT / p) for p in program_sources]
     sources = list(LIB_SOURCES) + [KERNELS[k]["source"] for k in kernels]
     result = {"lib": out / "libcolibri.a", "cli": out / "colibri-cli",
-              "cflags": flags, "ldflags": link, "cc": cc}
+              "cflags": flags, "ldflags": link, "cc": cc, "program_sources": extra}
 
     # Rebuild only when something that matters changed.
-    h = hashlib.sha256(json.dumps([cc, flags, link, sources]).encode())
+    h = hashlib.sha256(json.dumps([cc, flags, link, sources, extra]).encode())
     for path in sorted(SRC.rglob("*.[ch]")):
         h.update(str(path).encode())
         h.update(path.read_bytes())
@@ -141,7 +143,7 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
         obj = obj_dir / (Path(src).stem + ".o")
         _run([cc, *flags, "-c", str(ROOT / src), "-o", str(obj)])
         cli_objs.append(obj)
-    _run([cc, *map(str, cli_objs), str(result["lib"]), *link, *LIBS,
+    _run([cc, *flags, *map(str, cli_objs), *extra, str(result["lib"]), *link, *LIBS,
           "-o", str(result["cli"])])
     stamp.write_text(h.hexdigest())
     return result
@@ -153,7 +155,8 @@ def build_program(info: dict, sources, out_path, *, extra_cflags=(),
     build() result, with the same compiler and flags."""
     out_path = Path(out_path)
     _run([info["cc"], *info["cflags"], *extra_cflags, *map(str, sources),
-          str(info["lib"]), *info["ldflags"], *extra_ldflags, *LIBS,
+          *info.get("program_sources", ()), str(info["lib"]), *info["ldflags"],
+          *extra_ldflags, *LIBS,
           "-o", str(out_path)])
     return out_path
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,25 @@ from colibri import cbuild
 
 TESTS_C = Path(__file__).parent / "c"
 
-# name -> cbuild.build keyword arguments (plus "runner": the emulator prefix).
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the targets/ package (toolchains, emulators)
+
+
+def _target_variant(name: str, **overrides) -> dict:
+    """A ref-kernel build for a cross target of targets/ (its toolchain,
+    flags, emulator and emulator workarounds)."""
+    from targets import load_all
+    t = load_all()[name]
+    kw = dict(kernels=("ref",), cc=t.tool("gcc"), cflags=tuple(t.arch_flags),
+              ldflags=tuple(t.link_flags), program_sources=tuple(t.program_sources),
+              mmap=t.defaults.get("mmap", True), runner=tuple(t.emulator))
+    kw.update(overrides)
+    return kw
+
+
+# name -> cbuild.build keyword arguments (plus "runner": the emulator prefix;
+# a callable is evaluated at first use).
 VARIANTS = {
     "host": dict(kernels=None),                       # ref + avx2 if present
     "ref": dict(kernels=("ref",)),
@@ -31,11 +50,9 @@ VARIANTS = {
     "static": dict(kernels=("ref",), static_workbuf=True, mmap=False),
     "nommap": dict(kernels=("ref",), mmap=False),
     "debug": dict(kernels=("ref",), debug=True),
-    "ppc": dict(kernels=("ref",), cc="powerpc-linux-gnu-gcc", mmap=False,
-                runner=("qemu-ppc", "-L", "/usr/powerpc-linux-gnu")),
-    "arm": dict(kernels=("ref",), cc="arm-linux-gnueabihf-gcc",
-                cflags=("-march=armv7-a", "-mfpu=neon", "-mfloat-abi=hard"),
-                runner=("qemu-arm", "-cpu", "cortex-a9", "-L", "/usr/arm-linux-gnueabihf")),
+    # Dynamic work buffer so colibri_init can swap a little-endian file too.
+    "ppc": lambda: _target_variant("ppc"),
+    "arm": lambda: _target_variant("armv7"),
 }
 
 # C test programs built for every variant: name -> (sources, extra ldflags).
@@ -63,9 +80,14 @@ class Build:
         return [*self.runner, str(path), *map(str, args)]
 
 
+def variant_kwargs(variant: str) -> dict:
+    kw = VARIANTS[variant]
+    return dict(kw() if callable(kw) else kw)
+
+
 def tool_available(variant: str) -> str | None:
     """Why a variant cannot be built or run here, or None."""
-    kw = VARIANTS[variant]
+    kw = variant_kwargs(variant)
     cc = kw.get("cc", "gcc")
     if shutil.which(cc) is None:
         return f"{cc} is not installed"
@@ -87,7 +109,7 @@ def c_build(tmp_path_factory):
         why = tool_available(variant)
         if why:
             pytest.skip(f"build variant {variant}: {why}")
-        kw = dict(VARIANTS[variant])
+        kw = variant_kwargs(variant)
         runner = tuple(kw.pop("runner", ()))
         if kw.get("kernels") is None:
             kw["kernels"] = cbuild.host_kernels()

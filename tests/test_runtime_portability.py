@@ -1,0 +1,95 @@
+"""Byte order and targets: a big-endian file gives the same logits as the
+little-endian one on x86 (swapped at load), is refused by zero-copy loading
+with COLIBRI_E_BYTE_ORDER, and the portable ref build gives bit-identical
+logits on x86-64, 32-bit big-endian PowerPC (qemu-ppc, in place and
+swapped) and ARMv7 (qemu-arm)."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from test_runtime_errors import rewrite
+from test_runtime_support import Call, DriverError, c_build, run_driver  # noqa: F401
+
+COLIBRI_E_BYTE_ORDER = -6
+
+
+@pytest.fixture(scope="module")
+def tiny_files(colibri_file, tmp_path_factory):
+    """tiny int8 (every dtype path: I16 embed/router, I8 experts) in both
+    byte orders, plus tiny f32 big-endian."""
+    d = tmp_path_factory.mktemp("byteorder")
+    le = colibri_file("tiny", "int8")
+    return {"le": le, "be": rewrite(le, d / "tiny-int8-be.colibri", byte_order="big"),
+            "f32-le": colibri_file("tiny", "f32"),
+            "f32-be": rewrite(colibri_file("tiny", "f32"), d / "tiny-f32-be.colibri",
+                              byte_order="big")}
+
+
+def script(vocab=96):
+    rng = np.random.default_rng(5)
+    toks = rng.integers(0, vocab, size=(2, 12))
+    mask = np.ones((2, 12), dtype=np.int64)
+    mask[1, :3] = 0
+    calls = [Call(toks, mask, 0)]
+    calls += [Call(rng.integers(0, vocab, size=(2, 1)), None, 12 + i) for i in range(6)]
+    return calls
+
+
+def logits(build, path, tmp, memory=False):
+    return np.concatenate([x.ravel() for x in
+                           run_driver(build, path, script(), tmp, memory=memory, vocab=96)])
+
+
+@pytest.mark.parametrize("kind", ["le", "f32-le"])
+def test_big_endian_file_same_logits_on_x86(c_build, tiny_files, tmp_path, kind):
+    other = tiny_files[kind.replace("le", "be")]
+    for variant in ("host", "nommap"):
+        build = c_build(variant)
+        a = logits(build, tiny_files[kind], tmp_path / f"{variant}-le")
+        b = logits(build, other, tmp_path / f"{variant}-be")
+        np.testing.assert_array_equal(a, b)
+    info = subprocess.run([str(c_build("host").cli), "--model", str(other), "--info"],
+                          capture_output=True, text=True).stdout
+    assert "byte_order: big (swapped in memory)" in info
+
+
+def test_zero_copy_refuses_other_byte_order(c_build, tiny_files, tmp_path):
+    for variant in ("static", "host"):
+        with pytest.raises(DriverError) as exc:
+            logits(c_build(variant), tiny_files["be"], tmp_path / variant, memory=True)
+        assert exc.value.code == COLIBRI_E_BYTE_ORDER
+        assert "big-endian" in exc.value.detail
+
+
+def test_static_workbuf_build_same_logits_and_no_allocator(c_build, tiny_files, tmp_path):
+    static, ref = c_build("static"), c_build("ref")
+    a = logits(static, tiny_files["le"], tmp_path / "s", memory=True)
+    b = logits(ref, tiny_files["le"], tmp_path / "r")
+    np.testing.assert_array_equal(a, b)
+    # The library itself references no allocator and no file or mapping call.
+    nm = subprocess.run(["nm", "-u", str(static.info["lib"])], capture_output=True,
+                        text=True, check=True).stdout
+    undefined = {line.split()[-1] for line in nm.splitlines() if line.strip()}
+    forbidden = {"malloc", "calloc", "realloc", "free", "mmap", "munmap", "open",
+                 "fopen", "fread", "read", "write", "printf", "fprintf"}
+    assert not undefined & forbidden, undefined & forbidden
+
+
+@pytest.mark.parametrize("variant", ["ppc", "arm"])
+def test_ref_build_bit_identical_under_qemu(c_build, tiny_files, tmp_path, variant):
+    """The scalar path with -ffp-contract=off gives the same bits on every
+    target. On big-endian PowerPC: the little-endian file is swapped at load
+    (read, mmap off), the big-endian one used in place (also zero-copy)."""
+    x86 = logits(c_build("ref"), tiny_files["le"], tmp_path / "x86")
+    target = c_build(variant)
+    for kind, memory in (("le", False), ("be", False), ("be", True)):
+        if variant == "arm" and kind == "be":
+            continue
+        if memory and variant != "ppc":
+            continue
+        got = logits(target, tiny_files[kind], tmp_path / f"{variant}-{kind}-{memory}",
+                     memory=memory)
+        np.testing.assert_array_equal(got, x86, err_msg=f"{variant} {kind} memory={memory}")
