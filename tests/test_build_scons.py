@@ -150,3 +150,12 @@ def test_over_budget_fails_the_build_with_one_actionable_message(tmp_path):
     assert "over its budget of 2097152 bytes" in err
     assert "largest section .colibri_model" in err
     assert "colibri_model_blob" in err and "targets/x86_64.py" in err
+
+
+def test_image_goal_is_wired_and_asks_for_its_inputs():
+    """`scons target=X image` reaches site_scons/site_tools/colibri_image.py,
+    which names what is missing before anything is built."""
+    p = scons("target=cortex-m", "image")
+    assert p.returncode != 0 and "the image goal needs version=" in p.stderr
+    p = scons("target=cortex-m", "image", "version=1.0.0")
+    assert p.returncode != 0 and "needs key=KEY" in p.stderr
