@@ -490,8 +490,10 @@ def parse_image(buf, exact: bool = True) -> Image:
                  signature=found[TLV_ED25519], size=size)
 
 
-def _interpret(img: Image) -> None:
-    """Header semantics and protected TLVs, once they are known to be authentic."""
+def _interpret(img: Image, check_model: bool = True) -> None:
+    """Header semantics and protected TLVs, once they are known to be authentic.
+    `check_model`: also compare the model bytes with MODEL_SHA256 (off for
+    `fw info`, which shows a damaged image rather than refusing it)."""
     h = img.header
     if h["flags"] & ~KNOWN_FLAGS:
         raise CriticalTLVError(f"header flags 0x{h['flags']:04x} has bits this verifier does "
@@ -529,7 +531,7 @@ def _interpret(img: Image) -> None:
                 raise MalformedError(f"MODEL_INFO says the model is bytes {off}..{off + size} "
                                      f"of a {len(img.payload)}-byte payload")
             got = hashlib.sha256(img.payload[off:off + size]).digest()
-            if got != seen[TLV_MODEL_SHA256]:
+            if check_model and got != seen[TLV_MODEL_SHA256]:
                 raise DigestError("the model blob in the payload does not match MODEL_SHA256")
         img.model = ModelInfo(seen[TLV_MODEL_SHA256], off, size, ver,
                               "big" if order else "little")
@@ -591,7 +593,7 @@ def inspect_image(buf) -> Image:
     """Parse an image and its protected TLVs WITHOUT checking the signature
     (for `colibri fw info`; never act on what this returns)."""
     img = parse_image(buf, exact=False)
-    _interpret(img)
+    _interpret(img, check_model=False)
     return img
 
 
