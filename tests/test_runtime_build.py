@@ -1,0 +1,118 @@
+"""The build itself: `python -m colibri.cbuild` into build/x86_64/, the
+cross compilers (-Werror) including the NEON kernels, the arena size
+formula documented in colibri.h, and the COLIBRI_DEBUG kernel dumps."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from colibri import cbuild
+from colibri import format as cformat
+from colibri.format import Kind
+from test_runtime_support import Call, c_build, run_driver  # noqa: F401
+
+
+def test_default_host_build(tmp_path):
+    out = tmp_path / "x86_64"
+    proc = subprocess.run([sys.executable, "-m", "colibri.cbuild", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "libcolibri.a").exists() and (out / "colibri-cli").exists()
+    help_text = subprocess.run([str(out / "colibri-cli"), "--help"], capture_output=True,
+                               text=True).stdout
+    assert "--dump-router-lut" in help_text
+
+
+@pytest.mark.parametrize("cc,kernels,cflags", [
+    ("arm-linux-gnueabihf-gcc", ("ref", "neon"),
+     ("-march=armv7-a", "-mfpu=neon", "-mfloat-abi=hard")),
+    ("powerpc-linux-gnu-gcc", ("ref",), ("-mcpu=powerpc",)),
+    ("clang", ("ref", "avx2"), ()),
+])
+def test_cross_and_clang_builds_are_warning_free(tmp_path, cc, kernels, cflags):
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not installed")
+    for static in (False, True):
+        try:
+            cbuild.build(tmp_path / str(static), cc=cc, kernels=kernels, cflags=cflags,
+                         static_workbuf=static, mmap=not static)
+        except cbuild.BuildError as exc:
+            if "src/kernels/" in str(exc) and "not in this tree" in str(exc):
+                pytest.skip(str(exc))
+            raise
+
+
+def align64(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+def documented_arena_data_bytes(s: cformat.ModelShape, chunk: int = 16) -> int:
+    """colibri.h's formula for everything but the pointer tables, each buffer
+    rounded up to 64 bytes as the runtime carves it."""
+    C = min(chunk, s.max_batch * s.max_seq_len)
+    q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    mc = max(s.hidden, q, s.intermediate)
+    ng = -(-mc // s.group_size)
+    T = s.max_batch * s.max_seq_len
+    parts = [4 * s.max_seq_len * (s.head_dim // 2)] * 2              # RoPE cos, sin
+    parts += [4 * s.n_layers * T * kv] * 2 + [T]                    # KV cache, mask
+    parts += [4 * C] * 2                                            # token seq/pos
+    parts += [4 * C * s.hidden] * 3 + [4 * C * q] * 2 + [4 * C * kv] * 2
+    parts += [4 * s.max_seq_len]                                    # scores
+    parts += [4 * C * s.n_experts] * 2 + [2 * C * s.top_k, 4 * C * s.top_k]
+    parts += [s.n_experts, 4 * s.n_experts, 4 * (s.n_experts + 1)]
+    parts += [4 * C * s.top_k, 4 * C * s.top_k * s.hidden]          # lists, outputs
+    parts += [4 * C * s.hidden] * 2 + [4 * C * s.intermediate] * 2
+    parts += [C * mc, 4 * C * ng]
+    return sum(align64(p) for p in parts)
+
+
+@pytest.mark.parametrize("name", ["tiny", "awkward", "wide"])
+def test_arena_size_follows_the_documented_formula(c_build, colibri_file, name):
+    path = colibri_file(name, "f32")
+    info = subprocess.run([str(c_build("host").cli), "--model", str(path), "--info"],
+                          capture_output=True, text=True, check=True).stdout
+    arena = int(re.search(r"^arena_bytes: (\d+)$", info, re.M).group(1))
+    assert int(re.search(r"^chunk_tokens: (\d+)$", info, re.M).group(1)) == 16
+    s = cformat.read_file(path).shape
+    tables = arena - documented_arena_data_bytes(s)
+    # The plan and the per-layer / per-expert tensor views: pointers only.
+    assert 0 < tables <= 1024 + 256 * s.n_layers + 192 * s.n_layers * s.n_experts, tables
+
+
+def test_debug_build_dumps_kernel_inputs_and_outputs(c_build, colibri_file, tmp_path):
+    """COLIBRI_DEBUG: every kernel call prints its first values and a hex dump
+    of its first 32 bytes; the dumped embedding equals the file's rows. The
+    normal build prints nothing."""
+    path = colibri_file("tiny", "int8")
+    calls = [Call(np.array([[7, 3]]), None, 0)]
+    build = c_build("debug")
+    script = tmp_path / "calls.txt"
+    script.write_text("1 2 0\n7 3\n-\n")
+    proc = subprocess.run(build.cmd("infer_driver", path, script, tmp_path / "o.f32"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    err = proc.stderr
+    for what in ("embed out", "wq in", "wq out", "wk.wv act-q", "router out",
+                 "expert.w1w3 out", "expert.w2 out", "lm_head out"):
+        assert f"colibri-debug: {what} " in err, what
+    hexes = re.findall(r"^colibri-debug: wq in hex:((?: [0-9a-f]{2})+)$", err, re.M)
+    assert hexes and all(len(h.split()) == 32 for h in hexes)
+    first = re.search(r"^colibri-debug: embed out n=(\d+) values:(.*)$", err, re.M)
+    cf = cformat.read_file(path)
+    emb = cf.tensor(Kind.EMBED)
+    row = emb.values[7].astype(np.float32) * np.float32(emb.scales[7])
+    np.testing.assert_allclose(np.array(first.group(2).split(), np.float32), row[:8],
+                               rtol=1e-5)
+    assert int(first.group(1)) == 2 * cf.shape.hidden
+    # Same logits as the plain ref build, and that build is silent.
+    got = run_driver(c_build("ref"), path, calls, tmp_path / "ref")[0]
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "o.f32", "<f4"), got.ravel())
+    quiet = subprocess.run(c_build("host").cmd("infer_driver", path, script, tmp_path / "q.f32"),
+                           capture_output=True, text=True)
+    assert quiet.returncode == 0 and quiet.stderr == ""
