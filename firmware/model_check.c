@@ -116,7 +116,7 @@ void colibri_sha256(const uint8_t *data, size_t n, uint8_t out[COLIBRI_SHA256_SI
     tail[rest] = 0x80;
     size_t blocks = rest + 1 + 8 <= 64 ? 1 : 2;
     uint64_t bits = (uint64_t)n * 8u;
-    for (int i = 0; i < 8; i++) tail[64 * blocks - 1 - i] = (uint8_t)(bits >> (8 * i));
+    for (size_t i = 0; i < 8; i++) tail[64 * blocks - 1 - i] = (uint8_t)(bits >> (8 * i));
     for (size_t i = 0; i < blocks; i++) sha256_block(h, tail + 64 * i);
     for (int i = 0; i < 8; i++) {
         out[4 * i] = (uint8_t)(h[i] >> 24);

@@ -208,6 +208,18 @@ def test_image_model_sha256_in_c(tool, models, tmp_path):
     assert tool("imgsha", img).split() == ["-1"]
 
 
+@pytest.mark.parametrize("cc,flags", [("arm-none-eabi-gcc", ["-mcpu=cortex-m4", "-mthumb"]),
+                                      ("powerpc-linux-gnu-gcc", []),
+                                      ("clang", ["-Weverything", "-Wno-declaration-after-statement",
+                                                 "-Wno-padded"])])
+def test_compiles_cleanly_for_bare_metal_and_big_endian(tmp_path, cc, flags):
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not installed")
+    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *flags, *INCLUDES,
+                    "-c", CHECK_C, "-o", str(tmp_path / "mc.o")], check=True,
+                   capture_output=True, text=True)
+
+
 QEMU = {"armv7": ("arm-linux-gnueabihf-gcc", ["qemu-arm", "-cpu", "cortex-a9", "-L",
                                                "/usr/arm-linux-gnueabihf"], "little"),
         "ppc": ("powerpc-linux-gnu-gcc", ["qemu-ppc", "-L", "/usr/powerpc-linux-gnu"], "big")}
