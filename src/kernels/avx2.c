@@ -596,12 +596,223 @@ BLOCK void i8_block(const int vnni, const int R, const int T, float *Y,
     store_block(R, T, acc, Y, rows, r0, t0, NULL);
 }
 
+/* ---- matmul_i8 with many tokens: outer-product form ----------------------
+ *
+ * The dot-product form pays a horizontal reduction per group and (row,
+ * token). With many tokens, the weights of 16 rows are instead repacked so
+ * that one 32-byte vector holds 4 consecutive columns of 8 rows: wp[s][16][4]
+ * for 4-column step s. Broadcasting 4 activation bytes of a token and taking
+ * the 4-byte dot products lane by lane (vpdpbusd, or vpmaddubsw + vpmaddwd)
+ * gives int32 lanes that are already per-row sums, so each lane holds the
+ * exact group dot of its row at the end of a group, with no reduction.
+ *
+ * vpdpbusd multiplies unsigned by signed bytes; with VNNI the activations are
+ * made unsigned as xq + 128 (xor 0x80) and 128 * (sum of the group's weights),
+ * computed once per chunk, is subtracted again: exact, no saturation. Without
+ * VNNI, vpmaddubsw's int16 pair sums could saturate with that offset, so the
+ * sign trick of dot_acc is used instead.
+ *
+ * Each group term is float(dot) * (S[r,g] * XS[t,g]), added to the row's
+ * float sum group after group in order, unfused (mul, then add), and Y is
+ * reloaded at the next column chunk: the same float operations in the same
+ * order as ref, so this path is bit-identical to ref. It needs group % 4 == 0
+ * (whole groups per 4-column step) and group <= I8G_KC. */
+
+enum { I8G_KC = 512, I8G_MIN_N = 4 };
+
+/* 8x8 transpose of int32 elements: v[i] holds row i; afterwards v[j] holds
+ * element j of rows 0..7. */
+TGT static inline void transpose8x8(__m256i v[8])
+{
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);     /* e0 e1 | e4 e5 of 2 rows */
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]); /* e2 e3 | e6 e7 */
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);         /* e0 | e4 of 4 rows */
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);     /* e1 | e5 */
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]); /* e2 | e6 */
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]); /* e3 | e7 */
+    }
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+        v[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+    }
+}
+
+/* wp[s][16][4] = Q[r0 + i, kc + 4s + k] for i < nr and column < kl, zero
+ * padding elsewhere (rows past nr, columns past kl up to a multiple of 4). */
+TGT static void pack_q16(int8_t *wp, const int8_t *Q, uint32_t cols, uint32_t r0,
+                         uint32_t nr, uint32_t kc, uint32_t kl)
+{
+    const uint32_t kl4 = (kl + 3) & ~3u;
+    uint32_t c = 0;
+    if (nr == 16)
+        for (; c + 32 <= kl; c += 32)
+            for (int h = 0; h < 2; h++) {
+                __m256i v[8];
+                for (int i = 0; i < 8; i++)
+                    v[i] = _mm256_loadu_si256((const __m256i *)(const void *)(
+                        Q + (size_t)(r0 + 8 * h + i) * cols + kc + c));
+                transpose8x8(v);
+                for (int j = 0; j < 8; j++)
+                    _mm256_store_si256((__m256i *)(void *)(wp + (c / 4 + j) * 64 + 32 * h), v[j]);
+            }
+    for (; c < kl4; c++)
+        for (uint32_t i = 0; i < 16; i++)
+            wp[(c / 4) * 64 + i * 4 + c % 4] =
+                i < nr && c < kl ? Q[(size_t)(r0 + i) * cols + kc + c] : 0;
+}
+
+/* 4 activation bytes x[c..c+4) broadcast to all lanes; past `end` zeros (the
+ * weights there are zero padding, so any byte would do, but reading it could
+ * leave the buffer). */
+TGT static inline __m256i bcast4(const int8_t *x, uint32_t c, uint32_t end)
+{
+    int32_t v = 0;
+    if (c + 4 <= end)
+        memcpy(&v, x + c, 4); /* one 32-bit load, folded into vpbroadcastd */
+    else
+        for (uint32_t i = 0; c + i < end; i++)
+            v |= (int32_t)((uint32_t)(uint8_t)x[c + i] << (8 * i));
+    return _mm256_set1_epi32(v);
+}
+
+/* Y[t0 + t, r0 .. r0 + 16) for T tokens over the chunk's groups. */
+BLOCK void i8g_micro(const int vnni, const int T, float *Y, const int8_t *wp,
+                     const int32_t *csum, const float *sp, const int8_t *XQ,
+                     const float *XS, uint32_t rows, uint32_t cols, uint32_t ng,
+                     uint32_t r0, uint32_t nr, uint32_t t0, uint32_t kc,
+                     uint32_t kl, uint32_t g0, uint32_t group)
+{
+    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
+    const __m256i m0 = nr >= 8 ? _mm256_set1_epi32(-1) : tail_mask(nr);
+    const __m256i m1 = nr >= 16 ? _mm256_set1_epi32(-1)
+                                : nr <= 8 ? _mm256_setzero_si256() : tail_mask(nr - 8);
+    const int8_t *x[MAXT];
+    const float *xs[MAXT];
+    __m256 facc[2][MAXT];
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        x[t] = XQ + (size_t)(t0 + t) * cols + kc;
+        xs[t] = XS + (size_t)(t0 + t) * ng + g0;
+        float *y = Y + (size_t)(t0 + t) * rows + r0;
+        if (kc == 0) {
+            facc[0][t] = _mm256_setzero_ps();
+            facc[1][t] = _mm256_setzero_ps();
+        } else { /* continue the running sum of the previous chunks */
+            facc[0][t] = _mm256_maskload_ps(y, m0);
+            facc[1][t] = _mm256_maskload_ps(y + 8, m1);
+        }
+    }
+    for (uint32_t gl = 0, cs = 0; cs < kl; gl++, cs += group) {
+        const uint32_t ce = kl - cs < group ? kl : cs + group;
+        __m256i iacc[2][MAXT];
+        UNROLL
+        for (int t = 0; t < T; t++)
+            iacc[0][t] = iacc[1][t] = _mm256_setzero_si256();
+        for (uint32_t c = cs; c < ce; c += 4) {
+            const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16));
+            const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16 + 32));
+            if (vnni) {
+                UNROLL
+                for (int t = 0; t < T; t++) {
+                    __m256i xb = _mm256_xor_si256(bcast4(x[t], c, kl), bias);
+                    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(iacc[0][t]) : "x"(xb), "x"(w0));
+                    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(iacc[1][t]) : "x"(xb), "x"(w1));
+                }
+            } else {
+                const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+                UNROLL
+                for (int t = 0; t < T; t++) {
+                    __m256i xb = bcast4(x[t], c, kl);
+                    iacc[0][t] = _mm256_add_epi32(iacc[0][t], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0)), ones));
+                    iacc[1][t] = _mm256_add_epi32(iacc[1][t], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1)), ones));
+                }
+            }
+        }
+        const __m256 s0 = _mm256_load_ps(sp + gl * 16), s1 = _mm256_load_ps(sp + gl * 16 + 8);
+        __m256i corr0 = _mm256_setzero_si256(), corr1 = _mm256_setzero_si256();
+        if (vnni) {
+            corr0 = _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(const void *)(csum + gl * 16)), 7);
+            corr1 = _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(const void *)(csum + gl * 16 + 8)), 7);
+        }
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m256 xsv = _mm256_set1_ps(xs[t][gl]);
+            __m256i d0 = iacc[0][t], d1 = iacc[1][t];
+            if (vnni) {
+                d0 = _mm256_sub_epi32(d0, corr0);
+                d1 = _mm256_sub_epi32(d1, corr1);
+            }
+            facc[0][t] = _mm256_add_ps(facc[0][t], _mm256_mul_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(s0, xsv)));
+            facc[1][t] = _mm256_add_ps(facc[1][t], _mm256_mul_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(s1, xsv)));
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        float *y = Y + (size_t)(t0 + t) * rows + r0;
+        _mm256_maskstore_ps(y, m0, facc[0][t]);
+        _mm256_maskstore_ps(y + 8, m1, facc[1][t]);
+    }
+}
+
+BLOCK void i8_gemm(const int vnni, float *Y, const int8_t *Q, const float *S,
+                   const int8_t *XQ, const float *XS, uint32_t n, uint32_t rows,
+                   uint32_t cols, uint32_t group)
+{
+    enum { TB = 4, GMAX = I8G_KC / 4 };
+    __attribute__((aligned(32))) int8_t wp[16 * I8G_KC];
+    __attribute__((aligned(32))) float sp[GMAX * 16];
+    __attribute__((aligned(32))) int32_t csum[GMAX * 16];
+    const uint32_t ng = (cols + group - 1) / group;
+    const uint32_t gpc = I8G_KC / group; /* whole groups per column chunk */
+    for (uint32_t r0 = 0; r0 < rows; r0 += 16) {
+        const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (uint32_t g0 = 0; g0 < ng; g0 += gpc) {
+            const uint32_t kc = g0 * group;
+            const uint32_t kl = cols - kc < gpc * group ? cols - kc : gpc * group;
+            const uint32_t ngc = (kl + group - 1) / group;
+            pack_q16(wp, Q, cols, r0, nr, kc, kl);
+            for (uint32_t gl = 0; gl < ngc; gl++)
+                for (uint32_t i = 0; i < 16; i++)
+                    sp[gl * 16 + i] = i < nr ? S[(size_t)(r0 + i) * ng + g0 + gl] : 0.0f;
+            if (vnni) /* per row and group: the sum of the weights, by lanes */
+                for (uint32_t gl = 0, cs = 0; gl < ngc; gl++, cs += group) {
+                    const uint32_t ce = kl - cs < group ? kl : cs + group;
+                    const __m256i one8 = _mm256_set1_epi8(1);
+                    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+                    for (uint32_t c = cs; c < ce; c += 4) {
+                        __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16));
+                        __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16 + 32));
+                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(a0) : "x"(one8), "x"(w0));
+                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(a1) : "x"(one8), "x"(w1));
+                    }
+                    _mm256_store_si256((__m256i *)(void *)(csum + gl * 16), a0);
+                    _mm256_store_si256((__m256i *)(void *)(csum + gl * 16 + 8), a1);
+                }
+            uint32_t t = 0;
+            for (; t + TB <= n; t += TB)
+                i8g_micro(vnni, TB, Y, wp, csum, sp, XQ, XS, rows, cols, ng, r0, nr, t, kc, kl, g0, group);
+            for (; t < n; t++)
+                i8g_micro(vnni, 1, Y, wp, csum, sp, XQ, XS, rows, cols, ng, r0, nr, t, kc, kl, g0, group);
+        }
+    }
+}
+
 /* 2 rows x 2 tokens while two tokens are left (8 int + 4 float accumulators
  * fit the 16 ymm registers with the weights), else 4 rows x 1 token. */
 BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
                      const int8_t *XQ, const float *XS, uint32_t n,
                      uint32_t rows, uint32_t cols, uint32_t group)
 {
+    if (n >= I8G_MIN_N && group % 4 == 0 && group <= I8G_KC) {
+        i8_gemm(vnni, Y, Q, S, XQ, XS, n, rows, cols, group);
+        return;
+    }
     const uint32_t ng = (cols + group - 1) / group;
     const uint32_t pr = panel_rows(rows, cols);
     for (uint32_t p0 = 0; p0 < rows; p0 += pr) {
