@@ -182,10 +182,6 @@ def test_power_cut_at_every_write(start, key, name):
             agent.close()
             tested += 1
     assert tested == 3 * total
-    POWER_CUTS.append(tested)
-
-
-POWER_CUTS: list[int] = []   # cut points tested, for the report (pytest -s)
 
 
 def test_double_power_cut_during_recovery(fresh, key, v2_package):
