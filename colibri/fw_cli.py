@@ -52,8 +52,7 @@ def _version(text: str) -> I.Version:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-read_input = I.read_bytes       # the update agent's commands use these too
-write_output = I.write_atomic
+read_input = I.read_bytes
 
 
 def add_policy_args(p: argparse.ArgumentParser) -> None:

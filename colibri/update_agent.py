@@ -30,7 +30,6 @@ tests cut the power after (or in the middle of) every single write.
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import sys
 import zlib
@@ -376,12 +375,7 @@ def init_flash(path: str | os.PathLike, image: bytes, public_key, *, slot_size: 
     flash[STATE_OFFSET:STATE_OFFSET + STATE_SIZE] = st.pack()
     flash[STATE_OFFSET + STATE_SIZE:STATE_OFFSET + 2 * STATE_SIZE] = \
         replace(st, seq=0).pack()
-    tmp = Path(str(path) + ".tmp")
-    try:
-        tmp.write_bytes(flash)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise UpdateError(f"cannot write flash image {path}: {exc.strerror}") from None
+    I.write_atomic(path, bytes(flash))
     return geo
 
 
@@ -410,8 +404,7 @@ def add_parsers(sub) -> None:
 
 
 def _cmd_init(args) -> int:
-    from .fw_cli import read_input
-    geo = init_flash(args.flash, read_input(args.image), keys.load_public(args.key),
+    geo = init_flash(args.flash, I.read_bytes(args.image), keys.load_public(args.key),
                      slot_size=args.slot_size, write_size=args.write_size)
     print(f"wrote {args.flash}: {I.target_name(geo.target_id)}, slots of {geo.slot_size} bytes "
           f"at {geo.slot_offsets[0]} and {geo.slot_offsets[1]}, {args.image} confirmed in A")
@@ -419,13 +412,12 @@ def _cmd_init(args) -> int:
 
 
 def _cmd_agent(args) -> int:
-    from .fw_cli import read_input
     pub = keys.load_public(args.key) if args.key else None
     with Agent(args.flash, pub) as agent:
         cmd = args.agent_command
         if cmd == "install":
             try:
-                slot = agent.install(read_input(args.package))
+                slot = agent.install(I.read_bytes(args.package))
             except I.VerifyError as exc:
                 print(f"{args.package}: REJECTED ({exc.reason}): {exc}", file=sys.stderr)
                 return exc.exit_status
