@@ -1,10 +1,10 @@
-"""The real firmware (SConstruct, target armv7) through the whole update path:
-`colibri fw pack` signs build/armv7/firmware.elf (model from its
-.colibri_model section), the image runs under qemu-arm, an A/B flash takes a
-new version as an OTA package and confirms it only after its self-test (the
-firmware run under QEMU) passes; one flipped byte in the model section of the
-built image is rejected by `colibri fw verify` and, run anyway, refused by the
-firmware itself."""
+"""The real firmware (SConstruct, every target) through the whole update path:
+`colibri fw pack` signs build/<target>/firmware.elf (model from its
+.colibri_model section); the image runs natively or under the target's QEMU;
+an A/B flash takes a new version as an OTA package and confirms it only after
+its self-test (the firmware's own run) passes; one flipped byte in the model
+section of the built image is rejected by `colibri fw verify` and, run
+anyway, refused by the firmware itself."""
 from __future__ import annotations
 
 import os
@@ -22,27 +22,34 @@ from colibri import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 SCONS = Path(sys.executable).parent / "scons"
-QEMU = ["qemu-arm", "-cpu", "cortex-a9", "-L", "/usr/arm-linux-gnueabihf"]
+sys.path.insert(0, str(ROOT))
+import targets  # noqa: E402  (the build's target modules: toolchain and emulator)
+
+TARGETS = ["x86_64", "armv7", "ppc", "cortex-m"]
 
 
-@pytest.fixture(scope="module")
-def firmware(tmp_path_factory):
-    if shutil.which("arm-linux-gnueabihf-gcc") is None or shutil.which("qemu-arm") is None:
-        pytest.skip("arm-linux-gnueabihf-gcc or qemu-arm not installed")
-    build = tmp_path_factory.mktemp("fwbuild")
-    elf = build / "armv7" / "firmware.elf"
-    r = subprocess.run([str(SCONS), "-Q", "-j2", "target=armv7", f"build_dir={build}", str(elf)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.fixture(scope="module", params=TARGETS)
+def firmware(request, tmp_path_factory):
+    t = targets.get(request.param)
+    tools = [t.tool("gcc"), *t.emulator[:1]]
+    missing = [x for x in tools if shutil.which(x) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed")
+    build = tmp_path_factory.mktemp(f"fwbuild-{t.name}")
+    elf = build / t.name / "firmware.elf"
+    r = subprocess.run([str(SCONS), "-Q", "-j2", f"target={t.name}", f"build_dir={build}",
+                        str(elf)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return elf, build / "armv7" / "firmware" / "model.bin"
+    return t, elf, build / t.name / "firmware" / "model.bin"
 
 
-def run_payload(image: bytes, path: Path) -> subprocess.CompletedProcess:
+def run_payload(t, image: bytes, path: Path) -> subprocess.CompletedProcess:
     """Run an image's payload (the firmware ELF) as the device would."""
     size = int.from_bytes(image[20:24], "little")      # header payload_size
     path.write_bytes(image[64:64 + size])
     os.chmod(path, 0o755)
-    return subprocess.run([*QEMU, str(path)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(t.emulator_command(str(path)), capture_output=True, text=True,
+                          timeout=t.run_timeout)
 
 
 def fw(capsys, *argv):
@@ -52,26 +59,27 @@ def fw(capsys, *argv):
 
 
 def test_real_firmware_image_update_and_corrupted_model(firmware, tmp_path, capsys):
-    elf, model_bin = firmware
+    t, elf, model_bin = firmware
     key = tmp_path / "dev.key"
     assert fw(capsys, "fw", "keygen", "-o", key)[0] == 0
     pub = Path(str(key) + ".pub")
     for version, counter in (("1.0.0", 1), ("1.1.0", 2)):
-        status, out = fw(capsys, "fw", "pack", elf, "--target", "armv7", "--version", version,
+        status, out = fw(capsys, "fw", "pack", elf, "--target", t.name, "--version", version,
                          "--key", key, "--security-counter", counter, "--slot-size", "4M",
                          "-o", tmp_path / f"{version}.img")
         assert status == 0, out
     v1 = (tmp_path / "1.0.0.img").read_bytes()
-    img = I.verify_image(v1, keys.load_public(pub), I.Policy(target="armv7"))
+    img = I.verify_image(v1, keys.load_public(pub), I.Policy(target=t.name))
     model = model_bin.read_bytes()
     assert img.model.size == len(model) and img.model.format_version == 1
+    assert img.model.byte_order == t.byte_order
     assert bytes(img.payload[img.model.offset:img.model.offset + img.model.size]) == model
 
-    r = run_payload(v1, tmp_path / "good.elf")
+    r = run_payload(t, v1, tmp_path / "good.elf")
     assert r.returncode == 0 and r.stdout.rstrip().endswith("done"), r.stdout[-500:]
 
     # A/B: v1 confirmed, v1.1 arrives as an OTA package; the self-test is the
-    # firmware's own run under QEMU.
+    # firmware's own run, under QEMU where the target needs it.
     assert fw(capsys, "fw", "ota", tmp_path / "1.1.0.img", "--key", key, "-o",
               tmp_path / "1.1.0.ota")[0] == 0
     flash = tmp_path / "flash.bin"
@@ -80,8 +88,9 @@ def test_real_firmware_image_update_and_corrupted_model(firmware, tmp_path, caps
         agent.install((tmp_path / "1.1.0.ota").read_bytes())
         boot = agent.boot()
         assert boot.trial and boot.image.version == I.Version(1, 1, 0)
+        assert boot.image.header["target_id"] == I.TARGET_IDS[t.name]
         slot = agent.slot_bytes(boot.slot)[:boot.image.size]
-        selftest = run_payload(slot, tmp_path / "trial.elf")
+        selftest = run_payload(t, slot, tmp_path / "trial.elf")
         assert selftest.returncode == 0
         agent.confirm()
         assert agent.boot().image.version == I.Version(1, 1, 0)
@@ -92,7 +101,7 @@ def test_real_firmware_image_update_and_corrupted_model(firmware, tmp_path, caps
     (tmp_path / "bad.img").write_bytes(bytes(bad))
     status, out = fw(capsys, "fw", "verify", tmp_path / "bad.img", "--key", pub)
     assert status == I.DigestError.exit_status and "REJECTED (damaged)" in out
-    r = run_payload(bytes(bad), tmp_path / "bad.elf")
+    r = run_payload(t, bytes(bad), tmp_path / "bad.elf")
     # Refused before any inference: by firmware/model_check.c (exit 3) once
     # main.c calls it, by colibri_init_from_memory's CRC check (exit 1) before.
     assert r.returncode in (1, 3), r.stdout[-500:]
