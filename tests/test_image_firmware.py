@@ -38,7 +38,8 @@ def firmware(request, tmp_path_factory):
     build = tmp_path_factory.mktemp(f"fwbuild-{t.name}")
     elf = build / t.name / "firmware.elf"
     r = subprocess.run([str(SCONS), "-Q", "-j2", f"target={t.name}", f"build_dir={build}",
-                        str(elf)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        str(elf), str(build / t.name / "firmware.bin")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return t, elf, build / t.name / "firmware" / "model.bin"
 
@@ -106,3 +107,25 @@ def test_real_firmware_image_update_and_corrupted_model(firmware, tmp_path, caps
     # main.c calls it, by colibri_init_from_memory's CRC check (exit 1) before.
     assert r.returncode in (1, 3), r.stdout[-500:]
     assert "error:" in r.stdout and "CRC mismatch" in r.stdout and "row " not in r.stdout
+
+
+def test_bare_metal_binary_payload(firmware, tmp_path, capsys):
+    """A bare-metal device flashes firmware.bin, not the ELF: packed with
+    --model, the model is located inside the binary at its flash address."""
+    t, elf, model_bin = firmware
+    if t.is_linux:
+        pytest.skip("Linux targets run the ELF")
+    key = tmp_path / "k"
+    fw(capsys, "fw", "keygen", "-o", key)
+    out = tmp_path / "bin.img"
+    status, text = fw(capsys, "fw", "pack", elf.with_suffix(".bin"), "--model", model_bin,
+                      "--load-address", "0", "--target", t.name, "--version", "1.0.0",
+                      "--key", key, "-o", out)
+    assert status == 0, text
+    img = I.verify_image(out.read_bytes(), keys.load_public(Path(str(key) + ".pub")))
+    assert img.header["flags"] == 0 and img.model is not None
+    sections = subprocess.run([t.tool("readelf"), "-SW", str(elf)], capture_output=True,
+                              text=True, check=True).stdout
+    line = next(x for x in sections.splitlines() if ".colibri_model" in x)
+    addr = int(line.split("]", 1)[1].split()[2], 16)
+    assert img.model.offset == addr - img.header["load_addr"]
