@@ -10,6 +10,7 @@ import hashlib
 import shutil
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -187,7 +188,7 @@ def test_pack_refuses_bad_inputs(tmp_path, key, model_blob):
 def test_exit_statuses_are_distinct_and_documented():
     statuses = {e.exit_status for e in I.REJECTIONS}
     assert len(statuses) == len(I.REJECTIONS) and 0 not in statuses and 2 not in statuses
-    doc = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "IMAGE.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "IMAGE.md").read_text()
     for e in I.REJECTIONS:
         assert f"| {e.exit_status} | `{e.reason}` |" in doc, e.reason
 
