@@ -7,6 +7,7 @@ section of the built image is rejected by `colibri fw verify` and, run
 anyway, refused by the firmware itself."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from colibri import cli
 from colibri import image as I
 from colibri import update_agent as U
-from colibri import keys
+from colibri import keys, ota
 
 ROOT = Path(__file__).resolve().parents[1]
 SCONS = Path(sys.executable).parent / "scons"
@@ -42,6 +43,27 @@ def firmware(request, tmp_path_factory):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return t, elf, build / t.name / "firmware" / "model.bin"
+
+
+def test_scons_image_and_ota_goals(firmware, tmp_path):
+    """`scons target=X image|ota version=... key=...` through the real
+    SConstruct: the signed files verify for that target and carry the ELF."""
+    t, elf, model_bin = firmware
+    key = tmp_path / "k"
+    keys.generate(key)
+    build = elf.parent.parent
+    r = subprocess.run([str(SCONS), "-Q", f"target={t.name}", f"build_dir={build}", "image",
+                        "ota", "version=2.3.4+5", f"key={key}", "security_counter=6"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    pub = keys.load_public(Path(str(key) + ".pub"))
+    policy = I.Policy(target=t.name, installed_counter=6)
+    img = I.verify_image((elf.parent / "firmware.img").read_bytes(), pub, policy)
+    assert (img.version, img.security_counter) == (I.Version(2, 3, 4, 5), 6)
+    assert bytes(img.payload) == elf.read_bytes()
+    assert img.model.sha256 == hashlib.sha256(model_bin.read_bytes()).digest()
+    pkg = ota.verify_package((elf.parent / "firmware.ota").read_bytes(), pub, policy)
+    assert pkg.version == img.version and len(pkg.images) == 1
 
 
 def run_payload(t, image: bytes, path: Path) -> subprocess.CompletedProcess:
