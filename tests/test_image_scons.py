@@ -1,5 +1,5 @@
 """site_scons/site_tools/colibri_image.py under real SCons, in a scratch
-project (the main SConstruct does not load the tool yet): `scons image` signs
+project (independent of the main SConstruct): `scons image` signs
 an ELF with an embedded model, `scons ota` packages it, a missing key or a bad
 version stops the build with one clear line, and an image over the target's
 slot budget fails the build."""
