@@ -9,18 +9,26 @@
  * and returns NULL, so every target links the same set of getters.
  *
  * Arithmetic: docs/FORMAT.md section 5, checked against ref.c by
- * tests/c/test_kernels.c. Summation order differs from ref (8 lanes, then a
- * horizontal sum), so F32 results agree to float rounding; the I8 inner group
- * sums are exact int32 and quantize_act_i8 is bit-identical to ref.
+ * tests/c/test_kernels.c. quantize_act_i8 is bit-identical to ref; the I8
+ * group dot products are exact int32; float sums may run in another order
+ * than ref's, so F32 results agree to float rounding.
  *
- * Blocking: all matrix kernels are "dot-product form": W rows and X rows are
- * both contiguous along cols, so a block of R weight rows x T tokens keeps
- * R*T vector accumulators, each weight vector loaded once is used for T
- * tokens, each activation vector for R rows. Rows are walked in panels that
- * fit in L2 so that, with many tokens (prefill), one panel of weights stays in
- * cache while every token block streams past it. No allocation, no alignment
- * assumption (unaligned loads; the tails use masked loads, which never touch
- * the masked-out bytes, or a scalar loop).
+ * Two forms of every matrix product, picked by the number of tokens n:
+ * - Dot-product form (decode, few tokens): W rows and X rows are both
+ *   contiguous along cols, so a block of R weight rows x T tokens keeps R*T
+ *   vector accumulators over the columns and sums each horizontally at the
+ *   end; each weight vector loaded is used for T tokens. Rows go in panels
+ *   that fit in L2 so every token block finds the panel's weights in cache.
+ * - Outer-product (GEMM) form (prefill, many tokens): matmul_f32 from
+ *   GEMM_MIN_N tokens, matmul_i8 from I8G_MIN_N; one operand is repacked
+ *   into a small stack buffer (16 KiB for f32, 24 KiB for i8) so vector lanes
+ *   run along tokens (f32) or rows (i8), and no horizontal sums are needed.
+ *   See the comments at gemm_f32 and i8_gemm.
+ * matmul_i8 additionally uses vpdpbusd on CPUs with AVX-VNNI (dot_acc).
+ *
+ * No allocation, no alignment assumption on the arguments (unaligned loads;
+ * tails use masked loads, which never touch the masked-out elements, or a
+ * scalar loop), no read or write outside the arguments' extents.
  */
 #include "kernels.h"
 
