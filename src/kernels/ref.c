@@ -56,6 +56,11 @@ static void ref_quantize_act_i8(int8_t *XQ, float *XS, const float *X,
             xs[g] = amax / 127.0f;
             for (uint32_t c = c0; c < c1; c++) {
                 float v = rintf(x[c] * inv);
+                /* NaN (a NaN activation, or inf * 0 when amax is inf: a
+                 * CRC-valid file may hold non-finite weights) has no int8
+                 * value and converting it is undefined behaviour: use 0. */
+                if (v != v)
+                    v = 0.0f;
                 if (v > 127.0f)
                     v = 127.0f;
                 if (v < -127.0f)
