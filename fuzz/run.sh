@@ -1,0 +1,68 @@
+#!/bin/sh
+# fuzz/run.sh - build the libFuzzer harness and fuzz colibri_init_from_memory
+# + colibri_infer under AddressSanitizer and UndefinedBehaviorSanitizer.
+#
+#   fuzz/run.sh SECONDS        build, then fuzz for SECONDS (default 60)
+#   fuzz/run.sh build          build only (build/fuzz/fuzz_init_infer)
+#   fuzz/run.sh merge          minimise the committed corpus fuzz/corpus/ with
+#                              what the runs found (libFuzzer -merge=1)
+#   fuzz/run.sh repro FILE...  run the fuzzer binary on given inputs
+#
+# Needs clang (with compiler-rt's libFuzzer). One fuzzing process: the
+# machine is shared. New inputs go to build/fuzz/work/ (not committed), crashes
+# to build/fuzz/artifacts/; fuzz/corpus/ is read as a second corpus. Seeds
+# (valid tiny files of every quantisation) come from fuzz/gen_seeds.py.
+# The source list mirrors colibri/build/sources.py (LIBRARY plus the AVX2
+# kernels on x86-64); tests/test_fuzz_corpus.py checks that they agree.
+set -eu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT="$ROOT/build/fuzz"
+CC=${CC:-clang}
+PY=${PY:-$ROOT/.venv/bin/python}
+SOURCES="src/core.c src/tensor.c src/moe.c src/kernels/ref.c"
+DEFS=""
+case "$(uname -m)" in
+    x86_64|amd64) SOURCES="$SOURCES src/kernels/avx2.c"; DEFS="-DCOLIBRI_USE_AVX2" ;;
+esac
+
+build() {
+    mkdir -p "$OUT"
+    # -fno-sanitize-recover: any UB report is a crash the fuzzer keeps.
+    # -ffp-contract=off as in every colibri build.
+    (cd "$ROOT" && $CC -std=c11 -g -O1 -ffp-contract=off -fno-omit-frame-pointer \
+        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+        -Isrc/include -Isrc -Isrc/kernels $DEFS -DCOLIBRI_ENABLE_MMAP=1 \
+        fuzz/fuzz_init_infer.c $SOURCES -lm -o "$OUT/fuzz_init_infer")
+    if [ ! -d "$OUT/seeds" ]; then
+        "$PY" "$ROOT/fuzz/gen_seeds.py" "$OUT/seeds" >/dev/null
+    fi
+    mkdir -p "$OUT/work" "$OUT/artifacts"
+}
+
+FLAGS="-rss_limit_mb=2048 -timeout=20 -max_len=20000 -print_final_stats=1"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+
+case "${1:-60}" in
+build)
+    build ;;
+merge)
+    build
+    rm -rf "$OUT/merged" && mkdir -p "$OUT/merged"
+    "$OUT/fuzz_init_infer" -merge=1 $FLAGS "$OUT/merged" "$ROOT/fuzz/corpus" \
+        "$OUT/seeds" "$OUT/work"
+    rm -f "$ROOT"/fuzz/corpus/*
+    cp "$OUT"/merged/* "$ROOT/fuzz/corpus/"
+    echo "fuzz/corpus: $(ls "$ROOT/fuzz/corpus" | wc -l) files, $(du -sk "$ROOT/fuzz/corpus" | cut -f1) KB"
+    ;;
+repro)
+    build
+    shift
+    "$OUT/fuzz_init_infer" $FLAGS "$@" ;;
+*)
+    build
+    cd "$OUT"
+    ./fuzz_init_infer $FLAGS -max_total_time="$1" -artifact_prefix="$OUT/artifacts/" \
+        "$OUT/work" "$ROOT/fuzz/corpus" "$OUT/seeds"
+    ;;
+esac
