@@ -47,7 +47,7 @@
 
 /* The (R, T) loops must be unrolled completely for the accumulators to live
  * in registers; GCC's own heuristics stop short for the larger blocks. */
-#define UNROLL _Pragma("GCC unroll 8")
+#define UNROLL _Pragma("GCC unroll 16")
 
 enum { MAXR = 8, MAXT = 4 };
 
@@ -255,13 +255,14 @@ TGT static void pack_x16(float *xp, const float *X, uint32_t cols, uint32_t t0,
 }
 
 /* Y[t0 + i, r0 + r] (+)= sum over c < kl of xp[c][i] * W[r0 + r, kc + c],
- * for r < R, i < nt. `add` is 0 for the first column chunk. */
-BLOCK void gemm_micro(const int R, float *Y, const float *W, const float *xp,
-                      uint32_t rows, uint32_t cols, uint32_t r0, uint32_t t0,
-                      uint32_t nt, uint32_t kc, uint32_t kl, int add)
+ * for r < R, i < nt. TV vectors of 8 tokens (TV = 1 for a last block of at
+ * most 8 tokens: no FMAs on padding). `add` is 0 for the first column chunk. */
+BLOCK void gemm_micro(const int TV, const int R, float *Y, const float *W,
+                      const float *xp, uint32_t rows, uint32_t cols, uint32_t r0,
+                      uint32_t t0, uint32_t nt, uint32_t kc, uint32_t kl, int add)
 {
-    const float *w[MAXR];
-    __m256 acc[MAXR][2];
+    const float *w[MAXR + 4];
+    __m256 acc[MAXR + 4][2];
     UNROLL
     for (int r = 0; r < R; r++) {
         w[r] = W + (size_t)(r0 + r) * cols + kc;
@@ -270,15 +271,16 @@ BLOCK void gemm_micro(const int R, float *Y, const float *W, const float *xp,
     }
     for (uint32_t c = 0; c < kl; c++) {
         const __m256 x0 = _mm256_load_ps(xp + c * GEMM_TB);
-        const __m256 x1 = _mm256_load_ps(xp + c * GEMM_TB + 8);
+        const __m256 x1 = TV == 2 ? _mm256_load_ps(xp + c * GEMM_TB + 8) : x0;
         UNROLL
         for (int r = 0; r < R; r++) {
             const __m256 wv = _mm256_broadcast_ss(w[r] + c);
             acc[r][0] = _mm256_fmadd_ps(wv, x0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(wv, x1, acc[r][1]);
+            if (TV == 2)
+                acc[r][1] = _mm256_fmadd_ps(wv, x1, acc[r][1]);
         }
     }
-    /* Y is [n, rows]: the 16 token lanes of a row go to 16 rows of Y. */
+    /* Y is [n, rows]: the token lanes of a row go to different rows of Y. */
     UNROLL
     for (int r = 0; r < R; r++) {
         float lanes[GEMM_TB];
@@ -302,10 +304,17 @@ TGT static void gemm_f32(float *Y, const float *W, const float *X, uint32_t n,
                 const uint32_t nt = n - t0 < GEMM_TB ? n - t0 : GEMM_TB;
                 pack_x16(xp, X, cols, t0, nt, kc, kl);
                 uint32_t r = rp;
-                for (; r + 6 <= re; r += 6)
-                    gemm_micro(6, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
-                for (; r < re; r++)
-                    gemm_micro(1, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
+                if (nt > 8) { /* 6 rows x 16 tokens: 12 accumulators */
+                    for (; r + 6 <= re; r += 6)
+                        gemm_micro(2, 6, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
+                    for (; r < re; r++)
+                        gemm_micro(2, 1, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
+                } else { /* 12 rows x 8 tokens: 12 accumulators */
+                    for (; r + 12 <= re; r += 12)
+                        gemm_micro(1, 12, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
+                    for (; r < re; r++)
+                        gemm_micro(1, 1, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
+                }
             }
         }
     }

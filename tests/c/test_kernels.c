@@ -506,7 +506,7 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
                       const char *filter)
 {
     static const uint32_t shapes[][3] = {
-        {1, 2816, 1024}, {1, 1024, 2816}, {4, 2816, 1024}, {32, 2816, 1024},
+        {1, 2816, 1024}, {1, 1024, 2816}, {4, 2816, 1024}, {8, 2816, 1024}, {32, 2816, 1024},
         {128, 2816, 1024}, {128, 1024, 2816},
     };
     const uint32_t maxrc = 2816 * 1024, maxn = 128, maxc = 2816;
