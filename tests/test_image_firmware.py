@@ -125,10 +125,10 @@ def test_real_firmware_image_update_and_corrupted_model(firmware, tmp_path, caps
     status, out = fw(capsys, "fw", "verify", tmp_path / "bad.img", "--key", pub)
     assert status == I.DigestError.exit_status and "REJECTED (damaged)" in out
     r = run_payload(t, bytes(bad), tmp_path / "bad.elf")
-    # Refused before any inference: by firmware/model_check.c (exit 3) once
-    # main.c calls it, by colibri_init_from_memory's CRC check (exit 1) before.
-    assert r.returncode in (1, 3), r.stdout[-500:]
-    assert "error:" in r.stdout and "CRC mismatch" in r.stdout and "row " not in r.stdout
+    # Refused at boot by firmware/model_check.c, before the runtime reads it.
+    assert r.returncode == 3, r.stdout[-500:]
+    assert "error: model check:" in r.stdout and "CRC mismatch" in r.stdout
+    assert "row " not in r.stdout
 
 
 def test_bare_metal_binary_payload(firmware, tmp_path, capsys):

@@ -29,6 +29,8 @@ CLI = ("src/cli/colibri-cli.c",)
 
 # The firmware application, the same for every target; the platform layer
 # differs (Linux system calls or bare-metal semihosting, see targets/).
-FIRMWARE_APP = ("firmware/app/main.c",)
+# model_check.c verifies the embedded model at boot, before the runtime
+# touches it (docs/IMAGE.md section 8).
+FIRMWARE_APP = ("firmware/app/main.c", "firmware/model_check.c")
 FIRMWARE_LINUX = ("firmware/linux/platform.c",)
 FIRMWARE_INCLUDE_DIRS = ("firmware",)

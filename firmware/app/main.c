@@ -18,7 +18,9 @@
  *   done
  * Exit status: 0 success, 1 a colibri call failed (the line before says
  * which, with colibri_strerror and the error detail), 2 the arena is too
- * small for this runtime (rebuild; both sizes are printed).
+ * small for this runtime (rebuild; both sizes are printed), 3 the embedded
+ * model failed its boot-time check (model_check.h: CRCs and padding of every
+ * byte, before the runtime reads any of it).
  */
 #include <stdint.h>
 #include <string.h>
@@ -26,6 +28,7 @@
 #include "colibri.h"
 #include "fw_config.h"
 #include "model_blob.h"
+#include "model_check.h"
 #include "platform.h"
 
 static uint8_t arena[FW_ARENA_BYTES] __attribute__((aligned(COLIBRI_ARENA_ALIGN)));
@@ -177,6 +180,9 @@ int main(void) {
     put(" arena_needed=");
     put_u32((uint32_t)need);
     put("\n");
+    /* Refuse a model corrupted in flash before anything parses it. */
+    int bad = colibri_fw_model_check(colibri_model_blob, colibri_model_blob_size, NULL);
+    if (bad) return bad;
     if (rc) return fail("colibri_arena_size", rc);
     if (need > sizeof arena) {
         put("error: the runtime needs an arena of ");
