@@ -85,7 +85,7 @@ def _flags(*, cflags, defines, kernels, sanitize, static_workbuf, mmap, debug):
 
 def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
           sanitize=None, static_workbuf=False, mmap=True, debug=False,
-          ldflags=(), program_sources=()) -> dict:
+          ldflags=(), program_sources=(), cli=True) -> dict:
     """Compile libcolibri.a and colibri-cli into out_dir.
 
     kernels: kernel sets to link ("ref" is always added); ("ref",) alone
@@ -94,6 +94,8 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
     "cc"} (paths as Path); rebuilds only when the sources or the options
     changed. ldflags and program_sources (extra C files, e.g. a target's
     emulator workaround) go into colibri-cli and every build_program().
+    cli=False builds the library alone (bare-metal targets have no
+    colibri-cli: it needs a file system and a clock).
     """
     out = Path(out_dir)
     kernels = tuple(dict.fromkeys(("ref",) + tuple(kernels)))
@@ -113,13 +115,13 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
               "cflags": flags, "ldflags": link, "cc": cc, "program_sources": extra}
 
     # Rebuild only when something that matters changed.
-    h = hashlib.sha256(json.dumps([cc, flags, link, sources, extra]).encode())
+    h = hashlib.sha256(json.dumps([cc, flags, link, sources, extra, cli]).encode())
     for path in sorted(SRC.rglob("*.[ch]")):
         h.update(str(path).encode())
         h.update(path.read_bytes())
     stamp = out / ".build-stamp"
     if (stamp.exists() and stamp.read_text() == h.hexdigest()
-            and result["lib"].exists() and result["cli"].exists()):
+            and result["lib"].exists() and (result["cli"].exists() or not cli)):
         return result
 
     obj_dir = out / "obj"
@@ -138,6 +140,10 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
     if result["lib"].exists():
         result["lib"].unlink()
     _run([tool_for(cc, "ar"), "rcs", str(result["lib"]), *map(str, objs)])
+    if not cli:
+        result["cli"] = None
+        stamp.write_text(h.hexdigest())
+        return result
     cli_objs = []
     for src in CLI_SOURCES:
         obj = obj_dir / (Path(src).stem + ".o")

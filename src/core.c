@@ -38,8 +38,8 @@
 enum { LOAD_MMAP = 1, LOAD_READ = 2, LOAD_MEMORY = 3, LOAD_SHARED = 4 };
 
 /* ------------------------------------------------------------------------ */
-/* Error details: a tiny formatter (%s, %u = unsigned, %U = uint64_t, %x =  */
-/* unsigned hex) so the library needs no snprintf on small targets.         */
+/* Error details: a tiny printf subset (%s, %u, %x, %llu) so the library    */
+/* needs no snprintf on small targets; GCC checks the arguments' types.     */
 /* ------------------------------------------------------------------------ */
 
 typedef struct { char *buf; size_t cap, len; } fmt_out;
@@ -66,6 +66,11 @@ static void put_u64(fmt_out *o, uint64_t v, unsigned base)
         put_ch(o, tmp[--n]);
 }
 
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void fmt_detail(char *buf, size_t cap, const char *fmt, ...);
+
 static void fmt_detail(char *buf, size_t cap, const char *fmt, ...)
 {
     fmt_out o = { buf, cap, 0 };
@@ -84,7 +89,12 @@ static void fmt_detail(char *buf, size_t cap, const char *fmt, ...)
             break;
         }
         case 'u': put_u64(&o, va_arg(ap, unsigned), 10); break;
-        case 'U': put_u64(&o, va_arg(ap, uint64_t), 10); break;
+        case 'l': /* %llu */
+            if (f[1] == 'l' && f[2] == 'u') {
+                f += 2;
+                put_u64(&o, va_arg(ap, unsigned long long), 10);
+            }
+            break;
         case 'x': put_u64(&o, va_arg(ap, unsigned), 16); break;
         default: put_ch(&o, *f); break;
         }
@@ -193,9 +203,9 @@ static const char *entry_label(char *buf, size_t cap, unsigned kind,
     if (layer == COLIBRI_NO_LAYER)
         fmt_detail(buf, cap, "%s", kind_name(kind));
     else if (expert == COLIBRI_NO_EXPERT)
-        fmt_detail(buf, cap, "%s layer %u", kind_name(kind), layer);
+        fmt_detail(buf, cap, "%s layer %u", kind_name(kind), (unsigned)layer);
     else
-        fmt_detail(buf, cap, "%s layer %u expert %u", kind_name(kind), layer, expert);
+        fmt_detail(buf, cap, "%s layer %u expert %u", kind_name(kind), (unsigned)layer, (unsigned)expert);
     return buf;
 }
 
@@ -299,14 +309,14 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
                         uint32_t *nbad)
 {
     if (size < COLIBRI_HEADER_SIZE) {
-        fmt_detail(detail, DETAIL_CAP, "file is %U bytes, shorter than the "
-                   "%u-byte header (truncated?)", (uint64_t)size,
+        fmt_detail(detail, DETAIL_CAP, "file is %llu bytes, shorter than the "
+                   "%u-byte header (truncated?)", (unsigned long long)size,
                    (unsigned)COLIBRI_HEADER_SIZE);
         return COLIBRI_E_BAD_FORMAT;
     }
     if (memcmp(b + COLIBRI_HDR_MAGIC, COLIBRI_MAGIC, COLIBRI_MAGIC_SIZE) != 0) {
         fmt_detail(detail, DETAIL_CAP, "magic is %x, not \"CLBR\": not a "
-                   ".colibri file", (unsigned)rd32(b, 1));
+                   ".colibri file", (unsigned)(rd32(b, 1)));
         return COLIBRI_E_BAD_FORMAT;
     }
     uint16_t bom_le = rd16(b + COLIBRI_HDR_BOM, 0);
@@ -316,14 +326,14 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
         *be = 1;
     } else {
         fmt_detail(detail, DETAIL_CAP, "bom is %x, neither FF FE nor FE FF",
-                   (unsigned)rd16(b + COLIBRI_HDR_BOM, 1));
+                   (unsigned)(rd16(b + COLIBRI_HDR_BOM, 1)));
         return COLIBRI_E_BAD_FORMAT;
     }
     int e = *be;
     unsigned version = rd16(b + COLIBRI_HDR_VERSION, e);
     if (version != COLIBRI_FORMAT_VERSION) {
         fmt_detail(detail, DETAIL_CAP, "format version %u, this library "
-                   "supports version %u%s", version,
+                   "supports version %u%s", (unsigned)version,
                    (unsigned)COLIBRI_FORMAT_VERSION,
                    version > COLIBRI_FORMAT_VERSION ? ": upgrade colibri" : "");
         return version > COLIBRI_FORMAT_VERSION ? COLIBRI_E_VERSION
@@ -365,32 +375,32 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
     if (s->n_layers == COLIBRI_NO_LAYER || s->n_experts == COLIBRI_NO_EXPERT) {
         fmt_detail(detail, DETAIL_CAP, "n_layers %u / n_experts %u: 65535 is "
                    "reserved (it marks a tensor outside the layers/experts)",
-                   (unsigned)s->n_layers, (unsigned)s->n_experts);
+                   (unsigned)(s->n_layers), (unsigned)(s->n_experts));
         return COLIBRI_E_BAD_FORMAT;
     }
     if (s->n_heads % s->n_kv_heads != 0) {
         fmt_detail(detail, DETAIL_CAP, "n_kv_heads %u does not divide n_heads %u",
-                   (unsigned)s->n_kv_heads, (unsigned)s->n_heads);
+                   (unsigned)(s->n_kv_heads), (unsigned)(s->n_heads));
         return COLIBRI_E_BAD_FORMAT;
     }
     if (s->head_dim < 2 || s->head_dim % 2 != 0) {
         fmt_detail(detail, DETAIL_CAP, "head_dim %u must be even and >= 2",
-                   (unsigned)s->head_dim);
+                   (unsigned)(s->head_dim));
         return COLIBRI_E_BAD_FORMAT;
     }
     if (s->top_k > s->n_experts) {
         fmt_detail(detail, DETAIL_CAP, "top_k %u exceeds n_experts %u",
-                   (unsigned)s->top_k, (unsigned)s->n_experts);
+                   (unsigned)(s->top_k), (unsigned)(s->n_experts));
         return COLIBRI_E_BAD_FORMAT;
     }
     if (!isfinite(s->rope_theta) || !(s->rope_theta > 0.0f)) {
         fmt_detail(detail, DETAIL_CAP, "rope_theta (bits %x) must be finite and > 0",
-                   (unsigned)rd32(b + COLIBRI_HDR_ROPE_THETA, e));
+                   (unsigned)(rd32(b + COLIBRI_HDR_ROPE_THETA, e)));
         return COLIBRI_E_BAD_FORMAT;
     }
     if (!isfinite(s->rms_eps) || !(s->rms_eps > 0.0f)) {
         fmt_detail(detail, DETAIL_CAP, "rms_eps (bits %x) must be finite and > 0",
-                   (unsigned)rd32(b + COLIBRI_HDR_RMS_EPS, e));
+                   (unsigned)(rd32(b + COLIBRI_HDR_RMS_EPS, e)));
         return COLIBRI_E_BAD_FORMAT;
     }
     uint32_t flags = rd32(b + COLIBRI_HDR_FLAGS, e);
@@ -423,9 +433,9 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
     uint64_t table_bytes = cmul(s->n_tensors, COLIBRI_ENTRY_SIZE, &ovf);
     uint64_t table_end = cadd(COLIBRI_TABLE_OFFSET, table_bytes, &ovf);
     if (ovf || table_end > size) {
-        fmt_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %U, "
-                   "beyond the file size %U (truncated?)", (unsigned)s->n_tensors,
-                   table_end, (uint64_t)size);
+        fmt_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
+                   "beyond the file size %llu (truncated?)", (unsigned)(s->n_tensors),
+                   (unsigned long long)table_end, (unsigned long long)size);
         return COLIBRI_E_BAD_FORMAT;
     }
     const uint8_t *tab = b + COLIBRI_TABLE_OFFSET;
@@ -458,24 +468,24 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
 
         if (dtype > COLIBRI_DTYPE_I16_ROW) {
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): unknown dtype %u",
-                       i, kind_name(kind), dtype);
+                       (unsigned)i, kind_name(kind), (unsigned)dtype);
             return COLIBRI_E_BAD_FORMAT;
         }
         if ((flags & ~(unsigned)COLIBRI_ENTRY_FLAG_CRITICAL) || reserved) {
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): flags %x / reserved "
-                       "%x, unknown bits must be 0", i, kind_name(kind), flags,
+                       "%x, unknown bits must be 0", (unsigned)i, kind_name(kind), (unsigned)flags,
                        (unsigned)reserved);
             return COLIBRI_E_BAD_FORMAT;
         }
         if (!known) {
             if (flags & COLIBRI_ENTRY_FLAG_CRITICAL) {
                 fmt_detail(detail, DETAIL_CAP, "tensor %u: unknown critical "
-                           "kind %u: the file needs a newer colibri", i, kind);
+                           "kind %u: the file needs a newer colibri", (unsigned)i, (unsigned)kind);
                 return COLIBRI_E_BAD_FORMAT;
             }
             if (j == 0) {
                 fmt_detail(detail, DETAIL_CAP, "tensor %u: unknown kind %u "
-                           "before EMBED", i, kind);
+                           "before EMBED", (unsigned)i, (unsigned)kind);
                 return COLIBRI_E_BAD_FORMAT;
             }
             ++*n_unknown;
@@ -487,12 +497,12 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
                 if (j >= n_known)
                     fmt_detail(detail, DETAIL_CAP, "tensor %u (%s layer %u "
                                "expert %u): more known tensors than the shape "
-                               "implies", i, kind_name(kind), layer, expert);
+                               "implies", (unsigned)i, kind_name(kind), (unsigned)layer, (unsigned)expert);
                 else
                     fmt_detail(detail, DETAIL_CAP, "tensor %u: expected %s layer "
-                               "%u expert %u, found %s layer %u expert %u", i,
-                               kind_name(k.kind), k.layer, k.expert,
-                               kind_name(kind), layer, expert);
+                               "%u expert %u, found %s layer %u expert %u", (unsigned)i,
+                               kind_name(k.kind), (unsigned)(k.layer), (unsigned)(k.expert),
+                               kind_name(kind), (unsigned)layer, (unsigned)expert);
                 return COLIBRI_E_BAD_FORMAT;
             }
             uint32_t want_rows, want_cols;
@@ -501,7 +511,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             if (rows != want_rows || cols != want_cols) {
                 char label[64];
                 fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): shape [%u, %u], "
-                           "the header implies [%u, %u]", i,
+                           "the header implies [%u, %u]", (unsigned)i,
                            entry_label(label, sizeof label, kind, layer, expert),
                            (unsigned)rows,
                            (unsigned)cols, (unsigned)want_rows, (unsigned)want_cols);
@@ -509,7 +519,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             }
             if (!(dtypes & (1u << dtype))) {
                 fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): dtype %u not "
-                           "allowed for this kind", i, kind_name(kind), dtype);
+                           "allowed for this kind", (unsigned)i, kind_name(kind), (unsigned)dtype);
                 return COLIBRI_E_BAD_FORMAT;
             }
             j++;
@@ -518,22 +528,22 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         uint64_t want_sz = section_size(dtype, rows, cols, s->group_size,
                                         &scales_at, &ovf);
         if (ovf || sz != want_sz) {
-            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): size %U, dtype %u "
-                       "[%u, %u] needs %U", i, kind_name(kind), sz, dtype,
-                       (unsigned)rows, (unsigned)cols, want_sz);
+            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): size %llu, dtype %u "
+                       "[%u, %u] needs %llu", (unsigned)i, kind_name(kind), (unsigned long long)sz, (unsigned)dtype,
+                       (unsigned)rows, (unsigned)cols, (unsigned long long)want_sz);
             return COLIBRI_E_BAD_FORMAT;
         }
         if (off != pos) {
-            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): offset %U, expected "
-                       "%U (sections follow the table, 64-byte aligned)", i,
-                       kind_name(kind), off, pos);
+            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): offset %llu, expected "
+                       "%llu (sections follow the table, 64-byte aligned)", (unsigned)i,
+                       kind_name(kind), (unsigned long long)off, (unsigned long long)pos);
             return COLIBRI_E_BAD_FORMAT;
         }
         uint64_t end = cadd(off, sz, &ovf);
         if (ovf || end > size) {
-            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): section ends at %U, "
-                       "beyond the file size %U (truncated?)", i,
-                       kind_name(kind), end, (uint64_t)size);
+            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): section ends at %llu, "
+                       "beyond the file size %llu (truncated?)", (unsigned)i,
+                       kind_name(kind), (unsigned long long)end, (unsigned long long)size);
             return COLIBRI_E_BAD_FORMAT;
         }
         pos = calign64(end, &ovf);
@@ -541,13 +551,13 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
     if (j != n_known) {
         known_slot k = known_at(s, j);
         fmt_detail(detail, DETAIL_CAP, "tensor table ends after %u entries; "
-                   "missing %s layer %u expert %u", (unsigned)s->n_tensors,
-                   kind_name(k.kind), k.layer, k.expert);
+                   "missing %s layer %u expert %u", (unsigned)(s->n_tensors),
+                   kind_name(k.kind), (unsigned)(k.layer), (unsigned)(k.expert));
         return COLIBRI_E_BAD_FORMAT;
     }
     if (ovf || pos != size) {
-        fmt_detail(detail, DETAIL_CAP, "file size %U, the table implies %U "
-                   "(truncated or trailing bytes)", (uint64_t)size, pos);
+        fmt_detail(detail, DETAIL_CAP, "file size %llu, the table implies %llu "
+                   "(truncated or trailing bytes)", (unsigned long long)size, (unsigned long long)pos);
         return COLIBRI_E_BAD_FORMAT;
     }
     if (!check_crcs)
@@ -562,7 +572,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
             char label[64];
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): crc %x != computed %x",
-                       i, entry_label(label, sizeof label, kind,
+                       (unsigned)i, entry_label(label, sizeof label, kind,
                                       rd16(en + COLIBRI_ENT_LAYER, be),
                                       rd16(en + COLIBRI_ENT_EXPERT, be)),
                        (unsigned)want_crc, (unsigned)got_crc);
@@ -916,20 +926,20 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
             return COLIBRI_E_ALIGN;
         }
         if (arena_size < need) {
-            fmt_detail(v->detail, DETAIL_CAP, "arena of %U bytes, the model "
-                       "needs %U", (uint64_t)arena_size, (uint64_t)need);
+            fmt_detail(v->detail, DETAIL_CAP, "arena of %llu bytes, the model "
+                       "needs %llu", (unsigned long long)arena_size, (unsigned long long)need);
             return COLIBRI_E_ARENA_TOO_SMALL;
         }
     } else {
 #ifdef COLIBRI_STATIC_WORKBUF
         fmt_detail(v->detail, DETAIL_CAP, "static work-buffer build: the caller "
-                   "must supply an arena of %U bytes", (uint64_t)need);
+                   "must supply an arena of %llu bytes", (unsigned long long)need);
         return COLIBRI_E_ARG;
 #else
         arena = alloc64(need, &v->owned_arena);
         if (!arena) {
-            fmt_detail(v->detail, DETAIL_CAP, "cannot allocate an arena of %U "
-                       "bytes", (uint64_t)need);
+            fmt_detail(v->detail, DETAIL_CAP, "cannot allocate an arena of %llu "
+                       "bytes", (unsigned long long)need);
             return COLIBRI_E_NO_MEMORY;
         }
         arena_size = need;
@@ -1009,8 +1019,8 @@ static int load_file(colibri_model *m, const char *path)
     size_t size = (size_t)st.st_size;
     if (size < COLIBRI_HEADER_SIZE) { /* mmap of 0 bytes fails: say why */
         close(fd);
-        fmt_detail(v->detail, DETAIL_CAP, "file is %U bytes, shorter than the "
-                   "%u-byte header (truncated?)", (uint64_t)size,
+        fmt_detail(v->detail, DETAIL_CAP, "file is %llu bytes, shorter than the "
+                   "%u-byte header (truncated?)", (unsigned long long)size,
                    (unsigned)COLIBRI_HEADER_SIZE);
         return COLIBRI_E_BAD_FORMAT;
     }
@@ -1044,8 +1054,8 @@ static int load_file(colibri_model *m, const char *path)
     uint8_t *buf = (uint8_t *)alloc64(size ? size : 1, &v->owned_blob);
     if (!buf) {
         fclose(f);
-        fmt_detail(v->detail, DETAIL_CAP, "cannot allocate %U bytes for %s",
-                   (uint64_t)size, path);
+        fmt_detail(v->detail, DETAIL_CAP, "cannot allocate %llu bytes for %s",
+                   (unsigned long long)size, path);
         return COLIBRI_E_NO_MEMORY;
     }
     size_t got = fread(buf, 1, size, f);
@@ -1071,8 +1081,8 @@ static int make_host_order(colibri_model *m, int be)
         void *base;
         dst = (uint8_t *)alloc64(v->blob_size, &base);
         if (!dst) {
-            fmt_detail(v->detail, DETAIL_CAP, "cannot allocate %U bytes to "
-                       "byte-swap the %s-endian file", (uint64_t)v->blob_size,
+            fmt_detail(v->detail, DETAIL_CAP, "cannot allocate %llu bytes to "
+                       "byte-swap the %s-endian file", (unsigned long long)(v->blob_size),
                        be ? "big" : "little");
             return COLIBRI_E_NO_MEMORY;
         }
@@ -1204,34 +1214,34 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
     const colibri_shape *s = &v->shape;
     if (!input_ids || !logits || batch == 0 || seq == 0) {
         fmt_detail(v->detail, DETAIL_CAP, "input_ids and logits must be non-NULL"
-                   ", batch (%u) and seq (%u) >= 1", batch, seq);
+                   ", batch (%u) and seq (%u) >= 1", (unsigned)batch, (unsigned)seq);
         return COLIBRI_E_ARG;
     }
     if (batch > s->max_batch || seq > s->max_seq_len ||
         (uint64_t)n_past + seq > s->max_seq_len) {
         fmt_detail(v->detail, DETAIL_CAP, "batch %u, n_past %u + seq %u exceed "
-                   "the model's max_batch %u / max_seq_len %u", batch, n_past,
-                   seq, (unsigned)s->max_batch, (unsigned)s->max_seq_len);
+                   "the model's max_batch %u / max_seq_len %u", (unsigned)batch, (unsigned)n_past,
+                   (unsigned)seq, (unsigned)(s->max_batch), (unsigned)(s->max_seq_len));
         return COLIBRI_E_INPUT_TOO_LARGE;
     }
     if (n_past > 0 && (n_past > v->cached_len || batch != v->cached_batch)) {
         fmt_detail(v->detail, DETAIL_CAP, "n_past %u with batch %u, but the KV "
-                   "cache holds %u tokens of batch %u", n_past, batch,
-                   v->cached_len, v->cached_batch);
+                   "cache holds %u tokens of batch %u", (unsigned)n_past, (unsigned)batch,
+                   (unsigned)(v->cached_len), (unsigned)(v->cached_batch));
         return COLIBRI_E_KV_STATE;
     }
     size_t total = (size_t)batch * seq;
     for (size_t i = 0; i < total; i++) {
         if (input_ids[i] < 0 || (uint32_t)input_ids[i] >= s->vocab) {
             fmt_detail(v->detail, DETAIL_CAP, "token id at [%u, %u] is out of "
-                       "range [0, %u)", (unsigned)(i / seq), (unsigned)(i % seq),
-                       s->vocab);
+                       "range [0, %u)", (unsigned)((unsigned)(i / seq)), (unsigned)((unsigned)(i % seq)),
+                       (unsigned)(s->vocab));
             return COLIBRI_E_TOKEN;
         }
         if (attention_mask && attention_mask[i] > 1) {
             fmt_detail(v->detail, DETAIL_CAP, "attention_mask[%u, %u] is %u, "
-                       "must be 0 or 1", (unsigned)(i / seq), (unsigned)(i % seq),
-                       (unsigned)attention_mask[i]);
+                       "must be 0 or 1", (unsigned)((unsigned)(i / seq)), (unsigned)((unsigned)(i % seq)),
+                       (unsigned)(attention_mask[i]));
             return COLIBRI_E_ARG;
         }
     }

@@ -28,6 +28,19 @@ def test_default_host_build(tmp_path):
     assert "--dump-router-lut" in help_text
 
 
+def test_bare_metal_library_build(tmp_path):
+    """Cortex-M (newlib, no OS): the library alone, static work buffer, no
+    mmap; -Werror and printf-format checks of the error messages (uint32_t is
+    unsigned long there)."""
+    cc = "arm-none-eabi-gcc"
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} not installed")
+    info = cbuild.build(tmp_path, cc=cc, kernels=("ref",), static_workbuf=True, mmap=False,
+                        cflags=("-mcpu=cortex-m4", "-mthumb", "-mfloat-abi=hard",
+                                "-mfpu=fpv4-sp-d16", "-Wformat=2"), cli=False)
+    assert info["lib"].exists() and info["cli"] is None
+
+
 @pytest.mark.parametrize("cc,kernels,cflags", [
     ("arm-linux-gnueabihf-gcc", ("ref", "neon"),
      ("-march=armv7-a", "-mfpu=neon", "-mfloat-abi=hard")),
