@@ -2,9 +2,10 @@
  * neon.c - ARMv7 NEON kernels (the table "neon", kernels.h).
  *
  * Build: the whole file is inside `#if COLIBRI_USE_NEON` and needs a compiler
- * targeting NEON (armv7: -march=armv7-a -mfpu=neon -mfloat-abi=hard; AArch64
- * always has it). Without them the getter still exists and returns NULL, so
- * every target links the same set of getters.
+ * targeting NEON (armv7: -march=armv7-a -mfpu=neon -mfloat-abi=hard; only
+ * ARMv7 is built and tested, though the intrinsics used exist on AArch64 too).
+ * Without them the getter still exists and returns NULL, so every target
+ * links the same set of getters.
  *
  * Arithmetic: docs/FORMAT.md section 5, checked against ref.c by
  * tests/c/test_kernels.c (run under qemu-arm). Points that differ from x86:
