@@ -23,7 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 KDIR = ROOT / "src" / "kernels"
 SOURCES = [ROOT / "tests" / "c" / "test_kernels.c", KDIR / "ref.c", KDIR / "avx2.c", KDIR / "neon.c"]
-WARN = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wpedantic"]
+# The library's flags (targets/__init__.py COMMON_CFLAGS), warnings as errors.
+WARN = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wpedantic", "-ffp-contract=off"]
 ARM_SYSROOT = "/usr/arm-linux-gnueabihf"
 
 
