@@ -205,7 +205,8 @@ static const char *entry_label(char *buf, size_t cap, unsigned kind,
     else if (expert == COLIBRI_NO_EXPERT)
         fmt_detail(buf, cap, "%s layer %u", kind_name(kind), (unsigned)layer);
     else
-        fmt_detail(buf, cap, "%s layer %u expert %u", kind_name(kind), (unsigned)layer, (unsigned)expert);
+        fmt_detail(buf, cap, "%s layer %u expert %u", kind_name(kind),
+                   (unsigned)layer, (unsigned)expert);
     return buf;
 }
 
@@ -473,14 +474,16 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         }
         if ((flags & ~(unsigned)COLIBRI_ENTRY_FLAG_CRITICAL) || reserved) {
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): flags %x / reserved "
-                       "%x, unknown bits must be 0", (unsigned)i, kind_name(kind), (unsigned)flags,
+                       "%x, unknown bits must be 0", (unsigned)i, kind_name(kind),
+                       (unsigned)flags,
                        (unsigned)reserved);
             return COLIBRI_E_BAD_FORMAT;
         }
         if (!known) {
             if (flags & COLIBRI_ENTRY_FLAG_CRITICAL) {
                 fmt_detail(detail, DETAIL_CAP, "tensor %u: unknown critical "
-                           "kind %u: the file needs a newer colibri", (unsigned)i, (unsigned)kind);
+                           "kind %u: the file needs a newer colibri", (unsigned)i,
+                           (unsigned)kind);
                 return COLIBRI_E_BAD_FORMAT;
             }
             if (j == 0) {
@@ -497,11 +500,13 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
                 if (j >= n_known)
                     fmt_detail(detail, DETAIL_CAP, "tensor %u (%s layer %u "
                                "expert %u): more known tensors than the shape "
-                               "implies", (unsigned)i, kind_name(kind), (unsigned)layer, (unsigned)expert);
+                               "implies", (unsigned)i, kind_name(kind),
+                               (unsigned)layer, (unsigned)expert);
                 else
                     fmt_detail(detail, DETAIL_CAP, "tensor %u: expected %s layer "
                                "%u expert %u, found %s layer %u expert %u", (unsigned)i,
-                               kind_name(k.kind), (unsigned)(k.layer), (unsigned)(k.expert),
+                               kind_name(k.kind), (unsigned)(k.layer),
+                               (unsigned)(k.expert),
                                kind_name(kind), (unsigned)layer, (unsigned)expert);
                 return COLIBRI_E_BAD_FORMAT;
             }
@@ -519,7 +524,8 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             }
             if (!(dtypes & (1u << dtype))) {
                 fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): dtype %u not "
-                           "allowed for this kind", (unsigned)i, kind_name(kind), (unsigned)dtype);
+                           "allowed for this kind", (unsigned)i, kind_name(kind),
+                           (unsigned)dtype);
                 return COLIBRI_E_BAD_FORMAT;
             }
             j++;
@@ -529,21 +535,24 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
                                         &scales_at, &ovf);
         if (ovf || sz != want_sz) {
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): size %llu, dtype %u "
-                       "[%u, %u] needs %llu", (unsigned)i, kind_name(kind), (unsigned long long)sz, (unsigned)dtype,
+                       "[%u, %u] needs %llu", (unsigned)i, kind_name(kind),
+                       (unsigned long long)sz, (unsigned)dtype,
                        (unsigned)rows, (unsigned)cols, (unsigned long long)want_sz);
             return COLIBRI_E_BAD_FORMAT;
         }
         if (off != pos) {
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): offset %llu, expected "
                        "%llu (sections follow the table, 64-byte aligned)", (unsigned)i,
-                       kind_name(kind), (unsigned long long)off, (unsigned long long)pos);
+                       kind_name(kind), (unsigned long long)off,
+                       (unsigned long long)pos);
             return COLIBRI_E_BAD_FORMAT;
         }
         uint64_t end = cadd(off, sz, &ovf);
         if (ovf || end > size) {
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): section ends at %llu, "
                        "beyond the file size %llu (truncated?)", (unsigned)i,
-                       kind_name(kind), (unsigned long long)end, (unsigned long long)size);
+                       kind_name(kind), (unsigned long long)end,
+                       (unsigned long long)size);
             return COLIBRI_E_BAD_FORMAT;
         }
         pos = calign64(end, &ovf);
@@ -557,7 +566,8 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
     }
     if (ovf || pos != size) {
         fmt_detail(detail, DETAIL_CAP, "file size %llu, the table implies %llu "
-                   "(truncated or trailing bytes)", (unsigned long long)size, (unsigned long long)pos);
+                   "(truncated or trailing bytes)", (unsigned long long)size,
+                   (unsigned long long)pos);
         return COLIBRI_E_BAD_FORMAT;
     }
     if (!check_crcs)
@@ -927,7 +937,8 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
         }
         if (arena_size < need) {
             fmt_detail(v->detail, DETAIL_CAP, "arena of %llu bytes, the model "
-                       "needs %llu", (unsigned long long)arena_size, (unsigned long long)need);
+                       "needs %llu", (unsigned long long)arena_size,
+                       (unsigned long long)need);
             return COLIBRI_E_ARENA_TOO_SMALL;
         }
     } else {
@@ -1082,7 +1093,8 @@ static int make_host_order(colibri_model *m, int be)
         dst = (uint8_t *)alloc64(v->blob_size, &base);
         if (!dst) {
             fmt_detail(v->detail, DETAIL_CAP, "cannot allocate %llu bytes to "
-                       "byte-swap the %s-endian file", (unsigned long long)(v->blob_size),
+                       "byte-swap the %s-endian file",
+                       (unsigned long long)(v->blob_size),
                        be ? "big" : "little");
             return COLIBRI_E_NO_MEMORY;
         }
@@ -1220,13 +1232,15 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
     if (batch > s->max_batch || seq > s->max_seq_len ||
         (uint64_t)n_past + seq > s->max_seq_len) {
         fmt_detail(v->detail, DETAIL_CAP, "batch %u, n_past %u + seq %u exceed "
-                   "the model's max_batch %u / max_seq_len %u", (unsigned)batch, (unsigned)n_past,
+                   "the model's max_batch %u / max_seq_len %u", (unsigned)batch,
+                   (unsigned)n_past,
                    (unsigned)seq, (unsigned)(s->max_batch), (unsigned)(s->max_seq_len));
         return COLIBRI_E_INPUT_TOO_LARGE;
     }
     if (n_past > 0 && (n_past > v->cached_len || batch != v->cached_batch)) {
         fmt_detail(v->detail, DETAIL_CAP, "n_past %u with batch %u, but the KV "
-                   "cache holds %u tokens of batch %u", (unsigned)n_past, (unsigned)batch,
+                   "cache holds %u tokens of batch %u", (unsigned)n_past,
+                   (unsigned)batch,
                    (unsigned)(v->cached_len), (unsigned)(v->cached_batch));
         return COLIBRI_E_KV_STATE;
     }
@@ -1234,13 +1248,13 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
     for (size_t i = 0; i < total; i++) {
         if (input_ids[i] < 0 || (uint32_t)input_ids[i] >= s->vocab) {
             fmt_detail(v->detail, DETAIL_CAP, "token id at [%u, %u] is out of "
-                       "range [0, %u)", (unsigned)((unsigned)(i / seq)), (unsigned)((unsigned)(i % seq)),
+                       "range [0, %u)", (unsigned)(i / seq), (unsigned)(i % seq),
                        (unsigned)(s->vocab));
             return COLIBRI_E_TOKEN;
         }
         if (attention_mask && attention_mask[i] > 1) {
             fmt_detail(v->detail, DETAIL_CAP, "attention_mask[%u, %u] is %u, "
-                       "must be 0 or 1", (unsigned)((unsigned)(i / seq)), (unsigned)((unsigned)(i % seq)),
+                       "must be 0 or 1", (unsigned)(i / seq), (unsigned)(i % seq),
                        (unsigned)(attention_mask[i]));
             return COLIBRI_E_ARG;
         }
