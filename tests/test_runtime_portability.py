@@ -93,3 +93,26 @@ def test_ref_build_bit_identical_under_qemu(c_build, tiny_files, tmp_path, varia
         got = logits(target, tiny_files[kind], tmp_path / f"{variant}-{kind}-{memory}",
                      memory=memory)
         np.testing.assert_array_equal(got, x86, err_msg=f"{variant} {kind} memory={memory}")
+
+
+def test_neon_build_under_qemu_matches_reference(c_build, tiny_files, colibri_file,
+                                                 reference, tmp_path):
+    """The ARMv7 build with the NEON kernels selected at init: f32 logits
+    within 1e-4 of the numpy reference, int8 close to the ref build."""
+    from test_runtime_support import reference_logits
+    build = c_build("arm-neon")
+    info = subprocess.run(build.cmd(str(build.cli), "--model", tiny_files["le"], "--info"),
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "kernels: neon" in info
+    calls = script()
+    got = run_driver(build, tiny_files["f32-le"], calls, tmp_path / "f32", vocab=96)
+    want = reference_logits(reference("tiny", "f32"), calls)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=0)
+    # int8: as in test_runtime_golden, rows agree to rounding except those
+    # downstream of an int8 activation rounding flip (<= 3e-2 relative).
+    from test_runtime_support import relative_row_error
+    a = logits(build, tiny_files["le"], tmp_path / "neon").reshape(-1, 96)
+    b = logits(c_build("ref"), tiny_files["le"], tmp_path / "ref").reshape(-1, 96)
+    rel = relative_row_error(a, b)
+    assert np.median(rel) < 1e-5 and rel.max() < 3e-2

@@ -53,6 +53,7 @@ VARIANTS = {
     # Dynamic work buffer so colibri_init can swap a little-endian file too.
     "ppc": lambda: _target_variant("ppc"),
     "arm": lambda: _target_variant("armv7"),
+    "arm-neon": lambda: _target_variant("armv7", kernels=("ref", "neon")),
 }
 
 # C test programs built for every variant: name -> (sources, extra ldflags).
