@@ -124,3 +124,66 @@ def test_hostile_files_never_crash(c_build, colibri_file, tmp_path):
         with pytest.raises(DriverError) as exc:
             run_driver(build, path, calls, tmp_path / f"run{i}", vocab=83)
         assert exc.value.code in (-1, -3), exc.value
+
+
+def with_extra_section(src, dst, kind: int, flags: int, at: int = 1,
+                       payload: bytes = b"\x01\x02\x03\x04" * 24):
+    """Re-lay a file with one more table entry (kind, flags: an F32 [1, n]
+    section) inserted at table position `at`, every offset and CRC redone."""
+    import zlib
+    cf = cformat.read_file(src)
+    old = list(cf.entries)
+    sections = [bytes(cf.section(e)) for e in old]
+    extra = cformat.Entry(kind, int(cformat.DType.F32), flags, cformat.NO_INDEX,
+                          cformat.NO_INDEX, 1, len(payload) // 4, 0, len(payload),
+                          zlib.crc32(payload))
+    entries, datas = old[:at] + [extra] + old[at:], sections[:at] + [payload] + sections[at:]
+    table_len = cformat.ENTRY_SIZE * len(entries)
+    out = bytearray(cformat.HEADER_SIZE + table_len)
+    laid = []
+    for e, d in zip(entries, datas):
+        out += bytes(cformat.align64(len(out)) - len(out))   # zero padding
+        laid.append(dataclasses.replace(e, offset=len(out)))
+        out += d
+    out += bytes(cformat.align64(len(out)) - len(out))
+    table = b"".join(cformat.pack_entry(e, "<") for e in laid)
+    out[cformat.HEADER_SIZE:cformat.HEADER_SIZE + table_len] = table
+    out[:cformat.HEADER_SIZE] = cformat.pack_header(cf.shape, len(laid), zlib.crc32(table), "<")
+    dst.write_bytes(out)
+    return dst
+
+
+def test_unknown_sections(c_build, colibri_file, tmp_path):
+    """FORMAT.md 3: an unknown kind without CRITICAL is skipped (still
+    CRC-checked); with CRITICAL, or before EMBED, the file is refused."""
+    from test_runtime_support import Call, DriverError, run_driver
+    good = colibri_file("tiny", "f32")
+    build = c_build("host")
+    calls = [Call(np.array([[4, 5, 6]]), None, 0)]
+    base = run_driver(build, good, calls, tmp_path / "base")[0]
+
+    skip = with_extra_section(good, tmp_path / "skip.colibri", kind=200, flags=0, at=5)
+    assert cformat.read_file(skip)  # the Python reader agrees it is valid
+    np.testing.assert_array_equal(run_driver(build, skip, calls, tmp_path / "s")[0], base)
+    info = subprocess.run([str(build.cli), "--model", str(skip), "--info"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "unknown_sections: 1" in info
+
+    crit = with_extra_section(good, tmp_path / "crit.colibri", kind=200, flags=1, at=5)
+    with pytest.raises(DriverError) as exc:
+        run_driver(build, crit, calls, tmp_path / "c")
+    assert exc.value.code == -1 and "unknown critical kind 200" in exc.value.detail
+
+    first = with_extra_section(good, tmp_path / "first.colibri", kind=200, flags=0, at=0)
+    with pytest.raises(DriverError) as exc:
+        run_driver(build, first, calls, tmp_path / "f")
+    assert exc.value.code == -1 and "before EMBED" in exc.value.detail
+
+    data = bytearray(skip.read_bytes())
+    e = cformat.read_file(skip).entries[5]
+    data[e.offset] ^= 0xFF   # the skipped section is still under its CRC
+    bad = tmp_path / "skipbad.colibri"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(DriverError) as exc:
+        run_driver(build, bad, calls, tmp_path / "b")
+    assert exc.value.code == -3 and "tensor 5 (unknown)" in exc.value.detail

@@ -98,7 +98,7 @@ typedef struct colibri_info {
     uint32_t n_unknown_sections;  /* non-critical entries that were skipped */
     uint64_t file_size;           /* bytes */
     uint64_t n_params;            /* weights in all known tensors */
-    size_t arena_bytes;           /* this instance's arena */
+    size_t arena_bytes;           /* this instance's arena (given or allocated) */
     uint32_t chunk_tokens;        /* tokens processed together */
     const char *kernels;          /* "ref", "avx2", "neon" */
     const char *load_mode;        /* "mmap", "read", "memory", "shared" */
@@ -112,7 +112,7 @@ typedef struct colibri_model {
         uint32_t magic;            /* set while initialised */
         uint8_t  load_mode;        /* 1 mmap, 2 read, 3 memory, 4 shared */
         uint8_t  file_big_endian, byte_swapped, pad_;
-        const uint8_t *blob;       /* the file bytes in host order */
+        const uint8_t *blob;       /* the file; tensor data in host order */
         size_t blob_size;
         void *owned_blob;          /* malloc'd copy to free, or NULL */
         void *map;                 /* mmap'd region to unmap, or NULL */
