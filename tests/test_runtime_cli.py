@@ -60,6 +60,12 @@ def test_verify_passes_and_names_every_corrupted_section(c_build, colibri_file, 
     assert "EXPERT_W1 layer 1 expert 2" in proc.stdout
     assert "ROUTER layer 2)" in proc.stdout
     assert re.match(r"colibri-cli: .*bad\.colibri: CRC mismatch", proc.stderr)
+    # A structural problem is named too, before any CRC is computed.
+    trunc = tmp_path / "trunc.colibri"
+    trunc.write_bytes(path.read_bytes()[:-64])
+    proc = cli(build, "--model", trunc, "--verify", check=False)
+    assert proc.returncode == 1
+    assert re.search(r"^FAIL structure: tensor \d+ \(LM_HEAD\): section ends at", proc.stdout, re.M)
 
 
 @pytest.mark.parametrize("quant", ["f32", "int8"])
