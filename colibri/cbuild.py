@@ -32,8 +32,9 @@ for _name, (_src, _flags, _define) in _sources.KERNELS.items():
 CLI_SOURCES = tuple(_sources.CLI)
 INCLUDE_DIRS = tuple(_sources.INCLUDE_DIRS)
 # -ffp-contract=off: no fused multiply-add behind our back, so the ref kernels
-# give bit-identical results on every target.
-BASE_CFLAGS = ("-std=c11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+# give bit-identical results on every target. -Wvla: no variable-length
+# arrays (stack use must be known on small targets).
+BASE_CFLAGS = ("-std=c11", "-Wall", "-Wextra", "-Werror", "-Wvla", "-ffp-contract=off",
                "-O2")
 LIBS = ("-lm",)
 
