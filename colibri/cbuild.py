@@ -17,10 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .build import sources as _sources
+
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
-
-from .build import sources as _sources
 
 # The canonical source lists live in colibri/build/sources.py (shared with
 # SConstruct). KERNELS: name -> source, the define telling core.c the set is
