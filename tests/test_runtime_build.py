@@ -129,3 +129,18 @@ def test_debug_build_dumps_kernel_inputs_and_outputs(c_build, colibri_file, tmp_
     quiet = subprocess.run(c_build("host").cmd("infer_driver", path, script, tmp_path / "q.f32"),
                            capture_output=True, text=True)
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_kernel_selection_at_init(c_build, colibri_file):
+    """avx2 when linked and the CPU has AVX2+FMA; the ref-only build (which
+    defines COLIBRI_KERNELS_REF_ONLY) always ref."""
+    def kernels(variant):
+        out = subprocess.run([str(c_build(variant).cli), "--model",
+                              str(colibri_file("tiny", "f32")), "--info"],
+                             capture_output=True, text=True, check=True).stdout
+        return re.search(r"^kernels: (\w+)$", out, re.M).group(1)
+    assert kernels("ref") == "ref"
+    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    has_avx2 = " avx2" in flags and " fma" in flags
+    want = "avx2" if "avx2" in cbuild.host_kernels() and has_avx2 else "ref"
+    assert kernels("host") == want
