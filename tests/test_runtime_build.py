@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,7 +141,8 @@ def test_kernel_selection_at_init(c_build, colibri_file):
                              capture_output=True, text=True, check=True).stdout
         return re.search(r"^kernels: (\w+)$", out, re.M).group(1)
     assert kernels("ref") == "ref"
-    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
     has_avx2 = " avx2" in flags and " fma" in flags
     want = "avx2" if "avx2" in cbuild.host_kernels() and has_avx2 else "ref"
     assert kernels("host") == want
