@@ -146,3 +146,23 @@ def test_kernel_selection_at_init(c_build, colibri_file):
     has_avx2 = " avx2" in flags and " fma" in flags
     want = "avx2" if "avx2" in cbuild.host_kernels() and has_avx2 else "ref"
     assert kernels("host") == want
+
+
+def test_header_usable_from_cplusplus(c_build, tmp_path):
+    """colibri.h is extern "C": a C++ program compiles warning-free and links."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not installed")
+    src = tmp_path / "use.cpp"
+    src.write_text('#include "colibri.h"\n'
+                   "int main() {\n"
+                   "    colibri_model m;\n"
+                   '    int rc = colibri_init(&m, "/nonexistent.colibri");\n'
+                   "    colibri_free(&m);\n"
+                   "    return rc == COLIBRI_E_IO ? 0 : 1;\n"
+                   "}\n")
+    build = c_build("ref")
+    inc = [f for f in build.info["cflags"] if f.startswith("-I")]
+    exe = tmp_path / "use"
+    subprocess.run(["g++", "-std=c++11", "-Wall", "-Wextra", "-Werror", *inc, str(src),
+                    str(build.info["lib"]), "-lm", "-o", str(exe)], check=True)
+    assert subprocess.run([str(exe)]).returncode == 0
