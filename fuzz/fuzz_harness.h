@@ -10,6 +10,7 @@
 typedef struct {
     int arena_rc, init_rc, infer_rc, decode_rc, verify_rc;
     int nonfinite;     /* some logit not finite (the weights are arbitrary) */
+    char detail[200];  /* colibri_error_detail after the first failing step */
 } fuzz_result;
 
 int fuzz_one(const uint8_t *data, size_t size, fuzz_result *r);

@@ -25,7 +25,9 @@
  * Built two ways: with clang -fsanitize=fuzzer (fuzz/run.sh) and with a
  * plain main() (fuzz/replay_main.c) that replays files, for the test suite.
  */
-#define _GNU_SOURCE
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memfd_create */
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,12 +109,16 @@ static void on_bad(void *user, int index, const char *what)
     *(size_t *)user += strlen(what);
 }
 
-/* The error detail must always be a terminated string within its buffer. */
-static void check_detail(const colibri_model *m)
+/* The error detail must always be a terminated string within its buffer;
+ * the first non-empty one is kept for the replay report. */
+static void check_detail(const colibri_model *m, fuzz_result *r)
 {
     const char *d = colibri_error_detail(m);
-    if (strnlen(d, sizeof m->priv_.detail) >= sizeof m->priv_.detail)
+    size_t n = strnlen(d, sizeof m->priv_.detail);
+    if (n >= sizeof m->priv_.detail)
         abort(); /* unterminated detail: a harness-visible bug */
+    if (!r->detail[0] && n < sizeof r->detail)
+        memcpy(r->detail, d, n + 1);
 }
 
 static int load(colibri_model *m, const uint8_t *blob, size_t size, int via_file,
@@ -162,7 +168,7 @@ int fuzz_one(const uint8_t *data, size_t size, fuzz_result *r)
      * path either (the library would allocate it). */
     int via_file = (flags & FL_VIA_FILE) && fits;
     r->init_rc = load(&m, blob, msize, via_file, arena, arena_size);
-    check_detail(&m);
+    check_detail(&m, r);
     if (r->init_rc == COLIBRI_OK) {
         colibri_info info;
         if (colibri_get_info(&m, &info) != COLIBRI_OK)
@@ -192,7 +198,7 @@ int fuzz_one(const uint8_t *data, size_t size, fuzz_result *r)
             }
             r->infer_rc = colibri_infer(&m, ids, (flags & FL_MASK) ? mask : NULL,
                                         batch, seq, 0, logits);
-            check_detail(&m);
+            check_detail(&m, r);
             if (r->infer_rc == COLIBRI_OK) {
                 for (size_t i = 0; i < nt * s->vocab; i++)
                     if (!(logits[i] - logits[i] == 0.0f))
@@ -203,7 +209,7 @@ int fuzz_one(const uint8_t *data, size_t size, fuzz_result *r)
                 uint32_t n_past = (flags & FL_REWIND) ? seq / 2 : seq;
                 r->decode_rc = colibri_infer(&m, ids, (flags & FL_NULL_MASK_DECODE)
                                              ? NULL : mask, batch, 1, n_past, logits);
-                check_detail(&m);
+                check_detail(&m, r);
             }
             free(ids);
             free(mask);

@@ -4,7 +4,7 @@
  *
  *   fuzz_replay FILE...
  *
- * One line per file: "FILE arena=A init=I infer=F decode=D verify=V nonfinite=N"
+ * One line per file: "FILE arena=A init=I infer=F decode=D verify=V nonfinite=N detail=TEXT"
  * (1 = that step did not run). Exit 0 unless a file cannot be read; any
  * sanitizer report aborts the program (-fno-sanitize-recover=all).
  */
@@ -34,9 +34,9 @@ int main(int argc, char **argv)
         fclose(f);
         fuzz_result r;
         fuzz_one(buf, (size_t)n, &r);
-        printf("%s arena=%d init=%d infer=%d decode=%d verify=%d nonfinite=%d\n",
+        printf("%s arena=%d init=%d infer=%d decode=%d verify=%d nonfinite=%d detail=%s\n",
                argv[a], r.arena_rc, r.init_rc, r.infer_rc, r.decode_rc,
-               r.verify_rc, r.nonfinite);
+               r.verify_rc, r.nonfinite, r.detail);
         fflush(stdout);
         free(buf);
     }

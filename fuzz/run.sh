@@ -51,8 +51,15 @@ merge)
     rm -rf "$OUT/merged" && mkdir -p "$OUT/merged"
     "$OUT/fuzz_init_infer" -merge=1 $FLAGS "$OUT/merged" "$ROOT/fuzz/corpus" \
         "$OUT/seeds" "$OUT/work"
-    rm -f "$ROOT"/fuzz/corpus/*
+    # regress-* inputs (named after the bug they found) stay as they are.
+    find "$ROOT/fuzz/corpus" -type f ! -name 'regress-*' -delete
     cp "$OUT"/merged/* "$ROOT/fuzz/corpus/"
+    # Budget: drop the largest inputs until the corpus is under BUDGET_KB
+    # (merge keeps the smallest input per feature, so this loses the least).
+    while [ "$(du -sk "$ROOT/fuzz/corpus" | cut -f1)" -gt "${BUDGET_KB:-1900}" ]; do
+        big=$(ls -S "$ROOT/fuzz/corpus" | grep -v '^regress-' | head -1)
+        rm -f "$ROOT/fuzz/corpus/$big"
+    done
     echo "fuzz/corpus: $(ls "$ROOT/fuzz/corpus" | wc -l) files, $(du -sk "$ROOT/fuzz/corpus" | cut -f1) KB"
     ;;
 repro)

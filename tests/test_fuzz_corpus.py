@@ -1,0 +1,95 @@
+"""The fuzz harness (fuzz/fuzz_init_infer.c) replayed without libFuzzer over
+the committed regression corpus fuzz/corpus/ and the seeds of
+fuzz/gen_seeds.py, the library built with AddressSanitizer +
+UndefinedBehaviorSanitizer (-fno-sanitize-recover=all): any report fails.
+Plus the corpus's own hygiene (small files, size budget) and that fuzz/run.sh
+builds the same sources as colibri/build/sources.py."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "fuzz"))
+
+import gen_seeds  # noqa: E402
+import replay  # noqa: E402
+
+CORPUS = ROOT / "fuzz" / "corpus"
+CORPUS_BUDGET = 2 * 1024 * 1024   # bytes, the whole committed corpus
+FILE_BUDGET = 64 * 1024           # bytes, one input
+
+
+@pytest.fixture(scope="module")
+def replay_exe():
+    return replay.build_replay()
+
+
+def test_seeds_of_every_quantisation_load_and_infer(replay_exe, tmp_path):
+    """Every seed is a valid file: init, infer, the decode step and verify
+    succeed with finite logits (raw-id seed: its out-of-range ids are refused
+    with COLIBRI_E_TOKEN). Big-endian seeds go through colibri_init's swap."""
+    for name, data in gen_seeds.seeds().items():
+        (tmp_path / name).write_bytes(data)
+    results = {Path(r.path).name: r for r in
+               replay.replay(replay_exe, sorted(tmp_path.iterdir()))}
+    for name, r in results.items():
+        assert (r.arena, r.init, r.verify) == (0, 0, 0), r
+        if name == "seed-int8-raw-ids":
+            assert r.infer == -8 and "out of range" in r.detail, r
+            continue
+        assert (r.infer, r.decode, r.nonfinite) == (0, 0, 0), r
+    # Every quantisation is represented (f32, int8, mixed, big-endian).
+    kinds = {"f32", "int8", "mixed-a", "mixed-b", "be-f32", "be-int8"}
+    assert all(any(k in n for n in results) for k in kinds)
+
+
+def test_committed_corpus_replays_clean_under_asan_ubsan(replay_exe):
+    files = sorted(p for p in CORPUS.iterdir() if p.is_file())
+    assert files, "fuzz/corpus/ is empty"
+    results = replay.replay(replay_exe, files)   # raises on any sanitizer report
+    # The corpus exercises the forward pass, not only the checks.
+    assert sum(r.infer == 0 for r in results) >= 3, [r.init for r in results]
+    assert len({r.init for r in results}) >= 3   # several distinct init outcomes
+
+
+def test_regression_inputs_still_reach_the_code_they_broke(replay_exe):
+    """regress-* inputs once crashed the library; they must still get as far
+    as the step that crashed (here: the int8 forward pass)."""
+    regress = sorted(CORPUS.glob("regress-*"))
+    assert regress
+    for r in replay.replay(replay_exe, regress):
+        assert r.init == 0 and r.infer == 0, r
+
+
+def test_corpus_stays_small():
+    files = [p for p in CORPUS.iterdir() if p.is_file()]
+    total = sum(p.stat().st_size for p in files)
+    assert total <= CORPUS_BUDGET, f"fuzz/corpus is {total} bytes; minimise: fuzz/run.sh merge"
+    big = [p.name for p in files if p.stat().st_size > FILE_BUDGET]
+    assert not big, big
+
+
+def test_run_sh_builds_the_library_sources():
+    from colibri.build import sources
+    text = (ROOT / "fuzz" / "run.sh").read_text()
+    listed = re.search(r'^SOURCES="([^"]*)"', text, re.M).group(1).split()
+    assert set(listed) == set(sources.LIBRARY)
+    assert sources.KERNELS["avx2"][0] in text and sources.KERNELS["avx2"][2] in text
+
+
+def test_harness_reports_a_broken_file(replay_exe, tmp_path):
+    """The replay output tells failures apart (not a constant 'ok'): a flipped
+    section byte without CRC repair is a CRC error, the same flip with the
+    harness's CRC repair loads."""
+    raw = bytearray(gen_seeds.model_bytes(gen_seeds.TINY, gen_seeds.F.PRESET_F32))
+    raw[-100] ^= 0x01
+    (tmp_path / "crc").write_bytes(replay.with_tail(bytes(raw), replay.VERIFY))
+    (tmp_path / "fixed").write_bytes(replay.with_tail(bytes(raw),
+                                                      replay.VERIFY | replay.FIX_CRCS))
+    crc, fixed = replay.replay(replay_exe, [tmp_path / "crc", tmp_path / "fixed"])
+    assert crc.init == -3 and crc.verify == -3 and "LM_HEAD" in crc.detail
+    assert fixed.init == 0 and fixed.verify == 0
