@@ -467,7 +467,9 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         uint32_t reserved = rd32(en + COLIBRI_ENT_RESERVED, be);
         int known = kind >= 1 && kind <= COLIBRI_KIND_MAX;
 
-        if (dtype > COLIBRI_DTYPE_I16_ROW) {
+        /* An unknown, non-critical kind's dtype and shape are a newer
+         * writer's business (FORMAT.md 3): its size is taken as stored. */
+        if (known && dtype > COLIBRI_DTYPE_I16_ROW) {
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): unknown dtype %u",
                        (unsigned)i, kind_name(kind), (unsigned)dtype);
             return COLIBRI_E_BAD_FORMAT;
@@ -531,8 +533,9 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             j++;
         }
         uint64_t scales_at;
-        uint64_t want_sz = section_size(dtype, rows, cols, s->group_size,
-                                        &scales_at, &ovf);
+        uint64_t want_sz = known ? section_size(dtype, rows, cols, s->group_size,
+                                                &scales_at, &ovf)
+                                 : sz;
         if (ovf || sz != want_sz) {
             fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): size %llu, dtype %u "
                        "[%u, %u] needs %llu", (unsigned)i, kind_name(kind),

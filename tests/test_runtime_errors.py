@@ -127,15 +127,17 @@ def test_hostile_files_never_crash(c_build, colibri_file, tmp_path):
 
 
 def with_extra_section(src, dst, kind: int, flags: int, at: int = 1,
-                       payload: bytes = b"\x01\x02\x03\x04" * 24):
-    """Re-lay a file with one more table entry (kind, flags: an F32 [1, n]
-    section) inserted at table position `at`, every offset and CRC redone."""
+                       payload: bytes = b"\x01\x02\x03\x04" * 24,
+                       dtype: int = 0, rows: int = 1, cols: int | None = None):
+    """Re-lay a file with one more table entry (kind, flags, by default an F32
+    [1, n] section) inserted at table position `at`, every offset and CRC
+    redone."""
     import zlib
     cf = cformat.read_file(src)
     old = list(cf.entries)
     sections = [bytes(cf.section(e)) for e in old]
-    extra = cformat.Entry(kind, int(cformat.DType.F32), flags, cformat.NO_INDEX,
-                          cformat.NO_INDEX, 1, len(payload) // 4, 0, len(payload),
+    extra = cformat.Entry(kind, dtype, flags, cformat.NO_INDEX, cformat.NO_INDEX, rows,
+                          len(payload) // 4 if cols is None else cols, 0, len(payload),
                           zlib.crc32(payload))
     entries, datas = old[:at] + [extra] + old[at:], sections[:at] + [payload] + sections[at:]
     table_len = cformat.ENTRY_SIZE * len(entries)
@@ -168,6 +170,12 @@ def test_unknown_sections(c_build, colibri_file, tmp_path):
     info = subprocess.run([str(build.cli), "--model", str(skip), "--info"],
                           capture_output=True, text=True, check=True).stdout
     assert "unknown_sections: 1" in info
+
+    # Its dtype and shape are a newer writer's business: size taken as stored.
+    odd = with_extra_section(good, tmp_path / "odd.colibri", kind=201, flags=0, at=9,
+                             payload=b"future metadata".ljust(40, b"\0"), dtype=9,
+                             rows=3, cols=7)
+    np.testing.assert_array_equal(run_driver(build, odd, calls, tmp_path / "o")[0], base)
 
     crit = with_extra_section(good, tmp_path / "crit.colibri", kind=200, flags=1, at=5)
     with pytest.raises(DriverError) as exc:
