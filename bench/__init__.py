@@ -1,0 +1,1 @@
+"""The benchmark suite (bench/README.md). Not part of the tests."""

@@ -1,0 +1,226 @@
+"""The results as a markdown table (printed and written to results.md) and a
+PNG plot, from the results dict bench/run.py builds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+ENGINE_ORDER = ["colibri f32", "colibri int8", "llama.cpp f32", "llama.cpp q8_0",
+                "transformers f32", "reference f32", "reference int8"]
+# (Colibri engine, peer) pairs whose ratio the table prints.
+PAIRS = [("colibri f32", "llama.cpp f32"), ("colibri int8", "llama.cpp q8_0"),
+         ("colibri f32", "transformers f32"), ("colibri f32", "reference f32"),
+         ("colibri int8", "reference int8")]
+
+
+def _f(x, fmt="{:.1f}"):
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _ratio(a, b):
+    return None if not a or not b else a / b
+
+
+def _goal(ok, text):
+    if ok is None:
+        return f"- n/a: {text}"
+    return f"- {'MET' if ok else 'MISSED'}: {text}"
+
+
+def markdown(r: dict) -> str:
+    env, mach = r["env"], r["machine"]
+    L = [f"# Colibri benchmark results ({r['mode']} run)", "",
+         f"{env['date_utc']} UTC, git {env['git']}{' (src/ modified)' if env['src_dirty'] else ''}, "
+         f"{env['cpu']}, {env['cores']} cores, kernels {'+'.join(env.get('kernels', []))}. "
+         f"Load average {env['loadavg_start'][0]:.1f} at the start, "
+         f"{env.get('loadavg_end', [0])[0]:.1f} at the end: the machine was shared with other "
+         f"engineers' builds, tests and training while this ran, so every figure is a lower "
+         f"bound of what an idle core gives, and noisy. Whole run: {r['wall_s'] / 60:.1f} min.",
+         "", "Everything single-threaded. Medians (prefill: of the timed repetitions after a "
+         "warm-up one; decode: of the per-step times).", "",
+         "## Machine (same run)", "",
+         f"- AVX2 FMA peak (1 core): {mach['fma_gflops']:.1f} GFLOPS",
+         f"- memcpy bandwidth: {mach['memcpy_bytes_per_s'] / 1e9:.2f} GB/s copied "
+         f"(read-only AVX2 sum: {mach['read_bytes_per_s'] / 1e9:.2f} GB/s), "
+         f"{mach['buffer_mib']} MiB buffers", ""]
+
+    goals = {}
+    for name, m in r["models"].items():
+        eng = m["engines"]
+        c = m["config"]
+        L += [f"## Model {name}: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+              f"{c['num_local_experts']} experts top-{c['num_experts_per_tok']}, "
+              f"intermediate {c['intermediate_size']}, vocab {c['vocab_size']}", "",
+              "| engine | prefill 128 tok/s | decode tok/s | decode p99 ms | steps | greedy = transformers |",
+              "|---|---:|---:|---:|---:|---|"]
+        for k in ENGINE_ORDER:
+            v = eng.get(k)
+            if v is None:
+                continue
+            if "error" in v:
+                L.append(f"| {k} | error | error | | | {v['error'].strip().splitlines()[-1][:80]} |")
+                continue
+            p99 = v["decode"].get("p99")
+            L.append(f"| {k} | {_f(v['prefill_tok_s'])} | {_f(v['decode_tok_s'], '{:.2f}')} | "
+                     f"{_f(p99 and p99 * 1e3, '{:.2f}')} | {v['decode']['n']} | "
+                     f"{m['greedy_equal_to_transformers'].get(k, 'n/a')} |")
+        L += ["", "| ratio | prefill | decode |", "|---|---:|---:|"]
+        for a, b in PAIRS:
+            va, vb = eng.get(a, {}), eng.get(b, {})
+            rp = _ratio(va.get("prefill_tok_s"), vb.get("prefill_tok_s"))
+            rd = _ratio(va.get("decode_tok_s"), vb.get("decode_tok_s"))
+            L.append(f"| {a} / {b} | {_f(rp, '{:.2f}x')} | {_f(rd, '{:.2f}x')} |")
+            if name == "small" and b.startswith("llama"):
+                goals[f"decode {a} vs {b}"] = rd
+        chk = m.get("llama_check")
+        if chk:
+            L += ["", f"llama.cpp f32 greedy tokens {chk['got']} vs transformers "
+                      f"{chk['expected']}: **{'equal' if chk['equal'] else 'DIFFERENT'}** "
+                      "(checked before timing: the GGUF is the same model)."]
+        L += ["", "Decode bandwidth (weight bytes a token reads / median step time):", "",
+              "| file | MB read per token | GB/s | % of memcpy | % of read-only |",
+              "|---|---:|---:|---:|---:|"]
+        for q, b in m["decode_bandwidth"].items():
+            bps = b["bytes_per_s"]
+            pm = _ratio(bps, mach["memcpy_bytes_per_s"])
+            pr = _ratio(bps, mach["read_bytes_per_s"])
+            L.append(f"| colibri {q} | {b['bytes_per_token'] / 1e6:.2f} | {_f(bps and bps / 1e9, '{:.2f}')} | "
+                     f"{_f(pm and 100 * pm, '{:.0f}%')} | {_f(pr and 100 * pr, '{:.0f}%')} |")
+            if name == "small":
+                goals[f"bandwidth {q}"] = pm
+        L += ["", "Decode latency (position cycles from 16 to max_seq_len-1, then n_past rewinds; "
+                  "'fixed position': every step at n_past 16):", "",
+              "| file | steps | mean ms | p50 ms | p99 ms | std ms | std % of mean | IQR % of median | steps > 2x median |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for q, s in m["latency"].items():
+            L.append(f"| colibri {q} | {s['n']} | {s['mean'] * 1e3:.3f} | {s['p50'] * 1e3:.3f} | "
+                     f"{s['p99'] * 1e3:.3f} | {s['std'] * 1e3:.3f} | {s['std_pct_of_mean']:.1f}% | "
+                     f"{s['iqr_pct_of_median']:.1f}% | {s['steps_over_2x_median']} |")
+            if name == "small":
+                goals[f"latency {q}"] = s["std_pct_of_mean"]
+        L += ["", "Instructions of one decode step (callgrind, same position, different input tokens):", "",
+              "| file | inputs | min | max | spread | distinct counts |", "|---|---:|---:|---:|---:|---:|"]
+        for q, s in m["icount"].items():
+            if "error" in s:
+                L.append(f"| colibri {q} | error: {s['error'][:80]} | | | | |")
+            else:
+                L.append(f"| colibri {q} | {s['inputs']} | {s['min']:,} | {s['max']:,} | "
+                         f"{s['spread']:,} ({s['spread_pct']:.4f}%) | {s['distinct']} |")
+        L.append("")
+
+    if "ffn" in r:
+        f = r["ffn"]
+        peak = mach["fma_gflops"]
+        L += ["## Expert FFN at prefill (128 tokens, one layer of the small model's experts)", "",
+              f"Routing of the 128 tokens over the 8 experts: {f['routing_counts']}; "
+              f"{f['expert_flops'] / 1e9:.2f} GFLOP of expert matmuls per prefill. Colibri and "
+              "llama.cpp: whole prefill of the ffn model (>99% expert FFN), so their figure is a "
+              "slight underestimate; numpy: the three sgemm per expert alone.", "",
+              "| engine | GFLOPS (int8: GOPS) | / numpy sgemm | % of FMA peak |", "|---|---:|---:|---:|"]
+        sg = f["numpy sgemm"]["gflops"]
+        for k in ("colibri f32", "colibri int8", "numpy sgemm", "llama.cpp f32", "llama.cpp q8_0"):
+            v = f.get(k)
+            if not v or "gflops" not in v:
+                continue
+            L.append(f"| {k} | {v['gflops']:.1f} | {v['gflops'] / sg:.2f}x | {100 * v['gflops'] / peak:.0f}% |")
+        goals["ffn f32"] = f["colibri f32"]["gflops"] / sg
+        L.append("")
+
+    L += ["## Init time and peak RSS per load mode", "",
+          "| file | size MB | mmap init ms | mmap RSS MB | fread init ms | fread RSS MB | "
+          "memory init ms (+read ms) | memory RSS MB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for k, v in r["init"].items():
+        mm, fr, me = v["mmap"], v["fread"], v["memory"]
+        L.append(f"| {k} | {mm['file_size'] / 1e6:.1f} | {mm['init_best_s'] * 1e3:.1f} | "
+                 f"{mm['peak_rss_kib'] / 1024:.1f} | {fr['init_best_s'] * 1e3:.1f} | "
+                 f"{fr['peak_rss_kib'] / 1024:.1f} | {me['init_best_s'] * 1e3:.1f} "
+                 f"(+{me['read_s'] * 1e3:.0f}) | {me['peak_rss_kib'] / 1024:.1f} |")
+    cr = r["crc"]
+    L += ["", f"CRC throughput (colibri_verify on {cr['file']} in memory): "
+              f"{cr['bytes_per_s'] / 1e9:.2f} GB/s ({cr['bytes'] / 1e6:.0f} MB in {cr['best_s'] * 1e3:.0f} ms).", "",
+          "## Library size per target (libcolibri.a, from the size reports)", "",
+          "| target | code | data | rodata | total |", "|---|---:|---:|---:|---:|"]
+    for t, v in r["library_size"].items():
+        if "error" in v:
+            L.append(f"| {t} | {v['error']} | | | |")
+        else:
+            L.append(f"| {t} | {v.get('code', 0):,} | {v.get('data', 0):,} | {v.get('rodata', 0):,} | "
+                     f"{v['total']:,} |")
+
+    L += ["", "## Goals of issue 7 (small model)", ""]
+    if "decode colibri f32 vs llama.cpp f32" in goals or "bandwidth f32" in goals:
+        for k in ("decode colibri f32 vs llama.cpp f32", "decode colibri int8 vs llama.cpp q8_0"):
+            v = goals.get(k)
+            L.append(_goal(v and v >= 1.0, f"{k}: {_f(v, '{:.2f}x')} (goal >= 1.0x)"))
+        v = goals.get("ffn f32")
+        L.append(_goal(v and v >= 1.0, f"expert FFN prefill f32 vs numpy sgemm: {_f(v, '{:.2f}x')} (goal >= 1.0x)"))
+        for q in ("f32", "int8"):
+            v = goals.get(f"bandwidth {q}")
+            L.append(_goal(v and v >= 0.7, f"decode {q} at {_f(v and 100 * v, '{:.0f}%')} of memcpy bandwidth (goal >= 70%)"))
+        for q in ("f32", "int8", "int8 fixed position"):
+            v = goals.get(f"latency {q}")
+            L.append(_goal(None if v is None else v <= 2.0,
+                           f"decode latency std {q}: {_f(v, '{:.1f}%')} of the mean (goal <= 2% on an idle machine; this one was not idle)"))
+    else:
+        L.append("(quick run: the goals are judged on the small model of a full run)")
+    L.append("")
+    return "\n".join(L)
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(2, 2, figsize=(13, 9))
+    names = list(r["models"])
+    engines = [e for e in ENGINE_ORDER if any(e in r["models"][n]["engines"] for n in names)]
+    w = 0.8 / max(1, len(engines))
+    for col, key, title in ((0, "decode_tok_s", "decode tokens/s (batch 1, 1 thread)"),
+                            (1, "prefill_tok_s", "prefill tokens/s (128 tokens, 1 thread)")):
+        a = ax[0][col]
+        for i, e in enumerate(engines):
+            vals = [r["models"][n]["engines"].get(e, {}).get(key) or 0 for n in names]
+            a.bar(np.arange(len(names)) + i * w, vals, w, label=e)
+        a.set_xticks(np.arange(len(names)) + w * (len(engines) - 1) / 2)
+        a.set_xticklabels(names)
+        a.set_yscale("log")
+        a.set_title(title)
+        a.legend(fontsize=7)
+    a = ax[1][0]
+    for n in names:
+        for q, s in r["models"][n]["latency"].items():
+            a.bar(f"{n}\n{q}", s["std_pct_of_mean"], color="tab:red" if s["std_pct_of_mean"] > 2 else "tab:green")
+    a.axhline(2.0, color="k", ls="--", lw=1)
+    a.set_title("decode latency std, % of mean (goal <= 2%)")
+    a.tick_params(axis="x", labelsize=7)
+    a = ax[1][1]
+    labels, vals = [], []
+    mach = r["machine"]
+    labels.append("FMA peak")
+    vals.append(mach["fma_gflops"])
+    if "ffn" in r:
+        for k in ("colibri f32", "colibri int8", "numpy sgemm", "llama.cpp f32", "llama.cpp q8_0"):
+            if "gflops" in r["ffn"].get(k, {}):
+                labels.append(f"FFN {k}")
+                vals.append(r["ffn"][k]["gflops"])
+    a.bar(labels, vals, color="tab:blue")
+    a.set_ylabel("GFLOPS")
+    a2 = a.twinx()
+    bl, bv = ["memcpy", "read"], [mach["memcpy_bytes_per_s"] / 1e9, mach["read_bytes_per_s"] / 1e9]
+    for n in names:
+        for q, b in r["models"][n]["decode_bandwidth"].items():
+            if b["bytes_per_s"]:
+                bl.append(f"decode {n} {q}")
+                bv.append(b["bytes_per_s"] / 1e9)
+    x0 = len(labels)
+    a2.bar(np.arange(x0, x0 + len(bl)), bv, color="tab:orange")
+    a2.set_ylabel("GB/s (orange)")
+    a.set_xticks(np.arange(x0 + len(bl)))
+    a.set_xticklabels(labels + bl, rotation=60, ha="right", fontsize=7)
+    a.set_title("expert FFN GFLOPS (blue) and decode bandwidth GB/s (orange)")
+    fig.suptitle(f"Colibri bench {r['env']['date_utc']} UTC, git {r['env']['git']} "
+                 f"(shared machine, load avg {r['env']['loadavg_start'][0]:.1f})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The benchmark suite (bench/README.md): one command.
+#   scripts/bench.sh            full run (tiny + small model), ~30-40 min on 2 cores
+#   scripts/bench.sh --quick    tiny model only, few steps (~3 min)
+# Extra arguments go to bench/run.py (see `--help`).
+#
+# Installs the bench-only Python packages into .venv, idempotently and without
+# touching the test setup (scripts/setup.sh, pyproject.toml): llama-cpp-python
+# (built from source: CPU only, no GPU back-end, no OpenMP thread pool, so
+# n_threads=1 is really one thread), gguf (GGUF writer + Q8_0 quantiser) and
+# matplotlib (the plot). Then builds the Colibri host library and runs.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+say() { printf '[bench] %s\n' "$*"; }
+
+[ -x .venv/bin/python ] || { echo "[bench] no .venv: run scripts/setup.sh first" >&2; exit 1; }
+py=.venv/bin/python
+
+# --- bench-only packages ----------------------------------------------------
+# Pinned so that results stay comparable between runs.
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+GGUF_VERSION=0.19.0
+MATPLOTLIB_VERSION=3.11.2
+have() { "$py" - "$1" "$2" <<'PY' 2>/dev/null
+import importlib.metadata as md, sys
+sys.exit(0 if md.version(sys.argv[1]) == sys.argv[2] else 1)
+PY
+}
+pipq() { "$py" -m pip install -q "$@" 2>&1 | grep -v -e '^WARNING: Location' -e 'BuildBackendWarning' || true; }
+if ! have gguf "$GGUF_VERSION" || ! have matplotlib "$MATPLOTLIB_VERSION"; then
+    say "installing gguf $GGUF_VERSION, matplotlib $MATPLOTLIB_VERSION"
+    pipq "gguf==$GGUF_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
+fi
+if ! have llama_cpp_python "$LLAMA_CPP_PYTHON_VERSION"; then
+    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source (CPU only; several minutes)"
+    # CPU back-end only; no CUDA/Metal/Vulkan/BLAS; no OpenMP so that the
+    # ggml thread pool honours n_threads=1 without an idle spinning team.
+    # Same instruction set as Colibri's x86 kernels (AVX2 + FMA + F16C +
+    # AVX-VNNI), not -march=native: this CPU also has AVX-512 and AMX, which
+    # Colibri does not use, and the comparison is of engines, not of ISAs.
+    CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_BLAS=OFF -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_BMI2=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+    CMAKE_BUILD_PARALLEL_LEVEL=2 \
+        pipq --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+fi
+"$py" -c 'import llama_cpp, gguf, matplotlib' \
+    || { echo "[bench] bench packages did not install (see pip output above)" >&2; exit 1; }
+
+# --- run --------------------------------------------------------------------
+[ "${BENCH_INSTALL_ONLY:-0}" = 1 ] && { say "packages present"; exit 0; }
+exec "$py" bench/run.py "$@"
