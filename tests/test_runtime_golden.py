@@ -95,3 +95,21 @@ def test_chunking_and_rewind_do_not_change_logits(c_build, colibri_file, referen
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(a, c)
     np.testing.assert_allclose(a, ref.forward(toks)[0], atol=F32_ATOL, rtol=0)
+
+
+def test_limits_smaller_than_a_chunk(c_build, colibri_file, tmp_path):
+    """max_batch * max_seq_len below COLIBRI_CHUNK_TOKENS (the chunk shrinks
+    to fit), the cache filled to its last slot, and a full batch."""
+    from colibri.reference import Reference
+    from test_runtime_errors import rewrite
+    from test_runtime_support import Call
+    path = rewrite(colibri_file("awkward", "f32"), tmp_path / "small.colibri",
+                   max_seq_len=5, max_batch=2)
+    rng = np.random.default_rng(2)
+    calls = [Call(rng.integers(0, 83, size=(2, 3)), np.array([[1, 1, 1], [0, 1, 1]]), 0),
+             Call(rng.integers(0, 83, size=(2, 1)), None, 3),
+             Call(rng.integers(0, 83, size=(2, 1)), None, 4)]
+    got = run_driver(c_build("ref"), path, calls, tmp_path / "run", vocab=83)
+    want = reference_logits(Reference(path), calls)
+    err = np.abs(valid_rows(calls, got) - valid_rows(calls, want)).max()
+    assert err <= F32_ATOL, err
