@@ -57,6 +57,18 @@ def build_replay(info: dict | None = None, out: Path | None = None) -> Path:
     return exe
 
 
+def build_tool(name: str, info: dict | None = None) -> Path:
+    """fuzz/NAME.c (a standalone driver with its own main) linked against
+    build_library()."""
+    info = info or build_library()
+    exe = Path(info["lib"]).parent.parent / name
+    src = FUZZ / f"{name}.c"
+    if not exe.exists() or any(p.stat().st_mtime > exe.stat().st_mtime
+                               for p in (src, Path(info["lib"]))):
+        cbuild.build_program(info, [src], exe)
+    return exe
+
+
 @dataclass
 class Result:
     path: str
