@@ -21,7 +21,7 @@
  *   that fit in L2 so every token block finds the panel's weights in cache.
  * - Outer-product (GEMM) form (prefill, many tokens): matmul_f32 from
  *   GEMM_MIN_N tokens, matmul_i8 from I8G_MIN_N; one operand is repacked
- *   into a small stack buffer (16 KiB for f32, 24 KiB for i8) so vector lanes
+ *   into a small stack buffer (32 KiB for f32, 24 KiB for i8) so vector lanes
  *   run along tokens (f32) or rows (i8), and no horizontal sums are needed.
  *   See the comments at gemm_f32 and i8_gemm.
  * matmul_i8 additionally uses vpdpbusd on CPUs with AVX-VNNI (dot_acc).
@@ -233,11 +233,13 @@ BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
  * tokens. The micro-kernel holds R rows x 16 tokens in 2R accumulators:
  * per column, 2 aligned loads of xp, R broadcast loads of W, 2R FMAs (R = 6:
  * 12 accumulators, 8 loads per 12 FMAs). W is read in its own layout (no
- * weight packing); a panel of RP rows x KC columns stays in L2 while all the
- * token blocks pass over it, and xp (KC x 16 floats) stays in L1. Partial
+ * weight packing); a panel of RP rows x KC columns (768 KiB) stays in L2
+ * while all the token blocks pass over it, and xp (KC x 16 floats, 32 KiB)
+ * stays in L1. KC and RP were tuned with test_kernels --bench on a CPU with
+ * 2 MiB of L2 (KC 256 / RP 96 gave 81 instead of 100 GFLOPS). Partial
  * sums over the KC chunks are added into Y, so Y is written once per chunk. */
 
-enum { GEMM_KC = 256, GEMM_TB = 16, GEMM_RP = 96 };
+enum { GEMM_KC = 512, GEMM_TB = 16, GEMM_RP = 384 };
 
 /* xp[c][0..16) = X[t0 + i, kc + c] for i < nt, zero for the padding tokens. */
 TGT static void pack_x16(float *xp, const float *X, uint32_t cols, uint32_t t0,

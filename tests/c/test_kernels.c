@@ -414,7 +414,7 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
                     test_quantize(ref, k, NS[a], COLS[c], GROUPS[g]);
     /* Larger shapes: several row panels, column chunks and token blocks,
      * each with a remainder. */
-    static const uint32_t big[][3] = {{40, 200, 600}, {19, 101, 1100}, {33, 97, 257}};
+    static const uint32_t big[][3] = {{40, 200, 600}, {19, 101, 1100}, {33, 97, 257}, {9, 400, 520}};
     for (size_t i = 0; i < LEN(big); i++) {
         test_matmul_f32(ref, k, big[i][0], big[i][1], big[i][2]);
         test_matmul_i16(ref, k, big[i][0], big[i][1], big[i][2]);
