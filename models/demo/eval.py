@@ -51,7 +51,7 @@ import prepare_corpus as corpus  # noqa: E402
 TEST_WINDOWS = 4
 PROMPT = "The Python tutorial"
 SAMPLE_BYTES = 200
-SAMPLE_TEMPERATURE = 0.5
+SAMPLE_TEMPERATURE = 0.7
 SAMPLE_SEED = 0
 LN2 = math.log(2.0)
 
@@ -305,8 +305,10 @@ def render_markdown(res: dict) -> str:
     if "training" in res:
         t = res["training"]
         lines += [f"Training: {t['steps']} steps x {t['batch']} x {t['seq_len']} bytes "
-                  f"({t['tokens']:,} bytes seen), {t['train_seconds']:.0f} s on "
-                  f"{t['threads']} threads, torch {t['torch']}.", ""]
+                  f"({t['tokens']:,} bytes seen), {t['train_seconds']:.0f} s with "
+                  f"{t['threads']} torch thread(s), torch {t['torch']}; held-out bpb at the "
+                  f"end of training (train.py's own held-out windows): "
+                  f"{t['final_heldout_bpb']}.", ""]
     e = res["eval_set"]
     lines += [
         f"## Held-out bits per byte ({e['windows']} windows of {e['width']} bytes, "
