@@ -7,6 +7,8 @@
 #   fuzz/run.sh merge          minimise the committed corpus fuzz/corpus/ with
 #                              what the runs found (libFuzzer -merge=1)
 #   fuzz/run.sh repro FILE...  run the fuzzer binary on given inputs
+#   fuzz/run.sh coverage       line/branch coverage of src/ by the committed
+#                              corpus and the seeds (llvm-cov report)
 #
 # Needs clang (with compiler-rt's libFuzzer). One fuzzing process: the
 # machine is shared. New inputs go to build/fuzz/work/ (not committed), crashes
@@ -14,15 +16,18 @@
 # (valid tiny files of every quantisation) come from fuzz/gen_seeds.py.
 # The source list mirrors colibri/build/sources.py (LIBRARY plus the AVX2
 # kernels on x86-64); tests/test_fuzz_corpus.py checks that they agree.
+# KERNELS=ref fuzz/run.sh ... builds the portable reference kernels only
+# (into build/fuzz-ref/), the path every non-x86 target runs.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT="$ROOT/build/fuzz"
+OUT="$ROOT/build/fuzz${KERNELS:+-$KERNELS}"
 CC=${CC:-clang}
 PY=${PY:-$ROOT/.venv/bin/python}
 SOURCES="src/core.c src/tensor.c src/moe.c src/kernels/ref.c"
 DEFS=""
-case "$(uname -m)" in
-    x86_64|amd64) SOURCES="$SOURCES src/kernels/avx2.c"; DEFS="-DCOLIBRI_USE_AVX2" ;;
+case "${KERNELS:-host}-$(uname -m)" in
+    host-x86_64|host-amd64) SOURCES="$SOURCES src/kernels/avx2.c"; DEFS="-DCOLIBRI_USE_AVX2" ;;
+    ref-*) DEFS="-DCOLIBRI_KERNELS_REF_ONLY" ;;
 esac
 
 build() {
@@ -61,6 +66,17 @@ merge)
         rm -f "$ROOT/fuzz/corpus/$big"
     done
     echo "fuzz/corpus: $(ls "$ROOT/fuzz/corpus" | wc -l) files, $(du -sk "$ROOT/fuzz/corpus" | cut -f1) KB"
+    ;;
+coverage)
+    build
+    COV="$OUT/coverage" && mkdir -p "$COV"
+    (cd "$ROOT" && $CC -std=c11 -O1 -ffp-contract=off -fprofile-instr-generate \
+        -fcoverage-mapping -Isrc/include -Isrc -Isrc/kernels $DEFS -DCOLIBRI_ENABLE_MMAP=1 \
+        fuzz/fuzz_init_infer.c fuzz/replay_main.c $SOURCES -lm -o "$COV/replay")
+    LLVM_PROFILE_FILE="$COV/replay.profraw" "$COV/replay" "$ROOT"/fuzz/corpus/* \
+        "$OUT"/seeds/* > /dev/null
+    llvm-profdata merge -sparse "$COV/replay.profraw" -o "$COV/replay.profdata"
+    (cd "$ROOT" && llvm-cov report "$COV/replay" -instr-profile="$COV/replay.profdata" $SOURCES)
     ;;
 repro)
     build
