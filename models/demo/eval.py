@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import os
 
-# One BLAS/OpenMP thread: on the shared 2-core machine two threads collapse
-# under contention (see train.py THREADS). Set before numpy/torch load.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+# Run as a script: one BLAS/OpenMP thread, since on the shared 2-core machine
+# two threads collapse under contention (see train.py THREADS). Must be set
+# before numpy/torch load; not done on import (the tests import this module).
+if __name__ == "__main__":
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 import argparse
 import json
@@ -230,9 +232,10 @@ def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
         files = {q: convert(model_dir, tmp / f"demo-{q}.colibri", q, max_batch=windows.shape[0])
                  for q in ("f32", "int8")}
         res["colibri_bytes"] = {q: f.stat().st_size for q, f in files.items()}
-        routes = {}
+        routes, ref_logits = {}, {}
         for q, f in files.items():
             logits, routes[q] = reference_logits(f, windows)
+            ref_logits[q] = logits
             bpb[f"reference_{q}"] = bits_per_byte(logits, windows)
             if q == "f32":
                 res["max_abs_logit_diff_reference_f32_vs_transformers"] = float(
@@ -247,7 +250,14 @@ def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
             cli_files = {q: convert(model_dir, tmp / f"demo-{q}-b1.colibri", q)
                          for q in ("f32", "int8")}
             for q, f in cli_files.items():
-                bpb[f"c_runtime_{q}"] = bits_per_byte(cli_logits(CLI, f, windows, tmp), windows)
+                c_logits = cli_logits(CLI, f, windows, tmp)
+                bpb[f"c_runtime_{q}"] = bits_per_byte(c_logits, windows)
+                diff = np.abs(c_logits - ref_logits[q]).max(axis=-1)              # [b, s]
+                rel = diff / np.abs(ref_logits[q]).max(axis=-1)
+                res.setdefault("c_runtime_vs_reference", {})[q] = dict(
+                    max_abs_logit_diff=float(diff.max()),
+                    positions_rel_diff_above_1e_3=float((rel > 1e-3).mean()),
+                    argmax_agreement=float((c_logits.argmax(-1) == ref_logits[q].argmax(-1)).mean()))
                 say(f"C runtime {q}: {bpb[f'c_runtime_{q}']:.4f} bpb")
         else:
             res["c_runtime"] = f"not measured: {CLI.relative_to(ROOT)} is not built"
@@ -325,7 +335,12 @@ def render_markdown(res: dict) -> str:
     for q in ("f32", "int8"):
         if f"c_runtime_{q}" in b:
             lines.append(f"| C runtime (colibri-cli, x86_64) | {q} .colibri | {b[f'c_runtime_{q}']:.4f} |")
-    lines += ["", f"int8 costs {100 * res['int8_relative_cost']:.2f}% relative (bound: 1%)."]
+    lines += ["", f"int8 costs {100 * res['int8_relative_cost']:.3f}% relative (bound: 1%)."]
+    for q, d in res.get("c_runtime_vs_reference", {}).items():
+        lines.append(f"C runtime vs numpy reference on the same {q} file: max |logit difference| "
+                     f"{d['max_abs_logit_diff']:.1e}, positions whose logits differ by more than "
+                     f"1e-3 of their largest: {100 * d['positions_rel_diff_above_1e_3']:.1f}%, "
+                     f"same argmax at {100 * d['argmax_agreement']:.2f}% of positions.")
     if "c_runtime" in res:
         lines.append(f"C runtime: {res['c_runtime']}.")
     if "heldout_full" in res:
