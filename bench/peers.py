@@ -1,8 +1,9 @@
 """The peer engines, one per process (`python -m bench.peers ENGINE ...`), each
 timed exactly as bench/c/colibri_bench.c `speed` times Colibri and printing
 the same JSON: prefill_s (every repetition of a fresh 128-token prefill),
-decode_s (every greedy decode step after a prompt, batch 1, KV cache) and
-tokens (the greedy tokens: the prompt's next token, then one per step).
+decode_s (every greedy decode step after a prompt, batch 1, KV cache), the
+same as process CPU time (prefill_cpu_s, decode_cpu_s) and tokens (the
+greedy tokens: the prompt's next token, then one per step).
 
 Engines, all single-threaded (the caller also sets OMP/OPENBLAS/MKL threads 1):
   reference     colibri.reference.Reference on a .colibri file (numpy)
@@ -98,18 +99,20 @@ class LlamaEngine(Engine):
 ENGINES = {"reference": ReferenceEngine, "transformers": TransformersEngine, "llama": LlamaEngine}
 
 
-def greedy(engine, prompt, n_steps, budget_s=None, times=None):
-    """Greedy tokens from prompt: [next of prompt, then one per step]."""
+def greedy(engine, prompt, n_steps, budget_s=None, times=None, cpu_times=None):
+    """Greedy tokens from prompt: [next of prompt, then one per step]; each
+    step's wall and process CPU time appended to times / cpu_times."""
     toks = [int(np.argmax(engine.start(prompt)))]
     start = time.perf_counter()
     n = len(prompt)
     while len(toks) <= n_steps:
         if budget_s is not None and len(toks) > 3 and time.perf_counter() - start > budget_s:
             break
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = engine.step(toks[-1], n)
         if times is not None:
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
         toks.append(int(np.argmax(logits)))
         n += 1
     return toks
@@ -135,14 +138,16 @@ def main(argv=None) -> int:
         want = [int(t) for t in a.expect.split(",")]
         got = greedy(engine, tokens[:a.n_prompt], len(want) - 1)
         out["check"] = {"expected": want, "got": got, "equal": got == want}
-    pre = []
+    pre, pre_cpu = [], []
     for _ in range(a.prefill_reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         engine.prefill(tokens[:a.n_prefill])
         pre.append(time.perf_counter() - t0)
-    dec = []
-    toks = greedy(engine, tokens[:a.n_prompt], a.max_decode, a.decode_budget_s, dec)
-    out.update(prefill_s=pre, decode_s=dec, tokens=toks)
+        pre_cpu.append(time.process_time() - c0)
+    dec, dec_cpu = [], []
+    toks = greedy(engine, tokens[:a.n_prompt], a.max_decode, a.decode_budget_s, dec, dec_cpu)
+    out.update(prefill_s=pre, prefill_cpu_s=pre_cpu, decode_s=dec, decode_cpu_s=dec_cpu,
+               tokens=toks)
     print(json.dumps(out))
     return 0
 

@@ -37,10 +37,17 @@ GREEDY_CHECK = 8  # decode steps of the llama.cpp-vs-transformers check
 # Per model: (prefill repetitions timed, decode budget in seconds per engine,
 # max decode steps, latency steps f32/int8, callgrind inputs f32/int8).
 PLANS = {
-    "quick": {"tiny": dict(reps=3, budget=0.5, max_decode=64, lat=(1000, 1000), icount=(20, 20))},
+    "quick": {"tiny": dict(reps=3, ref_reps=3, budget=0.5, max_decode=64, lat=(1000, 1000),
+                           icount=(20, 20))},
     "full": {
-        "tiny": dict(reps=5, budget=2.0, max_decode=400, lat=(10000, 10000), icount=(100, 100)),
-        "small": dict(reps=2, budget=8.0, max_decode=64, lat=(1000, 10000), icount=(20, 100)),
+        "tiny": dict(reps=5, ref_reps=5, budget=2.0, max_decode=400, lat=(10000, 10000),
+                     icount=(100, 100)),
+        # A small-model decode step takes 0.1-0.4 s on this (shared) machine:
+        # 10 000 steps would take 20-70 minutes, so the small model gets fewer
+        # (the tiny model the full 10 000).
+        # The numpy reference's small prefill takes 30 s: one, no warm-up.
+        "small": dict(reps=2, ref_reps=0, budget=10.0, max_decode=64, lat=(500, 3000),
+                      icount=(20, 50)),
     },
 }
 
@@ -101,9 +108,10 @@ def bench_model(name: str, ms: models.ModelSet, drivers: Drivers, plan: dict,
                                                      expect=expect if q == "f32" else None)
     else:
         eng["llama.cpp f32"] = eng["llama.cpp q8_0"] = {"error": "llama-cpp-python not installed"}
+    ref_args = (tokens, N_PROMPT, N_PREFILL, plan["ref_reps"], plan["budget"], plan["max_decode"])
     for q in ("f32", "int8"):
         log(f"{name}: numpy reference {q}")
-        eng[f"reference {q}"] = measure.run_peer("reference", ms.colibri[q], *args)
+        eng[f"reference {q}"] = measure.run_peer("reference", ms.colibri[q], *ref_args)
     res["engines"] = eng
 
     # Same model, same greedy tokens? (the first GREEDY_CHECK+1 tokens)
@@ -124,7 +132,9 @@ def bench_model(name: str, ms: models.ModelSet, drivers: Drivers, plan: dict,
     for q in ("f32", "int8"):
         wb = measure.decode_weight_bytes(ms.colibri[q])
         tps = eng[f"colibri {q}"].get("decode_tok_s")
-        bw[q] = {**wb, "bytes_per_s": wb["bytes_per_token"] * tps if tps else None}
+        tpc = eng[f"colibri {q}"].get("decode_tok_s_cpu")
+        bw[q] = {**wb, "bytes_per_s": wb["bytes_per_token"] * tps if tps else None,
+                 "bytes_per_cpu_s": wb["bytes_per_token"] * tpc if tpc else None}
     res["decode_bandwidth"] = bw
 
     log(f"{name}: latency distribution")
@@ -132,7 +142,7 @@ def bench_model(name: str, ms: models.ModelSet, drivers: Drivers, plan: dict,
     for q, steps in zip(("f32", "int8"), plan["lat"]):
         res["latency"][q] = measure.latency(drivers, ms.colibri[q], tokens, N_PROMPT, steps, "cycle")
     res["latency"]["int8 fixed position"] = measure.latency(
-        drivers, ms.colibri["int8"], tokens, N_PROMPT, min(plan["lat"][1], 2000), "fixed")
+        drivers, ms.colibri["int8"], tokens, N_PROMPT, min(plan["lat"][1], 1000), "fixed")
     log(f"{name}: instruction counts (callgrind)")
     res["icount"] = {q: measure.instruction_counts(drivers, ms.colibri[q], tokens, N_PROMPT, n)
                      for q, n in zip(("f32", "int8"), plan["icount"])}
@@ -149,21 +159,26 @@ def bench_ffn(ms: models.ModelSet, drivers: Drivers, work: Path, have_llama: boo
     sg = measure.numpy_ffn_sgemm(ms.colibri["f32"], experts, reps)
     flops = sg["flops"]
     out = {"routing_counts": sg["counts"], "expert_flops": flops,
-           "numpy sgemm": {"gflops": sg["gflops"], "times_s": sg["times_s"]}}
+           "numpy sgemm": {"gflops": sg["gflops"], "gflops_cpu": sg["gflops_cpu"],
+                           "times_s": sg["times_s"], "cpu_s": sg["cpu_s"]}}
     args = (tokens, N_PROMPT, N_PREFILL, reps, 0.0, 1)
     for q in ("f32", "int8"):
         r = measure.run_colibri_speed(drivers, ms.colibri[q], *args)
-        out[f"colibri {q}"] = {"gflops": flops / r["prefill"]["median"] / 1e9,
-                               "prefill_s": r["prefill_s"]}
+        out[f"colibri {q}"] = _gflops(flops, r)
     if have_llama:
         for q in ("f32", "q8_0"):
             r = measure.run_peer("llama", ms.gguf[q], *args)
             if "error" in r:
                 out[f"llama.cpp {q}"] = r
             else:
-                out[f"llama.cpp {q}"] = {"gflops": flops / r["prefill"]["median"] / 1e9,
-                                         "prefill_s": r["prefill_s"]}
+                out[f"llama.cpp {q}"] = _gflops(flops, r)
     return out
+
+
+def _gflops(flops: float, r: dict) -> dict:
+    return {"gflops": flops / r["prefill"]["median"] / 1e9,
+            "gflops_cpu": flops / r["prefill_cpu"]["median"] / 1e9,
+            "prefill_s": r["prefill_s"], "prefill_cpu_s": r["prefill_cpu_s"]}
 
 
 def main(argv=None) -> int:
@@ -211,8 +226,10 @@ def main(argv=None) -> int:
     res["init"] = {}
     for n, ms in sets.items():
         for q, p in ms.colibri.items():
-            res["init"][f"{n} {q}"] = measure.init_modes(drivers, p, reps=3)
-    big = sets.get("small", sets["tiny"]).colibri["f32"]
+            # a 2.6 GB init is a minute of CRC on a busy machine: once
+            reps = 3 if p.stat().st_size < 100e6 else 1
+            res["init"][f"{n} {q}"] = measure.init_modes(drivers, p, reps=reps)
+    big = sets.get("small", sets["tiny"]).colibri["int8"]
     res["crc"] = {**measure.crc(drivers, big, reps=3), "file": big.name}
     res["library_size"] = measure.library_sizes(a.work)
     res["env"]["loadavg_end"] = os.getloadavg()
