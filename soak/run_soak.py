@@ -1,6 +1,7 @@
 """Build and run the soak driver (soak/soak.c) and print its figures.
 
     .venv/bin/python soak/run_soak.py [--steps 100000] [--quant int8|f32]
+                                      [--valgrind-steps N]
 
 Two runs of the same decode loop over a seeded tiny model
 (colibri.build.testmodel, max_seq_len 64 so the cache rewinds every 56
@@ -8,6 +9,8 @@ steps): an optimised build (-O2, host kernels) for time and resident memory,
 and an AddressSanitizer + UBSan build whose LeakSanitizer checks at exit that
 nothing leaked (any report fails). Exit status 0 when both runs are clean,
 memory is flat and the prompt's logits are bit-identical at the end.
+With --valgrind-steps N (and valgrind installed) the optimised build also
+runs N steps under valgrind memcheck (--leak-check=full; ~50x slower).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import argparse
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -32,7 +36,10 @@ SHAPE = dataclasses.replace(testmodel.FW_TINY, max_seq_len=64)
 # Resident memory may move by allocator noise; more than this between the
 # first and the last sample (both after the first SAMPLE_EVERY steps) is growth.
 RSS_SLACK_KB = 64
-SAN_MARKS = ("LeakSanitizer", "AddressSanitizer", "runtime error")
+SAN_MARKS = ("LeakSanitizer", "AddressSanitizer", "runtime error", "definitely lost",
+             "Invalid read", "Invalid write", "uninitialised")
+VALGRIND = ("valgrind", "--error-exitcode=9", "--leak-check=full",
+            "--errors-for-leak-kinds=definite,indirect,possible", "-q")
 
 FIGURES = re.compile(r"(\w+)=([-\d.]+)")
 
@@ -89,10 +96,10 @@ class Run:
 
 
 def run(exe: Path, model_path: Path, steps: int, every: int = 1000,
-        timeout: float = 3600) -> Run:
+        timeout: float = 3600, prefix: tuple = ()) -> Run:
     env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1"}
     t = time.monotonic()
-    proc = subprocess.run([str(exe), str(model_path), str(steps), str(every)],
+    proc = subprocess.run([*prefix, str(exe), str(model_path), str(steps), str(every)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     wall = time.monotonic() - t
     figs = {k: float(v) for k, v in FIGURES.findall(proc.stdout.splitlines()[-1])} \
@@ -100,16 +107,25 @@ def run(exe: Path, model_path: Path, steps: int, every: int = 1000,
     return Run(figs, proc.returncode, proc.stdout, proc.stderr, wall)
 
 
+LEAK_CHECK = {"plain": "n/a", "asan": "LeakSanitizer clean", "valgrind": "memcheck clean"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--quant", default="int8", choices=("int8", "f32"))
     ap.add_argument("--every", type=int, default=1000, help="RSS sample interval (steps)")
+    ap.add_argument("--valgrind-steps", type=int, default=0,
+                    help="also run this many steps of the optimised build under valgrind")
     args = ap.parse_args(argv)
     path = model(args.quant)
     bad = 0
-    for variant in ("plain", "asan"):
-        r = run(build(variant), path, args.steps, args.every)
+    runs = [("plain", args.steps, ()), ("asan", args.steps, ())]
+    if args.valgrind_steps and shutil.which("valgrind"):
+        runs.append(("valgrind", args.valgrind_steps, VALGRIND))
+    for variant, steps, prefix in runs:
+        r = run(build("plain" if variant == "valgrind" else variant), path, steps,
+                args.every, prefix=prefix)
         f = r.figures
         print(f"{variant:5s}: {int(f.get('steps', 0))} steps in {f.get('seconds', 0):.1f} s "
               f"({f.get('steps_per_s', 0):.0f} steps/s), RSS first {f.get('rss_kb_first')} KB, "
@@ -117,7 +133,7 @@ def main(argv=None) -> int:
               f"{f.get('rss_kb_max')} KB over {int(f.get('samples', 0))} samples, "
               f"{int(f.get('rewinds', 0))} cache rewinds, prompt logits identical: "
               f"{bool(f.get('logits_identical'))}, "
-              f"leak check: {'LeakSanitizer clean' if variant == 'asan' and not r.problems() else 'n/a' if variant == 'plain' else 'FAILED'}")
+              f"leak check: {LEAK_CHECK[variant] if not r.problems() else 'FAILED'}")
         for p in r.problems():
             print(f"  PROBLEM: {p}")
             bad += 1
