@@ -8,6 +8,8 @@ build/fuzz-replay/ (cached across test sessions by cbuild's stamp).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -38,11 +40,25 @@ def compiler() -> str:
     return "clang" if shutil.which("clang") else "gcc"
 
 
+@contextlib.contextmanager
+def build_lock(directory: Path):
+    """Hold an exclusive lock on directory/.lock: the builds live in the
+    shared build/ tree, and several test sessions may run at once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def build_library(out: Path | None = None) -> dict:
     """libcolibri.a under ASan+UBSan with the host kernels (cbuild result)."""
     out = out or ROOT / "build" / "fuzz-replay"
-    return cbuild.build(out / "lib", cc=compiler(), sanitize="address,undefined",
-                        kernels=cbuild.host_kernels())
+    with build_lock(out):
+        return cbuild.build(out / "lib", cc=compiler(), sanitize="address,undefined",
+                            kernels=cbuild.host_kernels())
 
 
 def build_replay(info: dict | None = None, out: Path | None = None) -> Path:
@@ -51,9 +67,10 @@ def build_replay(info: dict | None = None, out: Path | None = None) -> Path:
     exe = Path(info["lib"]).parent.parent / "fuzz_replay"
     srcs = [FUZZ / "fuzz_init_infer.c", FUZZ / "replay_main.c"]
     # Rebuild when the harness or the library changed.
-    if not exe.exists() or any(p.stat().st_mtime > exe.stat().st_mtime
-                               for p in srcs + [Path(info["lib"])]):
-        cbuild.build_program(info, srcs, exe)
+    with build_lock(exe.parent):
+        if not exe.exists() or any(p.stat().st_mtime > exe.stat().st_mtime
+                                   for p in srcs + [Path(info["lib"])]):
+            cbuild.build_program(info, srcs, exe)
     return exe
 
 
@@ -63,9 +80,10 @@ def build_tool(name: str, info: dict | None = None) -> Path:
     info = info or build_library()
     exe = Path(info["lib"]).parent.parent / name
     src = FUZZ / f"{name}.c"
-    if not exe.exists() or any(p.stat().st_mtime > exe.stat().st_mtime
-                               for p in (src, Path(info["lib"]))):
-        cbuild.build_program(info, [src], exe)
+    with build_lock(exe.parent):
+        if not exe.exists() or any(p.stat().st_mtime > exe.stat().st_mtime
+                                   for p in (src, Path(info["lib"]))):
+            cbuild.build_program(info, [src], exe)
     return exe
 
 

@@ -30,6 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from colibri import cbuild  # noqa: E402
+sys.path.insert(0, str(ROOT / "fuzz"))
+from replay import build_lock  # noqa: E402  (one lock helper for shared build/)
 from colibri.build import testmodel  # noqa: E402
 
 SHAPE = dataclasses.replace(testmodel.FW_TINY, max_seq_len=64)
@@ -47,13 +49,14 @@ FIGURES = re.compile(r"(\w+)=([-\d.]+)")
 def build(variant: str, out: Path | None = None) -> Path:
     """The soak program for 'plain' or 'asan' (address,undefined + LSan)."""
     out = out or ROOT / "build" / "soak" / variant
-    info = cbuild.build(out / "lib", kernels=cbuild.host_kernels(),
-                        sanitize="address,undefined" if variant == "asan" else None)
-    exe = out / "soak"
-    src = SOAK / "soak.c"
-    if not exe.exists() or src.stat().st_mtime > exe.stat().st_mtime or \
-            Path(info["lib"]).stat().st_mtime > exe.stat().st_mtime:
-        cbuild.build_program(info, [src], exe)
+    with build_lock(out):
+        info = cbuild.build(out / "lib", kernels=cbuild.host_kernels(),
+                            sanitize="address,undefined" if variant == "asan" else None)
+        exe = out / "soak"
+        src = SOAK / "soak.c"
+        if not exe.exists() or src.stat().st_mtime > exe.stat().st_mtime or \
+                Path(info["lib"]).stat().st_mtime > exe.stat().st_mtime:
+            cbuild.build_program(info, [src], exe)
     return exe
 
 
@@ -61,8 +64,9 @@ def model(quant: str, out_dir: Path | None = None) -> Path:
     out_dir = out_dir or ROOT / "build" / "soak"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"soak-{quant}.colibri"
-    if not path.exists():
-        testmodel.make_model(path, quant, seed=7, shape=SHAPE)
+    with build_lock(out_dir):
+        if not path.exists():
+            testmodel.make_model(path, quant, seed=7, shape=SHAPE)
     return path
 
 
