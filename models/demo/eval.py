@@ -160,6 +160,32 @@ def reference_logits(path: Path, tokens: np.ndarray):
     return logits, ref.router_choices()
 
 
+def reference_logits_ulp_perturbed(path: Path, tokens: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The reference's logits [b, s, V] with every embedding value moved by one
+    part in 2^24 (about an ulp, what a different float32 summation order
+    gives). A control for the C runtime comparison: how far the file's own
+    arithmetic moves when nothing but rounding changes."""
+    from colibri.reference import Reference
+    ref = Reference(path)
+    rng = np.random.default_rng(seed)
+    embed = ref.embed
+
+    def perturbed(t):
+        e = embed(t)                                                      # [b, s, D]
+        return (e * (1 + rng.choice([-1.0, 1.0], size=e.shape) * 2.0 ** -24)).astype(np.float32)
+    ref.embed = perturbed
+    return ref.forward(tokens, mask=None, n_past=0)
+
+
+def logits_agreement(a: np.ndarray, b: np.ndarray) -> dict:
+    """Per-position agreement of two logits arrays [b, s, V] (b the baseline)."""
+    diff = np.abs(a - b).max(axis=-1)                                     # [b, s]
+    rel = diff / np.abs(b).max(axis=-1)
+    return dict(max_abs_logit_diff=float(diff.max()),
+                positions_rel_diff_above_1e_3=float((rel > 1e-3).mean()),
+                argmax_agreement=float((a.argmax(-1) == b.argmax(-1)).mean()))
+
+
 def routing_difference(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
     """Compare two routings (per layer [b, s, k]) as sets of experts per token.
     Returns the fraction of (layer, token) pairs whose sets differ, per layer
@@ -241,7 +267,10 @@ def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
                 res["max_abs_logit_diff_reference_f32_vs_transformers"] = float(
                     np.max(np.abs(logits - hf)))
             say(f"reference {q}: {bpb[f'reference_{q}']:.4f} bpb")
-        say("routing compared")
+        res["reference_vs_itself_ulp_perturbed"] = {
+            q: logits_agreement(reference_logits_ulp_perturbed(f, windows), ref_logits[q])
+            for q, f in files.items()}
+        say("routing compared, perturbation control done")
         res["routing_f32_vs_int8"] = routing_difference(routes["f32"], routes["int8"])
         res["routing_transformers_vs_reference_f32"] = routing_difference(
             hf_router_choices(model, windows), routes["f32"])
@@ -252,12 +281,8 @@ def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
             for q, f in cli_files.items():
                 c_logits = cli_logits(CLI, f, windows, tmp)
                 bpb[f"c_runtime_{q}"] = bits_per_byte(c_logits, windows)
-                diff = np.abs(c_logits - ref_logits[q]).max(axis=-1)              # [b, s]
-                rel = diff / np.abs(ref_logits[q]).max(axis=-1)
-                res.setdefault("c_runtime_vs_reference", {})[q] = dict(
-                    max_abs_logit_diff=float(diff.max()),
-                    positions_rel_diff_above_1e_3=float((rel > 1e-3).mean()),
-                    argmax_agreement=float((c_logits.argmax(-1) == ref_logits[q].argmax(-1)).mean()))
+                res.setdefault("c_runtime_vs_reference", {})[q] = logits_agreement(
+                    c_logits, ref_logits[q])
                 say(f"C runtime {q}: {bpb[f'c_runtime_{q}']:.4f} bpb")
         else:
             res["c_runtime"] = f"not measured: {CLI.relative_to(ROOT)} is not built"
@@ -343,6 +368,13 @@ def render_markdown(res: dict) -> str:
                      f"same argmax at {100 * d['argmax_agreement']:.2f}% of positions.")
     if "c_runtime" in res:
         lines.append(f"C runtime: {res['c_runtime']}.")
+    for q, d in res["reference_vs_itself_ulp_perturbed"].items():
+        lines.append(f"Control, numpy reference vs itself with every embedding value moved by "
+                     f"2^-24 relative ({q} file): max |logit difference| "
+                     f"{d['max_abs_logit_diff']:.1e}, {100 * d['positions_rel_diff_above_1e_3']:.1f}% "
+                     f"of positions above 1e-3, same argmax at "
+                     f"{100 * d['argmax_agreement']:.2f}%. (int8 activations amplify "
+                     f"rounding differences: FORMAT.md section 5.)")
     if "heldout_full" in res:
         h = res["heldout_full"]
         lines.append(f"Whole held-out text ({h['predicted_bytes']:,} bytes, windows of 256): "
