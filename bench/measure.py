@@ -154,8 +154,25 @@ def numpy_ffn_sgemm(model: Path, experts: np.ndarray, reps: int) -> dict:
         cpu.append(time.process_time() - c0)
     flops = 6.0 * s.hidden * s.intermediate * int(counts.sum())
     return {"counts": counts.tolist(), "flops": flops, "times_s": times, "cpu_s": cpu,
+            "openblas_core": openblas_core(),
             "gflops": flops / float(np.median(times[1:])) / 1e9,
             "gflops_cpu": flops / float(np.median(cpu[1:])) / 1e9}
+
+
+def openblas_core() -> str | None:
+    """The kernel set numpy's OpenBLAS picked at run time (DYNAMIC_ARCH), e.g.
+    SkylakeX (AVX-512) or Haswell (AVX2): which ISA the sgemm figure used."""
+    import ctypes
+    libs = glob.glob(str(Path(np.__file__).parent.parent / "numpy.libs" / "*openblas*.so*"))
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_corename64_", "openblas_get_corename64_",
+                     "openblas_get_corename"):
+            if hasattr(lib, name):
+                f = getattr(lib, name)
+                f.restype = ctypes.c_char_p
+                return f().decode()
+    return None
 
 
 # --- latency and instruction counts ---------------------------------------------

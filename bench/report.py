@@ -126,7 +126,8 @@ def markdown(r: dict) -> str:
               f"Routing of the 128 tokens over the 8 experts: {f['routing_counts']}; "
               f"{f['expert_flops'] / 1e9:.2f} GFLOP of expert matmuls per prefill. Colibri and "
               "llama.cpp: whole prefill of the ffn model (>99% expert FFN), so their figure is a "
-              "slight underestimate; numpy: the three sgemm per expert alone.", "",
+              "slight underestimate; numpy: the three sgemm per expert alone "
+              f"(OpenBLAS kernels: {f['numpy sgemm'].get('openblas_core')}).", "",
               "| engine | GFLOPS wall (int8: GOPS) | / numpy (wall) | GFLOPS CPU | / numpy (CPU) | "
               "% of FMA peak (CPU) |", "|---|---:|---:|---:|---:|---:|"]
         sg, sgc = f["numpy sgemm"]["gflops"], f["numpy sgemm"]["gflops_cpu"]

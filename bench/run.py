@@ -160,6 +160,7 @@ def bench_ffn(ms: models.ModelSet, drivers: Drivers, work: Path, have_llama: boo
     flops = sg["flops"]
     out = {"routing_counts": sg["counts"], "expert_flops": flops,
            "numpy sgemm": {"gflops": sg["gflops"], "gflops_cpu": sg["gflops_cpu"],
+                           "openblas_core": sg["openblas_core"],
                            "times_s": sg["times_s"], "cpu_s": sg["cpu_s"]}}
     args = (tokens, N_PROMPT, N_PREFILL, reps, 0.0, 1)
     for q in ("f32", "int8"):
