@@ -67,9 +67,9 @@ def speed_summary(raw: dict, n_prefill: int) -> dict:
 
 
 def run_colibri_speed(drivers, model: Path, tokens: Path, n_prompt: int, n_prefill: int,
-                      reps: int, budget: float, max_decode: int) -> dict:
-    raw = run_json([drivers.bench, "speed", model, tokens, n_prompt, n_prefill, reps + 1,
-                    budget, max_decode])
+                      reps: int, budget: float, max_decode: int, program=None) -> dict:
+    raw = run_json([program or drivers.bench, "speed", model, tokens, n_prompt, n_prefill,
+                    reps + 1, budget, max_decode])
     return speed_summary(raw, n_prefill)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ENGINE_ORDER = ["colibri f32", "colibri int8", "llama.cpp f32", "llama.cpp q8_0",
+ENGINE_ORDER = ["colibri f32", "colibri int8", "colibri f32 chunk 128", "colibri int8 chunk 128",
+                "llama.cpp f32", "llama.cpp q8_0",
                 "transformers f32", "reference f32", "reference int8"]
 # (Colibri engine, peer) pairs whose ratio the table prints.
 PAIRS = [("colibri f32", "llama.cpp f32"), ("colibri int8", "llama.cpp q8_0"),
          ("colibri f32", "transformers f32"), ("colibri f32", "reference f32"),
-         ("colibri int8", "reference int8")]
+         ("colibri int8", "reference int8"), ("colibri f32 chunk 128", "llama.cpp f32"),
+         ("colibri int8 chunk 128", "llama.cpp q8_0")]
 
 
 def _f(x, fmt="{:.1f}"):
@@ -132,7 +134,8 @@ def markdown(r: dict) -> str:
               "% of FMA peak (CPU) |", "|---|---:|---:|---:|---:|---:|"]
         sg, sgc = f["numpy sgemm"]["gflops"], f["numpy sgemm"]["gflops_cpu"]
         peak = mach["fma_gflops_cpu"]
-        for k in ("colibri f32", "colibri int8", "numpy sgemm", "llama.cpp f32", "llama.cpp q8_0"):
+        for k in ("colibri f32", "colibri int8", "colibri f32 chunk 128", "colibri int8 chunk 128",
+                  "numpy sgemm", "llama.cpp f32", "llama.cpp q8_0"):
             v = f.get(k)
             if not v or "gflops" not in v:
                 continue
@@ -226,7 +229,8 @@ def plot(r: dict, path: Path) -> None:
     labels.append("FMA peak")
     vals.append(mach["fma_gflops_cpu"])
     if "ffn" in r:
-        for k in ("colibri f32", "colibri int8", "numpy sgemm", "llama.cpp f32", "llama.cpp q8_0"):
+        for k in ("colibri f32", "colibri int8", "colibri f32 chunk 128", "colibri int8 chunk 128",
+                  "numpy sgemm", "llama.cpp f32", "llama.cpp q8_0"):
             if "gflops" in r["ffn"].get(k, {}):
                 labels.append(f"FFN {k}")
                 vals.append(r["ffn"][k]["gflops_cpu"])

@@ -99,6 +99,13 @@ def bench_model(name: str, ms: models.ModelSet, drivers: Drivers, plan: dict,
     for q in ("f32", "int8"):
         log(f"{name}: colibri {q}")
         eng[f"colibri {q}"] = measure.run_colibri_speed(drivers, ms.colibri[q], *args)
+    if name != "tiny":
+        for q in ("f32", "int8"):
+            k = f"colibri {q} chunk {drivers.chunk_tokens}"
+            log(f"{name}: {k} (prefill in one chunk; decode is the same code)")
+            eng[k] = measure.run_colibri_speed(drivers, ms.colibri[q], tokens, N_PROMPT,
+                                               N_PREFILL, plan["reps"], 0.0, 3,
+                                               program=drivers.bench_chunk)
     if have_llama:
         expect = hf_tokens[:GREEDY_CHECK + 1] if hf_tokens else None
         for q in ("f32", "q8_0"):
@@ -166,6 +173,9 @@ def bench_ffn(ms: models.ModelSet, drivers: Drivers, work: Path, have_llama: boo
     for q in ("f32", "int8"):
         r = measure.run_colibri_speed(drivers, ms.colibri[q], *args)
         out[f"colibri {q}"] = _gflops(flops, r)
+    for q in ("f32", "int8"):
+        r = measure.run_colibri_speed(drivers, ms.colibri[q], *args, program=drivers.bench_chunk)
+        out[f"colibri {q} chunk {drivers.chunk_tokens}"] = _gflops(flops, r)
     if have_llama:
         for q in ("f32", "q8_0"):
             r = measure.run_peer("llama", ms.gguf[q], *args)
