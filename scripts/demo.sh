@@ -1,34 +1,58 @@
 #!/usr/bin/env bash
-# The main job, from a fresh machine: set up, make a tiny Mixtral checkpoint
-# locally (no download), convert it to an int8 .colibri file, inspect it, and
-# generate tokens with the numpy reference and with the C runtime.
+# The main job, from a fresh machine: set up, convert the bundled demo model
+# (models/demo: a byte-level Mixtral trained on the Python documentation),
+# build firmware for a target with the model embedded, run it under the
+# target's emulator on a prompt, print the generated text, tokens/s, the size
+# report, and sign the firmware into an image and an OTA package.
+#
+#   ./scripts/demo.sh            # armv7 under qemu-arm
+#   ./scripts/demo.sh ppc        # any target of `scons target=list`
+#   PROMPT="Python is" GENERATE=64 ./scripts/demo.sh
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash scripts/setup.sh
-py=.venv/bin/python
-colibri=.venv/bin/colibri
-out=build/demo
-mkdir -p "$out"
+target=${1:-armv7}
+prompt=${PROMPT:-The Python tutorial}
+generate=${GENERATE:-100}
 
 step() { printf '\n== %s\n' "$*"; }
 
-if [ ! -f "$out/hf/config.json" ]; then
-    step "making a tiny Mixtral checkpoint (fixed seed) in $out/hf"
-    "$py" tests/golden_configs.py tiny "$out/hf" 2>&1 | grep -v 'Writing model shards' || true
+step "1/6 setup (installs only what is missing)"
+bash scripts/setup.sh
+export PATH="$root/.venv/bin:$PATH"
+out=build/demo
+model=$out/demo-int8.colibri
+key=$out/dev-signing.key
+mkdir -p "$out"
+
+step "2/6 colibri convert models/demo/checkpoint -o $model --quant int8"
+colibri convert models/demo/checkpoint -o "$model" --quant int8
+colibri info --brief "$model"
+
+step "3/6 scons target=$target model=$model (library, colibri-cli, firmware, size budgets)"
+scons -Q target="$target" model="$model" prompt="$prompt" generate="$generate"
+
+step "4/6 running the firmware under emulation: prompt '$prompt', $generate tokens"
+scons -Q target="$target" model="$model" prompt="$prompt" generate="$generate" run
+
+step "5/6 size report"
+scons -Q target="$target" model="$model" prompt="$prompt" generate="$generate" size
+
+step "6/6 signed firmware image and OTA package"
+if [ ! -f "$key" ]; then
+    colibri fw keygen -o "$key"
+    echo "(a development key: sign releases with your own, kept off the build machine)"
 fi
+scons -Q target="$target" model="$model" prompt="$prompt" generate="$generate" \
+    image ota version=0.1.0 key="$key"
+colibri fw verify "build/$target/firmware.img" --key "$key.pub" --target "$target"
 
-step "colibri convert $out/hf -o $out/tiny-int8.colibri --quant int8"
-"$colibri" convert "$out/hf" -o "$out/tiny-int8.colibri" --quant int8
+cat <<EOT
 
-step "colibri info"
-"$colibri" info "$out/tiny-int8.colibri"
-
-step "colibri run (numpy reference): prompt 1,2,3,4, 8 greedy tokens"
-"$colibri" run "$out/tiny-int8.colibri" --tokens 1,2,3,4 --generate 8
-
-if [ -f colibri/cbuild.py ]; then
-    step "building the C runtime into build/x86_64 and running colibri-cli on the same prompt"
-    "$py" -m colibri.cbuild >/dev/null
-    build/x86_64/colibri-cli --model "$out/tiny-int8.colibri" --tokens 1,2,3,4 --generate 8
-fi
+Done. Outputs in build/$target/:
+  firmware.elf   firmware with the model embedded (.colibri_model section)
+  firmware.img   signed image      (colibri fw info build/$target/firmware.img)
+  firmware.ota   signed OTA package (colibri fw verify build/$target/firmware.ota --key $key.pub)
+  libcolibri.a, size.txt, compile_commands.json$( [ -f "build/$target/colibri-cli" ] && echo ", colibri-cli" )
+Check every target against the numpy reference: scons target=all check
+EOT

@@ -19,6 +19,7 @@ apt_packages=(
     gcc-arm-none-eabi libnewlib-arm-none-eabi
     qemu-user qemu-system-arm
     python3-venv
+    python3.11-doc
 )
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -21,7 +21,7 @@ TARGET = Target(
     flash_bytes=16 << 20,
     budgets=dict(
         runtime=160 << 10,        # libcolibri.a text+rodata+data
-        firmware_flash=2 << 20,   # static executable incl. glibc and the model
+        firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)
         firmware_ram=16 << 20,    # data+bss (arena included)
         image=4 << 20,            # packed firmware.bin against the slot
     ),

@@ -137,17 +137,17 @@ def test_touching_a_header_rebuilds_only_its_includers(tmp_path, tiny_model):
 
 
 def test_over_budget_fails_the_build_with_one_actionable_message(tmp_path):
-    """A model too big for x86_64's firmware_flash budget (2 MiB): the build
+    """A model too big for x86_64's firmware_flash budget (4 MiB): the build
     stops naming the budget, the total, the largest section and symbol."""
-    shape = cformat.ModelShape(vocab=4096, hidden=96, intermediate=32, max_seq_len=16,
+    shape = cformat.ModelShape(vocab=8192, hidden=96, intermediate=32, max_seq_len=16,
                                n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
                                n_experts=2, top_k=1, group_size=32)
-    big = testmodel.make_model(tmp_path / "big.colibri", "f32", shape=shape)  # ~3.2 MB
+    big = testmodel.make_model(tmp_path / "big.colibri", "f32", shape=shape)  # ~6.3 MB
     p = scons("target=x86_64", f"model={big}", f"build_dir={tmp_path / 'b'}", "-j2")
     assert p.returncode != 0
     err = p.stderr
     assert "size budget exceeded: target x86_64: firmware_flash is" in err
-    assert "over its budget of 2097152 bytes" in err
+    assert "over its budget of 4194304 bytes" in err
     assert "largest section .colibri_model" in err
     assert "colibri_model_blob" in err and "targets/x86_64.py" in err
 

@@ -14,7 +14,8 @@ from colibri.build import blob, testmodel
 
 def _inputs_action(target, source, env):
     blob.prepare_firmware_inputs(str(source[0]), os.path.dirname(str(target[0])),
-                                 env["COLIBRI_TARGET"])
+                                 env["COLIBRI_TARGET"], prompts=env["COLIBRI_PROMPTS"],
+                                 n_generate=env["COLIBRI_GENERATE"])
     return 0
 
 
@@ -23,16 +24,22 @@ def _model_action(target, source, env):
     return 0
 
 
-def ColibriFirmwareInputs(env, out_dir, model):
+def ColibriFirmwareInputs(env, out_dir, model, prompts=blob.DEFAULT_PROMPTS,
+                          n_generate=blob.DEFAULT_GENERATE):
+    """prompts: token-id tuples the firmware runs; n_generate: greedy tokens
+    after each."""
     out = env.Dir(out_dir)
+    prompts = tuple(tuple(p) for p in prompts)
     nodes = env.Command(
         [out.File("model.bin"), out.File("model_blob.S"), out.File("fw_config.h")],
         model,
-        Action(_inputs_action, "  BLOB  [$COLIBRI_TARGET_NAME] $TARGET"))
-    # Regenerate when the generator or the target's byte order/pointer size change.
+        Action(_inputs_action, "  BLOB  [$COLIBRI_TARGET_NAME] $TARGET"),
+        COLIBRI_PROMPTS=prompts, COLIBRI_GENERATE=n_generate)
+    # Regenerate when the generator, the prompts or the target's byte
+    # order/pointer size change.
     env.Depends(nodes, [env.File("#colibri/build/blob.py"),
                         env.Value((env["COLIBRI_TARGET"].byte_order,
-                                   env["COLIBRI_TARGET"].pointer_bytes))])
+                                   env["COLIBRI_TARGET"].pointer_bytes, prompts, n_generate))])
     return nodes
 
 
