@@ -12,7 +12,8 @@
  * >= 1 is valid (tails handled). Pointers need no alignment beyond their type;
  * arena buffers are 64-byte aligned, weights in a .colibri file 64-byte
  * aligned, so kernels may prefer aligned loads only after checking.
- * Kernels never allocate, never fail, and write only their output.
+ * Kernels never allocate, never fail, and write only their output. They may
+ * use up to 32 KiB of stack (the AVX2 many-token forms pack operands there).
  */
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
@@ -38,7 +39,10 @@ typedef struct colibri_kernels {
 
     /* Y[n, rows] from int8 weights Q [rows, cols] with scales S [rows, ngroups]
      * and quantised activations XQ [n, cols], XS [n, ngroups]:
-     * y = sum_g float(int32 dot over group g) * (S[r,g] * XS[t,g]). */
+     * y = sum_g float(int32 dot over group g) * (S[r,g] * XS[t,g]).
+     * Precondition: every XQ value is in [-127, 127] (quantize_act_i8
+     * guarantees it; -128 could overflow the SIMD int16 pair sums). Q may
+     * hold -128. */
     void (*matmul_i8)(float *Y, const int8_t *Q, const float *S,
                       const int8_t *XQ, const float *XS,
                       uint32_t n, uint32_t rows, uint32_t cols, uint32_t group);
