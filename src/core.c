@@ -1226,6 +1226,7 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
         fmt_detail(v->detail, DETAIL_CAP, "the model is not initialised");
         return COLIBRI_E_NOT_INIT;
     }
+    v->detail[0] = '\0'; /* a detail describes this call's failure only */
     const colibri_shape *s = &v->shape;
     if (!input_ids || !logits || batch == 0 || seq == 0) {
         fmt_detail(v->detail, DETAIL_CAP, "input_ids and logits must be non-NULL"

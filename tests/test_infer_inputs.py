@@ -92,6 +92,15 @@ def test_failed_calls_write_no_logits_and_succeeding_ones_are_finite(run):
             assert untouched, f"{name}: failed with {rc} but wrote logits"
 
 
+def test_successful_calls_leave_no_stale_error_detail(run):
+    """colibri_error_detail describes the last call's failure only: a call
+    that succeeds after a failed one reports no detail."""
+    succeeded = [(name, d) for name, (rc, _, _, d) in run["cases"].items() if rc == 0]
+    assert succeeded
+    for name, detail in succeeded:
+        assert detail.strip() == "", (name, detail)
+
+
 def test_errors_name_the_value(run):
     for name, pattern in DETAILS.items():
         assert re.search(pattern, run["cases"][name][3]), (name, run["cases"][name][3])

@@ -186,7 +186,11 @@ int colibri_share(colibri_model *m, const colibri_model *owner,
 /* Compute logits for `batch` sequences of `seq` new tokens each.
  *   input_ids      [batch, seq] token ids, 0 <= id < vocab.
  *   attention_mask [batch, seq] 1 = real token, 0 = padding; NULL = all 1.
- *                  The mask of cached tokens is remembered.
+ *                  The mask of cached tokens is remembered. A token that
+ *                  sees no real token at all (an all-zero mask, or padding
+ *                  before the first real token) gets a zero attention
+ *                  output: its logits are finite but carry no meaning; no
+ *                  NaN reaches the logits (docs/FORMAT.md section 6).
  *   n_past         0 starts fresh sequences; n_past > 0 continues from the KV
  *                  cache: n_past <= tokens cached and batch == cached batch
  *                  (n_past below the cached count rewinds). Token t of the
@@ -210,7 +214,8 @@ const char *colibri_strerror(int code);
 
 /* The last error of this instance in words, naming the field, tensor or
  * value ("tensor 7 (EXPERT_W1 layer 0 expert 1): crc 0x... != 0x..."); ""
- * if none. Valid until the next call on `m`. */
+ * after a successful colibri_init* or colibri_infer. Valid until the next
+ * call on `m`. */
 const char *colibri_error_detail(const colibri_model *m);
 
 /* Fill `out` with the model's shape and properties. Returns 0,
