@@ -100,6 +100,9 @@ class SafetensorsFile:
             raise ConversionError(f"cannot read {self.path}: {exc.strerror}") from exc
         try:
             header = json.loads(raw.decode("utf-8"))
+        except RecursionError:
+            raise ConversionError(f"{self.path}: malformed safetensors header (JSON nested "
+                                  "too deeply)") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConversionError(
                 f"{self.path}: malformed safetensors header (not JSON: {exc})") from exc
@@ -113,6 +116,18 @@ class SafetensorsFile:
             if name == "__metadata__":
                 continue
             self.tensors[name] = self._entry(name, entry, data_start, data_len)
+        self._check_no_overlap()
+
+    def _check_no_overlap(self) -> None:
+        """Two tensors sharing bytes would silently alias each other's data."""
+        spans = sorted((t.start, t.start + t.nbytes, t.name) for t in self.tensors.values()
+                       if t.nbytes)
+        for (_, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise ConversionError(
+                    f"{self.path}: malformed safetensors file: the data of tensors {n0!r} "
+                    f"and {n1!r} overlap (file bytes {b1}..{min(e0, e1)}); the file is "
+                    "corrupt")
 
     def _entry(self, name: str, entry, data_start: int, data_len: int) -> TensorInfo:
         where = f"{self.path}: tensor {name!r}"

@@ -273,8 +273,6 @@ def test_missing_tensor_in_a_checkpoint_is_named(tmp_path):
         hf.Checkpoint(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="colibri/hf.py bug (reported): overlapping data_offsets "
-                   "are accepted, two tensors then silently share bytes")
 def test_overlapping_data_offsets_are_refused(tmp_path):
     path = tmp_path / "model.safetensors"
     path.write_bytes(st_bytes({"a": {**F32_1, "data_offsets": [0, 8], "shape": [2]},
@@ -283,8 +281,6 @@ def test_overlapping_data_offsets_are_refused(tmp_path):
         hf.SafetensorsFile(path)
 
 
-@pytest.mark.xfail(strict=True, reason="colibri/hf.py bug (reported): a deeply nested JSON "
-                   "header raises RecursionError, not ConversionError (CLI traceback)")
 def test_deeply_nested_header_is_a_conversion_error(tmp_path):
     path = tmp_path / "model.safetensors"
     path.write_bytes(st_bytes(b"[" * 100_000 + b"]" * 100_000, b""))
