@@ -302,7 +302,7 @@ static uint64_t section_size(unsigned dtype, uint32_t rows, uint32_t cols,
 
 typedef void (*bad_cb)(void *user, int index, const char *what);
 
-/* Header: magic, bom, version, every field's range, flags, header_crc.
+/* Header: magic, bom, version, header_crc, every field's range, flags.
  * Fills *s and *be. With cb set, a CRC mismatch is reported and counted
  * instead of returned. */
 static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
@@ -339,6 +339,18 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
                    version > COLIBRI_FORMAT_VERSION ? ": upgrade colibri" : "");
         return version > COLIBRI_FORMAT_VERSION ? COLIBRI_E_VERSION
                                                 : COLIBRI_E_BAD_FORMAT;
+    }
+    /* The CRC before the field ranges: a flipped bit reads as corruption
+     * (E_CRC), not as a puzzling field value. */
+    uint32_t want = rd32(b + COLIBRI_HDR_HEADER_CRC, e);
+    uint32_t got = crc32_update(0, b, COLIBRI_HDR_HEADER_CRC);
+    if (want != got) {
+        fmt_detail(detail, DETAIL_CAP, "header_crc %x != computed %x: the header "
+                   "is damaged", (unsigned)want, (unsigned)got);
+        if (!cb)
+            return COLIBRI_E_CRC;
+        cb(user, -2, detail);
+        ++*nbad;
     }
     s->vocab = rd32(b + COLIBRI_HDR_VOCAB, e);
     s->hidden = rd32(b + COLIBRI_HDR_HIDDEN, e);
@@ -409,16 +421,6 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
         fmt_detail(detail, DETAIL_CAP, "header flags %x, must be 0 in version 1",
                    (unsigned)flags);
         return COLIBRI_E_BAD_FORMAT;
-    }
-    uint32_t want = rd32(b + COLIBRI_HDR_HEADER_CRC, e);
-    uint32_t got = crc32_update(0, b, COLIBRI_HDR_HEADER_CRC);
-    if (want != got) {
-        fmt_detail(detail, DETAIL_CAP, "header_crc %x != computed %x",
-                   (unsigned)want, (unsigned)got);
-        if (!cb)
-            return COLIBRI_E_CRC;
-        cb(user, -2, detail);
-        ++*nbad;
     }
     return COLIBRI_OK;
 }

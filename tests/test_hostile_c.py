@@ -374,3 +374,18 @@ def test_optional_unknown_section_c_accepts(replay_exe, tmp_path, case):
     r = got["good"]
     assert (r.init, r.infer, r.decode, r.verify) == (0, 0, 0, 0), r.detail
     assert got["bad"].init == CRC and "tensor 1 (" in got["bad"].detail, got["bad"]
+
+
+def test_flipped_header_bit_reads_as_corruption_in_c_and_python(replay_exe, base_file, tmp_path):
+    """A bit flipped in any header field after the version (CRC not fixed)
+    is a header CRC error in both readers, never a strange field value."""
+    files = {}
+    for byte in range(8, 60):
+        raw = bytearray(base_file)
+        raw[byte] ^= 0x04
+        files[byte] = bytes(raw)
+    got = run_c(replay_exe, tmp_path, files)
+    for byte, data in files.items():
+        assert got[byte].init == CRC and "header_crc" in got[byte].detail, (byte, got[byte])
+        with pytest.raises(CRCError, match="header CRC mismatch"):
+            F.parse(data)
