@@ -575,7 +575,26 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
         if problems:
             raise CRCError(problems[0] + (f" (and {len(problems) - 1} more)"
                                           if len(problems) > 1 else ""))
+        _check_finite(cf)
     return cf
+
+
+def _check_finite(cf: ColibriFile) -> None:
+    """Every stored float32 (F32 values, I8/I16 scales) must be finite: a
+    CRC-valid file can still carry NaN or infinity, which would make every
+    logit NaN. Checked after the CRCs, so corruption reads as corruption."""
+    for i, e in enumerate(cf.entries):
+        if e.kind not in Kind._value2member_map_:
+            continue
+        t = cf.tensor(Kind(e.kind), None if e.layer == NO_INDEX else e.layer,
+                      None if e.expert == NO_INDEX else e.expert)
+        floats, what = (t.values, "values") if t.dtype == DType.F32 else (t.scales, "scales")
+        bad = np.flatnonzero(~np.isfinite(floats))
+        if bad.size:
+            v = floats.reshape(-1)[bad[0]]
+            raise FormatError(f"tensor table entry {i} ({e.label()}): float {int(bad[0])} of "
+                              f"its {what} is {'NaN' if np.isnan(v) else 'infinite'}: the "
+                              "file holds non-finite weights (re-convert it)")
 
 
 def _check_entries(shape: ModelShape, entries: list[Entry], file_size: int) -> None:

@@ -425,6 +425,48 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
     return COLIBRI_OK;
 }
 
+/* Every float32 a known tensor stores (F32 values, I8/I16 scales) must be
+ * finite: a CRC-valid file can still carry NaN or infinity (crafted, or
+ * written by a buggy tool), which would turn every logit into NaN. Run after
+ * the section's CRC matched, so corruption is reported as a CRC error. */
+static int check_finite(const uint8_t *b, const uint8_t *en, uint32_t group,
+                        int be, uint32_t index, char *detail)
+{
+    unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
+    if (kind < 1 || kind > COLIBRI_KIND_MAX)
+        return COLIBRI_OK; /* optional unknown section: not ours to read */
+    unsigned dtype = en[COLIBRI_ENT_DTYPE];
+    uint64_t rows = rd32(en + COLIBRI_ENT_ROWS, be);
+    uint64_t cols = rd32(en + COLIBRI_ENT_COLS, be);
+    const uint8_t *sec = b + rd64(en + COLIBRI_ENT_OFFSET, be);
+    uint64_t first = 0, count = 0; /* float32 values: byte offset, count */
+    if (dtype == COLIBRI_DTYPE_F32) {
+        count = rows * cols;
+    } else if (dtype == COLIBRI_DTYPE_I8_GROUP) {
+        first = (rows * cols + 63) & ~(uint64_t)63;
+        count = rows * ((cols + group - 1) / group);
+    } else if (dtype == COLIBRI_DTYPE_I16_ROW) {
+        first = (2 * rows * cols + 63) & ~(uint64_t)63;
+        count = rows;
+    }
+    for (uint64_t k = 0; k < count; k++) {
+        uint32_t bits = rd32(sec + first + 4 * k, be);
+        if ((bits & 0x7f800000u) == 0x7f800000u) {
+            char label[64];
+            fmt_detail(detail, DETAIL_CAP, "tensor %u (%s): float %llu of its %s is "
+                       "%s: the file holds non-finite weights (re-convert it)",
+                       (unsigned)index, entry_label(label, sizeof label, kind,
+                                      rd16(en + COLIBRI_ENT_LAYER, be),
+                                      rd16(en + COLIBRI_ENT_EXPERT, be)),
+                       (unsigned long long)k,
+                       dtype == COLIBRI_DTYPE_F32 ? "values" : "scales",
+                       (bits & 0x007fffffu) ? "NaN" : "infinite");
+            return COLIBRI_E_BAD_FORMAT;
+        }
+    }
+    return COLIBRI_OK;
+}
+
 /* Table: fits, table_crc, every entry (order, dtype, flags, reserved, layer
  * and expert, shape, size, offset), the file's exact length; then, if
  * check_crcs, every section's CRC. n_unknown counts skipped entries. */
@@ -593,6 +635,14 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
                        (unsigned)want_crc, (unsigned)got_crc);
             if (!cb)
                 return COLIBRI_E_CRC;
+            cb(user, (int)i, detail);
+            ++*nbad;
+            continue;
+        }
+        int rc = check_finite(b, en, s->group_size, be, i, detail);
+        if (rc != COLIBRI_OK) {
+            if (!cb)
+                return rc;
             cb(user, (int)i, detail);
             ++*nbad;
         }

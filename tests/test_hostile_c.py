@@ -389,3 +389,43 @@ def test_flipped_header_bit_reads_as_corruption_in_c_and_python(replay_exe, base
         assert got[byte].init == CRC and "header_crc" in got[byte].detail, (byte, got[byte])
         with pytest.raises(CRCError, match="header CRC mismatch"):
             F.parse(data)
+
+
+def _with_nonfinite(raw: bytes, entry_index: int, value: float) -> bytes:
+    """Put `value` into the first stored float32 of a tensor (F32 value or
+    I8/I16 scale) and recompute that section's CRC and the table/header
+    CRCs: a CRC-valid file with a non-finite weight."""
+    import struct
+    import zlib
+
+    cf = F.parse(raw, check_crc=False)
+    e = cf.entries[entry_index]
+    n = e.rows * e.cols
+    first = {0: 0, 1: F.align64(n), 2: F.align64(2 * n)}[e.dtype]
+    out = bytearray(raw)
+    struct.pack_into("<f", out, e.offset + first, value)
+    struct.pack_into("<I", out, 64 + 40 * entry_index + 32,
+                     zlib.crc32(bytes(out[e.offset:e.offset + e.size])))
+    n_t = len(cf.entries)
+    struct.pack_into("<I", out, 52, zlib.crc32(bytes(out[64:64 + 40 * n_t])))
+    struct.pack_into("<I", out, 60, zlib.crc32(bytes(out[:60])))
+    return bytes(out)
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8"])
+def test_non_finite_weights_are_refused_in_c_and_python(replay_exe, tmp_path, quant):
+    """NaN or infinity in any stored float (values of F32 tensors, scales of
+    quantised ones) with every CRC valid: both readers refuse the file,
+    naming the tensor, instead of computing NaN logits."""
+    path = tmp_path / f"{quant}.colibri"
+    write(path, preset=F.PRESET_INT8 if quant == "int8" else F.PRESET_F32)
+    raw = path.read_bytes()
+    n = len(F.parse(raw).entries)
+    files = {(i, v): _with_nonfinite(raw, i, v)
+             for i in range(n) for v in (float("nan"), float("-inf"))}
+    got = run_c(replay_exe, tmp_path, files)
+    for (i, v), data in files.items():
+        r = got[(i, v)]
+        assert r.init == -1 and f"tensor {i} (" in r.detail and "non-finite" in r.detail, (i, r)
+        with pytest.raises(FormatError, match=f"entry {i} .*non-finite"):
+            F.parse(data)
