@@ -178,9 +178,17 @@ def openblas_core() -> str | None:
 # --- latency and instruction counts ---------------------------------------------
 
 def latency(drivers, model: Path, tokens: Path, n_prompt: int, steps: int, mode: str) -> dict:
+    """Per-step decode latency: wall-time statistics at the top level, the
+    same from each step's CPU time under "cpu" (what the step cost while it
+    held the core: preemption by other processes removed, their cache and
+    memory-bandwidth interference not)."""
     with tempfile.NamedTemporaryFile(suffix=".f64") as f:
         info = run_json([drivers.bench, "latency", model, tokens, n_prompt, steps, mode, f.name])
-        lat = np.fromfile(f.name, dtype=np.float64)
+        both = np.fromfile(f.name, dtype=np.float64)
+    return {**info, **_latency_stats(both[:steps]), "cpu": _latency_stats(both[steps:])}
+
+
+def _latency_stats(lat: np.ndarray) -> dict:
     st = stats(lat)
     st["std_pct_of_mean"] = 100 * st["std"] / st["mean"]
     # Robust spread too: on a shared machine a few preempted steps dominate std.
@@ -191,7 +199,7 @@ def latency(drivers, model: Path, tokens: Path, n_prompt: int, steps: int, mode:
     # machine): shown beside, never instead of, the full figure.
     kept = lat[lat <= np.percentile(lat, 99)]
     st["std_pct_of_mean_without_slowest_1pct"] = 100 * float(kept.std() / kept.mean())
-    return {**info, **st}
+    return st
 
 
 def instruction_counts(drivers, model: Path, tokens: Path, n_prompt: int, n_inputs: int) -> dict:

@@ -15,7 +15,7 @@
  *       N_PROMPT (attention work grows with the position); fixed: every call
  *       is at n_past = N_PROMPT (the same work each time, pure jitter). The
  *       input token of call i is TOKENS[i % n]. Writes N_STEPS float64
- *       seconds to OUT.
+ *       wall seconds, then N_STEPS float64 CPU seconds, to OUT.
  *   colibri_bench icount  MODEL TOKENS N_PROMPT N_INPUTS
  *       For valgrind --tool=callgrind --instr-atstart=no: after the prompt,
  *       one decode call at n_past = N_PROMPT per input token TOKENS[i],
@@ -274,7 +274,8 @@ static int mode_latency(int argc, char **argv)
         return 1;
     uint32_t V = info.shape.vocab;
     float *logits = malloc((size_t)n_prompt * V * sizeof *logits);
-    double *lat = malloc((size_t)n_steps * sizeof *lat);
+    /* lat[0..n) wall seconds, lat[n..2n) CPU seconds of each step */
+    double *lat = malloc(2 * (size_t)n_steps * sizeof *lat);
     if (!logits || !lat)
         return 1;
     int rc = colibri_infer(&m, tok, NULL, 1, n_prompt, 0, logits);
@@ -288,15 +289,16 @@ static int mode_latency(int argc, char **argv)
             pos = n_prompt; /* rewind: n_past below the cached count */
         }
         int32_t t = tok[(size_t)i % ntok];
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         rc = colibri_infer(&m, &t, NULL, 1, 1, pos, logits);
         lat[i] = now_s() - t0;
+        lat[n_steps + i] = cpu_s() - c0;
         if (rc)
             return die("decode", rc, &m);
         pos++;
     }
     FILE *f = fopen(argv[7], "wb");
-    if (!f || fwrite(lat, sizeof *lat, (size_t)n_steps, f) != (size_t)n_steps) {
+    if (!f || fwrite(lat, sizeof *lat, 2 * (size_t)n_steps, f) != 2 * (size_t)n_steps) {
         fprintf(stderr, "colibri_bench: cannot write %s\n", argv[7]);
         return 1;
     }
