@@ -10,6 +10,7 @@
 
 #include <string.h>
 
+#include "colibri.h"
 #include "colibri_format.h"
 #include "colibri_image.h"
 
@@ -43,20 +44,7 @@ static void m_hex32(msgbuf *m, uint32_t v) {
     m_str(m, tmp);
 }
 
-/* --- CRC-32 (zlib: reflected 0xEDB88320), a nibble table: 64 bytes ------ */
-uint32_t colibri_crc32(uint32_t crc, const uint8_t *data, size_t n) {
-    static const uint32_t t[16] = {
-        0x00000000u, 0x1DB71064u, 0x3B6E20C8u, 0x26D930ACu, 0x76DC4190u, 0x6B6B51F4u,
-        0x4DB26158u, 0x5005713Cu, 0xEDB88320u, 0xF00F9344u, 0xD6D6A3E8u, 0xCB61B38Cu,
-        0x9B64C2B0u, 0x86D3D2D4u, 0xA00AE278u, 0xBDBDF21Cu};
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) {
-        crc ^= data[i];
-        crc = (crc >> 4) ^ t[crc & 15u];
-        crc = (crc >> 4) ^ t[crc & 15u];
-    }
-    return ~crc;
-}
+/* CRC-32: the runtime's colibri_crc32 (src/crc32.c, declared in colibri.h). */
 
 /* --- SHA-256 (FIPS 180-4) -------------------------------------------------- */
 static const uint32_t K256[64] = {

@@ -55,8 +55,8 @@ int colibri_fw_model_check(const uint8_t *blob, size_t size, const uint8_t *expe
 int colibri_image_model_sha256(const uint8_t *image, size_t size,
                                uint8_t out[COLIBRI_SHA256_SIZE]);
 
-/* FIPS 180-4 SHA-256 and zlib's CRC-32, exposed for tests and reuse. */
+/* FIPS 180-4 SHA-256, exposed for tests and reuse. (The CRC-32 is the
+ * runtime's colibri_crc32, colibri.h.) */
 void colibri_sha256(const uint8_t *data, size_t n, uint8_t out[COLIBRI_SHA256_SIZE]);
-uint32_t colibri_crc32(uint32_t crc, const uint8_t *data, size_t n);
 
 #endif

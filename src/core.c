@@ -163,24 +163,6 @@ static uint64_t calign64(uint64_t n, int *ovf)
     return cadd(n, 63, ovf) & ~(uint64_t)63;
 }
 
-/* zlib CRC-32 (reflected 0xEDB88320), four bits at a time: a 64-byte table
- * instead of 1 KB, fast enough for init. */
-static uint32_t crc32_update(uint32_t crc, const uint8_t *p, uint64_t n)
-{
-    static const uint32_t t[16] = {
-        0x00000000u, 0x1db71064u, 0x3b6e20c8u, 0x26d930acu,
-        0x76dc4190u, 0x6b6b51f4u, 0x4db26158u, 0x5005713cu,
-        0xedb88320u, 0xf00f9344u, 0xd6d6a3e8u, 0xcb61b38cu,
-        0x9b64c2b0u, 0x86d3d2d4u, 0xa00ae278u, 0xbdbdf21cu,
-    };
-    crc = ~crc;
-    for (uint64_t i = 0; i < n; i++) {
-        crc ^= p[i];
-        crc = (crc >> 4) ^ t[crc & 15];
-        crc = (crc >> 4) ^ t[crc & 15];
-    }
-    return ~crc;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Kinds                                                                    */
@@ -343,7 +325,7 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
     /* The CRC before the field ranges: a flipped bit reads as corruption
      * (E_CRC), not as a puzzling field value. */
     uint32_t want = rd32(b + COLIBRI_HDR_HEADER_CRC, e);
-    uint32_t got = crc32_update(0, b, COLIBRI_HDR_HEADER_CRC);
+    uint32_t got = colibri_crc32(0, b, COLIBRI_HDR_HEADER_CRC);
     if (want != got) {
         fmt_detail(detail, DETAIL_CAP, "header_crc %x != computed %x: the header "
                    "is damaged", (unsigned)want, (unsigned)got);
@@ -485,7 +467,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
     }
     const uint8_t *tab = b + COLIBRI_TABLE_OFFSET;
     uint32_t want = rd32(b + COLIBRI_HDR_TABLE_CRC, be);
-    uint32_t got = crc32_update(0, tab, table_bytes);
+    uint32_t got = colibri_crc32(0, tab, table_bytes);
     if (want != got) {
         fmt_detail(detail, DETAIL_CAP, "table_crc %x != computed %x",
                    (unsigned)want, (unsigned)got);
@@ -624,7 +606,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, be);
         uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, be);
         uint32_t want_crc = rd32(en + COLIBRI_ENT_CRC, be);
-        uint32_t got_crc = crc32_update(0, b + off, sz);
+        uint32_t got_crc = colibri_crc32(0, b + off, sz);
         if (want_crc != got_crc) {
             unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
             char label[64];

@@ -25,6 +25,7 @@ from colibri.format import ModelShape
 ROOT = Path(__file__).resolve().parents[1]
 INCLUDES = ["-I", str(ROOT / "src" / "include"), "-I", str(ROOT / "firmware")]
 CHECK_C = str(ROOT / "firmware" / "model_check.c")
+CRC_C = str(ROOT / "src" / "crc32.c")  # the runtime's CRC-32, which the check uses
 TINY = ModelShape(vocab=8, hidden=4, intermediate=4, max_seq_len=4, n_layers=1, n_heads=1,
                   n_kv_heads=1, head_dim=4, n_experts=2, top_k=1, group_size=4)
 EXIT_MODEL_CORRUPT = 3     # COLIBRI_FW_EXIT_MODEL_CORRUPT
@@ -35,6 +36,7 @@ DRIVER = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "colibri.h"        /* colibri_crc32 */
 #include "model_check.h"
 
 void fw_write(const char *s, size_t n) { fwrite(s, 1, n, stdout); }
@@ -127,7 +129,7 @@ def tool(tmp_path_factory):
     exe = d / "tool"
     subprocess.run(["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror",
                     "-fsanitize=address,undefined", "-fno-sanitize-recover=all", *INCLUDES,
-                    "-o", str(exe), str(d / "driver.c"), CHECK_C], check=True,
+                    "-o", str(exe), str(d / "driver.c"), CHECK_C, CRC_C], check=True,
                    capture_output=True)
 
     def run(*args) -> str:
@@ -218,6 +220,9 @@ def test_compiles_cleanly_for_bare_metal_and_big_endian(tmp_path, cc, flags):
     subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *flags, *INCLUDES,
                     "-c", CHECK_C, "-o", str(tmp_path / "mc.o")], check=True,
                    capture_output=True, text=True)
+    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *flags, *INCLUDES,
+                    "-c", CRC_C, "-o", str(tmp_path / "crc.o")], check=True,
+                   capture_output=True, text=True)
 
 
 QEMU = {"armv7": ("arm-linux-gnueabihf-gcc", ["qemu-arm", "-cpu", "cortex-a9", "-L",
@@ -236,7 +241,7 @@ def test_flipped_model_byte_in_a_built_image_under_qemu(tmp_path, target):
     (tmp_path / "blob.S").write_text(fwblob.embed_asm(str(model), linux=True))
     elf = tmp_path / "firmware.elf"
     subprocess.run([cc, "-std=c11", "-O2", "-static", "-DEMBED", *INCLUDES, "-o", str(elf),
-                    str(tmp_path / "driver.c"), CHECK_C, str(tmp_path / "blob.S")],
+                    str(tmp_path / "driver.c"), CHECK_C, CRC_C, str(tmp_path / "blob.S")],
                    check=True, capture_output=True)
     key = Ed25519PrivateKey.generate()
     image = I.pack_image(elf.read_bytes(), target, I.Version(1, 0, 0), key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 # truth every target carries.
 LIBRARY = (
     "src/core.c",
+    "src/crc32.c",
     "src/tensor.c",
     "src/moe.c",
     "src/kernels/ref.c",

@@ -232,6 +232,11 @@ int colibri_verify(const void *blob, size_t size,
                    void (*on_bad)(void *user, int index, const char *what),
                    void *user, uint32_t *bad_count);
 
+/* zlib's CRC-32 (docs/FORMAT.md section 1) of n bytes at data, continuing
+ * from crc (0 to start): colibri_crc32(colibri_crc32(0, a, n), b, m) is the
+ * CRC of a followed by b. Pure function, any alignment, any thread. */
+uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n);
+
 /* The router of one layer, dequantised: router[e * hidden + c] for expert e,
  * column c (float32 values as the runtime uses them: q * scale for I16_ROW).
  * `out` holds n_experts * hidden floats. Returns 0, COLIBRI_E_NOT_INIT,
