@@ -28,15 +28,26 @@ def _goal(ok, text):
     return f"- {'MET' if ok else 'MISSED'}: {text}"
 
 
+def _load_note(env: dict) -> str:
+    load = max(env["loadavg_start"][0], env.get("loadavg_end", [0])[0])
+    if load > 1.5:
+        return ("The machine was shared with other engineers' builds, tests and training "
+                "while this ran (both cores busy): wall-time figures are pessimistic and noisy; "
+                "CPU-time figures remove preemption but not the memory-bandwidth and cache "
+                "interference.")
+    return ("Other engineers were using the machine during the session; during this run about "
+            "one other process kept the second core busy, so wall and CPU time agree, but "
+            "memory bandwidth and L3 were shared: figures are a lower bound of an idle machine.")
+
+
 def markdown(r: dict) -> str:
     env, mach = r["env"], r["machine"]
     L = [f"# Colibri benchmark results ({r['mode']} run)", "",
          f"{env['date_utc']} UTC, git {env['git']}{' (src/ modified)' if env['src_dirty'] else ''}, "
          f"{env['cpu']}, {env['cores']} cores, kernels {'+'.join(env.get('kernels', []))}. "
          f"Load average {env['loadavg_start'][0]:.1f} at the start, "
-         f"{env.get('loadavg_end', [0])[0]:.1f} at the end: the machine was shared with other "
-         f"engineers' builds, tests and training while this ran, so every figure is a lower "
-         f"bound of what an idle core gives, and noisy. Whole run: {r['wall_s'] / 60:.1f} min.",
+         f"{env.get('loadavg_end', [0])[0]:.1f} at the end. " + _load_note(env) +
+         f" Whole run: {r['wall_s'] / 60:.1f} min.",
          "", "Everything single-threaded. Medians (prefill: of the timed repetitions after a "
          "warm-up one; decode: of the per-step times). Each figure twice: from wall time, and "
          "from the process's CPU time (the time it actually held a core: on this shared "

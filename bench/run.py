@@ -200,10 +200,18 @@ def main(argv=None) -> int:
                                              "or build/bench/quick with --quick)")
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench",
                     help="generated models and builds (cached between runs)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: rewrite results.md and results.png from results.json")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     out_dir = a.out or (ROOT / "build" / "bench" / "quick" if a.quick else ROOT / "bench" / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if a.report_only:
+        res = json.loads((out_dir / "results.json").read_text())
+        (out_dir / "results.md").write_text(report.markdown(res))
+        report.plot(res, out_dir / "results.png")
+        log(f"rewrote {out_dir}/results.md and results.png from results.json")
+        return 0
     a.work.mkdir(parents=True, exist_ok=True)
     plan = PLANS["quick" if a.quick else "full"]
     try:
