@@ -46,14 +46,21 @@ stamp=.venv/.colibri-setup-stamp
 want=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     say "installing Python packages into .venv (torch is the pinned CPU wheel)"
-    .venv/bin/python -m pip install -q --upgrade pip
-    # torch first and alone, pinned, so nothing can pull a CUDA build.
-    # The machine's pip configuration points at the local wheel directory;
-    # pip's notes about absent mirror folders are noise, so they are filtered.
-    pipq() { .venv/bin/python -m pip install -q "$@" 2>&1 | grep -v -e '^WARNING: Location' -e 'BuildBackendWarning' || true; }
+    # pip's output (notes about absent mirror folders, setuptools notices)
+    # goes to a log that is shown only when an install fails.
+    log=.venv/setup-pip.log
+    : > "$log"
+    pipq() {
+        if ! .venv/bin/python -m pip install -q "$@" >> "$log" 2>&1; then
+            tail -n 40 "$log" >&2
+            echo "[setup] pip install $* failed (full log: $log)" >&2
+            exit 1
+        fi
+    }
     pipq --upgrade pip
+    # torch first and alone, pinned, so nothing can pull a CUDA build.
     pipq "torch==2.13.0"
-    .venv/bin/python -c 'import torch' || { echo "[setup] torch==2.13.0 did not install" >&2; exit 1; }
+    .venv/bin/python -c 'import torch' 2>> "$log" || { echo "[setup] torch==2.13.0 did not install" >&2; exit 1; }
     pipq -e ".[test,golden]"
     .venv/bin/python -c 'import colibri, numpy, safetensors, transformers, elftools, SCons' \
         || { echo "[setup] the Python environment is incomplete" >&2; exit 1; }
