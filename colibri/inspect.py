@@ -66,7 +66,7 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
         for e in cf.entries:
             dt = DType(e.dtype).name if e.dtype in DType._value2member_map_ else str(e.dtype)
             lines.append(f"{e.label():<32} {dt:<9} {f'[{e.rows}, {e.cols}]':<14} "
-                         f"{e.offset:>12} {e.size:>12} {e.crc:>#10x}")
+                         f"{e.offset:>12} {e.size:>12}   0x{e.crc:08x}")
     return "\n".join(lines)
 
 
