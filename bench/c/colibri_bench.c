@@ -50,21 +50,7 @@
 #define CALLGRIND_DUMP_STATS
 #endif
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPU time of this process: on a shared machine the time it actually ran,
- * which wall time overstates by however long other processes held the core. */
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench_clock.h"
 
 /* Peak resident set of this process in KiB: VmHWM of /proc/self/status
  * (getrusage's ru_maxrss survives execve, so it would report the parent's
