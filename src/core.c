@@ -689,7 +689,8 @@ static uint64_t cm(carver *c, uint64_t a, uint64_t b)
 /* Lay out the arena for shape s (the formula documented at
  * colibri_arena_size). With c->base NULL, p gets NULL pointers and only
  * c->off matters. */
-static void layout(carver *c, const colibri_shape *s, clb_plan **pp)
+static void layout(carver *c, const colibri_shape *s, uint32_t chunk_limit,
+                   clb_plan **pp)
 {
     uint64_t L = s->n_layers, E = s->n_experts, K = s->top_k;
     uint64_t B = s->max_batch, S = s->max_seq_len, h = s->hidden;
@@ -701,7 +702,7 @@ static void layout(carver *c, const colibri_shape *s, clb_plan **pp)
         max_cols = inter;
     uint64_t max_groups = (max_cols + s->group_size - 1) / s->group_size;
     uint64_t tokens = B * S; /* <= 2^16 * 2^32 */
-    uint64_t C = tokens < COLIBRI_CHUNK_TOKENS ? tokens : COLIBRI_CHUNK_TOKENS;
+    uint64_t C = tokens < chunk_limit ? tokens : chunk_limit;
 
     clb_plan *p = (clb_plan *)carve(c, sizeof(clb_plan));
     clb_plan dummy;
@@ -755,12 +756,13 @@ static void layout(carver *c, const colibri_shape *s, clb_plan **pp)
     *pp = p == &dummy ? NULL : p;
 }
 
-/* Arena bytes for shape s; COLIBRI_E_NO_MEMORY if it exceeds size_t. */
-static int arena_bytes(const colibri_shape *s, size_t *out)
+/* Arena bytes for shape s processing up to chunk_limit tokens together;
+ * COLIBRI_E_NO_MEMORY if it exceeds size_t. */
+static int arena_bytes(const colibri_shape *s, uint32_t chunk_limit, size_t *out)
 {
     carver c = { NULL, 0, 0 };
     clb_plan *unused;
-    layout(&c, s, &unused);
+    layout(&c, s, chunk_limit, &unused);
     if (c.ovf || c.off > (uint64_t)SIZE_MAX)
         return COLIBRI_E_NO_MEMORY;
     *out = (size_t)c.off;
@@ -776,7 +778,7 @@ int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes)
         return COLIBRI_E_ARG;
     int rc = check_header((const uint8_t *)blob, size, &s, &be, detail, NULL,
                           NULL, NULL);
-    return rc ? rc : arena_bytes(&s, out_bytes);
+    return rc ? rc : arena_bytes(&s, COLIBRI_CHUNK_TOKENS, out_bytes);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -960,7 +962,17 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
 {
     struct colibri_model_private_ *v = &m->priv_;
     size_t need;
-    int rc = arena_bytes(&v->shape, &need);
+    /* Larger chunks mean a faster prefill (each expert's weights stream once
+     * per chunk). An arena we allocate gets COLIBRI_CHUNK_TOKENS_OWNED; a
+     * caller's arena gets it too when it is large enough, else the
+     * COLIBRI_CHUNK_TOKENS that colibri_arena_size promises. The chunk is a
+     * function of the arena size, so equal arenas compute equal bits. */
+    uint32_t chunk_limit = COLIBRI_CHUNK_TOKENS_OWNED;
+    int rc = arena_bytes(&v->shape, chunk_limit, &need);
+    if (arena && (rc || arena_size < need)) {
+        chunk_limit = COLIBRI_CHUNK_TOKENS;
+        rc = arena_bytes(&v->shape, chunk_limit, &need);
+    }
     if (rc) {
         fmt_detail(v->detail, DETAIL_CAP, "the arena this model needs does not "
                    "fit in the address space");
@@ -996,7 +1008,7 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
     memset(arena, 0, need);
     carver c = { (uint8_t *)arena, 0, 0 };
     clb_plan *p;
-    layout(&c, &v->shape, &p);
+    layout(&c, &v->shape, chunk_limit, &p);
     build_plan(p, v->blob, v->file_big_endian, pick_kernels());
     v->arena = arena;
     v->arena_size = arena_size;

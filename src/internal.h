@@ -18,11 +18,20 @@
 #include "colibri.h"
 #include "kernels/kernels.h"
 
+/* Tokens processed together (a prefill groups each chunk's tokens by expert,
+ * so each expert's weights stream once per chunk). A caller-supplied arena
+ * (colibri_arena_size) is sized for COLIBRI_CHUNK_TOKENS, small enough for
+ * microcontrollers; an arena the library allocates itself uses
+ * COLIBRI_CHUNK_TOKENS_OWNED, which streams the weights 8x less often on a
+ * 128-token prefill at a few MB of extra arena on large models. */
 #ifndef COLIBRI_CHUNK_TOKENS
 #define COLIBRI_CHUNK_TOKENS 16
 #endif
-#if COLIBRI_CHUNK_TOKENS < 1
-#error "COLIBRI_CHUNK_TOKENS must be >= 1"
+#ifndef COLIBRI_CHUNK_TOKENS_OWNED
+#define COLIBRI_CHUNK_TOKENS_OWNED 128
+#endif
+#if COLIBRI_CHUNK_TOKENS < 1 || COLIBRI_CHUNK_TOKENS_OWNED < 1
+#error "COLIBRI_CHUNK_TOKENS and COLIBRI_CHUNK_TOKENS_OWNED must be >= 1"
 #endif
 
 /* A weight matrix [rows, cols] in the file, in host byte order. */

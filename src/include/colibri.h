@@ -25,8 +25,14 @@
  *                             the caller, colibri_init is unavailable
  *                             (COLIBRI_E_UNSUPPORTED), files must be in the
  *                             host byte order.
- *   COLIBRI_CHUNK_TOKENS=N    tokens processed together (default 16); enters
- *                             the arena size (see colibri_arena_size).
+ *   COLIBRI_CHUNK_TOKENS=N    tokens processed together with a caller-supplied
+ *                             arena (default 16); enters colibri_arena_size.
+ *   COLIBRI_CHUNK_TOKENS_OWNED=N  the same when the library allocates the
+ *                             arena, or the caller's arena is large enough
+ *                             for it (default 128: a prefill streams each
+ *                             expert's weights once per 128 tokens). The
+ *                             chunk follows from the arena size, so equal
+ *                             arenas give bit-identical logits.
  *   COLIBRI_KERNELS_REF_ONLY  use the portable reference kernels only.
  *   COLIBRI_DEBUG             dump each kernel call to stderr.
  */
@@ -157,7 +163,10 @@ int colibri_init_from_memory(colibri_model *m, const void *blob, size_t size,
 
 /* Bytes of arena a model needs in this build, from its header alone (the
  * header is validated, its CRC checked; the table is not read). Formula with
- * C = min(COLIBRI_CHUNK_TOKENS, max_batch*max_seq_len), every term rounded
+ * C = min(COLIBRI_CHUNK_TOKENS, max_batch*max_seq_len) (an arena the library
+ * allocates, or a caller's arena large enough for it, uses
+ * COLIBRI_CHUNK_TOKENS_OWNED instead: colibri_get_info reports the chunk
+ * and arena of an instance), every term rounded
  * up to 64 bytes:
  *   KV cache   2 * 4 * n_layers * max_batch * max_seq_len * n_kv_heads*head_dim
  *   mask cache max_batch * max_seq_len
