@@ -20,14 +20,12 @@ from colibri import format as F
 from colibri import image as I
 from colibri.build import blob as fwblob
 from colibri.build import testmodel
-from colibri.format import ModelShape
+from image_fixtures import TINY  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[1]
 INCLUDES = ["-I", str(ROOT / "src" / "include"), "-I", str(ROOT / "firmware")]
 CHECK_C = str(ROOT / "firmware" / "model_check.c")
 CRC_C = str(ROOT / "src" / "crc32.c")  # the runtime's CRC-32, which the check uses
-TINY = ModelShape(vocab=8, hidden=4, intermediate=4, max_seq_len=4, n_layers=1, n_heads=1,
-                  n_kv_heads=1, head_dim=4, n_experts=2, top_k=1, group_size=4)
 EXIT_MODEL_CORRUPT = 3     # COLIBRI_FW_EXIT_MODEL_CORRUPT
 
 # A host-side tool over files (native) and, with -DEMBED, a firmware-like

@@ -17,12 +17,10 @@ from colibri import image as I
 from colibri import keys, ota
 from colibri.build import blob as fwblob
 from colibri.build import testmodel
-from colibri.format import ModelShape
+from image_fixtures import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 SCONS = Path(sys.executable).parent / "scons"
-TINY = ModelShape(vocab=8, hidden=4, intermediate=4, max_seq_len=4, n_layers=1, n_heads=1,
-                  n_kv_heads=1, head_dim=4, n_experts=2, top_k=1, group_size=4)
 
 SCONSTRUCT = f"""
 import sys

@@ -13,24 +13,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from colibri import cli
 from colibri import image as I
 from colibri import keys, ota
-from colibri.build import testmodel
-from colibri.format import ModelShape
+from image_fixtures import TINY, key, model_blob  # noqa: E402,F401
 
-TINY = ModelShape(vocab=8, hidden=4, intermediate=4, max_seq_len=4, n_layers=1, n_heads=1,
-                  n_kv_heads=1, head_dim=4, n_experts=2, top_k=1, group_size=4)
 V = I.Version.parse
 
 
-@pytest.fixture(scope="module")
-def key():
-    return Ed25519PrivateKey.generate()
-
-
-@pytest.fixture(scope="module")
-def model_blob(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model") / "tiny.colibri"
-    testmodel.make_model(path, "f32", shape=TINY)
-    return path.read_bytes()
 
 
 def make_image(key, version="1.2.3", counter=5, target="cortex-m", payload=None, **kw):
