@@ -13,17 +13,19 @@
  * group dot products are exact int32; float sums may run in another order
  * than ref's, so F32 results agree to float rounding.
  *
- * Two forms of every matrix product, picked by the number of tokens n:
- * - Dot-product form (decode, few tokens): W rows and X rows are both
- *   contiguous along cols, so a block of R weight rows x T tokens keeps R*T
- *   vector accumulators over the columns and sums each horizontally at the
- *   end; each weight vector loaded is used for T tokens. Rows go in panels
- *   that fit in L2 so every token block finds the panel's weights in cache.
- * - Outer-product (GEMM) form (prefill, many tokens): matmul_f32 from
- *   GEMM_MIN_N tokens, matmul_i8 from I8G_MIN_N; one operand is repacked
- *   into a small stack buffer (32 KiB for f32, 24 KiB for i8) so vector lanes
- *   run along tokens (f32) or rows (i8), and no horizontal sums are needed.
- *   See the comments at gemm_f32 and i8_gemm.
+ * Float activations (matmul_f32, matmul_i16): dot-product form. W rows and
+ * X rows are both contiguous along cols, so a block of R weight rows x T
+ * tokens keeps R*T vector accumulators over the columns and sums each
+ * horizontally at the end; each weight vector loaded is used for T tokens.
+ * With several tokens the rows go in L1-sized strips that every token passes
+ * over before the next strip, so each weight is read from memory once per
+ * call (see fx_matmul).
+ * Int8 (matmul_i8), two forms picked by the number of tokens n:
+ * - Dot-product form (decode, few tokens), as above, with row panels that
+ *   fit in L2 so every token block finds the panel's weights in cache.
+ * - Outer-product (GEMM) form (prefill, from I8G_MIN_N tokens): the weights
+ *   are repacked into a 24 KiB stack buffer so vector lanes run along rows,
+ *   and no horizontal sums are needed. See the comment at i8_gemm.
  * matmul_i8 additionally uses vpdpbusd on CPUs with AVX-VNNI (dot_acc).
  *
  * No allocation, no alignment assumption on the arguments (unaligned loads;
@@ -82,10 +84,10 @@ TGT static inline float hsum1(__m256 a)
 }
 
 /* Store acc[r][t] horizontally summed (times scale[r] when scale is given)
- * into Y[t0 + t, r0 + r]. */
+ * into Y[t0 + t, r0 + r], or add it there when `add` (a later column chunk). */
 BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
                        float *Y, uint32_t rows, uint32_t r0, uint32_t t0,
-                       const float *scale)
+                       const float *scale, int add)
 {
     UNROLL
     for (int t = 0; t < T; t++) {
@@ -96,12 +98,15 @@ BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
             __m128 v = hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]);
             if (scale)
                 v = _mm_mul_ps(v, _mm_loadu_ps(scale + r));
+            if (add)
+                v = _mm_add_ps(_mm_loadu_ps(y + r), v);
             _mm_storeu_ps(y + r, v);
         }
         UNROLL
         for (; r < R; r++) {
             float v = hsum1(acc[r][t]);
-            y[r] = scale ? scale[r] * v : v;
+            v = scale ? scale[r] * v : v;
+            y[r] = add ? y[r] + v : v;
         }
     }
 }
@@ -131,15 +136,38 @@ BLOCK __m256 load_w_tail(const int i16, const void *w, uint32_t c, uint32_t k,
     return _mm256_maskload_ps((const float *)w + c, mask);
 }
 
-/* Y[t0..t0+T, r0..r0+R] for float activations X [n, cols] and weights W
- * [rows, cols] (float, or int16 with per-row scales S when i16). One
- * accumulator per (row, token); per 8 columns: R weight loads, T activation
- * loads, R*T FMAs. */
+/* acc[r][t] += W[r, c..c+8) * X[t, c..c+8) lane by lane: R weight loads,
+ * T activation loads, R*T FMAs. */
+BLOCK void fx_step(const int i16, const int R, const int T, __m256 acc[MAXR][MAXT],
+                   const char *const w[MAXR], const float *const x[MAXT], uint32_t c)
+{
+    __m256 xv[MAXT];
+    UNROLL
+    for (int t = 0; t < T; t++)
+        xv[t] = _mm256_loadu_ps(x[t] + c);
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        __m256 wv = load_w8(i16, w[r], c);
+        UNROLL
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+}
+
+/* Y[t0..t0+T, r0..r0+R] (+)= the products over columns [c0, c1) for float
+ * activations X [n, cols] and weights W [rows, cols] (float, or int16 with
+ * per-row scales S when i16); `add` for every column chunk after the first.
+ * One accumulator per (row, token). With `prefetch`, the same columns of the
+ * next R rows are requested into L2 at the pace this block reads its own
+ * (one line per row per 64 bytes), so the next strip's pages are walked and
+ * its lines on their way before the strip starts (fx_strip). */
 BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
                     const void *W, const float *S, const float *X, uint32_t rows,
-                    uint32_t cols, uint32_t r0, uint32_t t0)
+                    uint32_t cols, uint32_t r0, uint32_t t0, uint32_t c0,
+                    uint32_t c1, int add, int prefetch)
 {
     const size_t esz = i16 ? sizeof(int16_t) : sizeof(float);
+    const uint32_t line_cols = 64 / (uint32_t)esz; /* 16 float or 32 int16 */
     const char *w[MAXR];
     const float *x[MAXT];
     __m256 acc[MAXR][MAXT];
@@ -155,22 +183,22 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
         for (int t = 0; t < T; t++)
             acc[r][t] = _mm256_setzero_ps();
 
-    uint32_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
-        __m256 xv[MAXT];
-        UNROLL
-        for (int t = 0; t < T; t++)
-            xv[t] = _mm256_loadu_ps(x[t] + c);
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            __m256 wv = load_w8(i16, w[r], c);
+    uint32_t c = c0;
+    if (prefetch) {
+        const size_t next = (size_t)R * cols * esz; /* bytes from row r to r + R */
+        for (; c + line_cols <= c1; c += line_cols) {
             UNROLL
-            for (int t = 0; t < T; t++)
-                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            for (int r = 0; r < R; r++)
+                _mm_prefetch(w[r] + next + (size_t)c * esz, _MM_HINT_T1);
+            UNROLL
+            for (uint32_t h = 0; h < line_cols; h += 8)
+                fx_step(i16, R, T, acc, w, x, c + h);
         }
     }
-    if (c < cols) {
-        uint32_t k = cols - c;
+    for (; c + 8 <= c1; c += 8)
+        fx_step(i16, R, T, acc, w, x, c);
+    if (c < c1) {
+        uint32_t k = c1 - c;
         __m256i mask = tail_mask(k);
         __m256 xv[MAXT];
         UNROLL
@@ -184,7 +212,7 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
                 acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
     }
-    store_block(R, T, acc, Y, rows, r0, t0, i16 ? S + r0 : NULL);
+    store_block(R, T, acc, Y, rows, r0, t0, i16 ? S + r0 : NULL, add);
 }
 
 /* Rows per panel: a multiple of 8 whose weights fit in PANEL_BYTES. */
@@ -195,145 +223,69 @@ static uint32_t panel_rows(uint32_t rows, size_t row_bytes)
     return p > rows ? rows : (uint32_t)p;
 }
 
-/* Drives fx_block over the whole output: 4 rows x 2 tokens while two tokens
- * are left (weights stream once per token pair, 6 loads per 8 FMAs), then
- * 8 rows x 1 token (8 independent FMA chains hide the FMA latency). */
+/* Weight bytes per row of a strip: 4 rows x 4 KiB (1024 float or 2048 int16
+ * columns) = 16 KiB, which stays in L1 while every token passes over it. */
+#define STRIP_ROW_BYTES 4096u
+
+/* The tokens of the call over rows [r, r + R), columns [c0, c1): 3 at a time
+ * (R = 4: 12 accumulators, 7 loads per 12 FMAs), then the last 2 or 1. The
+ * first block prefetches the next strip (when there is a whole one). */
+BLOCK void fx_strip(const int i16, const int R, float *Y, const void *W,
+                    const float *S, const float *X, uint32_t n, uint32_t rows,
+                    uint32_t cols, uint32_t r, uint32_t c0, uint32_t c1, int add)
+{
+    const int prefetch = r + 2 * (uint32_t)R <= rows;
+    uint32_t t = 0;
+    for (; t + 3 <= n; t += 3)
+        fx_block(i16, R, 3, Y, W, S, X, rows, cols, r, t, c0, c1, add, prefetch && t == 0);
+    if (n - t == 2)
+        fx_block(i16, R, 2, Y, W, S, X, rows, cols, r, t, c0, c1, add, prefetch && t == 0);
+    else if (n - t == 1)
+        fx_block(i16, R, 1, Y, W, S, X, rows, cols, r, t, c0, c1, add, prefetch && t == 0);
+}
+
+/* Y[n, rows] = X W^T for float activations, in one of two orders:
+ * - One token (decode): 8 rows at a time (8 independent FMA chains hide the
+ *   FMA latency); every weight is used once, so the order is the file's.
+ * - Several tokens (prefill, batches): strips of 4 rows x STRIP_ROW_BYTES of
+ *   columns, every token passing over a strip before the next one. Each
+ *   weight is then read from memory exactly once per call, and the reading
+ *   is spread evenly over the arithmetic, so the hardware prefetchers and
+ *   out-of-order execution overlap the two; the activations (n x 4 KiB) stay
+ *   in L2. This beat an outer-product GEMM with packed activations (the
+ *   previous form, 16-token blocks over L2-sized weight panels) by 1.25x on
+ *   the expert shapes of a 128-token prefill with weights that are not in
+ *   cache (bench/results/FINDINGS.md): there the first token
+ *   block of every panel waited for memory with no arithmetic to overlap.
+ *   Later column chunks add into Y. */
 BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
                      const float *X, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    const uint32_t pr = panel_rows(rows, (size_t)cols * (i16 ? 2 : 4));
-    for (uint32_t p0 = 0; p0 < rows; p0 += pr) {
-        const uint32_t pe = rows - p0 < pr ? rows : p0 + pr;
-        uint32_t t = 0;
-        for (; t + 2 <= n; t += 2) {
-            uint32_t r = p0;
-            for (; r + 4 <= pe; r += 4)
-                fx_block(i16, 4, 2, Y, W, S, X, rows, cols, r, t);
-            for (; r < pe; r++)
-                fx_block(i16, 1, 2, Y, W, S, X, rows, cols, r, t);
-        }
-        for (; t < n; t++) {
-            uint32_t r = p0;
-            for (; r + 8 <= pe; r += 8)
-                fx_block(i16, 8, 1, Y, W, S, X, rows, cols, r, t);
-            for (; r + 4 <= pe; r += 4)
-                fx_block(i16, 4, 1, Y, W, S, X, rows, cols, r, t);
-            for (; r < pe; r++)
-                fx_block(i16, 1, 1, Y, W, S, X, rows, cols, r, t);
-        }
+    if (n == 1) {
+        uint32_t r = 0;
+        for (; r + 8 <= rows; r += 8)
+            fx_block(i16, 8, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, 0);
+        for (; r + 4 <= rows; r += 4)
+            fx_block(i16, 4, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, 0);
+        for (; r < rows; r++)
+            fx_block(i16, 1, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, 0);
+        return;
+    }
+    const uint32_t chunk = STRIP_ROW_BYTES / (i16 ? 2u : 4u);
+    for (uint32_t c0 = 0; c0 < cols; c0 += chunk) {
+        const uint32_t c1 = cols - c0 < chunk ? cols : c0 + chunk;
+        uint32_t r = 0;
+        for (; r + 4 <= rows; r += 4)
+            fx_strip(i16, 4, Y, W, S, X, n, rows, cols, r, c0, c1, c0 > 0);
+        for (; r < rows; r++)
+            fx_strip(i16, 1, Y, W, S, X, n, rows, cols, r, c0, c1, c0 > 0);
     }
 }
-
-/* ---- matmul_f32 with many tokens: outer-product form ---------------------
- *
- * With many tokens the dot-product form above is held back by loads (6 per 8
- * FMAs). The GEMM form turns it around: a block of 16 tokens' activations is
- * packed (transposed) into xp[c][16] on the stack, KC columns at a time, and
- * each weight W[r,c] is broadcast once and multiplied into 2 vectors of 16
- * tokens. The micro-kernel holds R rows x 16 tokens in 2R accumulators:
- * per column, 2 aligned loads of xp, R broadcast loads of W, 2R FMAs (R = 6:
- * 12 accumulators, 8 loads per 12 FMAs). W is read in its own layout (no
- * weight packing); a panel of RP rows x KC columns (768 KiB) stays in L2
- * while all the token blocks pass over it, and xp (KC x 16 floats, 32 KiB)
- * stays in L1. KC and RP were tuned with test_kernels --bench on a CPU with
- * 2 MiB of L2 (KC 256 / RP 96 gave 81 instead of 100 GFLOPS). Partial
- * sums over the KC chunks are added into Y, so Y is written once per chunk. */
-
-enum { GEMM_KC = 512, GEMM_TB = 16, GEMM_RP = 384 };
-
-/* xp[c][0..16) = X[t0 + i, kc + c] for i < nt, zero for the padding tokens. */
-TGT static void pack_x16(float *xp, const float *X, uint32_t cols, uint32_t t0,
-                         uint32_t nt, uint32_t kc, uint32_t kl)
-{
-    for (uint32_t i = 0; i < GEMM_TB; i++) {
-        const float *x = X + (size_t)(t0 + i) * cols + kc;
-        if (i < nt)
-            for (uint32_t c = 0; c < kl; c++)
-                xp[c * GEMM_TB + i] = x[c];
-        else
-            for (uint32_t c = 0; c < kl; c++)
-                xp[c * GEMM_TB + i] = 0.0f;
-    }
-}
-
-/* Y[t0 + i, r0 + r] (+)= sum over c < kl of xp[c][i] * W[r0 + r, kc + c],
- * for r < R, i < nt. TV vectors of 8 tokens (TV = 1 for a last block of at
- * most 8 tokens: no FMAs on padding). `add` is 0 for the first column chunk. */
-BLOCK void gemm_micro(const int TV, const int R, float *Y, const float *W,
-                      const float *xp, uint32_t rows, uint32_t cols, uint32_t r0,
-                      uint32_t t0, uint32_t nt, uint32_t kc, uint32_t kl, int add)
-{
-    const float *w[MAXR + 4];
-    __m256 acc[MAXR + 4][2];
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        w[r] = W + (size_t)(r0 + r) * cols + kc;
-        acc[r][0] = _mm256_setzero_ps();
-        acc[r][1] = _mm256_setzero_ps();
-    }
-    for (uint32_t c = 0; c < kl; c++) {
-        const __m256 x0 = _mm256_load_ps(xp + c * GEMM_TB);
-        const __m256 x1 = TV == 2 ? _mm256_load_ps(xp + c * GEMM_TB + 8) : x0;
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const __m256 wv = _mm256_broadcast_ss(w[r] + c);
-            acc[r][0] = _mm256_fmadd_ps(wv, x0, acc[r][0]);
-            if (TV == 2)
-                acc[r][1] = _mm256_fmadd_ps(wv, x1, acc[r][1]);
-        }
-    }
-    /* Y is [n, rows]: the token lanes of a row go to different rows of Y. */
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        float lanes[GEMM_TB];
-        _mm256_storeu_ps(lanes, acc[r][0]);
-        _mm256_storeu_ps(lanes + 8, acc[r][1]);
-        float *y = Y + (size_t)t0 * rows + r0 + r;
-        for (uint32_t i = 0; i < nt; i++)
-            y[(size_t)i * rows] = add ? y[(size_t)i * rows] + lanes[i] : lanes[i];
-    }
-}
-
-TGT static void gemm_f32(float *Y, const float *W, const float *X, uint32_t n,
-                         uint32_t rows, uint32_t cols)
-{
-    __attribute__((aligned(32))) float xp[GEMM_KC * GEMM_TB];
-    for (uint32_t kc = 0; kc < cols; kc += GEMM_KC) {
-        const uint32_t kl = cols - kc < GEMM_KC ? cols - kc : GEMM_KC;
-        for (uint32_t rp = 0; rp < rows; rp += GEMM_RP) {
-            const uint32_t re = rows - rp < GEMM_RP ? rows : rp + GEMM_RP;
-            for (uint32_t t0 = 0; t0 < n; t0 += GEMM_TB) {
-                const uint32_t nt = n - t0 < GEMM_TB ? n - t0 : GEMM_TB;
-                pack_x16(xp, X, cols, t0, nt, kc, kl);
-                uint32_t r = rp;
-                if (nt > 8) { /* 6 rows x 16 tokens: 12 accumulators */
-                    for (; r + 6 <= re; r += 6)
-                        gemm_micro(2, 6, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
-                    for (; r < re; r++)
-                        gemm_micro(2, 1, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
-                } else { /* 12 rows x 8 tokens: 12 accumulators */
-                    for (; r + 12 <= re; r += 12)
-                        gemm_micro(1, 12, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
-                    for (; r < re; r++)
-                        gemm_micro(1, 1, Y, W, xp, rows, cols, r, t0, nt, kc, kl, kc > 0);
-                }
-            }
-        }
-    }
-}
-
-/* Tokens from which the GEMM form is used (test_kernels --bench, 2816 x 1024:
- * at 4 tokens the dot-product form is 1.7x faster, at 8 they are about even,
- * at 32 the GEMM form gives 75 GFLOPS). */
-#define GEMM_MIN_N 8
 
 TGT static void avx2_matmul_f32(float *Y, const float *W, const float *X,
                                 uint32_t n, uint32_t rows, uint32_t cols)
 {
-    if (n >= GEMM_MIN_N)
-        gemm_f32(Y, W, X, n, rows, cols);
-    else
-        fx_matmul(0, Y, W, NULL, X, n, rows, cols);
+    fx_matmul(0, Y, W, NULL, X, n, rows, cols);
 }
 
 TGT static void avx2_matmul_i16(float *Y, const int16_t *Q, const float *S,
@@ -613,7 +565,7 @@ BLOCK void i8_block(const int vnni, const int R, const int T, float *Y,
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(d[r][t])),
                                             _mm256_mul_ps(sv[r], xsv[t]), acc[r][t]);
     }
-    store_block(R, T, acc, Y, rows, r0, t0, NULL);
+    store_block(R, T, acc, Y, rows, r0, t0, NULL, 0);
 }
 
 /* ---- matmul_i8 with many tokens: outer-product form ----------------------

@@ -427,6 +427,14 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
         test_matmul_i8(ref, k, 3, 5, 4099, 4096, mode);
     test_matmul_f32(ref, k, 3, 5, 4099);
     test_matmul_i16(ref, k, 3, 5, 4099);
+    /* Float forms over several 4 KiB column chunks (1024 float / 2048 int16
+     * columns) with 1 and 2 tokens left after the blocks of 3, and strips
+     * whose next strip is prefetched, is partial, or missing. */
+    static const uint32_t chunked[][3] = {{7, 13, 2100}, {8, 12, 2050}, {2, 9, 3000}};
+    for (size_t i = 0; i < LEN(chunked); i++) {
+        test_matmul_f32(ref, k, chunked[i][0], chunked[i][1], chunked[i][2]);
+        test_matmul_i16(ref, k, chunked[i][0], chunked[i][1], chunked[i][2]);
+    }
     printf("%-5s %ld checks, %ld failures\n", k->name, n_checks - c0, n_failures - f0);
 }
 
