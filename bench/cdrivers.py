@@ -19,7 +19,7 @@ C_DIR = ROOT / "bench" / "c"
 
 class Drivers:
     """Paths of the built programs: bench (mmap build), bench_read (read build),
-    bench_chunk (mmap, COLIBRI_CHUNK_TOKENS=128), machine (no library)."""
+    machine (no library)."""
 
     def __init__(self, out_dir: Path):
         out_dir = Path(out_dir)
@@ -35,15 +35,6 @@ class Drivers:
         self.bench_read = cbuild.build_program(rd, [C_DIR / "colibri_bench.c"],
                                                out_dir / "colibri_bench_read",
                                                extra_cflags=extra)
-        # Chunk experiment: COLIBRI_CHUNK_TOKENS (default 16) tokens are
-        # processed together, so a 128-token prefill streams each expert's
-        # weights 128/16 times; this build shows the prefill with one chunk.
-        self.chunk_tokens = 128
-        ck = cbuild.build(out_dir / f"lib-chunk{self.chunk_tokens}", kernels=kernels, mmap=True,
-                          defines=[f"COLIBRI_CHUNK_TOKENS={self.chunk_tokens}"], cli=False)
-        self.bench_chunk = cbuild.build_program(ck, [C_DIR / "colibri_bench.c"],
-                                                out_dir / f"colibri_bench_chunk{self.chunk_tokens}",
-                                                extra_cflags=extra)
         self.machine = out_dir / "machine"
         subprocess.run(["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
                         str(C_DIR / "machine.c"), "-o", str(self.machine)], check=True)

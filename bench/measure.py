@@ -177,15 +177,23 @@ def openblas_core() -> str | None:
 
 # --- latency and instruction counts ---------------------------------------------
 
-def latency(drivers, model: Path, tokens: Path, n_prompt: int, steps: int, mode: str) -> dict:
+def latency(drivers, model: Path, tokens: Path, n_prompt: int, steps: int, mode: str,
+            control_bytes: int = 0) -> dict:
     """Per-step decode latency: wall-time statistics at the top level, the
     same from each step's CPU time under "cpu" (what the step cost while it
     held the core: preemption by other processes removed, their cache and
-    memory-bandwidth interference not)."""
+    memory-bandwidth interference not). With control_bytes, a read-only pass
+    over that many bytes of a private buffer follows every decode step (same
+    run, interleaved); its wall-time statistics are under "control": the
+    spread the machine gives to a constant memory stream."""
+    cmd = [drivers.bench, "latency", model, tokens, n_prompt, steps, mode]
     with tempfile.NamedTemporaryFile(suffix=".f64") as f:
-        info = run_json([drivers.bench, "latency", model, tokens, n_prompt, steps, mode, f.name])
-        both = np.fromfile(f.name, dtype=np.float64)
-    return {**info, **_latency_stats(both[:steps]), "cpu": _latency_stats(both[steps:])}
+        info = run_json(cmd + [f.name] + ([int(control_bytes)] if control_bytes else []))
+        out = np.fromfile(f.name, dtype=np.float64)
+    res = {**info, **_latency_stats(out[:steps]), "cpu": _latency_stats(out[steps:2 * steps])}
+    if control_bytes:
+        res["control"] = _latency_stats(out[2 * steps:3 * steps])
+    return res
 
 
 def _latency_stats(lat: np.ndarray) -> dict:
@@ -199,6 +207,11 @@ def _latency_stats(lat: np.ndarray) -> dict:
     # machine): shown beside, never instead of, the full figure.
     kept = lat[lat <= np.percentile(lat, 99)]
     st["std_pct_of_mean_without_slowest_1pct"] = 100 * float(kept.std() / kept.mean())
+    # Step-to-step jitter: the std of successive differences / sqrt(2) (von
+    # Neumann). Equal to std for independent steps; a slow drift of the
+    # machine's speed (other tenants of the host) raises std but not this.
+    if len(lat) > 1:
+        st["successive_std_pct_of_mean"] = 100 * float(np.diff(lat).std() / np.sqrt(2) / lat.mean())
     return st
 
 

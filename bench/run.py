@@ -35,19 +35,22 @@ N_PREFILL = 128  # prefill length
 GREEDY_CHECK = 8  # decode steps of the llama.cpp-vs-transformers check
 
 # Per model: (prefill repetitions timed, decode budget in seconds per engine,
-# max decode steps, latency steps f32/int8, callgrind inputs f32/int8).
+# max decode steps, latency steps f32/int8 with the position cycling and at a
+# fixed position (each fixed step followed by a control step), callgrind
+# inputs f32/int8).
 PLANS = {
     "quick": {"tiny": dict(reps=3, ref_reps=3, budget=0.5, max_decode=64, lat=(1000, 1000),
-                           icount=(20, 20))},
+                           lat_fixed=(1000, 1000), icount=(20, 20))},
     "full": {
         "tiny": dict(reps=5, ref_reps=5, budget=2.0, max_decode=400, lat=(10000, 10000),
-                     icount=(100, 100)),
-        # A small-model decode step takes 0.1-0.4 s on this (shared) machine:
-        # 10 000 steps would take 20-70 minutes, so the small model gets fewer
-        # (the tiny model the full 10 000).
-        # The numpy reference's small prefill takes 30 s: one, no warm-up.
-        "small": dict(reps=2, ref_reps=0, budget=10.0, max_decode=64, lat=(500, 3000),
-                      icount=(20, 50)),
+                     lat_fixed=(10000, 10000), icount=(100, 100)),
+        # A small-model decode step takes 30-60 ms here (plus as much again
+        # for the control step): 10 000 steps would take 10-20 minutes per
+        # series, so the small model gets fewer (the tiny model the full
+        # 10 000). The numpy reference's small prefill takes 30 s: one, no
+        # warm-up.
+        "small": dict(reps=2, ref_reps=0, budget=10.0, max_decode=64, lat=(500, 2000),
+                      lat_fixed=(1000, 3000), icount=(20, 50)),
     },
 }
 
@@ -99,13 +102,6 @@ def bench_model(name: str, ms: models.ModelSet, drivers: Drivers, plan: dict,
     for q in ("f32", "int8"):
         log(f"{name}: colibri {q}")
         eng[f"colibri {q}"] = measure.run_colibri_speed(drivers, ms.colibri[q], *args)
-    if name != "tiny":
-        for q in ("f32", "int8"):
-            k = f"colibri {q} chunk {drivers.chunk_tokens}"
-            log(f"{name}: {k} (prefill in one chunk; decode is the same code)")
-            eng[k] = measure.run_colibri_speed(drivers, ms.colibri[q], tokens, N_PROMPT,
-                                               N_PREFILL, plan["reps"], 0.0, 3,
-                                               program=drivers.bench_chunk)
     if have_llama:
         expect = hf_tokens[:GREEDY_CHECK + 1] if hf_tokens else None
         for q in ("f32", "q8_0"):
@@ -148,8 +144,14 @@ def bench_model(name: str, ms: models.ModelSet, drivers: Drivers, plan: dict,
     res["latency"] = {}
     for q, steps in zip(("f32", "int8"), plan["lat"]):
         res["latency"][q] = measure.latency(drivers, ms.colibri[q], tokens, N_PROMPT, steps, "cycle")
-    res["latency"]["int8 fixed position"] = measure.latency(
-        drivers, ms.colibri["int8"], tokens, N_PROMPT, min(plan["lat"][1], 1000), "fixed")
+    # Fixed position: the same work every step, so the spread is jitter. The
+    # control (a read-only pass over the weight bytes a step reads, after
+    # every step) shows the spread the machine alone gives that much memory
+    # traffic in the same minutes.
+    for q, steps in zip(("f32", "int8"), plan["lat_fixed"]):
+        res["latency"][f"{q} fixed position"] = measure.latency(
+            drivers, ms.colibri[q], tokens, N_PROMPT, steps, "fixed",
+            control_bytes=bw[q]["bytes_per_token"])
     log(f"{name}: instruction counts (callgrind)")
     res["icount"] = {q: measure.instruction_counts(drivers, ms.colibri[q], tokens, N_PROMPT, n)
                      for q, n in zip(("f32", "int8"), plan["icount"])}
@@ -173,9 +175,6 @@ def bench_ffn(ms: models.ModelSet, drivers: Drivers, work: Path, have_llama: boo
     for q in ("f32", "int8"):
         r = measure.run_colibri_speed(drivers, ms.colibri[q], *args)
         out[f"colibri {q}"] = _gflops(flops, r)
-    for q in ("f32", "int8"):
-        r = measure.run_colibri_speed(drivers, ms.colibri[q], *args, program=drivers.bench_chunk)
-        out[f"colibri {q} chunk {drivers.chunk_tokens}"] = _gflops(flops, r)
     if have_llama:
         for q in ("f32", "q8_0"):
             r = measure.run_peer("llama", ms.gguf[q], *args)

@@ -9,13 +9,18 @@
  *       TOKENS[0:N_PROMPT] (untimed), then greedy decode one token per call
  *       (batch 1, KV cache) until DECODE_BUDGET_S seconds or MAX_DECODE
  *       steps; every step's time and the greedy tokens are recorded.
- *   colibri_bench latency MODEL TOKENS N_PROMPT N_STEPS cycle|fixed OUT
+ *   colibri_bench latency MODEL TOKENS N_PROMPT N_STEPS cycle|fixed OUT [CONTROL_BYTES]
  *       N_STEPS decode calls after a prompt of N_PROMPT tokens. cycle: the
  *       position runs from N_PROMPT to max_seq_len-1, then n_past rewinds to
  *       N_PROMPT (attention work grows with the position); fixed: every call
  *       is at n_past = N_PROMPT (the same work each time, pure jitter). The
  *       input token of call i is TOKENS[i % n]. Writes N_STEPS float64
  *       wall seconds, then N_STEPS float64 CPU seconds, to OUT.
+ *       With CONTROL_BYTES > 0, each decode call is followed by a control
+ *       step: one read-only pass over a private buffer of that many bytes
+ *       (the weight bytes one decode step reads), timed the same way; its
+ *       N_STEPS wall seconds follow in OUT. Interleaved with the decode
+ *       steps, it shows how much of the spread the machine alone causes.
  *   colibri_bench icount  MODEL TOKENS N_PROMPT N_INPUTS
  *       For valgrind --tool=callgrind --instr-atstart=no: after the prompt,
  *       one decode call at n_past = N_PROMPT per input token TOKENS[i],
@@ -239,12 +244,31 @@ static int mode_speed(int argc, char **argv)
     return 0;
 }
 
+/* The control step of mode_latency: sum buf[0..n) as 64-bit words, 4
+ * independent chains so the adds never limit the read. */
+static uint64_t read_pass(const uint64_t *buf, size_t n)
+{
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        a += buf[i];
+        b += buf[i + 1];
+        c += buf[i + 2];
+        d += buf[i + 3];
+    }
+    for (; i < n; i++)
+        a += buf[i];
+    return a + b + c + d;
+}
+
 static int mode_latency(int argc, char **argv)
 {
-    if (argc != 8) {
-        fprintf(stderr, "usage: colibri_bench latency MODEL TOKENS N_PROMPT N_STEPS cycle|fixed OUT\n");
+    if (argc != 8 && argc != 9) {
+        fprintf(stderr, "usage: colibri_bench latency MODEL TOKENS N_PROMPT N_STEPS cycle|fixed OUT "
+                        "[CONTROL_BYTES]\n");
         return 2;
     }
+    size_t control_words = argc == 9 ? (size_t)atoll(argv[8]) / sizeof(uint64_t) : 0;
     int32_t *tok;
     size_t ntok = read_tokens(argv[3], &tok);
     uint32_t n_prompt = (uint32_t)atoi(argv[4]);
@@ -260,10 +284,16 @@ static int mode_latency(int argc, char **argv)
         return 1;
     uint32_t V = info.shape.vocab;
     float *logits = malloc((size_t)n_prompt * V * sizeof *logits);
-    /* lat[0..n) wall seconds, lat[n..2n) CPU seconds of each step */
-    double *lat = malloc(2 * (size_t)n_steps * sizeof *lat);
-    if (!logits || !lat)
+    /* lat[0..n) wall seconds, lat[n..2n) CPU seconds of each step,
+     * lat[2n..3n) wall seconds of each control step */
+    const size_t n_out = (control_words ? 3 : 2) * (size_t)n_steps;
+    double *lat = malloc(n_out * sizeof *lat);
+    uint64_t *control = control_words ? malloc(control_words * sizeof *control) : NULL;
+    if (!logits || !lat || (control_words && !control))
         return 1;
+    for (size_t i = 0; i < control_words; i++) /* touch every page now */
+        control[i] = i;
+    volatile uint64_t sink = 0;
     int rc = colibri_infer(&m, tok, NULL, 1, n_prompt, 0, logits);
     if (rc)
         return die("prompt", rc, &m);
@@ -282,15 +312,23 @@ static int mode_latency(int argc, char **argv)
         if (rc)
             return die("decode", rc, &m);
         pos++;
+        if (control_words) {
+            t0 = now_s();
+            sink += read_pass(control, control_words);
+            lat[2 * n_steps + i] = now_s() - t0;
+        }
     }
+    (void)sink;
+    free(control);
     FILE *f = fopen(argv[7], "wb");
-    if (!f || fwrite(lat, sizeof *lat, 2 * (size_t)n_steps, f) != 2 * (size_t)n_steps) {
+    if (!f || fwrite(lat, sizeof *lat, n_out, f) != n_out) {
         fprintf(stderr, "colibri_bench: cannot write %s\n", argv[7]);
         return 1;
     }
     fclose(f);
     printf("{\"steps\": %ld, \"mode\": \"%s\", \"first_pos\": %u, \"max_seq_len\": %u, "
-           "\"rewinds\": %u}\n", n_steps, argv[6], n_prompt, info.shape.max_seq_len, wraps);
+           "\"rewinds\": %u, \"control_bytes\": %zu}\n", n_steps, argv[6], n_prompt,
+           info.shape.max_seq_len, wraps, control_words * sizeof(uint64_t));
     colibri_free(&m);
     free(logits);
     free(lat);
