@@ -261,10 +261,10 @@ BLOCK void fx_strip(const int i16, const int R, float *Y, const void *W,
 BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
                      const float *X, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    if (n == 1) {
+    if (n == 1) { /* the next 8 rows prefetched as in i8_matmul (PREFETCH) */
         uint32_t r = 0;
         for (; r + 8 <= rows; r += 8)
-            fx_block(i16, 8, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, 0);
+            fx_block(i16, 8, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, r + 16 <= rows);
         for (; r + 4 <= rows; r += 4)
             fx_block(i16, 4, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, 0);
         for (; r < rows; r++)
@@ -511,7 +511,7 @@ BLOCK void i8_block(const int vnni, const int R, const int T, float *Y,
                     const int8_t *Q,
                     const float *S, const int8_t *XQ, const float *XS,
                     uint32_t rows, uint32_t cols, uint32_t group, uint32_t ng,
-                    uint32_t r0, uint32_t t0)
+                    uint32_t r0, uint32_t t0, int prefetch)
 {
     const int8_t *q[MAXR];
     const int8_t *x[MAXT];
@@ -536,6 +536,18 @@ BLOCK void i8_block(const int vnni, const int R, const int T, float *Y,
 
     for (uint32_t gb = 0; gb < ng; gb += 8) {
         const int nb = ng - gb < 8 ? (int)(ng - gb) : 8;
+        if (prefetch) {
+            /* The next R rows' weights and scales of this batch's columns,
+             * into L2 (see PREFETCH at i8_matmul). */
+            const uint32_t pc1 = cols - gb * group < 8 * group ? cols : (gb + 8) * group;
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const char *nq = (const char *)(q[r] + (size_t)R * cols);
+                for (uint32_t c = (gb * group) & ~63u; c < pc1; c += 64)
+                    _mm_prefetch(nq + c, _MM_HINT_T1);
+                _mm_prefetch((const char *)(s[r] + (size_t)R * ng + gb), _MM_HINT_T1);
+            }
+        }
         __m256i d[MAXR][MAXT][8];
         for (int j = 0; j < nb; j++) {
             const uint32_t c0 = (gb + (uint32_t)j) * group;
@@ -780,6 +792,14 @@ BLOCK void i8_gemm(const int vnni, float *Y, const int8_t *Q, const float *S,
 
 /* 2 rows x 2 tokens while two tokens are left (8 int + 4 float accumulators
  * fit the 16 ymm registers with the weights), else 4 rows x 1 token. */
+/* PREFETCH (decode): one token reads every weight once, row block after row
+ * block, and a block of 4 rows x 1024 int8 columns is one 4 KiB page: the
+ * hardware prefetchers stop at page boundaries and start again only after
+ * a few misses, so without help each block waited for memory (int8 decode
+ * read 7 GB/s of the machine's 13). Each block therefore requests the next
+ * block's weights and scales into L2 as it goes: small-model int8 decode
+ * 34 -> 46 tokens/s (bench/results/FINDINGS.md). fx_matmul does the same
+ * for one float token (+5 %: float decode was already near the bandwidth). */
 BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
                      const int8_t *XQ, const float *XS, uint32_t n,
                      uint32_t rows, uint32_t cols, uint32_t group)
@@ -796,16 +816,17 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
         for (; t + 2 <= n; t += 2) {
             uint32_t r = p0;
             for (; r + 2 <= pe; r += 2)
-                i8_block(vnni, 2, 2, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t);
+                i8_block(vnni, 2, 2, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t, 0);
             for (; r < pe; r++)
-                i8_block(vnni, 1, 2, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t);
+                i8_block(vnni, 1, 2, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t, 0);
         }
         for (; t < n; t++) {
             uint32_t r = p0;
             for (; r + 4 <= pe; r += 4)
-                i8_block(vnni, 4, 1, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t);
+                i8_block(vnni, 4, 1, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t,
+                         r + 8 <= rows);
             for (; r < pe; r++)
-                i8_block(vnni, 1, 1, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t);
+                i8_block(vnni, 1, 1, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t, 0);
         }
     }
 }
