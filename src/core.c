@@ -12,6 +12,9 @@
 #if !defined(COLIBRI_STATIC_WORKBUF) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L /* open, fstat, mmap */
 #endif
+#if !defined(COLIBRI_STATIC_WORKBUF) && defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE (alloc_blob) */
+#endif
 
 #include "internal.h"
 
@@ -28,9 +31,11 @@
 #include <stdlib.h>
 #if COLIBRI_ENABLE_MMAP
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#endif
+#if COLIBRI_ENABLE_MMAP || defined(__linux__)
+#include <sys/mman.h>
 #endif
 #endif
 
@@ -887,6 +892,30 @@ static void *alloc64(size_t n, void **base)
     return (void *)(((uintptr_t)*base + 63) & ~(uintptr_t)63);
 }
 
+/* Memory for the model's own copy of the file (read, or byte-swapped), n
+ * bytes aligned to 64. On Linux, from 2 MiB: an anonymous mapping aligned to
+ * 2 MiB and advised MADV_HUGEPAGE (recorded in v->huge for munmap), so that
+ * transparent huge pages can back it where the system allows ("madvise" or
+ * "always"); the advice failing is harmless. Else malloc (v->owned_blob). */
+#define HUGE_PAGE ((size_t)2 << 20)
+static void *alloc_blob(struct colibri_model_private_ *v, size_t n)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (n >= HUGE_PAGE && n <= SIZE_MAX - HUGE_PAGE) {
+        void *map = mmap(NULL, n + HUGE_PAGE, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map != MAP_FAILED) {
+            uintptr_t a = ((uintptr_t)map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+            (void)madvise((void *)a, n, MADV_HUGEPAGE);
+            v->huge = map;
+            v->huge_size = n + HUGE_PAGE;
+            return (void *)a;
+        }
+    }
+#endif
+    return alloc64(n, &v->owned_blob);
+}
+
 /* Swap every section's data of a validated file in place (values by their
  * width, float32 scales by 4). The header and table stay as stored. */
 static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
@@ -938,6 +967,10 @@ static void release(colibri_model *m)
 #if COLIBRI_ENABLE_MMAP
     if (v->map)
         munmap(v->map, v->map_size);
+#endif
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (v->huge)
+        munmap(v->huge, v->huge_size);
 #endif
     free(v->owned_blob);
     free(v->owned_arena);
@@ -1111,7 +1144,7 @@ static int load_file(colibri_model *m, const char *path)
         return COLIBRI_E_IO;
     }
     size_t size = (size_t)end;
-    uint8_t *buf = (uint8_t *)alloc64(size ? size : 1, &v->owned_blob);
+    uint8_t *buf = (uint8_t *)alloc_blob(v, size ? size : 1);
     if (!buf) {
         fclose(f);
         fmt_detail(v->detail, DETAIL_CAP, "cannot allocate %llu bytes for %s",
@@ -1137,9 +1170,8 @@ static int make_host_order(colibri_model *m, int be)
 {
     struct colibri_model_private_ *v = &m->priv_;
     uint8_t *dst = (uint8_t *)v->blob;
-    if (!v->owned_blob) {
-        void *base;
-        dst = (uint8_t *)alloc64(v->blob_size, &base);
+    if (!v->owned_blob && !v->huge) {
+        dst = (uint8_t *)alloc_blob(v, v->blob_size);
         if (!dst) {
             fmt_detail(v->detail, DETAIL_CAP, "cannot allocate %llu bytes to "
                        "byte-swap the %s-endian file",
@@ -1148,7 +1180,6 @@ static int make_host_order(colibri_model *m, int be)
             return COLIBRI_E_NO_MEMORY;
         }
         memcpy(dst, v->blob, v->blob_size);
-        v->owned_blob = base;
 #if COLIBRI_ENABLE_MMAP
         if (v->map)
             munmap(v->map, v->map_size);
@@ -1383,6 +1414,7 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
     out->chunk_tokens = p->chunk;
     out->kernels = p->k->name;
     out->load_mode = modes[v->load_mode <= LOAD_SHARED ? v->load_mode : 0];
+    out->huge_pages_advised = v->huge != NULL;
     const uint8_t *tab = v->blob + COLIBRI_TABLE_OFFSET;
     for (uint32_t i = 0; i < v->shape.n_tensors; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;

@@ -1,5 +1,12 @@
 """x86-64 Linux, the host: AVX2+FMA kernels with the reference fallback chosen
-at run time, mmap on, dynamic work buffer. Runs natively."""
+at run time, dynamic work buffer. Runs natively.
+
+mmap off: colibri_init reads the file into an anonymous region advised
+MADV_HUGEPAGE. A decode step streams every weight once, and on 4 KiB pages
+(which is what a mapped file gets) the small benchmark model decoded 1.4x
+slower (int8: 23.3 against 16.4 ms a token, bench/results/FINDINGS.md). The
+price is a private copy of the file instead of sharing the page cache;
+threads share one copy with colibri_share. mmap=1 brings the mapping back."""
 from . import Target
 
 TARGET = Target(
@@ -12,7 +19,7 @@ TARGET = Target(
     byte_order="little",
     pointer_bytes=8,
     kernels=("avx2",),
-    defaults=dict(mmap=True, workbuf="dynamic", avx2=True, fma=True, neon=False),
+    defaults=dict(mmap=False, workbuf="dynamic", avx2=True, fma=True, neon=False),
     # Native. qemu-x86_64 -cpu Haswell (package qemu-user) also runs the same
     # binaries; the matrix uses native runs because they are 30x faster.
     emulator=(),

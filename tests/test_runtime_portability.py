@@ -2,14 +2,19 @@
 little-endian one on x86 (swapped at load), is refused by zero-copy loading
 with COLIBRI_E_BYTE_ORDER, and the portable ref build gives bit-identical
 logits on x86-64, 32-bit big-endian PowerPC (qemu-ppc, in place and
-swapped) and ARMv7 (qemu-arm)."""
+swapped) and ARMv7 (qemu-arm). A file of 2 MiB or more that the library
+copies (read, or swapped) lands in memory advised for huge pages."""
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from colibri.build.testmodel import FW_TINY, make_model
 from test_runtime_errors import rewrite
 from test_runtime_support import Call, DriverError, c_build, run_driver  # noqa: F401
 
@@ -54,6 +59,39 @@ def test_big_endian_file_same_logits_on_x86(c_build, tiny_files, tmp_path, kind)
     info = subprocess.run([str(c_build("host").cli), "--model", str(other), "--info"],
                           capture_output=True, text=True).stdout
     assert "byte_order: big (swapped in memory)" in info
+
+
+def _info(build, path) -> dict:
+    out = subprocess.run([str(build.cli), "--model", str(path), "--info"], capture_output=True,
+                         text=True, check=True).stdout
+    return dict(re.findall(r"^(\w+): (.*)$", out, re.M))
+
+
+def test_large_copies_go_to_huge_page_memory(c_build, tmp_path):
+    """The read build (mmap off: the x86_64 target's default) reads a file of
+    2 MiB or more into an anonymous region advised MADV_HUGEPAGE, and so does
+    the mapped build when it swaps a big-endian file; a mapped file stays
+    mapped. Every way gives the same logits."""
+    shape = dataclasses.replace(FW_TINY, vocab=2048, hidden=128, intermediate=256,
+                                n_experts=8, max_seq_len=32, max_batch=2)
+    le = make_model(tmp_path / "big-le.colibri", "f32", shape=shape)
+    be = make_model(tmp_path / "big-be.colibri", "f32", shape=shape, byte_order="big")
+    assert le.stat().st_size > 4 << 20
+    huge = "advised" if sys.platform.startswith("linux") else "no"
+    read, mapped = c_build("nommap"), c_build("ref")  # both ref kernels, so bit-equal
+    cases = [(read, le, "read", huge), (mapped, le, "mmap", "no"), (mapped, be, "mmap", huge),
+             (read, be, "read", huge)]
+    got = []
+    for i, (build, path, load, advised) in enumerate(cases):
+        info = _info(build, path)
+        assert (info["load"], info["huge_pages"]) == (load, advised), (path.name, info)
+        got.append(np.concatenate([x.ravel() for x in run_driver(
+            build, path, script(), tmp_path / f"case{i}", vocab=shape.vocab)]))
+    for other in got[1:]:
+        np.testing.assert_array_equal(other, got[0])
+    # Under 2 MiB the copy is an ordinary allocation.
+    small = make_model(tmp_path / "small.colibri", "f32")
+    assert (_info(read, small)["load"], _info(read, small)["huge_pages"]) == ("read", "no")
 
 
 def test_zero_copy_refuses_other_byte_order(c_build, tiny_files, tmp_path):

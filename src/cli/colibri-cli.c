@@ -166,9 +166,9 @@ static int do_info(colibri_model *m)
            "dtype_experts: %s\ndtype_lm_head: %s\n", dtype_name(in.dtype_embed),
            dtype_name(in.dtype_attn), dtype_name(in.dtype_router),
            dtype_name(in.dtype_expert), dtype_name(in.dtype_lm_head));
-    printf("arena_bytes: %llu\nchunk_tokens: %u\nkernels: %s\nload: %s\n",
-           (unsigned long long)in.arena_bytes, in.chunk_tokens, in.kernels,
-           in.load_mode);
+    printf("arena_bytes: %llu\nchunk_tokens: %u\nkernels: %s\nload: %s\n"
+           "huge_pages: %s\n", (unsigned long long)in.arena_bytes, in.chunk_tokens,
+           in.kernels, in.load_mode, in.huge_pages_advised ? "advised" : "no");
     return 0;
 }
 

@@ -108,6 +108,8 @@ typedef struct colibri_info {
     uint32_t chunk_tokens;        /* tokens processed together */
     const char *kernels;          /* "ref", "avx2", "neon" */
     const char *load_mode;        /* "mmap", "read", "memory", "shared" */
+    uint8_t huge_pages_advised;   /* 1 if the model's own copy (read or
+                                     swapped) lies in a MADV_HUGEPAGE region */
 } colibri_info;
 
 /* The instance. The caller allocates it (stack, static, heap); the library
@@ -121,8 +123,10 @@ typedef struct colibri_model {
         const uint8_t *blob;       /* the file; tensor data in host order */
         size_t blob_size;
         void *owned_blob;          /* malloc'd copy to free, or NULL */
-        void *map;                 /* mmap'd region to unmap, or NULL */
+        void *map;                 /* mmap'd file to unmap, or NULL */
         size_t map_size;
+        void *huge;                /* anonymous huge-page region holding */
+        size_t huge_size;          /* the read or swapped copy, or NULL */
         void *arena;
         size_t arena_size;
         void *owned_arena;         /* malloc'd arena to free, or NULL */
@@ -138,8 +142,12 @@ typedef struct colibri_model {
 /* Load the file at `path`, validate it (FORMAT.md section 3: every header
  * field, every table entry, every offset and size, then every CRC), allocate
  * the arena. With COLIBRI_ENABLE_MMAP the file is mapped read-only (it must
- * not change while mapped), otherwise read into allocated memory. A file in
- * the other byte order is swapped into allocated memory.
+ * not change while mapped), otherwise read into allocated memory: on Linux,
+ * for files of 2 MiB and more, an anonymous region marked MADV_HUGEPAGE, so
+ * the kernel can back it with transparent huge pages (decode streams every
+ * weight once per token; with 4 KiB pages the page walks cost a quarter of
+ * the step time on the benchmark machine, bench/results/FINDINGS.md). A file
+ * in the other byte order is swapped into allocated memory the same way.
  * Ownership: the model owns the mapping/copy and the arena until
  * colibri_free. `m` need not be initialised before; on failure it is left
  * freed (colibri_free is harmless) with colibri_error_detail describing the
