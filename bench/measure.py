@@ -245,7 +245,7 @@ def instruction_counts(drivers, model: Path, tokens: Path, n_prompt: int, n_inpu
 def init_modes(drivers, model: Path, reps: int) -> dict:
     """Each mode in a fresh process (peak RSS is per process)."""
     out = {}
-    for name, prog, mode in (("mmap", drivers.bench, "path"), ("fread", drivers.bench_read, "path"),
+    for name, prog, mode in (("mmap", drivers.bench_mmap, "path"), ("fread", drivers.bench, "path"),
                              ("memory", drivers.bench, "memory")):
         out[name] = run_json([prog, "init", model, mode, reps])
     return out

@@ -102,6 +102,11 @@ def bench_model(name: str, ms: models.ModelSet, drivers: Drivers, plan: dict,
     for q in ("f32", "int8"):
         log(f"{name}: colibri {q}")
         eng[f"colibri {q}"] = measure.run_colibri_speed(drivers, ms.colibri[q], *args)
+    if name != "tiny":  # the file mapped (4 KiB pages) instead of read
+        for q in ("f32", "int8"):
+            log(f"{name}: colibri {q} mmap")
+            eng[f"colibri {q} mmap"] = measure.run_colibri_speed(
+                drivers, ms.colibri[q], *args, program=drivers.bench_mmap)
     if have_llama:
         expect = hf_tokens[:GREEDY_CHECK + 1] if hf_tokens else None
         for q in ("f32", "q8_0"):
