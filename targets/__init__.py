@@ -42,6 +42,8 @@ class Target:
     startup         extra firmware sources of bare-metal targets
     program_sources extra sources linked into every executable of the target
                     (colibri-cli and the firmware), e.g. emulator workarounds
+    defines         extra preprocessor definitions of the library's sources,
+                    e.g. COLIBRI_CRC32_SLICE8=0 (src/crc32.c) on flash-tight MCUs
     run_timeout     seconds one emulated run may take before it is killed
     """
     name: str
@@ -62,6 +64,7 @@ class Target:
     ldscript: str = ""
     startup: tuple[str, ...] = ()
     program_sources: tuple[str, ...] = ()
+    defines: tuple[str, ...] = ()
     link_flags: tuple[str, ...] = ()
     libs: tuple[str, ...] = ("m",)
     run_timeout: float = 60.0

@@ -44,16 +44,18 @@ def expected(data: bytes) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.parametrize("slice8", [1, 0], ids=["slicing-by-8", "byte-table"])
 @pytest.mark.parametrize("cc,run", [
     ("gcc", ()),
     ("powerpc-linux-gnu-gcc", ("qemu-ppc", "-L", "/usr/powerpc-linux-gnu")),
 ])
-def test_crc32_equals_zlib(tmp_path, cc, run):
+def test_crc32_equals_zlib(tmp_path, cc, run, slice8):
     if shutil.which(cc) is None or (run and shutil.which(run[0]) is None):
         pytest.skip(f"{cc} or its emulator is not installed")
     exe = tmp_path / "crc"
     (tmp_path / "d.c").write_text(DRIVER)
     subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-static",
+                    f"-DCOLIBRI_CRC32_SLICE8={slice8}",
                     "-I", str(ROOT / "src" / "include"), "-o", str(exe),
                     str(tmp_path / "d.c"), str(ROOT / "src" / "crc32.c")],
                    check=True, capture_output=True)

@@ -104,6 +104,7 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
         defines.append("COLIBRI_STATIC_WORKBUF")
     if opts.debug:
         defines.append("COLIBRI_DEBUG")
+    defines.extend(target.defines)
     kernel_ccflags = {}
     for k in opts.kernels:
         src, extra, define = sources.KERNELS[k]
