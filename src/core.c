@@ -897,18 +897,18 @@ static void *alloc64(size_t n, void **base)
  * 2 MiB and advised MADV_HUGEPAGE (recorded in v->huge for munmap), so that
  * transparent huge pages can back it where the system allows ("madvise" or
  * "always"); the advice failing is harmless. Else malloc (v->owned_blob). */
-#define HUGE_PAGE ((size_t)2 << 20)
+#define CLB_HUGE_PAGE ((size_t)2 << 20)
 static void *alloc_blob(struct colibri_model_private_ *v, size_t n)
 {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (n >= HUGE_PAGE && n <= SIZE_MAX - HUGE_PAGE) {
-        void *map = mmap(NULL, n + HUGE_PAGE, PROT_READ | PROT_WRITE,
+    if (n >= CLB_HUGE_PAGE && n <= SIZE_MAX - CLB_HUGE_PAGE) {
+        void *map = mmap(NULL, n + CLB_HUGE_PAGE, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (map != MAP_FAILED) {
-            uintptr_t a = ((uintptr_t)map + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+            uintptr_t a = ((uintptr_t)map + CLB_HUGE_PAGE - 1) & ~(uintptr_t)(CLB_HUGE_PAGE - 1);
             (void)madvise((void *)a, n, MADV_HUGEPAGE);
             v->huge = map;
-            v->huge_size = n + HUGE_PAGE;
+            v->huge_size = n + CLB_HUGE_PAGE;
             return (void *)a;
         }
     }
