@@ -898,9 +898,14 @@ static void *alloc64(size_t n, void **base)
  * transparent huge pages can back it where the system allows ("madvise" or
  * "always"); the advice failing is harmless. Else malloc (v->owned_blob). */
 #define CLB_HUGE_PAGE ((size_t)2 << 20)
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#define CLB_HUGE_ALLOC 1
+#else
+#define CLB_HUGE_ALLOC 0
+#endif
 static void *alloc_blob(struct colibri_model_private_ *v, size_t n)
 {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if CLB_HUGE_ALLOC
     if (n >= CLB_HUGE_PAGE && n <= SIZE_MAX - CLB_HUGE_PAGE) {
         void *map = mmap(NULL, n + CLB_HUGE_PAGE, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -968,7 +973,7 @@ static void release(colibri_model *m)
     if (v->map)
         munmap(v->map, v->map_size);
 #endif
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if CLB_HUGE_ALLOC
     if (v->huge)
         munmap(v->huge, v->huge_size);
 #endif

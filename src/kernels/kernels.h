@@ -13,7 +13,7 @@
  * arena buffers are 64-byte aligned, weights in a .colibri file 64-byte
  * aligned, so kernels may prefer aligned loads only after checking.
  * Kernels never allocate, never fail, and write only their output. They may
- * use up to 32 KiB of stack (the AVX2 many-token forms pack operands there).
+ * use up to 32 KiB of stack (the AVX2 int8 GEMM packs weights there: 24 KiB).
  */
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
