@@ -260,7 +260,7 @@ def crc(drivers, model: Path, reps: int) -> dict:
 def library_sizes(drivers_dir: Path) -> dict:
     """Per target, the runtime library's code/data/rodata from the size report
     (build/<target>/size.txt, written by `scons target=X size`), and the
-    library this run benchmarked (measured with colibri.build.size)."""
+    library this run benchmarked (measured with colibri.buildsteps.size)."""
     out = {}
     for t in ("x86_64", "armv7", "ppc", "cortex-m"):
         p = ROOT / "build" / t / "size.txt"
@@ -277,7 +277,7 @@ def library_sizes(drivers_dir: Path) -> dict:
                   "report": str(p.relative_to(ROOT)),
                   "report_time": time.strftime("%Y-%m-%d %H:%M", time.gmtime(p.stat().st_mtime))}
     try:
-        from colibri.build.size import measure_runtime
+        from colibri.buildsteps.size import measure_runtime
         sizes, _ = measure_runtime(Path(drivers_dir) / "lib-mmap" / "libcolibri.a")
         out["benchmarked (x86_64, this run)"] = {**sizes, "total": sum(sizes.values())}
     except Exception as exc:  # the size tool is someone else's; report, do not fail

@@ -3,7 +3,7 @@
 The plain-function build the tests use for their variants (sanitizers, static
 work buffer, debug, cross compilers) and `python -m colibri.cbuild` uses for the
 default host build into build/x86_64/. The SCons build reuses the same source
-lists (colibri/build/sources.py), so there is one definition of what the
+lists (colibri/buildsteps/sources.py), so there is one definition of what the
 runtime is made of.
 """
 from __future__ import annotations
@@ -17,12 +17,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .build import sources as _sources
+from .buildsteps import sources as _sources
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 
-# The canonical source lists live in colibri/build/sources.py (shared with
+# The canonical source lists live in colibri/buildsteps/sources.py (shared with
 # SConstruct). KERNELS: name -> source, the define telling core.c the set is
 # linked in, and flags for that one file. "ref" is always linked.
 LIB_SOURCES = tuple(x for x in _sources.LIBRARY if x != "src/kernels/ref.c")

@@ -14,7 +14,7 @@
 # machine is shared. New inputs go to build/fuzz/work/ (not committed), crashes
 # to build/fuzz/artifacts/; fuzz/corpus/ is read as a second corpus. Seeds
 # (valid tiny files of every quantisation) come from fuzz/gen_seeds.py.
-# The source list mirrors colibri/build/sources.py (LIBRARY plus the AVX2
+# The source list mirrors colibri/buildsteps/sources.py (LIBRARY plus the AVX2
 # kernels on x86-64); tests/test_fuzz_corpus.py checks that they agree.
 # KERNELS=ref fuzz/run.sh ... builds the portable reference kernels only
 # (into build/fuzz-ref/), the path every non-x86 target runs.

@@ -4,7 +4,7 @@
                                       [--valgrind-steps N]
 
 Two runs of the same decode loop over a seeded tiny model
-(colibri.build.testmodel, max_seq_len 64 so the cache rewinds every 56
+(colibri.buildsteps.testmodel, max_seq_len 64 so the cache rewinds every 56
 steps): an optimised build (-O2, host kernels) for time and resident memory,
 and an AddressSanitizer + UBSan build whose LeakSanitizer checks at exit that
 nothing leaked (any report fails). Exit status 0 when both runs are clean,
@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 from colibri import cbuild  # noqa: E402
 sys.path.insert(0, str(ROOT / "fuzz"))
 from replay import build_lock  # noqa: E402  (one lock helper for shared build/)
-from colibri.build import testmodel  # noqa: E402
+from colibri.buildsteps import testmodel  # noqa: E402
 
 SHAPE = dataclasses.replace(testmodel.FW_TINY, max_seq_len=64)
 # Resident memory may move by allocator noise; more than this between the

@@ -37,7 +37,7 @@ class Target:
                     the program path (appended when absent); () = run natively
     emulator_package Debian package of the emulator
     ram_bytes, flash_bytes  the device's memories (flash slot = packed image)
-    budgets         name -> bytes; see colibri/build/size.py for the names
+    budgets         name -> bytes; see colibri/buildsteps/size.py for the names
     ldscript        linker script of bare-metal targets (relative to the top)
     startup         extra firmware sources of bare-metal targets
     program_sources extra sources linked into every executable of the target

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from colibri.build import testmodel
+from colibri.buildsteps import testmodel
 from colibri.format import ModelShape
 
 TINY = ModelShape(vocab=8, hidden=4, intermediate=4, max_seq_len=4, n_layers=1, n_heads=1,

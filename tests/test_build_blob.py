@@ -1,4 +1,4 @@
-"""colibri.build.blob without SCons: byte-order conversion of the embedded
+"""colibri.buildsteps.blob without SCons: byte-order conversion of the embedded
 model, the .incbin assembly, the arena bound and the firmware config."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from colibri import format as cformat  # noqa: E402
-from colibri.build import blob, testmodel  # noqa: E402
+from colibri.buildsteps import blob, testmodel  # noqa: E402
 from colibri.errors import ColibriError, CRCError  # noqa: E402
 from colibri.reference import Reference  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""colibri.build.emulate and golden without an emulator: the firmware output
+"""colibri.buildsteps.emulate and golden without an emulator: the firmware output
 parser, timeouts, and the comparison messages."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
-from colibri.build import emulate, golden  # noqa: E402
+from colibri.buildsteps import emulate, golden  # noqa: E402
 from colibri.errors import ColibriError  # noqa: E402
 
 

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from colibri.build import fwrun  # noqa: E402
+from colibri.buildsteps import fwrun  # noqa: E402
 from colibri.convert import ColibriExporter  # noqa: E402
 from colibri.errors import ColibriError  # noqa: E402
 from colibri.reference import Reference  # noqa: E402
@@ -60,7 +60,7 @@ def test_run_goal_prints_the_reference_greedy_text(demo_int8, tmp_path, target):
 
 
 def test_run_goal_refuses_a_text_prompt_for_a_small_vocabulary(tmp_path):
-    from colibri.build import testmodel
+    from colibri.buildsteps import testmodel
 
     small = testmodel.make_model(tmp_path / "small.colibri", "int8")
     p = subprocess.run([SCONS, "-Q", "target=x86_64", f"model={small}", "prompt=zz",

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
 from colibri import format as cformat  # noqa: E402
-from colibri.build import testmodel  # noqa: E402
+from colibri.buildsteps import testmodel  # noqa: E402
 
 SCONS = str(ROOT / ".venv" / "bin" / "scons")
 TARGETS = targets.load_all()

@@ -1,4 +1,4 @@
-"""colibri.build.size without SCons: ar parsing, ELF measurements, budget
+"""colibri.buildsteps.size without SCons: ar parsing, ELF measurements, budget
 messages and the report `scons size` prints."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
-from colibri.build import size  # noqa: E402
+from colibri.buildsteps import size  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""targets/ and colibri.build.toolchain without SCons: every target module is
+"""targets/ and colibri.buildsteps.toolchain without SCons: every target module is
 complete, options are checked with messages naming what is allowed, flags
 keep the arithmetic reproducible."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
-from colibri.build import toolchain  # noqa: E402
+from colibri.buildsteps import toolchain  # noqa: E402
 from colibri.errors import ColibriError  # noqa: E402
 
 ALL = targets.load_all()

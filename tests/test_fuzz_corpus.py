@@ -3,7 +3,7 @@ the committed regression corpus fuzz/corpus/ and the seeds of
 fuzz/gen_seeds.py, the library built with AddressSanitizer +
 UndefinedBehaviorSanitizer (-fno-sanitize-recover=all): any report fails.
 Plus the corpus's own hygiene (small files, size budget) and that fuzz/run.sh
-builds the same sources as colibri/build/sources.py."""
+builds the same sources as colibri/buildsteps/sources.py."""
 from __future__ import annotations
 
 import re
@@ -79,7 +79,7 @@ def test_corpus_stays_small():
 
 
 def test_run_sh_builds_the_library_sources():
-    from colibri.build import sources
+    from colibri.buildsteps import sources
     text = (ROOT / "fuzz" / "run.sh").read_text()
     listed = re.search(r'^SOURCES="([^"]*)"', text, re.M).group(1).split()
     assert set(listed) == set(sources.LIBRARY)

@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from colibri import image as I
 from colibri import keys, ota
-from colibri.build import blob as fwblob
-from colibri.build import testmodel
+from colibri.buildsteps import blob as fwblob
+from colibri.buildsteps import testmodel
 from image_fixtures import TINY
 
 ROOT = Path(__file__).resolve().parents[1]

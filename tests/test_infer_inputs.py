@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fuzz"))
 
 import replay  # noqa: E402
-from colibri.build import testmodel  # noqa: E402
+from colibri.buildsteps import testmodel  # noqa: E402
 from colibri.reference import Reference  # noqa: E402
 
 SHAPE = dataclasses.replace(testmodel.FW_TINY, max_batch=2)

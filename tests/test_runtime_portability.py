@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from colibri.build.testmodel import FW_TINY, make_model
+from colibri.buildsteps.testmodel import FW_TINY, make_model
 from test_runtime_errors import rewrite
 from test_runtime_support import Call, DriverError, c_build, run_driver  # noqa: F401
 

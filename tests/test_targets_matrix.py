@@ -1,11 +1,11 @@
 """The target matrix: every target of targets/ built by SCons (the command
 users run) with a model embedded, run under its emulator (natively,
 qemu-arm, qemu-ppc, qemu-system-arm) and compared with the numpy reference
-(colibri/reference.py), through the same colibri.build.check functions that
+(colibri/reference.py), through the same colibri.buildsteps.check functions that
 `scons target=X check` uses.
 
 Builds (each `scons target=all`, shared by the tests below):
-  int8        fw-tiny int8 model (colibri.build.testmodel), default kernels
+  int8        fw-tiny int8 model (colibri.buildsteps.testmodel), default kernels
   f32         fw-tiny f32 model, default kernels
   awkward     the converter's "awkward" golden model (hidden 60, 5 heads,
               6 experts top-3: SIMD tails), int8, default kernels
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
-from colibri.build import check, testmodel, toolchain  # noqa: E402
+from colibri.buildsteps import check, testmodel, toolchain  # noqa: E402
 
 TARGETS = targets.load_all()
 SCONS = [str(ROOT / ".venv" / "bin" / "scons")]
@@ -108,7 +108,7 @@ def test_ref_kernels_bit_identical_across_targets(matrix_build):
     for name in LINUX_REF_TARGETS:
         t = TARGETS[name]
         _need(t)
-        from colibri.build import emulate
+        from colibri.buildsteps import emulate
         r = emulate.run(t, bdir / name / "firmware.elf")
         assert r.returncode == 0, f"{name}: {r.stdout[-500:]} {r.stderr[-500:]}"
         runs[name] = emulate.parse_firmware_output(r.stdout)

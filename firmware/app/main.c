@@ -9,7 +9,7 @@
  * (FW_ARENA_BYTES), checked here against the runtime's own
  * colibri_arena_size before use. No malloc, no stdio.
  *
- * Output (parsed by colibri/build/emulate.py, one record per line):
+ * Output (parsed by colibri/buildsteps/emulate.py, one record per line):
  *   colibri-fw target=T model_bytes=N arena_bytes=A arena_needed=R
  *   prompt P t0,t1,...
  *   row P I h0 h1 ... h(vocab-1)   logits of fed position I as float bits (hex)
@@ -189,7 +189,7 @@ int main(void) {
         put_u32((uint32_t)need);
         put(" bytes, the build reserved ");
         put_u32((uint32_t)sizeof arena);
-        put(" (FW_ARENA_BYTES): colibri/build/blob.py arena_bytes is short for this runtime\n");
+        put(" (FW_ARENA_BYTES): colibri/buildsteps/blob.py arena_bytes is short for this runtime\n");
         return 2;
     }
     rc = colibri_init_from_memory(&model, colibri_model_blob, colibri_model_blob_size,

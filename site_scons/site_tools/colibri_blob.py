@@ -3,13 +3,13 @@
 env.ColibriFirmwareInputs(out_dir, model) generates, from the .colibri file,
 model.bin (the target's byte order), model_blob.S (.incbin into the
 .colibri_model section) and fw_config.h (arena size, prompts) through
-colibri.build.blob.prepare_firmware_inputs. env.ColibriTestModel(path)
-writes the default tiny model (colibri.build.testmodel).
+colibri.buildsteps.blob.prepare_firmware_inputs. env.ColibriTestModel(path)
+writes the default tiny model (colibri.buildsteps.testmodel).
 """
 from SCons.Action import Action
 import os
 
-from colibri.build import blob, testmodel
+from colibri.buildsteps import blob, testmodel
 
 
 def _inputs_action(target, source, env):
@@ -37,7 +37,7 @@ def ColibriFirmwareInputs(env, out_dir, model, prompts=blob.DEFAULT_PROMPTS,
         COLIBRI_PROMPTS=prompts, COLIBRI_GENERATE=n_generate)
     # Regenerate when the generator, the prompts or the target's byte
     # order/pointer size change.
-    env.Depends(nodes, [env.File("#colibri/build/blob.py"),
+    env.Depends(nodes, [env.File("#colibri/buildsteps/blob.py"),
                         env.Value((env["COLIBRI_TARGET"].byte_order,
                                    env["COLIBRI_TARGET"].pointer_bytes, prompts, n_generate))])
     return nodes
@@ -46,7 +46,7 @@ def ColibriFirmwareInputs(env, out_dir, model, prompts=blob.DEFAULT_PROMPTS,
 def ColibriTestModel(env, path, quant="int8"):
     nodes = env.Command(path, [], Action(_model_action, "  MODEL $TARGET"),
                         COLIBRI_TEST_QUANT=quant)
-    env.Depends(nodes, [env.File("#colibri/build/testmodel.py"), env.Value(quant)])
+    env.Depends(nodes, [env.File("#colibri/buildsteps/testmodel.py"), env.Value(quant)])
     return nodes
 
 

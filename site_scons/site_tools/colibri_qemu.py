@@ -6,13 +6,13 @@ prompt and generated tokens (as text for a text prompt) and tokens/s.
 
 env.ColibriCheck(alias, firmware, cli, model) runs the firmware (and
 colibri-cli on Linux targets) under the target's emulator with a timeout,
-compares the logits with the numpy reference (colibri.build.check) and
+compares the logits with the numpy reference (colibri.buildsteps.check) and
 fails naming the target, prompt, worst position and error.
 """
 from SCons.Action import Action
 import SCons.Errors
 
-from colibri.build import check, fwrun
+from colibri.buildsteps import check, fwrun
 from colibri.errors import ColibriError
 
 

@@ -1,4 +1,4 @@
-"""SCons tool: size report and budgets (pyelftools, colibri.build.size).
+"""SCons tool: size report and budgets (pyelftools, colibri.buildsteps.size).
 
 env.ColibriSizeReport(report_txt, [firmware_elf, libcolibri_a, firmware_bin])
 writes the report and fails the build, with one message naming the budget,
@@ -8,7 +8,7 @@ module is exceeded. env.ColibriShowSize(report_txt) prints it (`scons size`).
 from SCons.Action import Action
 import SCons.Errors
 
-from colibri.build import size
+from colibri.buildsteps import size
 
 
 def _report_action(target, source, env):
@@ -34,7 +34,7 @@ def ColibriSizeReport(env, report, sources):
     # Re-check when the budgets (targets/*.py) or the measuring code change.
     t = env["COLIBRI_TARGET"]
     env.Depends(nodes, [env.Value(sorted(t.budgets.items())),
-                        env.File("#colibri/build/size.py")])
+                        env.File("#colibri/buildsteps/size.py")])
     return nodes
 
 

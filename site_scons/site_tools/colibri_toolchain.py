@@ -1,15 +1,15 @@
 """SCons tool: the cross toolchain of env['COLIBRI_TARGET'] (a targets.Target)
-built with env['COLIBRI_OPTIONS'] (colibri.build.toolchain.Options).
+built with env['COLIBRI_OPTIONS'] (colibri.buildsteps.toolchain.Options).
 
 Sets CC/AR/RANLIB/OBJCOPY with the target's prefix and the flags of
-colibri.build.toolchain.flags. Reproducible output: -ffile-prefix-map (in
+colibri.buildsteps.toolchain.flags. Reproducible output: -ffile-prefix-map (in
 the flags), deterministic archives (ar D, ranlib -D), no timestamps.
 A missing compiler stops the build naming the Debian package.
 """
 from SCons.Action import Action
 import SCons.Errors
 
-from colibri.build import toolchain
+from colibri.buildsteps import toolchain
 
 
 def generate(env):

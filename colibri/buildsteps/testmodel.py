@@ -3,7 +3,7 @@ matrix, written straight from seeded numpy weights (no torch, no download),
 with the weight scales of tests/golden_configs.py (logits of order one, so
 errors show).
 
-`python -m colibri.build.testmodel OUT.colibri [f32|int8] [SEED]`
+`python -m colibri.buildsteps.testmodel OUT.colibri [f32|int8] [SEED]`
 """
 from __future__ import annotations
 
@@ -51,6 +51,6 @@ def make_model(path: str | Path, quant: str = "f32", seed: int = 0,
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit(f"usage: python -m colibri.build.testmodel OUT.colibri [f32|int8] [SEED]")
+        sys.exit(f"usage: python -m colibri.buildsteps.testmodel OUT.colibri [f32|int8] [SEED]")
     make_model(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "f32",
                int(sys.argv[3]) if len(sys.argv) > 3 else 0)
