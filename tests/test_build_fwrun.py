@@ -18,6 +18,7 @@ from colibri.buildsteps import fwrun  # noqa: E402
 from colibri.convert import ColibriExporter  # noqa: E402
 from colibri.errors import ColibriError  # noqa: E402
 from colibri.reference import Reference  # noqa: E402
+from greedy import assert_margins  # noqa: E402
 
 SCONS = str(ROOT / ".venv" / "bin" / "scons")
 PROMPT = "The Python tutorial"
@@ -50,7 +51,10 @@ def test_run_goal_prints_the_reference_greedy_text(demo_int8, tmp_path, target):
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     # The independent truth: the numpy reference's greedy tokens for the file.
-    tokens, _ = Reference(demo_int8).generate(np.frombuffer(PROMPT.encode(), np.uint8), n)
+    tokens, rows = Reference(demo_int8).generate(np.frombuffer(PROMPT.encode(), np.uint8), n)
+    # Text equality needs every choice to win by more than C-vs-numpy and
+    # CPU-to-CPU rounding; measured smallest margin 1.0e-3 for this prompt.
+    assert_margins(rows[len(PROMPT) - 1:], 5e-4, what="demo greedy rows")
     want = PROMPT + bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
     lines = p.stdout.splitlines()
     assert want in lines, p.stdout[-1500:]

@@ -11,6 +11,7 @@ from colibri import format as F
 from colibri.errors import ColibriError
 from colibri.format import Kind
 from colibri.reference import Reference, apply_rope, attention, rope_tables, silu, top_k
+from greedy import assert_margins
 
 SHAPE = F.ModelShape(vocab=50, hidden=36, intermediate=28, max_seq_len=24, n_layers=2,
                      n_heads=6, n_kv_heads=2, head_dim=8, n_experts=5, top_k=2,
@@ -126,8 +127,19 @@ def test_masked_slot_is_invisible(ref):
     tokens2[0, [2, 5]] = (tokens[0, [2, 5]] + 7) % SHAPE.vocab
     b = ref.forward(tokens2, mask)
     valid = mask[0] == 1
-    np.testing.assert_array_equal(a[0, valid], b[0, valid])
-    assert not np.array_equal(a[0, 2], b[0, 2])
+    # Not bit-equality: the MoE multiplies each expert's tokens as one matrix,
+    # and the new padding tokens route differently, so valid tokens land in
+    # groups of other sizes; OpenBLAS rounds an sgemm differently for another
+    # number of rows on some CPUs (Haswell/Zen kernels: up to 1e-6). A leak of
+    # the padding slot into a valid position moves it by far more, as the
+    # control below shows, so 1e-5 still catches one.
+    np.testing.assert_allclose(a[0, valid], b[0, valid], atol=1e-5, rtol=0)
+    assert np.abs(a[0, 2] - b[0, 2]).max() > 1e-2  # the padding slot itself changed
+    # Control: with the two slots visible, the same change moves later valid
+    # positions by far more than the tolerance.
+    c = ref.forward(tokens, np.ones_like(mask))
+    d = ref.forward(tokens2, np.ones_like(mask))
+    assert np.abs(c[0, 6:] - d[0, 6:]).max() > 1e-3
 
 
 def test_silu_is_finite_for_large_inputs():
@@ -192,6 +204,9 @@ def test_generate_is_greedy_over_full_forwards(ref):
     seq = np.concatenate([prompt, gen])
     full = ref.forward(seq[None, :-1])[0]
     np.testing.assert_allclose(rows, full, atol=1e-5, rtol=0)
+    # The full forward's rows (other matrix sizes) choose the same tokens:
+    # checked margins make that independent of the CPU's rounding.
+    assert_margins(full[5:], what="greedy rows")
     np.testing.assert_array_equal(np.argmax(full, axis=-1)[5:], gen)
     # Batched generation gives each row's own greedy continuation.
     prompts = np.stack([prompt, toks(6, seed=11)])
