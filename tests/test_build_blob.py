@@ -36,7 +36,10 @@ def test_big_endian_blob_has_the_same_model(tiny, tmp_path):
     tokens = np.array([[1, 5, 9, 2]])
     a = Reference(tiny).forward(tokens)
     b = Reference(big).forward(tokens)
-    assert np.array_equal(a, b)
+    # Same weights (the byte round trip below is exact); the logits are
+    # compared with a bound, not bits: numpy/OpenBLAS may take other SIMD
+    # paths for arrays at other addresses.
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     # Converting back gives the original bytes: nothing was lost or re-quantised.
     back = blob.blob_for_target(big, tmp_path / "back.bin", "little")
     assert back.read_bytes() == tiny.read_bytes()
