@@ -1,6 +1,7 @@
 """The `colibri` command line: one subcommand per job, each defined next to the
 code it drives (a module exposing `add_parser(subparsers)` that sets
-`func=handler`). Errors the user can act on become one line and exit status 2.
+`func=handler`). Errors the user can act on become one line and the error's
+exit status (2, or what the command documents, e.g. `colibri verify`).
 """
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ColibriError as exc:
+        sys.stdout.flush()  # a report printed before the error stays before it on 2>&1
         print(f"colibri: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_status
     except KeyboardInterrupt:
         print("colibri: interrupted", file=sys.stderr)
         return 130

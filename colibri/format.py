@@ -23,7 +23,7 @@ from typing import BinaryIO, Iterable, Iterator
 import numpy as np
 
 from . import quant
-from .errors import CRCError, FormatError
+from .errors import CRCError, FileReadError, FormatError, VersionError
 
 MAGIC = b"CLBR"
 VERSION = 1
@@ -420,6 +420,21 @@ def _label(kind, layer, expert) -> str:
 # --------------------------------------------------------------------------
 # Reader
 
+# What to do, appended to the reader's messages (every error says what is
+# wrong and what to do; the CLI, scons and the firmware tools show them as is).
+FIX_DAMAGED = "the file is damaged: copy or convert it again"
+FIX_TRUNCATED = "copy it again or re-convert"
+FIX_MAKE = "make one with `colibri convert HF_DIR -o FILE.colibri`"
+
+
+def _too_short(size: int) -> FormatError:
+    return FormatError(f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header: "
+                       f"copy the file again, or {FIX_MAKE}")
+
+
+def _truncated(size: int, full: int) -> str:
+    return f"the file is truncated ({size} of {full} bytes): {FIX_TRUNCATED}"
+
 
 class ColibriFile:
     """A validated .colibri file. Tensor data is read lazily from a memory map
@@ -508,11 +523,13 @@ def read_file(path: str | os.PathLike, check_crc: bool = True) -> ColibriFile:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise FormatError(f"{path}: file is empty, not a .colibri file")
+            if size == 0:  # mmap cannot map an empty file
+                raise FormatError(f"{path}: {_too_short(0)}")
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:
-        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+        fix = ("give the path of a .colibri file" if isinstance(exc, IsADirectoryError)
+               else "check the path and permissions")
+        raise FileReadError(f"{path}: cannot read: {exc.strerror}: {fix}") from None
     try:
         return parse(buf, check_crc=check_crc, path=path)
     except FormatError as exc:
@@ -525,10 +542,11 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
     order FORMAT.md section 3 prescribes, and return a ColibriFile over it."""
     size = len(buf)
     if size < HEADER_SIZE:
-        raise FormatError(f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header")
+        raise _too_short(size)
     head = bytes(buf[:HEADER_SIZE])
     if head[:4] != MAGIC:
-        raise FormatError(f"magic is {head[:4]!r}, expected {MAGIC!r}: not a .colibri file")
+        raise FormatError(f"magic is {head[:4]!r}, expected {MAGIC!r}: not a .colibri file; "
+                          f"{FIX_MAKE}")
     bom_bytes = head[6:8]
     if bom_bytes == b"\xff\xfe":
         bc, byte_order = "<", "little"
@@ -536,18 +554,18 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
         bc, byte_order = ">", "big"
     else:
         raise FormatError(f"byte-order mark is {bom_bytes.hex()}, expected fffe (little-endian)"
-                          " or feff (big-endian)")
+                          f" or feff (big-endian): {FIX_DAMAGED}")
     fields = dict(zip((n for n, _, _ in HEADER_FIELDS), struct.unpack(bc + HEADER_STRUCT, head)))
     if fields["version"] != VERSION:
         if fields["version"] > VERSION:
-            raise FormatError(f"format version {fields['version']} is newer than the "
-                              f"supported version {VERSION}: upgrade colibri")
+            raise VersionError(f"format version {fields['version']} is newer than the "
+                               f"supported version {VERSION}: upgrade colibri")
         raise FormatError(f"format version {fields['version']} is not supported "
                           f"(this reader reads version {VERSION})")
     crc = zlib.crc32(head[:60])
     if crc != fields["header_crc"]:
         raise CRCError(f"header CRC mismatch: stored 0x{fields['header_crc']:08x}, "
-                       f"computed 0x{crc:08x}")
+                       f"computed 0x{crc:08x}: {FIX_DAMAGED}")
     if fields["flags"] != 0:
         raise FormatError(f"header field flags = 0x{fields['flags']:x}, must be 0 in version 1")
     shape = ModelShape(**{f.name: fields[f.name] for f in dataclasses.fields(ModelShape)})
@@ -558,12 +576,13 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
     table_end = HEADER_SIZE + ENTRY_SIZE * n
     if table_end > size:
         raise FormatError(f"header field n_tensors = {n}: the table would end at byte "
-                          f"{table_end}, past the end of the file ({size} bytes)")
+                          f"{table_end}, past the end of the file ({size} bytes): the file "
+                          f"is truncated or damaged; {FIX_TRUNCATED}")
     table = bytes(buf[HEADER_SIZE:table_end])
     crc = zlib.crc32(table)
     if crc != fields["table_crc"]:
         raise CRCError(f"tensor table CRC mismatch: stored 0x{fields['table_crc']:08x}, "
-                       f"computed 0x{crc:08x}")
+                       f"computed 0x{crc:08x}: {FIX_DAMAGED}")
     names = [name for name, _, _ in ENTRY_FIELDS]
     entries = [Entry(**dict(zip(names, struct.unpack_from(bc + ENTRY_STRUCT, table,
                                                               i * ENTRY_SIZE))))
@@ -574,7 +593,7 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
         problems = cf.verify()
         if problems:
             raise CRCError(problems[0] + (f" (and {len(problems) - 1} more)"
-                                          if len(problems) > 1 else ""))
+                                          if len(problems) > 1 else "") + f": {FIX_DAMAGED}")
         _check_finite(cf)
     return cf
 
@@ -602,6 +621,9 @@ def _check_entries(shape: ModelShape, entries: list[Entry], file_size: int) -> N
     want = iter(tensor_order(shape))
     next_known = next(want, None)
     offset = align64(HEADER_SIZE + ENTRY_SIZE * len(entries))
+    # The size the table describes (its CRC matched: it is as written), for
+    # "truncated (N of M bytes)".
+    full = max(align64(e.offset + e.size) for e in entries)
     for i, e in enumerate(entries):
         where = f"tensor table entry {i} ({e.label()})"
         known = e.kind in Kind._value2member_map_
@@ -644,11 +666,12 @@ def _check_entries(shape: ModelShape, entries: list[Entry], file_size: int) -> N
         end = e.offset + e.size
         if end > file_size:
             raise FormatError(f"{where}: section ends at byte {end}, past the end of the "
-                              f"file ({file_size} bytes): the file is truncated")
+                              f"file: {_truncated(file_size, max(full, end))}")
         offset = align64(end)
     if next_known is not None:
         raise FormatError(f"tensor {_label(*next_known)} is missing from the table")
+    if file_size < offset:
+        raise FormatError(_truncated(file_size, offset))
     if offset != file_size:
         raise FormatError(f"file is {file_size} bytes, the table describes {offset}: "
-                          + ("the file is truncated" if file_size < offset
-                             else "trailing bytes after the last section"))
+                          f"trailing bytes after the last section; {FIX_DAMAGED}")

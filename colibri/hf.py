@@ -44,6 +44,9 @@ _DTYPES = {
 _MAX_HEADER = 100 * 1024 * 1024
 
 INDEX_FILE = "model.safetensors.index.json"
+# What `colibri convert` wants, for its error messages.
+CHECKPOINT_DIR = ("a Hugging Face checkpoint directory (config.json and *.safetensors, "
+                  "as save_pretrained writes it)")
 SINGLE_FILE = "model.safetensors"
 
 
@@ -202,8 +205,7 @@ class Checkpoint:
 
     def _shard_files(self) -> list[Path]:
         if not self.dir.is_dir():
-            raise ConversionError(f"{self.dir} is not a directory (expected a Hugging "
-                                  f"Face checkpoint: config.json + *.safetensors)")
+            raise ConversionError(f"{self.dir} is not a directory: give {CHECKPOINT_DIR}")
         index = self.dir / INDEX_FILE
         if index.exists():
             weight_map = self._weight_map(index)
@@ -300,12 +302,18 @@ def _field(cfg: dict, key: str, kind=int, required=True, default=None):
 
 def read_config(model_dir: str | os.PathLike) -> HFConfig:
     """Parse and check model_dir/config.json (transformers 4 or 5 layout)."""
-    path = Path(model_dir) / "config.json"
+    model_dir = Path(model_dir)
+    # The directory itself first: "X/config.json: Not a directory" would
+    # send the user looking for a file when the argument is wrong.
+    if not model_dir.exists():
+        raise ConversionError(f"{model_dir} does not exist: give {CHECKPOINT_DIR}")
+    if not model_dir.is_dir():
+        raise ConversionError(f"{model_dir} is not a directory: give {CHECKPOINT_DIR}")
+    path = model_dir / "config.json"
     try:
         cfg = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConversionError(f"no config.json in {model_dir}: expected a Hugging Face "
-                              f"checkpoint directory") from None
+        raise ConversionError(f"no config.json in {model_dir}: give {CHECKPOINT_DIR}") from None
     except (OSError, ValueError) as exc:
         raise ConversionError(f"{path}: cannot parse ({exc})") from exc
     if not isinstance(cfg, dict):

@@ -14,7 +14,17 @@ import sys
 from collections import OrderedDict
 
 from . import format as fmt
+from .errors import ColibriError, FileReadError, FormatError, VersionError
 from .format import DType, Kind
+
+# `colibri verify` exit statuses: a script can tell a file to fetch again
+# (DAMAGED) from a path or tool to fix (CANNOT_CHECK).
+INTACT, DAMAGED, CANNOT_CHECK = 0, 1, 2
+
+
+class Damaged(ColibriError):
+    """`colibri verify`: the file was read and is not an intact .colibri file."""
+    exit_status = DAMAGED
 
 
 def _mib(n: int) -> str:
@@ -81,9 +91,12 @@ def add_parser(subparsers) -> None:
 
     p = subparsers.add_parser("verify", help="check every CRC of a .colibri file",
                               description="Validate the header, the table and every "
-                              "section's CRC32; name each section that fails. Exit "
-                              "status 0 when the file is intact, 1 when a section is "
-                              "damaged, 2 when the file cannot be read at all.")
+                              "section's CRC32; list each damaged section on stdout, "
+                              "then one error line. Exit status 0: intact; 1: damaged "
+                              "(a CRC mismatch anywhere, truncated, or not a valid "
+                              ".colibri file); 2: cannot check (the file cannot be "
+                              "read, its format version is newer than this colibri, "
+                              "or a usage error).")
     p.add_argument("file", metavar="FILE")
     p.set_defaults(func=_verify)
 
@@ -102,18 +115,25 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    # Header/table damage or a structural problem raises FormatError/CRCError,
-    # which the CLI reports as one line with exit status 2.
-    cf = fmt.read_file(args.file, check_crc=False)
+    # One status for "damaged" whatever part is (header, table, a section,
+    # the length), another for "cannot check": the CLI prints either as one
+    # `colibri: error:` line with the error's exit_status.
+    try:
+        cf = fmt.read_file(args.file, check_crc=False)
+    except (FileReadError, VersionError):
+        raise                                           # CANNOT_CHECK
+    except FormatError as exc:                          # incl. header/table CRC
+        raise Damaged(str(exc)) from None
     try:
         problems = cf.verify()
         n = len(cf.entries)
     finally:
         cf.close()
     if problems:
+        # The list is the report (stdout); the verdict is the one error line.
         for p in problems:
-            print(f"{args.file}: {p}", file=sys.stderr)
-        print(f"{args.file}: FAILED: {len(problems)} of {n} sections damaged", file=sys.stderr)
-        return 1
+            print(f"{args.file}: FAIL: {p}")
+        raise Damaged(f"{args.file}: {len(problems)} of {n} sections damaged (listed "
+                      "above): copy or convert the file again")
     print(f"{args.file}: OK: header, table and {n} section CRCs match")
-    return 0
+    return INTACT

@@ -332,8 +332,10 @@ static int check_header(const uint8_t *b, size_t size, colibri_shape *s,
     uint32_t want = rd32(b + COLIBRI_HDR_HEADER_CRC, e);
     uint32_t got = colibri_crc32(0, b, COLIBRI_HDR_HEADER_CRC);
     if (want != got) {
-        fmt_detail(detail, DETAIL_CAP, "header_crc %x != computed %x: the header "
-                   "is damaged", (unsigned)want, (unsigned)got);
+        /* No "damaged" here: the code's text (or colibri_verify's "header"
+         * index) already says it, and a message should say it once. */
+        fmt_detail(detail, DETAIL_CAP, "header_crc %x != computed %x",
+                   (unsigned)want, (unsigned)got);
         if (!cb)
             return COLIBRI_E_CRC;
         cb(user, -2, detail);
@@ -1388,6 +1390,17 @@ const char *colibri_strerror(int code)
     case COLIBRI_E_NOT_INIT: return "model not initialised";
     default: return "unknown error code";
     }
+}
+
+/* -1 is the one code with two meanings (colibri.h); the caller says which
+ * call returned it, so a user reads only the meaning that applies. */
+const char *colibri_strerror_for(int code, colibri_call call)
+{
+    if (code == COLIBRI_E_BAD_FORMAT)
+        return call == COLIBRI_CALL_INFER
+                   ? "input larger than the model's max_batch/max_seq_len"
+                   : "bad .colibri file";
+    return colibri_strerror(code);
 }
 
 const char *colibri_error_detail(const colibri_model *m)

@@ -450,7 +450,8 @@ def test_cli_errors_are_one_line_exit_2(hf_checkpoint, tmp_path, capsys):
     assert err.count("\n") == 1
     rc = cli.main(["convert", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x.colibri")])
     assert rc == 2
-    assert "no config.json in" in capsys.readouterr().err
+    assert "nowhere does not exist: give a Hugging Face checkpoint directory" in \
+        capsys.readouterr().err
 
 
 def test_unfused_mlp_prefix(hf_checkpoint, tmp_path):

@@ -47,6 +47,15 @@ def _write_if_changed(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def check_model(path: str | os.PathLike) -> cformat.ModelShape:
+    """Validate the model a build embeds, as `blob_for_target` will (every
+    field, every CRC, finite weights), and return its shape. Raises a
+    ColibriError whose message names the file and what to do."""
+    f = cformat.read_file(path)
+    f.close()
+    return f.shape
+
+
 def blob_for_target(src: str | os.PathLike, dst: str | os.PathLike, byte_order: str) -> Path:
     """Write the .colibri file `src` to `dst` in `byte_order` ("little" or
     "big"). The file is validated (every CRC) first; a file already in that
@@ -162,7 +171,9 @@ def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
         bad = [t for t in p if not 0 <= t < shape.vocab]
         if bad:
             raise ColibriError(f"firmware prompt {list(p)}: token ids {bad} are outside the "
-                               f"model's vocabulary 0..{shape.vocab - 1}")
+                               f"model's vocabulary 0..{shape.vocab - 1}: give a model that has "
+                               "them (prompt= text needs a byte-level model, vocab 256), or "
+                               "leave out prompt=")
         if len(p) + n_generate - 1 > shape.max_seq_len:
             raise ColibriError(f"firmware prompt {list(p)} + {n_generate} tokens needs "
                                f"{len(p) + n_generate - 1} positions, the model has "

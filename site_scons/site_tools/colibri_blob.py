@@ -7,15 +7,23 @@ colibri.buildsteps.blob.prepare_firmware_inputs. env.ColibriTestModel(path)
 writes the default tiny model (colibri.buildsteps.testmodel).
 """
 from SCons.Action import Action
+import SCons.Errors
 import os
 
 from colibri.buildsteps import blob, testmodel
+from colibri.errors import ColibriError
 
 
 def _inputs_action(target, source, env):
-    blob.prepare_firmware_inputs(str(source[0]), os.path.dirname(str(target[0])),
-                                 env["COLIBRI_TARGET"], prompts=env["COLIBRI_PROMPTS"],
-                                 n_generate=env["COLIBRI_GENERATE"])
+    # SConstruct checks a model= file before building; this catches what it
+    # cannot (the file changed meanwhile, prompts that do not fit the model)
+    # as one "scons: *** [target] message" line, not a traceback.
+    try:
+        blob.prepare_firmware_inputs(str(source[0]), os.path.dirname(str(target[0])),
+                                     env["COLIBRI_TARGET"], prompts=env["COLIBRI_PROMPTS"],
+                                     n_generate=env["COLIBRI_GENERATE"])
+    except ColibriError as exc:
+        raise SCons.Errors.BuildError(errstr=str(exc))
     return 0
 
 

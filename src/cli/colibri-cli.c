@@ -8,7 +8,13 @@
  *   colibri-cli --model F --bench N [--tokens 1,2,3]
  *
  * Errors: one line "colibri-cli: FILE: <error> (<detail>): <what to do>" on
- * stderr and exit status 1 (2 for usage errors).
+ * stderr and exit status 1 (2 for usage errors). --verify lists what fails
+ * on stdout ("FAIL ...") and ends with that one line; its exit status is 0
+ * intact, 1 damaged (the file was read but is not a valid .colibri file:
+ * CRC mismatch, truncated, malformed), 2 cannot check (the file cannot be
+ * read, its format version is newer than this runtime, or a usage error).
+ * stdout is flushed before an error is written, so with both streams on
+ * one pipe (2>&1) the error line still comes after what it refers to.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
@@ -19,6 +25,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/stat.h>
+
 #include "colibri.h"
 
 static const char *usage_text =
@@ -27,6 +35,7 @@ static const char *usage_text =
     "actions (exactly one):\n"
     "  --info              print the model's shape, dtypes, arena size, kernels\n"
     "  --verify            check every CRC; names each failing section\n"
+    "                      (exit status 0 intact, 1 damaged, 2 cannot read)\n"
     "  --dump-router-lut   print every router weight as the runtime uses it\n"
     "                      (int16 rows dequantised: q * scale), one number per\n"
     "                      line, in the order layer, expert, hidden column\n"
@@ -45,14 +54,20 @@ static const char *usage_text =
     "                      same format as `colibri run --logits-out`\n"
     "  --help              this text\n";
 
-static const char *model_path = "-";
+static const char *model_path; /* NULL until --model */
 
-/* What the user can do about an error code. */
-static const char *advice(int rc)
+/* What the user can do about an error code returned by `call` (-1 means a
+ * bad file from init, too much input from infer: colibri.h). */
+static const char *advice(int rc, colibri_call call)
 {
     switch (rc) {
-    case COLIBRI_E_BAD_FORMAT: return "re-create it with `colibri convert`";
-    case COLIBRI_E_CRC: return "the file is corrupted: copy or convert it again";
+    case COLIBRI_E_BAD_FORMAT: /* == COLIBRI_E_INPUT_TOO_LARGE */
+        return call == COLIBRI_CALL_INFER
+                   ? "shorten the input, or re-convert with a larger "
+                     "--max-seq-len/--max-batch"
+                   : "copy it again, or re-create it with `colibri convert`";
+    /* The code's text already says the file is corrupted: say it once. */
+    case COLIBRI_E_CRC: return "copy or convert the file again";
     case COLIBRI_E_VERSION: return "upgrade colibri";
     case COLIBRI_E_IO: return "check the path and permissions";
     case COLIBRI_E_NO_MEMORY: return "free memory or use a smaller model";
@@ -63,24 +78,42 @@ static const char *advice(int rc)
     }
 }
 
-static int fail(int rc, const colibri_model *m, const char *what)
+/* The one error line; `call` says which library call returned rc, which
+ * picks the text of -1. stdout first: on a shared pipe (2>&1) the error
+ * then follows the lines it refers to (--verify's FAIL lines). */
+static int fail(int rc, colibri_call call, const colibri_model *m, const char *what)
 {
     const char *detail = what ? what : (m ? colibri_error_detail(m) : "");
+    fflush(stdout);
     fprintf(stderr, "colibri-cli: %s: %s%s%s%s: %s\n", model_path,
-            colibri_strerror(rc), *detail ? " (" : "", detail, *detail ? ")" : "",
-            advice(rc));
+            colibri_strerror_for(rc, call), *detail ? " (" : "", detail,
+            *detail ? ")" : "", advice(rc, call));
     return 1;
 }
 
 static int usage_error(const char *msg)
 {
-    fprintf(stderr, "colibri-cli: %s: %s: see colibri-cli --help\n", model_path, msg);
+    fflush(stdout);
+    if (model_path)
+        fprintf(stderr, "colibri-cli: %s: %s: see colibri-cli --help\n", model_path, msg);
+    else
+        fprintf(stderr, "colibri-cli: %s: see colibri-cli --help\n", msg);
     return 2;
 }
 
-/* Read the whole file into a 64-byte aligned buffer (*base to free). */
+/* Read the whole file into a 64-byte aligned buffer (*base to free). On
+ * COLIBRI_E_IO, errno says why (0 when the size was the problem). */
 static int read_file(const char *path, void **base, uint8_t **data, size_t *size)
 {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return COLIBRI_E_IO;
+    if (!S_ISREG(st.st_mode)) {
+        /* A directory would open, then size as nonsense. */
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        return COLIBRI_E_IO;
+    }
+    errno = 0;
     FILE *f = fopen(path, "rb");
     if (!f)
         return COLIBRI_E_IO;
@@ -97,6 +130,7 @@ static int read_file(const char *path, void **base, uint8_t **data, size_t *size
         return COLIBRI_E_NO_MEMORY;
     }
     *data = (uint8_t *)(((uintptr_t)*base + 63) & ~(uintptr_t)63);
+    errno = 0;
     *size = fread(*data, 1, (size_t)end, f);
     fclose(f);
     return *size == (size_t)end ? COLIBRI_OK : COLIBRI_E_IO;
@@ -146,7 +180,7 @@ static int do_info(colibri_model *m)
     colibri_info in;
     int rc = colibri_get_info(m, &in);
     if (rc)
-        return fail(rc, m, NULL);
+        return fail(rc, COLIBRI_CALL_INIT, m, NULL);
     const colibri_shape *s = &in.shape;
     printf("format_version: %u\n", (unsigned)in.format_version);
     printf("byte_order: %s%s\n", in.file_big_endian ? "big" : "little",
@@ -185,6 +219,7 @@ static void on_bad(void *user, int index, const char *what)
         printf("FAIL section %d: %s\n", index, what);
 }
 
+/* Exit status 0 intact, 1 damaged, 2 cannot check (see the top comment). */
 static int do_verify(void)
 {
     void *base = NULL;
@@ -192,14 +227,25 @@ static int do_verify(void)
     size_t size;
     int rc = read_file(model_path, &base, &data, &size);
     if (rc) {
+        const char *why = errno ? strerror(errno) : "cannot read the file";
         free(base);
-        return fail(rc, NULL, "cannot read the file");
+        fail(rc, COLIBRI_CALL_INIT, NULL, why);
+        return 2;
     }
     uint32_t nbad = 0;
     rc = colibri_verify(data, size, on_bad, NULL, &nbad);
     free(base);
-    if (rc)
-        return fail(rc, NULL, nbad ? "sections listed above" : "see above");
+    if (rc) {
+        char what[64];
+        if (rc == COLIBRI_E_CRC)
+            snprintf(what, sizeof what, "%u part%s listed above", (unsigned)nbad,
+                     nbad == 1 ? "" : "s");
+        else
+            snprintf(what, sizeof what, "listed above");
+        fail(rc, COLIBRI_CALL_INIT, NULL, what);
+        /* A newer format, or no memory to check it, is not damage. */
+        return rc == COLIBRI_E_BAD_FORMAT || rc == COLIBRI_E_CRC ? 1 : 2;
+    }
     printf("OK: header, table and every section CRC verified\n");
     return 0;
 }
@@ -209,16 +255,16 @@ static int do_dump_router(colibri_model *m)
     colibri_info in;
     int rc = colibri_get_info(m, &in);
     if (rc)
-        return fail(rc, m, NULL);
+        return fail(rc, COLIBRI_CALL_INIT, m, NULL);
     size_t n = (size_t)in.shape.n_experts * in.shape.hidden;
     float *w = (float *)malloc(n * sizeof(float));
     if (!w)
-        return fail(COLIBRI_E_NO_MEMORY, m, NULL);
+        return fail(COLIBRI_E_NO_MEMORY, COLIBRI_CALL_INIT, m, NULL);
     for (uint32_t l = 0; l < in.shape.n_layers; l++) {
         rc = colibri_router_weights(m, l, w);
         if (rc) {
             free(w);
-            return fail(rc, m, NULL);
+            return fail(rc, COLIBRI_CALL_INIT, m, NULL);
         }
         for (size_t i = 0; i < n; i++)
             printf("%.9g\n", (double)w[i]);
@@ -287,16 +333,17 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
         return usage_error("prompt plus --generate exceeds the model's max_seq_len");
     float *logits = (float *)malloc((size_t)n * V * sizeof(float));
     if (!logits)
-        return fail(COLIBRI_E_NO_MEMORY, m, NULL);
+        return fail(COLIBRI_E_NO_MEMORY, COLIBRI_CALL_INIT, m, NULL);
     FILE *out = NULL;
     if (logits_out && !(out = fopen(logits_out, "wb"))) {
         free(logits);
-        return fail(COLIBRI_E_IO, m, "cannot create the --logits-out file");
+        return fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, m,
+                    "cannot create the --logits-out file");
     }
     int rc = colibri_infer(m, ids, NULL, 1, n, 0, logits);
     int status = 0;
     if (rc) {
-        status = fail(rc, m, NULL);
+        status = fail(rc, COLIBRI_CALL_INFER, m, NULL);
         goto done;
     }
     for (uint32_t t = 0; t < n; t++) {
@@ -305,7 +352,8 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
                a, (double)logits[(size_t)t * V + a]);
     }
     if (out && write_le(out, logits, (size_t)n * V)) {
-        status = fail(COLIBRI_E_IO, m, "cannot write the --logits-out file");
+        status = fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, m,
+                      "cannot write the --logits-out file");
         goto done;
     }
     if (generate > 0) {
@@ -318,11 +366,12 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
             rc = colibri_infer(m, &next, NULL, 1, 1, n + (uint32_t)g, logits);
             if (rc) {
                 printf("\n");
-                status = fail(rc, m, NULL);
+                status = fail(rc, COLIBRI_CALL_INFER, m, NULL);
                 goto done;
             }
             if (out && write_le(out, logits, V)) {
-                status = fail(COLIBRI_E_IO, m, "cannot write the --logits-out file");
+                status = fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, m,
+                              "cannot write the --logits-out file");
                 goto done;
             }
             next = (int32_t)argmax(logits, V);
@@ -331,7 +380,8 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
     }
 done:
     if (out && fclose(out) != 0 && status == 0)
-        status = fail(COLIBRI_E_IO, m, "cannot write the --logits-out file");
+        status = fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, m,
+                      "cannot write the --logits-out file");
     free(logits);
     return status;
 }
@@ -363,7 +413,7 @@ static int do_bench(colibri_model *m, const int32_t *ids, uint32_t n, long steps
     if (!logits || !t) {
         free(logits);
         free(t);
-        return fail(COLIBRI_E_NO_MEMORY, m, NULL);
+        return fail(COLIBRI_E_NO_MEMORY, COLIBRI_CALL_INIT, m, NULL);
     }
     int rc = colibri_infer(m, ids, NULL, 1, n, 0, logits);
     int32_t next = (int32_t)argmax(logits + (size_t)(n - 1) * V, V);
@@ -377,7 +427,7 @@ static int do_bench(colibri_model *m, const int32_t *ids, uint32_t n, long steps
     if (rc) {
         free(logits);
         free(t);
-        return fail(rc, m, NULL);
+        return fail(rc, COLIBRI_CALL_INFER, m, NULL);
     }
     double sum = 0, sq = 0;
     for (long i = 0; i < steps; i++)
@@ -467,7 +517,7 @@ int main(int argc, char **argv)
     int rc = load(&m);
     int status;
     if (rc) {
-        status = fail(rc, &m, NULL);
+        status = fail(rc, COLIBRI_CALL_INIT, &m, NULL);
     } else if (info) {
         status = do_info(&m);
     } else if (dump) {

@@ -9,7 +9,8 @@
  * Typical use:
  *     colibri_model m;                       // caller-owned, stack or static
  *     int rc = colibri_init(&m, "model.colibri");
- *     if (rc) { puts(colibri_strerror(rc)); puts(colibri_error_detail(&m)); }
+ *     if (rc) { puts(colibri_strerror_for(rc, COLIBRI_CALL_INIT));
+ *               puts(colibri_error_detail(&m)); }
  *     rc = colibri_infer(&m, ids, NULL, 1, n, 0, logits);   // prefill
  *     rc = colibri_infer(&m, &next, NULL, 1, 1, n, logits); // one decode step
  *     colibri_free(&m);
@@ -226,8 +227,26 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
  * arena or blob stays the caller's. */
 void colibri_free(colibri_model *m);
 
-/* A static English sentence for an error code (never NULL). */
+/* A static English sentence for an error code (never NULL). -1 has two
+ * meanings (COLIBRI_E_BAD_FORMAT from the calls that read a file,
+ * COLIBRI_E_INPUT_TOO_LARGE from colibri_infer), so colibri_strerror(-1)
+ * names both; to print the one meaning of a failed call, use
+ * colibri_strerror_for. */
 const char *colibri_strerror(int code);
+
+/* Which call returned a code, for colibri_strerror_for. */
+typedef enum colibri_call {
+    COLIBRI_CALL_INIT = 0,  /* colibri_init, colibri_init_from_memory,
+                               colibri_arena_size, colibri_verify,
+                               colibri_share: every call but colibri_infer */
+    COLIBRI_CALL_INFER = 1  /* colibri_infer */
+} colibri_call;
+
+/* The sentence for `code` as returned by `call`: for -1, "bad .colibri file"
+ * (COLIBRI_CALL_INIT) or "input larger than the model's max_batch/
+ * max_seq_len" (COLIBRI_CALL_INFER); for every other code the same text as
+ * colibri_strerror. Static, never NULL. */
+const char *colibri_strerror_for(int code, colibri_call call);
 
 /* The last error of this instance in words, naming the field, tensor or
  * value ("tensor 7 (EXPERT_W1 layer 0 expert 1): crc 0x... != 0x..."); ""

@@ -280,6 +280,30 @@ int main(int argc, char **argv)
         }
     }
     printf("strerror 12345 %s\n", unknown);
+
+    /* ---- strerror_for: -1 gets the meaning of the call that returned it,
+     * every other code the colibri_strerror text ---- */
+    const char *at_init = colibri_strerror_for(-1, COLIBRI_CALL_INIT);
+    const char *at_infer = colibri_strerror_for(-1, COLIBRI_CALL_INFER);
+    printf("strerror_for -1 init %s\nstrerror_for -1 infer %s\n", at_init, at_infer);
+    if (!strstr(at_init, ".colibri file") || strstr(at_init, "max_seq_len")) {
+        printf("FAIL strerror_for(-1, INIT) is not only the init meaning\n");
+        failures++;
+    }
+    if (!strstr(at_infer, "max_seq_len") || strstr(at_infer, ".colibri")) {
+        printf("FAIL strerror_for(-1, INFER) is not only the infer meaning\n");
+        failures++;
+    }
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        if (codes[i] == -1)
+            continue;
+        const char *plain = colibri_strerror(codes[i]);
+        if (strcmp(colibri_strerror_for(codes[i], COLIBRI_CALL_INIT), plain)
+            || strcmp(colibri_strerror_for(codes[i], COLIBRI_CALL_INFER), plain)) {
+            printf("FAIL strerror_for %d differs from strerror\n", codes[i]);
+            failures++;
+        }
+    }
     free(ids);
     free(mask);
     free(logits);
