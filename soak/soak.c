@@ -66,7 +66,9 @@ static uint32_t argmax(const float *x, uint32_t n)
 
 static int fail(colibri_model *m, const char *what, int rc)
 {
-    printf("error %d %s: %s (%s)\n", rc, what, colibri_strerror(rc),
+    /* Only the init step reads the file; every other step infers. */
+    colibri_call call = strcmp(what, "init") == 0 ? COLIBRI_CALL_INIT : COLIBRI_CALL_INFER;
+    printf("error %d %s: %s (%s)\n", rc, what, colibri_strerror_for(rc, call),
            colibri_error_detail(m));
     colibri_free(m);
     return 1;

@@ -80,7 +80,10 @@ static long peak_rss_kib(void)
 
 static int die(const char *what, int rc, const colibri_model *m)
 {
-    fprintf(stderr, "colibri_bench: %s: %s (%d) %s\n", what, colibri_strerror(rc), rc,
+    /* Only the colibri_* setup calls read the file; the others infer. */
+    colibri_call call = strncmp(what, "colibri_", 8) == 0 ? COLIBRI_CALL_INIT
+                                                           : COLIBRI_CALL_INFER;
+    fprintf(stderr, "colibri_bench: %s: %s (%d) %s\n", what, colibri_strerror_for(rc, call), rc,
             m ? colibri_error_detail(m) : "");
     return 1;
 }

@@ -109,11 +109,12 @@ static int32_t argmax(const float *row) {
     return (int32_t)best;
 }
 
-static int fail(const char *what, int rc) {
+/* call: which API call failed, so -1 reads as its one meaning (colibri.h). */
+static int fail(const char *what, colibri_call call, int rc) {
     put("error: ");
     put(what);
     put(": ");
-    put(colibri_strerror(rc));
+    put(colibri_strerror_for(rc, call));
     put(" (");
     put_int(rc);
     put("): ");
@@ -138,14 +139,14 @@ static int run_prompt(uint32_t p) {
     put("\n");
 
     int rc = colibri_infer(&model, prompt, NULL, 1, len, 0, logits);
-    if (rc) return fail("colibri_infer (prefill)", rc);
+    if (rc) return fail("colibri_infer (prefill)", COLIBRI_CALL_INFER, rc);
     for (uint32_t r = 0; r < len; r++) put_row(p, r, logits + (size_t)r * FW_VOCAB);
     h = fnv1a(h, logits, len * FW_VOCAB);
     generated[0] = argmax(logits + (size_t)(len - 1) * FW_VOCAB);
 
     for (uint32_t g = 1; g < FW_N_GENERATE; g++) {
         rc = colibri_infer(&model, &generated[g - 1], NULL, 1, 1, len + g - 1, logits);
-        if (rc) return fail("colibri_infer (decode)", rc);
+        if (rc) return fail("colibri_infer (decode)", COLIBRI_CALL_INFER, rc);
         put_row(p, len + g - 1, logits);
         h = fnv1a(h, logits, FW_VOCAB);
         generated[g] = argmax(logits);
@@ -183,7 +184,7 @@ int main(void) {
     /* Refuse a model corrupted in flash before anything parses it. */
     int bad = colibri_fw_model_check(colibri_model_blob, colibri_model_blob_size, NULL);
     if (bad) return bad;
-    if (rc) return fail("colibri_arena_size", rc);
+    if (rc) return fail("colibri_arena_size", COLIBRI_CALL_INIT, rc);
     if (need > sizeof arena) {
         put("error: the runtime needs an arena of ");
         put_u32((uint32_t)need);
@@ -194,7 +195,7 @@ int main(void) {
     }
     rc = colibri_init_from_memory(&model, colibri_model_blob, colibri_model_blob_size,
                                   arena, sizeof arena);
-    if (rc) return fail("colibri_init_from_memory", rc);
+    if (rc) return fail("colibri_init_from_memory", COLIBRI_CALL_INIT, rc);
 
     for (uint32_t p = 0; p < FW_N_PROMPTS; p++) {
         rc = run_prompt(p);
