@@ -32,7 +32,8 @@ class KernelSet(NamedTuple):
 # picks them at run time, so the same binary still runs (ref kernels) on CPUs
 # without AVX2; neon_dotprod.c (AArch64 SDOT, picked at run time too)
 # switches its own architecture with a pragma, and compiles to nothing on
-# ARMv7. neon.c needs the target's NEON flags (targets/armv7.py).
+# ARMv7. neon.c needs NEON enabled by the target's arch flags on ARMv7
+# (targets/armv7.py: -mfpu=neon); every AArch64 core has it.
 KERNELS = {
     "avx2": KernelSet(("src/kernels/avx2.c",), (), "COLIBRI_USE_AVX2"),
     "neon": KernelSet(("src/kernels/neon.c", "src/kernels/neon_dotprod.c"), (),
