@@ -22,9 +22,9 @@
  * project's COMMON_CFLAGS, as for ref.c): GCC's AArch64 vmulq_f32 and
  * vaddq_f32 are plain C operators that the compiler could otherwise fuse.
  *
- * Contract: defines static functions only (each includer gets its own
- * copy); include once per translation unit, after <arm_neon.h>, on AArch64.
- * No allocation, no alignment assumption, no access outside the arguments.
+ * Contract: defines static functions (each includer gets its own copy) and
+ * declares neon_dotprod.c's entry point; AArch64 only. No allocation, no
+ * alignment assumption, no access outside the arguments.
  */
 #ifndef COLIBRI_NEON_A64_I8_H
 #define COLIBRI_NEON_A64_I8_H

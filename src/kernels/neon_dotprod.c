@@ -7,7 +7,8 @@
  * This file alone is compiled for ARMv8.2-A with the dot-product extension
  * (FEAT_DotProd: Cortex-A55/A76 and later, Neoverse N1), by the pragma
  * below rather than by a -march flag, so every build script and every
- * target compiles it the same way. The rest of the library stays plain
+ * target compiles it the same way. The pragma is GCC's (the cross
+ * toolchains are GCC); a compiler that ignores it stops at the #error. The rest of the library stays plain
  * ARMv8-A, and colibri_kernels_neon() calls into this file only when the
  * CPU reports the extension (getauxval(AT_HWCAP) & HWCAP_ASIMDDP on
  * Linux): on other cores these instructions would be illegal.
