@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 
 # The canonical source lists live in colibri/buildsteps/sources.py (shared with
-# SConstruct). KERNELS: name -> source, the define telling core.c the set is
-# linked in, and flags for that one file. "ref" is always linked.
+# SConstruct). KERNELS: name -> sources, the define telling core.c the set is
+# linked in, and flags for those files. "ref" is always linked.
 LIB_SOURCES = tuple(x for x in _sources.LIBRARY if x != "src/kernels/ref.c")
-KERNELS = {"ref": dict(source="src/kernels/ref.c", define=None, flags=())}
-for _name, (_src, _flags, _define) in _sources.KERNELS.items():
-    KERNELS[_name] = dict(source=_src, define=_define, flags=tuple(_flags))
+KERNELS = {"ref": dict(sources=("src/kernels/ref.c",), define=None, flags=())}
+for _name, _k in _sources.KERNELS.items():
+    KERNELS[_name] = dict(sources=tuple(_k.sources), define=_k.define, flags=tuple(_k.flags))
 CLI_SOURCES = tuple(_sources.CLI)
 INCLUDE_DIRS = tuple(_sources.INCLUDE_DIRS)
 # -ffp-contract=off: no fused multiply-add behind our back, so the ref kernels
@@ -103,15 +103,15 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
     for k in kernels:
         if k not in KERNELS:
             raise BuildError(f"unknown kernel set {k!r}: choose from {sorted(KERNELS)}")
-        if not (ROOT / KERNELS[k]["source"]).exists():
-            raise BuildError(f"kernel set {k!r} needs {KERNELS[k]['source']}, "
-                             "which is not in this tree")
+        for src in KERNELS[k]["sources"]:
+            if not (ROOT / src).exists():
+                raise BuildError(f"kernel set {k!r} needs {src}, which is not in this tree")
     flags, link = _flags(cflags=cflags, defines=defines, kernels=kernels,
                          sanitize=sanitize, static_workbuf=static_workbuf,
                          mmap=mmap, debug=debug)
     link += list(ldflags)
     extra = [str(ROOT / p) for p in program_sources]
-    sources = list(LIB_SOURCES) + [KERNELS[k]["source"] for k in kernels]
+    sources = list(LIB_SOURCES) + [src for k in kernels for src in KERNELS[k]["sources"]]
     result = {"lib": out / "libcolibri.a", "cli": out / "colibri-cli",
               "cflags": flags, "ldflags": link, "cc": cc, "program_sources": extra}
 
@@ -134,7 +134,7 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
         obj = obj_dir / (Path(src).stem + ".o")
         extra = []
         for k in kernels:
-            if KERNELS[k]["source"] == src:
+            if src in KERNELS[k]["sources"]:
                 extra = list(KERNELS[k]["flags"])
         _run([cc, *flags, *extra, "-c", str(ROOT / src), "-o", str(obj)])
         objs.append(obj)
@@ -173,7 +173,8 @@ def host_kernels() -> tuple:
     when its source is in the tree."""
     import platform
     ks = ["ref"]
-    if platform.machine() in ("x86_64", "AMD64") and (ROOT / KERNELS["avx2"]["source"]).exists():
+    if platform.machine() in ("x86_64", "AMD64") and all(
+            (ROOT / src).exists() for src in KERNELS["avx2"]["sources"]):
         ks.append("avx2")
     return tuple(ks)
 

@@ -56,7 +56,7 @@ KNOWN_FLAGS = FLAG_PAYLOAD_ELF
 
 # Target ids: one per targets/<name>.py. Never renumber: devices in the field
 # compare them.
-TARGET_IDS = {"x86_64": 1, "armv7": 2, "ppc": 3, "cortex-m": 4}
+TARGET_IDS = {"x86_64": 1, "armv7": 2, "ppc": 3, "cortex-m": 4, "aarch64": 5, "riscv64": 6}
 TARGET_NAMES = {v: k for k, v in TARGET_IDS.items()}
 
 # --- TLV areas (IMAGE.md 3) --------------------------------------------------

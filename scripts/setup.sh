@@ -16,6 +16,8 @@ apt_packages=(
     gcc g++ make clang libclang-rt-14-dev valgrind
     gcc-arm-linux-gnueabihf libc6-dev-armhf-cross
     gcc-powerpc-linux-gnu libc6-dev-powerpc-cross
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+    gcc-riscv64-linux-gnu libc6-dev-riscv64-cross
     gcc-arm-none-eabi libnewlib-arm-none-eabi
     qemu-user qemu-system-arm
     python3-venv

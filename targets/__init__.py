@@ -8,13 +8,14 @@ Nothing here imports SCons, so pytest can use the same definitions.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
 
 # Flags every target gets. -ffp-contract=off: no fused multiply-add unless a
 # kernel asks for it explicitly, so the reference kernels round identically on
-# every target (bit-identical logits on x86_64, armv7, ppc).
+# every target (bit-identical logits on x86_64, armv7, ppc, aarch64, riscv64).
 COMMON_CFLAGS = ("-std=c11", "-Wall", "-Wextra", "-ffp-contract=off",
                  "-ffunction-sections", "-fdata-sections")
 
@@ -36,6 +37,13 @@ class Target:
     emulator        command prefix to run a program, "{prog}" is replaced by
                     the program path (appended when absent); () = run natively
     emulator_package Debian package of the emulator
+    cpu_kernels     emulated CPU (-cpu value) -> the kernel table the runtime
+                    must pick on it in a build with the target's default
+                    kernels; the first CPU is the one `emulator` pins. More
+                    than one CPU when the choice depends on the CPU (aarch64:
+                    SDOT or not): `scons check` and the QEMU matrix run every
+                    CPU listed. Empty when the table depends on the host
+                    (x86_64 runs natively)
     ram_bytes, flash_bytes  the device's memories (flash slot = packed image)
     budgets         name -> bytes; see colibri/buildsteps/size.py for the names
     ldscript        linker script of bare-metal targets (relative to the top)
@@ -58,6 +66,7 @@ class Target:
     defaults: dict = field(default_factory=dict)
     emulator: tuple[str, ...] = ()
     emulator_package: str = ""
+    cpu_kernels: dict = field(default_factory=dict)
     ram_bytes: int = 0
     flash_bytes: int = 0
     budgets: dict = field(default_factory=dict)
@@ -76,6 +85,21 @@ class Target:
     def tool(self, name: str) -> str:
         """Full name of a binutils/gcc tool of this target, e.g. 'arm-none-eabi-gcc'."""
         return self.prefix + name
+
+    @property
+    def cpu(self) -> str | None:
+        """The CPU model the emulator is pinned to (`-cpu X`), or None."""
+        e = list(self.emulator)
+        return e[e.index("-cpu") + 1] if "-cpu" in e[:-1] else None
+
+    def on_cpu(self, cpu: str) -> "Target":
+        """This target with its emulator pinned to `cpu` instead: how the
+        tests and `scons check` run the other CPUs of cpu_kernels."""
+        if self.cpu is None:
+            raise ValueError(f"target {self.name} pins no emulated CPU")
+        e = list(self.emulator)
+        e[e.index("-cpu") + 1] = cpu
+        return dataclasses.replace(self, emulator=tuple(e))
 
     def emulator_command(self, prog: str, args: tuple[str, ...] = ()) -> list[str]:
         """The argv that runs `prog` (with `args`) on this target."""

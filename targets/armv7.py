@@ -15,6 +15,7 @@ TARGET = Target(
     defaults=dict(mmap=True, workbuf="dynamic", avx2=False, fma=False, neon=True),
     emulator=("qemu-arm", "-cpu", "cortex-a9", "-L", "/usr/arm-linux-gnueabihf"),
     emulator_package="qemu-user",
+    cpu_kernels={"cortex-a9": "neon"},
     ram_bytes=32 << 20,
     flash_bytes=8 << 20,
     budgets=dict(

@@ -20,6 +20,7 @@ TARGET = Target(
               "-nographic", "-monitor", "none", "-serial", "none",
               "-semihosting-config", "enable=on,target=native", "-kernel", "{prog}"),
     emulator_package="qemu-system-arm",
+    cpu_kernels={"cortex-m4": "ref"},
     ram_bytes=4 << 20,
     flash_bytes=4 << 20,
     budgets=dict(

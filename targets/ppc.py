@@ -18,6 +18,7 @@ TARGET = Target(
     # emulated instruction set fixed across QEMU versions.
     emulator=("qemu-ppc", "-cpu", "7400", "-L", "/usr/powerpc-linux-gnu"),
     emulator_package="qemu-user",
+    cpu_kernels={"7400": "ref"},
     ram_bytes=32 << 20,
     flash_bytes=8 << 20,
     budgets=dict(

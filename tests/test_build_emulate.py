@@ -19,7 +19,8 @@ from colibri.errors import ColibriError  # noqa: E402
 
 def _output(rows, tokens=(3, 1), checksum=None):
     bits = np.asarray(rows, dtype=np.float32).view(np.uint32)
-    lines = ["colibri-fw target=t model_bytes=10 arena_bytes=20 arena_needed=5", "prompt 0 4,5"]
+    lines = ["colibri-fw target=t model_bytes=10 arena_bytes=20 arena_needed=5",
+             "kernels neon-dotprod", "prompt 0 4,5"]
     for i, r in enumerate(bits):
         lines.append(f"row 0 {i} " + " ".join(f"{v:08x}" for v in r))
     lines.append("tokens 0 " + ",".join(map(str, tokens)))
@@ -32,6 +33,7 @@ def test_parse_round_trips_float_bits():
     rows = np.array([[1.5, -0.0, np.float32(1e-30)], [3.25, 2.0, -7.0]], np.float32)
     run = emulate.parse_firmware_output(_output(rows))
     assert run.done and run.header["arena_needed"] == "5"
+    assert run.kernels == "neon-dotprod"
     p = run.prompts[0]
     assert p.prompt == [4, 5] and p.tokens == [3, 1]
     assert np.array_equal(p.rows.view(np.uint32), rows.view(np.uint32))
@@ -41,8 +43,10 @@ def test_checksum_mismatch_and_malformed_lines_are_errors():
     rows = np.ones((2, 3), np.float32)
     with pytest.raises(ColibriError, match="checksum .* does not match the printed rows"):
         emulate.parse_firmware_output(_output(rows, checksum=123))
-    with pytest.raises(ColibriError, match="line 3 is malformed"):
+    with pytest.raises(ColibriError, match="line 4 is malformed"):
         emulate.parse_firmware_output(_output(rows).replace("row 0 0 ", "row 0 0 zz", 1))
+    with pytest.raises(ColibriError, match="line 2 is malformed"):
+        emulate.parse_firmware_output(_output(rows).replace("kernels neon-dotprod", "kernels"))
 
 
 def test_fnv1a_known_value():

@@ -19,8 +19,8 @@ from colibri.errors import ColibriError  # noqa: E402
 ALL = targets.load_all()
 
 
-def test_the_four_targets_are_declared():
-    assert set(ALL) == {"x86_64", "armv7", "ppc", "cortex-m"}
+def test_the_six_targets_are_declared():
+    assert set(ALL) == {"x86_64", "armv7", "ppc", "cortex-m", "aarch64", "riscv64"}
 
 
 @pytest.mark.parametrize("name", list(ALL))
@@ -31,6 +31,13 @@ def test_target_module_is_complete(name):
     assert t.ram_bytes > 0 and t.flash_bytes > 0
     if t.emulator:  # pinned CPU, so results do not move with QEMU's default
         assert "-cpu" in t.emulator and t.emulator_package
+        # The pinned CPU comes first in cpu_kernels, and each expected table
+        # is ref or one of the target's kernel sets (neon-dotprod: neon's).
+        assert list(t.cpu_kernels)[:1] == [t.cpu]
+        for table in t.cpu_kernels.values():
+            assert table == "ref" or table.split("-")[0] in t.kernels, table
+    else:
+        assert not t.cpu_kernels and t.cpu is None
     if not t.is_linux:
         assert t.ldscript and (ROOT / t.ldscript).exists()
         assert all((ROOT / s).exists() for s in t.startup)
@@ -47,6 +54,10 @@ def test_defaults_follow_design_table():
     assert ALL["ppc"].byte_order == "big"
     assert toolchain.resolve_options(ALL["x86_64"]).kernels == ("avx2",)
     assert toolchain.resolve_options(ALL["armv7"]).kernels == ("neon",)
+    assert toolchain.resolve_options(ALL["aarch64"]).kernels == ("neon",)
+    rv = toolchain.resolve_options(ALL["riscv64"])
+    assert (rv.mmap, rv.workbuf, rv.kernels) == (True, "dynamic", ())
+    assert ALL["aarch64"].pointer_bytes == ALL["riscv64"].pointer_bytes == 8
     ref = toolchain.flags(ALL["armv7"], toolchain.resolve_options(ALL["armv7"], neon="0"), ROOT)
     assert "COLIBRI_KERNELS_REF_ONLY" in ref.cppdefines
     st = toolchain.flags(ALL["ppc"], ppc, ROOT)
@@ -81,7 +92,8 @@ def test_missing_toolchain_and_emulator_name_the_debian_package():
 
 
 def test_unknown_target_names_the_valid_ones():
-    with pytest.raises(ValueError, match="valid targets: armv7, cortex-m, ppc, x86_64"):
+    with pytest.raises(ValueError, match="valid targets: aarch64, armv7, cortex-m, ppc, "
+                                         "riscv64, x86_64"):
         targets.get("mips")
 
 
@@ -91,3 +103,23 @@ def test_emulator_command_places_the_program():
     cm = ALL["cortex-m"].emulator_command("fw.elf")
     assert cm[cm.index("-kernel") + 1] == "fw.elf" and cm[-1] == "fw.elf"
     assert ALL["x86_64"].emulator_command("p") == ["p"]
+
+
+def test_on_cpu_swaps_only_the_emulated_cpu():
+    """How scons check and the matrix run aarch64 on a core with SDOT."""
+    a76 = ALL["aarch64"].on_cpu("cortex-a76")
+    assert a76.cpu == "cortex-a76" and ALL["aarch64"].cpu == "cortex-a72"
+    assert a76.emulator_command("p") == [
+        "qemu-aarch64", "-cpu", "cortex-a76", "-L", "/usr/aarch64-linux-gnu", "p"]
+    assert a76.name == "aarch64" and a76.cpu_kernels == ALL["aarch64"].cpu_kernels
+    with pytest.raises(ValueError, match="x86_64 pins no emulated CPU"):
+        ALL["x86_64"].on_cpu("Haswell")
+
+
+def test_neon_kernel_set_has_the_dotprod_file():
+    """neon_dotprod.c (the SDOT matmul) goes wherever neon.c goes: its
+    absence would leave colibri_neon_dotprod_matmul_i8 undefined at link."""
+    from colibri.buildsteps import sources
+    assert sources.KERNELS["neon"].sources == ("src/kernels/neon.c",
+                                               "src/kernels/neon_dotprod.c")
+    assert all((ROOT / s).exists() for k in sources.KERNELS.values() for s in k.sources)

@@ -26,7 +26,12 @@ SCONS = Path(sys.executable).parent / "scons"
 sys.path.insert(0, str(ROOT))
 import targets  # noqa: E402  (the build's target modules: toolchain and emulator)
 
-TARGETS = ["x86_64", "armv7", "ppc", "cortex-m"]
+TARGETS = list(targets.load_all())
+
+
+def test_every_target_has_an_image_id():
+    """A target without an id could build but never be packed or verified."""
+    assert set(I.TARGET_IDS) == set(TARGETS)
 
 
 @pytest.fixture(scope="module", params=TARGETS)

@@ -1,31 +1,50 @@
-"""The optimised C kernels (src/kernels/avx2.c, neon.c) against the reference
-kernels (src/kernels/ref.c), through the standalone C program
-tests/c/test_kernels.c, which compares every kernel on many odd and even
-shapes (see its header for what "agree" means for each kernel).
+"""The optimised C kernels (src/kernels/avx2.c, neon.c, neon_dotprod.c)
+against the reference kernels (src/kernels/ref.c), through the standalone C
+program tests/c/test_kernels.c, which compares every kernel on many odd and
+even shapes (see its header for what "agree" means for each kernel).
 
 - x86-64: built with the default flags (avx2.c uses target attributes and
   picks at run time), once plain with gcc and clang, once with
   AddressSanitizer + UBSan so any read past an input or write past an output
   fails, and (on an AVX-VNNI CPU) once without the vpdpbusd form. Skipped on
   a CPU without AVX2+FMA.
-- ARMv7: built with arm-linux-gnueabihf-gcc for a Cortex-A9 with NEON and run
-  under qemu-arm. Skipped if the cross compiler or qemu-arm is missing.
+- NEON, for every target of targets/ with NEON kernels (armv7, aarch64):
+  built with the target's cross compiler and flags, run under its emulator
+  on every CPU of its cpu_kernels, requiring the table the runtime must pick
+  there: on AArch64 "neon" on a Cortex-A72 (no dot-product extension) and
+  "neon-dotprod" (SDOT) on a Cortex-A76. The AArch64 tables are also held to
+  their promise of a matmul_i8 bit-identical to ref (kernels.h). Skipped if
+  the cross compiler or emulator is missing.
 """
 from __future__ import annotations
 
 import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import targets  # noqa: E402
+from colibri.buildsteps import sources  # noqa: E402
+
 KDIR = ROOT / "src" / "kernels"
-SOURCES = [ROOT / "tests" / "c" / "test_kernels.c", KDIR / "ref.c", KDIR / "avx2.c", KDIR / "neon.c"]
+SOURCES = [ROOT / "tests" / "c" / "test_kernels.c", KDIR / "ref.c",
+           *(ROOT / src for k in sources.KERNELS.values() for src in k.sources)]
 # The library's flags (targets/__init__.py COMMON_CFLAGS), warnings as errors.
 WARN = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wpedantic", "-ffp-contract=off"]
-ARM_SYSROOT = "/usr/arm-linux-gnueabihf"
+
+# (target, emulated CPU, kernel table the runtime must pick there) for every
+# target with NEON kernels and every CPU it lists.
+NEON_RUNS = [(name, cpu, table) for name, t in targets.load_all().items()
+             if "neon" in t.kernels for cpu, table in t.cpu_kernels.items()]
+# Targets whose NEON tables promise a matmul_i8 bit-identical to ref's
+# (kernels.h: the A64 forms keep ref's float order; ARMv7's does not).
+I8_BIT_EXACT = {"aarch64"}
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -84,15 +103,35 @@ def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
     assert "avx2" in out and " 0 failures" in out
 
 
-def test_neon_matches_ref_under_qemu(tmp_path: Path) -> None:
-    cc = "arm-linux-gnueabihf-gcc"
-    for tool in (cc, "qemu-arm"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed: cannot build or run the ARMv7 NEON kernels")
-    exe = tmp_path / "test_kernels_armv7"
-    _build(cc, exe, ["-march=armv7-a", "-mfpu=neon", "-mfloat-abi=hard", "-DCOLIBRI_USE_NEON"])
-    out = _run(["qemu-arm", "-cpu", "cortex-a9", "-L", ARM_SYSROOT, str(exe), "--require", "neon"])
-    assert "neon" in out and " 0 failures" in out
+@pytest.fixture(scope="module")
+def neon_exe(tmp_path_factory):
+    """target name -> test_kernels built for it with NEON (built once)."""
+    built = {}
+
+    def get(t):
+        if t.name not in built:
+            for tool in (t.tool("gcc"), t.emulator[0]):
+                if shutil.which(tool) is None:
+                    pytest.skip(f"{tool} is not installed: cannot build or run {t.name}'s "
+                                "NEON kernels")
+            exe = tmp_path_factory.mktemp("neon") / f"test_kernels_{t.name}"
+            _build(t.tool("gcc"), exe, [*t.arch_flags, *t.link_flags, "-DCOLIBRI_USE_NEON"])
+            built[t.name] = exe
+        return built[t.name]
+    return get
+
+
+@pytest.mark.parametrize("name, cpu, table", NEON_RUNS,
+                         ids=[f"{n}-{c}" for n, c, _ in NEON_RUNS])
+def test_neon_matches_ref_under_qemu(neon_exe, name: str, cpu: str, table: str) -> None:
+    t = targets.get(name).on_cpu(cpu)
+    args = ["--require", table]
+    if name in I8_BIT_EXACT:
+        args += ["--exact-i8", table]
+    out = _run(t.emulator_command(str(neon_exe(t)), tuple(args)))
+    assert f"{table} " in out and " 0 failures" in out
+    assert ("bit-identical to ref" in out) == (name in I8_BIT_EXACT)
+
 
 
 def test_getters_return_null_when_not_built_in(tmp_path: Path) -> None:

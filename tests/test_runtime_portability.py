@@ -1,9 +1,12 @@
 """Byte order and targets: a big-endian file gives the same logits as the
 little-endian one on x86 (swapped at load), is refused by zero-copy loading
 with COLIBRI_E_BYTE_ORDER, and the portable ref build gives bit-identical
-logits on x86-64, 32-bit big-endian PowerPC (qemu-ppc, in place and
-swapped) and ARMv7 (qemu-arm). A file of 2 MiB or more that the library
-copies (read, or swapped) lands in memory advised for huge pages."""
+logits on x86-64 and every emulated Linux target: 32-bit big-endian PowerPC
+(qemu-ppc, in place and swapped), ARMv7 (qemu-arm), AArch64 (qemu-aarch64)
+and RISC-V 64 (qemu-riscv64). The NEON builds pick their kernel table per
+CPU (AArch64: SDOT on a Cortex-A76, not on a Cortex-A72) and match the
+reference. A file of 2 MiB or more that the library copies (read, or
+swapped) lands in memory advised for huge pages."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +19,8 @@ import pytest
 
 from colibri.buildsteps.testmodel import FW_TINY, make_model
 from test_runtime_errors import rewrite
-from test_runtime_support import Call, DriverError, c_build, run_driver  # noqa: F401
+from test_runtime_support import (CROSS_LINUX, TARGETS, Call, DriverError,  # noqa: F401
+                                  c_build, run_driver)
 
 COLIBRI_E_BYTE_ORDER = -6
 
@@ -116,32 +120,38 @@ def test_static_workbuf_build_same_logits_and_no_allocator(c_build, tiny_files, 
     assert not undefined & forbidden, undefined & forbidden
 
 
-@pytest.mark.parametrize("variant", ["ppc", "arm"])
+@pytest.mark.parametrize("variant", CROSS_LINUX)
 def test_ref_build_bit_identical_under_qemu(c_build, tiny_files, tmp_path, variant):
     """The scalar path with -ffp-contract=off gives the same bits on every
-    target. On big-endian PowerPC: the little-endian file is swapped at load
-    (read, mmap off), the big-endian one used in place (also zero-copy)."""
+    target. On a big-endian target (PowerPC): the little-endian file is
+    swapped at load (read, mmap off), the big-endian one used in place (also
+    zero-copy)."""
     x86 = logits(c_build("ref"), tiny_files["le"], tmp_path / "x86")
     target = c_build(variant)
-    for kind, memory in (("le", False), ("be", False), ("be", True)):
-        if variant == "arm" and kind == "be":
-            continue
-        if memory and variant != "ppc":
-            continue
+    runs = [("le", False)]
+    if TARGETS[variant].byte_order == "big":
+        runs += [("be", False), ("be", True)]
+    for kind, memory in runs:
         got = logits(target, tiny_files[kind], tmp_path / f"{variant}-{kind}-{memory}",
                      memory=memory)
         np.testing.assert_array_equal(got, x86, err_msg=f"{variant} {kind} memory={memory}")
 
 
+NEON_VARIANTS = {"armv7-neon": "neon", "aarch64-neon": "neon",
+                 "aarch64-dotprod": "neon-dotprod"}
+
+
+@pytest.mark.parametrize("variant", list(NEON_VARIANTS))
 def test_neon_build_under_qemu_matches_reference(c_build, tiny_files, colibri_file,
-                                                 reference, tmp_path):
-    """The ARMv7 build with the NEON kernels selected at init: f32 logits
-    within 1e-4 of the numpy reference, int8 close to the ref build."""
+                                                 reference, tmp_path, variant):
+    """A NEON build with its table selected at init (colibri-cli --info
+    names it: AArch64 picks SDOT only on the Cortex-A76): f32 logits within
+    1e-4 of the numpy reference, int8 close to the ref build."""
     from test_runtime_support import reference_logits
-    build = c_build("arm-neon")
+    build = c_build(variant)
     info = subprocess.run(build.cmd(str(build.cli), "--model", tiny_files["le"], "--info"),
                           capture_output=True, text=True, timeout=120).stdout
-    assert "kernels: neon" in info
+    assert f"\nkernels: {NEON_VARIANTS[variant]}\n" in info, info
     calls = script()
     got = run_driver(build, tiny_files["f32-le"], calls, tmp_path / "f32", vocab=96)
     want = reference_logits(reference("tiny", "f32"), calls)
@@ -154,3 +164,14 @@ def test_neon_build_under_qemu_matches_reference(c_build, tiny_files, colibri_fi
     b = logits(c_build("ref"), tiny_files["le"], tmp_path / "ref").reshape(-1, 96)
     rel = relative_row_error(a, b)
     assert np.median(rel) < 1e-5 and rel.max() < 3e-2
+
+
+def test_aarch64_sdot_and_plain_neon_give_the_same_bits(c_build, tiny_files, tmp_path):
+    """The one library, on a core without and one with the dot-product
+    extension: different int8 matmuls (smull/sadalp, SDOT), both
+    bit-identical to ref's (kernels.h), so the same logits, bit for bit, on
+    the int8 model (int8 experts, attention and LM head) through prefill and
+    decode."""
+    plain = logits(c_build("aarch64-neon"), tiny_files["le"], tmp_path / "a72")
+    sdot = logits(c_build("aarch64-dotprod"), tiny_files["le"], tmp_path / "a76")
+    np.testing.assert_array_equal(plain.view(np.uint32), sdot.view(np.uint32))

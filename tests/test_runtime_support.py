@@ -28,11 +28,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the targets/ package (toolchains, emulators)
 
 
-def _target_variant(name: str, **overrides) -> dict:
+import targets  # noqa: E402
+
+TARGETS = targets.load_all()
+# Linux targets that run under an emulator: each has a ref-kernel variant of
+# its own name below.
+CROSS_LINUX = [n for n, t in TARGETS.items() if t.is_linux and t.emulator]
+
+
+def _target_variant(name: str, cpu: str | None = None, **overrides) -> dict:
     """A ref-kernel build for a cross target of targets/ (its toolchain,
-    flags, emulator and emulator workarounds)."""
-    from targets import load_all
-    t = load_all()[name]
+    flags, emulator and emulator workarounds), run on the CPU its emulator
+    pins or on `cpu`."""
+    t = TARGETS[name] if cpu is None else TARGETS[name].on_cpu(cpu)
     kw = dict(kernels=("ref",), cc=t.tool("gcc"), cflags=tuple(t.arch_flags),
               ldflags=tuple(t.link_flags), program_sources=tuple(t.program_sources),
               mmap=t.defaults.get("mmap", True), runner=tuple(t.emulator))
@@ -50,10 +58,15 @@ VARIANTS = {
     "static": dict(kernels=("ref",), static_workbuf=True, mmap=False),
     "nommap": dict(kernels=("ref",), mmap=False),
     "debug": dict(kernels=("ref",), debug=True),
-    # Dynamic work buffer so colibri_init can swap a little-endian file too.
-    "ppc": lambda: _target_variant("ppc"),
-    "arm": lambda: _target_variant("armv7"),
-    "arm-neon": lambda: _target_variant("armv7", kernels=("ref", "neon")),
+    # One ref-kernel variant per emulated Linux target, named after it
+    # (ppc: dynamic work buffer, so colibri_init can swap a little-endian
+    # file too).
+    **{name: (lambda name=name: _target_variant(name)) for name in CROSS_LINUX},
+    # The NEON builds; aarch64's twice, on a CPU without and one with SDOT.
+    "armv7-neon": lambda: _target_variant("armv7", kernels=("ref", "neon")),
+    "aarch64-neon": lambda: _target_variant("aarch64", kernels=("ref", "neon")),
+    "aarch64-dotprod": lambda: _target_variant("aarch64", cpu="cortex-a76",
+                                               kernels=("ref", "neon")),
 }
 
 # C test programs built for every variant: name -> (sources, extra ldflags).

@@ -1,16 +1,20 @@
 """The target matrix: every target of targets/ built by SCons (the command
 users run) with a model embedded, run under its emulator (natively,
-qemu-arm, qemu-ppc, qemu-system-arm) and compared with the numpy reference
+qemu-arm, qemu-aarch64, qemu-ppc, qemu-riscv64, qemu-system-arm) on every
+CPU the target lists (aarch64: a Cortex-A72 without and a Cortex-A76 with
+the dot-product extension) and compared with the numpy reference
 (colibri/reference.py), through the same colibri.buildsteps.check functions that
-`scons target=X check` uses.
+`scons target=X check` uses; the firmware must report the kernel table the
+target expects on each CPU.
 
 Builds (each `scons target=all`, shared by the tests below):
   int8        fw-tiny int8 model (colibri.buildsteps.testmodel), default kernels
   f32         fw-tiny f32 model, default kernels
   awkward     the converter's "awkward" golden model (hidden 60, 5 heads,
               6 experts top-3: SIMD tails), int8, default kernels
-  ref         fw-tiny f32 with the reference kernels only: x86_64, armv7 and
-              ppc must give bit-identical logits
+  ref         fw-tiny f32 with the reference kernels only: every Linux target
+              (x86_64, armv7, ppc, aarch64, riscv64) must give bit-identical
+              logits
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from colibri.buildsteps import check, testmodel, toolchain  # noqa: E402
 TARGETS = targets.load_all()
 SCONS = [str(ROOT / ".venv" / "bin" / "scons")]
 LINUX_REF_TARGETS = [n for n, t in TARGETS.items() if t.is_linux]
+# (target, CPU) for the CPUs a target lists besides the one its emulator pins.
+OTHER_CPUS = [(n, cpu) for n, t in TARGETS.items() for cpu in list(t.cpu_kernels)[1:]]
 
 
 def scons(*args, cwd=ROOT, env=None, check_rc=True):
@@ -91,18 +97,64 @@ def test_target_matches_reference(name, build, matrix_build, matrix_models):
     _need(t)
     bdir = matrix_build(build) / name
     cli = bdir / "colibri-cli" if t.is_linux else None
-    result = check.check_target(t, bdir / "firmware.elf", matrix_models[build], cli=cli)
+    expect = check.expected_kernels(t, simd=True).get(t.cpu)
+    result = check.check_target(t, bdir / "firmware.elf", matrix_models[build], cli=cli,
+                                expect_kernels=expect)
     assert result.ok, result.summary()
     fw = result.firmware
+    assert fw.kernels, "the firmware did not say which kernel table it used"
     # The build's arena bound covers what this runtime asks for.
     assert int(fw.header["arena_needed"]) <= int(fw.header["arena_bytes"])
     assert int(fw.header["model_bytes"]) == (bdir / "firmware" / "model.bin").stat().st_size
     assert len(fw.prompts) == 2 and all(len(p.tokens) == 4 for p in fw.prompts)
 
 
+@pytest.mark.parametrize("build", ["int8", "awkward"])
+@pytest.mark.parametrize("name, cpu", OTHER_CPUS, ids=[f"{n}-{c}" for n, c in OTHER_CPUS])
+def test_other_cpus_pick_their_kernels_and_give_the_same_bits(name, cpu, build, matrix_build,
+                                                              matrix_models):
+    """The same firmware and colibri-cli on another CPU of the target: the
+    runtime picks that CPU's table (aarch64 on a Cortex-A76: neon-dotprod,
+    SDOT) and passes the reference check. And the logits equal the pinned
+    CPU's bit for bit: the tables of one target may differ only in exact
+    instructions (kernels.h: the A64 int8 matmul is bit-identical to ref
+    with or without SDOT). int8 models, where the tables differ."""
+    t = TARGETS[name]
+    _need(t)
+    bdir = matrix_build(build) / name
+    cli = bdir / "colibri-cli" if t.is_linux else None
+    results = {}
+    for c in (t.cpu, cpu):
+        on = t.on_cpu(c)
+        results[c] = check.check_target(on, bdir / "firmware.elf", matrix_models[build], cli=cli,
+                                        expect_kernels=t.cpu_kernels[c])
+        assert results[c].ok, results[c].summary()
+    assert results[cpu].firmware.kernels != results[t.cpu].firmware.kernels
+    for a, b in zip(results[t.cpu].firmware.prompts, results[cpu].firmware.prompts):
+        assert np.array_equal(a.rows.view(np.uint32), b.rows.view(np.uint32)), (
+            f"{name}: logits on {cpu} differ from {t.cpu}, prompt {a.prompt}")
+
+
+def test_check_fails_on_an_unexpected_kernel_table(matrix_build, matrix_models):
+    """The kernel expectation can fail: the aarch64 NEON build on a
+    Cortex-A76 does not pass as 'neon' (nor the ARMv7 one as 'ref')."""
+    name = "aarch64" if "aarch64" in TARGETS else "armv7"
+    t = TARGETS[name]
+    _need(t)
+    bdir = matrix_build("int8") / name
+    on = t.on_cpu(list(t.cpu_kernels)[-1])
+    wrong = "neon" if name == "aarch64" else "ref"
+    result = check.check_target(on, bdir / "firmware.elf", matrix_models["int8"],
+                                cli=bdir / "colibri-cli", expect_kernels=wrong)
+    assert not result.ok
+    assert any(f"expected '{wrong}' on this CPU" in f for f in result.failures)
+    assert any(f"colibri-cli --info on {on.cpu}" in f for f in result.failures)
+
+
 def test_ref_kernels_bit_identical_across_targets(matrix_build):
-    """With the reference kernels and -ffp-contract=off, x86_64, armv7 and ppc
-    produce the same float bits for every logit (DESIGN.md 7)."""
+    """With the reference kernels and -ffp-contract=off, every Linux target
+    (x86_64, armv7, ppc, aarch64, riscv64) produces the same float bits for
+    every logit (DESIGN.md 7)."""
     bdir = matrix_build("ref")
     runs = {}
     for name in LINUX_REF_TARGETS:
@@ -112,6 +164,7 @@ def test_ref_kernels_bit_identical_across_targets(matrix_build):
         r = emulate.run(t, bdir / name / "firmware.elf")
         assert r.returncode == 0, f"{name}: {r.stdout[-500:]} {r.stderr[-500:]}"
         runs[name] = emulate.parse_firmware_output(r.stdout)
+        assert runs[name].kernels == "ref", (name, runs[name].kernels)
     base_name = LINUX_REF_TARGETS[0]
     base = runs[base_name]
     for name, run in runs.items():
@@ -124,13 +177,17 @@ def test_ref_kernels_bit_identical_across_targets(matrix_build):
             assert a.checksum == b.checksum and a.tokens == b.tokens
 
 
-def test_scons_check_runs_the_matrix_and_reports(matrix_build, matrix_models):
-    """`scons target=X check` on an up-to-date build runs the emulator and
-    prints PASS with the worst position per prompt."""
+@pytest.mark.parametrize("name", [n for n in ("cortex-m", "aarch64") if n in TARGETS])
+def test_scons_check_runs_the_matrix_and_reports(name, matrix_build, matrix_models):
+    """`scons target=X check` on an up-to-date build runs the emulator on
+    every CPU of the target and prints PASS with the CPU, the kernel table
+    and the worst position per prompt."""
     bdir = matrix_build("int8")
-    name = "cortex-m" if "cortex-m" in TARGETS else next(iter(TARGETS))
-    _need(TARGETS[name])
+    t = TARGETS[name]
+    _need(t)
     p = scons(f"target={name}", f"model={matrix_models['int8']}",
               f"build_dir={bdir.parent / 'int8'}", "check")
-    assert f"target {name}: PASS" in p.stdout
+    assert p.stdout.count(f"target {name}: PASS") == len(t.cpu_kernels)
+    for cpu, table in t.cpu_kernels.items():
+        assert f"cpu {cpu}, kernels {table}," in p.stdout
     assert "worst position" in p.stdout

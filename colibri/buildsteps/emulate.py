@@ -68,6 +68,7 @@ class FirmwareRun:
     header: dict[str, str]
     prompts: list[PromptRun] = field(default_factory=list)
     done: bool = False
+    kernels: str = ""             # the kernel table colibri_init picked
 
 
 def parse_firmware_output(text: str) -> FirmwareRun:
@@ -84,6 +85,8 @@ def parse_firmware_output(text: str) -> FirmwareRun:
             tag = parts[0]
             if tag == "colibri-fw":
                 run_.header = dict(p.split("=", 1) for p in parts[1:])
+            elif tag == "kernels":
+                run_.kernels = parts[1]
             elif tag == "prompt":
                 run_.prompts.append(PromptRun([int(t) for t in parts[2].split(",")],
                                               np.zeros((0, 0), np.float32), [], 0))

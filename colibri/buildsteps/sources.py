@@ -5,6 +5,8 @@ from here so a new source file is added in exactly one place.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 # The runtime library (libcolibri.a), always built. ref.c is the portable
 # truth every target carries.
 LIBRARY = (
@@ -15,13 +17,27 @@ LIBRARY = (
     "src/kernels/ref.c",
 )
 
-# Optional SIMD kernels: name -> (source, extra compiler flags for that file
-# only, define that enables them in the library). avx2.c needs no -mavx2: its
-# functions carry target("avx2,fma") attributes and the library picks them at
-# run time, so the same binary still runs (ref kernels) on CPUs without AVX2.
+
+
+class KernelSet(NamedTuple):
+    """An optional SIMD kernel set: its sources, extra compiler flags for
+    those files only, and the define that enables it in the library."""
+    sources: tuple[str, ...]
+    flags: tuple[str, ...]
+    define: str
+
+
+# Optional SIMD kernels, name -> KernelSet. No set needs flags of its own:
+# avx2.c's functions carry target("avx2,fma") attributes and the library
+# picks them at run time, so the same binary still runs (ref kernels) on CPUs
+# without AVX2; neon_dotprod.c (AArch64 SDOT, picked at run time too)
+# switches its own architecture with a pragma, and compiles to nothing on
+# ARMv7. neon.c needs NEON enabled by the target's arch flags on ARMv7
+# (targets/armv7.py: -mfpu=neon); every AArch64 core has it.
 KERNELS = {
-    "avx2": ("src/kernels/avx2.c", (), "COLIBRI_USE_AVX2"),
-    "neon": ("src/kernels/neon.c", (), "COLIBRI_USE_NEON"),
+    "avx2": KernelSet(("src/kernels/avx2.c",), (), "COLIBRI_USE_AVX2"),
+    "neon": KernelSet(("src/kernels/neon.c", "src/kernels/neon_dotprod.c"), (),
+                      "COLIBRI_USE_NEON"),
 }
 
 INCLUDE_DIRS = ("src/include", "src", "src/kernels")

@@ -107,9 +107,9 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
     defines.extend(target.defines)
     kernel_ccflags = {}
     for k in opts.kernels:
-        src, extra, define = sources.KERNELS[k]
-        defines.append(define)
-        kernel_ccflags[k] = tuple(extra)
+        kset = sources.KERNELS[k]
+        defines.append(kset.define)
+        kernel_ccflags[k] = tuple(kset.flags)
     if not opts.kernels:
         defines.append("COLIBRI_KERNELS_REF_ONLY")
     linkflags = (*target.arch_flags, *target.link_flags)

@@ -11,6 +11,7 @@
  *
  * Output (parsed by colibri/buildsteps/emulate.py, one record per line):
  *   colibri-fw target=T model_bytes=N arena_bytes=A arena_needed=R
+ *   kernels NAME                   the kernel table init picked (colibri_info)
  *   prompt P t0,t1,...
  *   row P I h0 h1 ... h(vocab-1)   logits of fed position I as float bits (hex)
  *   tokens P g0,g1,...             greedy tokens (lowest id wins ties)
@@ -196,6 +197,14 @@ int main(void) {
     rc = colibri_init_from_memory(&model, colibri_model_blob, colibri_model_blob_size,
                                   arena, sizeof arena);
     if (rc) return fail("colibri_init_from_memory", COLIBRI_CALL_INIT, rc);
+    /* Which kernels run is chosen at init from the CPU (AVX2, SDOT): say
+     * which, so a test can tell the runs on different CPUs apart. */
+    colibri_info info;
+    rc = colibri_get_info(&model, &info);
+    if (rc) return fail("colibri_get_info", COLIBRI_CALL_INIT, rc);
+    put("kernels ");
+    put(info.kernels);
+    put("\n");
 
     for (uint32_t p = 0; p < FW_N_PROMPTS; p++) {
         rc = run_prompt(p);

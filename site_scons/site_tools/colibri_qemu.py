@@ -5,9 +5,12 @@
 prompt and generated tokens (as text for a text prompt) and tokens/s.
 
 env.ColibriCheck(alias, firmware, cli, model) runs the firmware (and
-colibri-cli on Linux targets) under the target's emulator with a timeout,
-compares the logits with the numpy reference (colibri.buildsteps.check) and
-fails naming the target, prompt, worst position and error.
+colibri-cli on Linux targets) under the target's emulator with a timeout, on
+every emulated CPU the target lists (cpu_kernels: aarch64 runs a core
+without and one with the dot-product extension), compares the logits with
+the numpy reference and the kernel table with the one expected on that CPU
+(colibri.buildsteps.check) and fails naming the target, CPU, prompt, worst
+position and error.
 """
 from SCons.Action import Action
 import SCons.Errors
@@ -20,13 +23,16 @@ def _check_action(target, source, env):
     t = env["COLIBRI_TARGET"]
     firmware, model = str(source[0]), str(source[1])
     cli = str(source[2]) if len(source) > 2 else None
+    simd = bool(env["COLIBRI_OPTIONS"].kernels)
     try:
-        result = check.check_target(t, firmware, model, cli=cli)
+        results = check.check_all_cpus(t, firmware, model, cli=cli, simd=simd)
     except ColibriError as exc:
         raise SCons.Errors.BuildError(errstr=str(exc))
-    print(result.summary())
-    if not result.ok:
-        raise SCons.Errors.BuildError(errstr="\n".join(result.failures))
+    for result in results:
+        print(result.summary())
+    failures = [f for result in results for f in result.failures]
+    if failures:
+        raise SCons.Errors.BuildError(errstr="\n".join(failures))
     return 0
 
 

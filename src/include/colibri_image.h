@@ -43,6 +43,8 @@
 #define COLIBRI_IMG_TARGET_ARMV7 2
 #define COLIBRI_IMG_TARGET_PPC 3
 #define COLIBRI_IMG_TARGET_CORTEX_M 4
+#define COLIBRI_IMG_TARGET_AARCH64 5
+#define COLIBRI_IMG_TARGET_RISCV64 6
 
 /* --- TLV areas (IMAGE.md 3) ---------------------------------------------- */
 #define COLIBRI_IMG_TLV_INFO_SIZE 8           /* u16 magic, u16 0, u32 total */

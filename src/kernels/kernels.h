@@ -1,11 +1,15 @@
 /*
  * kernels.h - the compute kernels behind colibri_infer, as a table of function
  * pointers so one build can carry the portable reference kernels (ref.c, the
- * truth) and optimised ones (avx2.c, neon.c) and pick at init.
+ * truth) and optimised ones (avx2.c, neon.c + neon_dotprod.c) and pick at
+ * init.
  *
  * Arithmetic contract: docs/FORMAT.md section 5. Every optimised kernel must
  * agree with the ref kernel on the same inputs: F32 kernels to float rounding
- * (summation order may differ), the I8 integer inner sums exactly.
+ * (summation order may differ), the I8 integer inner sums exactly. On
+ * AArch64, "neon" and "neon-dotprod" promise more: their matmul_i8 is
+ * bit-identical to ref's (same float operations in the same order), so the
+ * two tables give the same logits.
  *
  * Conventions: W is row-major [rows, cols] (y = W x). Matrix forms take X as
  * [n, cols] and write Y as [n, rows], row t of Y = W * row t of X. Any size
@@ -26,7 +30,7 @@ extern "C" {
 #endif
 
 typedef struct colibri_kernels {
-    const char *name; /* "ref", "avx2", "neon" */
+    const char *name; /* "ref", "avx2", "neon", "neon-dotprod" */
 
     /* Y[n, rows] = X[n, cols] * W^T, W float32 [rows, cols]. */
     void (*matmul_f32)(float *Y, const float *W, const float *X,
@@ -57,7 +61,9 @@ typedef struct colibri_kernels {
 const colibri_kernels *colibri_kernels_ref(void);
 /* NULL unless built with COLIBRI_USE_AVX2 (avx2.c) and the CPU has AVX2+FMA. */
 const colibri_kernels *colibri_kernels_avx2(void);
-/* NULL unless built with COLIBRI_USE_NEON (neon.c). */
+/* NULL unless built with COLIBRI_USE_NEON (neon.c). On AArch64 Linux the
+ * "neon-dotprod" table when the CPU reports the dot-product extension
+ * (getauxval(AT_HWCAP) & HWCAP_ASIMDDP), else "neon". */
 const colibri_kernels *colibri_kernels_neon(void);
 
 #ifdef __cplusplus

@@ -1,30 +1,41 @@
 /*
- * neon.c - ARMv7 NEON kernels (the table "neon", kernels.h).
+ * neon.c - NEON kernels for ARMv7-A and AArch64 (the tables "neon" and, on
+ * AArch64, "neon-dotprod"; kernels.h).
  *
  * Build: the whole file is inside `#if COLIBRI_USE_NEON` and needs a compiler
- * targeting NEON (armv7: -march=armv7-a -mfpu=neon -mfloat-abi=hard; only
- * ARMv7 is built and tested, though the intrinsics used exist on AArch64 too).
- * Without them the getter still exists and returns NULL, so every target
- * links the same set of getters.
+ * targeting NEON: armv7 with -march=armv7-a -mfpu=neon -mfloat-abi=hard,
+ * AArch64 with any -march (NEON is part of ARMv8-A; the library is built for
+ * plain armv8-a). Without them the getter still exists and returns NULL, so
+ * every target links the same set of getters. Both ISAs share the float
+ * kernels' structure; where A64 has more (32 q registers instead of 16,
+ * full-width pairwise adds, fused multiply-add, round-to-nearest-even
+ * conversion) the code says `#ifdef __aarch64__`. The A64 int8 matmul is
+ * its own code (neon_a64_i8.h), shared with neon_dotprod.c (SDOT).
  *
  * Arithmetic: docs/FORMAT.md section 5, checked against ref.c by
- * tests/c/test_kernels.c (run under qemu-arm). Points that differ from x86:
- * - ARMv7 NEON has no fused multiply-add in plain armv7-a (VFPv4 adds vfma);
- *   vmlaq_f32 rounds the product, then the sum. Summation order differs from
- *   ref anyway (4 lanes, then a pairwise sum): F32 agrees to float rounding.
- *   -ffp-contract has no effect on intrinsics.
- * - NEON float arithmetic always flushes subnormals to zero and rounds to
- *   nearest. For matmuls that only changes results at subnormal level. For
- *   quantize_act_i8 (which must be bit-identical to ref) the groups where it
- *   could matter go to ref, see QA_MIN_BITS.
- * - ARMv7 has no round-to-nearest-even vector instruction (vcvtnq is ARMv8):
- *   rint is (v + 1.5*2^23) - 1.5*2^23 on the value already clamped to
- *   [-127, 127]: the sum lies in [2^23, 2^24), where the float spacing is 1, so
- *   the addition itself rounds to an integer, ties to even (1.5*2^23 is even).
+ * tests/c/test_kernels.c (run under qemu-arm and qemu-aarch64). Per kernel:
+ * - matmul_f32, matmul_i16: agree with ref to float rounding (4 lanes, then
+ *   a pairwise sum: another summation order). ARMv7-A NEON has no fused
+ *   multiply-add (vmlaq_f32 rounds the product, then the sum); A64 uses
+ *   vfmaq_f32, one rounding, as the AVX2 kernels' FMA does.
+ * - quantize_act_i8: bit-identical to ref on both ISAs. ARMv7 NEON float
+ *   arithmetic always flushes subnormals to zero: the groups where that
+ *   could matter go to ref, see QA_MIN_BITS. ARMv7 has no
+ *   round-to-nearest-even vector instruction (vcvtnq is ARMv8): rint is
+ *   (v + 1.5*2^23) - 1.5*2^23 on the value already clamped to [-127, 127]:
+ *   the sum lies in [2^23, 2^24), where the float spacing is 1, so the
+ *   addition itself rounds to an integer, ties to even (1.5*2^23 is even).
+ * - matmul_i8: integer group dots exact on both ISAs. On ARMv7 the float
+ *   sum over groups runs in another order than ref's (agrees to rounding).
+ *   On AArch64 ("neon", and "neon-dotprod" whose SDOT form lives in
+ *   neon_dotprod.c) the result is bit-identical to ref: each output's float
+ *   operations are ref's, in ref's order (neon_a64_i8.h).
  *
- * Blocking: dot-product form as in avx2.c: R weight rows x T tokens, one
- * 4-lane accumulator per pair; weights loaded once per T tokens. No
- * allocation, no alignment assumption (vld1q accepts any address).
+ * Blocking (float kernels, ARMv7 int8): dot-product form as in avx2.c: R
+ * weight rows x T tokens, one 4-lane accumulator per pair; weights loaded
+ * once per T tokens. The A64 int8 form runs its lanes along rows instead
+ * (neon_a64_i8.h). No allocation, no alignment assumption (vld1q accepts
+ * any address).
  */
 #include "kernels.h"
 
@@ -32,6 +43,9 @@
 
 #include <arm_neon.h>
 #include <string.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h> /* getauxval: the CPU's dot-product support */
+#endif
 
 #define BLOCK static inline __attribute__((always_inline))
 
@@ -41,29 +55,51 @@
 
 enum { MAXR = 8, MAXT = 4 };
 
-/* Horizontal sums of a, b, c, d -> [sum a, sum b, sum c, sum d]. */
+/* Float multiply-add of the float kernels: fused on A64, where every core
+ * has it; ARMv7-A NEON only has the unfused vmla (VFPv4's vfma is not in
+ * plain armv7-a). -ffp-contract has no effect on either intrinsic. */
+#ifdef __aarch64__
+#define MLA(acc, a, b) vfmaq_f32(acc, a, b)
+#else
+#define MLA(acc, a, b) vmlaq_f32(acc, a, b)
+#endif
+
+/* Horizontal sums of a, b, c, d -> [sum a, sum b, sum c, sum d]. A64 adds
+ * pairs across two full vectors in one instruction (faddp). */
 BLOCK float32x4_t hsum4f(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d)
 {
+#ifdef __aarch64__
+    return vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d));
+#else
     float32x2_t ab = vpadd_f32(vadd_f32(vget_low_f32(a), vget_high_f32(a)),
                                vadd_f32(vget_low_f32(b), vget_high_f32(b)));
     float32x2_t cd = vpadd_f32(vadd_f32(vget_low_f32(c), vget_high_f32(c)),
                                vadd_f32(vget_low_f32(d), vget_high_f32(d)));
     return vcombine_f32(ab, cd);
+#endif
 }
 
 BLOCK float hsum1f(float32x4_t a)
 {
+#ifdef __aarch64__
+    return vaddvq_f32(a);
+#else
     float32x2_t s = vadd_f32(vget_low_f32(a), vget_high_f32(a));
     return vget_lane_f32(vpadd_f32(s, s), 0);
+#endif
 }
 
 BLOCK int32x4_t hsum4i(int32x4_t a, int32x4_t b, int32x4_t c, int32x4_t d)
 {
+#ifdef __aarch64__
+    return vpaddq_s32(vpaddq_s32(a, b), vpaddq_s32(c, d));
+#else
     int32x2_t ab = vpadd_s32(vadd_s32(vget_low_s32(a), vget_high_s32(a)),
                              vadd_s32(vget_low_s32(b), vget_high_s32(b)));
     int32x2_t cd = vpadd_s32(vadd_s32(vget_low_s32(c), vget_high_s32(c)),
                              vadd_s32(vget_low_s32(d), vget_high_s32(d)));
     return vcombine_s32(ab, cd);
+#endif
 }
 
 /* Store acc[r][t] horizontally summed, plus tail[r][t] (the scalar part of
@@ -147,8 +183,8 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
             }
             UNROLL
             for (int t = 0; t < T; t++) {
-                acc[r][t] = vmlaq_f32(acc[r][t], wl, xl[t]);
-                acc[r][t] = vmlaq_f32(acc[r][t], wh, xh[t]);
+                acc[r][t] = MLA(acc[r][t], wl, xl[t]);
+                acc[r][t] = MLA(acc[r][t], wh, xh[t]);
             }
         }
     }
@@ -163,8 +199,36 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
     store_block(R, T, acc, tail, Y, rows, r0, t0, i16 ? S + r0 : NULL);
 }
 
-/* 4 rows x 2 tokens while two tokens are left (8 accumulators + 4 weight and
- * 4 activation registers of the 16 q registers), else 4 rows x 1 token. */
+#ifdef __aarch64__
+/* A64 has 32 q registers: 4 rows x 4 tokens while four tokens are left (16
+ * accumulators, 8 activation and 2 weight registers: each weight load
+ * serves 4 tokens), then single tokens in blocks of 8 rows, whose 8
+ * independent accumulator chains cover the FMA latency in decode. */
+BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
+                     const float *X, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    uint32_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+        uint32_t r = 0;
+        for (; r + 4 <= rows; r += 4)
+            fx_block(i16, 4, 4, Y, W, S, X, rows, cols, r, t);
+        for (; r < rows; r++)
+            fx_block(i16, 1, 4, Y, W, S, X, rows, cols, r, t);
+    }
+    for (; t < n; t++) {
+        uint32_t r = 0;
+        for (; r + 8 <= rows; r += 8)
+            fx_block(i16, 8, 1, Y, W, S, X, rows, cols, r, t);
+        for (; r + 4 <= rows; r += 4)
+            fx_block(i16, 4, 1, Y, W, S, X, rows, cols, r, t);
+        for (; r < rows; r++)
+            fx_block(i16, 1, 1, Y, W, S, X, rows, cols, r, t);
+    }
+}
+#else
+/* ARMv7: 4 rows x 2 tokens while two tokens are left (8 accumulators + 4
+ * weight and 4 activation registers of the 16 q registers), else 4 rows x 1
+ * token. */
 BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
                      const float *X, uint32_t n, uint32_t rows, uint32_t cols)
 {
@@ -184,6 +248,7 @@ BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
             fx_block(i16, 1, 1, Y, W, S, X, rows, cols, r, t);
     }
 }
+#endif
 
 static void neon_matmul_f32(float *Y, const float *W, const float *X,
                             uint32_t n, uint32_t rows, uint32_t cols)
@@ -211,8 +276,12 @@ static uint32_t amax_bits(const float *x, uint32_t len)
     uint32_t c = 0;
     for (; c + 4 <= len; c += 4)
         m = vmaxq_u32(m, vandq_u32(vreinterpretq_u32_f32(vld1q_f32(x + c)), abs_mask));
+#ifdef __aarch64__
+    uint32_t best = vmaxvq_u32(m);
+#else
     uint32x2_t h = vpmax_u32(vget_low_u32(m), vget_high_u32(m));
     uint32_t best = vget_lane_u32(vpmax_u32(h, h), 0);
+#endif
     for (; c < len; c++) {
         uint32_t b;
         memcpy(&b, x + c, sizeof b);
@@ -225,14 +294,20 @@ static uint32_t amax_bits(const float *x, uint32_t len)
 
 /* clip(rint(x * inv), -127, 127) for 4 floats, as int32. x * inv is the same
  * IEEE product as ref's; clamping before rounding to an integer gives the
- * same integer as after. */
+ * same integer as after. A64 converts rounding to nearest, ties to even
+ * (fcvtns), which is rint in the default rounding mode; ARMv7 rounds with
+ * the 1.5 * 2^23 addition (file header). */
 BLOCK int32x4_t q4(float32x4_t x, float32x4_t inv)
 {
     const float32x4_t lo = vdupq_n_f32(-127.0f), hi = vdupq_n_f32(127.0f);
-    const float32x4_t magic = vdupq_n_f32(12582912.0f); /* 1.5 * 2^23 */
     float32x4_t v = vminq_f32(vmaxq_f32(vmulq_f32(x, inv), lo), hi);
+#ifdef __aarch64__
+    return vcvtnq_s32_f32(v);
+#else
+    const float32x4_t magic = vdupq_n_f32(12582912.0f); /* 1.5 * 2^23 */
     v = vsubq_f32(vaddq_f32(v, magic), magic);
     return vcvtq_s32_f32(v); /* exact: v is an integer */
+#endif
 }
 
 BLOCK int8x8_t q8(const float *x, float32x4_t inv)
@@ -244,8 +319,9 @@ BLOCK int8x8_t q8(const float *x, float32x4_t inv)
 
 /* Groups whose amax is below this (including all-zero ones), infinite or NaN
  * go to ref. Above it, inv = 127/amax is finite, every |x * inv| <= 127, and
- * a subnormal x (which NEON flushes to 0) would give |x * inv| < 127 * 2^-126
- * * 2^118 < 0.5, which ref rounds to 0 as well. */
+ * a subnormal x (which ARMv7 NEON flushes to 0) would give |x * inv| < 127 *
+ * 2^-126 * 2^118 < 0.5, which ref rounds to 0 as well. (A64 NEON honours
+ * subnormals like scalar code; the bound is harmless there.) */
 #define QA_MIN_BITS 0x04800000u /* 2^-118 */
 
 static void neon_quantize_act_i8(int8_t *XQ, float *XS, const float *X,
@@ -284,7 +360,8 @@ static void neon_quantize_act_i8(int8_t *XQ, float *XS, const float *X,
 }
 
 /* ------------------------------------------------------------------------ */
-/* matmul_i8: integer dot products, never dequantising the weights.
+#ifndef __aarch64__
+/* matmul_i8 on ARMv7: integer dot products, never dequantising the weights.
  *
  * Per 16 columns and (row, token): vmull_s8 multiplies the low 8 bytes to
  * int16, vmlal_s8 adds the high 8 bytes' products, vpadalq_s16 adds the int16
@@ -455,6 +532,18 @@ static void neon_matmul_i8(float *Y, const int8_t *Q, const float *S,
     }
 }
 
+#else /* __aarch64__: the int8 matmul shared with neon_dotprod.c */
+
+#include "neon_a64_i8.h" /* without SDOT here: this file is plain ARMv8-A */
+
+static void neon_matmul_i8(float *Y, const int8_t *Q, const float *S,
+                           const int8_t *XQ, const float *XS, uint32_t n,
+                           uint32_t rows, uint32_t cols, uint32_t group)
+{
+    a64_matmul_i8(Y, Q, S, XQ, XS, n, rows, cols, group);
+}
+#endif /* __aarch64__ */
+
 /* ------------------------------------------------------------------------ */
 
 static const colibri_kernels neon_kernels = {
@@ -465,8 +554,44 @@ static const colibri_kernels neon_kernels = {
     neon_matmul_i16,
 };
 
+#ifdef __aarch64__
+/* "neon" with SDOT for the int8 dot products (neon_dotprod.c): the same
+ * results, bit for bit. */
+static const colibri_kernels neon_dotprod_kernels = {
+    "neon-dotprod",
+    neon_matmul_f32,
+    neon_quantize_act_i8,
+    colibri_neon_dotprod_matmul_i8, /* neon_dotprod.c */
+    neon_matmul_i16,
+};
+
+/* Whether this CPU executes SDOT (FEAT_DotProd, optional from ARMv8.2-A).
+ * On Linux the kernel reports it in the hardware capabilities
+ * (HWCAP_ASIMDDP); a build for such a CPU (-march=...+dotprod defines
+ * __ARM_FEATURE_DOTPROD) may assume it. Elsewhere we cannot ask safely
+ * (reading ID_AA64ISAR0_EL1 traps on kernels that do not emulate it), so
+ * the answer is no: the plain "neon" table gives the same results. */
+static int cpu_has_dotprod(void)
+{
+#if defined(__ARM_FEATURE_DOTPROD)
+    return 1;
+#elif defined(__linux__)
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1u << 20) /* Linux arch/arm64 uapi hwcap.h */
+#endif
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+    return 0;
+#endif
+}
+#endif
+
 const colibri_kernels *colibri_kernels_neon(void)
 {
+#ifdef __aarch64__
+    if (cpu_has_dotprod())
+        return &neon_dotprod_kernels;
+#endif
     return &neon_kernels;
 }
 

@@ -1,15 +1,21 @@
 /*
- * test_kernels.c - checks every optimised kernel table (avx2, neon: whichever
- * this build has and the CPU runs) against the reference kernels (ref.c) on
- * many odd and even shapes, and benchmarks them with --bench.
+ * test_kernels.c - checks every optimised kernel table (avx2, neon,
+ * neon-dotprod: whichever this build has and the CPU runs) against the
+ * reference kernels (ref.c) on many odd and even shapes, and benchmarks them
+ * with --bench.
  *
  * Build (tests/test_kernels.py does this):
- *   cc -std=c11 -O2 -Isrc/kernels [-DCOLIBRI_USE_AVX2 | -DCOLIBRI_USE_NEON]
- *      tests/c/test_kernels.c src/kernels/ref.c src/kernels/avx2.c
- *      src/kernels/neon.c -lm
+ *   cc -std=c11 -O2 -ffp-contract=off -Isrc/kernels
+ *      [-DCOLIBRI_USE_AVX2 | -DCOLIBRI_USE_NEON] tests/c/test_kernels.c
+ *      src/kernels/ref.c src/kernels/avx2.c src/kernels/neon.c
+ *      src/kernels/neon_dotprod.c -lm
  * Usage:
- *   test_kernels [--require NAME]...  run the checks; exit 1 on any mismatch,
- *                                     or if table NAME is not available
+ *   test_kernels [--require NAME]... [--exact-i8 NAME]...
+ *                                     run the checks; exit 1 on any mismatch,
+ *                                     or if table NAME is not available.
+ *                                     --exact-i8: table NAME promises a
+ *                                     matmul_i8 bit-identical to ref's
+ *                                     (kernels.h), so it is held to that
  *   test_kernels --bench [FILTER]     time ref against each optimised table
  *                                     (FILTER: a kernel name or shape part)
  *
@@ -20,7 +26,8 @@
  * - matmul_i8: the same bound over the group terms with random scales; and
  *   with all scales 1 the result must be bit-identical to ref, because then
  *   every partial sum is an integer below 2^24: any inexact integer dot
- *   product (lost bits, int16 saturation) shows as a difference.
+ *   product (lost bits, int16 saturation) shows as a difference. A table
+ *   named with --exact-i8 must be bit-identical to ref with any scales.
  * - quantize_act_i8: XQ and XS bit-identical, including rounding ties,
  *   all-zero groups, subnormal and huge groups.
  * Buffers are allocated at their exact size (so AddressSanitizer sees any
@@ -104,6 +111,19 @@ static int is_sentinel(float v)
 /* ------------------------------------------------------------------------ */
 
 static long n_checks, n_failures;
+
+/* Tables whose matmul_i8 must equal ref's bit for bit (--exact-i8). */
+enum { MAX_EXACT = 4 };
+static const char *exact_i8[MAX_EXACT];
+static int n_exact_i8;
+
+static int i8_must_be_exact(const colibri_kernels *k)
+{
+    for (int i = 0; i < n_exact_i8; i++)
+        if (strcmp(exact_i8[i], k->name) == 0)
+            return 1;
+    return 0;
+}
 
 #define FAIL(...)                                                         \
     do {                                                                  \
@@ -377,7 +397,7 @@ static void test_matmul_i8(const colibri_kernels *ref, const colibri_kernels *k,
                 mag += fabs((double)dot * s[(size_t)r * ng + g] * xs[(size_t)t * ng + g]);
             }
             float a = yr[(size_t)t * rows + r], b = yk[(size_t)t * rows + r];
-            double tol = mode == 0 ? 1e-5 * mag + 1e-30 : 0.0;
+            double tol = mode == 0 && !i8_must_be_exact(k) ? 1e-5 * mag + 1e-30 : 0.0;
             n_checks++;
             if (!(fabs((double)a - b) <= tol)) {
                 FAIL("%s matmul_i8 mode %d n=%u rows=%u cols=%u group=%u: y[%u,%u] = %.9g, ref %.9g (sum|terms| %.9g)",
@@ -435,7 +455,8 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
         test_matmul_f32(ref, k, chunked[i][0], chunked[i][1], chunked[i][2]);
         test_matmul_i16(ref, k, chunked[i][0], chunked[i][1], chunked[i][2]);
     }
-    printf("%-5s %ld checks, %ld failures\n", k->name, n_checks - c0, n_failures - f0);
+    printf("%-5s %ld checks, %ld failures%s\n", k->name, n_checks - c0, n_failures - f0,
+           i8_must_be_exact(k) ? " (matmul_i8 bit-identical to ref)" : "");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -601,6 +622,9 @@ int main(int argc, char **argv)
 {
     const colibri_kernels *ref = colibri_kernels_ref();
     const colibri_kernels *opt[2];
+    enum { MAX_REQ = 8 };
+    const char *required[MAX_REQ];
+    int nreq = 0;
     int nopt = 0, bench = 0;
     const char *filter = NULL;
     if (colibri_kernels_avx2())
@@ -613,18 +637,26 @@ int main(int argc, char **argv)
             bench = 1;
             if (i + 1 < argc && argv[i + 1][0] != '-')
                 filter = argv[++i];
-        } else if (strcmp(argv[i], "--require") == 0 && i + 1 < argc) {
-            const char *want = argv[++i];
-            int found = 0;
-            for (int j = 0; j < nopt; j++)
-                found |= strcmp(opt[j]->name, want) == 0;
-            if (!found) {
-                fprintf(stderr, "kernel table \"%s\" is not available in this build/CPU\n", want);
-                return 1;
-            }
+        } else if (strcmp(argv[i], "--require") == 0 && i + 1 < argc && nreq < MAX_REQ) {
+            required[nreq++] = argv[++i];
+        } else if (strcmp(argv[i], "--exact-i8") == 0 && i + 1 < argc && nreq < MAX_REQ &&
+                   n_exact_i8 < MAX_EXACT) {
+            /* also required: a promise about a table that is absent proves nothing */
+            exact_i8[n_exact_i8++] = required[nreq++] = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--bench [FILTER]] [--require NAME]...\n", argv[0]);
+            fprintf(stderr, "usage: %s [--bench [FILTER]] [--require NAME]... "
+                            "[--exact-i8 NAME]...\n", argv[0]);
             return 2;
+        }
+    }
+    for (int r = 0; r < nreq; r++) {
+        int found = 0;
+        for (int j = 0; j < nopt; j++)
+            found |= strcmp(opt[j]->name, required[r]) == 0;
+        if (!found) {
+            fprintf(stderr, "kernel table \"%s\" is not available in this build/CPU\n",
+                    required[r]);
+            return 1;
         }
     }
     if (bench) {

@@ -1,0 +1,43 @@
+"""64-bit ARM Linux (ARMv8-A: Raspberry Pi 4/5, RK3588 boards, Jetson), NEON
+kernels built for A64, mmap on, dynamic work buffer. Runs under
+qemu-aarch64 with a pinned Cortex-A72 (the Pi 4's core: NEON without the
+dot-product extension).
+
+The library is compiled for plain ARMv8-A, so the same binary runs on every
+64-bit ARM core. On cores with the dot-product extension (ARMv8.2-A
+FEAT_DotProd: Cortex-A55/A76 and later, Neoverse N1) colibri_kernels_neon()
+picks the "neon-dotprod" table at init, from the Linux hardware capabilities
+(getauxval(AT_HWCAP) & HWCAP_ASIMDDP): its int8 matmul uses SDOT, the rest is
+the "neon" table. `cpu_kernels` lists the CPUs the tests run each program
+under and the table the runtime must report on each (colibri-cli --info,
+the firmware's `kernels` line)."""
+from . import Target
+
+TARGET = Target(
+    name="aarch64",
+    description="AArch64 Linux (Cortex-A72 class), NEON kernels (+SDOT at run time), "
+                "under qemu-aarch64",
+    os="linux",
+    prefix="aarch64-linux-gnu-",
+    package="gcc-aarch64-linux-gnu libc6-dev-arm64-cross",
+    arch_flags=("-march=armv8-a",),
+    byte_order="little",
+    pointer_bytes=8,
+    kernels=("neon",),
+    defaults=dict(mmap=True, workbuf="dynamic", avx2=False, fma=False, neon=True),
+    emulator=("qemu-aarch64", "-cpu", "cortex-a72", "-L", "/usr/aarch64-linux-gnu"),
+    emulator_package="qemu-user",
+    # Cortex-A72 (Pi 4) has no dot-product instructions; Cortex-A76 (Pi 5,
+    # RK3588) has them.
+    cpu_kernels={"cortex-a72": "neon", "cortex-a76": "neon-dotprod"},
+    ram_bytes=64 << 20,
+    flash_bytes=16 << 20,
+    budgets=dict(
+        runtime=128 << 10,        # libcolibri.a: text+rodata+data (measured: 52.6 KiB)
+        firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2.60 MiB)
+        firmware_ram=8 << 20,
+        image=4 << 20,
+    ),
+    link_flags=("-static",),
+    run_timeout=120.0,
+)
