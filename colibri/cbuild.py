@@ -30,6 +30,7 @@ KERNELS = {"ref": dict(sources=("src/kernels/ref.c",), define=None, flags=())}
 for _name, _k in _sources.KERNELS.items():
     KERNELS[_name] = dict(sources=tuple(_k.sources), define=_k.define, flags=tuple(_k.flags))
 CLI_SOURCES = tuple(_sources.CLI)
+SHARED_ONLY = tuple(_sources.SHARED_ONLY)
 INCLUDE_DIRS = tuple(_sources.INCLUDE_DIRS)
 # -ffp-contract=off: no fused multiply-add behind our back, so the ref kernels
 # give bit-identical results on every target. -Wvla: no variable-length
@@ -86,7 +87,7 @@ def _flags(*, cflags, defines, kernels, sanitize, static_workbuf, mmap, debug):
 
 def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
           sanitize=None, static_workbuf=False, mmap=True, debug=False,
-          ldflags=(), program_sources=(), cli=True) -> dict:
+          ldflags=(), program_sources=(), cli=True, shared=False) -> dict:
     """Compile libcolibri.a and colibri-cli into out_dir.
 
     kernels: kernel sets to link ("ref" is always added); ("ref",) alone
@@ -97,6 +98,11 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
     emulator workaround) go into colibri-cli and every build_program().
     cli=False builds the library alone (bare-metal targets have no
     colibri-cli: it needs a file system and a clock).
+    shared=True adds libcolibri.so (result key "so", else None), for
+    colibri.runtime: the same sources, compiler, flags and kernels compiled
+    a second time with -fPIC into obj-pic/ (the static library's objects
+    stay non-PIC, byte for byte what they were), plus src/shared_abi.c;
+    linked with -shared, without a "-static" of ldflags.
     """
     out = Path(out_dir)
     kernels = tuple(dict.fromkeys(("ref",) + tuple(kernels)))
@@ -113,16 +119,18 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
     extra = [str(ROOT / p) for p in program_sources]
     sources = list(LIB_SOURCES) + [src for k in kernels for src in KERNELS[k]["sources"]]
     result = {"lib": out / "libcolibri.a", "cli": out / "colibri-cli",
+              "so": out / "libcolibri.so" if shared else None,
               "cflags": flags, "ldflags": link, "cc": cc, "program_sources": extra}
 
     # Rebuild only when something that matters changed.
-    h = hashlib.sha256(json.dumps([cc, flags, link, sources, extra, cli]).encode())
+    h = hashlib.sha256(json.dumps([cc, flags, link, sources, extra, cli, shared]).encode())
     for path in sorted(SRC.rglob("*.[ch]")):
         h.update(str(path).encode())
         h.update(path.read_bytes())
     stamp = out / ".build-stamp"
     if (stamp.exists() and stamp.read_text() == h.hexdigest()
-            and result["lib"].exists() and (result["cli"].exists() or not cli)):
+            and result["lib"].exists() and (result["cli"].exists() or not cli)
+            and (not shared or result["so"].exists())):
         return result
 
     obj_dir = out / "obj"
@@ -141,6 +149,8 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
     if result["lib"].exists():
         result["lib"].unlink()
     _run([tool_for(cc, "ar"), "rcs", str(result["lib"]), *map(str, objs)])
+    if shared:
+        _build_shared(result["so"], out / "obj-pic", cc, flags, link, sources, kernels)
     if not cli:
         result["cli"] = None
         stamp.write_text(h.hexdigest())
@@ -154,6 +164,29 @@ def build(out_dir, *, cc="gcc", cflags=(), defines=(), kernels=("ref", "avx2"),
           "-o", str(result["cli"])])
     stamp.write_text(h.hexdigest())
     return result
+
+
+def _build_shared(so: Path, obj_dir: Path, cc, flags, link, sources, kernels) -> None:
+    """libcolibri.so from PIC objects of `sources` (+ SHARED_ONLY), compiled
+    with exactly the static library's flags plus -fPIC."""
+    if obj_dir.exists():
+        shutil.rmtree(obj_dir)
+    obj_dir.mkdir(parents=True)
+    objs = []
+    for src in list(sources) + list(SHARED_ONLY):
+        obj = obj_dir / (Path(src).stem + ".o")
+        extra = []
+        for k in kernels:
+            if src in KERNELS[k]["sources"]:
+                extra = list(KERNELS[k]["flags"])
+        _run([cc, *flags, *extra, "-fPIC", "-c", str(ROOT / src), "-o", str(obj)])
+        objs.append(obj)
+    if so.exists():
+        so.unlink()
+    # -Wl,--no-undefined: every symbol resolved at link time (libm, libc),
+    # not at dlopen.
+    _run([cc, *flags, "-shared", "-Wl,--no-undefined", *map(str, objs),
+          *[f for f in link if f != "-static"], *LIBS, "-o", str(so)])
 
 
 def build_program(info: dict, sources, out_path, *, extra_cflags=(),
@@ -182,7 +215,8 @@ def host_kernels() -> tuple:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m colibri.cbuild",
-        description="Build libcolibri.a and colibri-cli for the host into build/x86_64/.")
+        description="Build libcolibri.a, libcolibri.so (for colibri.runtime) and "
+                    "colibri-cli for the host into build/x86_64/.")
     parser.add_argument("--out", default=str(ROOT / "build" / "x86_64"))
     parser.add_argument("--cc", default="gcc")
     parser.add_argument("--kernels", default=None,
@@ -191,16 +225,19 @@ def main(argv=None) -> int:
     parser.add_argument("--static-workbuf", action="store_true")
     parser.add_argument("--no-mmap", action="store_true")
     parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--no-shared", action="store_true",
+                        help="do not build libcolibri.so (the Python binding's library)")
     args = parser.parse_args(argv)
     kernels = tuple(args.kernels.split(",")) if args.kernels else host_kernels()
     try:
         res = build(args.out, cc=args.cc, kernels=kernels, sanitize=args.sanitize,
                     static_workbuf=args.static_workbuf, mmap=not args.no_mmap,
-                    debug=args.debug)
+                    debug=args.debug, shared=not args.no_shared and not args.sanitize)
     except BuildError as exc:
         print(f"colibri.cbuild: build failed: {exc}", file=sys.stderr)
         return 1
-    print(f"built {res['lib']} and {res['cli']} (kernels: {', '.join(kernels)})")
+    built = [res["lib"], res["so"], res["cli"]]
+    print(f"built {', '.join(str(p) for p in built if p)} (kernels: {', '.join(kernels)})")
     return 0
 
 

@@ -42,6 +42,12 @@ KERNELS = {
 
 INCLUDE_DIRS = ("src/include", "src", "src/kernels")
 
+# Linked into the shared library (libcolibri.so) only, on top of LIBRARY and
+# the kernels: the struct sizes and API version a binding that cannot read
+# colibri.h (colibri.runtime, through ctypes) needs. Not in libcolibri.a, so
+# the static library and its size report are unchanged.
+SHARED_ONLY = ("src/shared_abi.c",)
+
 CLI = ("src/cli/colibri-cli.c",)
 
 # The firmware application, the same for every target; the platform layer

@@ -285,6 +285,14 @@ int colibri_router_weights(const colibri_model *m, uint32_t layer, float *out);
 #define COLIBRI_BUILD_DEBUG 4u
 unsigned colibri_build_flags(void);
 
+/* Only in the shared library (libcolibri.so, src/shared_abi.c), for
+ * bindings that cannot read this header (Python's ctypes): sizeof
+ * (colibri_model), sizeof(colibri_info) and COLIBRI_API_VERSION of the
+ * build. Not in libcolibri.a: a static link has the header. */
+size_t colibri_abi_sizeof_model(void);
+size_t colibri_abi_sizeof_info(void);
+int colibri_abi_api_version(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,15 @@
+/*
+ * shared_abi.c - linked into libcolibri.so only (not libcolibri.a).
+ *
+ * A binding that loads the shared library without a C compiler (the Python
+ * package's colibri.runtime, through ctypes) cannot evaluate sizeof or read
+ * the defines of colibri.h. These functions tell it how many bytes a
+ * colibri_model and a colibri_info take in this build and which API version
+ * the library implements, so it can allocate the caller-owned instance and
+ * refuse a library it does not match instead of corrupting memory.
+ */
+#include "colibri.h"
+
+size_t colibri_abi_sizeof_model(void) { return sizeof(colibri_model); }
+size_t colibri_abi_sizeof_info(void) { return sizeof(colibri_info); }
+int colibri_abi_api_version(void) { return COLIBRI_API_VERSION; }
