@@ -36,3 +36,122 @@ class VersionError(FormatError):
 class ConversionError(ColibriError):
     """A Hugging Face checkpoint cannot be converted (missing or unexpected
     tensors, shape mismatches, unsupported architecture...)."""
+
+
+# ---- the C runtime through colibri.runtime -------------------------------------
+
+class LibraryNotFoundError(ColibriError):
+    """colibri.runtime found no usable libcolibri.so (none built, or one
+    built from another version of colibri.h): the message says where it
+    looked and how to build it."""
+
+
+class RuntimeCallError(ColibriError):
+    """A call of the C runtime (libcolibri, through colibri.runtime) returned
+    a negative code. Attributes: `code` (the colibri.h code), `strerror`
+    (colibri_strerror_for(code, call): -1 has one meaning per call), `detail`
+    (colibri_error_detail of the instance: the field, tensor or value; may be
+    ""), `call` ("init" or "infer"). Each code has its subclass
+    (RUNTIME_ERRORS); the init-time file errors are also the matching
+    FormatError subclasses, so `except FormatError` catches a bad file from
+    either engine."""
+    code = None
+
+    def __init__(self, code: int, strerror: str, detail: str = "", call: str = "init",
+                 where: str = ""):
+        self.code, self.strerror, self.detail, self.call = code, strerror, detail, call
+        msg = f"{where}: " if where else ""
+        msg += strerror
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+class BadFormatError(RuntimeCallError, FormatError):
+    """-1 at init (COLIBRI_E_BAD_FORMAT): not a valid .colibri file."""
+    code = -1
+
+
+class InputTooLargeError(RuntimeCallError):
+    """-1 at infer (COLIBRI_E_INPUT_TOO_LARGE): batch > max_batch, seq >
+    max_seq_len or n_past + seq > max_seq_len."""
+    code = -1
+
+
+class OutOfMemoryError(RuntimeCallError):
+    """-2 (COLIBRI_E_NO_MEMORY): malloc failed (arena, file copy, byte swap)."""
+    code = -2
+
+
+class RuntimeCRCError(RuntimeCallError, CRCError):
+    """-3 (COLIBRI_E_CRC): a header, table or section CRC does not match."""
+    code = -3
+
+
+class RuntimeIOError(RuntimeCallError, FileReadError):
+    """-4 (COLIBRI_E_IO): open, stat, mmap or read failed."""
+    code = -4
+
+
+class RuntimeVersionError(RuntimeCallError, VersionError):
+    """-5 (COLIBRI_E_VERSION): the file's format version is newer."""
+    code = -5
+
+
+class ByteOrderError(RuntimeCallError):
+    """-6 (COLIBRI_E_BYTE_ORDER): in-place use of a file in the other byte order."""
+    code = -6
+
+
+class ArgumentError(RuntimeCallError):
+    """-7 (COLIBRI_E_ARG): a bad argument (batch or seq 0, a mask value other
+    than 0/1, wrong shapes; the detail names it)."""
+    code = -7
+
+
+class TokenError(RuntimeCallError):
+    """-8 (COLIBRI_E_TOKEN): a token id < 0 or >= vocab."""
+    code = -8
+
+
+class ArenaTooSmallError(RuntimeCallError):
+    """-9 (COLIBRI_E_ARENA_TOO_SMALL): the arena is below colibri_arena_size."""
+    code = -9
+
+
+class AlignmentError(RuntimeCallError):
+    """-10 (COLIBRI_E_ALIGN): blob or arena misaligned."""
+    code = -10
+
+
+class KVStateError(RuntimeCallError):
+    """-11 (COLIBRI_E_KV_STATE): n_past beyond the cached tokens, or another
+    batch than the cached one."""
+    code = -11
+
+
+class UnsupportedError(RuntimeCallError):
+    """-12 (COLIBRI_E_UNSUPPORTED): not available in this build."""
+    code = -12
+
+
+class NotInitializedError(RuntimeCallError):
+    """-13 (COLIBRI_E_NOT_INIT): the model was never initialised or is closed."""
+    code = -13
+
+
+# (code, call) -> class; call None: the same class for both calls.
+RUNTIME_ERRORS = {
+    (-1, "init"): BadFormatError, (-1, "infer"): InputTooLargeError,
+    **{(cls.code, None): cls for cls in (
+        OutOfMemoryError, RuntimeCRCError, RuntimeIOError, RuntimeVersionError,
+        ByteOrderError, ArgumentError, TokenError, ArenaTooSmallError, AlignmentError,
+        KVStateError, UnsupportedError, NotInitializedError)},
+}
+
+
+def runtime_error_class(code: int, call: str) -> type:
+    """The RuntimeCallError subclass of a C return code (RuntimeCallError
+    itself for a code this package does not know)."""
+    return RUNTIME_ERRORS.get((code, call)) or RUNTIME_ERRORS.get((code, None)) \
+        or RuntimeCallError

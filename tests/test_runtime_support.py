@@ -2,6 +2,8 @@
 
 - `c_build(variant)`: session-cached builds of libcolibri.a, colibri-cli and
   the C test programs of tests/c/ for one build variant (VARIANTS).
+  Variants with shared=True ("host", "armv7-neon") also have libcolibri.so
+  (`Build.so`), for colibri.runtime (tests/test_binding.py).
 - `run_driver(build, model, calls, ...)`: runs tests/c/infer_driver.c over a
   list of colibri_infer calls and returns each call's logits.
 - `golden_calls(...)`: the prefill + decode script of the golden tests, and
@@ -51,7 +53,7 @@ def _target_variant(name: str, cpu: str | None = None, **overrides) -> dict:
 # name -> cbuild.build keyword arguments (plus "runner": the emulator prefix;
 # a callable is evaluated at first use).
 VARIANTS = {
-    "host": dict(kernels=None),                       # ref + avx2 if present
+    "host": dict(kernels=None, shared=True),          # ref + avx2 if present; + .so
     "ref": dict(kernels=("ref",)),
     "asan": dict(kernels=None, sanitize="address,undefined"),
     "tsan": dict(kernels=None, sanitize="thread"),
@@ -63,7 +65,7 @@ VARIANTS = {
     # file too).
     **{name: (lambda name=name: _target_variant(name)) for name in CROSS_LINUX},
     # The NEON builds; aarch64's twice, on a CPU without and one with SDOT.
-    "armv7-neon": lambda: _target_variant("armv7", kernels=("ref", "neon")),
+    "armv7-neon": lambda: _target_variant("armv7", kernels=("ref", "neon"), shared=True),
     "aarch64-neon": lambda: _target_variant("aarch64", kernels=("ref", "neon")),
     "aarch64-dotprod": lambda: _target_variant("aarch64", cpu="cortex-a76",
                                                kernels=("ref", "neon")),
@@ -87,6 +89,11 @@ class Build:
     @property
     def cli(self) -> Path:
         return self.info["cli"]
+
+    @property
+    def so(self) -> Path | None:
+        """libcolibri.so of this build (variants with shared=True), else None."""
+        return self.info.get("so")
 
     def cmd(self, program: str, *args) -> list[str]:
         """Command line running a test program (under the emulator if any)."""

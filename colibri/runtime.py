@@ -1,0 +1,453 @@
+"""The C runtime from Python: a ctypes binding of libcolibri.so.
+
+    from colibri.runtime import Model
+    with Model("model.colibri") as m:
+        logits = m.infer([[5, 17, 3]])               # float32 [1, 3, vocab]
+        nxt = int(logits[0, -1].argmax())
+        step = m.infer([[nxt]], n_past=3)            # one decode step, KV cache
+
+No compiler is needed at install time: the shared library is built with the
+rest of the C runtime (`python -m colibri.cbuild` writes build/x86_64/
+libcolibri.so beside libcolibri.a; `scons target=T` writes build/T/
+libcolibri.so for every Linux target) and loaded with ctypes.
+
+Where the library is looked for, first match wins:
+  1. an explicit path: `Model(..., library=PATH)` or `load_library(PATH)`;
+  2. the environment variable COLIBRI_LIBRARY (a path to libcolibri.so);
+  3. the package's own build: <checkout>/build/<host target>/libcolibri.so
+     (<checkout> the directory holding this package; host target x86_64,
+     aarch64, armv7 or riscv64 after the machine).
+Nothing else (no system paths): a library from elsewhere may come from
+another colibri.h. A library whose API version or struct sizes differ from
+what this module expects is refused (LibraryNotFoundError).
+
+Errors: every negative code of the C library becomes the ColibriError
+subclass of colibri.errors.RUNTIME_ERRORS (FormatError subclasses for a bad
+file), carrying `code`, `strerror` (colibri_strerror_for, so -1 reads "bad
+.colibri file" from init and "input larger than ..." from infer) and the
+instance's `detail`. Arguments the C API cannot even express (a 3-D id
+array, an id beyond int32, a mask of other shape) raise the same classes
+(ArgumentError, TokenError) before any C call. Nothing here aborts the
+interpreter; a closed Model raises NotInitializedError.
+
+Not here yet: worker threads (the C runtime has none yet) and tokenize /
+detokenize / generate (the C tokenizer does not exist yet); Model takes no
+`threads` argument until it does.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import errors
+from .format import DType, ModelShape
+
+ROOT = Path(__file__).resolve().parent.parent
+API_VERSION = 1          # COLIBRI_API_VERSION this module is written for
+ARENA_ALIGN = 64         # COLIBRI_ARENA_ALIGN
+CALL_INIT, CALL_INFER = 0, 1
+_HOST_TARGETS = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64",
+                 "arm64": "aarch64", "armv7l": "armv7", "riscv64": "riscv64"}
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint32) for n in ("vocab", "hidden", "intermediate",
+                                               "max_seq_len")] + \
+               [(n, ctypes.c_uint16) for n in ("n_layers", "n_heads", "n_kv_heads",
+                                               "head_dim", "n_experts", "top_k",
+                                               "max_batch", "group_size")] + \
+               [("rope_theta", ctypes.c_float), ("rms_eps", ctypes.c_float),
+                ("n_tensors", ctypes.c_uint32)]
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [("shape", _Shape), ("format_version", ctypes.c_uint16),
+                ("file_big_endian", ctypes.c_uint8), ("byte_swapped", ctypes.c_uint8),
+                ("dtype_embed", ctypes.c_uint8), ("dtype_attn", ctypes.c_uint8),
+                ("dtype_router", ctypes.c_uint8), ("dtype_expert", ctypes.c_uint8),
+                ("dtype_lm_head", ctypes.c_uint8),
+                ("n_unknown_sections", ctypes.c_uint32), ("file_size", ctypes.c_uint64),
+                ("n_params", ctypes.c_uint64), ("arena_bytes", ctypes.c_size_t),
+                ("chunk_tokens", ctypes.c_uint32), ("kernels", ctypes.c_char_p),
+                ("load_mode", ctypes.c_char_p), ("huge_pages_advised", ctypes.c_uint8)]
+
+
+_ON_BAD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+
+
+@dataclass(frozen=True)
+class Info:
+    """What colibri_get_info reports about an open model."""
+    shape: ModelShape
+    n_tensors: int
+    format_version: int
+    file_big_endian: bool
+    byte_swapped: bool
+    dtypes: dict            # "embed", "attn", "router", "expert", "lm_head" -> DType
+    n_unknown_sections: int
+    file_size: int
+    n_params: int
+    arena_bytes: int
+    chunk_tokens: int
+    kernels: str            # "ref", "avx2", "neon", "neon-dotprod"
+    load_mode: str          # "mmap", "read", "memory", "shared"
+    huge_pages_advised: bool
+
+
+class Library:
+    """A loaded libcolibri.so with its prototypes declared (load_library)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            lib = ctypes.CDLL(str(self.path))
+        except OSError as exc:
+            raise errors.LibraryNotFoundError(f"{self.path}: cannot load: {exc}") from None
+        try:
+            for name in ("colibri_abi_sizeof_model", "colibri_abi_sizeof_info"):
+                getattr(lib, name).restype = ctypes.c_size_t
+                getattr(lib, name).argtypes = []
+            lib.colibri_abi_api_version.restype = ctypes.c_int
+            api = lib.colibri_abi_api_version()
+            self.sizeof_model = lib.colibri_abi_sizeof_model()
+            sizeof_info = lib.colibri_abi_sizeof_info()
+        except AttributeError:
+            raise errors.LibraryNotFoundError(
+                f"{self.path} has no colibri_abi_* functions (src/shared_abi.c): it is not "
+                "a libcolibri.so of this version; rebuild it (python -m colibri.cbuild)") from None
+        if api != API_VERSION or sizeof_info != ctypes.sizeof(_Info):
+            raise errors.LibraryNotFoundError(
+                f"{self.path}: API version {api}, sizeof(colibri_info) {sizeof_info}; this "
+                f"binding expects {API_VERSION} and {ctypes.sizeof(_Info)}: rebuild the "
+                "library from this checkout (python -m colibri.cbuild)")
+        vp, sz, u32, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_int
+        for name, res, args in (
+                ("colibri_init", i, [vp, ctypes.c_char_p]),
+                ("colibri_init_from_memory", i, [vp, vp, sz, vp, sz]),
+                ("colibri_arena_size", i, [vp, sz, ctypes.POINTER(sz)]),
+                ("colibri_infer", i, [vp, vp, vp, u32, u32, u32, vp]),
+                ("colibri_free", None, [vp]),
+                ("colibri_strerror", ctypes.c_char_p, [i]),
+                ("colibri_strerror_for", ctypes.c_char_p, [i, i]),
+                ("colibri_error_detail", ctypes.c_char_p, [vp]),
+                ("colibri_get_info", i, [vp, ctypes.POINTER(_Info)]),
+                ("colibri_verify", i, [vp, sz, _ON_BAD, vp, ctypes.POINTER(u32)]),
+                ("colibri_build_flags", ctypes.c_uint, [])):
+            f = getattr(lib, name)
+            f.restype, f.argtypes = res, args
+        self.lib = lib
+
+    def strerror(self, code: int, call: int = CALL_INIT) -> str:
+        return self.lib.colibri_strerror_for(code, call).decode()
+
+    def error(self, code: int, call: int, detail: str = "", where: str = ""):
+        """The RuntimeCallError subclass instance for a failed call."""
+        name = "infer" if call == CALL_INFER else "init"
+        cls = errors.runtime_error_class(code, name)
+        return cls(code, self.strerror(code, call), detail, name, where)
+
+    @property
+    def build_flags(self) -> int:
+        """colibri_build_flags(): COLIBRI_BUILD_MMAP 1, _STATIC_WORKBUF 2, _DEBUG 4."""
+        return int(self.lib.colibri_build_flags())
+
+
+_loaded: dict[Path, Library] = {}
+_load_lock = threading.Lock()
+
+
+def default_library_path() -> Path:
+    """Step 3 of the search order: the package's own build for this host."""
+    target = _HOST_TARGETS.get(platform.machine().lower(), platform.machine().lower())
+    return ROOT / "build" / target / "libcolibri.so"
+
+
+def find_library(path: str | os.PathLike | None = None) -> Path:
+    """The library to load, by the search order of the module docstring."""
+    if path is not None:
+        candidates = [("the path given", Path(path))]
+    elif os.environ.get("COLIBRI_LIBRARY"):
+        candidates = [("COLIBRI_LIBRARY", Path(os.environ["COLIBRI_LIBRARY"]))]
+    else:
+        candidates = [("the package's build", default_library_path())]
+    for _, p in candidates:
+        if p.is_file():
+            return p.resolve()
+    how, p = candidates[0]
+    raise errors.LibraryNotFoundError(
+        f"libcolibri.so not found ({how}: {p}); build it with "
+        "`python -m colibri.cbuild` (or `scons`), or give its path "
+        "(Model(..., library=PATH) or COLIBRI_LIBRARY=PATH)")
+
+
+def load_library(path: str | os.PathLike | None = None) -> Library:
+    """Load (once per file) and check the library found by find_library."""
+    p = find_library(path)
+    with _load_lock:
+        if p not in _loaded:
+            _loaded[p] = Library(p)
+        return _loaded[p]
+
+
+def _aligned_empty(n: int, align: int = ARENA_ALIGN) -> np.ndarray:
+    """n uint8 bytes whose address is a multiple of align (the array keeps
+    its over-allocated base alive)."""
+    buf = np.empty(n + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    return buf[off:off + n]
+
+
+def _aligned_copy(data) -> np.ndarray:
+    src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    out = _aligned_empty(max(src.size, 1))[:src.size]
+    out[:] = src
+    return out
+
+
+def _as_bytes(source) -> np.ndarray:
+    """A file path or bytes-like -> 64-byte aligned uint8 array of its bytes."""
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            data = Path(source).read_bytes()
+        except OSError as exc:
+            raise errors.FileReadError(f"{source}: cannot read: {exc.strerror}") from None
+        return _aligned_copy(data)
+    return _aligned_copy(source)
+
+
+def arena_size(source, library=None) -> int:
+    """Bytes of arena a model needs with a caller arena (colibri_arena_size):
+    the least `arena=` Model accepts. `source` as for Model."""
+    lib = load_library(library)
+    blob = _as_bytes(source)
+    out = ctypes.c_size_t(0)
+    rc = lib.lib.colibri_arena_size(blob.ctypes.data, blob.size, ctypes.byref(out))
+    if rc:
+        raise lib.error(rc, CALL_INIT, "", str(source) if isinstance(
+            source, (str, os.PathLike)) else "")
+    return int(out.value)
+
+
+def verify(source, library=None) -> list[tuple[int, str]]:
+    """colibri_verify over a file or bytes: every failing part as (index,
+    what), index -2 the header, -1 the table, >= 0 a tensor-table entry, -3
+    a structural error (checking stopped there); [] when intact. A file that
+    cannot be read raises FileReadError, a newer format RuntimeVersionError."""
+    lib = load_library(library)
+    blob = _as_bytes(source)
+    bad: list[tuple[int, str]] = []
+
+    def on_bad(_user, index, what):
+        bad.append((int(index), what.decode("utf-8", "replace")))
+    cb = _ON_BAD(on_bad)
+    count = ctypes.c_uint32(0)
+    rc = lib.lib.colibri_verify(blob.ctypes.data, blob.size, cb, None, ctypes.byref(count))
+    if rc in (-1, -3) and not bad:
+        bad.append((-3, lib.strerror(rc)))
+    if rc not in (0, -1, -3):   # OK, BAD_FORMAT and CRC are answers, not failures
+        raise lib.error(rc, CALL_INIT, bad[0][1] if bad else "",
+                        str(source) if isinstance(source, (str, os.PathLike)) else "")
+    return bad
+
+
+class Model:
+    """One instance of the C runtime over a .colibri model.
+
+    source   a path (colibri_init: mapped or read, as the library was built;
+             a file in the other byte order is swapped) or bytes-like (copied
+             once into a 64-byte aligned buffer the Model keeps, then
+             colibri_init_from_memory: in place, host byte order only).
+    arena    None: the library allocates the arena it wants; an int: the
+             Model allocates that many bytes (64-byte aligned) and hands them
+             to colibri_init_from_memory (a path is then read into memory
+             first); arena_size(source) is the least. Equal arenas give
+             bit-identical logits.
+    library  path of libcolibri.so (else COLIBRI_LIBRARY, else the package's
+             build: see the module docstring).
+
+    One instance is not for concurrent use (the C instance is not
+    thread-safe); calls on one Model from several Python threads are
+    serialised by a lock, and close() waits for a running infer.
+    """
+
+    def __init__(self, source, *, arena: int | None = None, library=None):
+        self._lib = load_library(library)
+        self._lock = threading.Lock()
+        self._m = None
+        self._source = source
+        self._where = str(source) if isinstance(source, (str, os.PathLike)) else "<bytes>"
+        lib = self._lib.lib
+        m = ctypes.create_string_buffer(self._lib.sizeof_model)
+        self._blob = self._arena = None
+        if isinstance(source, (str, os.PathLike)) and arena is None:
+            rc = lib.colibri_init(m, os.fsencode(os.fspath(source)))
+        else:
+            self._blob = _as_bytes(source)
+            arena_ptr, arena_n = None, 0
+            if arena is not None:
+                if int(arena) < 0:
+                    raise errors.ArgumentError(-7, self._lib.strerror(-7),
+                                               f"arena = {arena} bytes", "init", self._where)
+                self._arena = _aligned_empty(int(arena))
+                arena_ptr, arena_n = self._arena.ctypes.data, int(arena)
+            rc = lib.colibri_init_from_memory(m, self._blob.ctypes.data, self._blob.size,
+                                              arena_ptr, arena_n)
+        if rc:
+            detail = lib.colibri_error_detail(m).decode("utf-8", "replace")
+            lib.colibri_free(m)
+            self._blob = self._arena = None
+            raise self._lib.error(rc, CALL_INIT, detail, self._where)
+        self._m = m
+        info = _Info()
+        rc = lib.colibri_get_info(m, ctypes.byref(info))
+        if rc:   # cannot happen on an initialised model; never leave it open
+            self.close()
+            raise self._lib.error(rc, CALL_INIT, "colibri_get_info", self._where)
+        self.info = _to_info(info)
+        s = self.info.shape
+        self.vocab, self.max_batch, self.max_seq_len = s.vocab, s.max_batch, s.max_seq_len
+
+    # -- lifetime ---------------------------------------------------------------
+    def close(self) -> None:
+        """Free the instance (colibri_free). Idempotent; later calls raise
+        NotInitializedError."""
+        with self._lock:
+            if self._m is not None:
+                self._lib.lib.colibri_free(self._m)
+                self._m = None
+                self._blob = self._arena = None
+
+    @property
+    def closed(self) -> bool:
+        return self._m is None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_m", None) is not None:
+                self.close()
+        except Exception:
+            pass
+
+    def _closed_error(self):
+        return errors.NotInitializedError(-13, self._lib.strerror(-13),
+                                          "this Model is closed", "infer", self._where)
+
+    # -- inference --------------------------------------------------------------
+    def infer(self, ids, mask=None, n_past: int = 0, *, out: np.ndarray | None = None
+              ) -> np.ndarray:
+        """colibri_infer: logits float32 [batch, seq, vocab] for token ids
+        [batch, seq] (a 1-D sequence is batch 1), written by the C runtime
+        straight into the returned array (or into `out`, a C-contiguous
+        float32 array of that shape, e.g. reused across decode steps).
+        mask [batch, seq] of 0/1 (None: all 1); n_past 0 starts afresh, > 0
+        continues from the KV cache. Raises the RuntimeCallError subclass of
+        the code (InputTooLargeError, TokenError, KVStateError, ...)."""
+        ids = np.asarray(ids)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2:
+            raise self._arg_error(f"ids has shape {ids.shape}: expected [batch, seq] or [seq]")
+        if ids.dtype != np.int32:
+            if ids.size and ids.dtype.kind not in "iub":
+                raise self._arg_error(f"ids of dtype {ids.dtype}: expected integers")
+            if ids.size and (ids.min() < -2**31 or ids.max() >= 2**31):
+                bad = ids.min() if ids.min() < -2**31 else ids.max()
+                raise errors.TokenError(-8, self._lib.strerror(-8, CALL_INFER),
+                                        f"token id {int(bad)} does not fit in int32",
+                                        "infer", self._where)
+            ids = ids.astype(np.int32)
+        ids = np.ascontiguousarray(ids)
+        b, s = ids.shape
+        mask_ptr = None
+        if mask is not None:
+            mask = np.asarray(mask)
+            if mask.ndim == 1 and ids.shape[0] == 1:
+                mask = mask[None, :]
+            if mask.shape != ids.shape:
+                raise self._arg_error(f"mask has shape {mask.shape}, ids {ids.shape}")
+            if mask.dtype != np.uint8:
+                if mask.size and mask.dtype.kind not in "iub":
+                    raise self._arg_error(f"mask of dtype {mask.dtype}: expected 0/1 integers")
+                # Values other than 0/1 reach the library as 2, which it
+                # rejects (COLIBRI_E_ARG): no silent wrap-around to 0/1.
+                mask = np.where((mask == 0) | (mask == 1), mask, 2).astype(np.uint8)
+            mask = np.ascontiguousarray(mask)
+            mask_ptr = mask.ctypes.data
+        if not 0 <= int(n_past) < 2**32:
+            raise self._arg_error(f"n_past = {n_past}")
+        if out is None:
+            out = np.empty((b, s, self.vocab), dtype=np.float32)
+        elif (not isinstance(out, np.ndarray) or out.dtype != np.float32
+              or out.shape != (b, s, self.vocab) or not out.flags.c_contiguous
+              or not out.flags.writeable):
+            raise self._arg_error(f"out must be a writable C-contiguous float32 array of "
+                                  f"shape {(b, s, self.vocab)}")
+        with self._lock:
+            m = self._m
+            if m is None:
+                raise self._closed_error()
+            rc = self._lib.lib.colibri_infer(m, ids.ctypes.data, mask_ptr, b, s,
+                                             int(n_past), out.ctypes.data)
+            if rc:
+                detail = self._lib.lib.colibri_error_detail(m).decode("utf-8", "replace")
+                raise self._lib.error(rc, CALL_INFER, detail, self._where)
+        return out
+
+    def _arg_error(self, detail: str):
+        return errors.ArgumentError(-7, self._lib.strerror(-7, CALL_INFER), detail,
+                                    "infer", self._where)
+
+    # -- the file ---------------------------------------------------------------
+    def verify(self) -> list[tuple[int, str]]:
+        """colibri_verify over this model's file (re-read from its path) or
+        bytes: [] when every CRC matches, else (index, what) per failing part
+        (see verify())."""
+        with self._lock:
+            if self._m is None:
+                raise self._closed_error()
+            source = self._blob if self._blob is not None else self._source
+        return verify(source, self._lib.path)
+
+    def __repr__(self) -> str:
+        if self._m is None:
+            return f"<colibri.runtime.Model {self._where} closed>"
+        s = self.info.shape
+        return (f"<colibri.runtime.Model {self._where} vocab={s.vocab} layers={s.n_layers} "
+                f"experts={s.n_experts} kernels={self.info.kernels}>")
+
+
+def _to_info(i: _Info) -> Info:
+    s = i.shape
+    shape = ModelShape(vocab=s.vocab, hidden=s.hidden, intermediate=s.intermediate,
+                       max_seq_len=s.max_seq_len, n_layers=s.n_layers, n_heads=s.n_heads,
+                       n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, n_experts=s.n_experts,
+                       top_k=s.top_k, max_batch=s.max_batch, group_size=s.group_size,
+                       rope_theta=float(s.rope_theta), rms_eps=float(s.rms_eps))
+
+    def dt(v):
+        try:
+            return DType(v)
+        except ValueError:
+            return int(v)
+    return Info(shape=shape, n_tensors=int(s.n_tensors), format_version=int(i.format_version),
+                file_big_endian=bool(i.file_big_endian), byte_swapped=bool(i.byte_swapped),
+                dtypes={"embed": dt(i.dtype_embed), "attn": dt(i.dtype_attn),
+                        "router": dt(i.dtype_router), "expert": dt(i.dtype_expert),
+                        "lm_head": dt(i.dtype_lm_head)},
+                n_unknown_sections=int(i.n_unknown_sections), file_size=int(i.file_size),
+                n_params=int(i.n_params), arena_bytes=int(i.arena_bytes),
+                chunk_tokens=int(i.chunk_tokens),
+                kernels=(i.kernels or b"").decode(), load_mode=(i.load_mode or b"").decode(),
+                huge_pages_advised=bool(i.huge_pages_advised))
