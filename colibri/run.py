@@ -1,8 +1,16 @@
-"""`colibri run`: the numpy reference forward pass on a .colibri file, from the
-command line.
+"""`colibri run`: a forward pass on a .colibri file, from the command line,
+through the C runtime or the numpy reference.
 
     colibri run model.colibri --tokens 1,2,3 [--tokens 4,5 ...] [--generate N]
-                [--logits-out logits.f32]
+                [--logits-out logits.f32] [--engine c|reference]
+
+--engine c runs libcolibri.so through colibri.runtime (found as that module
+says: COLIBRI_LIBRARY, else the package's build/<host>/libcolibri.so);
+--engine reference the numpy reference (colibri.reference), the golden truth
+the C runtime is tested against. Without --engine: c when the library is
+built, else reference. The first line printed names the engine that ran.
+The C engine has the file's limits (max_batch, max_seq_len); the reference
+only max_seq_len.
 
 Each --tokens is one sequence; several make a batch, right-padded with mask 0.
 Prints, per sequence, the greedy next token at every position (or the
@@ -40,7 +48,7 @@ def parse_tokens(text: str) -> list[int]:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "run", help="run the numpy reference forward pass on a .colibri file",
+        "run", help="run a .colibri file: the C runtime (libcolibri.so) or the numpy reference",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", type=Path, help=".colibri model file")
     p.add_argument("--tokens", action="append", required=True, metavar="IDS",
@@ -52,16 +60,47 @@ def add_parser(subparsers) -> None:
                    help="write the logits rows as little-endian float32")
     p.add_argument("--top", type=int, default=5, metavar="K",
                    help="how many of the last row's top logits to print (default 5)")
+    p.add_argument("--engine", choices=("c", "reference"), default=None,
+                   help="c: the C runtime through colibri.runtime; reference: the numpy "
+                        "reference (the golden truth). Default: c when libcolibri.so is "
+                        "built (python -m colibri.cbuild), else reference")
     p.set_defaults(func=run_command)
 
 
-def run_command(args) -> int:
-    from .reference import Reference
+def choose_engine(requested: str | None) -> tuple[str, str]:
+    """(engine, what to print about it). An explicit "c" whose library is
+    missing is an error (LibraryNotFoundError, with how to build it)."""
+    from . import runtime
+    if requested == "reference":
+        return "reference", "reference (numpy, colibri.reference)"
+    try:
+        lib = runtime.load_library()
+    except ColibriError as exc:
+        if requested == "c":
+            raise
+        return "reference", f"reference (numpy, colibri.reference; C runtime not used: {exc})"
+    return "c", f"c (libcolibri through colibri.runtime: {lib.path})"
 
+
+def _c_generate(m, tokens: np.ndarray, n_new: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reference.generate's contract through the C runtime: tokens [b, N],
+    logits [b, s + N - 1, V]; argmax takes the lowest id among equals."""
+    b, s = tokens.shape
+    rows = [m.infer(tokens)]
+    out = np.empty((b, n_new), dtype=np.int64)
+    for i in range(n_new):
+        nxt = np.argmax(rows[-1][:, -1, :], axis=-1)
+        out[:, i] = nxt
+        if i + 1 < n_new:
+            rows.append(m.infer(nxt[:, None], n_past=s + i))
+    return out, np.concatenate(rows, axis=1)
+
+
+def run_command(args) -> int:
     seqs = [parse_tokens(t) for t in args.tokens]
     if args.generate < 0:
         raise ColibriError(f"--generate must be >= 0, got {args.generate}")
-    ref = Reference(args.file)
+    engine, about = choose_engine(args.engine)
     lengths = [len(s) for s in seqs]
     b, s = len(seqs), max(lengths)
     tokens = np.zeros((b, s), dtype=np.int64)   # padding slots hold token 0
@@ -69,15 +108,29 @@ def run_command(args) -> int:
     for i, seq in enumerate(seqs):
         tokens[i, :len(seq)] = seq
         mask[i, :len(seq)] = 1
+    if args.generate and len(set(lengths)) != 1:
+        raise ColibriError(f"--generate needs prompts of equal length, got lengths "
+                           f"{lengths}")
 
+    if engine == "c":
+        from .runtime import Model
+        with Model(args.file) as m:
+            print(f"engine: {about}, kernels {m.info.kernels}")
+            if args.generate:
+                generated, logits = _c_generate(m, tokens, args.generate)
+            else:
+                logits = m.infer(tokens, mask)
+    else:
+        from .reference import Reference
+        ref = Reference(args.file)
+        print(f"engine: {about}")
+        if args.generate:
+            generated, logits = ref.generate(tokens, args.generate)  # [b, N], [b, rows, V]
+        else:
+            logits = ref.forward(tokens, mask)                          # [b, s, V]
     if args.generate:
-        if len(set(lengths)) != 1:
-            raise ColibriError(f"--generate needs prompts of equal length, got lengths "
-                               f"{lengths}")
-        generated, logits = ref.generate(tokens, args.generate)   # [b, N], [b, rows, V]
         rows = [logits[i] for i in range(b)]
     else:
-        logits = ref.forward(tokens, mask)                           # [b, s, V]
         rows = [logits[i, :n] for i, n in enumerate(lengths)]
         generated = None
 

@@ -300,3 +300,45 @@ def test_dlopen_driver_equals_colibri_cli(c_build, fw_tiny, tmp_path, variant):
     gen = re.search(r"^generated:(.*)$", p1.stdout, re.M)[1].split()
     assert gen == re.search(r"^generated:(.*)$", p2.stdout, re.M)[1].split()
     assert a.read_bytes() == b.read_bytes() and a.stat().st_size == (8 + 4) * 96 * 4
+
+
+def _colibri_run(*args, env=None):
+    import os
+    return subprocess.run([sys.executable, "-m", "colibri.cli", "run", *map(str, args)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_colibri_run_engine_c_equals_colibri_cli(c_build, so, fw_tiny, tmp_path):
+    """`colibri run --engine c` is the C runtime: colibri-cli's very bytes,
+    and it says which engine ran; the reference stays within tolerance."""
+    ids = "5,17,3,9,1,22"
+    cli_out, c_out, ref_out = tmp_path / "cli.f32", tmp_path / "c.f32", tmp_path / "r.f32"
+    proc = subprocess.run([str(c_build("host").cli), "--model", str(fw_tiny), "--tokens", ids,
+                           "--generate", "4", "--logits-out", str(cli_out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    env = {"COLIBRI_LIBRARY": str(so)}
+    c = _colibri_run(fw_tiny, "--engine", "c", "--tokens", ids, "--generate", 4,
+                     "--logits-out", c_out, env=env)
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.startswith(f"engine: c (libcolibri through colibri.runtime: {so}")
+    assert c_out.read_bytes() == cli_out.read_bytes()
+    cli_gen = re.search(r"^generated: (.*)$", proc.stdout, re.M)[1].split()
+    assert re.search(r"generated: (.*)$", c.stdout, re.M)[1].split(",") == cli_gen
+    # Default with the library found: c. Without: reference, and it says why.
+    assert _colibri_run(fw_tiny, "--tokens", ids, env=env).stdout.startswith("engine: c ")
+    missing = {"COLIBRI_LIBRARY": str(tmp_path / "none.so")}
+    r = _colibri_run(fw_tiny, "--tokens", ids, "--generate", 4, "--logits-out", ref_out,
+                     env=missing)
+    assert r.returncode == 0 and r.stdout.startswith("engine: reference (numpy"), r.stdout
+    assert "libcolibri.so not found" in r.stdout.splitlines()[0]
+    rows_c, rows_r = np.fromfile(c_out, "<f4"), np.fromfile(ref_out, "<f4")
+    assert np.abs(rows_c - rows_r).max() <= 3e-2     # int8 file: C vs numpy arithmetic
+    e = _colibri_run(fw_tiny, "--engine", "c", "--tokens", ids, env=missing)
+    assert e.returncode == 2 and e.stderr.startswith("colibri: error: libcolibri.so not found")
+    # A C error is one line, the C code's meaning and the detail.
+    e = _colibri_run(fw_tiny, "--engine", "c", "--tokens", "1,96", env=env)
+    assert e.returncode == 2
+    assert re.match(r"colibri: error: .*tiny-int8\.colibri: token id out of range \(.+\)\n$",
+                    e.stderr), e.stderr

@@ -136,7 +136,8 @@ def test_greedy_generation_matches_transformers(name, hf_model, reference):
 def test_cli_convert_and_run_match_transformers(name="awkward", *, hf_model, hf_checkpoint,
                                                 tmp_path):
     """The user's path: `colibri convert --quant f32` then `colibri run
-    --logits-out`, read back as little-endian float32 rows."""
+    --engine reference --logits-out` (the C engine: tests/test_binding.py),
+    read back as little-endian float32 rows."""
     model = hf_model(name)
     out = tmp_path / "m.colibri"
     logits_file = tmp_path / "logits.f32"
@@ -144,7 +145,8 @@ def test_cli_convert_and_run_match_transformers(name="awkward", *, hf_model, hf_
     cli = [sys.executable, "-m", "colibri.cli"]
     subprocess.run(cli + ["convert", str(hf_checkpoint(name)), "-o", str(out),
                           "--quant", "f32", "-q"], check=True, capture_output=True)
-    res = subprocess.run(cli + ["run", str(out), "--tokens", ",".join(map(str, prompt)),
+    res = subprocess.run(cli + ["run", str(out), "--engine", "reference",
+                                "--tokens", ",".join(map(str, prompt)),
                                 "--generate", "4", "--logits-out", str(logits_file)],
                          check=True, capture_output=True, text=True)
     vocab = model.config.vocab_size

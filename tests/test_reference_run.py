@@ -1,6 +1,7 @@
-"""`colibri run` (colibri/run.py) on a small random model: what it prints,
-the --logits-out layout, and its errors. Expected values come from the
-Reference API directly (tested against transformers elsewhere)."""
+"""`colibri run --engine reference` (colibri/run.py) on a small random model:
+what it prints, the --logits-out layout, and its errors. Expected values come
+from the Reference API directly (tested against transformers elsewhere).
+The C engine is tested in tests/test_binding.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,8 @@ def model(tmp_path_factory):
 
 def test_batch_logits_out_holds_valid_rows_in_order(model, tmp_path, capsys):
     out = tmp_path / "l.f32"
-    assert main(["run", str(model), "--tokens", "1,2,3,4", "--tokens", "5, 6",
+    assert main(["run", str(model), "--engine", "reference", "--tokens", "1,2,3,4",
+                 "--tokens", "5, 6",
                  "--logits-out", str(out)]) == 0
     rows = np.fromfile(out, dtype="<f4").reshape(-1, SHAPE.vocab)
     ref = Reference(model)
@@ -37,7 +39,8 @@ def test_batch_logits_out_holds_valid_rows_in_order(model, tmp_path, capsys):
 
 def test_generate_prints_tokens_and_appends_rows(model, tmp_path, capsys):
     out = tmp_path / "g.f32"
-    assert main(["run", str(model), "--tokens", "7,8,9", "--generate", "5",
+    assert main(["run", str(model), "--engine", "reference", "--tokens", "7,8,9",
+                 "--generate", "5",
                  "--logits-out", str(out)]) == 0
     gen, rows = Reference(model).generate([7, 8, 9], 5)
     assert "generated: " + ",".join(map(str, gen)) in capsys.readouterr().out
@@ -54,11 +57,12 @@ def test_generate_prints_tokens_and_appends_rows(model, tmp_path, capsys):
     (["--tokens", ","], "holds no token id"),
 ])
 def test_errors_are_one_line(model, argv, message, capsys):
-    assert main(["run", str(model)] + argv) == 2
+    assert main(["run", str(model), "--engine", "reference"] + argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("colibri: error: ") and message in err
 
 
 def test_missing_file_is_an_error(tmp_path, capsys):
-    assert main(["run", str(tmp_path / "none.colibri"), "--tokens", "1"]) == 2
+    assert main(["run", str(tmp_path / "none.colibri"), "--engine", "reference",
+                 "--tokens", "1"]) == 2
     assert "none.colibri" in capsys.readouterr().err

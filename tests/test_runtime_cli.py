@@ -92,8 +92,9 @@ def test_tokens_generate_logits_out_match_colibri_run(c_build, colibri_file, tmp
     c_out, py_out = tmp_path / "c.f32", tmp_path / "py.f32"
     proc = cli(c_build("host"), "--model", path, "--tokens", tokens, "--generate", 6,
                "--logits-out", c_out)
-    py = subprocess.run([sys.executable, "-m", "colibri.cli", "run", str(path), "--tokens",
-                         tokens, "--generate", "6", "--logits-out", str(py_out)],
+    py = subprocess.run([sys.executable, "-m", "colibri.cli", "run", str(path), "--engine",
+                         "reference", "--tokens", tokens, "--generate", "6", "--logits-out",
+                         str(py_out)],
                         capture_output=True, text=True, timeout=300)
     assert py.returncode == 0, py.stderr
     c_gen = re.search(r"^generated: (.*)$", proc.stdout, re.M).group(1).split()
