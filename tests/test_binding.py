@@ -342,3 +342,21 @@ def test_colibri_run_engine_c_equals_colibri_cli(c_build, so, fw_tiny, tmp_path)
     assert e.returncode == 2
     assert re.match(r"colibri: error: .*tiny-int8\.colibri: token id out of range \(.+\)\n$",
                     e.stderr), e.stderr
+
+
+def test_demo_eval_c_path_is_the_binding(c_build, so, fw_tiny, tmp_path):
+    """models/demo/eval.py's C runtime logits (one batch-1 prefill per
+    window through colibri.runtime) equal colibri-cli --logits-out."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("demo_eval_b", ROOT / "models/demo/eval.py")
+    demo_eval = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_eval)
+    windows = np.array([[5, 17, 3, 9, 1, 22], [40, 7, 11, 2, 30, 8]])
+    got = demo_eval.c_logits(fw_tiny, windows, library=so)
+    assert got.shape == (2, 6, 96)
+    for row, seq in zip(got, windows):
+        out = tmp_path / "cli.f32"
+        subprocess.run([str(c_build("host").cli), "--model", str(fw_tiny), "--tokens",
+                        ",".join(map(str, seq)), "--logits-out", str(out)], check=True,
+                       capture_output=True, timeout=120)
+        assert row.astype("<f4").tobytes() == out.read_bytes()

@@ -1,6 +1,6 @@
 """Evaluate the committed demo model: held-out bits per byte with transformers,
 with the numpy reference on the float32 and int8 .colibri files, and with the C
-runtime (colibri-cli) when it is built; routing differences between float32 and
+runtime (libcolibri.so through colibri.runtime) when it is built; routing differences between float32 and
 int8; greedy and low-temperature samples. Writes models/demo/results.json and
 models/demo/RESULTS.md.
 
@@ -43,7 +43,6 @@ CHECKPOINT = HERE / "checkpoint"
 EVAL_WINDOWS = HERE / "eval_windows.bin"
 RESULTS_JSON = HERE / "results.json"
 RESULTS_MD = HERE / "RESULTS.md"
-CLI = ROOT / "build" / "x86_64" / "colibri-cli"
 COLIBRI = Path(sys.executable).parent / "colibri"   # the console script of this venv
 
 sys.path.insert(0, str(HERE))
@@ -198,17 +197,13 @@ def routing_difference(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
                 pairs=int(differs.size))
 
 
-def cli_logits(cli: Path, path: Path, tokens: np.ndarray, workdir: Path) -> np.ndarray:
-    """C runtime logits for tokens [b, s], one colibri-cli run per row ->
-    [b, s, V] float32."""
-    rows = []
-    for i, seq in enumerate(tokens):
-        out = workdir / f"cli-logits-{i}.f32"
-        subprocess.run([str(cli), "--model", str(path), "--tokens",
-                        ",".join(str(int(t)) for t in seq), "--logits-out", str(out)],
-                       check=True, stdout=subprocess.DEVNULL)
-        rows.append(np.fromfile(out, dtype="<f4").reshape(len(seq), -1))
-    return np.stack(rows)
+def c_logits(path: Path, tokens: np.ndarray, library=None) -> np.ndarray:
+    """C runtime logits for tokens [b, s] through colibri.runtime, one
+    batch-1 prefill per row (as colibri-cli --tokens --logits-out did,
+    bit for bit) -> [b, s, V] float32."""
+    from colibri.runtime import Model
+    with Model(path, library=library) as m:
+        return np.stack([m.infer(seq[None])[0] for seq in tokens])
 
 
 # ---- the report -----------------------------------------------------------------
@@ -275,17 +270,23 @@ def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
         res["routing_transformers_vs_reference_f32"] = routing_difference(
             hf_router_choices(model, windows), routes["f32"])
 
-        if CLI.exists():
-            cli_files = {q: convert(model_dir, tmp / f"demo-{q}-b1.colibri", q)
-                         for q in ("f32", "int8")}
-            for q, f in cli_files.items():
-                c_logits = cli_logits(CLI, f, windows, tmp)
-                bpb[f"c_runtime_{q}"] = bits_per_byte(c_logits, windows)
+        from colibri import errors, runtime
+        try:
+            runtime.load_library()
+            c_built = True
+        except errors.LibraryNotFoundError as exc:
+            c_built = False
+            res["c_runtime"] = f"not measured: {exc}"
+        if c_built:
+            # Batch-1 files (an arena for one sequence), one prefill per window.
+            c_files = {q: convert(model_dir, tmp / f"demo-{q}-b1.colibri", q)
+                       for q in ("f32", "int8")}
+            for q, f in c_files.items():
+                logits = c_logits(f, windows)
+                bpb[f"c_runtime_{q}"] = bits_per_byte(logits, windows)
                 res.setdefault("c_runtime_vs_reference", {})[q] = logits_agreement(
-                    c_logits, ref_logits[q])
+                    logits, ref_logits[q])
                 say(f"C runtime {q}: {bpb[f'c_runtime_{q}']:.4f} bpb")
-        else:
-            res["c_runtime"] = f"not measured: {CLI.relative_to(ROOT)} is not built"
 
         say("samples")
         prompt = PROMPT.encode()
