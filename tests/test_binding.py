@@ -360,3 +360,17 @@ def test_demo_eval_c_path_is_the_binding(c_build, so, fw_tiny, tmp_path):
                         ",".join(map(str, seq)), "--logits-out", str(out)], check=True,
                        capture_output=True, timeout=120)
         assert row.astype("<f4").tobytes() == out.read_bytes()
+
+
+def test_bench_binding_overhead_runs(fw_tiny, tmp_path, capsys):
+    """bench/binding_overhead.py measures and prints (a smoke run, a few
+    calls; nothing about the times is asserted)."""
+    sys.path.insert(0, str(ROOT))
+    from bench import binding_overhead
+    out = tmp_path / "o.json"
+    assert binding_overhead.main(["--model", str(fw_tiny), "--steps", "20", "--rounds", "1",
+                                  "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["results"][0]
+    assert set(res["median_s"]) == {"direct C", "array+out", "list"}
+    assert all(v["wall"] > 0 for v in res["median_s"].values())
+    assert "| array+out |" in capsys.readouterr().out
