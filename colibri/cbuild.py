@@ -1,8 +1,10 @@
-"""Build the C runtime (libcolibri.a and colibri-cli) with a given toolchain.
+"""Build the C runtime (libcolibri.a, colibri-cli and, on request,
+libcolibri.so) with a given toolchain.
 
 The plain-function build the tests use for their variants (sanitizers, static
 work buffer, debug, cross compilers) and `python -m colibri.cbuild` uses for the
-default host build into build/x86_64/. The SCons build reuses the same source
+default host build into build/x86_64/ (with libcolibri.so, the library
+colibri.runtime loads). The SCons build reuses the same source
 lists (colibri/buildsteps/sources.py), so there is one definition of what the
 runtime is made of.
 """

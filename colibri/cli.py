@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="colibri",
         description="Convert Mixture-of-Experts checkpoints to .colibri files, "
-                    "inspect them and run the numpy reference.")
+                    "inspect them and run them (the C runtime or the numpy reference).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMAND_MODULES:

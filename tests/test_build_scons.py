@@ -84,7 +84,7 @@ def tiny_model(tmp_path_factory):
 
 def _snapshot(bdir: Path, name: str) -> dict[str, bytes]:
     out = {}
-    for f in OUTPUTS + (("colibri-cli",) if TARGETS[name].is_linux else ()):
+    for f in OUTPUTS + (("colibri-cli", "libcolibri.so") if TARGETS[name].is_linux else ()):
         out[f] = (bdir / name / f).read_bytes()
     return out
 
