@@ -277,7 +277,8 @@ class Model:
     arena    None: the library allocates the arena it wants; an int: the
              Model allocates that many bytes (64-byte aligned) and hands them
              to colibri_init_from_memory (a path is then read into memory
-             first); arena_size(source) is the least. Equal arenas give
+             first, so it must be in the host byte order too);
+             arena_size(source) is the least. Equal arenas give
              bit-identical logits.
     library  path of libcolibri.so (else COLIBRI_LIBRARY, else the package's
              build: see the module docstring).

@@ -21,8 +21,7 @@ import pytest
 from colibri import cbuild, errors, runtime
 from colibri import format as cformat
 from colibri.buildsteps import testmodel
-from test_runtime_support import (TARGETS, Call, c_build, golden_calls,  # noqa: F401
-                                  run_driver)
+from test_runtime_support import c_build, golden_calls, run_driver  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
