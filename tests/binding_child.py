@@ -7,7 +7,8 @@ return code instead of killing pytest, and RSS is this process's alone.
 
 fuzz: each input is a fuzz/corpus file, driven as fuzz/fuzz_init_infer.c
 drives the C library (same control tail, same CRC fix-up, same 64 MiB arena
-cap) but through colibri.runtime: colibri_arena_size, Model(bytes, arena=...)
+cap, same decode step) but through colibri.runtime, so the codes can be
+compared with the harness's own (tests/test_binding.py does): colibri_arena_size, Model(bytes, arena=...)
 or Model(path) (the via-file flag), infer, a decode step, verify. Prints
 "NAME arena=RC init=RC infer=RC decode=RC verify=RC bad_parts=N" per input
 (RC 0, a colibri code, or 1 when the step did not run), flushed, so a
@@ -35,7 +36,8 @@ TAIL = 16
 ARENA_CAP = 64 << 20
 LOGITS_CAP = 1 << 20
 MAX_SEQ = 12
-FIX_CRCS, MASK, RAW_IDS, DECODE, VIA_FILE, VERIFY = 1, 2, 4, 8, 16, 32
+FIX_CRCS, MASK, RAW_IDS, DECODE, VIA_FILE, VERIFY, REWIND, NULL_MASK_DECODE = (
+    1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def fix_crcs(b: bytearray) -> None:
@@ -64,8 +66,8 @@ def code_of(fn):
 
 
 def fuzz_one(lib: str, data: bytes, tmp: Path) -> str:
-    if len(data) < TAIL:
-        return "short"
+    if len(data) < TAIL:   # the harness runs nothing
+        return "arena=1 init=1 infer=1 decode=1 verify=1 bad_parts=0"
     blob, tail = bytearray(data[:-TAIL]), data[-TAIL:]
     flags = tail[0]
     if flags & FIX_CRCS:
@@ -98,13 +100,20 @@ def fuzz_one(lib: str, data: bytes, tmp: Path) -> str:
                     ids = t.view(np.int8).astype(np.int64) * (s.vocab // 64 + 1)
                 else:
                     ids = t.astype(np.int64) % s.vocab
-                mask = ((tail[3] >> (i % 8)) & 1).reshape(batch, seq) if flags & MASK else None
+                mask_all = ((tail[3] >> (i % 8)) & 1).astype(np.uint8)
+                mask = mask_all.reshape(batch, seq) if flags & MASK else None
                 ids = ids.reshape(batch, seq)
                 infer_rc, _ = code_of(lambda: m.infer(ids, mask, 0))
                 if infer_rc == 0 and flags & DECODE:
-                    nxt = np.full((batch, 1), int(ids[0, 0]), np.int64)
-                    decode_rc, _ = code_of(lambda: m.infer(nxt, None, seq))
+                    # As the harness: the first `batch` ids and mask values
+                    # (the mask even without MASK), n_past seq or seq / 2.
+                    n_past = seq // 2 if flags & REWIND else seq
+                    dmask = None if flags & NULL_MASK_DECODE else mask_all[:batch, None]
+                    decode_rc, _ = code_of(lambda: m.infer(ids.ravel()[:batch, None], dmask,
+                                                           n_past))
     verify_rc, bad = code_of(lambda: runtime.verify(blob, lib)) if flags & VERIFY else (1, [])
+    if verify_rc == 0 and bad:   # the code colibri_verify returned: -1 structure, -3 CRC
+        verify_rc = -1 if any(i == -3 for i, _ in bad) else -3
     return (f"arena={arena_rc} init={init_rc} infer={infer_rc} decode={decode_rc} "
             f"verify={verify_rc} bad_parts={len(bad or [])}")
 

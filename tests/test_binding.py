@@ -248,10 +248,11 @@ def test_library_search_order(so, fw_tiny, tmp_path, monkeypatch):
             runtime.load_library(not_ours)
 
 
-def test_fuzz_corpus_through_the_binding_raises_never_crashes(so):
+def test_fuzz_corpus_through_the_binding_raises_never_crashes(c_build, so, tmp_path):
     """Every committed fuzz input, driven as fuzz_init_infer.c drives the
-    library, in a child process: it must exit 0 (no signal, no exception
-    other than a ColibriError subclass)."""
+    library, through the binding in a child process: it must exit 0 (no
+    signal, no exception other than a ColibriError subclass), and every step
+    must end with the code the C harness gets from the same build."""
     files = sorted(p for p in (ROOT / "fuzz" / "corpus").iterdir() if p.is_file())
     proc = subprocess.run([sys.executable, str(CHILD), "fuzz", str(so), *map(str, files)],
                           capture_output=True, text=True, timeout=600)
@@ -260,9 +261,24 @@ def test_fuzz_corpus_through_the_binding_raises_never_crashes(so):
     assert proc.returncode == 0, (f"exit {proc.returncode} after {len(lines)} inputs "
                                   f"{culprit}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     assert len(lines) == len(files)
-    inits = {re.search(r"init=(-?\d+)", ln)[1] for ln in lines if "init=" in ln}
-    assert {"0", "-1", "-3"} <= inits                    # loads, bad formats, CRCs
-    assert any("infer=0" in ln for ln in lines)           # the forward pass ran
+    ours = {}
+    for ln in lines:
+        name, rest = ln.split(" ", 1)
+        ours[name] = tuple(int(v) for v in re.findall(r"(?:arena|init|infer|decode|verify)="
+                                                      r"(-?\d+)", rest))
+    inits = {v[1] for v in ours.values()}
+    assert {0, -1, -3} <= inits                          # loads, bad formats, CRCs
+    assert any(v[2] == 0 for v in ours.values())          # the forward pass ran
+    # The C harness (fuzz/replay_main.c) over the same files, same build.
+    sys.path.insert(0, str(ROOT / "fuzz"))
+    import replay
+    exe = cbuild.build_program(c_build("host").info, [ROOT / "fuzz" / "fuzz_init_infer.c",
+                                                      ROOT / "fuzz" / "replay_main.c"],
+                               tmp_path / "replay")
+    theirs = {Path(r.path).name: (r.arena, r.init, r.infer, r.decode, r.verify)
+              for r in replay.replay(exe, files)}
+    differ = {n: (ours[n], theirs[n]) for n in theirs if ours[n] != theirs[n]}
+    assert differ == {}, f"binding vs C harness (arena, init, infer, decode, verify): {differ}"
 
 
 def test_open_infer_close_1000_cycles_rss_flat(so, fw_tiny):
