@@ -9,8 +9,10 @@ says: COLIBRI_LIBRARY, else the package's build/<host>/libcolibri.so);
 --engine reference the numpy reference (colibri.reference), the golden truth
 the C runtime is tested against. Without --engine: c when the library is
 built, else reference. The first line printed names the engine that ran.
-The C engine has the file's limits (max_batch, max_seq_len); the reference
-only max_seq_len.
+The C engine runs the sequences one at a time (batch 1, unpadded: each
+one's rows are what `colibri-cli --tokens` gives for it, bit for bit), so
+the file's max_batch does not limit the number of --tokens; the reference
+runs them as one padded batch, within the file's max_batch.
 
 Each --tokens is one sequence; several make a batch, right-padded with mask 0.
 Prints, per sequence, the greedy next token at every position (or the
@@ -113,13 +115,20 @@ def run_command(args) -> int:
                            f"{lengths}")
 
     if engine == "c":
+        # One sequence at a time (batch 1, no padding), so any number of
+        # --tokens fits a file's max_batch, and each sequence's rows are
+        # colibri-cli's for that prompt, bit for bit.
         from .runtime import Model
         with Model(args.file) as m:
             print(f"engine: {about}, kernels {m.info.kernels}")
             if args.generate:
-                generated, logits = _c_generate(m, tokens, args.generate)
+                per = [_c_generate(m, np.array([seq]), args.generate) for seq in seqs]
+                generated = np.concatenate([g for g, _ in per])
+                logits = np.concatenate([lg for _, lg in per])
             else:
-                logits = m.infer(tokens, mask)
+                logits = np.zeros((b, s, m.vocab), np.float32)
+                for i, seq in enumerate(seqs):
+                    logits[i, :len(seq)] = m.infer(np.array([seq]))[0]
     else:
         from .reference import Reference
         ref = Reference(args.file)

@@ -341,6 +341,14 @@ def test_colibri_run_engine_c_equals_colibri_cli(c_build, so, fw_tiny, tmp_path)
     assert c_out.read_bytes() == cli_out.read_bytes()
     cli_gen = re.search(r"^generated: (.*)$", proc.stdout, re.M)[1].split()
     assert re.search(r"generated: (.*)$", c.stdout, re.M)[1].split(",") == cli_gen
+    # Several sequences: one at a time, each its own rows (max_batch is 1).
+    two = tmp_path / "two.f32"
+    t = _colibri_run(fw_tiny, "--engine", "c", "--tokens", ids, "--tokens", "7,8",
+                     "--logits-out", two, env=env)
+    assert t.returncode == 0, t.stderr
+    rows = np.fromfile(two, "<f4").reshape(-1, 96)
+    assert rows.shape[0] == 6 + 2
+    assert rows[:6].tobytes() == cli_out.read_bytes()[:6 * 96 * 4]
     # Default with the library found: c. Without: reference, and it says why.
     assert _colibri_run(fw_tiny, "--tokens", ids, env=env).stdout.startswith("engine: c ")
     missing = {"COLIBRI_LIBRARY": str(tmp_path / "none.so")}
