@@ -360,7 +360,7 @@ def render_markdown(res: dict) -> str:
     ]
     for q in ("f32", "int8"):
         if f"c_runtime_{q}" in b:
-            lines.append(f"| C runtime (colibri-cli, x86_64) | {q} .colibri | {b[f'c_runtime_{q}']:.4f} |")
+            lines.append(f"| C runtime (libcolibri.so through colibri.runtime, x86_64) | {q} .colibri | {b[f'c_runtime_{q}']:.4f} |")
     lines += ["", f"int8 costs {100 * res['int8_relative_cost']:.3f}% relative (bound: 1%)."]
     for q, d in res.get("c_runtime_vs_reference", {}).items():
         lines.append(f"C runtime vs numpy reference on the same {q} file: max |logit difference| "
