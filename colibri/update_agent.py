@@ -367,7 +367,7 @@ def init_flash(path: str | os.PathLike, image: bytes, public_key, *, slot_size: 
     img = I.verify_image(image, public_key, I.Policy(slot_size=slot_size))
     a = -(-(STATE_OFFSET + STATE_COPIES * STATE_SIZE) // align) * align
     b = a + -(-slot_size // align) * align
-    geo = Geometry(img.header["target_id"], slot_size, (a, b), write_size)
+    geo = Geometry(img.target_id, slot_size, (a, b), write_size)
     flash = bytearray([ERASED]) * (b + slot_size)
     flash[:GEOMETRY_SIZE] = geo.pack()
     flash[a:a + len(image)] = image
