@@ -35,8 +35,10 @@ V = I.Version.parse
 SLOT = 0x10000
 ALIGN = 0x8000
 WRITE = 4096
-SLOT_A = BL.AGENT_BASE + ALIGN           # flash addresses of the slots
+SLOT_A = BL.AGENT_BASE + ALIGN           # addresses of the slots
 SLOT_B = SLOT_A + SLOT
+OFF_A = SLOT_A - BL.AGENT_BASE           # their offsets in the flash file
+OFF_B = SLOT_B - BL.AGENT_BASE
 CAPACITY = SLOT - BL.TRAILER_SIZE
 IMGTOOL = Path(sys.executable).parent / "imgtool"
 
@@ -74,50 +76,32 @@ def kit(tmp_path_factory):
 
     apps["v1"] = app("1.0.0", SLOT_A)
     apps["v2"] = app("2.0.0", SLOT_B)
-    return dict(dir=d, key=key, boot=boot, corpus=corpus, app=app, apps=apps,
-                boot_bin=boot.with_suffix(".bin").read_bytes())
+    return dict(dir=d, key=key, boot=boot, corpus=corpus, app=app, apps=apps)
 
 
 def make_flash(kit, path: Path) -> Path:
-    """Factory flash: the bootloader, 1.0.0 confirmed in slot A."""
-    area = path.with_suffix(".area")
-    U.init_flash(area, kit["apps"]["v1"], kit["key"].public_key(), slot_size=SLOT, align=ALIGN,
+    """Factory flash of the slots (the agent's flash file, which QEMU loads
+    at AGENT_BASE): 1.0.0 confirmed in slot A."""
+    U.init_flash(path, kit["apps"]["v1"], kit["key"].public_key(), slot_size=SLOT, align=ALIGN,
                  write_size=WRITE)
-    path.write_bytes(BL.full_flash(kit["boot_bin"], area.read_bytes()))
     return path
 
 
-class AreaView:
-    """The agent's area of a full flash file, as a file the Python agent opens."""
-
-    def __init__(self, flash: Path):
-        self.flash, self.area = flash, flash.with_suffix(".view")
-
-    def __enter__(self):
-        self.area.write_bytes(self.flash.read_bytes()[BL.AGENT_BASE:])
-        return self.area
-
-    def __exit__(self, *exc):
-        data = self.flash.read_bytes()
-        self.flash.write_bytes(data[:BL.AGENT_BASE] + self.area.read_bytes())
-
-
 def agent_do(kit, flash: Path, fn):
-    with AreaView(flash) as area:
-        with U.Agent(area, kit["key"].public_key()) as agent:
-            return fn(agent)
+    with U.Agent(flash, kit["key"].public_key()) as agent:
+        return fn(agent)
 
 
-def boot(flash: Path, *args: str):
-    r = subprocess.run(BL.qemu_command(flash, f"flash={flash}", *args), capture_output=True,
-                       text=True, timeout=60)
+def boot(kit, flash: Path, *args: str):
+    r = subprocess.run(BL.qemu_command(kit["boot"], flash, f"flash={flash}", *args),
+                       capture_output=True, text=True, timeout=60)
     return r.returncode, r.stdout + r.stderr
 
 
 def python_boot(kit, flash: Path) -> tuple[bytes, U.Boot]:
-    """What the Python agent does on a copy of `flash`: (area after, choice)."""
+    """What the Python agent does on a copy of `flash`: (flash after, choice)."""
     copy = flash.with_name(flash.name + ".py")
-    copy.write_bytes(flash.read_bytes()[BL.AGENT_BASE:])
+    copy.write_bytes(flash.read_bytes())
     with U.Agent(copy, kit["key"].public_key()) as agent:
         b = agent.boot()
     return copy.read_bytes(), b
@@ -135,9 +119,9 @@ def test_update_cycle_matches_the_python_agent(kit, tmp_path):
 
     def step(expect_status, expect_text):
         want_area, want = python_boot(kit, flash)
-        status, out = boot(flash)
+        status, out = boot(kit, flash)
         assert status == expect_status and expect_text in out, out
-        assert flash.read_bytes()[BL.AGENT_BASE:] == want_area, "C and Python flash differ"
+        assert flash.read_bytes() == want_area, "C and Python flash differ"
         steps.append((want.slot, want.trial))
         return out
 
@@ -161,21 +145,21 @@ def test_update_cycle_matches_the_python_agent(kit, tmp_path):
 def test_refusals_and_exit_statuses(kit, tmp_path):
     flash = make_flash(kit, tmp_path / "flash.bin")
     data = bytearray(flash.read_bytes())
-    data[SLOT_A + 0x300] ^= 1                      # a payload byte of the only image
+    data[OFF_A + 0x300] ^= 1                       # a payload byte of the only image
     flash.write_bytes(bytes(data))
-    status, out = boot(flash)
+    status, out = boot(kit, flash)
     assert status == BL.EXIT_NO_IMAGE, out
     assert "slot A rejected: damaged" in out and "boot: no bootable image" in out
     assert "app " not in out
-    data[BL.AGENT_BASE + 8] ^= 1                   # the geometry block
+    data[8] ^= 1                                   # the geometry block
     flash.write_bytes(bytes(data))
-    status, out = boot(flash)
+    status, out = boot(kit, flash)
     assert status == BL.EXIT_GEOMETRY and "no valid flash geometry block" in out
     # an image signed for slot A placed in slot B: verified, but cannot run there
     flash = make_flash(kit, tmp_path / "f2.bin")
     agent_do(kit, flash, lambda a: a.install(ota.pack_package([kit["app"]("3.0.0", SLOT_A)],
                                                               kit["key"])))
-    status, out = boot(flash)
+    status, out = boot(kit, flash)
     assert status == 0 and "slot B rejected: not linked for this slot" in out
     assert "app 1.0.0 running" in out
 
@@ -189,11 +173,12 @@ def test_imgtool_signed_image_boots(kit, tmp_path):
     r = subprocess.run([str(IMGTOOL), "sign", "-k", str(d / "k"), "--header-size",
                         hex(BL.HEADER_SIZE), "--pad-header", "-S", hex(SLOT), "-v", "2.5.0",
                         "-s", "2", "--custom-tlv", "0x80a2", "0x04000000",
-                        str(d / "app_2_5_0_20000.bin"), str(out)], capture_output=True, text=True)
+                        str(d / f"app_2_5_0_{SLOT_B:x}.bin"), str(out)], capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr
     flash = make_flash(kit, tmp_path / "flash.bin")
     agent_do(kit, flash, lambda a: a.install(ota.pack_package([out.read_bytes()], kit["key"])))
-    status, text = boot(flash)
+    status, text = boot(kit, flash)
     assert status == 0 and "slot B 2.5.0 test boot" in text and "app 2.5.0 running" in text
 
 
@@ -206,7 +191,7 @@ def scenario_flash(kit, tmp_path: Path, name: str) -> Path:
     agent_do(kit, flash, lambda a: a.install(pkg))
     if name == "test-boot":
         return flash
-    assert boot(flash)[0] == 0                    # the test boot: copy_done
+    assert boot(kit, flash)[0] == 0               # the test boot: copy_done
     if name == "revert":
         return flash
 
@@ -222,7 +207,7 @@ def count_boot_writes(kit, flash: Path) -> int:
     while True:
         probe = flash.with_name(flash.name + ".probe")
         probe.write_bytes(flash.read_bytes())
-        status, out = boot(probe, f"cut={k}", "mode=before")
+        status, out = boot(kit, probe, f"cut={k}", "mode=before")
         if status != BL.EXIT_POWER_CUT:
             return k - 1
         k += 1
@@ -235,15 +220,15 @@ def test_power_cut_at_every_bootloader_write(kit, tmp_path, name, writes, versio
     base = scenario_flash(kit, tmp_path, name)
     assert count_boot_writes(kit, base) == writes
     original = base.read_bytes()
-    confirmed_a = original[SLOT_A:SLOT_A + SLOT]
+    confirmed_a = original[OFF_A:OFF_A + SLOT]
     cuts = 0
     for k in range(1, writes + 1):
         for mode in ("before", "torn", "after"):
             flash = tmp_path / f"{name}-{k}-{mode}.bin"
             flash.write_bytes(original)
-            status, out = boot(flash, f"cut={k}", f"mode={mode}")
+            status, out = boot(kit, flash, f"cut={k}", f"mode={mode}")
             assert status == BL.EXIT_POWER_CUT and "app " not in out, out
-            status, out = boot(flash)              # power back: boot again
+            status, out = boot(kit, flash)         # power back: boot again
             assert status == 0, out
             ran = out.split("app ")[1].split()[0]
             allowed = versions | ({"2.0.0"} if name == "test-boot" else set())
@@ -251,9 +236,9 @@ def test_power_cut_at_every_bootloader_write(kit, tmp_path, name, writes, versio
                 allowed = {"1.0.0"}                # its one boot was consumed: reverted now
             assert ran in allowed, (k, mode, out)
             after = flash.read_bytes()
-            assert after[SLOT_A:SLOT_A + SLOT] == confirmed_a      # never touched
+            assert after[OFF_A:OFF_A + SLOT] == confirmed_a        # never touched
             # what ran verifies, in Python too
-            slot = SLOT_A if "at 0x%x" % SLOT_A in out else SLOT_B
+            slot = OFF_A if "at 0x%x" % SLOT_A in out else OFF_B
             img = I.verify_image(after[slot:slot + SLOT], kit["key"].public_key(),
                                  I.Policy(target="cortex-m"), exact=False)
             assert str(img.version) == ran
@@ -269,8 +254,8 @@ def corpus_file(path: Path, images: list[bytes], target=4, counter=0, capacity=C
 
 
 def c_verdicts(kit, path: Path, repeat: int = 0) -> list[int]:
-    r = subprocess.run(BL.qemu_command(path, f"corpus={path}", f"repeat={repeat}",
-                                       boot_elf=kit["corpus"]),
+    r = subprocess.run(BL.qemu_command(kit["corpus"], None, f"corpus={path}",
+                                       f"repeat={repeat}"),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("verdicts"))

@@ -6,9 +6,11 @@ ed25519-orlp, which scripts/setup.sh fetches (pinned by version and SHA-256)
 into third_party/; nothing of it is in the repository.
 
 Flash map (firmware/boot/main.c): the bootloader in the first BOOT_REGION
-bytes, then the update agent's area (colibri/update_agent.py layout) at
-AGENT_BASE. Applications are linked for their slot (firmware/boot/xip.ld) at
-slot address + HEADER_SIZE and run in place.
+bytes of SSRAM1 at 0 (boot.bin), the update agent's area
+(colibri/update_agent.py layout, one file: the agent's flash file) at
+AGENT_BASE in the 16 MB PSRAM, standing for an external XIP flash.
+Applications are linked for their slot (firmware/boot/xip.ld) at slot address
++ HEADER_SIZE and run in place.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ ORLP_SOURCES = ("verify.c", "ge.c", "fe.c", "sc.c", "sha512.c")
 
 BOOT_REGION = 0x8000          # the bootloader's flash region (32 KiB)
 BOOT_BUDGET = 24 << 10        # the goal: code + rodata + data of boot.elf
-AGENT_BASE = 0x8000
-FLASH_SIZE = 4 << 20
+AGENT_BASE = 0x21000000       # the slots' flash (QEMU's AN386 16 MB PSRAM)
+AGENT_SIZE = 16 << 20
 HEADER_SIZE = 0x200           # MCUboot hdr_size: keeps the app's vector table VTOR-aligned
 TRAILER_SIZE = 48
 RAM = (0x20000000, 4 << 20)
@@ -101,21 +103,13 @@ def flash_size_of(elf: Path) -> int:
     return int(out[0]) + int(out[1])
 
 
-def full_flash(boot_bin: bytes, agent_area: bytes) -> bytes:
-    """The whole flash: the bootloader, erased flash to AGENT_BASE, the area."""
-    if len(boot_bin) > BOOT_REGION:
-        raise ColibriError(f"the bootloader is {len(boot_bin)} bytes, over its "
-                           f"{BOOT_REGION}-byte region")
-    return boot_bin + b"\xff" * (AGENT_BASE - len(boot_bin)) + agent_area
-
-
-def qemu_command(flash: Path, *args: str, boot_elf: Path | None = None) -> list[str]:
-    """Boot `flash` (loaded at 0) or run `boot_elf`; `args` go to the
+def qemu_command(boot_elf: Path, area: Path | None, *args: str) -> list[str]:
+    """Run `boot_elf` with the agent's flash file `area` loaded at
+    AGENT_BASE (None: no slots, e.g. the corpus build); `args` go to the
     bootloader's semihosting command line (flash=, cut=, mode=, corpus=)."""
-    for a in args:
+    for a in (*args, str(boot_elf), str(area)):
         if "," in a:
-            raise ColibriError(f"semihosting argument {a!r} has a comma: QEMU would split it")
+            raise ColibriError(f"{a!r} has a comma: QEMU would split the option")
     semi = "enable=on,target=native,arg=boot" + "".join(f",arg={a}" for a in args)
-    load = (["-kernel", str(boot_elf)] if boot_elf else
-            ["-device", f"loader,file={flash},addr=0x0"])
-    return [*QEMU, "-semihosting-config", semi, *load]
+    load = ["-device", f"loader,file={area},addr={AGENT_BASE:#x}"] if area else []
+    return [*QEMU, "-semihosting-config", semi, "-kernel", str(boot_elf), *load]

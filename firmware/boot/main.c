@@ -4,20 +4,23 @@
  * to the application, and the semihosting console. The decisions are
  * boot_core.c's.
  *
- * Flash map (ZBT SSRAM1 at 0x0, 4 MB, which QEMU models as writable):
- *   0x00000000  the bootloader (BOOT_REGION bytes; budget in targets/cortex_m.py)
- *   0x00008000  the update agent's area (colibri/update_agent.py layout):
- *               geometry, security counter copies, slot A, slot B, each slot
- *               ending with MCUboot's trailer. Slot images are linked for
- *               their slot (firmware/boot/xip.ld) and run in place.
+ * Flash map (QEMU models both regions as writable memory):
+ *   0x00000000  ZBT SSRAM1 (4 MB): the bootloader, in its first 32 KiB.
+ *   0x21000000  PSRAM (16 MB), standing for an external execute-in-place
+ *               flash (QSPI on a real board): the update agent's area
+ *               (colibri/update_agent.py layout): geometry, security counter
+ *               copies, slot A, slot B, each slot ending with MCUboot's
+ *               trailer. Two slots of the 2 MB demo firmware do not fit the
+ *               4 MB SSRAM1. Slot images are linked for their slot
+ *               (firmware/boot/xip.ld) and run in place.
  *
  * Exit statuses (semihosting) when nothing is handed over, each with one
  * line on the console: BOOT_E_NO_IMAGE 20, BOOT_E_GEOMETRY 21,
  * BOOT_E_FLASH 22; test builds also BOOT_E_POWER_CUT 99.
  *
  * QEMU keeps flash in memory only, so a write is also mirrored into the host
- * file named by the semihosting argument `flash=PATH` (the flash image the
- * test booted): the next run starts from what this one wrote. `cut=K` and
+ * file named by the semihosting argument `flash=PATH` (the area image QEMU
+ * loaded at AGENT_BASE): the next run starts from what this one wrote. `cut=K` and
  * `mode=before|torn|after` stop the power at write K (1-based), as the
  * Python agent's CutWriter does. BOOT_CORPUS builds instead verify every
  * image of a corpus file (`corpus=PATH`) and print one verdict each.
@@ -29,8 +32,8 @@
 #include "colibri_image.h"
 #include "platform.h"
 
-#define AGENT_BASE 0x00008000u
-#define FLASH_END 0x00400000u
+#define AGENT_BASE 0x21000000u
+#define AGENT_SIZE 0x01000000u
 #define RAM_START 0x20000000u
 #define RAM_END 0x20400000u
 #define SCB_VTOR (*(volatile uint32_t *)0xE000ED08u)
@@ -104,7 +107,7 @@ static int board_write(boot_flash *f, uint32_t off, const uint8_t *data, uint32_
     if (off > f->size || keep > f->size - off) return BOOT_E_FLASH;
     memcpy((uint8_t *)(uintptr_t)(AGENT_BASE + off), data, keep);
     if (b->mirror >= 0 && keep) {
-        uint32_t seek[2] = {(uint32_t)b->mirror, AGENT_BASE + off};
+        uint32_t seek[2] = {(uint32_t)b->mirror, off};
         uint32_t wr[3] = {(uint32_t)b->mirror, (uint32_t)(uintptr_t)data, keep};
         if (semihost(SYS_SEEK, seek) != 0 || semihost(SYS_WRITE, wr) != 0) return BOOT_E_FLASH;
     }
@@ -203,7 +206,7 @@ int main(void) {
     return c ? run_corpus(c, parse_u32(arg("repeat", rep, sizeof rep))) : 2;
 #else
     flash.f.base = (const uint8_t *)(uintptr_t)AGENT_BASE;
-    flash.f.size = FLASH_END - AGENT_BASE;
+    flash.f.size = AGENT_SIZE;
     flash.f.write = board_write;
     flash.f.runnable = runnable;
     flash.f.log = board_log;
