@@ -326,3 +326,43 @@ def test_verify_time_of_a_128k_image(kit, tmp_path):
         times[repeat] = time.perf_counter() - t
     per = (times[21] - times[1]) / 20
     print(f"\nverify 128 KiB under qemu-system-arm: {per * 1000:.1f} ms per image")
+
+
+def test_boot_check_function_of_the_scons_goal(kit, tmp_path):
+    """What `scons target=cortex-m boot-check` runs, minus the demo flash
+    (building and running the demo firmware is the SCons goal's own part)."""
+    lines = []
+    BL.boot_check(kit["boot"], kit["corpus"], kit["key"], tmp_path / "check", log=lines.append)
+    text = "\n".join(lines)
+    print("\n" + text)
+    assert "the same verdict from the bootloader and colibri fw verify" in text
+    assert "power loss: 54 cuts in all" in text
+
+
+def test_scons_boot_and_boot_check_goals(tmp_path):
+    """`scons target=cortex-m boot` and `boot-check` through the real
+    SConstruct (the generated tiny model, so it stays quick)."""
+    scons = Path(sys.executable).parent / "scons"
+    keys.generate(tmp_path / "k")
+    common = [str(scons), "-Q", "-j2", "target=cortex-m", f"build_dir={tmp_path / 'b'}",
+              "version=1.2.0", f"key={tmp_path / 'k'}", "security_counter=3"]
+    r = subprocess.run(common + ["boot"], cwd=BL.ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    d = tmp_path / "b" / "cortex-m" / "boot"
+    for name in ("boot.elf", "boot-corpus.elf", "firmware-slot-a.img", "flash-slots.bin",
+                 "size.txt"):
+        assert (d / name).exists(), name
+    assert "bootloader     [" in (d / "size.txt").read_text()
+    with U.Agent(d / "flash-slots.bin", keys.load_public(tmp_path / "k.pub")) as agent:
+        b = agent.boot()
+    assert (b.slot, b.image.version, b.image.security_counter) == (0, V("1.2.0"), 3)
+    r = subprocess.run(common + ["boot-check"], cwd=BL.ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "then the firmware ran from slot A: ... done (exit 0)" in r.stdout
+    assert "power loss: 54 cuts in all" in r.stdout
+    # without a key the goal says what it needs, in one line
+    r = subprocess.run(common[:5] + ["boot"], cwd=BL.ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "the boot goals need key=KEY" in r.stdout + r.stderr

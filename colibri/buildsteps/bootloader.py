@@ -36,6 +36,13 @@ RAM = (0x20000000, 4 << 20)
 
 EXIT_NO_IMAGE, EXIT_GEOMETRY, EXIT_FLASH, EXIT_POWER_CUT = 20, 21, 22, 99
 
+# `scons target=cortex-m boot`: the demo firmware is about 2 MB; slots of
+# 4 MB (the target's `image` budget) hold it, and two fit the 16 MB area.
+DEMO_SLOT_SIZE = 4 << 20
+DEMO_SLOT_ALIGN = 0x10000
+DEMO_WRITE_SIZE = 4096
+DEMO_SLOT_A = AGENT_BASE + DEMO_SLOT_ALIGN   # the slot-A firmware links at this + HEADER_SIZE
+
 CC = "arm-none-eabi-gcc"
 CFLAGS = ("-std=c11", "-Os", "-Wall", "-Wextra", "-mcpu=cortex-m4", "-mthumb",
           "-mfloat-abi=hard", "-mfpu=fpv4-sp-d16", "-ffunction-sections", "-fdata-sections",
@@ -113,3 +120,228 @@ def qemu_command(boot_elf: Path, area: Path | None, *args: str) -> list[str]:
     semi = "enable=on,target=native,arg=boot" + "".join(f",arg={a}" for a in args)
     load = ["-device", f"loader,file={area},addr={AGENT_BASE:#x}"] if area else []
     return [*QEMU, "-semihosting-config", semi, "-kernel", str(boot_elf), *load]
+
+
+# --- `scons target=cortex-m boot-check`: the matrix, as plain functions ------------
+CHECK_SLOT = 0x10000          # small slots for the matrix: every erase is 16 writes
+CHECK_ALIGN = 0x8000
+CHECK_WRITE = 4096
+
+
+def run_boot(boot_elf: Path, area: Path, *args: str, timeout: float = 120.0):
+    """One reset: (exit status, console text). Writes land in `area`."""
+    r = subprocess.run(qemu_command(boot_elf, area, f"flash={area}", *args),
+                       capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def corpus_file(path: Path, images, target: int = 4, counter: int = 0,
+                capacity: int = CHECK_SLOT - TRAILER_SIZE) -> Path:
+    """The corpus build's input: policy, then each image with its length."""
+    import struct
+    body = b"".join(struct.pack("<I", len(x)) + x for x in images)
+    path.write_bytes(struct.pack("<IIII", target, counter, capacity, len(images)) + body)
+    return path
+
+
+def c_verdicts(corpus_elf: Path, path: Path, repeat: int = 0) -> list[int]:
+    """The bootloader's verdict (a `colibri fw verify` status) per image."""
+    r = subprocess.run(qemu_command(corpus_elf, None, f"corpus={path}", f"repeat={repeat}"),
+                       capture_output=True, text=True, timeout=600)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("verdicts")), None)
+    if r.returncode or line is None:
+        raise ColibriError(f"the corpus run failed (status {r.returncode}): "
+                           f"{(r.stdout + r.stderr)[-500:]}")
+    return [int(v) for v in line.split()[1:]]
+
+
+def py_verdict(data: bytes, public_key, capacity: int) -> int:
+    from .. import image as I
+    try:
+        I.verify_image(data, public_key, I.Policy(target="cortex-m", installed_counter=0,
+                                                  slot_size=capacity), exact=False)
+    except I.VerifyError as exc:
+        return exc.exit_status
+    return 0
+
+
+def verify_seconds(corpus_elf: Path, image: bytes, work: Path, times: int = 20) -> float:
+    """Wall time under QEMU to verify `image` once: (n + 1 runs - 1 run) / n."""
+    import time
+    path = corpus_file(work / "timing.bin", [image], capacity=len(image) + 1)
+    took = []
+    for repeat in (1, times + 1):
+        t = time.perf_counter()
+        if c_verdicts(corpus_elf, path, repeat) != [0]:
+            raise ColibriError("the image to time does not verify")
+        took.append(time.perf_counter() - t)
+    return (took[1] - took[0]) / times
+
+
+def make_app(work: Path, key, version: str, slot_addr: int, slot_size: int = CHECK_SLOT,
+             counter: int | None = None) -> bytes:
+    """A tiny application linked for the slot at `slot_addr`, signed: it
+    prints 'app VERSION running at 0xADDR' and exits 0."""
+    from .. import image as I
+    name = f"app_{version.replace('.', '_')}_{slot_addr:x}"
+    src = work / f"{name}.c"
+    src.write_text('#include "platform.h"\nint main(void) {\n'
+                   f'    static const char m[] = "app {version} running at 0x{slot_addr:x}\\n";\n'
+                   '    fw_write(m, sizeof m - 1);\n    return 0;\n}\n')
+    binary = link(work / f"{name}.elf", slot_addr + HEADER_SIZE,
+                  slot_size - HEADER_SIZE - TRAILER_SIZE, [src, *[ROOT / s for s in STARTUP]])
+    return I.pack_image(binary, "cortex-m", I.Version.parse(version), key,
+                        security_counter=int(version[0]) if counter is None else counter,
+                        header_size=HEADER_SIZE)
+
+
+def tamper_corpus(key, extra=()) -> list[bytes]:
+    """Every byte of a small image flipped (xor 0x01, 0xff), every truncation
+    (followed by erased flash, as in a slot), and `extra` images."""
+    from .. import image as I
+    img = I.pack_image(bytes(range(64)), "cortex-m", I.Version(1, 2, 3, 4), key,
+                       security_counter=7)
+    out = [img]
+    for pos in range(len(img)):
+        for mask in (0x01, 0xFF):
+            bad = bytearray(img)
+            bad[pos] ^= mask
+            out.append(bytes(bad))
+    out += [img[:n] + b"\xff" * (len(img) - n) for n in range(len(img))]
+    return out + list(extra)
+
+
+def power_cut_matrix(boot_elf: Path, key, work: Path, log) -> int:
+    """Cut the power before / in the middle of / after every bootloader
+    write of a test boot, a revert and a counter update; after each cut the
+    next boot must run a verified image, with slot A (confirmed) untouched.
+    Returns the number of cuts."""
+    from .. import image as I
+    from .. import ota
+    from .. import update_agent as U
+    a, b = AGENT_BASE + CHECK_ALIGN, AGENT_BASE + CHECK_ALIGN + CHECK_SLOT
+    v1, v2 = make_app(work, key, "1.0.0", a), make_app(work, key, "2.0.0", b)
+    pkg = ota.pack_package([v2], key)
+    cuts = 0
+    for name in ("test-boot", "revert", "counter"):
+        base = work / f"{name}.flash"
+        U.init_flash(base, v1, key.public_key(), slot_size=CHECK_SLOT, align=CHECK_ALIGN,
+                     write_size=CHECK_WRITE)
+        with U.Agent(base, key.public_key()) as agent:
+            agent.install(pkg)
+        if name != "test-boot":
+            run_boot(boot_elf, base)                      # the test boot: copy_done
+        if name == "counter":
+            with U.Agent(base, key.public_key()) as agent:  # the image confirms itself
+                agent._write_flag(1, U.IMAGE_OK_OFF, U.BOOT_FLAG_SET)
+        original = base.read_bytes()
+        slot_a = original[CHECK_ALIGN:CHECK_ALIGN + CHECK_SLOT]
+        k = 0
+        while True:
+            k += 1
+            done = True
+            for mode in ("before", "torn", "after"):
+                flash = work / "cut.flash"
+                flash.write_bytes(original)
+                status, out = run_boot(boot_elf, flash, f"cut={k}", f"mode={mode}")
+                if status != EXIT_POWER_CUT:
+                    if status != 0 or "app " not in out:
+                        raise ColibriError(f"{name}: without a cut at write {k} the boot "
+                                           f"failed: {out[-300:]}")
+                    break
+                done = False
+                status, out = run_boot(boot_elf, flash)
+                after = flash.read_bytes()
+                slot = CHECK_ALIGN if f"at 0x{a:x}" in out else CHECK_ALIGN + CHECK_SLOT
+                try:
+                    img = I.verify_image(after[slot:slot + CHECK_SLOT], key.public_key(),
+                                         I.Policy(target="cortex-m"), exact=False)
+                except I.VerifyError as exc:
+                    raise ColibriError(f"{name}: after a cut at write {k} ({mode}) the boot "
+                                       f"ran an image that does not verify ({exc})") from None
+                if status != 0 or f"app {img.version} running" not in out:
+                    raise ColibriError(f"{name}: after a cut at write {k} ({mode}) the next "
+                                       f"boot failed (status {status}): {out[-300:]}")
+                if after[CHECK_ALIGN:CHECK_ALIGN + CHECK_SLOT] != slot_a:
+                    raise ColibriError(f"{name}: a cut at write {k} ({mode}) changed the "
+                                       "confirmed slot A")
+                cuts += 1
+            if done:
+                break
+        log(f"  power loss, {name}: {k - 1} write(s), {3 * (k - 1)} cuts, each followed by "
+            "a good boot")
+    return cuts
+
+
+def boot_check(boot_elf: Path, corpus_elf: Path, key, work: Path, demo_flash: Path | None = None,
+               demo_image: bytes | None = None, log=print) -> None:
+    """`scons target=cortex-m boot-check`: the demo flash boots, the tamper
+    corpus gets the same verdicts from the bootloader and from `colibri fw
+    verify` (imgtool-signed images included when imgtool is installed), every
+    bootloader write survives a power cut, the bootloader fits its budget,
+    and the verify times under QEMU. ColibriError on the first failure."""
+    import shutil
+    import sys
+    work.mkdir(parents=True, exist_ok=True)
+    size = flash_size_of(boot_elf)
+    log(f"  bootloader: {size} bytes of flash ({size / 1024:.1f} KiB; goal "
+        f"{BOOT_BUDGET // 1024} KiB)")
+    if size > BOOT_BUDGET:
+        raise ColibriError(f"boot.elf takes {size} bytes of flash, over the {BOOT_BUDGET}-byte goal")
+    if demo_flash is not None:
+        copy = work / "demo.flash"
+        copy.write_bytes(demo_flash.read_bytes())
+        status, out = run_boot(boot_elf, copy, timeout=900)
+        lines = out.splitlines() or [""]
+        if status != 0 or "confirmed" not in lines[0]:
+            raise ColibriError(f"the demo flash did not boot (status {status}): {out[-500:]}")
+        log(f"  demo flash: {lines[0]}")
+        log(f"  then the firmware ran from slot A: ... {lines[-1]} (exit 0)")
+    if demo_image is not None:
+        log(f"  verify the {len(demo_image)}-byte demo image under QEMU: "
+            f"{verify_seconds(corpus_elf, demo_image, work, times=5) * 1000:.0f} ms")
+    from .. import image as I
+    big = I.pack_image(bytes(range(256)) * 512, "cortex-m", I.Version(1, 0, 0), key)
+    log(f"  verify a 128 KiB image under QEMU: {verify_seconds(corpus_elf, big, work) * 1000:.1f} ms")
+    extra = []
+    imgtool = Path(sys.executable).parent / "imgtool"
+    if imgtool.exists() or shutil.which("imgtool"):
+        # imgtool would prompt for the password of an encrypted key: it gets
+        # a decrypted copy, readable by the owner only, removed afterwards.
+        import os
+        keyfile = work / "imgtool.key"
+        fd = os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key.private_bytes(*_pem_pkcs8()))
+        (work / "p.bin").write_bytes(bytes(range(64)))
+        try:
+            for args in ([], ["-s", "3", "--custom-tlv", "0x80a2", "0x04000000"]):
+                out = work / "imgtool.img"
+                subprocess.run([str(imgtool if imgtool.exists() else "imgtool"), "sign", "-k",
+                                str(keyfile), "--header-size", "0x20", "--pad-header", "-S",
+                                hex(CHECK_SLOT), "-v", "1.0.0", *args, str(work / "p.bin"),
+                                str(out)], check=True, capture_output=True)
+                extra.append(out.read_bytes())
+        finally:
+            keyfile.unlink()
+    corpus = tamper_corpus(key, extra)
+    capacity = CHECK_SLOT - TRAILER_SIZE
+    want = [py_verdict(x, key.public_key(), capacity) for x in corpus]
+    got = c_verdicts(corpus_elf, corpus_file(work / "corpus.bin", corpus))
+    diff = [i for i in range(len(corpus)) if i >= len(got) or got[i] != want[i]]
+    if diff:
+        i = diff[0]
+        raise ColibriError(f"tamper corpus: image {i}: bootloader verdict "
+                           f"{got[i] if i < len(got) else 'none'}, colibri fw verify {want[i]} "
+                           f"({len(diff)} disagreements)")
+    log(f"  tamper corpus: {len(corpus)} images ({len(extra)} signed by imgtool), the same "
+        f"verdict from the bootloader and colibri fw verify for each; "
+        f"{sum(1 for v in got if v == 0)} accepted")
+    cuts = power_cut_matrix(boot_elf, key, work, log)
+    log(f"  power loss: {cuts} cuts in all, the confirmed image never lost")
+
+
+def _pem_pkcs8():
+    from cryptography.hazmat.primitives import serialization
+    return (serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption())

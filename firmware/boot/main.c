@@ -156,7 +156,7 @@ static const char *runnable(boot_flash *f, int slot, const boot_image *img) {
 #ifdef BOOT_CORPUS
 /* Corpus file: u32 target id, u32 min counter, u32 capacity, u32 count,
  * then per entry u32 length and the bytes. One line of verdicts out. */
-static uint8_t corpus[1u << 20];
+static uint8_t corpus[3u << 20]; /* RAM is 4 MB: room for the 2 MB demo image */
 
 static int run_corpus(const char *path, uint32_t repeat) {
     int fd = host_open(path, 1 /* rb */);
