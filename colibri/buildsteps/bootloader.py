@@ -50,6 +50,9 @@ CFLAGS = ("-std=c11", "-Os", "-Wall", "-Wextra", "-mcpu=cortex-m4", "-mthumb",
           "-DCOLIBRI_CRC32_SLICE8=0")
 LDFLAGS = ("-nostartfiles", "--specs=nano.specs", "-Wl,--gc-sections")
 STARTUP = ("firmware/cortex_m/startup.c", "firmware/cortex_m/semihost.c")
+# model_check.c for colibri_sha256 only; --gc-sections drops the model check
+# itself (its colibri_crc32 reference then needs src/crc32.c at link time,
+# whose table is dropped as well).
 BOOT_SOURCES = ("firmware/boot/main.c", "firmware/boot/boot_core.c", "firmware/model_check.c",
                 "src/crc32.c")
 QEMU = ("qemu-system-arm", "-M", "mps2-an386", "-cpu", "cortex-m4", "-nographic",

@@ -10,7 +10,6 @@
 
 #include <string.h>
 
-#include "colibri.h"          /* colibri_crc32 (src/crc32.c) */
 #include "colibri_image.h"
 #include "ed25519.h"          /* orlp ed25519, third_party/ (scripts/setup.sh) */
 #include "model_check.h"      /* colibri_sha256 */
@@ -24,6 +23,18 @@ static const uint8_t BOOT_MAGIC[16] = {0x77, 0xc2, 0x95, 0xf3, 0x60, 0xd2, 0xef,
 
 #define U16(p) colibri_img_u16(p)
 #define U32(p) colibri_img_u32(p)
+
+/* CRC-32 (zlib's, as the agent's records use), bit by bit: it checks 60-byte
+ * records only, so the 1 KiB table of the runtime's colibri_crc32 is not
+ * worth its flash here. */
+static uint32_t crc32_bits(const uint8_t *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n--) {
+        c ^= *p++;
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
 
 const char *boot_reason(int rc) {
     switch (rc) {
@@ -225,7 +236,7 @@ typedef struct {
 static int read_geometry(const boot_flash *f, geometry *g) {
     const uint8_t *b = f->base;
     if (f->size < GEO_SIZE || memcmp(b, "CLFL", 4) != 0 || U16(b + 4) != GEO_VERSION ||
-        colibri_crc32(0, b, 60) != U32(b + 60))
+        crc32_bits(b, 60) != U32(b + 60))
         return 0;
     g->target_id = U16(b + 6);
     g->slot_size = U32(b + 8);
@@ -250,7 +261,7 @@ static int read_counter(const boot_flash *f, uint32_t *value, int *newest) {
         const uint8_t *c = f->base + NV_OFFSET + (uint32_t)i * NV_SIZE;
         int zero = 1;
         for (int k = 12; k < 60; k++) zero &= c[k] == 0;
-        if (memcmp(c, "CLNV", 4) != 0 || !zero || colibri_crc32(0, c, 60) != U32(c + 60)) continue;
+        if (memcmp(c, "CLNV", 4) != 0 || !zero || crc32_bits(c, 60) != U32(c + 60)) continue;
         if (!found || U32(c + 4) > best_seq) {
             best_seq = U32(c + 4);
             *value = U32(c + 8);
@@ -276,7 +287,7 @@ static int raise_counter(boot_flash *f, uint32_t to) {
     memcpy(rec, "CLNV", 4);
     put32(rec + 4, seq + 1);
     put32(rec + 8, to);
-    put32(rec + 60, colibri_crc32(0, rec, 60));
+    put32(rec + 60, crc32_bits(rec, 60));
     return f->write(f, NV_OFFSET + (uint32_t)(1 - newest) * NV_SIZE, rec, NV_SIZE);
 }
 
