@@ -467,13 +467,19 @@ class Agent:
 
 def init_flash(path: str | os.PathLike, image: bytes, public_key, *, slot_size: int,
                align: int = 4096, write_size: int = DEFAULT_WRITE_SIZE) -> Geometry:
-    """Factory provisioning: a fresh flash file with `image` (verified first)
-    confirmed in slot A (trailer magic and image_ok, as `imgtool sign --pad
-    --confirm` leaves them), slot B erased, the security counter stored."""
+    """Factory provisioning: a fresh flash file with `image` (verified first;
+    a signed image, or a whole slot padded by imgtool --pad) confirmed in slot
+    A (trailer magic and image_ok, as `imgtool sign --pad --confirm` leaves
+    them), slot B erased, the security counter stored."""
     if slot_size <= TRAILER_SIZE:
         raise UpdateError(f"slot size {slot_size} leaves no room for the {TRAILER_SIZE}-byte "
                           "MCUboot trailer")
-    img = I.verify_image(image, public_key, I.Policy(slot_size=slot_size - TRAILER_SIZE))
+    # A whole slot as `imgtool sign --pad [--confirm] -S SLOT` writes it
+    # (image, erased flash, trailer) is taken as it is; the factory image is
+    # confirmed either way below.
+    padded = len(image) == slot_size
+    img = I.verify_image(image, public_key, I.Policy(slot_size=slot_size - TRAILER_SIZE),
+                         exact=not padded)
     a = -(-(NV_OFFSET + NV_COPIES * NV_SIZE) // align) * align
     b = a + -(-slot_size // align) * align
     geo = Geometry(img.target_id, slot_size, (a, b), write_size)

@@ -297,12 +297,21 @@ def test_trailer_layout_matches_imgtool(tmp_path):
         out = tmp_path / "o.bin"
         subprocess.run([str(imgtool), "sign", "-k", str(k), "--header-size", "0x20",
                         "--pad-header", "-S", str(SLOT), "--align", "8", "-v", "1.0.0", "--pad",
+                        "-s", "1", "--custom-tlv", "0x80a2", "0x04000000",
                         *extra, str(tmp_path / "fw.bin"), str(out)], check=True,
                        capture_output=True)
         slot = out.read_bytes()
         assert len(slot) == SLOT
         t = U.Trailer.unpack(slot[-U.TRAILER_SIZE:])
         assert (t.magic, t.image_ok, t.copy_done, t.trial) == want
+        # flash-init takes the padded slot as it is, confirmed
+        flash = tmp_path / "f.bin"
+        U.init_flash(flash, slot, keys.load_public(str(k) + ".pub"), slot_size=SLOT, align=512)
+        with U.Agent(flash, keys.load_public(str(k) + ".pub")) as agent:
+            assert agent.slot_bytes(0)[:-U.TRAILER_SIZE] == slot[:-U.TRAILER_SIZE]
+            assert agent.trailer(0).confirmed
+            b = agent.boot()
+            assert (b.slot, b.trial, b.image.version) == (0, False, V("1.0.0"))
 
 
 def rot(agent, slot, at=200):
