@@ -366,3 +366,28 @@ def test_scons_boot_and_boot_check_goals(tmp_path):
     r = subprocess.run(common[:5] + ["boot"], cwd=BL.ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode != 0 and "the boot goals need key=KEY" in r.stdout + r.stderr
+
+
+def test_application_confirms_itself_on_the_device(kit, tmp_path):
+    """The whole MCUboot cycle on the device: the update is test-booted, the
+    new firmware confirms itself (boot_set_confirmed through the same flash
+    driver), and the next reset keeps it and raises the security counter;
+    the flash then equals what the Python agent's confirm leaves."""
+    app = BL.make_app(kit["dir"], kit["key"], "2.1.0", SLOT_B, SLOT, confirms=True)
+    pkg = ota.pack_package([app], kit["key"])
+    flash = make_flash(kit, tmp_path / "flash.bin")
+    agent_do(kit, flash, lambda a: a.install(pkg))
+    status, out = boot(kit, flash)
+    assert status == 0 and "slot B 2.1.0 test boot" in out and "app: confirmed" in out, out
+    status, out = boot(kit, flash)
+    assert status == 0 and "slot B 2.1.0 confirmed, security counter 2" in out, out
+    # the same steps by the Python agent: install, boot, confirm, boot
+    twin = make_flash(kit, tmp_path / "twin.bin")
+
+    def steps(a):
+        a.install(pkg)
+        a.boot()
+        a.confirm()
+        a.boot()
+    agent_do(kit, twin, steps)
+    assert flash.read_bytes() == twin.read_bytes()

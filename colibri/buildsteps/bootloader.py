@@ -53,8 +53,12 @@ STARTUP = ("firmware/cortex_m/startup.c", "firmware/cortex_m/semihost.c")
 # model_check.c for colibri_sha256 only; --gc-sections drops the model check
 # itself (its colibri_crc32 reference then needs src/crc32.c at link time,
 # whose table is dropped as well).
-BOOT_SOURCES = ("firmware/boot/main.c", "firmware/boot/boot_core.c", "firmware/model_check.c",
-                "src/crc32.c")
+BOOT_SOURCES = ("firmware/boot/main.c", "firmware/boot/board.c", "firmware/boot/boot_core.c",
+                "firmware/model_check.c", "src/crc32.c")
+# What an application links to confirm itself (boot_set_confirmed) through
+# the same flash driver; --gc-sections leaves out the verifier.
+CONFIRM_SOURCES = ("firmware/boot/board.c", "firmware/boot/boot_core.c",
+                   "firmware/model_check.c", "src/crc32.c")
 QEMU = ("qemu-system-arm", "-M", "mps2-an386", "-cpu", "cortex-m4", "-nographic",
         "-monitor", "none", "-serial", "none")
 
@@ -80,7 +84,8 @@ def key_source(public_key, target_id: int) -> str:
 def link(out: Path, origin: int, length: int, sources, defines=()) -> bytes:
     """Compile and link a program placed at `origin` in flash; returns its
     raw binary (objcopy -O binary), also written next to the ELF."""
-    inc = [f"-I{ROOT / 'firmware'}", f"-I{ROOT / 'src' / 'include'}", f"-I{orlp_dir()}"]
+    inc = [f"-I{ROOT / 'firmware'}", f"-I{ROOT / 'firmware' / 'boot'}",
+           f"-I{ROOT / 'src' / 'include'}", f"-I{orlp_dir()}"]
     cmd = [CC, *CFLAGS, *[f"-D{d}" for d in defines], *inc, *LDFLAGS,
            f"-T{ROOT / 'firmware' / 'boot' / 'xip.ld'}",
            f"-Wl,--defsym=__flash_origin__={origin:#x},--defsym=__flash_length__={length:#x}",
@@ -181,18 +186,40 @@ def verify_seconds(corpus_elf: Path, image: bytes, work: Path, times: int = 20) 
     return (took[1] - took[0]) / times
 
 
+APP_CONFIRM = r"""
+#include <stdint.h>
+#include "board.h"
+#include "platform.h"
+extern void (*const vector_table[16])(void);   /* startup.c: at slot + hdr_size */
+/* The self-test passed: confirm this image (MCUboot's boot_set_confirmed). */
+static int confirm(void) {
+    board_flash b;
+    int rc = board_flash_open(&b);
+    if (!rc) rc = boot_set_confirmed(&b.f, (uint32_t)(uintptr_t)vector_table - BOARD_AGENT_BASE);
+    board_flash_close(&b);
+    board_puts(rc ? "app: confirm failed" : "app: confirmed");
+    return rc;
+}
+"""
+
+
 def make_app(work: Path, key, version: str, slot_addr: int, slot_size: int = CHECK_SLOT,
-             counter: int | None = None) -> bytes:
+             counter: int | None = None, confirms: bool = False) -> bytes:
     """A tiny application linked for the slot at `slot_addr`, signed: it
-    prints 'app VERSION running at 0xADDR' and exits 0."""
+    prints 'app VERSION running at 0xADDR', confirms itself when `confirms`
+    (boot_set_confirmed after its 'self-test'), and exits 0."""
     from .. import image as I
-    name = f"app_{version.replace('.', '_')}_{slot_addr:x}"
+    name = f"app_{version.replace('.', '_')}_{slot_addr:x}" + ("_c" if confirms else "")
     src = work / f"{name}.c"
-    src.write_text('#include "platform.h"\nint main(void) {\n'
+    src.write_text('#include "platform.h"\n' + (APP_CONFIRM if confirms else "")
+                   + 'int main(void) {\n'
                    f'    static const char m[] = "app {version} running at 0x{slot_addr:x}\\n";\n'
-                   '    fw_write(m, sizeof m - 1);\n    return 0;\n}\n')
+                   '    fw_write(m, sizeof m - 1);\n'
+                   + ('    return confirm();\n}\n' if confirms else '    return 0;\n}\n'))
+    extra = [ROOT / s for s in CONFIRM_SOURCES] if confirms else []
     binary = link(work / f"{name}.elf", slot_addr + HEADER_SIZE,
-                  slot_size - HEADER_SIZE - TRAILER_SIZE, [src, *[ROOT / s for s in STARTUP]])
+                  slot_size - HEADER_SIZE - TRAILER_SIZE,
+                  [src, *[ROOT / s for s in STARTUP], *extra])
     return I.pack_image(binary, "cortex-m", I.Version.parse(version), key,
                         security_counter=int(version[0]) if counter is None else counter,
                         header_size=HEADER_SIZE)

@@ -409,3 +409,18 @@ int boot_select(boot_flash *f, const boot_policy *base_policy, boot_choice *out)
     say(f, &l);
     return BOOT_E_NO_IMAGE;
 }
+
+int boot_set_confirmed(boot_flash *f, uint32_t running) {
+    geometry g;
+    if (!read_geometry(f, &g)) return BOOT_E_GEOMETRY;
+    for (int s = 0; s < 2; s++) {
+        if (running < g.slot[s] || running - g.slot[s] >= g.slot_size) continue;
+        const uint8_t *end = f->base + g.slot[s] + g.slot_size;
+        if (memcmp(end - MAGIC_OFF, BOOT_MAGIC, 16) != 0) return BOOT_E_NO_IMAGE;
+        if (end[-(int)IMAGE_OK_OFF] == FLAG_SET) return BOOT_OK;
+        uint8_t field[8] = {FLAG_SET, ERASED, ERASED, ERASED, ERASED, ERASED, ERASED, ERASED};
+        return f->write(f, g.slot[s] + g.slot_size - IMAGE_OK_OFF, field, 8) ? BOOT_E_FLASH
+                                                                            : BOOT_OK;
+    }
+    return BOOT_E_NO_IMAGE;
+}

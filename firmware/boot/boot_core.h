@@ -96,4 +96,12 @@ typedef struct {
  * test image, the erase of a reverted slot, the security counter. */
 int boot_select(boot_flash *f, const boot_policy *base_policy, boot_choice *out);
 
+/* For the application: MCUboot's boot_set_confirmed. Programs image_ok in
+ * the trailer of the slot holding offset `running` of the area (e.g. the
+ * running image's vector table - base) once its self-test passed; the next
+ * boot then keeps it and raises the security counter. 0 (also when it was
+ * confirmed already), BOOT_E_GEOMETRY, BOOT_E_FLASH, or BOOT_E_NO_IMAGE when
+ * `running` is in no slot or the slot is not marked for boot. */
+int boot_set_confirmed(boot_flash *f, uint32_t running);
+
 #endif

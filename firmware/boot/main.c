@@ -28,12 +28,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "board.h"
 #include "boot_core.h"
 #include "colibri_image.h"
 #include "platform.h"
 
-#define AGENT_BASE 0x21000000u
-#define AGENT_SIZE 0x01000000u
+#define AGENT_BASE BOARD_AGENT_BASE
 #define RAM_START 0x20000000u
 #define RAM_END 0x20400000u
 #define SCB_VTOR (*(volatile uint32_t *)0xE000ED08u)
@@ -41,86 +41,9 @@
 extern const uint8_t colibri_boot_pubkey[32];   /* boot_key.c, generated from KEY.pub */
 extern const uint32_t colibri_boot_target_id;
 
-/* --- semihosting (ARM DUI 0471): op in r0, parameter block in r1 ---------- */
-#define SYS_OPEN 0x01
-#define SYS_CLOSE 0x02
-#define SYS_WRITE 0x05
-#define SYS_READ 0x06
-#define SYS_SEEK 0x0A
-#define SYS_FLEN 0x0C
-#define SYS_GET_CMDLINE 0x15
-
-static int semihost(int op, void *arg) {
-    register int r0 __asm__("r0") = op;
-    register void *r1 __asm__("r1") = arg;
-    __asm__ volatile("bkpt 0xab" : "+r"(r0) : "r"(r1) : "memory");
-    return r0;
-}
-
-static void puts_line(const char *s) {
-    fw_write(s, strlen(s));
-    fw_write("\n", 1);
-}
-
-static char cmdline[512];
-
-/* The value of `key=` in the semihosting command line, or NULL. Values end
- * at a space; the caller gets a NUL-terminated copy in `buf`. */
-static const char *arg(const char *key, char *buf, size_t cap) {
-    size_t k = strlen(key);
-    for (const char *p = cmdline; *p; p++) {
-        if ((p == cmdline || p[-1] == ' ') && strncmp(p, key, k) == 0 && p[k] == '=') {
-            p += k + 1;
-            size_t n = 0;
-            while (p[n] && p[n] != ' ' && n + 1 < cap) buf[n] = p[n], n++;
-            buf[n] = 0;
-            return buf;
-        }
-    }
-    return 0;
-}
-
-static uint32_t parse_u32(const char *s) {
-    uint32_t v = 0;
-    while (s && *s >= '0' && *s <= '9') v = v * 10u + (uint32_t)(*s++ - '0');
-    return v;
-}
-
-static int host_open(const char *path, int mode) {
-    uint32_t a[3] = {(uint32_t)(uintptr_t)path, (uint32_t)mode, (uint32_t)strlen(path)};
-    return semihost(SYS_OPEN, a);
-}
-
-/* --- the flash driver: memory, mirrored to the host file, cut on demand --- */
-typedef struct {
-    boot_flash f;
-    int mirror;          /* host file handle, -1: none */
-    uint32_t writes, cut_at;
-    int cut_mode;        /* 0 before, 1 torn, 2 after */
-} board_flash;
-
-static int board_write(boot_flash *f, uint32_t off, const uint8_t *data, uint32_t n) {
-    board_flash *b = (board_flash *)f;
-    uint32_t keep = n;
-    int cut = ++b->writes == b->cut_at;
-    if (cut) keep = b->cut_mode == 0 ? 0 : b->cut_mode == 1 ? n / 2 : n;
-    if (off > f->size || keep > f->size - off) return BOOT_E_FLASH;
-    memcpy((uint8_t *)(uintptr_t)(AGENT_BASE + off), data, keep);
-    if (b->mirror >= 0 && keep) {
-        uint32_t seek[2] = {(uint32_t)b->mirror, off};
-        uint32_t wr[3] = {(uint32_t)b->mirror, (uint32_t)(uintptr_t)data, keep};
-        if (semihost(SYS_SEEK, seek) != 0 || semihost(SYS_WRITE, wr) != 0) return BOOT_E_FLASH;
-    }
-    if (cut) {
-        puts_line("boot: power cut (test)");
-        fw_exit(BOOT_E_POWER_CUT);
-    }
-    return 0;
-}
-
 static void board_log(boot_flash *f, const char *line) {
     (void)f;
-    puts_line(line);
+    board_puts(line);
 }
 
 /* Hand over: VTOR, MSP and the reset handler of the image's vector table. */
@@ -154,21 +77,24 @@ static const char *runnable(boot_flash *f, int slot, const boot_image *img) {
 }
 
 #ifdef BOOT_CORPUS
+#define SYS_READ 0x06
+#define SYS_FLEN 0x0C
+
 /* Corpus file: u32 target id, u32 min counter, u32 capacity, u32 count,
  * then per entry u32 length and the bytes. One line of verdicts out. */
 static uint8_t corpus[3u << 20]; /* RAM is 4 MB: room for the 2 MB demo image */
 
 static int run_corpus(const char *path, uint32_t repeat) {
-    int fd = host_open(path, 1 /* rb */);
+    int fd = board_host_open(path, 1 /* rb */);
     if (fd < 0) {
-        puts_line("boot: cannot open the corpus file");
+        board_puts("boot: cannot open the corpus file");
         return 2;
     }
     uint32_t fl[1] = {(uint32_t)fd};
-    int len = semihost(SYS_FLEN, fl);
+    int len = board_semihost(SYS_FLEN, fl);
     uint32_t rd[3] = {(uint32_t)fd, (uint32_t)(uintptr_t)corpus, (uint32_t)len};
-    if (len <= 16 || (uint32_t)len > sizeof corpus || semihost(SYS_READ, rd) != 0) {
-        puts_line("boot: cannot read the corpus file");
+    if (len <= 16 || (uint32_t)len > sizeof corpus || board_semihost(SYS_READ, rd) != 0) {
+        board_puts("boot: cannot read the corpus file");
         return 2;
     }
     boot_policy p = {colibri_img_u32(corpus), colibri_img_u32(corpus + 4),
@@ -191,47 +117,26 @@ static int run_corpus(const char *path, uint32_t repeat) {
         }
     }
     out[n] = 0;
-    puts_line(out);
+    board_puts(out);
     return 0;
 }
 #endif
 
 int main(void) {
-    uint32_t cl[2] = {(uint32_t)(uintptr_t)cmdline, sizeof cmdline - 1};
-    if (semihost(SYS_GET_CMDLINE, cl) != 0) cmdline[0] = 0;
-    char buf[256];
 #ifdef BOOT_CORPUS
-    const char *c = arg("corpus", buf, sizeof buf);
-    char rep[16];
-    return c ? run_corpus(c, parse_u32(arg("repeat", rep, sizeof rep))) : 2;
+    char buf[256], rep[16];
+    const char *c = board_arg("corpus", buf, sizeof buf);
+    return c ? run_corpus(c, board_parse_u32(board_arg("repeat", rep, sizeof rep))) : 2;
 #else
-    flash.f.base = (const uint8_t *)(uintptr_t)AGENT_BASE;
-    flash.f.size = AGENT_SIZE;
-    flash.f.write = board_write;
+    int rc = board_flash_open(&flash);
+    if (rc) return rc;
     flash.f.runnable = runnable;
     flash.f.log = board_log;
-    flash.mirror = -1;
-    const char *path = arg("flash", buf, sizeof buf);
-    if (path) {
-        flash.mirror = host_open(path, 3 /* r+b */);
-        if (flash.mirror < 0) {
-            puts_line("boot: cannot open the flash mirror file");
-            return BOOT_E_FLASH;
-        }
-    }
-    char tmp[32];
-    flash.cut_at = parse_u32(arg("cut", tmp, sizeof tmp));
-    const char *mode = arg("mode", tmp, sizeof tmp);
-    flash.cut_mode = !mode ? 1 : mode[0] == 'b' ? 0 : mode[0] == 'a' ? 2 : 1;
-
     boot_policy p = {colibri_boot_target_id, 0, 0, colibri_boot_pubkey};
     boot_choice ch;
-    int rc = boot_select(&flash.f, &p, &ch);
+    rc = boot_select(&flash.f, &p, &ch);
     if (rc) return rc;
-    if (flash.mirror >= 0) {
-        uint32_t c[1] = {(uint32_t)flash.mirror};
-        semihost(SYS_CLOSE, c);
-    }
+    board_flash_close(&flash);
     jump(AGENT_BASE + ch.slot_offset + ch.img.hdr_size);
 #endif
 }
