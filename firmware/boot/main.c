@@ -1,8 +1,8 @@
 /*
  * main.c - the Colibri bootloader for the Cortex-M4F MPS2 AN386 board
- * (qemu-system-arm -M mps2-an386): flash map, the flash driver, the hand-over
- * to the application, and the semihosting console. The decisions are
- * boot_core.c's.
+ * (qemu-system-arm -M mps2-an386): flash map, the check that an image can run
+ * from its slot, and the hand-over to the application. The decisions are
+ * boot_core.c's; semihosting and the flash driver are board.c's.
  *
  * Flash map (QEMU models both regions as writable memory):
  *   0x00000000  ZBT SSRAM1 (4 MB): the bootloader, in its first 32 KiB.
@@ -18,12 +18,9 @@
  * line on the console: BOOT_E_NO_IMAGE 20, BOOT_E_GEOMETRY 21,
  * BOOT_E_FLASH 22; test builds also BOOT_E_POWER_CUT 99.
  *
- * QEMU keeps flash in memory only, so a write is also mirrored into the host
- * file named by the semihosting argument `flash=PATH` (the area image QEMU
- * loaded at AGENT_BASE): the next run starts from what this one wrote. `cut=K` and
- * `mode=before|torn|after` stop the power at write K (1-based), as the
- * Python agent's CutWriter does. BOOT_CORPUS builds instead verify every
- * image of a corpus file (`corpus=PATH`) and print one verdict each.
+ * Flash writes are mirrored to the host file `flash=PATH` and can be cut at
+ * write K for tests (board.h). BOOT_CORPUS builds instead verify every image
+ * of a corpus file (`corpus=PATH`) and print one verdict each.
  */
 #include <stdint.h>
 #include <string.h>
