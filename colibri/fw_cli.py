@@ -1,8 +1,8 @@
 """`colibri fw ...`: keys, signed images, OTA packages and the A/B flash
 simulation (docs/IMAGE.md).
 
-  colibri fw keygen -o KEY                      KEY + KEY.pub (Ed25519)
-  colibri fw pack ELF --target T --version V --key KEY -o IMG
+  colibri fw keygen -o KEY [--password-file F]  KEY + KEY.pub (Ed25519, imgtool reads both)
+  colibri fw pack ELF --target T --version V --key KEY -o IMG   an MCUboot image
   colibri fw ota IMG [IMG...] --key KEY -o PKG
   colibri fw verify FILE --key KEY.pub [policy]  exit 0 only for a good file
   colibri fw info FILE                           what a file says (not verified)
@@ -15,6 +15,7 @@ prints one line; everything else follows colibri.cli (one line, status 2).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import image as I
@@ -71,6 +72,26 @@ def policy_from(args) -> I.Policy:
                     installed_counter=args.installed_counter, slot_size=args.slot_size)
 
 
+PASSWORD_ENV = keys.PASSWORD_ENV
+
+
+def add_password_arg(p: argparse.ArgumentParser, helptext: str) -> None:
+    p.add_argument("--password-file", metavar="FILE",
+                   help=helptext + f" (first line; or set {PASSWORD_ENV})")
+
+
+def password_from(args) -> bytes | None:
+    """The key password: --password-file's first line, else $COLIBRI_KEY_PASSWORD,
+    else None. Never a prompt: builds run unattended."""
+    if args.password_file:
+        text = I.read_bytes(args.password_file).splitlines()
+        if not text or not text[0]:
+            raise ColibriError(f"{args.password_file}: the password file is empty")
+        return text[0]
+    env = os.environ.get(PASSWORD_ENV)
+    return env.encode() if env else None
+
+
 def add_parser(subparsers) -> None:
     fw = subparsers.add_parser("fw", help="sign, package, verify and install firmware images",
                                description="Signed firmware images, OTA packages and the "
@@ -81,6 +102,7 @@ def add_parser(subparsers) -> None:
     p = sub.add_parser("keygen", help="create an Ed25519 key pair (KEY and KEY.pub)")
     p.add_argument("-o", "--output", required=True, metavar="KEY")
     p.add_argument("--force", action="store_true", help="overwrite an existing key")
+    add_password_arg(p, "encrypt the private key with the password in FILE")
     p.set_defaults(func=_keygen)
 
     p = sub.add_parser("pack", help="sign a firmware ELF/binary into an image",
@@ -98,14 +120,19 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", metavar="FILE",
                    help=f"the .colibri blob when the payload has no {I.MODEL_SECTION} section")
     p.add_argument("--load-address", type=_int, metavar="ADDR",
-                   help="override the load address (default: the ELF's lowest PT_LOAD, 0 "
-                   "for a binary)")
+                   help="the image runs from RAM at ADDR (MCUboot's RAM_LOAD, imgtool's "
+                   "--load-addr); default: it executes in place")
+    p.add_argument("--header-size", type=_int, default=I.HEADER_SIZE, metavar="BYTES",
+                   help=f"MCUboot hdr_size, the payload's offset in the slot (default "
+                   f"{I.HEADER_SIZE}; imgtool's --header-size with --pad-header)")
+    add_password_arg(p, "the private key is encrypted with the password in FILE")
     p.add_argument("-o", "--output", required=True, metavar="IMG")
     p.set_defaults(func=_pack)
 
     p = sub.add_parser("ota", help="bundle signed images into a signed OTA package")
     p.add_argument("images", nargs="+", metavar="IMG")
     p.add_argument("--key", required=True, metavar="KEY")
+    add_password_arg(p, "the private key is encrypted with the password in FILE")
     p.add_argument("-o", "--output", required=True, metavar="PKG")
     p.set_defaults(func=_ota)
 
@@ -129,7 +156,7 @@ def add_parser(subparsers) -> None:
 
 
 def _keygen(args) -> int:
-    priv, pub = keys.generate(args.output, force=args.force)
+    priv, pub = keys.generate(args.output, force=args.force, password=password_from(args))
     print(f"wrote {priv} (private: keep it secret) and {pub} (public: give it to devices)")
     return 0
 
@@ -137,7 +164,8 @@ def _keygen(args) -> int:
 def _pack(args) -> int:
     info = I.pack_file(args.payload, args.output, args.target, args.version, args.key,
                        security_counter=args.security_counter, slot_size=args.slot_size,
-                       model_path=args.model, load_address=args.load_address)
+                       model_path=args.model, load_address=args.load_address,
+                       header_size=args.header_size, password=password_from(args))
     model_note = (f", model {info.model.size} bytes sha256 {info.model.sha256.hex()[:16]}..."
                   if info.model else ", no model")
     print(f"wrote {args.output}: {args.target} {args.version}, {info.size} bytes, "
@@ -146,7 +174,7 @@ def _pack(args) -> int:
 
 
 def _ota(args) -> int:
-    info = ota.pack_files(args.images, args.output, args.key)
+    info = ota.pack_files(args.images, args.output, args.key, password=password_from(args))
     print(f"wrote {args.output}: {info.target} {info.version}, {len(info.entries)} payload(s), "
           f"{info.size} bytes")
     return 0

@@ -1,11 +1,16 @@
-"""Signed firmware images (docs/IMAGE.md is the spec; this module and
-src/include/colibri_image.h must agree, which tests/test_image_c.py checks).
+"""Signed firmware images in MCUboot's format (docs/IMAGE.md is the spec;
+this module and src/include/colibri_image.h must agree, which
+tests/test_image_c.py checks; `imgtool` from PyPI is the judge of
+compatibility, tests/test_image_mcuboot.py).
 
-An image is MCUboot-shaped: a fixed 64-byte little-endian header, the payload
-(the firmware ELF or its raw binary), a protected TLV area (covered by the
-SHA-256 and so by the signature: security counter, model digest and info), and
-an unprotected TLV area holding exactly the SHA-256, the signing key's hash and
-the Ed25519 signature.
+An image is what `imgtool sign --header-size H --pad-header` writes: MCUboot's
+32-byte little-endian header (padded with 0xFF to `hdr_size`), the payload (the
+firmware ELF or its raw binary), a protected TLV area (covered by the SHA-256
+and so by the signature: the security counter, then Colibri's own TLVs in the
+vendor range: target id, model digest and info), and an unprotected TLV area
+holding exactly the SHA-256, the signing key's hash and the Ed25519 signature.
+For the same inputs and key, `pack_image` and `imgtool sign` give the same
+bytes (Ed25519 signatures are deterministic).
 
 `pack_image` builds one, `parse_image` checks only the structure (lengths,
 magics), `verify_image` checks everything a bootloader or update agent must:
@@ -25,34 +30,37 @@ from . import format as fmt
 from . import keys
 from .errors import ColibriError, FormatError
 
-# --- Header (IMAGE.md 2) -----------------------------------------------------
-MAGIC = b"CLFW"
-HEADER_SIZE = 64
-FORMAT_VERSION = 1
+# --- Header (IMAGE.md 2): MCUboot's struct image_header ----------------------
+MAGIC = 0x96F3B83D            # ih_magic, little-endian: bytes 3d b8 f3 96
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+HEADER_STRUCT_SIZE = 32       # the struct; hdr_size may be larger (padding, 0xFF)
+HEADER_SIZE = 32              # default hdr_size: imgtool's default, no padding
 HEADER_FIELDS = (
     # (name, struct code, offset)
-    ("magic", "4s", 0),
-    ("header_size", "H", 4),
-    ("format_version", "H", 6),
-    ("target_id", "H", 8),
-    ("flags", "H", 10),
-    ("ver_major", "B", 12),
-    ("ver_minor", "B", 13),
-    ("ver_patch", "H", 14),
-    ("ver_build", "I", 16),
-    ("payload_size", "I", 20),
-    ("load_addr", "Q", 24),
-    ("protected_tlv_size", "I", 32),
-    ("reserved", "28s", 36),
+    ("magic", "I", 0),
+    ("load_addr", "I", 4),
+    ("hdr_size", "H", 8),
+    ("protect_tlv_size", "H", 10),
+    ("img_size", "I", 12),
+    ("flags", "I", 16),
+    ("ver_major", "B", 20),
+    ("ver_minor", "B", 21),
+    ("ver_revision", "H", 22),
+    ("ver_build", "I", 24),
+    ("pad1", "I", 28),
 )
 HEADER_STRUCT = "<" + "".join(code for _, code, _ in HEADER_FIELDS)
-assert struct.calcsize(HEADER_STRUCT) == HEADER_SIZE
+assert struct.calcsize(HEADER_STRUCT) == HEADER_STRUCT_SIZE
 for _name, _code, _off in HEADER_FIELDS:  # offsets in the table are the packed ones
     assert struct.calcsize("<" + "".join(c for n, c, o in HEADER_FIELDS if o < _off)) == _off, _name
-RESERVED_SIZE = 28
+HEADER_PAD = 0xFF             # what imgtool --pad-header puts between the struct and hdr_size
 
-FLAG_PAYLOAD_ELF = 0x0001     # payload is an ELF file (else a raw binary)
-KNOWN_FLAGS = FLAG_PAYLOAD_ELF
+# ih_flags (MCUboot's IMAGE_F_*). Only RAM_LOAD is understood here; any other
+# bit (encrypted, compressed, ROM-fixed, non-bootable, ...) changes how the
+# payload must be read, so an image carrying one is refused, as an unknown
+# critical TLV is.
+IMAGE_F_RAM_LOAD = 0x00000020
+KNOWN_FLAGS = IMAGE_F_RAM_LOAD
 
 # Target ids: one per targets/<name>.py. Never renumber: devices in the field
 # compare them.
@@ -60,35 +68,43 @@ TARGET_IDS = {"x86_64": 1, "armv7": 2, "ppc": 3, "cortex-m": 4, "aarch64": 5, "r
 TARGET_NAMES = {v: k for k, v in TARGET_IDS.items()}
 
 # --- TLV areas (IMAGE.md 3) --------------------------------------------------
-TLV_INFO_STRUCT = "<HHI"      # magic, reserved (0), total bytes including this info
-TLV_INFO_SIZE = 8
+TLV_INFO_STRUCT = "<HH"       # magic, total bytes including this info (MCUboot's u16)
+TLV_INFO_SIZE = 4
 TLV_HDR_STRUCT = "<HH"        # type, value length
 TLV_HDR_SIZE = 4
 assert struct.calcsize(TLV_INFO_STRUCT) == TLV_INFO_SIZE
 assert struct.calcsize(TLV_HDR_STRUCT) == TLV_HDR_SIZE
 TLV_PROT_INFO_MAGIC = 0x6908  # MCUboot's values
 TLV_INFO_MAGIC = 0x6907
-TLV_CRITICAL = 0x8000         # type bit: a verifier that does not know it must refuse
+TLV_AREA_MAX = 0xFFFF         # it_tlv_tot and ih_protect_tlv_size are u16
+TLV_CRITICAL = 0x8000         # Colibri's rule: an unknown type with this bit is refused
 
-TLV_KEYHASH = 0x0001          # unprotected: SHA-256 of the raw public key (32)
+TLV_KEYHASH = 0x0001          # unprotected: SHA-256 of the DER public key (32)
 TLV_SHA256 = 0x0010           # unprotected: SHA-256 of header+payload+protected TLVs (32)
-TLV_ED25519 = 0x0024          # unprotected: signature of SIGN_DOMAIN + SHA-256 (64)
-TLV_SEC_CNT = 0x8050          # protected: u32 security counter
+TLV_ED25519 = 0x0024          # unprotected: Ed25519 signature of the SHA-256 value (64)
+TLV_SEC_CNT = 0x0050          # protected: u32 security counter
+# Colibri's TLVs, in MCUboot's vendor range (0x..A0-0x..FE), with the
+# critical bit set: a Colibri verifier too old to know one refuses the image.
 TLV_MODEL_SHA256 = 0x80A0     # protected: SHA-256 of the model blob (32)
 TLV_MODEL_INFO = 0x80A1       # protected: MODEL_INFO_STRUCT
+TLV_TARGET = 0x80A2           # protected: TARGET_STRUCT
 MODEL_INFO_STRUCT = "<IIHBB"  # offset in payload, size, format version, byte order, reserved
 MODEL_INFO_SIZE = 12
 assert struct.calcsize(MODEL_INFO_STRUCT) == MODEL_INFO_SIZE
+TARGET_STRUCT = "<HH"         # target id, payload kind
+TARGET_SIZE = 4
+PAYLOAD_RAW, PAYLOAD_ELF = 0, 1
+PAYLOAD_KINDS = {PAYLOAD_RAW: "raw binary", PAYLOAD_ELF: "ELF"}
 MODEL_NOT_IN_PAYLOAD = 0xFFFFFFFF
 BYTE_ORDERS = {"little": 0, "big": 1}
 
 UNPROTECTED_TLVS = {TLV_KEYHASH: 32, TLV_SHA256: 32, TLV_ED25519: 64}   # type -> length
-PROTECTED_TLVS = {TLV_SEC_CNT: 4, TLV_MODEL_SHA256: 32, TLV_MODEL_INFO: MODEL_INFO_SIZE}
+PROTECTED_TLVS = {TLV_SEC_CNT: 4, TLV_MODEL_SHA256: 32, TLV_MODEL_INFO: MODEL_INFO_SIZE,
+                  TLV_TARGET: TARGET_SIZE}
 TLV_NAMES = {TLV_KEYHASH: "KEYHASH", TLV_SHA256: "SHA256", TLV_ED25519: "ED25519",
              TLV_SEC_CNT: "SEC_CNT", TLV_MODEL_SHA256: "MODEL_SHA256",
-             TLV_MODEL_INFO: "MODEL_INFO"}
+             TLV_MODEL_INFO: "MODEL_INFO", TLV_TARGET: "TARGET"}
 
-SIGN_DOMAIN = b"colibri-fw-image-v1\0"
 MODEL_SECTION = ".colibri_model"   # ELF section the build embeds the .colibri blob in
 U32_MAX = 0xFFFFFFFF
 
@@ -271,36 +287,49 @@ def tlv(type_: int, value: bytes) -> bytes:
 
 
 def tlv_area(magic: int, body: bytes) -> bytes:
-    return struct.pack(TLV_INFO_STRUCT, magic, 0, TLV_INFO_SIZE + len(body)) + body
+    if TLV_INFO_SIZE + len(body) > TLV_AREA_MAX:
+        raise PackError(f"TLV area of {TLV_INFO_SIZE + len(body)} bytes: MCUboot's "
+                        f"u16 length holds at most {TLV_AREA_MAX}")
+    return struct.pack(TLV_INFO_STRUCT, magic, TLV_INFO_SIZE + len(body)) + body
 
 
-def pack_header(*, target: int, flags: int, version: Version, payload_size: int,
-                load_addr: int, protected_tlv_size: int, header_size: int = HEADER_SIZE,
-                format_version: int = FORMAT_VERSION, reserved: bytes = bytes(RESERVED_SIZE)
-                ) -> bytes:
-    return struct.pack(HEADER_STRUCT, MAGIC, header_size, format_version, target, flags,
-                       version.major, version.minor, version.patch, version.build,
-                       payload_size, load_addr, protected_tlv_size, reserved)
+def pack_header(*, version: Version, img_size: int, protect_tlv_size: int,
+                hdr_size: int = HEADER_SIZE, load_addr: int = 0, flags: int | None = None,
+                pad1: int = 0, magic: int = MAGIC) -> bytes:
+    """The header, padded with 0xFF to hdr_size (as `imgtool --pad-header`).
+    flags default: RAM_LOAD when a load address is given, as imgtool sets it."""
+    if flags is None:
+        flags = IMAGE_F_RAM_LOAD if load_addr else 0
+    head = struct.pack(HEADER_STRUCT, magic, load_addr, hdr_size, protect_tlv_size, img_size,
+                       flags, version.major, version.minor, version.patch, version.build, pad1)
+    return head + bytes([HEADER_PAD]) * (hdr_size - HEADER_STRUCT_SIZE)
 
 
 def pack_image(payload: bytes, target: str, version: Version, key, *,
                security_counter: int = 0, load_address: int | None = None,
                model: bytes | None = None, slot_size: int | None = None,
+               header_size: int = HEADER_SIZE,
                extra_protected_tlvs: tuple[tuple[int, bytes], ...] = ()) -> bytes:
-    """Build a signed image. `payload` is an ELF (its `.colibri_model` section,
-    if any, is the model) or a raw binary; `model` is the .colibri blob when it
-    is not an ELF section (it is located in the payload if it occurs there).
-    `extra_protected_tlvs` lets a newer signer add TLVs (and tests add unknown ones)."""
+    """Build a signed image, byte for byte what
+    `imgtool sign --header-size H --pad-header -v V -s N --custom-tlv ...` makes.
+    `payload` is an ELF (its `.colibri_model` section, if any, is the model) or
+    a raw binary; `model` is the .colibri blob when it is not an ELF section (it
+    is located in the payload if it occurs there). `load_address`: run from RAM
+    at this address (MCUboot's RAM_LOAD, imgtool's --load-addr); None or 0:
+    execute in place. `extra_protected_tlvs` lets a newer signer add TLVs (and
+    tests add unknown ones)."""
     payload = bytes(payload)
     is_elf = payload[:4] == b"\x7fELF"
     if len(payload) > U32_MAX:
         raise PackError(f"payload is {len(payload)} bytes, over the 4 GiB the header can hold")
     if not 0 <= security_counter <= U32_MAX:
         raise PackError(f"security counter {security_counter} is outside 0..{U32_MAX}")
+    if not HEADER_STRUCT_SIZE <= header_size <= 0xFFFF:
+        raise PackError(f"header size {header_size} is outside {HEADER_STRUCT_SIZE}..65535")
+    if load_address is not None and not 0 <= load_address <= U32_MAX:
+        raise PackError(f"load address 0x{load_address:x} does not fit MCUboot's 32 bits")
     tid = target_id(target)
-    elf_load, found = elf_facts(payload) if is_elf else (0, None)
-    if load_address is None:
-        load_address = elf_load
+    found = elf_facts(payload)[1] if is_elf else None
     if model is not None:
         model = bytes(model)
         pos = payload.find(model) if model else -1
@@ -313,7 +342,10 @@ def pack_image(payload: bytes, target: str, version: Version, key, *,
     else:
         minfo = None
 
+    # Order as imgtool writes it: SEC_CNT first, then the custom TLVs in the
+    # order given (tests/test_image_mcuboot.py passes them in this order).
     prot = tlv(TLV_SEC_CNT, struct.pack("<I", security_counter))
+    prot += tlv(TLV_TARGET, struct.pack(TARGET_STRUCT, tid, PAYLOAD_ELF if is_elf else PAYLOAD_RAW))
     if minfo is not None:
         prot += tlv(TLV_MODEL_SHA256, minfo.sha256)
         prot += tlv(TLV_MODEL_INFO, struct.pack(MODEL_INFO_STRUCT, minfo.offset, minfo.size,
@@ -322,13 +354,12 @@ def pack_image(payload: bytes, target: str, version: Version, key, *,
     for t, v in extra_protected_tlvs:
         prot += tlv(t, v)
     prot = tlv_area(TLV_PROT_INFO_MAGIC, prot)
-    header = pack_header(target=tid, flags=FLAG_PAYLOAD_ELF if is_elf else 0, version=version,
-                         payload_size=len(payload), load_addr=load_address,
-                         protected_tlv_size=len(prot))
+    header = pack_header(version=version, img_size=len(payload), protect_tlv_size=len(prot),
+                         hdr_size=header_size, load_addr=load_address or 0)
     digest = hashlib.sha256(header + payload + prot).digest()
     unprot = tlv_area(TLV_INFO_MAGIC, tlv(TLV_SHA256, digest)
                       + tlv(TLV_KEYHASH, keys.key_hash(key))
-                      + tlv(TLV_ED25519, keys.sign(key, SIGN_DOMAIN, digest)))
+                      + tlv(TLV_ED25519, keys.sign_digest(key, digest)))
     image = header + payload + prot + unprot
     if slot_size is not None and len(image) > slot_size:
         raise SlotSizeError(f"the image is {len(image)} bytes, larger than the "
@@ -361,15 +392,18 @@ def write_atomic(path, data: bytes) -> None:
 
 def pack_file(payload_path, out_path, target: str, version: Version | str, key_path, *,
               security_counter: int = 0, slot_size: int | None = None, model_path=None,
-              load_address: int | None = None) -> Image:
+              load_address: int | None = None, header_size: int = HEADER_SIZE,
+              password: bytes | None = None) -> Image:
     """`colibri fw pack` and `scons ... image`: sign the file at payload_path
-    into out_path; returns the (re-parsed) image."""
+    into out_path; returns the (re-parsed) image. `password` unlocks an
+    encrypted private key."""
     if isinstance(version, str):
         version = Version.parse(version)
-    data = pack_image(read_bytes(payload_path), target, version, keys.load_private(key_path),
+    data = pack_image(read_bytes(payload_path), target, version,
+                      keys.load_private(key_path, password=password),
                       security_counter=security_counter, load_address=load_address,
                       model=read_bytes(model_path) if model_path else None,
-                      slot_size=slot_size)
+                      slot_size=slot_size, header_size=header_size)
     write_atomic(out_path, data)
     return inspect_image(data)
 
@@ -380,24 +414,35 @@ class Image:
     """A parsed image. `tlvs` lists (type, value) of the protected area in order."""
     header: dict
     payload: memoryview
-    protected: bytes          # the protected TLV area, info included
+    protected: bytes          # the protected TLV area, info included (b"" when absent)
     tlvs: list[tuple[int, bytes]]
     digest: bytes             # from the SHA256 TLV
     key_hash: bytes
     signature: bytes
     size: int                 # header + payload + both TLV areas
     security_counter: int | None = None
+    target_id: int | None = None
+    payload_kind: int | None = None
     model: ModelInfo | None = None
     unknown_tlvs: list[int] = field(default_factory=list)
 
     @property
     def version(self) -> Version:
         h = self.header
-        return Version(h["ver_major"], h["ver_minor"], h["ver_patch"], h["ver_build"])
+        return Version(h["ver_major"], h["ver_minor"], h["ver_revision"], h["ver_build"])
 
     @property
     def target(self) -> str:
-        return target_name(self.header["target_id"])
+        return target_name(self.target_id) if self.target_id is not None else "no target"
+
+    @property
+    def hdr_size(self) -> int:
+        return self.header["hdr_size"]
+
+    @property
+    def signed_end(self) -> int:
+        """End of what the SHA-256 covers: header, payload, protected TLVs."""
+        return self.hdr_size + len(self.payload) + len(self.protected)
 
 
 def _walk_tlvs(area: bytes, what: str, start: int) -> list[tuple[int, bytes]]:
@@ -420,13 +465,13 @@ def _read_area(buf, pos: int, magic: int, what: str) -> bytes:
     if pos + TLV_INFO_SIZE > len(buf):
         raise TruncatedError(f"the {what} starts at byte {pos} but the data ends at "
                              f"{len(buf)}: the file is truncated")
-    m, reserved, total = struct.unpack_from(TLV_INFO_STRUCT, buf, pos)
+    m, total = struct.unpack_from(TLV_INFO_STRUCT, buf, pos)
     if m != magic:
         raise MalformedError(f"the {what} at byte {pos} has magic 0x{m:04x}, expected "
                              f"0x{magic:04x}")
-    if reserved != 0 or total < TLV_INFO_SIZE:
-        raise MalformedError(f"the {what} at byte {pos} has a bad info header "
-                             f"(reserved {reserved}, total {total})")
+    if total < TLV_INFO_SIZE:
+        raise MalformedError(f"the {what} at byte {pos} says it is {total} bytes, less than "
+                             "its own info header")
     if pos + total > len(buf):
         raise TruncatedError(f"the {what} ends at byte {pos + total} but the data ends at "
                              f"{len(buf)}: the file is truncated")
@@ -434,35 +479,35 @@ def _read_area(buf, pos: int, magic: int, what: str) -> bytes:
 
 
 def parse_image(buf, exact: bool = True) -> Image:
-    """Structure only: magic, header size and version, where the areas start and
-    end, the unprotected TLVs. Nothing here is trusted yet. `exact`: the data
-    must end where the image ends (a file); False for a flash slot, whose tail
-    is erased flash."""
+    """Structure only: magic, header size, where the areas start and end, the
+    unprotected TLVs. Nothing here is trusted yet. `exact`: the data must end
+    where the image ends (a file); False for a flash slot, whose tail is erased
+    flash."""
     buf = memoryview(buf)
     n = len(buf)
-    if bytes(buf[:4]) != MAGIC[:min(4, n)]:
-        raise MalformedError(f"magic is {bytes(buf[:4])!r}, expected {MAGIC!r}: "
-                             "not a Colibri firmware image")
-    if n < HEADER_SIZE:
-        raise TruncatedError(f"the data is {n} bytes, shorter than the {HEADER_SIZE}-byte "
-                             "image header: the file is truncated")
+    if bytes(buf[:4]) != MAGIC_BYTES[:min(4, n)]:
+        raise MalformedError(f"magic is {bytes(buf[:4]).hex()}, expected {MAGIC_BYTES.hex()} "
+                             f"(0x{MAGIC:08x}): not an MCUboot image")
+    if n < HEADER_STRUCT_SIZE:
+        raise TruncatedError(f"the data is {n} bytes, shorter than the {HEADER_STRUCT_SIZE}-"
+                             "byte image header: the file is truncated")
     h = dict(zip((f for f, _, _ in HEADER_FIELDS), struct.unpack_from(HEADER_STRUCT, buf)))
-    if h["format_version"] != FORMAT_VERSION:
-        raise MalformedError(f"image format version {h['format_version']}, this verifier "
-                             f"reads version {FORMAT_VERSION}"
-                             + (": upgrade colibri" if h["format_version"] > FORMAT_VERSION
-                                else ""))
-    if h["header_size"] != HEADER_SIZE:
-        raise MalformedError(f"header_size = {h['header_size']}, expected {HEADER_SIZE} for "
-                             f"format version {FORMAT_VERSION}")
-    pend = HEADER_SIZE + h["payload_size"]
+    if h["hdr_size"] < HEADER_STRUCT_SIZE:
+        raise MalformedError(f"hdr_size = {h['hdr_size']}, smaller than the "
+                             f"{HEADER_STRUCT_SIZE}-byte header itself")
+    pend = h["hdr_size"] + h["img_size"]
     if pend > n:
-        raise TruncatedError(f"payload_size = {h['payload_size']}: the payload would end at "
-                             f"byte {pend} but the data ends at {n}: the file is truncated")
-    prot = _read_area(buf, pend, TLV_PROT_INFO_MAGIC, "protected TLV area")
-    if len(prot) != h["protected_tlv_size"]:
-        raise MalformedError(f"protected TLV area is {len(prot)} bytes but the header's "
-                             f"protected_tlv_size is {h['protected_tlv_size']}")
+        raise TruncatedError(f"hdr_size {h['hdr_size']} + img_size {h['img_size']}: the "
+                             f"payload would end at byte {pend} but the data ends at {n}: "
+                             "the file is truncated")
+    # MCUboot: the protected area is there exactly when ih_protect_tlv_size
+    # is not 0, and then its own length must say the same.
+    prot = b""
+    if h["protect_tlv_size"]:
+        prot = _read_area(buf, pend, TLV_PROT_INFO_MAGIC, "protected TLV area")
+        if len(prot) != h["protect_tlv_size"]:
+            raise MalformedError(f"protected TLV area is {len(prot)} bytes but the header's "
+                                 f"protect_tlv_size is {h['protect_tlv_size']}")
     upos = pend + len(prot)
     unprot = _read_area(buf, upos, TLV_INFO_MAGIC, "unprotected TLV area")
     size = upos + len(unprot)
@@ -484,8 +529,9 @@ def parse_image(buf, exact: bool = True) -> Image:
         found[t] = v
     for t in UNPROTECTED_TLVS:
         if t not in found:
-            raise MalformedError(f"the image has no {TLV_NAMES[t]} TLV: it is not signed")
-    return Image(header=h, payload=buf[HEADER_SIZE:pend], protected=prot, tlvs=[],
+            raise MalformedError(f"the image has no {TLV_NAMES[t]} TLV: it is not signed "
+                                 "with Ed25519 and a key hash")
+    return Image(header=h, payload=buf[h["hdr_size"]:pend], protected=prot, tlvs=[],
                  digest=found[TLV_SHA256], key_hash=found[TLV_KEYHASH],
                  signature=found[TLV_ED25519], size=size)
 
@@ -496,11 +542,13 @@ def _interpret(img: Image, check_model: bool = True) -> None:
     `fw info`, which shows a damaged image rather than refusing it)."""
     h = img.header
     if h["flags"] & ~KNOWN_FLAGS:
-        raise CriticalTLVError(f"header flags 0x{h['flags']:04x} has bits this verifier does "
-                               "not know: the image needs a newer colibri")
-    if h["reserved"] != bytes(RESERVED_SIZE):
-        raise MalformedError("the header's reserved bytes 36..63 are not zero")
-    img.tlvs = _walk_tlvs(img.protected, "protected TLV area", HEADER_SIZE + len(img.payload))
+        raise CriticalTLVError(f"header flags 0x{h['flags']:08x} has bits this verifier does "
+                               "not handle (encrypted, compressed, ROM-fixed or non-bootable "
+                               "images): sign the plain image")
+    if h["pad1"] != 0:
+        raise MalformedError("the header's pad1 field (bytes 28..31) is not zero")
+    img.tlvs = (_walk_tlvs(img.protected, "protected TLV area", h["hdr_size"] + len(img.payload))
+                if img.protected else [])
     seen: dict[int, bytes] = {}
     for t, v in img.tlvs:
         if t in PROTECTED_TLVS:
@@ -517,9 +565,20 @@ def _interpret(img: Image, check_model: bool = True) -> None:
                                    "verifier and marked critical: it needs a newer colibri")
         else:
             img.unknown_tlvs.append(t)   # optional data from a newer signer
+    # MCUboot itself needs neither; a Colibri device does: without the counter
+    # there is no anti-rollback, without the target no wrong-target check.
     if TLV_SEC_CNT not in seen:
-        raise MalformedError("the image has no security counter TLV (SEC_CNT)")
+        raise MalformedError("the image has no security counter TLV (SEC_CNT): sign with "
+                             "--security-counter (imgtool: -s N)")
     img.security_counter = struct.unpack("<I", seen[TLV_SEC_CNT])[0]
+    if TLV_TARGET not in seen:
+        raise MalformedError(f"the image has no Colibri TARGET TLV (0x{TLV_TARGET:04x}): "
+                             "sign it with `colibri fw pack` (imgtool: --custom-tlv "
+                             f"0x{TLV_TARGET:04x} 0x<target id u16><kind u16>, little-endian)")
+    img.target_id, img.payload_kind = struct.unpack(TARGET_STRUCT, seen[TLV_TARGET])
+    if img.payload_kind not in PAYLOAD_KINDS:
+        raise CriticalTLVError(f"TARGET TLV payload kind {img.payload_kind} is unknown to this "
+                               "verifier: it needs a newer colibri")
     if (TLV_MODEL_SHA256 in seen) != (TLV_MODEL_INFO in seen):
         raise MalformedError("MODEL_SHA256 and MODEL_INFO must come together")
     if TLV_MODEL_INFO in seen:
@@ -570,8 +629,7 @@ def verify_image(buf, public_key, policy: Policy = Policy(), exact: bool = True)
     reason: structure, SHA-256, key, signature, then (authentic) contents, then
     the device's policy. Returns the parsed image; raises a VerifyError."""
     img = parse_image(buf, exact=exact)
-    end = HEADER_SIZE + len(img.payload) + len(img.protected)
-    digest = hashlib.sha256(memoryview(buf)[:end]).digest()
+    digest = hashlib.sha256(memoryview(buf)[:img.signed_end]).digest()
     if digest != img.digest:
         raise DigestError(f"SHA-256 of header, payload and protected TLVs is {digest.hex()[:16]}"
                           f"..., the image says {img.digest.hex()[:16]}...: the image was "
@@ -580,11 +638,11 @@ def verify_image(buf, public_key, policy: Policy = Policy(), exact: bool = True)
         raise KeyMismatchError(f"the image was signed by key {img.key_hash.hex()[:16]}..., not "
                                f"by the given key {keys.key_hash(public_key).hex()[:16]}...: "
                                "pass the matching KEY.pub")
-    if not keys.check(public_key, SIGN_DOMAIN, digest, img.signature):
+    if not keys.check_digest(public_key, digest, img.signature):
         raise SignatureError("the Ed25519 signature does not verify: the image is not "
                              "authentic; do not install it")
     _interpret(img)
-    check_policy("image", target_id_=img.header["target_id"], version=img.version,
+    check_policy("image", target_id_=img.target_id, version=img.version,
                  counter=img.security_counter, size=img.size, policy=policy)
     return img
 
@@ -600,14 +658,14 @@ def inspect_image(buf) -> Image:
 def describe(img: Image) -> str:
     """What `colibri fw info` prints for an image."""
     h = img.header
+    load = (f"runs from RAM at 0x{h['load_addr']:x}" if h["flags"] & IMAGE_F_RAM_LOAD
+            else "executes in place")
     lines = [
-        f"image         Colibri firmware image, format version {h['format_version']}, "
-        f"{img.size} bytes",
-        f"target        {img.target} (id {h['target_id']})",
+        f"image         MCUboot image, header {h['hdr_size']} bytes, {img.size} bytes in all",
+        f"target        {img.target} (id {img.target_id})",
         f"version       {img.version}",
         f"payload       {len(img.payload)} bytes, "
-        f"{'ELF' if h['flags'] & FLAG_PAYLOAD_ELF else 'raw binary'}, "
-        f"load address 0x{h['load_addr']:x}",
+        f"{PAYLOAD_KINDS.get(img.payload_kind, 'unknown kind')}, {load}",
         f"sec counter   {img.security_counter}",
     ]
     if img.model:

@@ -84,7 +84,7 @@ def pack_package(images: list[bytes], key, *,
             raise I.PackError(f"image {n} cannot go into a package: {exc}") from None
     first = parsed[0]
     for n, p in enumerate(parsed[1:], 1):
-        if p.header["target_id"] != first.header["target_id"]:
+        if p.target_id != first.target_id:
             raise I.PackError(f"image {n} is for {p.target}, image 0 for {first.target}: "
                               "one package serves one target")
     payloads = [(PAYLOAD_IMAGE, bytes(b)) for b in images] + [(t, bytes(b))
@@ -94,7 +94,7 @@ def pack_package(images: list[bytes], key, *,
     manifest_size = MANIFEST_FIXED_SIZE + ENTRY_SIZE * len(payloads)
     offset = HEADER_SIZE + manifest_size + SIG_BLOCK_SIZE
     v = first.version
-    manifest = struct.pack(MANIFEST_FIXED_STRUCT, first.header["target_id"], len(payloads),
+    manifest = struct.pack(MANIFEST_FIXED_STRUCT, first.target_id, len(payloads),
                            v.major, v.minor, v.patch, v.build, first.security_counter, 0,
                            bytes(12))
     for t, b in payloads:
@@ -107,9 +107,11 @@ def pack_package(images: list[bytes], key, *,
     return header + manifest + sig + b"".join(b for _, b in payloads)
 
 
-def pack_files(image_paths, out_path, key_path) -> Package:
-    """`colibri fw ota` and `scons ... ota`: package the image files."""
-    data = pack_package([I.read_bytes(p) for p in image_paths], keys.load_private(key_path))
+def pack_files(image_paths, out_path, key_path, password: bytes | None = None) -> Package:
+    """`colibri fw ota` and `scons ... ota`: package the image files (MCUboot
+    images, as `colibri fw pack` or `imgtool sign` made them)."""
+    data = pack_package([I.read_bytes(p) for p in image_paths],
+                        keys.load_private(key_path, password=password))
     I.write_atomic(out_path, data)
     return inspect_package(data)
 
@@ -216,7 +218,7 @@ def _read(buf, public_key, policy: Policy) -> Package:
         if e.type == PAYLOAD_IMAGE:
             img = (I.verify_image(data, public_key, policy) if public_key is not None
                    else I.inspect_image(data))
-            if (img.header["target_id"], img.version, img.security_counter) != \
+            if (img.target_id, img.version, img.security_counter) != \
                     (tid, pkg.version, counter):
                 raise MalformedError(f"payload {i}: the image is {img.target} {img.version} "
                                      f"counter {img.security_counter}, the manifest says "

@@ -284,17 +284,17 @@ int colibri_fw_model_check(const uint8_t *blob, size_t size, const uint8_t *expe
 /* --- the image's MODEL_SHA256 TLV ------------------------------------------ */
 int colibri_image_model_sha256(const uint8_t *image, size_t size,
                                uint8_t out[COLIBRI_SHA256_SIZE]) {
-    if (!image || size < COLIBRI_IMG_HEADER_SIZE ||
-        memcmp(image, COLIBRI_IMG_MAGIC, 4) != 0 ||
-        colibri_img_u16(image + COLIBRI_IMG_HDR_HEADER_SIZE) != COLIBRI_IMG_HEADER_SIZE ||
-        colibri_img_u16(image + COLIBRI_IMG_HDR_FORMAT_VERSION) != COLIBRI_IMG_FORMAT_VERSION)
+    if (!image || size < COLIBRI_IMG_HEADER_STRUCT_SIZE ||
+        colibri_img_u32(image + COLIBRI_IMG_HDR_MAGIC) != COLIBRI_IMG_MAGIC)
         return -1;
-    uint64_t pos = COLIBRI_IMG_HEADER_SIZE +
-                   (uint64_t)colibri_img_u32(image + COLIBRI_IMG_HDR_PAYLOAD_SIZE);
-    uint32_t total = colibri_img_u32(image + COLIBRI_IMG_HDR_PROTECTED_TLV_SIZE);
+    uint32_t hdr_size = colibri_img_u16(image + COLIBRI_IMG_HDR_HDR_SIZE);
+    uint32_t total = colibri_img_u16(image + COLIBRI_IMG_HDR_PROTECT_TLV_SIZE);
+    if (hdr_size < COLIBRI_IMG_HEADER_STRUCT_SIZE) return -1;
+    if (total == 0) return -2; /* no protected area: no model recorded */
+    uint64_t pos = hdr_size + (uint64_t)colibri_img_u32(image + COLIBRI_IMG_HDR_IMG_SIZE);
     if (pos + COLIBRI_IMG_TLV_INFO_SIZE > size || total < COLIBRI_IMG_TLV_INFO_SIZE ||
         pos + total > size || colibri_img_u16(image + pos) != COLIBRI_IMG_TLV_PROT_INFO_MAGIC ||
-        colibri_img_u32(image + pos + 4) != total)
+        colibri_img_u16(image + pos + 2) != total)
         return -1;
     uint64_t end = pos + total;
     pos += COLIBRI_IMG_TLV_INFO_SIZE;

@@ -70,3 +70,36 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 else
     say "Python packages present"
 fi
+
+# --- 3. Third-party C sources for the bootloader --------------------------
+# firmware/boot/ verifies Ed25519 signatures with Orson Peters' ed25519 (zlib
+# licence, SHA-512 included), taken from the PyPI source distribution
+# ed25519-orlp, pinned by version and SHA-256 and unpacked into third_party/
+# (ignored by git: it is fetched, never committed). pip only downloads the
+# sdist; nothing is built or installed from it.
+orlp_version=0.1.3
+orlp_sha256=5dfa52e8f63687f028ed0e3f8e2b385bffd22a630c740be642d73a532d0137dd
+orlp_dir=third_party/ed25519-orlp-$orlp_version
+if [ "$(cat "$orlp_dir/.sha256" 2>/dev/null)" != "$orlp_sha256" ]; then
+    say "fetching ed25519-orlp==$orlp_version (sdist) for the bootloader"
+    dl=third_party/download
+    rm -rf "$dl" "$orlp_dir"
+    mkdir -p "$dl"
+    .venv/bin/python -m pip download -q --no-deps --no-binary :all: \
+        "ed25519-orlp==$orlp_version" -d "$dl" >> .venv/setup-pip.log 2>&1 \
+        || { echo "[setup] could not download ed25519-orlp==$orlp_version" >&2; exit 1; }
+    sdist="$dl/ed25519_orlp-$orlp_version.tar.gz"
+    got=$(sha256sum "$sdist" | cut -d' ' -f1)
+    if [ "$got" != "$orlp_sha256" ]; then
+        echo "[setup] $sdist has SHA-256 $got, expected $orlp_sha256: refusing to use it" >&2
+        exit 1
+    fi
+    mkdir -p "$orlp_dir"
+    tar -xzf "$sdist" -C "$orlp_dir" --strip-components=4 \
+        "ed25519_orlp-$orlp_version/src/ed25519_orlp/csrc"
+    tar -xzf "$sdist" -C "$orlp_dir" --strip-components=1 "ed25519_orlp-$orlp_version/LICENSE"
+    echo "$orlp_sha256" > "$orlp_dir/.sha256"
+    rm -rf "$dl"
+else
+    say "ed25519-orlp $orlp_version present"
+fi

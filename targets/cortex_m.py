@@ -28,6 +28,8 @@ TARGET = Target(
         firmware_flash=4 << 20,    # code + rodata + data image + model
         firmware_ram=4 << 20,      # data + bss + arena + stack
         image=4 << 20,             # firmware.bin in the flash slot
+        bootloader=24 << 10,       # boot.elf (firmware/boot/): MCUboot with a small
+                                   # crypto back-end takes about 20-30 KiB
     ),
     # The byte-table CRC (1 KiB) instead of slicing-by-8 (8 KiB): a fifth
     # of the library's flash for a check of a model that is small anyway.

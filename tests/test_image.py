@@ -31,7 +31,7 @@ def small_image(key, model_blob):
     """A 1 KiB raw payload that contains the model: ~3 KB image."""
     payload = bytes(range(256)) * 2 + model_blob + b"\x5a" * 512
     return I.pack_image(payload, "armv7", V("1.2.3+4"), key, security_counter=7,
-                        load_address=0x8000, model=model_blob)
+                        model=model_blob)
 
 
 def compile_elf(tmp_path, cc: str, blob_path=None, name="fw"):
@@ -70,20 +70,19 @@ def test_version_parse_order_and_limits():
 def test_header_layout_matches_the_spec(key, small_image, model_blob):
     img = small_image
     payload_size = 512 + len(model_blob) + 512
-    assert img[0:4] == b"CLFW"
-    (hsize, fver, tid, flags, major, minor, patch, build, psize, load, prot) = \
-        struct.unpack_from("<HHHHBBHIIQI", img, 4)
-    assert (hsize, fver, tid, flags) == (64, 1, 2, 0)          # armv7 = 2, raw binary
-    assert (major, minor, patch, build) == (1, 2, 3, 4)
-    assert (psize, load) == (payload_size, 0x8000)
-    assert img[36:64] == bytes(28)
+    assert img[0:4] == bytes.fromhex("3db8f396")                 # ih_magic 0x96f3b83d
+    (magic, load, hsize, prot, psize, flags, major, minor, rev, build, pad1) = \
+        struct.unpack_from("<IIHHIIBBHII", img, 0)
+    assert (hsize, psize, flags, load, pad1) == (32, payload_size, 0, 0, 0)
+    assert (major, minor, rev, build) == (1, 2, 3, 4)
     # protected TLV area right after the payload
-    p = 64 + payload_size
-    magic, res, total = struct.unpack_from("<HHI", img, p)
-    assert (magic, res, total) == (0x6908, 0, prot)
-    # SEC_CNT, MODEL_SHA256, MODEL_INFO, each type/len/value
-    q = p + 8
-    assert struct.unpack_from("<HHI", img, q) == (0x8050, 4, 7)
+    p = 32 + payload_size
+    assert struct.unpack_from("<HH", img, p) == (0x6908, prot)
+    # SEC_CNT, TARGET, MODEL_SHA256, MODEL_INFO, each type/len/value
+    q = p + 4
+    assert struct.unpack_from("<HHI", img, q) == (0x0050, 4, 7)
+    q += 8
+    assert struct.unpack_from("<HHHH", img, q) == (0x80A2, 4, 2, 0)   # armv7, raw binary
     q += 8
     assert struct.unpack_from("<HH", img, q) == (0x80A0, 32)
     assert img[q + 4:q + 36] == hashlib.sha256(model_blob).digest()
@@ -92,17 +91,17 @@ def test_header_layout_matches_the_spec(key, small_image, model_blob):
     q += 16
     assert q == p + prot
     # unprotected area: SHA256, KEYHASH, ED25519 and nothing after it
-    magic, res, total = struct.unpack_from("<HHI", img, q)
-    assert (magic, res, total) == (0x6907, 0, 8 + 36 + 36 + 68)
+    magic, total = struct.unpack_from("<HH", img, q)
+    assert (magic, total) == (0x6907, 4 + 36 + 36 + 68)
     assert q + total == len(img)
     digest = hashlib.sha256(img[:p + prot]).digest()
-    assert struct.unpack_from("<HH", img, q + 8) == (0x0010, 32)
-    assert img[q + 12:q + 44] == digest
-    assert struct.unpack_from("<HH", img, q + 44) == (0x0001, 32)
-    assert img[q + 48:q + 80] == hashlib.sha256(keys.raw_public(key)).digest()
-    assert struct.unpack_from("<HH", img, q + 80) == (0x0024, 64)
-    # the signature is Ed25519 over the domain string and the digest
-    key.public_key().verify(img[q + 84:q + 148], b"colibri-fw-image-v1\0" + digest)
+    assert struct.unpack_from("<HH", img, q + 4) == (0x0010, 32)
+    assert img[q + 8:q + 40] == digest
+    assert struct.unpack_from("<HH", img, q + 40) == (0x0001, 32)
+    assert img[q + 44:q + 76] == hashlib.sha256(keys.der_public(key)).digest()
+    assert struct.unpack_from("<HH", img, q + 76) == (0x0024, 64)
+    # the signature is Ed25519 over the bare digest (MCUboot's rule)
+    key.public_key().verify(img[q + 80:q + 144], digest)
 
 
 def test_round_trip_and_describe(key, small_image, model_blob):
@@ -113,7 +112,7 @@ def test_round_trip_and_describe(key, small_image, model_blob):
     assert (img.model.offset, img.model.size, img.model.format_version,
             img.model.byte_order) == (512, len(model_blob), 1, "little")
     text = I.describe(img)
-    for word in ("armv7", "1.2.3+4", "sec counter   7", "raw binary", "0x8000",
+    for word in ("armv7", "1.2.3+4", "sec counter   7", "raw binary", "executes in place",
                  hashlib.sha256(model_blob).hexdigest()):
         assert word in text
 
@@ -129,20 +128,11 @@ def test_elf_with_embedded_model(tmp_path, key, cc, target, order):
     blob = blob_path.read_bytes()
     elf = compile_elf(tmp_path, cc, blob_path)
     img = I.verify_image(I.pack_image(elf, target, V("2.0.0"), key), key.public_key())
-    assert img.header["flags"] == I.FLAG_PAYLOAD_ELF
+    assert img.payload_kind == I.PAYLOAD_ELF and img.header["flags"] == 0
     m = img.model
     assert m is not None and m.byte_order == order and m.size == len(blob)
     assert bytes(img.payload[m.offset:m.offset + m.size]) == blob
     assert m.sha256 == hashlib.sha256(blob).digest()
-    # load address: the lowest PT_LOAD p_paddr, read here with readelf
-    # rather than pyelftools (the packer's own reader).
-    readelf = shutil.which("readelf")
-    if readelf:
-        out = subprocess.run([readelf, "-lW", str(tmp_path / "fw.elf")], capture_output=True,
-                             text=True, check=True).stdout
-        paddrs = [int(line.split()[3], 16) for line in out.splitlines()
-                  if line.strip().startswith("LOAD")]
-        assert img.header["load_addr"] == min(paddrs)
 
 
 def test_elf_without_model_and_model_option(tmp_path, key, model_blob):
@@ -170,6 +160,10 @@ def test_pack_refuses_bad_inputs(tmp_path, key, model_blob):
         I.pack_image(b"x", "avr", V("1.0.0"), key)
     with pytest.raises(I.PackError, match="security counter"):
         I.pack_image(b"x", "armv7", V("1.0.0"), key, security_counter=-1)
+    with pytest.raises(I.PackError, match="header size 16"):
+        I.pack_image(b"x", "armv7", V("1.0.0"), key, header_size=16)
+    with pytest.raises(I.PackError, match="32 bits"):
+        I.pack_image(b"x", "armv7", V("1.0.0"), key, load_address=1 << 32)
 
 
 # --- every rejection, each with its own class and exit status --------------------------------
@@ -204,14 +198,13 @@ def test_wrong_key_and_forged_signature(key, small_image):
     # cannot sign: the SHA-256 matches, the signature does not.
     img = bytearray(small_image)
     img[100] ^= 0xFF
-    parsed = I.parse_image(bytes(img))
-    end = 64 + len(parsed.payload) + len(parsed.protected)
+    end = I.parse_image(bytes(img)).signed_end
     digest = hashlib.sha256(bytes(img[:end])).digest()
-    img[end + 12:end + 44] = digest
+    img[end + 8:end + 40] = digest
     with pytest.raises(I.SignatureError, match="not authentic"):
         I.verify_image(bytes(img), key.public_key())
     # ...and re-signing with another key while keeping the original key hash
-    img[end + 84:end + 148] = other.sign(I.SIGN_DOMAIN + digest)
+    img[end + 80:end + 144] = other.sign(digest)
     with pytest.raises(I.SignatureError):
         I.verify_image(bytes(img), key.public_key())
 
@@ -229,15 +222,44 @@ def test_unknown_tlvs(key):
                        extra_protected_tlvs=((I.TLV_SEC_CNT, struct.pack("<I", 9)),))
     with pytest.raises(I.MalformedError, match="SEC_CNT appears twice"):
         I.verify_image(dup, pub)
+    kind = I.pack_image(b"p" * 64, "ppc", V("1.0.0"), key,
+                        extra_protected_tlvs=((0x80A3, b"x"),))
+    with pytest.raises(I.CriticalTLVError, match="0x80a3"):
+        I.verify_image(kind, pub)
+
+
+def test_flags_and_missing_colibri_tlvs(key):
+    """What MCUboot allows but a Colibri device refuses: header flags it cannot
+    honour (encrypted, compressed, ...), no security counter, no target."""
+    pub = key.public_key()
+
+    def signed(header_flags=0, prot_body=b""):
+        prot = I.tlv_area(I.TLV_PROT_INFO_MAGIC, prot_body) if prot_body else b""
+        head = I.pack_header(version=V("1.0.0"), img_size=8, protect_tlv_size=len(prot),
+                             flags=header_flags)
+        digest = hashlib.sha256(head + b"p" * 8 + prot).digest()
+        return head + b"p" * 8 + prot + I.tlv_area(
+            I.TLV_INFO_MAGIC, I.tlv(I.TLV_SHA256, digest) + I.tlv(I.TLV_KEYHASH, keys.key_hash(key))
+            + I.tlv(I.TLV_ED25519, key.sign(digest)))
+    sec = I.tlv(I.TLV_SEC_CNT, struct.pack("<I", 1))
+    tgt = I.tlv(I.TLV_TARGET, struct.pack("<HH", 2, 0))
+    assert I.verify_image(signed(0, sec + tgt), pub).target == "armv7"
+    with pytest.raises(I.CriticalTLVError, match="0x00000004"):
+        I.verify_image(signed(0x4, sec + tgt), pub)            # ENCRYPTED_AES128
+    with pytest.raises(I.MalformedError, match="no security counter"):
+        I.verify_image(signed(0, tgt), pub)
+    with pytest.raises(I.MalformedError, match="no Colibri TARGET TLV"):
+        I.verify_image(signed(0, sec), pub)
+    with pytest.raises(I.MalformedError, match="no security counter"):
+        I.verify_image(signed(0, b""), pub)                     # no protected area at all
 
 
 def test_unprotected_area_takes_only_the_signature_tlvs(key):
     img = I.pack_image(b"p" * 64, "ppc", V("1.0.0"), key)
-    parsed = I.parse_image(img)
-    u = 64 + 64 + len(parsed.protected)
+    u = I.parse_image(img).signed_end
     extra = struct.pack("<HH", 0x0042, 2) + b"hi"
-    total = struct.unpack_from("<I", img, u + 4)[0] + len(extra)
-    bad = img[:u] + struct.pack("<HHI", 0x6907, 0, total) + img[u + 8:] + extra
+    total = struct.unpack_from("<H", img, u + 2)[0] + len(extra)
+    bad = img[:u] + struct.pack("<HH", 0x6907, total) + img[u + 4:] + extra
     with pytest.raises(I.MalformedError, match="0x0042 in the unprotected area"):
         I.verify_image(bad, key.public_key())
 

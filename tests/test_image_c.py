@@ -28,12 +28,11 @@ def c_defines() -> dict[str, int | str]:
 def python_values() -> dict[str, int | str]:
     offsets = {f"COLIBRI_IMG_HDR_{name.upper()}": off for name, _, off in I.HEADER_FIELDS}
     return {
-        "COLIBRI_IMG_MAGIC": I.MAGIC.decode(),
+        "COLIBRI_IMG_MAGIC": I.MAGIC,
+        "COLIBRI_IMG_HEADER_STRUCT_SIZE": I.HEADER_STRUCT_SIZE,
         "COLIBRI_IMG_HEADER_SIZE": I.HEADER_SIZE,
-        "COLIBRI_IMG_FORMAT_VERSION": I.FORMAT_VERSION,
         **offsets,
-        "COLIBRI_IMG_RESERVED_SIZE": I.RESERVED_SIZE,
-        "COLIBRI_IMG_FLAG_PAYLOAD_ELF": I.FLAG_PAYLOAD_ELF,
+        "COLIBRI_IMG_F_RAM_LOAD": I.IMAGE_F_RAM_LOAD,
         **{f"COLIBRI_IMG_TARGET_{n.upper().replace('-', '_')}": v
            for n, v in I.TARGET_IDS.items()},
         "COLIBRI_IMG_TLV_INFO_SIZE": I.TLV_INFO_SIZE,
@@ -53,9 +52,14 @@ def python_values() -> dict[str, int | str]:
         "COLIBRI_IMG_MODEL_INFO_FORMAT": 8,
         "COLIBRI_IMG_MODEL_INFO_BYTE_ORDER": 10,
         "COLIBRI_IMG_MODEL_NOT_IN_PAYLOAD": I.MODEL_NOT_IN_PAYLOAD,
+        "COLIBRI_IMG_TLV_TARGET": I.TLV_TARGET,
+        "COLIBRI_IMG_TARGET_SIZE": I.TARGET_SIZE,
+        "COLIBRI_IMG_TARGET_ID": 0,
+        "COLIBRI_IMG_TARGET_KIND": 2,
+        "COLIBRI_IMG_PAYLOAD_RAW": I.PAYLOAD_RAW,
+        "COLIBRI_IMG_PAYLOAD_ELF": I.PAYLOAD_ELF,
         "COLIBRI_IMG_SHA256_SIZE": 32,
         "COLIBRI_IMG_SIGNATURE_SIZE": 64,
-        "COLIBRI_IMG_SIGN_DOMAIN": I.SIGN_DOMAIN.rstrip(b"\0").decode(),
     }
 
 
@@ -82,9 +86,9 @@ PROBE = r"""
 int main(void) {
     static const unsigned char le[4] = {0x78, 0x56, 0x34, 0x12};
     printf("%u %u %u %u 0x%08x\n", (unsigned)sizeof(colibri_img_header),
-           (unsigned)offsetof(colibri_img_header, ver_patch),
+           (unsigned)offsetof(colibri_img_header, ver_revision),
            (unsigned)offsetof(colibri_img_header, load_addr),
-           (unsigned)offsetof(colibri_img_header, protected_tlv_size),
+           (unsigned)offsetof(colibri_img_header, protect_tlv_size),
            (unsigned)colibri_img_u32(le));
     return 0;
 }
@@ -109,4 +113,4 @@ def test_struct_layout_on_each_compiler(tmp_path, cc, run):
                     "-o", str(exe), str(src)], check=True, capture_output=True)
     out = subprocess.run([*run, str(exe)], check=True, capture_output=True, text=True,
                          timeout=60).stdout.split()
-    assert out == ["64", "14", "24", "32", "0x12345678"]
+    assert out == ["32", "22", "4", "10", "0x12345678"]

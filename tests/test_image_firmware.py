@@ -73,8 +73,9 @@ def test_scons_image_and_ota_goals(firmware, tmp_path):
 
 def run_payload(t, image: bytes, path: Path) -> subprocess.CompletedProcess:
     """Run an image's payload (the firmware ELF) as the device would."""
-    size = int.from_bytes(image[20:24], "little")      # header payload_size
-    path.write_bytes(image[64:64 + size])
+    hdr = int.from_bytes(image[8:10], "little")        # MCUboot hdr_size
+    size = int.from_bytes(image[12:16], "little")      # MCUboot img_size
+    path.write_bytes(image[hdr:hdr + size])
     os.chmod(path, 0o755)
     return subprocess.run(t.emulator_command(str(path)), capture_output=True, text=True,
                           timeout=t.run_timeout)
@@ -116,7 +117,7 @@ def test_real_firmware_image_update_and_corrupted_model(firmware, tmp_path, caps
         agent.install((tmp_path / "1.1.0.ota").read_bytes())
         boot = agent.boot()
         assert boot.trial and boot.image.version == I.Version(1, 1, 0)
-        assert boot.image.header["target_id"] == I.TARGET_IDS[t.name]
+        assert boot.image.target_id == I.TARGET_IDS[t.name]
         slot = agent.slot_bytes(boot.slot)[:boot.image.size]
         selftest = run_payload(t, slot, tmp_path / "trial.elf")
         assert selftest.returncode == 0
@@ -125,7 +126,7 @@ def test_real_firmware_image_update_and_corrupted_model(firmware, tmp_path, caps
 
     # One flipped byte in the model section of the signed image.
     bad = bytearray(v1)
-    bad[64 + img.model.offset + img.model.size // 2] ^= 0x10
+    bad[img.hdr_size + img.model.offset + img.model.size // 2] ^= 0x10
     (tmp_path / "bad.img").write_bytes(bytes(bad))
     status, out = fw(capsys, "fw", "verify", tmp_path / "bad.img", "--key", pub)
     assert status == I.DigestError.exit_status and "REJECTED (damaged)" in out
@@ -146,13 +147,19 @@ def test_bare_metal_binary_payload(firmware, tmp_path, capsys):
     fw(capsys, "fw", "keygen", "-o", key)
     out = tmp_path / "bin.img"
     status, text = fw(capsys, "fw", "pack", elf.with_suffix(".bin"), "--model", model_bin,
-                      "--load-address", "0", "--target", t.name, "--version", "1.0.0",
-                      "--key", key, "-o", out)
+                      "--target", t.name, "--version", "1.0.0", "--key", key, "-o", out)
     assert status == 0, text
     img = I.verify_image(out.read_bytes(), keys.load_public(Path(str(key) + ".pub")))
     assert img.header["flags"] == 0 and img.model is not None
+    assert img.payload_kind == I.PAYLOAD_RAW
+    # The binary starts at the ELF's lowest load address (its flash LMA): the
+    # model lies at its section address minus that, read here with readelf.
     sections = subprocess.run([t.tool("readelf"), "-SW", str(elf)], capture_output=True,
                               text=True, check=True).stdout
     line = next(x for x in sections.splitlines() if ".colibri_model" in x)
     addr = int(line.split("]", 1)[1].split()[2], 16)
-    assert img.model.offset == addr - img.header["load_addr"]
+    segments = subprocess.run([t.tool("readelf"), "-lW", str(elf)], capture_output=True,
+                              text=True, check=True).stdout
+    base = min(int(x.split()[3], 16) for x in segments.splitlines()
+               if x.strip().startswith("LOAD") and int(x.split()[4], 16) > 0)
+    assert img.model.offset == addr - base

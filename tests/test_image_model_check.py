@@ -206,6 +206,12 @@ def test_image_model_sha256_in_c(tool, models, tmp_path):
     assert tool("imgsha", img).split() == ["-2"]
     img.write_bytes(b"CLFW" + bytes(100))
     assert tool("imgsha", img).split() == ["-1"]
+    img.write_bytes(I.MAGIC_BYTES + bytes(100))             # hdr_size 0: malformed
+    assert tool("imgsha", img).split() == ["-1"]
+    # the header size is honoured (imgtool --header-size 0x200)
+    img.write_bytes(I.pack_image(b"\0" * 100 + blob, "ppc", I.Version(1, 0, 0), key,
+                                 model=blob, header_size=0x200))
+    assert tool("imgsha", img).split() == ["0", hashlib.sha256(blob).hexdigest()]
 
 
 @pytest.mark.parametrize("cc,flags", [("arm-none-eabi-gcc", ["-mcpu=cortex-m4", "-mthumb"]),
@@ -248,7 +254,7 @@ def test_flipped_model_byte_in_a_built_image_under_qemu(tmp_path, target):
 
     def run(image_bytes: bytes, name: str):
         """Install the image's payload as the device would run it."""
-        payload = image_bytes[64:64 + len(good.payload)]
+        payload = image_bytes[good.hdr_size:good.hdr_size + len(good.payload)]
         prog = tmp_path / name
         prog.write_bytes(payload)
         os.chmod(prog, 0o755)
@@ -264,7 +270,7 @@ def test_flipped_model_byte_in_a_built_image_under_qemu(tmp_path, target):
     last = F.parse(model.read_bytes()).entries[-1]
     for where, pos in (("section", last.offset + last.size // 2), ("header", 20)):
         bad = bytearray(image)
-        bad[64 + good.model.offset + pos] ^= 0x10
+        bad[good.hdr_size + good.model.offset + pos] ^= 0x10
         with pytest.raises(I.DigestError):
             I.verify_image(bytes(bad), key.public_key())
         r = run(bytes(bad), f"bad_{where}")

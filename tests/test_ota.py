@@ -44,7 +44,7 @@ def test_layout_matches_the_spec(key, small_package):
     assert (ptype, pflags, offset) == (0x8001, 0, 32 + 80 + 96)
     assert offset + size == len(pkg)
     assert digest == hashlib.sha256(pkg[offset:]).digest()
-    assert pkg[112:144] == hashlib.sha256(keys.raw_public(key)).digest()
+    assert pkg[112:144] == hashlib.sha256(keys.der_public(key)).digest()
     key.public_key().verify(pkg[144:208], b"colibri-ota-manifest-v1\0"
                             + hashlib.sha256(pkg[:112]).digest())
     # the payload is the image, verifiable on its own

@@ -1,4 +1,6 @@
-"""The A/B update agent (colibri/update_agent.py, docs/IMAGE.md section 7).
+"""The A/B update agent (colibri/update_agent.py, docs/IMAGE.md section 7):
+MCUboot slot trailers with direct-XIP revert semantics. The trailer layout is
+checked against what MCUboot's imgtool writes.
 
 The central test cuts the power at every single write of an update (before
 the write, in the middle of it, and right after it), reboots, and checks that
@@ -8,13 +10,16 @@ re-verified here with colibri.image directly, not trusted from the agent."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from colibri import cli
 from colibri import image as I
-from colibri import ota
+from colibri import keys, ota
 from colibri import update_agent as U
 
 V = I.Version.parse
@@ -121,12 +126,12 @@ def start(request, tmp_path, fresh, key, v2_package):
     return make, ota.pack_package([image(key, "3.0.0", 3)], key), V("2.0.0"), V("3.0.0")
 
 
-def count_writes(make, scenario, *args) -> int:
+def count_writes(make, scenario, *args) -> U.CutWriter:
     w = U.CutWriter(at=0)
     agent = make(w)
     scenario(agent, *args)
     agent.close()
-    return w.count
+    return w
 
 
 def check_invariants(agent, key, old_slot: int, old_bytes: bytes, versions,
@@ -150,11 +155,15 @@ def test_power_cut_at_every_write(start, key, name):
     make, pkg, old, new = start
     scenario = SCENARIOS[name]
     final = new if name == "ok" else old
-    total = count_writes(make, scenario, pkg, old, new)
-    assert total >= SLOT // WRITE + 3       # erase + program + state writes
+    w = count_writes(make, scenario, pkg, old, new)
+    total = w.count
+    assert total >= SLOT // WRITE + 3       # erase + program + trailer writes
     probe = make()
     old_slot = probe.read_state().confirmed_slot
     old_bytes = probe.slot_bytes(old_slot)
+    # the write that sets image_ok in the new slot (the confirm), if any
+    ok_at = next((i + 1 for i, (off, n) in enumerate(w.log)
+                  if off == probe._slot_end(1 - old_slot) + U.IMAGE_OK_OFF), None)
     probe.close()
     tested = 0
     for at in range(1, total + 1):
@@ -162,9 +171,10 @@ def test_power_cut_at_every_write(start, key, name):
             agent = make(U.CutWriter(at, mode))
             with pytest.raises(U.PowerCut):
                 scenario(agent, pkg, old, new)
-            # The confirm is the last write of the "ok" scenario: only when it
-            # completed may the new image be the confirmed one.
-            confirm_done = name == "ok" and at == total and mode == "after"
+            # Only once image_ok is programmed may the new image be the
+            # confirmed one (a torn write has programmed its first byte, the flag).
+            confirm_done = ok_at is not None and (at > ok_at or (at == ok_at
+                                                                 and mode != "before"))
             agent = reopen(agent, key)
             b = check_invariants(agent, key, old_slot, old_bytes, (old, new),
                                  {new} if confirm_done else {old})
@@ -185,11 +195,15 @@ def test_power_cut_at_every_write(start, key, name):
 
 
 def test_double_power_cut_during_recovery(fresh, key, v2_package):
-    """A second cut during the first boot after a cut (the boot writes the
-    state too): still a verified image and the confirmed one kept."""
-    total = count_writes(fresh, update_ok, v2_package, V("1.0.0"), V("2.0.0"))
+    """A second cut during the first boot after a cut (the boot writes too:
+    copy_done, a revert's erase, the counter): still a verified image and the
+    confirmed one kept."""
+    w = count_writes(fresh, update_ok, v2_package, V("1.0.0"), V("2.0.0"))
+    total = w.count
     probe = fresh()
     v1_slot_a = probe.slot_bytes(0)
+    ok_at = next(i + 1 for i, (off, n) in enumerate(w.log)
+                 if off == probe._slot_end(1) + U.IMAGE_OK_OFF)
     probe.close()
     for at in range(1, total + 1):
         agent = fresh(U.CutWriter(at, "torn"))
@@ -201,50 +215,103 @@ def test_double_power_cut_during_recovery(fresh, key, v2_package):
         except U.PowerCut:
             pass
         agent = reopen(agent, key)
-        check_invariants(agent, key, 0, v1_slot_a, (V("1.0.0"), V("2.0.0")), {V("1.0.0")})
+        check_invariants(agent, key, 0, v1_slot_a, (V("1.0.0"), V("2.0.0")),
+                         {V("1.0.0"), V("2.0.0")} if at >= ok_at else {V("1.0.0")})
         agent.close()
 
 
-def test_state_copies_ping_pong(fresh, v2_package):
+def test_trailer_and_counter_through_an_update(fresh, v2_package):
+    """MCUboot's trailer at each step (boot_set_pending, the test boot's
+    copy_done, boot_set_confirmed) and the counter's ping-pong copies."""
     agent = fresh()
-    seqs = []
+    t = agent.trailer(0)
+    assert (t.magic, t.image_ok, t.copy_done) == ("good", "set", "unset")   # factory: confirmed
+    assert agent.trailer(1).magic == "unset"
     agent.install(v2_package)
-    seqs.append(agent.read_state().seq)
+    t = agent.trailer(1)
+    assert (t.magic, t.image_ok, t.copy_done, t.swap_info) == ("good", "unset", "unset",
+                                                                U.BOOT_SWAP_TYPE_TEST)
+    assert agent.read_state().trial_state == U.TRIAL_PENDING
     agent.boot()
-    seqs.append(agent.read_state().seq)
+    assert agent.trailer(1).copy_done == "set"
+    assert agent.read_state().trial_state == U.TRIAL_TRYING
     agent.confirm()
+    t = agent.trailer(1)
+    assert (t.magic, t.image_ok, t.copy_done) == ("good", "set", "set")
     st = agent.read_state()
     assert (st.confirmed_slot, st.trial_state, st.min_security_counter) == (1, U.TRIAL_NONE, 2)
     copies = agent._copies()
-    assert all(c is not None for c in copies)
-    assert {c.seq for c in copies} == {st.seq, st.seq - 1}   # newest and the one before
-    assert seqs == [2, 3] and st.seq == 4
+    assert [(c.seq, c.value) for c in copies] == [(1, 1), (2, 2)]   # newest and the one before
+    # each trailer field is one byte programmed, then erased padding to 8
+    raw = agent.slot_bytes(1)[-U.TRAILER_SIZE:]
+    assert raw[-16:] == U.BOOT_MAGIC
+    assert raw[-24:-16] == b"\x01" + b"\xff" * 7 and raw[-32:-24] == b"\x01" + b"\xff" * 7
+    assert raw[-40:-32] == b"\x02" + b"\xff" * 7 and raw[:8] == b"\xff" * 8
 
 
-def test_damaged_newest_state_copy_falls_back_to_the_other(fresh, key, v2_package):
+def test_permanent_install_needs_no_test_boot(fresh, v2_package):
     agent = fresh()
-    agent.install(v2_package)                     # newest copy: pending B
-    copies = agent._copies()
-    newest = max(range(2), key=lambda i: copies[i].seq)
-    off = U.STATE_OFFSET + newest * U.STATE_SIZE + 8
-    agent._f.seek(off)
+    agent.install(v2_package, permanent=True)
+    assert agent.trailer(1).swap_info == U.BOOT_SWAP_TYPE_PERM
+    b = agent.boot()
+    assert (b.slot, b.image.version, b.trial) == (1, V("2.0.0"), False)
+    assert agent.read_state().min_security_counter == 2      # raised for a confirmed image
+
+
+def test_damaged_newest_counter_copy_falls_back_then_is_repaired(fresh, key, v2_package):
+    agent = fresh()
+    update_ok(agent, v2_package, V("1.0.0"), V("2.0.0"))     # newest copy: counter 2
+    newest = max(range(2), key=lambda i: agent._copies()[i].seq)
+    agent._f.seek(U.NV_OFFSET + newest * U.NV_SIZE + 8)
     agent._f.write(b"\x07")                       # one byte: CRC fails
     agent._f.flush()
-    b = reopen(agent, key).boot()
-    assert (b.slot, b.trial) == (0, False)        # the previous record: A confirmed
+    agent = reopen(agent, key)
+    assert agent.security_counter() == 1          # the previous record
+    b = agent.boot()                              # the confirmed image raises it again
+    assert (b.slot, b.trial) == (1, False) and agent.security_counter() == 2
 
 
-def test_no_valid_state_boots_the_newest_verified_slot(fresh, key, v2_package):
+def test_wiped_counter_area_is_restored_from_the_confirmed_image(fresh, key, v2_package):
     agent = fresh()
-    agent.install(v2_package)
-    agent._f.seek(U.STATE_OFFSET)
-    agent._f.write(b"\xff" * (2 * U.STATE_SIZE))
+    update_ok(agent, v2_package, V("1.0.0"), V("2.0.0"))
+    agent._f.seek(U.NV_OFFSET)
+    agent._f.write(b"\xff" * (2 * U.NV_SIZE))
     agent._f.flush()
     agent = reopen(agent, key)
     b = agent.boot()
-    assert (b.slot, b.image.version) == (1, V("2.0.0")) and "state area unreadable" in b.note
-    st = agent.read_state()
-    assert (st.confirmed_slot, st.min_security_counter) == (1, 2)
+    assert (b.slot, b.image.version) == (1, V("2.0.0"))
+    assert agent.read_state().min_security_counter == 2
+
+
+def test_trailer_layout_matches_imgtool(tmp_path):
+    """`imgtool sign --pad` (test) and `--pad --confirm` fill the end of the
+    slot as MCUboot expects: our reader sees a pending and a confirmed image."""
+    imgtool = Path(sys.executable).parent / "imgtool"
+    if not imgtool.exists():
+        pytest.skip("imgtool is not installed (test extra)")
+    k = tmp_path / "k"
+    keys.generate(k)
+    (tmp_path / "fw.bin").write_bytes(b"\x11" * 200)
+    for extra, want in (([], ("good", "unset", "unset", U.TRIAL_PENDING)),
+                        (["--confirm"], ("good", "set", "unset", U.TRIAL_NONE))):
+        out = tmp_path / "o.bin"
+        subprocess.run([str(imgtool), "sign", "-k", str(k), "--header-size", "0x20",
+                        "--pad-header", "-S", str(SLOT), "--align", "8", "-v", "1.0.0", "--pad",
+                        "-s", "1", "--custom-tlv", "0x80a2", "0x04000000",
+                        *extra, str(tmp_path / "fw.bin"), str(out)], check=True,
+                       capture_output=True)
+        slot = out.read_bytes()
+        assert len(slot) == SLOT
+        t = U.Trailer.unpack(slot[-U.TRAILER_SIZE:])
+        assert (t.magic, t.image_ok, t.copy_done, t.trial) == want
+        # flash-init takes the padded slot as it is, confirmed
+        flash = tmp_path / "f.bin"
+        U.init_flash(flash, slot, keys.load_public(str(k) + ".pub"), slot_size=SLOT, align=512)
+        with U.Agent(flash, keys.load_public(str(k) + ".pub")) as agent:
+            assert agent.slot_bytes(0)[:-U.TRAILER_SIZE] == slot[:-U.TRAILER_SIZE]
+            assert agent.trailer(0).confirmed
+            b = agent.boot()
+            assert (b.slot, b.trial, b.image.version) == (0, False, V("1.0.0"))
 
 
 def rot(agent, slot, at=200):
@@ -328,14 +395,16 @@ def test_cli_flash_commands(tmp_path, capsys, key, v1, v2_package):
                "--slot-size", "4K", "--write-size", "512")[0] == 0
     assert run("fw", "install", flash, tmp_path / "v2.ota", "--key", pub)[0] == 0
     status, out = run("fw", "boot", flash, "--key", pub)
-    assert status == 0 and "boot slot B: trial" in out
+    assert status == 0 and "boot slot B: test boot of slot B (2.0.0)" in out
     assert run("fw", "confirm", flash, "--key", pub)[0] == 0
     status, out = run("fw", "status", flash, "--key", pub)
     assert "confirmed slot B" in out and "slot B        2.0.0" in out
     status, out = run("fw", "install", flash, tmp_path / "v2.ota", "--key", pub)
     assert status == 0   # same version, same counter: reinstall allowed
-    status, out = run("fw", "rollback", flash)
+    status, out = run("fw", "rollback", flash, "--key", pub)
     assert status == 0 and "no trial" in out
+    status, out = run("fw", "status", flash, "--key", pub)
+    assert "trailer: magic unset" in out and "trailer: magic good, image_ok set" in out
     (tmp_path / "old.ota").write_bytes(ota.pack_package([image(key, "1.5.0", 2)], key))
     status, out = run("fw", "install", flash, tmp_path / "old.ota", "--key", pub)
     assert status == I.DowngradeError.exit_status and "REJECTED (downgrade)" in out

@@ -8,6 +8,9 @@ Budgets (bytes, in a target's `budgets`):
                   arena and the logits buffer live in bss)
   image           the packed image (firmware.bin, objcopy -O binary): what
                   the flash slot must hold, padding between sections included
+  bootloader      boot.elf (firmware/boot/, `scons target=cortex-m boot`):
+                  every allocated section with file contents; measured only
+                  when the boot goal builds it
 
 `measure` collects the numbers, `check_budgets` returns one actionable
 message per budget exceeded, `format_report` is what `scons size` prints.
@@ -45,6 +48,8 @@ class SizeReport:
     runtime_sections: dict[str, int] # libcolibri.a: kind -> bytes summed
     runtime_symbols: list[Symbol]    # libcolibri.a, largest first
     totals: dict[str, int] = field(default_factory=dict)  # budget name -> bytes
+    boot_sections: list[Section] = field(default_factory=list)   # boot.elf, when measured
+    boot_symbols: list[Symbol] = field(default_factory=list)
 
 
 def _kind(name: str, flags: int, sh_type: str) -> str:
@@ -141,7 +146,8 @@ def measure_runtime(lib: str | os.PathLike) -> tuple[dict[str, int], list[Symbol
 
 
 def measure(firmware: str | os.PathLike, lib: str | os.PathLike,
-            image: str | os.PathLike | None = None) -> SizeReport:
+            image: str | os.PathLike | None = None,
+            boot: str | os.PathLike | None = None) -> SizeReport:
     with open(firmware, "rb") as f:
         elf = ELFFile(f)
         sections = _alloc_sections(elf)
@@ -157,7 +163,13 @@ def measure(firmware: str | os.PathLike, lib: str | os.PathLike,
     }
     if image is not None:
         totals["image"] = Path(image).stat().st_size
-    return SizeReport(sections, symbols, rt_kinds, rt_syms, totals)
+    boot_secs, boot_syms = [], []
+    if boot is not None:
+        with open(boot, "rb") as f:
+            elf = ELFFile(f)
+            boot_secs, boot_syms = _alloc_sections(elf), _symbols(elf)
+        totals["bootloader"] = sum(s.size for s in boot_secs if s.kind != "bss")
+    return SizeReport(sections, symbols, rt_kinds, rt_syms, totals, boot_secs, boot_syms)
 
 
 def _contributors(report: SizeReport, budget: str) -> tuple[list[tuple[str, int]], list[Symbol]]:
@@ -165,6 +177,11 @@ def _contributors(report: SizeReport, budget: str) -> tuple[list[tuple[str, int]
     if budget == "runtime":
         secs = sorted(report.runtime_sections.items(), key=lambda kv: -kv[1])
         return secs, [s for s in report.runtime_symbols][:5]
+    if budget == "bootloader":
+        chosen = [s for s in report.boot_sections if s.kind != "bss"]
+        names = {s.name for s in chosen}
+        secs = sorted(((s.name, s.size) for s in chosen), key=lambda kv: -kv[1])
+        return secs, [s for s in report.boot_symbols if s.section in names][:5]
     if budget == "firmware_ram":
         chosen = [s for s in report.sections if s.kind in ("data", "bss")]
     else:  # flash and image: everything with contents

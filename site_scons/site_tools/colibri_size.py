@@ -1,6 +1,6 @@
 """SCons tool: size report and budgets (pyelftools, colibri.buildsteps.size).
 
-env.ColibriSizeReport(report_txt, [firmware_elf, libcolibri_a, firmware_bin])
+env.ColibriSizeReport(report_txt, [firmware_elf, libcolibri_a, firmware_bin(, boot_elf)])
 writes the report and fails the build, with one message naming the budget,
 its total, the largest section and symbols, when a budget of the target
 module is exceeded. env.ColibriShowSize(report_txt) prints it (`scons size`).
@@ -13,7 +13,8 @@ from colibri.buildsteps import size
 
 def _report_action(target, source, env):
     t = env["COLIBRI_TARGET"]
-    report = size.measure(str(source[0]), str(source[1]), str(source[2]))
+    report = size.measure(str(source[0]), str(source[1]), str(source[2]),
+                          str(source[3]) if len(source) > 3 else None)
     with open(str(target[0]), "w") as f:
         f.write(size.format_report(report, t))
     problems = size.check_budgets(report, t)
