@@ -1,7 +1,9 @@
 /*
- * internal.h - declarations shared by core.c (load, validate, arena, infer
- * loop), tensor.c (embedding, norms, RoPE, attention, linear layers) and
- * moe.c (router, top-k, dispatch, experts). Not installed, not public.
+ * internal.h - the plan and the functions that build and run it, shared by
+ * plan.c (arena layout, weight views), load.c (instance lifecycle),
+ * forward.c (the infer loop), tensor.c (embedding, norms, RoPE, attention,
+ * linear layers), moe.c (router, top-k, dispatch, experts) and info.c.
+ * The file checks are format.h's. Not installed, not public.
  *
  * Everything an inference touches hangs off one clb_plan, which lives at the
  * start of the instance's arena: pointers into the (read-only) file for the
@@ -17,6 +19,15 @@
 
 #include "colibri.h"
 #include "kernels/kernels.h"
+
+#ifndef COLIBRI_ENABLE_MMAP
+#define COLIBRI_ENABLE_MMAP 1
+#endif
+
+/* priv_.magic of an initialised instance ("CLBR"), and priv_.load_mode. */
+#define CLB_MODEL_MAGIC 0x434C4252u
+enum { CLB_LOAD_MMAP = 1, CLB_LOAD_READ = 2, CLB_LOAD_MEMORY = 3,
+       CLB_LOAD_SHARED = 4 };
 
 /* Tokens processed together (a prefill groups each chunk's tokens by expert,
  * so each expert's weights stream once per chunk). A caller-supplied arena
@@ -98,6 +109,33 @@ typedef struct clb_plan {
     int8_t *xq;                 /* [C, max_cols] int8 activations */
     float *xs;                  /* [C, max_groups] their scales */
 } clb_plan;
+
+/* --- plan.c --------------------------------------------------------------- */
+
+/* Hands out 64-byte aligned pieces of an arena; with base NULL it only
+ * counts (ovf sticky on overflow). */
+typedef struct { uint8_t *base; uint64_t off; int ovf; } carver;
+
+/* Lay out the arena for shape s processing up to chunk_limit tokens
+ * together. With c->base NULL, *pp is NULL and only c->off matters. */
+void clb_layout(carver *c, const colibri_shape *s, uint32_t chunk_limit,
+                clb_plan **pp);
+
+/* Arena bytes for shape s and chunk_limit; COLIBRI_E_NO_MEMORY if it
+ * exceeds size_t. */
+int clb_arena_bytes(const colibri_shape *s, uint32_t chunk_limit, size_t *out);
+
+/* The view of table entry `en` of a validated blob (data in host order). */
+clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
+                         uint32_t group);
+
+/* Point every tensor view of the plan into a validated, host-order blob and
+ * compute the RoPE tables. */
+void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
+                    const colibri_kernels *k);
+
+/* The fastest kernel table this build and CPU can run. */
+const colibri_kernels *clb_pick_kernels(void);
 
 /* --- tensor.c -------------------------------------------------------------- */
 

@@ -117,8 +117,8 @@ def _a64(n: int) -> int:
 
 def arena_bytes(shape: cformat.ModelShape, pointer_bytes: int,
                 chunk_tokens: int = CHUNK_TOKENS) -> int:
-    """Bytes of arena the runtime needs for `shape`: the buffers src/core.c
-    carves in layout() (every one rounded up to 64 bytes), in the same
+    """Bytes of arena the runtime needs for `shape`: the buffers src/plan.c
+    carves in clb_layout() (every one rounded up to 64 bytes), in the same
     order, with the pointer tables (plan, per-layer and per-expert views)
     bounded generously from the pointer size, plus 4 KB of slack. The
     firmware checks the runtime's own colibri_arena_size against this at
