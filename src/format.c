@@ -19,7 +19,9 @@ static const char *kind_name(unsigned kind)
     static const char *const names[] = {
         "?", "EMBED", "ATTN_NORM", "WQ", "WK", "WV", "WO", "FFN_NORM",
         "ROUTER", "EXPERT_W1", "EXPERT_W3", "EXPERT_W2", "FINAL_NORM",
-        "LM_HEAD",
+        "LM_HEAD", "DESC", "BQ", "BK", "BV", "BO", "Q_NORM", "K_NORM",
+        "SHARED_GATE", "SHARED_W1", "SHARED_W3", "SHARED_W2", "DENSE_W1",
+        "DENSE_W3", "DENSE_W2",
     };
     return kind >= 1 && kind <= COLIBRI_KIND_MAX ? names[kind] : "unknown";
 }
@@ -38,51 +40,131 @@ static const char *entry_label(char *buf, size_t cap, unsigned kind,
     return buf;
 }
 
-/* The j-th known entry of the table order (FORMAT.md 3, rule 1). */
-typedef struct { unsigned kind, layer, expert; } known_slot;
-
-static uint64_t known_count(const colibri_shape *s)
+int clb_desc_dense(const clb_desc *d, uint32_t layer)
 {
-    return 3 + (uint64_t)s->n_layers * (7 + 3 * (uint64_t)s->n_experts);
+    return d->layers && rdf32(d->layers + 4 * (size_t)layer, d->be) != 0.0f;
 }
 
-static known_slot known_at(const colibri_shape *s, uint64_t j)
+/* The known entries in table order (FORMAT.md 3, rule 1), walked by a
+ * cursor: [DESC,] EMBED, per layer the attention tensors the features ask
+ * for, then a dense FFN or the router, the shared expert and every expert's
+ * three matrices; FINAL_NORM, LM_HEAD. A layer has at most 18 entries
+ * before its experts. */
+typedef struct { unsigned kind, layer, expert; } known_slot;
+typedef struct {
+    unsigned stage;          /* 0 DESC, 1 EMBED, 2 layers, 3 FINAL_NORM, 4 LM_HEAD, 5 end */
+    uint32_t layer, r;       /* stage 2: layer and entry within it */
+    unsigned n_head;         /* entries of this layer before its experts */
+    unsigned head[18];
+} known_cursor;
+
+static void layer_head(known_cursor *c, const colibri_shape *s, const clb_desc *d)
 {
-    static const unsigned layer_kinds[7] = {
-        COLIBRI_KIND_ATTN_NORM, COLIBRI_KIND_WQ, COLIBRI_KIND_WK,
-        COLIBRI_KIND_WV, COLIBRI_KIND_WO, COLIBRI_KIND_FFN_NORM,
-        COLIBRI_KIND_ROUTER,
-    };
+    unsigned n = 0, f = d->features;
+    (void)s;
+    c->head[n++] = COLIBRI_KIND_ATTN_NORM;
+    c->head[n++] = COLIBRI_KIND_WQ;
+    if (f & COLIBRI_FEAT_BIAS_QKV)
+        c->head[n++] = COLIBRI_KIND_BQ;
+    c->head[n++] = COLIBRI_KIND_WK;
+    if (f & COLIBRI_FEAT_BIAS_QKV)
+        c->head[n++] = COLIBRI_KIND_BK;
+    c->head[n++] = COLIBRI_KIND_WV;
+    if (f & COLIBRI_FEAT_BIAS_QKV)
+        c->head[n++] = COLIBRI_KIND_BV;
+    c->head[n++] = COLIBRI_KIND_WO;
+    if (f & COLIBRI_FEAT_BIAS_O)
+        c->head[n++] = COLIBRI_KIND_BO;
+    if (f & (COLIBRI_FEAT_QK_NORM_HEAD | COLIBRI_FEAT_QK_NORM_PROJ)) {
+        c->head[n++] = COLIBRI_KIND_Q_NORM;
+        c->head[n++] = COLIBRI_KIND_K_NORM;
+    }
+    c->head[n++] = COLIBRI_KIND_FFN_NORM;
+    if (clb_desc_dense(d, c->layer)) {
+        c->head[n++] = COLIBRI_KIND_DENSE_W1;
+        c->head[n++] = COLIBRI_KIND_DENSE_W3;
+        c->head[n++] = COLIBRI_KIND_DENSE_W2;
+    } else {
+        c->head[n++] = COLIBRI_KIND_ROUTER;
+        if (f & COLIBRI_FEAT_SHARED_GATE)
+            c->head[n++] = COLIBRI_KIND_SHARED_GATE;
+        if (f & COLIBRI_FEAT_SHARED_EXPERT) {
+            c->head[n++] = COLIBRI_KIND_SHARED_W1;
+            c->head[n++] = COLIBRI_KIND_SHARED_W3;
+            c->head[n++] = COLIBRI_KIND_SHARED_W2;
+        }
+    }
+    c->n_head = n;
+}
+
+static void cursor_start(known_cursor *c, const colibri_shape *s, const clb_desc *d)
+{
+    memset(c, 0, sizeof *c);
+    c->stage = d->version >= 2 ? 0 : 1;
+    (void)s;
+}
+
+/* The slot the cursor is at; kind 0 at the end. */
+static known_slot cursor_slot(const known_cursor *c, const colibri_shape *s,
+                              const clb_desc *d)
+{
+    known_slot k = { 0, COLIBRI_NO_LAYER, COLIBRI_NO_EXPERT };
     static const unsigned expert_kinds[3] = {
         COLIBRI_KIND_EXPERT_W1, COLIBRI_KIND_EXPERT_W3, COLIBRI_KIND_EXPERT_W2,
     };
-    known_slot k = { COLIBRI_KIND_EMBED, COLIBRI_NO_LAYER, COLIBRI_NO_EXPERT };
-    if (j == 0)
-        return k;
-    j -= 1;
-    uint64_t per = 7 + 3 * (uint64_t)s->n_experts;
-    if (j < (uint64_t)s->n_layers * per) {
-        k.layer = (unsigned)(j / per);
-        uint64_t r = j % per;
-        if (r < 7) {
-            k.kind = layer_kinds[r];
+    (void)d;
+    switch (c->stage) {
+    case 0: k.kind = COLIBRI_KIND_DESC; break;
+    case 1: k.kind = COLIBRI_KIND_EMBED; break;
+    case 2:
+        k.layer = c->layer;
+        if (c->r < c->n_head) {
+            k.kind = c->head[c->r];
         } else {
-            k.expert = (unsigned)((r - 7) / 3);
-            k.kind = expert_kinds[(r - 7) % 3];
+            k.expert = (c->r - c->n_head) / 3;
+            k.kind = expert_kinds[(c->r - c->n_head) % 3];
         }
-        return k;
+        break;
+    case 3: k.kind = COLIBRI_KIND_FINAL_NORM; break;
+    case 4: k.kind = COLIBRI_KIND_LM_HEAD; break;
+    default: break;
     }
-    j -= (uint64_t)s->n_layers * per;
-    k.kind = j == 0 ? COLIBRI_KIND_FINAL_NORM : COLIBRI_KIND_LM_HEAD;
+    (void)s;
     return k;
 }
 
+static void cursor_next(known_cursor *c, const colibri_shape *s, const clb_desc *d)
+{
+    if (c->stage == 2) {
+        uint32_t per = c->n_head;
+        if (!clb_desc_dense(d, c->layer))
+            per += 3u * s->n_experts;
+        if (++c->r < per)
+            return;
+        c->r = 0;
+        if (++c->layer < s->n_layers) {
+            layer_head(c, s, d);
+            return;
+        }
+        c->stage = 3;
+        return;
+    }
+    if (c->stage < 5)
+        c->stage++;
+    if (c->stage == 2) {
+        c->layer = 0;
+        c->r = 0;
+        layer_head(c, s, d);
+    }
+}
+
 /* The [rows, cols] a kind must have, and the dtypes it may use (bit mask). */
-static void kind_shape(const colibri_shape *s, unsigned kind, uint32_t *rows,
-                       uint32_t *cols, unsigned *dtypes)
+static void kind_shape(const colibri_shape *s, const clb_desc *d, unsigned kind,
+                       uint32_t *rows, uint32_t *cols, unsigned *dtypes)
 {
     uint32_t qdim = (uint32_t)s->n_heads * s->head_dim;
     uint32_t kvdim = (uint32_t)s->n_kv_heads * s->head_dim;
+    int per_head = (d->features & COLIBRI_FEAT_QK_NORM_HEAD) != 0;
     const unsigned F = 1u << COLIBRI_DTYPE_F32, I8 = 1u << COLIBRI_DTYPE_I8_GROUP,
                    I16 = 1u << COLIBRI_DTYPE_I16_ROW;
     *cols = s->hidden;
@@ -91,7 +173,21 @@ static void kind_shape(const colibri_shape *s, unsigned kind, uint32_t *rows,
     case COLIBRI_KIND_EMBED: *rows = s->vocab; *dtypes = F | I16; break;
     case COLIBRI_KIND_ATTN_NORM:
     case COLIBRI_KIND_FFN_NORM:
-    case COLIBRI_KIND_FINAL_NORM: *rows = 1; *dtypes = F; break;
+    case COLIBRI_KIND_FINAL_NORM:
+    case COLIBRI_KIND_BO:
+    case COLIBRI_KIND_SHARED_GATE: *rows = 1; *dtypes = F; break;
+    case COLIBRI_KIND_DESC:
+        *rows = 1;
+        *cols = COLIBRI_DESC_LAYERS + (uint32_t)s->n_layers;
+        *dtypes = F;
+        break;
+    case COLIBRI_KIND_BQ: *rows = 1; *cols = qdim; *dtypes = F; break;
+    case COLIBRI_KIND_BK:
+    case COLIBRI_KIND_BV: *rows = 1; *cols = kvdim; *dtypes = F; break;
+    case COLIBRI_KIND_Q_NORM:
+        *rows = 1; *cols = per_head ? s->head_dim : qdim; *dtypes = F; break;
+    case COLIBRI_KIND_K_NORM:
+        *rows = 1; *cols = per_head ? s->head_dim : kvdim; *dtypes = F; break;
     case COLIBRI_KIND_WQ: *rows = qdim; break;
     case COLIBRI_KIND_WK:
     case COLIBRI_KIND_WV: *rows = kvdim; break;
@@ -100,6 +196,12 @@ static void kind_shape(const colibri_shape *s, unsigned kind, uint32_t *rows,
     case COLIBRI_KIND_EXPERT_W1:
     case COLIBRI_KIND_EXPERT_W3: *rows = s->intermediate; break;
     case COLIBRI_KIND_EXPERT_W2: *rows = s->hidden; *cols = s->intermediate; break;
+    case COLIBRI_KIND_SHARED_W1:
+    case COLIBRI_KIND_SHARED_W3: *rows = d->shared_inter; break;
+    case COLIBRI_KIND_SHARED_W2: *rows = s->hidden; *cols = d->shared_inter; break;
+    case COLIBRI_KIND_DENSE_W1:
+    case COLIBRI_KIND_DENSE_W3: *rows = d->dense_inter; break;
+    case COLIBRI_KIND_DENSE_W2: *rows = s->hidden; *cols = d->dense_inter; break;
     default: /* LM_HEAD */ *rows = s->vocab; break;
     }
 }
@@ -158,9 +260,10 @@ int clb_check_header(const uint8_t *b, size_t size, colibri_shape *s,
     }
     int e = *be;
     unsigned version = rd16(b + COLIBRI_HDR_VERSION, e);
-    if (version != COLIBRI_FORMAT_VERSION) {
+    if (version < COLIBRI_FORMAT_VERSION_MIN || version > COLIBRI_FORMAT_VERSION) {
         clb_detail(detail, DETAIL_CAP, "format version %u, this library "
-                   "supports version %u%s", (unsigned)version,
+                   "supports versions %u to %u%s", (unsigned)version,
+                   (unsigned)COLIBRI_FORMAT_VERSION_MIN,
                    (unsigned)COLIBRI_FORMAT_VERSION,
                    version > COLIBRI_FORMAT_VERSION ? ": upgrade colibri" : "");
         return version > COLIBRI_FORMAT_VERSION ? COLIBRI_E_VERSION
@@ -245,11 +348,164 @@ int clb_check_header(const uint8_t *b, size_t size, colibri_shape *s,
         return COLIBRI_E_BAD_FORMAT;
     }
     uint32_t flags = rd32(b + COLIBRI_HDR_FLAGS, e);
-    if (flags != 0) {
+    if (version == 1 && flags != 0) {
         clb_detail(detail, DETAIL_CAP, "header flags %x, must be 0 in version 1",
                    (unsigned)flags);
         return COLIBRI_E_BAD_FORMAT;
     }
+    if (flags & ~(uint32_t)COLIBRI_FEAT_ALL) {
+        clb_detail(detail, DETAIL_CAP, "header flags %x: unknown feature bits "
+                   "%x (a newer colibri wrote the file?)", (unsigned)flags,
+                   (unsigned)(flags & ~(uint32_t)COLIBRI_FEAT_ALL));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if ((flags & COLIBRI_FEAT_QK_NORM_HEAD) && (flags & COLIBRI_FEAT_QK_NORM_PROJ)) {
+        clb_detail(detail, DETAIL_CAP, "header flags %x: QK_NORM_HEAD and "
+                   "QK_NORM_PROJ exclude each other", (unsigned)flags);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if ((flags & COLIBRI_FEAT_SHARED_GATE) && !(flags & COLIBRI_FEAT_SHARED_EXPERT)) {
+        clb_detail(detail, DETAIL_CAP, "header flags %x: SHARED_GATE without "
+                   "SHARED_EXPERT", (unsigned)flags);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    return COLIBRI_OK;
+}
+
+/* Mixtral's computation: what a version 1 file means, and what a version 2
+ * DESC describes before its words are read. */
+static void desc_default(clb_desc *d, const colibri_shape *s)
+{
+    memset(d, 0, sizeof *d);
+    d->version = 1;
+    d->features = COLIBRI_FEAT_ROUTER_RENORM;
+    d->embed_scale = 1.0f;
+    d->attn_scale = (float)(1.0 / sqrt((double)s->head_dim));
+    d->residual_scale = 1.0f;
+    d->logits_div = 1.0f;
+}
+
+/* An integer-valued word in 1..2^24 with the feature, exactly 0 without. */
+static int desc_size_word(float v, int on, uint32_t *out)
+{
+    if (!on) {
+        *out = 0;
+        return v == 0.0f;
+    }
+    if (!(v >= 1.0f && v <= (float)COLIBRI_DESC_MAX_INTERMEDIATE) ||
+        v != (float)(uint32_t)v)
+        return 0;
+    *out = (uint32_t)v;
+    return 1;
+}
+
+int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
+                   int be, clb_desc *d, char *detail)
+{
+    desc_default(d, s);
+    unsigned version = rd16(b + COLIBRI_HDR_VERSION, be);
+    if (version < 2)
+        return COLIBRI_OK;
+    d->version = (uint16_t)version;
+    d->features = rd32(b + COLIBRI_HDR_FLAGS, be);
+    d->be = be;
+    /* Entry 0 must be the DESC: everything after it is laid out by it. */
+    uint64_t want_cols = COLIBRI_DESC_LAYERS + (uint64_t)s->n_layers;
+    uint64_t table_end = COLIBRI_TABLE_OFFSET + (uint64_t)s->n_tensors * COLIBRI_ENTRY_SIZE;
+    uint64_t at = (table_end + 63) & ~(uint64_t)63;
+    if (table_end > size) {
+        clb_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
+                   "beyond the file size %llu (truncated?)", (unsigned)(s->n_tensors),
+                   (unsigned long long)table_end, (unsigned long long)size);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    const uint8_t *en = b + COLIBRI_TABLE_OFFSET;
+    if (rd16(en + COLIBRI_ENT_KIND, be) != COLIBRI_KIND_DESC ||
+        en[COLIBRI_ENT_DTYPE] != COLIBRI_DTYPE_F32 ||
+        en[COLIBRI_ENT_FLAGS] != COLIBRI_ENTRY_FLAG_CRITICAL ||
+        rd16(en + COLIBRI_ENT_LAYER, be) != COLIBRI_NO_LAYER ||
+        rd16(en + COLIBRI_ENT_EXPERT, be) != COLIBRI_NO_EXPERT ||
+        rd32(en + COLIBRI_ENT_ROWS, be) != 1 ||
+        rd32(en + COLIBRI_ENT_COLS, be) != want_cols ||
+        rd64(en + COLIBRI_ENT_SIZE, be) != 4 * want_cols ||
+        rd64(en + COLIBRI_ENT_OFFSET, be) != at ||
+        rd32(en + COLIBRI_ENT_RESERVED, be) != 0) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0: a version 2 file starts with "
+                   "DESC, critical F32 [1, %llu] at offset %llu (found kind %u "
+                   "[%u, %u])", (unsigned long long)want_cols,
+                   (unsigned long long)at, (unsigned)rd16(en + COLIBRI_ENT_KIND, be),
+                   (unsigned)rd32(en + COLIBRI_ENT_ROWS, be),
+                   (unsigned)rd32(en + COLIBRI_ENT_COLS, be));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (at + 4 * want_cols > size) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): section ends at %llu, "
+                   "beyond the file size %llu (truncated?)",
+                   (unsigned long long)(at + 4 * want_cols), (unsigned long long)size);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    /* Its CRC before its words: a flipped bit must read as corruption, not
+     * as a different model. */
+    const uint8_t *w = b + at;
+    uint32_t want = rd32(en + COLIBRI_ENT_CRC, be);
+    uint32_t got = colibri_crc32(0, w, (size_t)(4 * want_cols));
+    if (want != got) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): crc %x != computed %x",
+                   (unsigned)want, (unsigned)got);
+        return COLIBRI_E_CRC;
+    }
+    uint32_t f = d->features;
+    const char *bad = NULL;
+    float v[COLIBRI_DESC_LAYERS];
+    for (unsigned i = 0; i < COLIBRI_DESC_LAYERS; i++)
+        v[i] = rdf32(w + 4 * i, be);
+    if (!desc_size_word(v[COLIBRI_DESC_SHARED_INTERMEDIATE],
+                        (f & COLIBRI_FEAT_SHARED_EXPERT) != 0, &d->shared_inter))
+        bad = "shared_intermediate (an integer 1..2^24 with SHARED_EXPERT, else 0)";
+    else if (!desc_size_word(v[COLIBRI_DESC_DENSE_INTERMEDIATE],
+                             (f & COLIBRI_FEAT_DENSE_LAYERS) != 0, &d->dense_inter))
+        bad = "dense_intermediate (an integer 1..2^24 with DENSE_LAYERS, else 0)";
+    else if (!isfinite(v[COLIBRI_DESC_EMBED_SCALE]) || v[COLIBRI_DESC_EMBED_SCALE] == 0.0f)
+        bad = "embed_scale (finite, not 0)";
+    else if (!isfinite(v[COLIBRI_DESC_ATTN_SCALE]) || !(v[COLIBRI_DESC_ATTN_SCALE] > 0.0f))
+        bad = "attn_scale (finite, > 0)";
+    else if (!isfinite(v[COLIBRI_DESC_RESIDUAL_SCALE]) || v[COLIBRI_DESC_RESIDUAL_SCALE] == 0.0f)
+        bad = "residual_scale (finite, not 0)";
+    else if (!isfinite(v[COLIBRI_DESC_LOGITS_DIVISOR]) || v[COLIBRI_DESC_LOGITS_DIVISOR] == 0.0f)
+        bad = "logits_divisor (finite, not 0)";
+    else if ((f & COLIBRI_FEAT_CLIP_QKV)
+                 ? !(isfinite(v[COLIBRI_DESC_CLIP_QKV]) && v[COLIBRI_DESC_CLIP_QKV] > 0.0f)
+                 : v[COLIBRI_DESC_CLIP_QKV] != 0.0f)
+        bad = "clip_qkv (finite and > 0 with CLIP_QKV, else 0)";
+    else if (rd32(w + 4 * COLIBRI_DESC_RESERVED, be) != 0)
+        bad = "reserved (0)";
+    if (bad) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): %s is wrong", bad);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    d->embed_scale = v[COLIBRI_DESC_EMBED_SCALE];
+    d->attn_scale = v[COLIBRI_DESC_ATTN_SCALE];
+    d->residual_scale = v[COLIBRI_DESC_RESIDUAL_SCALE];
+    d->logits_div = v[COLIBRI_DESC_LOGITS_DIVISOR];
+    d->clip_qkv = v[COLIBRI_DESC_CLIP_QKV];
+    uint32_t n_dense = 0;
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        uint32_t u = rd32(w + 4 * (COLIBRI_DESC_LAYERS + (size_t)l), be);
+        if (u != 0 && u != 0x3f800000u) { /* float 0 or 1, nothing else */
+            clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): layer %u's kind "
+                       "(bits %x) must be 0 (MoE) or 1 (dense)", (unsigned)l,
+                       (unsigned)u);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        n_dense += u != 0;
+    }
+    if (!n_dense != !(f & COLIBRI_FEAT_DENSE_LAYERS)) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): %u dense layers, but "
+                   "the DENSE_LAYERS flag is %s", (unsigned)n_dense,
+                   (f & COLIBRI_FEAT_DENSE_LAYERS) ? "set" : "clear");
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    d->layers = w + 4 * COLIBRI_DESC_LAYERS;
     return COLIBRI_OK;
 }
 
@@ -300,7 +556,8 @@ static int check_finite(const uint8_t *b, const uint8_t *en, uint32_t group,
  * check_crcs, every section's CRC. n_unknown counts skipped entries. */
 static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
                        int be, int check_crcs, char *detail, bad_cb cb,
-                       void *user, uint32_t *nbad, uint32_t *n_unknown)
+                       void *user, uint32_t *nbad, uint32_t *n_unknown,
+                       clb_desc *d)
 {
     int ovf = 0;
     uint64_t table_bytes = cmul(s->n_tensors, COLIBRI_ENTRY_SIZE, &ovf);
@@ -322,8 +579,14 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         cb(user, -1, detail);
         ++*nbad;
     }
+    /* The description says which entries the table must hold. */
+    int rc = clb_check_desc(b, size, s, be, d, detail);
+    if (rc != COLIBRI_OK)
+        return rc;
 
-    uint64_t n_known = known_count(s), j = 0;
+    known_cursor cur;
+    cursor_start(&cur, s, d);
+    uint64_t j = 0; /* known entries seen */
     uint64_t pos = calign64(table_end, &ovf);
     *n_unknown = 0;
     for (uint32_t i = 0; i < s->n_tensors; i++) {
@@ -367,11 +630,10 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             }
             ++*n_unknown;
         } else {
-            known_slot k = j < n_known ? known_at(s, j)
-                                       : (known_slot){ 0, 0, 0 };
-            if (j >= n_known || k.kind != kind || k.layer != layer ||
+            known_slot k = cursor_slot(&cur, s, d);
+            if (k.kind == 0 || k.kind != kind || k.layer != layer ||
                 k.expert != expert) {
-                if (j >= n_known)
+                if (k.kind == 0)
                     clb_detail(detail, DETAIL_CAP, "tensor %u (%s layer %u "
                                "expert %u): more known tensors than the shape "
                                "implies", (unsigned)i, kind_name(kind),
@@ -386,7 +648,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             }
             uint32_t want_rows, want_cols;
             unsigned dtypes;
-            kind_shape(s, kind, &want_rows, &want_cols, &dtypes);
+            kind_shape(s, d, kind, &want_rows, &want_cols, &dtypes);
             if (rows != want_rows || cols != want_cols) {
                 char label[64];
                 clb_detail(detail, DETAIL_CAP, "tensor %u (%s): shape [%u, %u], "
@@ -403,6 +665,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
                 return COLIBRI_E_BAD_FORMAT;
             }
             j++;
+            cursor_next(&cur, s, d);
         }
         uint64_t scales_at;
         uint64_t want_sz = known ? clb_section_size(dtype, rows, cols, s->group_size,
@@ -432,8 +695,8 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         }
         pos = calign64(end, &ovf);
     }
-    if (j != n_known) {
-        known_slot k = known_at(s, j);
+    known_slot k = cursor_slot(&cur, s, d);
+    if (k.kind != 0) {
         clb_detail(detail, DETAIL_CAP, "tensor table ends after %u entries; "
                    "missing %s layer %u expert %u", (unsigned)(s->n_tensors),
                    kind_name(k.kind), (unsigned)(k.layer), (unsigned)(k.expert));
@@ -480,12 +743,15 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
 
 /* The whole of FORMAT.md 3 on bytes as stored. */
 int clb_validate(const uint8_t *b, size_t size, colibri_shape *s, int *be,
-                    char *detail, bad_cb cb, void *user, uint32_t *nbad)
+                 clb_desc *d, char *detail, bad_cb cb, void *user,
+                 uint32_t *nbad)
 {
     uint32_t n_unknown;
+    clb_desc local;
     int rc = clb_check_header(b, size, s, be, detail, cb, user, nbad);
     if (rc == COLIBRI_OK)
-        rc = check_table(b, size, s, *be, 1, detail, cb, user, nbad, &n_unknown);
+        rc = check_table(b, size, s, *be, 1, detail, cb, user, nbad, &n_unknown,
+                         d ? d : &local);
     return rc;
 }
 
@@ -502,8 +768,8 @@ int colibri_verify(const void *blob, size_t size,
     if (!blob || !on_bad)
         return COLIBRI_E_ARG;
     detail[0] = '\0';
-    int rc = clb_validate((const uint8_t *)blob, size, &s, &be, detail, on_bad,
-                      user, &nbad);
+    int rc = clb_validate((const uint8_t *)blob, size, &s, &be, NULL, detail,
+                          on_bad, user, &nbad);
     if (rc != COLIBRI_OK)
         on_bad(user, -3, detail);
     if (bad_count)

@@ -17,38 +17,102 @@
  * through the model; logits [n, vocab]. Rows of one sequence come in
  * position order, so every key a row attends to is in the cache by the time
  * its layer's attention runs. */
+/* Y[n, dim] += bias[dim] (a bias the file lacks is NULL: nothing). */
+static void add_bias(float *Y, const float *bias, uint32_t n, uint32_t dim)
+{
+    for (uint32_t t = 0; bias && t < n; t++)
+        for (uint32_t c = 0; c < dim; c++)
+            Y[(size_t)t * dim + c] += bias[c];
+}
+
+/* X[n] clamped to [-lim, lim] (OLMoE's clip_qkv). */
+static void clamp(float *X, size_t n, float lim)
+{
+    for (size_t i = 0; i < n; i++)
+        X[i] = X[i] < -lim ? -lim : X[i] > lim ? lim : X[i];
+}
+
+/* x[n, hidden] += scale * y: every residual branch (GraniteMoE scales them;
+ * 1.0f elsewhere, where the product is exact and the sum is Mixtral's). */
+static void residual(float *x, const float *y, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i] * scale;
+}
+
+/* Queries, keys and values of the chunk rows as the description says:
+ * projections [+ biases] [-> q/k RMSNorm, per head or over the whole
+ * projection] [-> clamp] -> RoPE on q and k; keys and values to the cache. */
+static void qkv(const clb_plan *p, const clb_layer *L, uint32_t l, uint32_t n)
+{
+    const colibri_shape *s = &p->s;
+    uint32_t kvdim = p->kvdim, S = s->max_seq_len, d = s->head_dim;
+    clb_linear(p, &L->wq, p->xn, n, p->q, "wq");
+    clb_linear2(p, &L->wk, &L->wv, p->xn, n, p->kbuf, p->vbuf, "wk.wv");
+    add_bias(p->q, L->bq, n, p->qdim);
+    add_bias(p->kbuf, L->bk, n, kvdim);
+    add_bias(p->vbuf, L->bv, n, kvdim);
+    if (L->q_norm) {
+        /* Per head: n*heads rows of head_dim (Qwen3-MoE); whole: n rows of
+         * qdim / kvdim (OLMoE). In place. */
+        int per_head = (p->d.features & COLIBRI_FEAT_QK_NORM_HEAD) != 0;
+        clb_rmsnorm(p->q, p->q, L->q_norm, per_head ? n * s->n_heads : n,
+                    per_head ? d : p->qdim, s->rms_eps);
+        clb_rmsnorm(p->kbuf, p->kbuf, L->k_norm, per_head ? n * s->n_kv_heads : n,
+                    per_head ? d : kvdim, s->rms_eps);
+    }
+    if (p->d.features & COLIBRI_FEAT_CLIP_QKV) {
+        clamp(p->q, (size_t)n * p->qdim, p->d.clip_qkv);
+        clamp(p->kbuf, (size_t)n * kvdim, p->d.clip_qkv);
+        clamp(p->vbuf, (size_t)n * kvdim, p->d.clip_qkv);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        clb_rope(p, p->q + (size_t)i * p->qdim, s->n_heads, p->tok_pos[i]);
+        clb_rope(p, p->kbuf + (size_t)i * kvdim, s->n_kv_heads, p->tok_pos[i]);
+        size_t slot = (((size_t)l * s->max_batch + p->tok_b[i]) * S +
+                       p->tok_pos[i]) * kvdim;
+        memcpy(p->k_cache + slot, p->kbuf + (size_t)i * kvdim, kvdim * 4);
+        memcpy(p->v_cache + slot, p->vbuf + (size_t)i * kvdim, kvdim * 4);
+    }
+}
+
+/* Run chunk rows (token ids[n], sequence p->tok_b, position p->tok_pos)
+ * through the model; logits [n, vocab]. Rows of one sequence come in
+ * position order, so every key a row attends to is in the cache by the time
+ * its layer's attention runs. What differs between model families is data
+ * in p->d and in the layer views, never a branch on a family. */
 static void forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
                           float *logits)
 {
     const colibri_shape *s = &p->s;
-    uint32_t h = s->hidden, kvdim = p->kvdim, S = s->max_seq_len;
+    uint32_t h = s->hidden;
+    size_t nh = (size_t)n * h;
     clb_embed(p, ids, n, p->x);
+    if (p->d.embed_scale != 1.0f)
+        for (size_t i = 0; i < nh; i++)
+            p->x[i] *= p->d.embed_scale;
     for (uint32_t l = 0; l < s->n_layers; l++) {
         const clb_layer *L = &p->layers[l];
         clb_rmsnorm(p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
-        clb_linear(p, &L->wq, p->xn, n, p->q, "wq");
-        clb_linear2(p, &L->wk, &L->wv, p->xn, n, p->kbuf, p->vbuf, "wk.wv");
-        for (uint32_t i = 0; i < n; i++) {
-            clb_rope(p, p->q + (size_t)i * p->qdim, s->n_heads, p->tok_pos[i]);
-            clb_rope(p, p->kbuf + (size_t)i * kvdim, s->n_kv_heads, p->tok_pos[i]);
-            size_t slot = (((size_t)l * s->max_batch + p->tok_b[i]) * S +
-                           p->tok_pos[i]) * kvdim;
-            memcpy(p->k_cache + slot, p->kbuf + (size_t)i * kvdim, kvdim * 4);
-            memcpy(p->v_cache + slot, p->vbuf + (size_t)i * kvdim, kvdim * 4);
-        }
+        qkv(p, L, l, n);
         for (uint32_t i = 0; i < n; i++)
             clb_attention(p, l, p->tok_b[i], p->tok_pos[i],
                           p->q + (size_t)i * p->qdim, p->att + (size_t)i * p->qdim);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "wo");
-        for (size_t i = 0; i < (size_t)n * h; i++)
-            p->x[i] += p->tmp[i];
+        add_bias(p->tmp, L->bo, n, h);
+        residual(p->x, p->tmp, nh, p->d.residual_scale);
         clb_rmsnorm(p->xn, p->x, L->ffn_norm, n, h, s->rms_eps);
-        clb_moe(p, L, p->xn, n, p->tmp);
-        for (size_t i = 0; i < (size_t)n * h; i++)
-            p->x[i] += p->tmp[i];
+        if (L->dense)
+            clb_swiglu(p, &L->ffn, p->xn, n, p->tmp, "dense.w1w3", "dense.w2");
+        else
+            clb_moe(p, L, p->xn, n, p->tmp);
+        residual(p->x, p->tmp, nh, p->d.residual_scale);
     }
     clb_rmsnorm(p->xn, p->x, p->final_norm, n, h, s->rms_eps);
     clb_linear(p, &p->lm_head, p->xn, n, logits, "lm_head");
+    if (p->d.logits_div != 1.0f)
+        for (size_t i = 0; i < (size_t)n * s->vocab; i++)
+            logits[i] /= p->d.logits_div;
 }
 
 int colibri_infer(colibri_model *m, const int32_t *input_ids,

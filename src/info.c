@@ -63,13 +63,16 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
     const clb_plan *p = (const clb_plan *)v->plan;
     memset(out, 0, sizeof *out);
     out->shape = v->shape;
-    out->format_version = COLIBRI_FORMAT_VERSION;
+    out->format_version = p->d.version;
     out->file_big_endian = v->file_big_endian;
     out->byte_swapped = v->byte_swapped;
     out->dtype_embed = p->embed.dtype;
     out->dtype_attn = p->layers[0].wq.dtype;
-    out->dtype_router = p->layers[0].router.dtype;
-    out->dtype_expert = p->layers[0].experts[0].w1.dtype;
+    uint32_t moe_layer = 0; /* the first layer with experts */
+    while (moe_layer + 1u < v->shape.n_layers && p->layers[moe_layer].dense)
+        moe_layer++;
+    out->dtype_router = p->layers[moe_layer].router.dtype;
+    out->dtype_expert = p->layers[moe_layer].experts[0].w1.dtype;
     out->dtype_lm_head = p->lm_head.dtype;
     out->file_size = v->blob_size;
     out->arena_bytes = v->arena_size;
@@ -83,7 +86,7 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
         unsigned kind = rd16(en + COLIBRI_ENT_KIND, v->file_big_endian);
         if (kind < 1 || kind > COLIBRI_KIND_MAX)
             out->n_unknown_sections++;
-        else
+        else if (kind != COLIBRI_KIND_DESC) /* a description, not weights */
             out->n_params += (uint64_t)rd32(en + COLIBRI_ENT_ROWS, v->file_big_endian) *
                              rd32(en + COLIBRI_ENT_COLS, v->file_big_endian);
     }
@@ -100,6 +103,8 @@ int colibri_router_weights(const colibri_model *m, uint32_t layer, float *out)
     if (layer >= p->s.n_layers)
         return COLIBRI_E_ARG;
     const clb_weight *w = &p->layers[layer].router;
+    if (w->rows == 0)
+        return COLIBRI_E_ARG; /* a dense layer has no router */
     size_t n = (size_t)w->rows * w->cols;
     if (w->dtype == COLIBRI_DTYPE_F32) {
         memcpy(out, w->q, n * sizeof(float));

@@ -84,8 +84,8 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
     for (uint32_t i = 0; i < s->n_tensors; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
         unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
-        if (kind < 1 || kind > COLIBRI_KIND_MAX)
-            continue; /* unknown layout: never used, left as stored */
+        if (kind < 1 || kind > COLIBRI_KIND_MAX || kind == COLIBRI_KIND_DESC)
+            continue; /* unknown layout: never used; DESC: read as stored */
         clb_weight w = clb_weight_of(b, en, be, s->group_size);
         uint8_t *q = (uint8_t *)w.q;
         uint64_t n = (uint64_t)w.rows * w.cols, n_scales = 0;
@@ -161,10 +161,17 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
      * COLIBRI_CHUNK_TOKENS that colibri_arena_size promises. The chunk is a
      * function of the arena size, so equal arenas compute equal bits. */
     uint32_t chunk_limit = COLIBRI_CHUNK_TOKENS_OWNED;
-    int rc = clb_arena_bytes(&v->shape, chunk_limit, &need);
+    /* The description again (validated already; the DESC section is never
+     * swapped, so it reads the same from a mapping or from our copy). */
+    clb_desc d;
+    int rc = clb_check_desc(v->blob, v->blob_size, &v->shape, v->file_big_endian,
+                            &d, v->detail);
+    if (rc)
+        return rc;
+    rc = clb_arena_bytes(&v->shape, &d, chunk_limit, &need);
     if (arena && (rc || arena_size < need)) {
         chunk_limit = COLIBRI_CHUNK_TOKENS;
-        rc = clb_arena_bytes(&v->shape, chunk_limit, &need);
+        rc = clb_arena_bytes(&v->shape, &d, chunk_limit, &need);
     }
     if (rc) {
         clb_detail(v->detail, DETAIL_CAP, "the arena this model needs does not "
@@ -201,7 +208,7 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
     memset(arena, 0, need);
     carver c = { (uint8_t *)arena, 0, 0 };
     clb_plan *p;
-    clb_layout(&c, &v->shape, chunk_limit, &p);
+    clb_layout(&c, &v->shape, &d, chunk_limit, &p);
     clb_build_plan(p, v->blob, v->file_big_endian, clb_pick_kernels());
     v->arena = arena;
     v->arena_size = arena_size;
@@ -230,7 +237,7 @@ int colibri_init_from_memory(colibri_model *m, const void *blob, size_t size,
         return COLIBRI_E_ALIGN;
     }
     int be;
-    int rc = clb_validate((const uint8_t *)blob, size, &v->shape, &be, v->detail,
+    int rc = clb_validate((const uint8_t *)blob, size, &v->shape, &be, NULL, v->detail,
                       NULL, NULL, NULL);
     if (rc)
         return rc;
@@ -372,7 +379,7 @@ int colibri_init(colibri_model *m, const char *path)
     int rc = load_file(m, path);
     int be = 0;
     if (rc == COLIBRI_OK)
-        rc = clb_validate(v->blob, v->blob_size, &v->shape, &be, v->detail, NULL,
+        rc = clb_validate(v->blob, v->blob_size, &v->shape, &be, NULL, v->detail, NULL,
                       NULL, NULL);
     v->file_big_endian = (uint8_t)be;
     if (rc == COLIBRI_OK && be != host_is_big_endian())

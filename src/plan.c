@@ -29,14 +29,20 @@ static uint64_t cm(carver *c, uint64_t a, uint64_t b)
 /* Lay out the arena for shape s (the formula documented at
  * colibri_arena_size). With c->base NULL, p gets NULL pointers and only
  * c->off matters. */
-void clb_layout(carver *c, const colibri_shape *s, uint32_t chunk_limit,
-                   clb_plan **pp)
+void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
+                uint32_t chunk_limit, clb_plan **pp)
 {
     uint64_t L = s->n_layers, E = s->n_experts, K = s->top_k;
     uint64_t B = s->max_batch, S = s->max_seq_len, h = s->hidden;
     uint64_t qdim = (uint64_t)s->n_heads * s->head_dim;
     uint64_t kvdim = (uint64_t)s->n_kv_heads * s->head_dim;
+    /* h1/h3 serve the routed experts, the shared expert and dense layers:
+     * the widest of the three. */
     uint64_t inter = s->intermediate;
+    if (d->shared_inter > inter)
+        inter = d->shared_inter;
+    if (d->dense_inter > inter)
+        inter = d->dense_inter;
     uint64_t max_cols = h > qdim ? h : qdim;
     if (inter > max_cols)
         max_cols = inter;
@@ -50,6 +56,8 @@ void clb_layout(carver *c, const colibri_shape *s, uint32_t chunk_limit,
         p = &dummy;
     memset(p, 0, sizeof *p);
     p->s = *s;
+    p->d = *d;
+    p->max_inter = (uint32_t)inter;
     p->chunk = (uint32_t)C;
     p->qdim = (uint32_t)qdim;
     p->kvdim = (uint32_t)kvdim;
@@ -98,11 +106,12 @@ void clb_layout(carver *c, const colibri_shape *s, uint32_t chunk_limit,
 
 /* Arena bytes for shape s processing up to chunk_limit tokens together;
  * COLIBRI_E_NO_MEMORY if it exceeds size_t. */
-int clb_arena_bytes(const colibri_shape *s, uint32_t chunk_limit, size_t *out)
+int clb_arena_bytes(const colibri_shape *s, const clb_desc *d,
+                    uint32_t chunk_limit, size_t *out)
 {
     carver c = { NULL, 0, 0 };
     clb_plan *unused;
-    clb_layout(&c, s, chunk_limit, &unused);
+    clb_layout(&c, s, d, chunk_limit, &unused);
     if (c.ovf || c.off > (uint64_t)SIZE_MAX)
         return COLIBRI_E_NO_MEMORY;
     *out = (size_t)c.off;
@@ -116,9 +125,12 @@ int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes)
     int be;
     if (!blob || !out_bytes)
         return COLIBRI_E_ARG;
+    clb_desc d;
     int rc = clb_check_header((const uint8_t *)blob, size, &s, &be, detail, NULL,
-                          NULL, NULL);
-    return rc ? rc : clb_arena_bytes(&s, COLIBRI_CHUNK_TOKENS, out_bytes);
+                              NULL, NULL);
+    if (rc == COLIBRI_OK)
+        rc = clb_check_desc((const uint8_t *)blob, size, &s, be, &d, detail);
+    return rc ? rc : clb_arena_bytes(&s, &d, COLIBRI_CHUNK_TOKENS, out_bytes);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -151,7 +163,6 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
     const colibri_shape *s = &p->s;
     const uint8_t *tab = blob + COLIBRI_TABLE_OFFSET;
     p->k = k;
-    p->attn_scale = (float)(1.0 / sqrt((double)s->head_dim));
     for (uint32_t i = 0; i < s->n_tensors; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
         unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
@@ -159,10 +170,14 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
         unsigned e = rd16(en + COLIBRI_ENT_EXPERT, be);
         if (kind < 1 || kind > COLIBRI_KIND_MAX)
             continue; /* unknown, non-critical: not used */
+        if (kind == COLIBRI_KIND_DESC)
+            continue; /* read into p->d, never byte-swapped */
         clb_weight w = clb_weight_of(blob, en, be, s->group_size);
-        clb_layer *L = kind == COLIBRI_KIND_EMBED || kind >= COLIBRI_KIND_FINAL_NORM
-                           ? NULL : (clb_layer *)&p->layers[l];
+        clb_layer *L = l == COLIBRI_NO_LAYER ? NULL : (clb_layer *)&p->layers[l];
         clb_expert *X = L && e != COLIBRI_NO_EXPERT ? (clb_expert *)&L->experts[e] : NULL;
+        const float *vec = (const float *)w.q; /* [1, n] F32 kinds */
+        if (L)
+            L->dense = (uint8_t)clb_desc_dense(&p->d, l);
         switch (kind) {
         case COLIBRI_KIND_EMBED: p->embed = w; break;
         case COLIBRI_KIND_ATTN_NORM: L->attn_norm = (const float *)w.q; break;
@@ -176,6 +191,19 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
         case COLIBRI_KIND_EXPERT_W3: X->w3 = w; break;
         case COLIBRI_KIND_EXPERT_W2: X->w2 = w; break;
         case COLIBRI_KIND_FINAL_NORM: p->final_norm = (const float *)w.q; break;
+        case COLIBRI_KIND_BQ: L->bq = vec; break;
+        case COLIBRI_KIND_BK: L->bk = vec; break;
+        case COLIBRI_KIND_BV: L->bv = vec; break;
+        case COLIBRI_KIND_BO: L->bo = vec; break;
+        case COLIBRI_KIND_Q_NORM: L->q_norm = vec; break;
+        case COLIBRI_KIND_K_NORM: L->k_norm = vec; break;
+        case COLIBRI_KIND_SHARED_GATE: L->shared_gate = w; break;
+        case COLIBRI_KIND_SHARED_W1: L->shared.w1 = w; break;
+        case COLIBRI_KIND_SHARED_W3: L->shared.w3 = w; break;
+        case COLIBRI_KIND_SHARED_W2: L->shared.w2 = w; break;
+        case COLIBRI_KIND_DENSE_W1: L->ffn.w1 = w; break;
+        case COLIBRI_KIND_DENSE_W3: L->ffn.w3 = w; break;
+        case COLIBRI_KIND_DENSE_W2: L->ffn.w2 = w; break;
         default: p->lm_head = w; break;
         }
     }

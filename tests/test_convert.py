@@ -164,7 +164,8 @@ def test_int8_error_bounds_per_tensor(hf_checkpoint, tmp_path):
     cf = convert(src, tmp_path / "m.colibri", quant="int8", group_size=16)
     tensors = load_checkpoint(src)
     assert cf.shape.group_size == 16
-    assert cf.dtypes == {k: v for k, v in F.PRESET_INT8.items()}
+    assert set(cf.dtypes) == {*F.GLOBAL_KINDS, *F.LAYER_KINDS, *F.EXPERT_KINDS}
+    assert cf.dtypes == {k: F.PRESET_INT8[k] for k in cf.dtypes}
     for kind, layer, expert in F.tensor_order(cf.shape):
         w = tensors[hf_name(kind, layer, expert)].reshape(F.expected_shape(cf.shape, kind))
         t = cf.tensor(kind, layer, expert)
