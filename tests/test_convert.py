@@ -366,13 +366,14 @@ def test_shape_mismatch_names_tensor_found_and_expected(hf_checkpoint, tmp_path)
 
 def test_unsupported_architecture(hf_checkpoint, tmp_path):
     d = _edited(hf_checkpoint("tiny"), tmp_path / "d",
-                config=lambda c: c.update(architectures=["Qwen2MoeForCausalLM"]))
+                config=lambda c: c.update(architectures=["LlamaForCausalLM"]))
     rc = cli.main(["convert", str(d), "-o", str(tmp_path / "x.colibri")])
     assert rc == 2
     with pytest.raises(ConversionError) as err:
         ColibriExporter(d)
-    assert str(err.value) == ("unsupported architecture Qwen2MoeForCausalLM: colibri "
-                              "converts Mixtral-style MoE checkpoints (MixtralForCausalLM)")
+    assert str(err.value).startswith("unsupported architecture LlamaForCausalLM: colibri "
+                                     "converts the MoE families MixtralForCausalLM, "
+                                     "Qwen2MoeForCausalLM, ")
 
 
 def test_non_finite_weight_names_the_tensor(hf_checkpoint, tmp_path):
