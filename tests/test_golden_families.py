@@ -157,3 +157,44 @@ def test_converter_picks_the_family_and_writes_its_description(name, family):
     assert cfg.family == name
     cf = F.read_file(files["f32"])
     assert cf.version == 2 and cf.desc == cfg.desc.resolved(cf.shape)
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "olmoe"])
+def test_fused_expert_checkpoint_converts_to_the_same_file(name, family, tmp_path):
+    """transformers 5 holds experts as fused 3-D tensors (gate_up_proj [E,
+    2I, H], down_proj [E, H, I]); a checkpoint saved that way converts to the
+    same bytes as the per-expert one."""
+    import json
+    import shutil
+
+    from colibri import hf
+    from colibri.convert import ColibriExporter
+    from test_hf import write_safetensors
+    model, ck, files = family(name)
+    cfg = json.loads((ck / "config.json").read_text())
+    n_layers = cfg["num_hidden_layers"]
+    n_exp = cfg.get("num_experts") or cfg["num_local_experts"]
+    src = hf.Checkpoint(ck)
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    per_expert = {f"model.layers.{l}.mlp.experts.{e}.{p}.weight"
+                  for l in range(n_layers) for e in range(n_exp)
+                  for p in ("gate_proj", "up_proj", "down_proj")}
+    for tname, info in src.tensors.items():
+        if tname not in per_expert:
+            out[tname] = ("F32", hf.read_tensor(info).reshape(info.shape))
+    for l in range(n_layers):
+        pre = f"model.layers.{l}.mlp.experts."
+        if pre + "0.gate_proj.weight" not in src:
+            continue  # a dense layer
+        rd = lambda e, p: hf.read_tensor(src.info(f"{pre}{e}.{p}.weight")).reshape(  # noqa: E731
+            src.info(f"{pre}{e}.{p}.weight").shape)
+        out[pre + "gate_up_proj"] = ("F32", np.stack(
+            [np.concatenate([rd(e, "gate_proj"), rd(e, "up_proj")]) for e in range(n_exp)]))
+        out[pre + "down_proj"] = ("F32", np.stack([rd(e, "down_proj") for e in range(n_exp)]))
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    shutil.copy(ck / "config.json", fused / "config.json")
+    write_safetensors(fused / "model.safetensors", out)
+    got = ColibriExporter(fused, quant="f32", max_seq_len=64, max_batch=4).export(
+        tmp_path / "fused.colibri")
+    assert got.read_bytes() == files["f32"].read_bytes()
