@@ -101,3 +101,19 @@ def test_big_endian_file_gives_the_same_logits(c_build, model, tmp_path, name):
                     vocab=SHAPE.vocab)
     for a, b in zip(le, be):
         np.testing.assert_array_equal(a, b)
+
+
+def test_router_dump_skips_dense_layers(c_build, model):
+    """colibri-cli --dump-router-lut prints the routers of the MoE layers
+    (a dense layer has none), as the reference reads them."""
+    import subprocess
+    path = model("qwen2", "int8")
+    cf = F.read_file(path)
+    p = subprocess.run([str(c_build("ref").cli), "--model", str(path), "--dump-router-lut"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = np.array([float(x) for x in p.stdout.split()], dtype=np.float32)
+    want = np.concatenate([cf.dequantized(F.Kind.ROUTER, l).ravel()
+                           for l in range(SHAPE.n_layers) if not cf.desc.is_dense(l)])
+    assert cf.desc.dense_layers == (1,) and got.size == want.size
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
