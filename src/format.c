@@ -461,26 +461,28 @@ int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
         v[i] = rdf32(w + 4 * i, be);
     if (!desc_size_word(v[COLIBRI_DESC_SHARED_INTERMEDIATE],
                         (f & COLIBRI_FEAT_SHARED_EXPERT) != 0, &d->shared_inter))
-        bad = "shared_intermediate (an integer 1..2^24 with SHARED_EXPERT, else 0)";
+        bad = "shared_intermediate";
     else if (!desc_size_word(v[COLIBRI_DESC_DENSE_INTERMEDIATE],
                              (f & COLIBRI_FEAT_DENSE_LAYERS) != 0, &d->dense_inter))
-        bad = "dense_intermediate (an integer 1..2^24 with DENSE_LAYERS, else 0)";
+        bad = "dense_intermediate";
     else if (!isfinite(v[COLIBRI_DESC_EMBED_SCALE]) || v[COLIBRI_DESC_EMBED_SCALE] == 0.0f)
-        bad = "embed_scale (finite, not 0)";
+        bad = "embed_scale";
     else if (!isfinite(v[COLIBRI_DESC_ATTN_SCALE]) || !(v[COLIBRI_DESC_ATTN_SCALE] > 0.0f))
-        bad = "attn_scale (finite, > 0)";
+        bad = "attn_scale";
     else if (!isfinite(v[COLIBRI_DESC_RESIDUAL_SCALE]) || v[COLIBRI_DESC_RESIDUAL_SCALE] == 0.0f)
-        bad = "residual_scale (finite, not 0)";
+        bad = "residual_scale";
     else if (!isfinite(v[COLIBRI_DESC_LOGITS_DIVISOR]) || v[COLIBRI_DESC_LOGITS_DIVISOR] == 0.0f)
-        bad = "logits_divisor (finite, not 0)";
+        bad = "logits_divisor";
     else if ((f & COLIBRI_FEAT_CLIP_QKV)
                  ? !(isfinite(v[COLIBRI_DESC_CLIP_QKV]) && v[COLIBRI_DESC_CLIP_QKV] > 0.0f)
                  : v[COLIBRI_DESC_CLIP_QKV] != 0.0f)
-        bad = "clip_qkv (finite and > 0 with CLIP_QKV, else 0)";
+        bad = "clip_qkv";
     else if (rd32(w + 4 * COLIBRI_DESC_RESERVED, be) != 0)
-        bad = "reserved (0)";
+        bad = "reserved";
     if (bad) {
-        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): %s is wrong", bad);
+        /* The names are FORMAT.md's; its DESC table gives each range. */
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): %s out of range "
+                   "(FORMAT.md 3)", bad);
         return COLIBRI_E_BAD_FORMAT;
     }
     d->embed_scale = v[COLIBRI_DESC_EMBED_SCALE];
