@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 
 # The canonical source lists live in colibri/buildsteps/sources.py (shared with
-# SConstruct). KERNELS: name -> sources, the define telling core.c the set is
+# SConstruct). KERNELS: name -> sources, the define telling plan.c the set is
 # linked in, and flags for those files. "ref" is always linked.
 LIB_SOURCES = tuple(x for x in _sources.LIBRARY if x != "src/kernels/ref.c")
 KERNELS = {"ref": dict(sources=("src/kernels/ref.c",), define=None, flags=())}

@@ -1,4 +1,8 @@
-"""Hugging Face Mixtral checkpoint -> .colibri file (`colibri convert`).
+"""Hugging Face MoE checkpoint -> .colibri file (`colibri convert`).
+
+The checkpoint's family (colibri/families/, picked from config.json's
+`architectures` or `model_type`) names the fields and tensors; what follows
+describes the Mixtral layout, the other families' are in their modules.
 
 The conversion is planned completely before anything is written: every tensor
 of the .colibri file (format.tensor_order) is mapped to its source in the
@@ -34,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import families
 from . import format as fmt
 from . import hf
 from .errors import ColibriError, ConversionError
@@ -49,15 +54,10 @@ DEFAULT_MAX_SEQ_CAP = 4096
 MIXTRAL_EXPERT_NAMES = {"w1": Kind.EXPERT_W1, "w3": Kind.EXPERT_W3, "w2": Kind.EXPERT_W2}
 
 # Per-layer tensors outside the MoE block: kind -> name after "model.layers.L.".
-LAYER_TENSORS = {
-    Kind.ATTN_NORM: "input_layernorm.weight",
-    Kind.WQ: "self_attn.q_proj.weight",
-    Kind.WK: "self_attn.k_proj.weight",
-    Kind.WV: "self_attn.v_proj.weight",
-    Kind.WO: "self_attn.o_proj.weight",
-    Kind.FFN_NORM: "post_attention_layernorm.weight",
-}
-NORM_KINDS = (Kind.ATTN_NORM, Kind.FFN_NORM, Kind.FINAL_NORM)
+LAYER_TENSORS = families.LAYER_TENSORS
+# Kinds stored as 1-D tensors in a checkpoint (norms, biases).
+NORM_KINDS = (Kind.ATTN_NORM, Kind.FFN_NORM, Kind.FINAL_NORM, Kind.Q_NORM, Kind.K_NORM,
+              Kind.BQ, Kind.BK, Kind.BV, Kind.BO)
 EMBED_NAME = "model.embed_tokens.weight"
 FINAL_NORM_NAME = "model.norm.weight"
 LM_HEAD_NAME = "lm_head.weight"
@@ -69,7 +69,8 @@ IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 # User-facing storage-type names per option -> DType. Norms are always F32.
 QUANT_CHOICES = {
     "router": ({"f32": DType.F32, "int16": DType.I16_ROW}, (Kind.ROUTER,)),
-    "experts": ({"f32": DType.F32, "int8": DType.I8_GROUP}, fmt.EXPERT_KINDS),
+    "experts": ({"f32": DType.F32, "int8": DType.I8_GROUP},
+                (*fmt.EXPERT_KINDS, *fmt.SHARED_KINDS, *fmt.DENSE_KINDS)),
     "attention": ({"f32": DType.F32, "int8": DType.I8_GROUP},
                   (Kind.WQ, Kind.WK, Kind.WV, Kind.WO)),
     "embedding": ({"f32": DType.F32, "int16": DType.I16_ROW}, (Kind.EMBED,)),
@@ -118,7 +119,8 @@ def _dtype_for(option: str, value: str) -> DType:
 
 
 class ColibriExporter:
-    """Converts one Hugging Face Mixtral checkpoint directory to .colibri.
+    """Converts one Hugging Face MoE checkpoint directory (any family of
+    colibri/families/) to .colibri.
 
         ColibriExporter("mixtral-dir", quantize_experts="int8").export("m.colibri")
 
@@ -139,6 +141,7 @@ class ColibriExporter:
                  progress: Callable[[str], None] | None = None):
         self.model_dir = Path(model_dir)
         self.config = hf.read_config(self.model_dir)
+        self.family = families.load(self.config.family)
         self.checkpoint = hf.Checkpoint(self.model_dir)
         self.output = output
         self.progress = progress
@@ -205,8 +208,12 @@ class ColibriExporter:
             rope_theta=c.rope_theta, rms_eps=c.rms_eps)
         try:
             shape.validate()
+            desc = self.config.desc or fmt.Description()
+            desc.validate(shape)
         except ColibriError as exc:
             raise ConversionError(f"this model does not fit the .colibri header: {exc}") from exc
+        # None: Mixtral's computation, a version 1 file.
+        self.desc = desc.resolved(shape)
         return shape
 
     def set_expert_weight_mapping(self, mapping: dict[str, str]) -> "ColibriExporter":
@@ -238,13 +245,19 @@ class ColibriExporter:
         """Every .colibri tensor's source, in file order, checked against the
         checkpoint (names and shapes). Raises ConversionError listing what is
         missing, unexpected or mis-shaped."""
-        s, c = self.shape, self.config
+        s, c, d, fam = self.shape, self.config, self.desc, self.family
         h, inter, n_exp = s.hidden, s.intermediate, s.n_experts
         steps: list[Step] = []
         layouts = [self._layer_layout(layer) for layer in range(s.n_layers)]
-        for kind, layer, expert in fmt.tensor_order(s):
-            rows, cols = fmt.expected_shape(s, kind)
+        names = {k: self._source_name(k) for k in MIXTRAL_EXPERT_NAMES}
+        shared_dense = dict(zip(fmt.SHARED_KINDS, fam.shared))
+        shared_dense.update(zip(fmt.DENSE_KINDS, fam.dense))
+        for kind, layer, expert in fmt.tensor_order(s, d):
+            if kind == Kind.DESC:
+                continue  # written by the writer from self.desc
+            rows, cols = fmt.expected_shape(s, kind, d)
             whole = (cols,) if kind in NORM_KINDS else (rows, cols)
+            prefix = f"model.layers.{layer}."
             if kind == Kind.EMBED:
                 src = Source(EMBED_NAME, whole)
             elif kind == Kind.FINAL_NORM:
@@ -252,38 +265,45 @@ class ColibriExporter:
             elif kind == Kind.LM_HEAD:
                 src = Source(EMBED_NAME if c.tie_word_embeddings else LM_HEAD_NAME, whole)
             elif kind in LAYER_TENSORS:
-                src = Source(f"model.layers.{layer}.{LAYER_TENSORS[kind]}", whole)
+                src = Source(prefix + LAYER_TENSORS[kind], whole)
+            elif kind == Kind.SHARED_GATE:
+                src = Source(prefix + fam.shared_gate, whole)
+            elif kind in shared_dense:
+                spec = shared_dense[kind]
+                if isinstance(spec, families.Fused):
+                    # [2n, cols]: gate rows first, then up (chunk(2)).
+                    src = Source(prefix + spec.name, (2 * rows, cols), spec.part * rows * cols,
+                                 rows * cols)
+                else:
+                    src = Source(prefix + spec, whole)
             else:
-                moe, fused = layouts[layer]
-                prefix = f"model.layers.{layer}.{moe}"
+                lay = layouts[layer]
                 if kind == Kind.ROUTER:
-                    src = Source(f"{prefix}.gate.weight", whole)
-                elif fused and kind in (Kind.EXPERT_W1, Kind.EXPERT_W3):
-                    # gate_up_proj [E, 2I, H]: expert e's block is [2I, H],
+                    src = Source(prefix + lay.router, whole)
+                elif lay.fused and kind in (Kind.EXPERT_W1, Kind.EXPERT_W3):
+                    # gate_up [E, 2I, H]: expert e's block is [2I, H],
                     # gate (w1) rows first, then up (w3).
                     half = inter * h
                     first = expert * 2 * half + (half if kind == Kind.EXPERT_W3 else 0)
-                    src = Source(f"{prefix}.experts.gate_up_proj", (n_exp, 2 * inter, h),
-                                 first, half)
-                elif fused:  # down_proj [E, H, I]
-                    src = Source(f"{prefix}.experts.down_proj", (n_exp, h, inter),
+                    src = Source(prefix + lay.fused[0], (n_exp, 2 * inter, h), first, half)
+                elif lay.fused:  # down [E, H, I]
+                    src = Source(prefix + lay.fused[1], (n_exp, h, inter),
                                  expert * h * inter, h * inter)
                 else:
-                    mixtral = {v: k for k, v in MIXTRAL_EXPERT_NAMES.items()}[kind]
-                    name = self._source_name(mixtral)
-                    src = Source(f"{prefix}.experts.{expert}.{name}.weight", whole)
+                    tpl = lay.per_expert[fmt.EXPERT_KINDS.index(kind)]
+                    src = Source(prefix + tpl.format(e=expert, **names), whole)
             steps.append(Step(kind, layer, expert, src))
         self._check_plan(steps)
         return steps
 
-    def _layer_layout(self, layer: int) -> tuple[str, bool]:
-        """(MoE module name, fused?) for one layer, from the names present."""
+    def _layer_layout(self, layer: int) -> families.ExpertLayout:
+        """Where this layer's experts are, from the names present (the last
+        layout when none is: the errors then name its tensors)."""
         ck = self.checkpoint
-        if f"model.layers.{layer}.mlp.experts.gate_up_proj" in ck:
-            return "mlp", True
-        if f"model.layers.{layer}.mlp.gate.weight" in ck:
-            return "mlp", False
-        return "block_sparse_moe", False
+        for lay in self.family.layouts:
+            if f"model.layers.{layer}.{lay.marker}" in ck:
+                return lay
+        return self.family.layouts[-1]
 
     def _check_plan(self, steps: list[Step]) -> None:
         ck = self.checkpoint
@@ -310,9 +330,10 @@ class ColibriExporter:
         if unexpected:
             raise ConversionError(
                 f"{len(unexpected)} unexpected tensor(s) in the checkpoint in "
-                f"{self.model_dir}: {_some(unexpected)}; colibri converts Mixtral "
-                f"(config.json says {self.config.n_layers} layers, "
-                f"{self.config.n_experts} experts), so these would be lost")
+                f"{self.model_dir}: {_some(unexpected)}; colibri converts "
+                f"{self.family.title} as config.json describes it "
+                f"({self.config.n_layers} layers, {self.config.n_experts} experts), so these "
+                f"would be lost")
         checked: set[str] = set()
         for st in steps:
             src = st.source
@@ -350,7 +371,7 @@ class ColibriExporter:
         """The source weights of one step as float32 [rows, cols]."""
         src = step.source
         flat = hf.read_tensor(self.checkpoint.info(src.name), src.first, src.count)
-        return flat.reshape(fmt.expected_shape(self.shape, step.kind))
+        return flat.reshape(fmt.expected_shape(self.shape, step.kind, self.desc))
 
     def export(self, output: str | os.PathLike | None = None) -> Path:
         """Write the .colibri file; returns its path. The file appears only when
@@ -364,7 +385,8 @@ class ColibriExporter:
         steps = self.plan()
         start = time.monotonic()
         try:
-            with fmt.ColibriWriter(out, self.shape, self.dtypes, self.byte_order) as w:
+            with fmt.ColibriWriter(out, self.shape, self.dtypes, self.byte_order,
+                                   self.desc) as w:
                 for i, st in enumerate(steps):
                     weights = self.load(st)
                     try:
@@ -395,8 +417,9 @@ PROGRESS_BYTES = 64 * 1024 * 1024
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "convert", help="convert a Hugging Face Mixtral checkpoint to .colibri",
-        description="Convert a Hugging Face Mixtral checkpoint directory (config.json + "
+        "convert", help="convert a Hugging Face MoE checkpoint to .colibri",
+        description="Convert a Hugging Face MoE checkpoint directory (Mixtral, Qwen2-MoE, "
+                    "Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared; config.json + "
                     "safetensors, single or sharded, bf16/f16/f32) to a .colibri file.")
     p.add_argument("model_dir", metavar="HF_DIR", help="checkpoint directory")
     p.add_argument("-o", "--output", required=True, metavar="OUT.colibri")
@@ -447,6 +470,6 @@ def _run(args: argparse.Namespace) -> int:
     out = exporter.export()
     size = out.stat().st_size
     print(f"wrote {out}: {size} bytes ({size / 2**20:.1f} MiB), "
-          f"{len(fmt.tensor_order(exporter.shape))} tensors, "
+          f"{len(fmt.tensor_order(exporter.shape, exporter.desc))} tensors, "
           f"{time.monotonic() - start:.1f} s")
     return 0

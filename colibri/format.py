@@ -26,7 +26,8 @@ from . import quant
 from .errors import CRCError, FileReadError, FormatError, VersionError
 
 MAGIC = b"CLBR"
-VERSION = 1
+VERSION = 2          # the newest version this module reads and writes
+VERSION_MIN = 1      # version 1 files (Mixtral, no description) still load
 BOM = 0xFEFF
 HEADER_SIZE = 64
 ENTRY_SIZE = 40
@@ -102,6 +103,43 @@ class Kind(enum.IntEnum):
     EXPERT_W2 = 11
     FINAL_NORM = 12
     LM_HEAD = 13
+    # Version 2 (FORMAT.md 3): the description, then what features need.
+    DESC = 14
+    BQ = 15
+    BK = 16
+    BV = 17
+    BO = 18
+    Q_NORM = 19
+    K_NORM = 20
+    SHARED_GATE = 21
+    SHARED_W1 = 22
+    SHARED_W3 = 23
+    SHARED_W2 = 24
+    DENSE_W1 = 25
+    DENSE_W3 = 26
+    DENSE_W2 = 27
+
+
+class Feat(enum.IntFlag):
+    """Feature flags: the header's flags field in version 2 (FORMAT.md 2)."""
+    ROUTER_RENORM = 0x1
+    QK_NORM_HEAD = 0x2
+    QK_NORM_PROJ = 0x4
+    BIAS_QKV = 0x8
+    BIAS_O = 0x10
+    SHARED_EXPERT = 0x20
+    SHARED_GATE = 0x40
+    CLIP_QKV = 0x80
+    DENSE_LAYERS = 0x100
+
+
+FEAT_ALL = 0x1FF
+
+# DESC words (float32, FORMAT.md 3); word DESC_LAYERS + l is layer l's kind.
+DESC_WORDS = ("shared_intermediate", "dense_intermediate", "embed_scale", "attn_scale",
+              "residual_scale", "logits_divisor", "clip_qkv", "reserved")
+DESC_LAYERS = len(DESC_WORDS)
+DESC_MAX_INTERMEDIATE = 1 << 24
 
 
 class DType(enum.IntEnum):
@@ -129,7 +167,23 @@ ALLOWED_DTYPES: dict[Kind, tuple[DType, ...]] = {
     Kind.EXPERT_W2: (DType.F32, DType.I8_GROUP),
     Kind.FINAL_NORM: (DType.F32,),
     Kind.LM_HEAD: (DType.F32, DType.I8_GROUP),
+    Kind.DESC: (DType.F32,),
+    Kind.BQ: (DType.F32,),
+    Kind.BK: (DType.F32,),
+    Kind.BV: (DType.F32,),
+    Kind.BO: (DType.F32,),
+    Kind.Q_NORM: (DType.F32,),
+    Kind.K_NORM: (DType.F32,),
+    Kind.SHARED_GATE: (DType.F32,),
+    Kind.SHARED_W1: (DType.F32, DType.I8_GROUP),
+    Kind.SHARED_W3: (DType.F32, DType.I8_GROUP),
+    Kind.SHARED_W2: (DType.F32, DType.I8_GROUP),
+    Kind.DENSE_W1: (DType.F32, DType.I8_GROUP),
+    Kind.DENSE_W3: (DType.F32, DType.I8_GROUP),
+    Kind.DENSE_W2: (DType.F32, DType.I8_GROUP),
 }
+SHARED_KINDS = (Kind.SHARED_W1, Kind.SHARED_W3, Kind.SHARED_W2)
+DENSE_KINDS = (Kind.DENSE_W1, Kind.DENSE_W3, Kind.DENSE_W2)
 
 # `--quant` presets (FORMAT.md section 4). Norms are always F32.
 PRESET_F32 = {k: DType.F32 for k in Kind}
@@ -138,7 +192,8 @@ PRESET_INT8.update({
     Kind.ROUTER: DType.I16_ROW,
     Kind.EMBED: DType.I16_ROW,
     Kind.LM_HEAD: DType.I8_GROUP,
-    **{k: DType.I8_GROUP for k in (Kind.WQ, Kind.WK, Kind.WV, Kind.WO, *EXPERT_KINDS)},
+    **{k: DType.I8_GROUP for k in (Kind.WQ, Kind.WK, Kind.WV, Kind.WO, *EXPERT_KINDS,
+                                   *SHARED_KINDS, *DENSE_KINDS)},
 })
 
 
@@ -191,6 +246,118 @@ class ModelShape:
                                   "in float32")
 
 
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+@dataclass(frozen=True)
+class Description:
+    """What the model computes beyond its shape (FORMAT.md 2-3): feature flags
+    and scalars, and which layers are dense. A family module fills one from a
+    config.json; `default(shape)` is Mixtral, what every version 1 file means.
+    Scalars are kept as the float32 the file stores."""
+    features: int = int(Feat.ROUTER_RENORM)
+    shared_intermediate: int = 0
+    dense_intermediate: int = 0
+    embed_scale: float = 1.0
+    attn_scale: float | None = None   # None: 1/sqrt(head_dim)
+    residual_scale: float = 1.0
+    logits_divisor: float = 1.0
+    clip_qkv: float = 0.0
+    dense_layers: tuple[int, ...] = ()
+
+    def resolved(self, shape: "ModelShape") -> "Description":
+        """attn_scale filled in and every scalar rounded to float32."""
+        a = self.attn_scale
+        if a is None:
+            a = 1.0 / math.sqrt(shape.head_dim)
+        return dataclasses.replace(
+            self, attn_scale=_f32(a), embed_scale=_f32(self.embed_scale),
+            residual_scale=_f32(self.residual_scale),
+            logits_divisor=_f32(self.logits_divisor), clip_qkv=_f32(self.clip_qkv),
+            dense_layers=tuple(sorted(set(int(l) for l in self.dense_layers))))
+
+    @staticmethod
+    def default(shape: "ModelShape") -> "Description":
+        return Description().resolved(shape)
+
+    def has(self, flag: Feat) -> bool:
+        return bool(self.features & flag)
+
+    def is_dense(self, layer: int) -> bool:
+        return layer in self.dense_layers
+
+    def words(self, shape: "ModelShape") -> np.ndarray:
+        """The DESC section's float32 words."""
+        d = self.resolved(shape)
+        w = np.zeros(DESC_LAYERS + shape.n_layers, dtype=np.float32)
+        w[:DESC_LAYERS - 1] = [d.shared_intermediate, d.dense_intermediate, d.embed_scale,
+                               d.attn_scale, d.residual_scale, d.logits_divisor, d.clip_qkv]
+        for l in d.dense_layers:
+            w[DESC_LAYERS + l] = 1.0
+        return w
+
+    @staticmethod
+    def from_words(features: int, words: np.ndarray, shape: "ModelShape") -> "Description":
+        """Parse and check DESC words (FORMAT.md 3); FormatError names the word."""
+        w = [float(x) for x in words[:DESC_LAYERS]]
+        names = dict(zip(DESC_WORDS, w))
+
+        def size_word(name, flag):
+            v = names[name]
+            if not features & flag:
+                if v != 0.0:
+                    raise FormatError(f"DESC {name} = {v!r}, must be 0 without "
+                                      f"{Feat(flag).name}")
+                return 0
+            if not (1.0 <= v <= DESC_MAX_INTERMEDIATE and v == int(v)):
+                raise FormatError(f"DESC {name} = {v!r}, must be an integer 1..2^24 with "
+                                  f"{Feat(flag).name}")
+            return int(v)
+        shared = size_word("shared_intermediate", Feat.SHARED_EXPERT)
+        dense = size_word("dense_intermediate", Feat.DENSE_LAYERS)
+        for name, positive in (("embed_scale", False), ("attn_scale", True),
+                               ("residual_scale", False), ("logits_divisor", False)):
+            v = names[name]
+            if not math.isfinite(v) or v == 0.0 or (positive and v < 0):
+                raise FormatError(f"DESC {name} = {v!r}, must be finite and "
+                                  f"{'> 0' if positive else 'not 0'}")
+        clip = names["clip_qkv"]
+        if features & Feat.CLIP_QKV:
+            if not (math.isfinite(clip) and clip > 0):
+                raise FormatError(f"DESC clip_qkv = {clip!r}, must be finite and > 0 with "
+                                  "CLIP_QKV")
+        elif clip != 0.0:
+            raise FormatError(f"DESC clip_qkv = {clip!r}, must be 0 without CLIP_QKV")
+        if words[DESC_LAYERS - 1].view(np.uint32) != 0:
+            raise FormatError("DESC reserved word must be 0")
+        kinds = words[DESC_LAYERS:]
+        bits = kinds.view(np.uint32)
+        bad = np.flatnonzero((bits != 0) & (bits != 0x3F800000))
+        if bad.size:
+            raise FormatError(f"DESC layer {int(bad[0])}'s kind is {float(kinds[bad[0]])!r}, "
+                              "must be 0 (MoE) or 1 (dense)")
+        dense_layers = tuple(int(l) for l in np.flatnonzero(bits))
+        if bool(dense_layers) != bool(features & Feat.DENSE_LAYERS):
+            raise FormatError(f"DESC lists {len(dense_layers)} dense layers but the "
+                              f"DENSE_LAYERS flag is {'set' if features & Feat.DENSE_LAYERS else 'clear'}")
+        return Description(features, shared, dense, names["embed_scale"], names["attn_scale"],
+                           names["residual_scale"], names["logits_divisor"], clip, dense_layers)
+
+    def validate(self, shape: "ModelShape") -> None:
+        """Raise FormatError if the file could not state this description."""
+        f = self.features
+        if f & ~FEAT_ALL:
+            raise FormatError(f"feature flags 0x{f:x} have unknown bits")
+        if f & Feat.QK_NORM_HEAD and f & Feat.QK_NORM_PROJ:
+            raise FormatError("QK_NORM_HEAD and QK_NORM_PROJ exclude each other")
+        if f & Feat.SHARED_GATE and not f & Feat.SHARED_EXPERT:
+            raise FormatError("SHARED_GATE needs SHARED_EXPERT")
+        if any(not 0 <= l < shape.n_layers for l in self.dense_layers):
+            raise FormatError(f"dense layers {self.dense_layers} outside 0..{shape.n_layers - 1}")
+        Description.from_words(f, self.words(shape), shape)
+
+
 @dataclass
 class Tensor:
     """One stored tensor: values [rows, cols] (float32/int8/int16) and scales
@@ -234,20 +401,51 @@ class Entry:
         return " ".join(parts)
 
 
-def tensor_order(shape: ModelShape) -> list[tuple[Kind, int | None, int | None]]:
-    """(kind, layer, expert) of every tensor, in file order (FORMAT.md 3, rule 1)."""
-    order: list[tuple[Kind, int | None, int | None]] = [(Kind.EMBED, None, None)]
+def tensor_order(shape: ModelShape, desc: Description | None = None
+                 ) -> list[tuple[Kind, int | None, int | None]]:
+    """(kind, layer, expert) of every tensor, in file order (FORMAT.md 3, rule
+    1). desc None: a version 1 file (Mixtral)."""
+    d = desc
+    order: list[tuple[Kind, int | None, int | None]] = []
+    if d is not None:
+        order.append((Kind.DESC, None, None))
+    order.append((Kind.EMBED, None, None))
     for layer in range(shape.n_layers):
-        order += [(k, layer, None) for k in LAYER_KINDS]
+        if d is None:
+            order += [(k, layer, None) for k in LAYER_KINDS]
+            for e in range(shape.n_experts):
+                order += [(k, layer, e) for k in EXPERT_KINDS]
+            continue
+        bias = d.has(Feat.BIAS_QKV)
+        head = [Kind.ATTN_NORM, Kind.WQ, *([Kind.BQ] if bias else []), Kind.WK,
+                *([Kind.BK] if bias else []), Kind.WV, *([Kind.BV] if bias else []), Kind.WO,
+                *([Kind.BO] if d.has(Feat.BIAS_O) else [])]
+        if d.features & (Feat.QK_NORM_HEAD | Feat.QK_NORM_PROJ):
+            head += [Kind.Q_NORM, Kind.K_NORM]
+        head.append(Kind.FFN_NORM)
+        if d.is_dense(layer):
+            head += list(DENSE_KINDS)
+            order += [(k, layer, None) for k in head]
+            continue
+        head.append(Kind.ROUTER)
+        if d.has(Feat.SHARED_GATE):
+            head.append(Kind.SHARED_GATE)
+        if d.has(Feat.SHARED_EXPERT):
+            head += list(SHARED_KINDS)
+        order += [(k, layer, None) for k in head]
         for e in range(shape.n_experts):
             order += [(k, layer, e) for k in EXPERT_KINDS]
     order += [(Kind.FINAL_NORM, None, None), (Kind.LM_HEAD, None, None)]
     return order
 
 
-def expected_shape(shape: ModelShape, kind: Kind) -> tuple[int, int]:
-    """(rows, cols) the header implies for a tensor of this kind."""
+def expected_shape(shape: ModelShape, kind: Kind, desc: Description | None = None
+                   ) -> tuple[int, int]:
+    """(rows, cols) the header (and description) imply for a tensor of this kind."""
     h, q, kv = shape.hidden, shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim
+    d = desc or Description()
+    per_head = d.has(Feat.QK_NORM_HEAD)
+    si, di = d.shared_intermediate, d.dense_intermediate
     return {
         Kind.EMBED: (shape.vocab, h),
         Kind.ATTN_NORM: (1, h),
@@ -262,6 +460,20 @@ def expected_shape(shape: ModelShape, kind: Kind) -> tuple[int, int]:
         Kind.EXPERT_W2: (h, shape.intermediate),
         Kind.FINAL_NORM: (1, h),
         Kind.LM_HEAD: (shape.vocab, h),
+        Kind.DESC: (1, DESC_LAYERS + shape.n_layers),
+        Kind.BQ: (1, q),
+        Kind.BK: (1, kv),
+        Kind.BV: (1, kv),
+        Kind.BO: (1, h),
+        Kind.Q_NORM: (1, shape.head_dim if per_head else q),
+        Kind.K_NORM: (1, shape.head_dim if per_head else kv),
+        Kind.SHARED_GATE: (1, h),
+        Kind.SHARED_W1: (si, h),
+        Kind.SHARED_W3: (si, h),
+        Kind.SHARED_W2: (h, si),
+        Kind.DENSE_W1: (di, h),
+        Kind.DENSE_W3: (di, h),
+        Kind.DENSE_W2: (h, di),
     }[kind]
 
 
@@ -296,9 +508,9 @@ def _section_bytes(values: np.ndarray, scales: np.ndarray | None, bc: str) -> by
 
 
 def pack_header(shape: ModelShape, n_tensors: int, table_crc: int, bc: str,
-                flags: int = 0) -> bytes:
+                flags: int = 0, version: int = 1) -> bytes:
     """The 64-byte header with its CRC."""
-    values = dict(dataclasses.asdict(shape), magic=MAGIC, version=VERSION, bom=BOM,
+    values = dict(dataclasses.asdict(shape), magic=MAGIC, version=version, bom=BOM,
                   n_tensors=n_tensors, table_crc=table_crc, flags=flags, header_crc=0)
     body = struct.pack(bc + HEADER_STRUCT, *(values[name] for name, _, _ in HEADER_FIELDS))
     crc = zlib.crc32(body[:60])
@@ -323,10 +535,20 @@ class ColibriWriter:
     """
 
     def __init__(self, path: str | os.PathLike, shape: ModelShape,
-                 dtypes: dict[Kind, DType] | None = None, byte_order: str = "little"):
+                 dtypes: dict[Kind, DType] | None = None, byte_order: str = "little",
+                 desc: Description | None = None):
         shape.validate()
         self.path = Path(path)
         self.shape = shape
+        # A file is written in the lowest version that states it: Mixtral's
+        # computation is version 1 (no DESC), anything else version 2.
+        if desc is not None:
+            desc = desc.resolved(shape)
+            desc.validate(shape)
+            if desc == Description.default(shape):
+                desc = None
+        self.desc = desc
+        self.version = 1 if desc is None else 2
         self.dtypes = dict(PRESET_F32 if dtypes is None else dtypes)
         for kind, dt in self.dtypes.items():
             if dt not in ALLOWED_DTYPES[kind]:
@@ -334,7 +556,7 @@ class ColibriWriter:
                 raise FormatError(f"{kind.name} cannot be stored as {DType(dt).name} "
                                   f"(allowed: {allowed})")
         self.bc = _byte_char(byte_order)
-        self.order = tensor_order(shape)
+        self.order = tensor_order(shape, desc)
         self.entries: list[Entry] = []
         self._offset = align64(HEADER_SIZE + ENTRY_SIZE * len(self.order))
         self._tmp = self.path.with_name(self.path.name + ".partial")
@@ -343,7 +565,16 @@ class ColibriWriter:
     def __enter__(self) -> "ColibriWriter":
         self._f = open(self._tmp, "wb")
         self._f.write(b"\0" * self._offset)  # header + table, filled at close
+        if self.desc is not None:  # the description leads (FORMAT.md 3)
+            self.add_encoded(Kind.DESC, None, None, DType.F32,
+                             self.desc.words(self.shape).reshape(1, -1), None)
         return self
+
+    @property
+    def weights_order(self) -> list[tuple[Kind, int | None, int | None]]:
+        """What the caller gives, in order: every tensor but the DESC the
+        writer writes itself."""
+        return [o for o in self.order if o[0] != Kind.DESC]
 
     def add(self, kind: Kind, layer: int | None, expert: int | None, weights: np.ndarray) -> None:
         """Encode float weights [rows, cols] with the kind's storage type and
@@ -363,7 +594,7 @@ class ColibriWriter:
                               f"order expects {_label(*want)}")
         if dtype not in ALLOWED_DTYPES[kind]:
             raise FormatError(f"{kind.name} cannot be stored as {DType(dtype).name}")
-        rows, cols = expected_shape(self.shape, kind)
+        rows, cols = expected_shape(self.shape, kind, self.desc)
         if tuple(values.shape) != (rows, cols):
             raise FormatError(f"tensor {_label(kind, layer, expert)} has shape "
                               f"{tuple(values.shape)}, expected {(rows, cols)}")
@@ -390,7 +621,9 @@ class ColibriWriter:
                 raise FormatError(f"file incomplete: tensor {_label(*missing)} was never given")
             if exc_type is None:
                 table = b"".join(pack_entry(e, self.bc) for e in self.entries)
-                header = pack_header(self.shape, len(self.entries), zlib.crc32(table), self.bc)
+                header = pack_header(self.shape, len(self.entries), zlib.crc32(table), self.bc,
+                                     0 if self.desc is None else self.desc.features,
+                                     self.version)
                 f.seek(0)
                 f.write(header + table)
                 f.close()
@@ -403,11 +636,14 @@ class ColibriWriter:
 
 
 def write_file(path: str | os.PathLike, shape: ModelShape, tensors: Iterable[Tensor],
-               byte_order: str = "little") -> Path:
+               byte_order: str = "little", desc: Description | None = None) -> Path:
     """Write already-encoded tensors (in tensor_order) to a .colibri file; the
-    storage type of each comes from the tensor itself."""
-    with ColibriWriter(path, shape, None, byte_order) as w:
+    storage type of each comes from the tensor itself. A DESC among them is
+    skipped: the writer writes `desc`'s."""
+    with ColibriWriter(path, shape, None, byte_order, desc) as w:
         for t in tensors:
+            if t.kind == Kind.DESC:
+                continue
             w.add_encoded(t.kind, t.layer, t.expert, DType(t.dtype), t.values, t.scales)
     return Path(path)
 
@@ -441,9 +677,11 @@ class ColibriFile:
     and returned as numpy arrays in native byte order."""
 
     def __init__(self, buf, shape: ModelShape, entries: list[Entry], byte_order: str,
-                 version: int, path: Path | None = None):
+                 version: int, path: Path | None = None, desc: Description | None = None):
         self._buf = buf
         self.shape = shape
+        # What the model computes; a version 1 file is Mixtral.
+        self.desc = desc if desc is not None else Description.default(shape)
         self.entries = entries
         self.byte_order = byte_order
         self.version = version
@@ -556,18 +794,29 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
         raise FormatError(f"byte-order mark is {bom_bytes.hex()}, expected fffe (little-endian)"
                           f" or feff (big-endian): {FIX_DAMAGED}")
     fields = dict(zip((n for n, _, _ in HEADER_FIELDS), struct.unpack(bc + HEADER_STRUCT, head)))
-    if fields["version"] != VERSION:
-        if fields["version"] > VERSION:
-            raise VersionError(f"format version {fields['version']} is newer than the "
-                               f"supported version {VERSION}: upgrade colibri")
-        raise FormatError(f"format version {fields['version']} is not supported "
-                          f"(this reader reads version {VERSION})")
+    version = fields["version"]
+    if not VERSION_MIN <= version <= VERSION:
+        if version > VERSION:
+            raise VersionError(f"format version {version} is newer than the "
+                               f"supported versions {VERSION_MIN}..{VERSION}: upgrade colibri")
+        raise FormatError(f"format version {version} is not supported "
+                          f"(this reader reads versions {VERSION_MIN}..{VERSION})")
     crc = zlib.crc32(head[:60])
     if crc != fields["header_crc"]:
         raise CRCError(f"header CRC mismatch: stored 0x{fields['header_crc']:08x}, "
                        f"computed 0x{crc:08x}: {FIX_DAMAGED}")
-    if fields["flags"] != 0:
-        raise FormatError(f"header field flags = 0x{fields['flags']:x}, must be 0 in version 1")
+    flags = fields["flags"]
+    if version == 1 and flags != 0:
+        raise FormatError(f"header field flags = 0x{flags:x}, must be 0 in version 1")
+    if flags & ~FEAT_ALL:
+        raise FormatError(f"header field flags = 0x{flags:x}: unknown feature bits "
+                          f"0x{flags & ~FEAT_ALL:x} (a newer colibri wrote the file?)")
+    if flags & Feat.QK_NORM_HEAD and flags & Feat.QK_NORM_PROJ:
+        raise FormatError(f"header field flags = 0x{flags:x}: QK_NORM_HEAD and QK_NORM_PROJ "
+                          "exclude each other")
+    if flags & Feat.SHARED_GATE and not flags & Feat.SHARED_EXPERT:
+        raise FormatError(f"header field flags = 0x{flags:x}: SHARED_GATE without "
+                          "SHARED_EXPERT")
     shape = ModelShape(**{f.name: fields[f.name] for f in dataclasses.fields(ModelShape)})
     shape.validate()
     n = fields["n_tensors"]
@@ -587,8 +836,9 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
     entries = [Entry(**dict(zip(names, struct.unpack_from(bc + ENTRY_STRUCT, table,
                                                               i * ENTRY_SIZE))))
                for i in range(n)]
-    _check_entries(shape, entries, size)
-    cf = ColibriFile(buf, shape, entries, byte_order, fields["version"], path)
+    desc = _read_desc(buf, shape, entries, bc, flags, size) if version >= 2 else None
+    _check_entries(shape, entries, size, desc)
+    cf = ColibriFile(buf, shape, entries, byte_order, version, path, desc)
     if check_crc:
         problems = cf.verify()
         if problems:
@@ -596,6 +846,29 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
                                           if len(problems) > 1 else "") + f": {FIX_DAMAGED}")
         _check_finite(cf)
     return cf
+
+
+def _read_desc(buf, shape: ModelShape, entries: list[Entry], bc: str, flags: int,
+               size: int) -> Description:
+    """A version 2 file's description: entry 0, checked in place and by its
+    CRC before its words say how to read the rest (FORMAT.md 3)."""
+    e = entries[0]
+    cols = DESC_LAYERS + shape.n_layers
+    at = align64(HEADER_SIZE + ENTRY_SIZE * len(entries))
+    if (e.kind, e.dtype, e.flags, e.layer, e.expert, e.rows, e.cols, e.size, e.offset) != (
+            Kind.DESC, DType.F32, FLAG_CRITICAL, NO_INDEX, NO_INDEX, 1, cols, 4 * cols, at):
+        raise FormatError(f"tensor table entry 0 ({e.label()} [{e.rows}, {e.cols}]): a version 2 "
+                          f"file starts with DESC, critical F32 [1, {cols}] at offset {at}")
+    if at + 4 * cols > size:
+        raise FormatError(f"tensor table entry 0 (DESC): section ends at byte {at + 4 * cols}, "
+                          f"past the end of the file ({size} bytes): {FIX_TRUNCATED}")
+    raw = bytes(buf[at:at + 4 * cols])
+    crc = zlib.crc32(raw)
+    if crc != e.crc:
+        raise CRCError(f"CRC mismatch in DESC (offset {at}, {4 * cols} bytes): stored "
+                       f"0x{e.crc:08x}, computed 0x{crc:08x}: {FIX_DAMAGED}")
+    words = np.frombuffer(raw, dtype=np.dtype("f4").newbyteorder(bc)).astype(np.float32)
+    return Description.from_words(flags, words, shape)
 
 
 def _check_finite(cf: ColibriFile) -> None:
@@ -616,9 +889,10 @@ def _check_finite(cf: ColibriFile) -> None:
                               "file holds non-finite weights (re-convert it)")
 
 
-def _check_entries(shape: ModelShape, entries: list[Entry], file_size: int) -> None:
+def _check_entries(shape: ModelShape, entries: list[Entry], file_size: int,
+                   desc: Description | None = None) -> None:
     """Every entry's fields, offsets and sizes (FORMAT.md section 3)."""
-    want = iter(tensor_order(shape))
+    want = iter(tensor_order(shape, desc))
     next_known = next(want, None)
     offset = align64(HEADER_SIZE + ENTRY_SIZE * len(entries))
     # The size the table describes (its CRC matched: it is as written), for
@@ -652,7 +926,7 @@ def _check_entries(shape: ModelShape, entries: list[Entry], file_size: int) -> N
             if DType(e.dtype) not in ALLOWED_DTYPES[kind]:
                 raise FormatError(f"{where}: dtype {DType(e.dtype).name} is not allowed for "
                                   f"{kind.name}")
-            rows, cols = expected_shape(shape, kind)
+            rows, cols = expected_shape(shape, kind, desc)
             if (e.rows, e.cols) != (rows, cols):
                 raise FormatError(f"{where}: shape [{e.rows}, {e.cols}], the header implies "
                                   f"[{rows}, {cols}]")

@@ -260,13 +260,12 @@ class Checkpoint:
 
 # --- config.json -------------------------------------------------------------
 
-SUPPORTED_ARCHITECTURE = "MixtralForCausalLM"
-
-
 @dataclass(frozen=True)
 class HFConfig:
-    """The fields of a Mixtral config.json colibri needs, normalised across
-    transformers 4 and 5."""
+    """The fields of a config.json colibri needs, normalised across
+    transformers 4 and 5 and across families (colibri/families/: the family
+    module names the expert count and width fields and derives `desc`, what
+    the model computes)."""
     vocab: int
     hidden: int
     intermediate: int
@@ -281,6 +280,8 @@ class HFConfig:
     rms_eps: float
     tie_word_embeddings: bool
     sliding_window: int | None
+    family: str = "mixtral"              # colibri/families/ module name
+    desc: object = None                  # format.Description (None: Mixtral)
 
 
 def _field(cfg: dict, key: str, kind=int, required=True, default=None):
@@ -319,17 +320,8 @@ def read_config(model_dir: str | os.PathLike) -> HFConfig:
     if not isinstance(cfg, dict):
         raise ConversionError(f"{path}: expected a JSON object")
 
-    archs = cfg.get("architectures") or []
-    if archs:
-        if SUPPORTED_ARCHITECTURE not in archs:
-            raise ConversionError(
-                f"unsupported architecture {', '.join(map(str, archs))}: colibri converts "
-                f"Mixtral-style MoE checkpoints ({SUPPORTED_ARCHITECTURE})")
-    elif cfg.get("model_type") != "mixtral":
-        raise ConversionError(
-            f"unsupported architecture (model_type {cfg.get('model_type')!r}, no "
-            f"'architectures'): colibri converts Mixtral-style MoE checkpoints "
-            f"({SUPPORTED_ARCHITECTURE})")
+    from . import families  # the family decides the fields below
+    family = families.pick(cfg)
 
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
@@ -367,18 +359,20 @@ def read_config(model_dir: str | os.PathLike) -> HFConfig:
     if n_heads % n_kv:
         raise ConversionError(f"config.json: num_attention_heads {n_heads} is not a "
                               f"multiple of num_key_value_heads {n_kv}")
-    window = cfg.get("sliding_window")
+    window = cfg.get("sliding_window") if family.extra.get("sliding_window") else None
     if window is not None:
         window = _field(cfg, "sliding_window")
+    experts_key = next((k for k in family.experts_keys if cfg.get(k) is not None),
+                       family.experts_keys[0])
     return HFConfig(
         vocab=_field(cfg, "vocab_size"),
         hidden=hidden,
-        intermediate=_field(cfg, "intermediate_size"),
+        intermediate=_field(cfg, family.intermediate_key),
         n_layers=_field(cfg, "num_hidden_layers"),
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        n_experts=_field(cfg, "num_local_experts"),
+        n_experts=_field(cfg, experts_key),
         top_k=_field(cfg, "num_experts_per_tok"),
         max_position_embeddings=_field(cfg, "max_position_embeddings",
                                        required=False, default=4096),
@@ -386,4 +380,6 @@ def read_config(model_dir: str | os.PathLike) -> HFConfig:
         rms_eps=_field(cfg, "rms_norm_eps", float, required=False, default=1e-5),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         sliding_window=window,
+        family=family.name,
+        desc=family.describe(cfg),
     )

@@ -47,7 +47,18 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
         f"runtime       max_seq_len {s.max_seq_len}, max_batch {s.max_batch}, "
         f"group_size {s.group_size}",
     ]
-    params = sum(e.rows * e.cols for e in cf.entries)
+    d = cf.desc
+    if cf.version >= 2:  # what the description adds to Mixtral's computation
+        feats = "+".join(f.name.lower() for f in fmt.Feat if d.features & f) or "none"
+        extra = [f"shared_intermediate {d.shared_intermediate}" if d.shared_intermediate else "",
+                 f"dense layers {list(d.dense_layers)} of {d.dense_intermediate}"
+                 if d.dense_layers else "",
+                 f"clip_qkv {d.clip_qkv:g}" if d.clip_qkv else ""]
+        lines.append(f"computes      {feats}")
+        lines.append(f"scales        embed {d.embed_scale:g}, attention {d.attn_scale:g}, "
+                     f"residual {d.residual_scale:g}, logits / {d.logits_divisor:g}"
+                     + "".join(f", {x}" for x in extra if x))
+    params = sum(e.rows * e.cols for e in cf.entries if e.kind != Kind.DESC)
     lines.append(f"parameters    {params}")
 
     # Per kind: storage type, count, bytes (section sizes, excluding padding).

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import format as cformat
 from .errors import ColibriError
-from .format import DType, Kind
+from .format import DENSE_KINDS, SHARED_KINDS, DType, Feat, Kind
 from .quant import quantize_activations_i8
 
 F32 = np.float32
@@ -193,18 +193,19 @@ def top_k(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-              visible: np.ndarray) -> np.ndarray:
+              visible: np.ndarray, scale: float | None = None) -> np.ndarray:
     """Grouped-query attention with a visibility mask.
 
     q [b, s, H, d]; k, v [b, KV, T, d]; visible [b, s, T] bool.
-    Returns [b, s, H, d]. Query head h uses KV head h // (H / KV). A query
+    Returns [b, s, H, d]. Query head h uses KV head h // (H / KV). Scores
+    are scaled by `scale` (the file's attn_scale; None: 1/sqrt(d)). A query
     row with no visible key gets a zero output (never NaN)."""
     b, s, n_heads, d = q.shape
     n_kv = k.shape[1]
     rep = n_heads // n_kv
     qh = q.transpose(0, 2, 1, 3).reshape(b, n_kv, rep, s, d)          # [b, KV, rep, s, d]
     scores = np.matmul(qh, k[:, :, None].transpose(0, 1, 2, 4, 3))      # [b, KV, rep, s, T]
-    scores = scores * F32(1.0 / np.sqrt(d))
+    scores = scores * F32(1.0 / np.sqrt(d) if scale is None else scale)
     vis = visible[:, None, None]                                        # [b, 1, 1, s, T]
     masked = np.where(vis, scores, -np.inf)
     m = np.max(masked, axis=-1, keepdims=True)
@@ -241,6 +242,9 @@ class Reference:
         self.shape = sh = file_or_path.shape
         f = file_or_path
         gs = sh.group_size
+        # What the model computes (a version 1 file: Mixtral). Read as data:
+        # no family name appears in the forward pass.
+        self.desc = d = f.desc
 
         emb = f.tensor(Kind.EMBED)
         if DType(emb.dtype) == DType.F32:
@@ -254,21 +258,40 @@ class Reference:
         def norm(kind, layer=None):
             return f.tensor(kind, layer).values.reshape(-1).astype(F32)
 
+        def opt(kind, flag, layer):
+            return norm(kind, layer) if d.features & flag else None
+
+        def swiglu(kinds, layer):
+            return tuple(Linear(f.tensor(k, layer), gs) for k in kinds)
+
+        qk = Feat.QK_NORM_HEAD | Feat.QK_NORM_PROJ
         self.layers = []
         for l in range(sh.n_layers):
-            self.layers.append(dict(
+            layer = dict(
                 attn_norm=norm(Kind.ATTN_NORM, l),
                 wq=Linear(f.tensor(Kind.WQ, l), gs),
                 wk=Linear(f.tensor(Kind.WK, l), gs),
                 wv=Linear(f.tensor(Kind.WV, l), gs),
                 wo=Linear(f.tensor(Kind.WO, l), gs),
+                bq=opt(Kind.BQ, Feat.BIAS_QKV, l), bk=opt(Kind.BK, Feat.BIAS_QKV, l),
+                bv=opt(Kind.BV, Feat.BIAS_QKV, l), bo=opt(Kind.BO, Feat.BIAS_O, l),
+                q_norm=opt(Kind.Q_NORM, qk, l), k_norm=opt(Kind.K_NORM, qk, l),
                 ffn_norm=norm(Kind.FFN_NORM, l),
-                router=Linear(f.tensor(Kind.ROUTER, l), gs),
-                experts=[(Linear(f.tensor(Kind.EXPERT_W1, l, e), gs),
-                          Linear(f.tensor(Kind.EXPERT_W3, l, e), gs),
-                          Linear(f.tensor(Kind.EXPERT_W2, l, e), gs))
-                         for e in range(sh.n_experts)],
-            ))
+                dense=None, router=None, experts=[], shared=None, shared_gate=None,
+            )
+            if d.is_dense(l):
+                layer["dense"] = swiglu(DENSE_KINDS, l)
+            else:
+                layer["router"] = Linear(f.tensor(Kind.ROUTER, l), gs)
+                layer["experts"] = [(Linear(f.tensor(Kind.EXPERT_W1, l, e), gs),
+                                     Linear(f.tensor(Kind.EXPERT_W3, l, e), gs),
+                                     Linear(f.tensor(Kind.EXPERT_W2, l, e), gs))
+                                    for e in range(sh.n_experts)]
+                if d.has(Feat.SHARED_EXPERT):
+                    layer["shared"] = swiglu(SHARED_KINDS, l)
+                if d.has(Feat.SHARED_GATE):
+                    layer["shared_gate"] = Linear(f.tensor(Kind.SHARED_GATE, l), gs)
+            self.layers.append(layer)
         self.final_norm = norm(Kind.FINAL_NORM)
         self.lm_head = Linear(f.tensor(Kind.LM_HEAD), gs)
         self._rope_cos, self._rope_sin = rope_tables(
@@ -344,13 +367,25 @@ class Reference:
         cos = self._rope_cos[n_past:total]
         sin = self._rope_sin[n_past:total]                               # [s, d/2]
 
+        d = self.desc
         x = self.embed(tokens)                                           # [b, s, D]
+        if d.embed_scale != 1.0:
+            x = (x * F32(d.embed_scale)).astype(F32)
+        res = F32(d.residual_scale)  # 1.0: x + y * 1 is x + y exactly
         self._routing = []
         for l, layer in enumerate(self.layers):
-            h = x + self._attention_block(l, layer, x, visible, cos, sin, n_past)
-            x = h + self._moe_block(layer, h)
+            h = x + self._attention_block(l, layer, x, visible, cos, sin, n_past) * res
+            if layer["dense"] is not None:
+                w1, w3, w2 = layer["dense"]
+                hn = rmsnorm(h, layer["ffn_norm"], sh.rms_eps).reshape(b * s, -1)
+                x = h + w2(silu(w1(hn)) * w3(hn)).reshape(b, s, -1) * res
+            else:
+                x = h + self._moe_block(layer, h) * res
         xn = rmsnorm(x, self.final_norm, sh.rms_eps)                     # [b, s, D]
-        return self.lm_head(xn.reshape(b * s, -1)).reshape(b, s, -1)     # [b, s, vocab]
+        logits = self.lm_head(xn.reshape(b * s, -1)).reshape(b, s, -1)   # [b, s, vocab]
+        if d.logits_divisor != 1.0:
+            logits = (logits / F32(d.logits_divisor)).astype(F32)
+        return logits
 
     def generate(self, prompt_tokens, n_new: int):
         """Greedy generation from one or more equal-length prompts.
@@ -398,17 +433,34 @@ class Reference:
         sh = self.shape
         b, s, _ = x.shape
         d = sh.head_dim
+        desc = self.desc
         xn = rmsnorm(x, layer["attn_norm"], sh.rms_eps).reshape(b * s, -1)
-        q = layer["wq"](xn).reshape(b, s, sh.n_heads, d)
-        k = layer["wk"](xn).reshape(b, s, sh.n_kv_heads, d)
-        v = layer["wv"](xn).reshape(b, s, sh.n_kv_heads, d)
+        q, k, v = layer["wq"](xn), layer["wk"](xn), layer["wv"](xn)     # [N, qdim|kvdim]
+        if layer["bq"] is not None:
+            q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+        q = q.reshape(b, s, sh.n_heads, d)
+        k = k.reshape(b, s, sh.n_kv_heads, d)
+        v = v.reshape(b, s, sh.n_kv_heads, d)
+        if layer["q_norm"] is not None:
+            if desc.has(Feat.QK_NORM_HEAD):   # each head of head_dim
+                q = rmsnorm(q, layer["q_norm"], sh.rms_eps)
+                k = rmsnorm(k, layer["k_norm"], sh.rms_eps)
+            else:                             # the whole projection
+                q = rmsnorm(q.reshape(b, s, -1), layer["q_norm"], sh.rms_eps).reshape(q.shape)
+                k = rmsnorm(k.reshape(b, s, -1), layer["k_norm"], sh.rms_eps).reshape(k.shape)
+        if desc.has(Feat.CLIP_QKV):
+            c = F32(desc.clip_qkv)
+            q, k, v = np.clip(q, -c, c), np.clip(k, -c, c), np.clip(v, -c, c)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         total = n_past + s
         self._cache_k[l][:, :, n_past:total] = k.transpose(0, 2, 1, 3)   # [b, KV, s, d]
         self._cache_v[l][:, :, n_past:total] = v.transpose(0, 2, 1, 3)
         att = attention(q, self._cache_k[l][:, :, :total],
-                        self._cache_v[l][:, :, :total], visible)         # [b, s, H, d]
-        return layer["wo"](att.reshape(b * s, -1)).reshape(b, s, -1)
+                        self._cache_v[l][:, :, :total], visible, desc.attn_scale)  # [b, s, H, d]
+        o = layer["wo"](att.reshape(b * s, -1))
+        if layer["bo"] is not None:
+            o = o + layer["bo"]
+        return o.reshape(b, s, -1)
 
     def _moe_block(self, layer, h):
         """h [b, s, D] -> moe(rmsnorm(h)) [b, s, D]; records the routing."""
@@ -417,10 +469,13 @@ class Reference:
         xn = rmsnorm(h, layer["ffn_norm"], sh.rms_eps).reshape(b * s, dim)  # [N, D]
         p = softmax(layer["router"](xn))                                    # [N, E]
         idx, top = top_k(p, sh.top_k)                                       # [N, k]
-        total = top[:, 0].copy()
-        for i in range(1, sh.top_k):  # sum in selection order, float32
-            total += top[:, i]
-        weights = (top / total[:, None]).astype(F32)                        # [N, k]
+        if self.desc.has(Feat.ROUTER_RENORM):
+            total = top[:, 0].copy()
+            for i in range(1, sh.top_k):  # sum in selection order, float32
+                total += top[:, i]
+            weights = (top / total[:, None]).astype(F32)                    # [N, k]
+        else:  # the softmax probabilities as they are (Qwen2-MoE, OLMoE)
+            weights = top.astype(F32)
         self._routing.append(Routing(idx.reshape(b, s, -1), weights.reshape(b, s, -1)))
 
         # y[n, i] = expert idx[n, i] applied to token n.
@@ -434,6 +489,14 @@ class Reference:
         out = y[:, 0] * weights[:, 0, None]
         for i in range(1, sh.top_k):  # out = sum_i w_i * expert_i, in order
             out = out + y[:, i] * weights[:, i, None]
+        if layer["shared"] is not None:  # every token, [* sigmoid(gate . x)]
+            w1, w3, w2 = layer["shared"]
+            ys = w2(silu(w1(xn)) * w3(xn))                                  # [N, D]
+            if layer["shared_gate"] is not None:
+                g = layer["shared_gate"](xn)                                # [N, 1]
+                with np.errstate(over="ignore"):
+                    ys = (F32(1) / (F32(1) + np.exp(-g))).astype(F32) * ys
+            out = out + ys
         return out.reshape(b, s, dim).astype(F32)
 
     # ---- validation --------------------------------------------------------

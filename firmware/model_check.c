@@ -195,7 +195,7 @@ static int check_structure(msgbuf *m, const uint8_t *blob, size_t size) {
         return COLIBRI_MODEL_ERR_CRC;
     }
     uint32_t version = rd(&r, COLIBRI_HDR_VERSION, 2);
-    if (version != COLIBRI_FORMAT_VERSION) {
+    if (version < COLIBRI_FORMAT_VERSION_MIN || version > COLIBRI_FORMAT_VERSION) {
         m_str(m, "model format version ");
         m_u64(m, version);
         return fail(m, COLIBRI_MODEL_ERR_FORMAT, " is not supported by this firmware");

@@ -7,8 +7,10 @@ quantisation, each followed by the harness's 16-byte control tail
 Seeds: f32, int8, mixed per-kind dtypes (I16 embedding and router, I8
 experts, F32 attention and lm_head, and the converse), big-endian f32 and
 int8 (loaded through colibri_init, which swaps them), odd shapes (hidden 10,
-group 4, 3 experts top-3, 5 heads over 1 KV head), and a file carrying an
-optional section of an unknown kind. Weights are seeded random numbers; the
+group 4, 3 experts top-3, 5 heads over 1 KV head), a file carrying an
+optional section of an unknown kind, and format version 2 files whose
+descriptions cover every feature flag (biases, both q/k norms, clip_qkv,
+shared expert with and without gate, the multipliers, a dense layer). Weights are seeded random numbers; the
 files are a few KB so the fuzzer runs thousands of executions a second.
 """
 from __future__ import annotations
@@ -42,18 +44,35 @@ ODD = ModelShape(vocab=11, hidden=10, intermediate=6, max_seq_len=6, n_layers=1,
 
 MIXED_A = {**F.PRESET_F32, Kind.EMBED: DType.I16_ROW, Kind.ROUTER: DType.I16_ROW,
            **{k: DType.I8_GROUP for k in F.EXPERT_KINDS}}
+# Format version 2: every feature flag in at least one seed.
+V2_DESCRIPTIONS = {
+    "qwen2": F.Description(features=F.Feat.BIAS_QKV | F.Feat.SHARED_EXPERT | F.Feat.SHARED_GATE
+                           | F.Feat.DENSE_LAYERS, shared_intermediate=12, dense_intermediate=10,
+                           dense_layers=(1,)),
+    "qwen3": F.Description(features=F.Feat.ROUTER_RENORM | F.Feat.QK_NORM_HEAD | F.Feat.BIAS_QKV
+                           | F.Feat.BIAS_O),
+    "olmoe": F.Description(features=F.Feat.QK_NORM_PROJ | F.Feat.CLIP_QKV, clip_qkv=2.0),
+    "granite": F.Description(features=F.Feat.ROUTER_RENORM | F.Feat.SHARED_EXPERT,
+                             shared_intermediate=6, embed_scale=4.0, attn_scale=0.2,
+                             residual_scale=0.5, logits_divisor=3.0),
+}
+
 MIXED_B = {**F.PRESET_INT8, Kind.EMBED: DType.F32, Kind.ROUTER: DType.F32,
            Kind.LM_HEAD: DType.F32, **{k: DType.F32 for k in F.EXPERT_KINDS}}
 
 
-def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int = 0) -> bytes:
-    """A valid file with seeded weights (scaled so logits are O(1))."""
+def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int = 0,
+                desc: F.Description | None = None) -> bytes:
+    """A valid file with seeded weights (scaled so logits are O(1)); with
+    `desc`, the version 2 file of that description."""
     rng = np.random.default_rng(seed)
     tensors = []
-    for kind, layer, expert in F.tensor_order(shape):
-        rows, cols = F.expected_shape(shape, kind)
+    rd = None if desc is None else desc.resolved(shape)
+    order = [o for o in F.tensor_order(shape, rd) if o[0] != Kind.DESC]
+    for kind, layer, expert in order:
+        rows, cols = F.expected_shape(shape, kind, rd)
         w = rng.standard_normal((rows, cols)).astype(np.float32)
-        if kind in (Kind.ATTN_NORM, Kind.FFN_NORM, Kind.FINAL_NORM):
+        if kind in (Kind.ATTN_NORM, Kind.FFN_NORM, Kind.FINAL_NORM, Kind.Q_NORM, Kind.K_NORM):
             w = 1 + 0.1 * w
         elif kind != Kind.EMBED:
             w /= np.sqrt(cols)
@@ -61,7 +80,7 @@ def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "m.colibri"
-        with F.ColibriWriter(path, shape, preset, byte_order) as wr:
+        with F.ColibriWriter(path, shape, preset, byte_order, desc) as wr:
             for kind, layer, expert, w in tensors:
                 wr.add(kind, layer, expert, w)
         return path.read_bytes()
@@ -117,6 +136,17 @@ def seeds() -> dict[str, bytes]:
         "seed-odd-f32-file": model_bytes(ODD, F.PRESET_F32, seed=7) + tail(base | VIA_FILE),
         "seed-unknown-section": with_unknown_section(f32) + tail(base),
         "seed-no-fix-crc": int8 + tail(DECODE | VERIFY),
+        "seed-v2-qwen2-int8": model_bytes(TINY, F.PRESET_INT8, seed=8,
+                                          desc=V2_DESCRIPTIONS["qwen2"]) + tail(base | MASK, batch=1,
+                                                                                mask=0b110),
+        "seed-v2-qwen3-f32": model_bytes(TINY, F.PRESET_F32, seed=9,
+                                         desc=V2_DESCRIPTIONS["qwen3"]) + tail(base | REWIND, seq=6),
+        "seed-v2-olmoe-be-f32": model_bytes(TINY, F.PRESET_F32, "big", seed=10,
+                                            desc=V2_DESCRIPTIONS["olmoe"]) + tail(base | VIA_FILE),
+        "seed-v2-granite-int8": model_bytes(ODD, F.PRESET_INT8, seed=11,
+                                            desc=V2_DESCRIPTIONS["granite"]) + tail(base | MASK,
+                                                                                    batch=2, seq=4,
+                                                                                    mask=0b1100),
     }
     return out
 

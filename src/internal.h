@@ -1,7 +1,9 @@
 /*
- * internal.h - declarations shared by core.c (load, validate, arena, infer
- * loop), tensor.c (embedding, norms, RoPE, attention, linear layers) and
- * moe.c (router, top-k, dispatch, experts). Not installed, not public.
+ * internal.h - the plan and the functions that build and run it, shared by
+ * plan.c (arena layout, weight views), load.c (instance lifecycle),
+ * forward.c (the infer loop), tensor.c (embedding, norms, RoPE, attention,
+ * linear layers), moe.c (router, top-k, dispatch, experts) and info.c.
+ * The file checks are format.h's. Not installed, not public.
  *
  * Everything an inference touches hangs off one clb_plan, which lives at the
  * start of the instance's arena: pointers into the (read-only) file for the
@@ -16,7 +18,17 @@
 #include <stdint.h>
 
 #include "colibri.h"
+#include "format.h"
 #include "kernels/kernels.h"
+
+#ifndef COLIBRI_ENABLE_MMAP
+#define COLIBRI_ENABLE_MMAP 1
+#endif
+
+/* priv_.magic of an initialised instance ("CLBR"), and priv_.load_mode. */
+#define CLB_MODEL_MAGIC 0x434C4252u
+enum { CLB_LOAD_MMAP = 1, CLB_LOAD_READ = 2, CLB_LOAD_MEMORY = 3,
+       CLB_LOAD_SHARED = 4 };
 
 /* Tokens processed together (a prefill groups each chunk's tokens by expert,
  * so each expert's weights stream once per chunk). A caller-supplied arena
@@ -42,18 +54,29 @@ typedef struct clb_weight {
     uint8_t dtype;        /* COLIBRI_DTYPE_* */
 } clb_weight;
 
-/* One expert's SwiGLU FFN: the dispatch-table entry built at init. */
+/* A SwiGLU FFN: a routed expert (the dispatch-table entry built at init),
+ * the shared expert or a dense layer's FFN; its width is w1.rows. */
 typedef struct clb_expert {
     clb_weight w1;  /* gate [intermediate, hidden] */
     clb_weight w3;  /* up   [intermediate, hidden] */
     clb_weight w2;  /* down [hidden, intermediate] */
 } clb_expert;
 
+/* One layer as the file describes it; a feature the file lacks leaves its
+ * pointer NULL (biases, q/k norms) or its weight empty (shared expert). */
 typedef struct clb_layer {
     const float *attn_norm;   /* [hidden] */
     const float *ffn_norm;    /* [hidden] */
     clb_weight wq, wk, wv, wo;
+    const float *bq, *bk, *bv; /* [qdim], [kvdim], [kvdim] or NULL */
+    const float *bo;          /* [hidden] or NULL */
+    const float *q_norm;      /* [head_dim] per head, [qdim] whole, or NULL */
+    const float *k_norm;      /* [head_dim] per head, [kvdim] whole, or NULL */
+    uint8_t dense;            /* 1: ffn is a dense SwiGLU, no router */
+    clb_expert ffn;           /* dense layer: [dense_inter] SwiGLU */
     clb_weight router;        /* [E, hidden], F32 or I16_ROW */
+    clb_weight shared_gate;   /* [1, hidden] F32, rows 0 without a gate */
+    clb_expert shared;        /* [shared_inter] SwiGLU, w1.rows 0 without */
     const clb_expert *experts; /* [E], in the arena */
 } clb_layer;
 
@@ -63,9 +86,10 @@ typedef struct clb_plan {
     uint32_t chunk;             /* C */
     uint32_t qdim;              /* n_heads * head_dim */
     uint32_t kvdim;             /* n_kv_heads * head_dim */
-    uint32_t max_cols;          /* max(hidden, qdim, intermediate) */
+    uint32_t max_inter;         /* max(intermediate, shared, dense widths) */
+    uint32_t max_cols;          /* max(hidden, qdim, max_inter) */
     uint32_t max_groups;        /* ceil(max_cols / group_size) */
-    float attn_scale;           /* 1/sqrt(head_dim) */
+    clb_desc d;                 /* what the model computes (format.h) */
 
     /* Weights (into the blob). */
     clb_weight embed;           /* [vocab, hidden], F32 or I16_ROW */
@@ -94,10 +118,38 @@ typedef struct clb_plan {
     uint32_t *tok_list;         /* [C*K] selections (row*K + slot) by expert */
     float *yslot;               /* [C, K, hidden] expert outputs per selection */
     float *xe, *ye;             /* [C, hidden] one expert's gathered in/out */
-    float *h1, *h3;             /* [C, intermediate] gate and up */
+    float *h1, *h3;             /* [C, max_inter] gate and up */
     int8_t *xq;                 /* [C, max_cols] int8 activations */
     float *xs;                  /* [C, max_groups] their scales */
 } clb_plan;
+
+/* --- plan.c --------------------------------------------------------------- */
+
+/* Hands out 64-byte aligned pieces of an arena; with base NULL it only
+ * counts (ovf sticky on overflow). */
+typedef struct { uint8_t *base; uint64_t off; int ovf; } carver;
+
+/* Lay out the arena for shape s processing up to chunk_limit tokens
+ * together. With c->base NULL, *pp is NULL and only c->off matters. */
+void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
+                uint32_t chunk_limit, clb_plan **pp);
+
+/* Arena bytes for shape s, description d and chunk_limit;
+ * COLIBRI_E_NO_MEMORY if it exceeds size_t. */
+int clb_arena_bytes(const colibri_shape *s, const clb_desc *d,
+                    uint32_t chunk_limit, size_t *out);
+
+/* The view of table entry `en` of a validated blob (data in host order). */
+clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
+                         uint32_t group);
+
+/* Point every tensor view of the plan into a validated, host-order blob and
+ * compute the RoPE tables. */
+void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
+                    const colibri_kernels *k);
+
+/* The fastest kernel table this build and CPU can run. */
+const colibri_kernels *clb_pick_kernels(void);
 
 /* --- tensor.c -------------------------------------------------------------- */
 
@@ -144,8 +196,14 @@ void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
 void clb_softmax(float *p, const float *v, uint32_t n);
 
 /* Top-k of probs[n] with ties towards the lower index: k passes over all n,
- * no early exit. sel[k] in rank order, w[k] renormalised to sum 1. */
-void clb_topk(const float *probs, uint32_t n, uint32_t k, uint8_t *chosen,
-              uint16_t *sel, float *w);
+ * no early exit. sel[k] in rank order, w[k] the probabilities, renormalised
+ * to sum 1 if renorm. */
+void clb_topk(const float *probs, uint32_t n, uint32_t k, int renorm,
+              uint8_t *chosen, uint16_t *sel, float *w);
+
+/* Y[n, hidden] = W2 (silu(W1 X) * (W3 X)) for a SwiGLU of any width
+ * (p->h1/h3 hold [n, width]). */
+void clb_swiglu(const clb_plan *p, const clb_expert *ex, const float *X,
+                uint32_t n, float *Y, const char *what13, const char *what2);
 
 #endif /* COLIBRI_INTERNAL_H */

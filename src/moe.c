@@ -27,8 +27,8 @@ void clb_softmax(float *p, const float *v, uint32_t n)
         p[i] = p[i] / sum;
 }
 
-void clb_topk(const float *probs, uint32_t n, uint32_t k, uint8_t *chosen,
-              uint16_t *sel, float *w)
+void clb_topk(const float *probs, uint32_t n, uint32_t k, int renorm,
+              uint8_t *chosen, uint16_t *sel, float *w)
 {
     memset(chosen, 0, n);
     float total = 0.0f;
@@ -50,7 +50,9 @@ void clb_topk(const float *probs, uint32_t n, uint32_t k, uint8_t *chosen,
         w[j] = bestv;
         total += bestv;
     }
-    for (uint32_t j = 0; j < k; j++)
+    /* Without renormalisation (Qwen2-MoE, OLMoE) the weights are the
+     * softmax probabilities themselves. */
+    for (uint32_t j = 0; renorm && j < k; j++)
         w[j] = w[j] / total;
 }
 
@@ -65,7 +67,8 @@ static void route(const clb_plan *p, const clb_layer *layer, const float *X,
     clb_linear(p, &layer->router, X, n, p->router_logits, "router");
     for (uint32_t t = 0; t < n; t++) {
         clb_softmax(p->probs + (size_t)t * E, p->router_logits + (size_t)t * E, E);
-        clb_topk(p->probs + (size_t)t * E, E, K, p->chosen,
+        clb_topk(p->probs + (size_t)t * E, E, K,
+                 (p->d.features & COLIBRI_FEAT_ROUTER_RENORM) != 0, p->chosen,
                  p->sel + (size_t)t * K, p->selw + (size_t)t * K);
     }
     memset(p->counts, 0, E * sizeof(uint32_t));
@@ -81,16 +84,16 @@ static void route(const clb_plan *p, const clb_layer *layer, const float *X,
     }
 }
 
-/* ye[m, hidden] = W2 * (silu(W1 xe) * (W3 xe)) for the m gathered rows. */
-static void expert_swiglu(const clb_plan *p, const clb_expert *ex, uint32_t m)
+void clb_swiglu(const clb_plan *p, const clb_expert *ex, const float *X,
+                uint32_t n, float *Y, const char *what13, const char *what2)
 {
-    uint32_t inter = p->s.intermediate;
-    clb_linear2(p, &ex->w1, &ex->w3, p->xe, m, p->h1, p->h3, "expert.w1w3");
-    for (size_t i = 0; i < (size_t)m * inter; i++) {
+    uint32_t inter = ex->w1.rows; /* routed, shared or dense width */
+    clb_linear2(p, &ex->w1, &ex->w3, X, n, p->h1, p->h3, what13);
+    for (size_t i = 0; i < (size_t)n * inter; i++) {
         float g = p->h1[i];
         p->h1[i] = g / (1.0f + expf(-g)) * p->h3[i];
     }
-    clb_linear(p, &ex->w2, p->h1, m, p->ye, "expert.w2");
+    clb_linear(p, &ex->w2, p->h1, n, Y, what2);
 }
 
 void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
@@ -107,7 +110,7 @@ void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
         for (uint32_t i = 0; i < m; i++)
             memcpy(p->xe + (size_t)i * h, X + (size_t)(p->tok_list[a + i] / K) * h,
                    h * sizeof(float));
-        expert_swiglu(p, &layer->experts[e], m);
+        clb_swiglu(p, &layer->experts[e], p->xe, m, p->ye, "expert.w1w3", "expert.w2");
         for (uint32_t i = 0; i < m; i++)
             memcpy(p->yslot + (size_t)p->tok_list[a + i] * h,
                    p->ye + (size_t)i * h, h * sizeof(float));
@@ -123,5 +126,26 @@ void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
         for (uint32_t j = 1; j < K; j++)
             for (uint32_t c = 0; c < h; c++)
                 y[c] = y[c] + ys[(size_t)j * h + c] * w[j];
+    }
+    /* The shared expert sees every row and adds to the routed sum, scaled
+     * by sigmoid(gate . x) where the file has a gate (Qwen2-MoE), as is
+     * (GraniteMoeShared). Gate logits [n] reuse router_logits, free now. */
+    if (layer->shared.w1.rows == 0)
+        return;
+    clb_swiglu(p, &layer->shared, X, n, p->ye, "shared.w1w3", "shared.w2");
+    float *g = p->router_logits;
+    if (layer->shared_gate.rows)
+        clb_linear(p, &layer->shared_gate, X, n, g, "shared.gate");
+    for (uint32_t t = 0; t < n; t++) {
+        float *y = Y + (size_t)t * h;
+        const float *ys = p->ye + (size_t)t * h;
+        if (layer->shared_gate.rows) {
+            float s = 1.0f / (1.0f + expf(-g[t]));
+            for (uint32_t c = 0; c < h; c++)
+                y[c] = y[c] + s * ys[c];
+        } else {
+            for (uint32_t c = 0; c < h; c++)
+                y[c] = y[c] + ys[c];
+        }
     }
 }

@@ -169,7 +169,7 @@ void clb_attention(const clb_plan *p, uint32_t layer, uint32_t b,
             float dot = 0.0f;
             for (uint32_t c = 0; c < d; c++)
                 dot += qh[c] * kj[c];
-            sc[j] = dot * p->attn_scale;
+            sc[j] = dot * p->d.attn_scale;
             if (!any || sc[j] > mx)
                 mx = sc[j];
             any = 1;

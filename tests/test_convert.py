@@ -164,7 +164,8 @@ def test_int8_error_bounds_per_tensor(hf_checkpoint, tmp_path):
     cf = convert(src, tmp_path / "m.colibri", quant="int8", group_size=16)
     tensors = load_checkpoint(src)
     assert cf.shape.group_size == 16
-    assert cf.dtypes == {k: v for k, v in F.PRESET_INT8.items()}
+    assert set(cf.dtypes) == {*F.GLOBAL_KINDS, *F.LAYER_KINDS, *F.EXPERT_KINDS}
+    assert cf.dtypes == {k: F.PRESET_INT8[k] for k in cf.dtypes}
     for kind, layer, expert in F.tensor_order(cf.shape):
         w = tensors[hf_name(kind, layer, expert)].reshape(F.expected_shape(cf.shape, kind))
         t = cf.tensor(kind, layer, expert)
@@ -365,13 +366,14 @@ def test_shape_mismatch_names_tensor_found_and_expected(hf_checkpoint, tmp_path)
 
 def test_unsupported_architecture(hf_checkpoint, tmp_path):
     d = _edited(hf_checkpoint("tiny"), tmp_path / "d",
-                config=lambda c: c.update(architectures=["Qwen2MoeForCausalLM"]))
+                config=lambda c: c.update(architectures=["LlamaForCausalLM"]))
     rc = cli.main(["convert", str(d), "-o", str(tmp_path / "x.colibri")])
     assert rc == 2
     with pytest.raises(ConversionError) as err:
         ColibriExporter(d)
-    assert str(err.value) == ("unsupported architecture Qwen2MoeForCausalLM: colibri "
-                              "converts Mixtral-style MoE checkpoints (MixtralForCausalLM)")
+    assert str(err.value).startswith("unsupported architecture LlamaForCausalLM: colibri "
+                                     "converts the MoE families MixtralForCausalLM, "
+                                     "Qwen2MoeForCausalLM, ")
 
 
 def test_non_finite_weight_names_the_tensor(hf_checkpoint, tmp_path):

@@ -42,11 +42,24 @@ def _bf16(rng, shape, std):
     return (x.view(np.uint32) >> 16).astype(np.uint16)
 
 
-def make_big_checkpoint(d: Path) -> int:
+# The same sizes as GraniteMoeShared stores them: each layer's experts in two
+# fused 3-D tensors (input_linear [E, 2I, H] = 64 MiB bf16, 128 MiB as
+# float32, output_linear [E, H, I]) and a shared expert with stacked gate/up
+# rows. The converter must read one expert's slice at a time.
+GRANITE_CONFIG = {
+    **{k: v for k, v in CONFIG.items() if k not in ("architectures", "model_type")},
+    "architectures": ["GraniteMoeSharedForCausalLM"], "model_type": "granitemoeshared",
+    "shared_intermediate_size": INTER, "embedding_multiplier": 12.0,
+    "attention_multiplier": 0.015625, "residual_multiplier": 0.22, "logits_scaling": 6.0,
+}
+
+
+def make_big_checkpoint(d: Path, layout: str = "mixtral") -> int:
     """Write the checkpoint as one shard per layer plus an index; returns its
     size in bytes. Memory: one layer's tensors at a time."""
     d.mkdir()
-    (d / "config.json").write_text(json.dumps(CONFIG))
+    fused = layout == "granite"
+    (d / "config.json").write_text(json.dumps(GRANITE_CONFIG if fused else CONFIG))
     rng = np.random.default_rng(1234)
     weight_map = {}
     for layer in range(LAYERS):
@@ -58,9 +71,18 @@ def make_big_checkpoint(d: Path) -> int:
             L + "self_attn.k_proj.weight": ("BF16", _bf16(rng, (KV_HEADS * HEAD_DIM, HIDDEN), 0.03)),
             L + "self_attn.v_proj.weight": ("BF16", _bf16(rng, (KV_HEADS * HEAD_DIM, HIDDEN), 0.03)),
             L + "self_attn.o_proj.weight": ("BF16", _bf16(rng, (HIDDEN, HEADS * HEAD_DIM), 0.03)),
-            L + "block_sparse_moe.gate.weight": ("BF16", _bf16(rng, (EXPERTS, HIDDEN), 0.06)),
         }
-        for e in range(EXPERTS):
+        if fused:
+            t[L + "block_sparse_moe.router.layer.weight"] = ("BF16", _bf16(rng, (EXPERTS, HIDDEN), 0.06))
+            t[L + "block_sparse_moe.input_linear.weight"] = (
+                "BF16", _bf16(rng, (EXPERTS, 2 * INTER, HIDDEN), 0.03))
+            t[L + "block_sparse_moe.output_linear.weight"] = (
+                "BF16", _bf16(rng, (EXPERTS, HIDDEN, INTER), 0.02))
+            t[L + "shared_mlp.input_linear.weight"] = ("BF16", _bf16(rng, (2 * INTER, HIDDEN), 0.03))
+            t[L + "shared_mlp.output_linear.weight"] = ("BF16", _bf16(rng, (HIDDEN, INTER), 0.02))
+        else:
+            t[L + "block_sparse_moe.gate.weight"] = ("BF16", _bf16(rng, (EXPERTS, HIDDEN), 0.06))
+        for e in range(EXPERTS if not fused else 0):
             E = f"{L}block_sparse_moe.experts.{e}."
             t[E + "w1.weight"] = ("BF16", _bf16(rng, (INTER, HIDDEN), 0.03))
             t[E + "w3.weight"] = ("BF16", _bf16(rng, (INTER, HIDDEN), 0.03))
@@ -82,6 +104,12 @@ def make_big_checkpoint(d: Path) -> int:
 def big_checkpoint(tmp_path_factory):
     src = tmp_path_factory.mktemp("big") / "hf"
     return src, make_big_checkpoint(src)
+
+
+@pytest.fixture(scope="module")
+def big_fused_checkpoint(tmp_path_factory):
+    src = tmp_path_factory.mktemp("big-fused") / "hf"
+    return src, make_big_checkpoint(src, "granite")
 
 
 # The child reports its own peak RSS on its last stdout line: VmHWM of
@@ -143,4 +171,32 @@ def test_conversion_peak_memory_follows_largest_tensor(big_checkpoint, tmp_path,
         # int8 steps are at most amax / 127 over the whole tensor; f32 is exact
         tol = np.abs(w).max() / 127 if quant == "int8" else 0
         assert np.abs(cf.dequantized(kind, layer, expert) - w).max() <= tol
+    assert not cf.verify()
+
+
+@pytest.mark.slow
+def test_fused_expert_layout_streams_one_expert_at_a_time(big_fused_checkpoint, tmp_path):
+    """GraniteMoeShared's fused experts (input_linear [E, 2I, H] is 128 MiB as
+    float32): the converter reads one expert's rows of it at a time, so the
+    peak stays at the same bound as for per-expert tensors."""
+    src, model_bytes = big_fused_checkpoint
+    out = tmp_path / "big.colibri"
+    baseline, _ = _peak_rss([])
+    peak, proc = _peak_rss(["convert", str(src), "-o", str(out), "--quant", "int8"])
+    extra = peak - baseline
+    print(f"\nfused {model_bytes / 1e6:.0f} MB bf16 -> int8: peak extra "
+          f"{extra / 2**20:.1f} MiB = {extra / LARGEST_F32:.2f} x largest tensor")
+    assert extra < 6 * LARGEST_F32 + 32 * 2**20, extra
+    from colibri import format as F, hf
+    from colibri.format import Kind
+    cf = F.read_file(out, check_crc=False)
+    ck = hf.Checkpoint(src)
+    fused = hf.read_tensor(ck.info("model.layers.1.block_sparse_moe.input_linear.weight"),
+                           7 * 2 * INTER * HIDDEN + INTER * HIDDEN, INTER * HIDDEN)
+    w3 = fused.reshape(INTER, HIDDEN)  # expert 7's up rows
+    assert np.abs(cf.dequantized(Kind.EXPERT_W3, 1, 7) - w3).max() <= np.abs(w3).max() / 127
+    up = hf.read_tensor(ck.info("model.layers.0.shared_mlp.input_linear.weight"),
+                        INTER * HIDDEN, INTER * HIDDEN).reshape(INTER, HIDDEN)
+    assert np.abs(cf.dequantized(Kind.SHARED_W3, 0) - up).max() <= np.abs(up).max() / 127
+    assert cf.desc.has(F.Feat.SHARED_EXPERT) and cf.desc.embed_scale == 12.0
     assert not cf.verify()

@@ -43,7 +43,8 @@ def test_seeds_of_every_quantisation_load_and_infer(replay_exe, tmp_path):
             continue
         assert (r.infer, r.decode, r.nonfinite) == (0, 0, 0), r
     # Every quantisation is represented (f32, int8, mixed, big-endian).
-    kinds = {"f32", "int8", "mixed-a", "mixed-b", "be-f32", "be-int8"}
+    kinds = {"f32", "int8", "mixed-a", "mixed-b", "be-f32", "be-int8", "v2-qwen2", "v2-qwen3",
+             "v2-olmoe", "v2-granite"}
     assert all(any(k in n for n in results) for k in kinds)
 
 

@@ -202,12 +202,30 @@ def test_config_explicit_head_dim(tmp_path):
     assert _config(tmp_path, head_dim=16).head_dim == 16
 
 
-@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2MoeForCausalLM"])
+SUPPORTED = ("MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
+             "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM")
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "DeepseekV3ForCausalLM"])
 def test_unsupported_architecture_by_name(tmp_path, arch):
     with pytest.raises(ConversionError) as err:
         _config(tmp_path, architectures=[arch])
-    assert str(err.value) == (f"unsupported architecture {arch}: colibri converts "
-                              "Mixtral-style MoE checkpoints (MixtralForCausalLM)")
+    assert str(err.value) == (f"unsupported architecture {arch}: colibri converts the MoE "
+                              f"families {SUPPORTED}")
+
+
+@pytest.mark.parametrize("arch, model_type, family", [
+    ("MixtralForCausalLM", "mixtral", "mixtral"),
+    ("Qwen2MoeForCausalLM", "qwen2_moe", "qwen2_moe"),
+    ("Qwen3MoeForCausalLM", "qwen3_moe", "qwen3_moe"),
+    ("OlmoeForCausalLM", "olmoe", "olmoe"),
+    ("GraniteMoeForCausalLM", "granitemoe", "granitemoe"),
+    ("GraniteMoeSharedForCausalLM", "granitemoeshared", "granitemoe_shared"),
+])
+def test_family_picked_by_architecture_or_model_type(arch, model_type, family):
+    from colibri import families
+    assert families.pick({"architectures": [arch]}).name == family
+    assert families.pick({"model_type": model_type}).name == family
 
 
 def test_model_type_alone_is_enough_and_checked(tmp_path):

@@ -14,6 +14,7 @@ Python reader (colibri.format.parse). No case may crash or trip a sanitizer.
 """
 from __future__ import annotations
 
+import re
 import struct
 import sys
 import zlib
@@ -41,8 +42,8 @@ C_EXPECT = {
     "short header": (BAD_FORMAT, r"file is 40 bytes, shorter than the 64-byte header"),
     "bad magic": (BAD_FORMAT, r'magic is 0x47475546, not "CLBR"'),
     "bad bom": (BAD_FORMAT, r"bom is 0x1234, neither FF FE nor FE FF"),
-    "newer version": (VERSION, r"format version 2, this library supports version 1: upgrade"),
-    "version 0": (BAD_FORMAT, r"format version 0, this library supports version 1$"),
+    "newer version": (VERSION, r"format version 3, this library supports versions 1 to 2: upgrade"),
+    "version 0": (BAD_FORMAT, r"format version 0, this library supports versions 1 to 2$"),
     "header crc": (CRC, r"header_crc 0x[0-9a-f]+ != computed"),
     "vocab 0": (BAD_FORMAT, r"header field vocab is 0"),
     "hidden 0": (BAD_FORMAT, r"header field hidden is 0"),
@@ -429,3 +430,156 @@ def test_non_finite_weights_are_refused_in_c_and_python(replay_exe, tmp_path, qu
         assert r.init == -1 and f"tensor {i} (" in r.detail and "non-finite" in r.detail, (i, r)
         with pytest.raises(FormatError, match=f"entry {i} .*non-finite"):
             F.parse(data)
+
+
+# ---- format version 2: the description and the kinds it brings ----------------
+
+from feature_models import DESCRIPTIONS, write_model  # noqa: E402
+
+Feat = F.Feat
+
+
+@pytest.fixture(scope="module")
+def v2_file(tmp_path_factory) -> bytes:
+    """A version 2 file with biases, a gated shared expert and a dense layer
+    (the qwen2 description of tests/feature_models.py)."""
+    path = tmp_path_factory.mktemp("hostile-v2") / "v2.colibri"
+    return write_model(path, DESCRIPTIONS["qwen2"]).read_bytes()
+
+
+def _desc_word(raw: bytearray, word: int, value=None, bits=None) -> bytearray:
+    """Set DESC word `word` (float or raw bits), its CRC and the table's fixed."""
+    off, size = entry_off(raw, 0, "offset"), entry_off(raw, 0, "size")
+    if bits is None:
+        struct.pack_into("<f", raw, off + 4 * word, value)
+    else:
+        struct.pack_into("<I", raw, off + 4 * word, bits)
+    return _set_entry(raw, 0, "crc", zlib.crc32(bytes(raw[off:off + size])))
+
+
+def _flags(raw: bytearray, set_=0, clear=0) -> bytearray:
+    flags = struct.unpack_from("<I", raw, 56)[0]
+    return _set_header(raw, "flags", (flags | set_) & ~clear)
+
+
+def v2_cases(raw: bytes) -> list[Case]:
+    cf = F.parse(raw)
+    i_w1 = cf.entries.index(cf.entry(F.Kind.SHARED_W1, 0))
+    i_dense = cf.entries.index(cf.entry(F.Kind.DENSE_W1, 1))
+    L = F.DESC_LAYERS
+    return [
+        Case("unknown feature bit", lambda r: _flags(r, 0x200), BAD_FORMAT,
+             r"unknown feature bits 0x200", r"unknown feature bits 0x200"),
+        Case("both q/k norms", lambda r: _flags(r, Feat.QK_NORM_HEAD | Feat.QK_NORM_PROJ),
+             BAD_FORMAT, r"QK_NORM_HEAD and QK_NORM_PROJ exclude each other",
+             r"QK_NORM_HEAD and QK_NORM_PROJ exclude each other"),
+        Case("gate without shared expert", lambda r: _flags(r, clear=Feat.SHARED_EXPERT),
+             BAD_FORMAT, r"SHARED_GATE without SHARED_EXPERT", r"SHARED_GATE without SHARED_EXPERT"),
+        Case("flag without its tensor", lambda r: _flags(r, Feat.BIAS_O), BAD_FORMAT,
+             r"tensor \d+: expected BO layer 0 expert 65535, found FFN_NORM layer 0",
+             r"out of order or out of range, expected BO layer 0"),
+        Case("DESC not first", lambda r: set_many(r, entries=[(0, "kind", 300), (0, "flags", 0)]),
+             BAD_FORMAT, r"tensor 0: a version 2 file starts with DESC.*found kind 300",
+             r"a version 2 file starts with DESC"),
+        Case("DESC wider than the layers", lambda r: _set_entry(r, 0, "cols", L + 4), BAD_FORMAT,
+             r"starts with DESC, critical F32 \[1, 11\]", r"starts with DESC, critical F32 \[1, 11\]"),
+        Case("DESC crc", lambda r: r[:cf.entries[0].offset + 8]
+             + bytes([r[cf.entries[0].offset + 8] ^ 1]) + r[cf.entries[0].offset + 9:],
+             CRC, r"tensor 0 \(DESC\): crc 0x[0-9a-f]+ != computed", r"CRC mismatch in DESC",
+             py_crc=True),
+        Case("shared width not an integer", lambda r: _desc_word(r, 0, 34.5), BAD_FORMAT,
+             r"DESC\): shared_intermediate", r"DESC shared_intermediate = 34.5"),
+        Case("shared width 0 with the flag", lambda r: _desc_word(r, 0, 0.0), BAD_FORMAT,
+             r"DESC\): shared_intermediate", r"DESC shared_intermediate = 0.0, must be an integer"),
+        Case("dense width above 2^24", lambda r: _desc_word(r, 1, 2.0 ** 25), BAD_FORMAT,
+             r"DESC\): dense_intermediate", r"DESC dense_intermediate = 33554432.0"),
+        Case("attn_scale NaN", lambda r: _desc_word(r, 3, bits=0x7FC00000), BAD_FORMAT,
+             r"DESC\): attn_scale", r"DESC attn_scale = nan"),
+        Case("attn_scale negative", lambda r: _desc_word(r, 3, -0.5), BAD_FORMAT,
+             r"DESC\): attn_scale", r"DESC attn_scale = -0.5"),
+        Case("embed_scale infinite", lambda r: _desc_word(r, 2, float("inf")), BAD_FORMAT,
+             r"DESC\): embed_scale", r"DESC embed_scale = inf"),
+        Case("residual_scale 0", lambda r: _desc_word(r, 4, 0.0), BAD_FORMAT,
+             r"DESC\): residual_scale", r"DESC residual_scale = 0.0"),
+        Case("logits_divisor 0", lambda r: _desc_word(r, 5, 0.0), BAD_FORMAT,
+             r"DESC\): logits_divisor", r"DESC logits_divisor = 0.0"),
+        Case("clip_qkv without the flag", lambda r: _desc_word(r, 6, 1.0), BAD_FORMAT,
+             r"DESC\): clip_qkv", r"DESC clip_qkv = 1.0, must be 0 without CLIP_QKV"),
+        Case("clip_qkv 0 with the flag", lambda r: _flags(r, Feat.CLIP_QKV), BAD_FORMAT,
+             r"DESC\): clip_qkv", r"DESC clip_qkv = 0.0, must be finite and > 0"),
+        Case("reserved word", lambda r: _desc_word(r, 7, bits=1), BAD_FORMAT,
+             r"DESC\): reserved", r"DESC reserved word must be 0"),
+        Case("layer kind 2", lambda r: _desc_word(r, L + 0, 2.0), BAD_FORMAT,
+             r"layer 0's kind \(bits 0x40000000\) must be 0 \(MoE\) or 1 \(dense\)",
+             r"DESC layer 0's kind is 2.0"),
+        Case("no dense layer with the flag", lambda r: _desc_word(r, L + 1, 0.0), BAD_FORMAT,
+             r"0 dense layers, but the DENSE_LAYERS flag is set",
+             r"DESC lists 0 dense layers but the DENSE_LAYERS flag is set"),
+        Case("dense layer moved", lambda r: _desc_word(_desc_word(r, L + 1, 0.0), L + 2, 1.0),
+             BAD_FORMAT, rf"tensor {i_dense}: expected ROUTER layer 1 expert 65535, found DENSE_W1 layer 1",
+             r"out of order or out of range, expected ROUTER layer 1"),
+        Case("version 1 with a DESC", lambda r: _flags(_set_header(r, "version", 1), clear=0x1FF),
+             BAD_FORMAT, r"tensor 0: expected EMBED layer 65535 expert 65535, found DESC",
+             r"out of order or out of range, expected EMBED"),
+        Case("shared expert rows changed", lambda r: _set_entry(r, i_w1, "rows", 35), BAD_FORMAT,
+             rf"tensor {i_w1} \(SHARED_W1 layer 0\): shape \[35, 44\], the header implies \[34, 44\]",
+             r"SHARED_W1 layer 0.*shape \[35, 44\], the header implies \[34, 44\]"),
+        Case("bias stored int8", lambda r: _set_entry(r, 4, "dtype", 1), BAD_FORMAT,
+             r"tensor 4 \(BQ\): dtype 1 not allowed", r"dtype I8_GROUP is not allowed for BQ"),
+    ]
+
+
+def test_version_2_hostile_cases_in_c_and_python(replay_exe, v2_file, tmp_path):
+    """Every check of the description and of the kinds it brings, in C
+    (colibri_init_from_memory and colibri_verify through the replay harness)
+    and in Python: the same refusal, each naming its field."""
+    import re
+    cases = v2_cases(v2_file)
+    assert len({c.name for c in cases}) == len(cases)
+    files = {c.name: bytes(c.mutate(bytearray(v2_file))) for c in cases}
+    files["intact"] = v2_file
+    got = run_c(replay_exe, tmp_path, files)
+    r = got["intact"]
+    assert (r.init, r.infer, r.decode, r.verify, r.nonfinite) == (0, 0, 0, 0, 0), r
+    bad = []
+    for c in cases:
+        r = got[c.name]
+        if r.init != c.c_code or not re.search(c.c_detail, r.detail):
+            bad.append(f"C {c.name}: init {r.init} {r.detail!r}, want {c.c_code} /{c.c_detail}/")
+        try:
+            F.parse(files[c.name])
+        except FormatError as exc:
+            if not re.search(c.py, str(exc)) or isinstance(exc, CRCError) != c.py_crc:
+                bad.append(f"Python {c.name}: {type(exc).__name__}: {exc}; want /{c.py}/")
+        else:
+            bad.append(f"Python {c.name}: accepted, want /{c.py}/")
+    assert not bad, "\n".join(bad)
+
+
+def test_version_2_wrong_crc_in_each_section(replay_exe, v2_file, tmp_path):
+    """A flipped byte in any section of a version 2 file, the DESC included,
+    is a CRC error naming it, in C and in Python."""
+    cf = F.parse(v2_file)
+    files = {}
+    for i, e in enumerate(cf.entries):
+        raw = bytearray(v2_file)
+        raw[e.offset + e.size // 2] ^= 0x20
+        files[i] = bytes(raw)
+    got = run_c(replay_exe, tmp_path, files)
+    for i, e in enumerate(cf.entries):
+        r = got[i]
+        assert r.init == CRC and r.verify == CRC, (i, r)
+        assert f"tensor {i} (" in r.detail and "crc" in r.detail, (i, r.detail)
+        with pytest.raises(CRCError, match=re.escape(e.label().split()[0])):
+            F.parse(files[i])
+
+
+def test_version_2_truncated_at_every_64_byte_boundary(replay_exe, v2_file, tmp_path):
+    cuts = {cut: v2_file[:cut] for cut in range(0, len(v2_file), 64)}
+    got = run_c(replay_exe, tmp_path, cuts)
+    for cut, r in got.items():
+        assert r.init == BAD_FORMAT, (cut, r)
+        assert "truncated" in r.detail or "shorter" in r.detail, (cut, r.detail)
+        with pytest.raises(FormatError) as exc:
+            F.parse(cuts[cut])
+        assert not isinstance(exc.value, CRCError), (cut, exc.value)

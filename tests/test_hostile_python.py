@@ -33,6 +33,11 @@ FILES = {
     "f32": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_F32),
     "int8": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_INT8, seed=1),
     "be-int8": gen_seeds.model_bytes(gen_seeds.ODD, F.PRESET_INT8, "big", seed=2),
+    # Format version 2: a description with every section kind it can bring.
+    "v2-qwen2": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_INT8, seed=3,
+                                      desc=gen_seeds.V2_DESCRIPTIONS["qwen2"]),
+    "v2-be-olmoe": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_F32, "big", seed=4,
+                                         desc=gen_seeds.V2_DESCRIPTIONS["olmoe"]),
 }
 
 
@@ -125,7 +130,7 @@ def test_parse_behind_the_crcs_only_raises_format_errors(m):
     with np.errstate(all="ignore"):       # mutated weights may be inf/NaN
         for t in cf.tensors():
             assert t.values.shape == (t.rows, t.cols)
-        for kind, layer, expert in F.tensor_order(cf.shape):
+        for kind, layer, expert in F.tensor_order(cf.shape, cf.desc if cf.version > 1 else None):
             cf.dequantized(kind, layer, expert)
     assert cf.verify() == []
 

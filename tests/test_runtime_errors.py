@@ -29,8 +29,9 @@ def rewrite(src, dst, byte_order="little", **shape_changes):
     other byte order or with header fields changed."""
     cf = cformat.read_file(src)
     shape = dataclasses.replace(cf.shape, **shape_changes)
-    tensors = [cf.tensor(k, l, e) for k, l, e in cformat.tensor_order(shape)]
-    return cformat.write_file(dst, shape, tensors, byte_order=byte_order)
+    desc = cf.desc if cf.version >= 2 else None
+    tensors = [cf.tensor(k, l, e) for k, l, e in cformat.tensor_order(shape, desc)]
+    return cformat.write_file(dst, shape, tensors, byte_order=byte_order, desc=desc)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,8 @@ def test_error_details_name_the_problem(c_build, error_files):
     out = run_errors(c_build("host"), error_files).stdout
     detail = dict(re.findall(r"^ok -?\d+ (.*?) \| (.*)$", out, re.M))
     assert "n_kv_heads 3 does not divide n_heads 4" in detail["n_kv_heads not dividing n_heads"]
-    assert "version 2" in detail["format version 2"] and "upgrade" in detail["format version 2"]
+    newer = detail["format version newer than supported"]
+    assert "version 3" in newer and "upgrade" in newer
     assert re.search(r"tensor \d+ \(LM_HEAD", detail["section crc"])
     assert "truncated" in detail["truncated file"]
     assert "token id at [0, 1]" in detail["token id == vocab"]

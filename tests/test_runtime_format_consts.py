@@ -28,6 +28,10 @@ def python_constants() -> dict[str, int | str]:
         "COLIBRI_MAGIC": cformat.MAGIC.decode("ascii"),
         "COLIBRI_MAGIC_SIZE": len(cformat.MAGIC),
         "COLIBRI_FORMAT_VERSION": cformat.VERSION,
+        "COLIBRI_FORMAT_VERSION_MIN": cformat.VERSION_MIN,
+        "COLIBRI_FEAT_ALL": cformat.FEAT_ALL,
+        "COLIBRI_DESC_MAX_INTERMEDIATE": cformat.DESC_MAX_INTERMEDIATE,
+        "COLIBRI_DESC_LAYERS": cformat.DESC_LAYERS,
         "COLIBRI_BOM": cformat.BOM,
         "COLIBRI_SECTION_ALIGN": cformat.ALIGN,
         "COLIBRI_HEADER_SIZE": cformat.HEADER_SIZE,
@@ -42,6 +46,8 @@ def python_constants() -> dict[str, int | str]:
     want.update({f"COLIBRI_ENT_{n.upper()}": off for n, _, off in cformat.ENTRY_FIELDS})
     want.update({f"COLIBRI_KIND_{k.name}": int(k) for k in cformat.Kind})
     want.update({f"COLIBRI_DTYPE_{d.name}": int(d) for d in cformat.DType})
+    want.update({f"COLIBRI_FEAT_{f.name}": int(f) for f in cformat.Feat})
+    want.update({f"COLIBRI_DESC_{n.upper()}": i for i, n in enumerate(cformat.DESC_WORDS)})
     return want
 
 

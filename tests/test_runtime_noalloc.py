@@ -51,3 +51,16 @@ def test_canary_syscall_is_killed(noalloc, colibri_file):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     assert "survived" not in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["qwen2", "granite"])
+def test_version_2_features_allocate_nothing(noalloc, tmp_path, name):
+    """The description's paths (biases, dense layers, the gated and the
+    ungated shared expert, multipliers) allocate nothing either."""
+    from feature_models import DESCRIPTIONS, write_model
+    from colibri import format as F
+    path = write_model(tmp_path / f"{name}.colibri", DESCRIPTIONS[name], dtypes=F.PRESET_INT8)
+    proc = subprocess.run([str(noalloc), str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^wrap: 1000 calls, 0 intercepted$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^seccomp: 1000 calls survived, 0 intercepted$", proc.stdout, re.M)

@@ -52,3 +52,20 @@ def test_cli_valgrind_memcheck_clean(c_build, colibri_file, args):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ERROR SUMMARY" not in proc.stderr or "0 errors" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "olmoe", "granite"])
+def test_version_2_features_under_asan_ubsan(c_build, tmp_path, name):
+    """Every feature of the description (tests/feature_models.py) through
+    the runtime under ASan + UBSan, mapped and zero-copy, int8."""
+    from colibri import format as F
+    from colibri.reference import Reference
+    from feature_models import DESCRIPTIONS, SHAPE, write_model
+    path = write_model(tmp_path / f"{name}.colibri", DESCRIPTIONS[name], dtypes=F.PRESET_INT8)
+    calls = golden_calls(SHAPE.vocab, 3, seed=12, decode=8)
+    want = reference_logits(Reference(path), calls)
+    for memory in (False, True):
+        got = run_driver(c_build("asan"), path, calls, tmp_path / str(memory), memory=memory,
+                         vocab=SHAPE.vocab)
+        rel = relative_row_error(valid_rows(calls, got), valid_rows(calls, want))
+        assert np.median(rel) < 1e-5 and rel.max() < 3e-2

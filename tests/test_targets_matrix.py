@@ -15,6 +15,14 @@ Builds (each `scons target=all`, shared by the tests below):
   ref         fw-tiny f32 with the reference kernels only: every Linux target
               (x86_64, armv7, ppc, aarch64, riscv64) must give bit-identical
               logits
+  qwen2_moe   tests/golden_families.py's Qwen2-MoE (gated shared expert,
+              biases, a dense layer, top-k not renormalised), int8
+  granitemoe_shared  its GraniteMoeShared (multipliers, ungated shared
+              expert, fused experts), f32
+  ref-qwen3_moe  its Qwen3-MoE (per-head q/k norm, free head_dim, biases),
+              f32, reference kernels: bit-identical on every Linux target
+Each family model is a version 2 file: on ppc the firmware embeds it
+big-endian and uses it in place, on cortex-m from flash with a static arena.
 """
 from __future__ import annotations
 
@@ -48,15 +56,44 @@ def scons(*args, cwd=ROOT, env=None, check_rc=True):
     return p
 
 
+FAMILY_BUILDS = {"qwen2_moe": ("qwen2_moe", "int8"),
+                 "granitemoe_shared": ("granitemoe_shared", "f32"),
+                 "ref-qwen3_moe": ("qwen3_moe", "f32")}
+
+
+def _family_model(d: Path, family: str, quant: str) -> Path:
+    """A golden family checkpoint converted by the real converter; a short
+    cache (max_seq_len 16, batch 1) keeps the emulated runs quick."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from colibri.convert import ColibriExporter
+    from golden_families import make_family, save_family
+    ck = save_family(make_family(family, seed=0), d / f"hf-{family}")
+    return ColibriExporter(ck, quant=quant, max_seq_len=16).export(d / f"{family}-{quant}.colibri")
+
+
 @pytest.fixture(scope="session")
 def matrix_models(tmp_path_factory, colibri_file):
     d = tmp_path_factory.mktemp("matrix-models")
-    return {
-        "int8": testmodel.make_model(d / "fw-tiny-int8.colibri", "int8"),
-        "f32": testmodel.make_model(d / "fw-tiny-f32.colibri", "f32"),
-        "awkward": Path(colibri_file("awkward", "int8")),
-        "ref": testmodel.make_model(d / "fw-tiny-f32-ref.colibri", "f32", seed=1),
+    models = {
+        "int8": lambda: testmodel.make_model(d / "fw-tiny-int8.colibri", "int8"),
+        "f32": lambda: testmodel.make_model(d / "fw-tiny-f32.colibri", "f32"),
+        "awkward": lambda: Path(colibri_file("awkward", "int8")),
+        "ref": lambda: testmodel.make_model(d / "fw-tiny-f32-ref.colibri", "f32", seed=1),
     }
+    models.update({b: (lambda f=f, q=q: _family_model(d, f, q))
+                   for b, (f, q) in FAMILY_BUILDS.items()})
+    return _Lazy(models)
+
+
+class _Lazy(dict):
+    """name -> model path, each made on first use."""
+    def __getitem__(self, name):
+        v = super().__getitem__(name)
+        if callable(v):
+            v = v()
+            self[name] = v
+        return v
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +104,7 @@ def matrix_build(tmp_path_factory, matrix_models):
 
     def get(name):
         if name not in done:
-            extra = ["avx2=0", "neon=0"] if name == "ref" else []
+            extra = ["avx2=0", "neon=0"] if name.startswith("ref") else []
             out = root / name
             available = [n for n, t in TARGETS.items() if not toolchain.missing_tools(t)]
             target = "all" if len(available) == len(TARGETS) else None
@@ -88,7 +125,7 @@ def _need(target):
         pytest.skip(problem)
 
 
-@pytest.mark.parametrize("build", ["int8", "f32", "awkward"])
+@pytest.mark.parametrize("build", ["int8", "f32", "awkward", "qwen2_moe", "granitemoe_shared"])
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_target_matches_reference(name, build, matrix_build, matrix_models):
     """Firmware (and colibri-cli on Linux) logits within the quantisation's
@@ -151,11 +188,12 @@ def test_check_fails_on_an_unexpected_kernel_table(matrix_build, matrix_models):
     assert any(f"colibri-cli --info on {on.cpu}" in f for f in result.failures)
 
 
-def test_ref_kernels_bit_identical_across_targets(matrix_build):
+@pytest.mark.parametrize("build", ["ref", "ref-qwen3_moe"])
+def test_ref_kernels_bit_identical_across_targets(build, matrix_build):
     """With the reference kernels and -ffp-contract=off, every Linux target
     (x86_64, armv7, ppc, aarch64, riscv64) produces the same float bits for
-    every logit (DESIGN.md 7)."""
-    bdir = matrix_build("ref")
+    every logit (DESIGN.md 7), Mixtral and a version 2 family alike."""
+    bdir = matrix_build(build)
     runs = {}
     for name in LINUX_REF_TARGETS:
         t = TARGETS[name]

@@ -73,7 +73,7 @@ def blob_for_target(src: str | os.PathLike, dst: str | os.PathLike, byte_order: 
                                f"sections of unknown kind ({', '.join(unknown)})")
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(str(dst) + ".swap")
-        cformat.write_file(tmp, f.shape, f.tensors(), byte_order=byte_order)
+        cformat.write_file(tmp, f.shape, f.tensors(), byte_order=byte_order, desc=f.desc)
         data = tmp.read_bytes()
         tmp.unlink()
         _write_if_changed(Path(dst), data)
@@ -116,27 +116,31 @@ def _a64(n: int) -> int:
 
 
 def arena_bytes(shape: cformat.ModelShape, pointer_bytes: int,
-                chunk_tokens: int = CHUNK_TOKENS) -> int:
-    """Bytes of arena the runtime needs for `shape`: the buffers src/core.c
-    carves in layout() (every one rounded up to 64 bytes), in the same
+                chunk_tokens: int = CHUNK_TOKENS,
+                desc: cformat.Description | None = None) -> int:
+    """Bytes of arena the runtime needs for `shape`: the buffers src/plan.c
+    carves in clb_layout() (every one rounded up to 64 bytes), in the same
     order, with the pointer tables (plan, per-layer and per-expert views)
     bounded generously from the pointer size, plus 4 KB of slack. The
     firmware checks the runtime's own colibri_arena_size against this at
     start-up and stops (status 2) naming both numbers if the runtime ever
     grows past it, so a drift is caught by the first run, not by memory
-    corruption."""
+    corruption. `desc`: the model's description (None: Mixtral); the
+    gate/up buffers serve the routed, shared and dense FFNs alike."""
     s = shape
+    d = desc or cformat.Description()
     L, E, K, h = s.n_layers, s.n_experts, s.top_k, s.hidden
     S = s.max_seq_len
     tokens = s.max_batch * S
     C = min(chunk_tokens, tokens)
-    qdim, kvdim, inter = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim, s.intermediate
+    qdim, kvdim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    inter = max(s.intermediate, d.shared_intermediate, d.dense_intermediate)
     max_cols = max(h, qdim, inter)
     max_groups = math.ceil(max_cols / s.group_size)
     ptr = max(pointer_bytes, 4)
     buffers = [
         256 * ptr,                   # the plan
-        L * 64 * ptr,                # per-layer views
+        L * 96 * ptr,                # per-layer views (12 weights, 7 vectors)
         L * E * 32 * ptr,            # per-expert views
         S * (s.head_dim // 2) * 4,   # RoPE cos
         S * (s.head_dim // 2) * 4,   # RoPE sin
@@ -222,7 +226,7 @@ def prepare_firmware_inputs(model: str | os.PathLike, out_dir: str | os.PathLike
     asm = out / "model_blob.S"
     _write_if_changed(asm, embed_asm(blob.as_posix(), target.is_linux).encode())
     hdr = out / "fw_config.h"
-    arena = arena_bytes(shape, target.pointer_bytes)
+    arena = arena_bytes(shape, target.pointer_bytes, desc=f.desc)
     _write_if_changed(hdr, config_header(target.name, shape, size, arena, prompts,
                                          n_generate).encode())
     return {"blob": blob, "asm": asm, "config": hdr}

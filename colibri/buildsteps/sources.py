@@ -10,10 +10,15 @@ from typing import NamedTuple
 # The runtime library (libcolibri.a), always built. ref.c is the portable
 # truth every target carries.
 LIBRARY = (
-    "src/core.c",
+    "src/format.c",    # what makes a file valid (FORMAT.md 2-4), colibri_verify
+    "src/load.c",      # instance lifecycle: mmap/read/swap, arena, free
+    "src/plan.c",      # arena layout, weight views, RoPE tables, kernel pick
+    "src/forward.c",   # colibri_infer: argument checks, the layer loop
+    "src/tensor.c",    # embedding, RMSNorm, linear, RoPE, attention
+    "src/moe.c",       # router, top-k, experts
+    "src/info.c",      # strerror, get_info, router weights, build flags
+    "src/detail.c",    # the error-detail formatter
     "src/crc32.c",
-    "src/tensor.c",
-    "src/moe.c",
     "src/kernels/ref.c",
 )
 

@@ -8,7 +8,7 @@
  * these encodings are mffs with reserved bits set and execute as mffs, which
  * glibc relies on; QEMU 7.2's qemu-ppc instead raises SIGILL for them on
  * every 32-bit CPU model it offers. The runtime computes its RoPE table with
- * double cos/sin (src/core.c), so without this shim every ppc run under
+ * double cos/sin (src/plan.c), so without this shim every ppc run under
  * QEMU dies in colibri_init.
  *
  * What: a SIGILL handler installed before main. For exactly these two

@@ -276,7 +276,7 @@ uint32_t colibri_crc32(uint32_t crc, const void *data, size_t n);
 /* The router of one layer, dequantised: router[e * hidden + c] for expert e,
  * column c (float32 values as the runtime uses them: q * scale for I16_ROW).
  * `out` holds n_experts * hidden floats. Returns 0, COLIBRI_E_NOT_INIT,
- * COLIBRI_E_ARG (layer out of range, NULL). */
+ * COLIBRI_E_ARG (layer out of range, a dense layer without a router, NULL). */
 int colibri_router_weights(const colibri_model *m, uint32_t layer, float *out);
 
 /* Build properties, a combination of the COLIBRI_BUILD_* bits. */

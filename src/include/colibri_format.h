@@ -1,6 +1,6 @@
 /*
- * colibri_format.h - the constants of the .colibri file format, version 1,
- * exactly as docs/FORMAT.md states them. Nothing here is tunable: changing a
+ * colibri_format.h - the constants of the .colibri file format, versions 1
+ * and 2, exactly as docs/FORMAT.md states them. Nothing here is tunable: changing a
  * value changes the file format. tests/test_runtime_format_consts.py parses
  * every `#define COLIBRI_...` of this file and checks it against
  * colibri/format.py, so keep one plain integer (or string) per define.
@@ -14,7 +14,8 @@
 /* --- File-level constants (FORMAT.md 1, 2) ------------------------------- */
 #define COLIBRI_MAGIC "CLBR"            /* bytes 43 4C 42 52 at offset 0 */
 #define COLIBRI_MAGIC_SIZE 4
-#define COLIBRI_FORMAT_VERSION 1        /* the only version this reader accepts */
+#define COLIBRI_FORMAT_VERSION 2        /* the newest version this reader accepts */
+#define COLIBRI_FORMAT_VERSION_MIN 1    /* the oldest: version 1 files still load */
 #define COLIBRI_BOM 0xFEFF              /* byte-order mark, in file order */
 #define COLIBRI_SECTION_ALIGN 64        /* every section starts at a multiple */
 #define COLIBRI_HEADER_SIZE 64
@@ -41,7 +42,7 @@
 #define COLIBRI_HDR_RMS_EPS 44          /* f32 */
 #define COLIBRI_HDR_N_TENSORS 48        /* u32 */
 #define COLIBRI_HDR_TABLE_CRC 52        /* u32 */
-#define COLIBRI_HDR_FLAGS 56            /* u32, 0 in version 1 */
+#define COLIBRI_HDR_FLAGS 56            /* u32: 0 in version 1, COLIBRI_FEAT_* in 2 */
 #define COLIBRI_HDR_HEADER_CRC 60       /* u32, CRC32 of bytes 0..59 */
 
 /* --- Tensor-table entry field offsets (FORMAT.md 3) --------------------- */
@@ -75,7 +76,47 @@
 #define COLIBRI_KIND_EXPERT_W2 11
 #define COLIBRI_KIND_FINAL_NORM 12
 #define COLIBRI_KIND_LM_HEAD 13
-#define COLIBRI_KIND_MAX 13             /* highest kind version 1 knows */
+/* Version 2 (FORMAT.md 3): the model description, then what the features
+ * need. Biases and norms are vectors [1, n]. */
+#define COLIBRI_KIND_DESC 14            /* F32 [1, 8 + n_layers], first entry */
+#define COLIBRI_KIND_BQ 15              /* [1, n_heads*head_dim] */
+#define COLIBRI_KIND_BK 16              /* [1, n_kv_heads*head_dim] */
+#define COLIBRI_KIND_BV 17              /* [1, n_kv_heads*head_dim] */
+#define COLIBRI_KIND_BO 18              /* [1, hidden] */
+#define COLIBRI_KIND_Q_NORM 19          /* [1, head_dim] per head, or [1, qdim] */
+#define COLIBRI_KIND_K_NORM 20          /* [1, head_dim] per head, or [1, kvdim] */
+#define COLIBRI_KIND_SHARED_GATE 21     /* [1, hidden] */
+#define COLIBRI_KIND_SHARED_W1 22       /* [shared_intermediate, hidden] */
+#define COLIBRI_KIND_SHARED_W3 23       /* [shared_intermediate, hidden] */
+#define COLIBRI_KIND_SHARED_W2 24       /* [hidden, shared_intermediate] */
+#define COLIBRI_KIND_DENSE_W1 25        /* [dense_intermediate, hidden] */
+#define COLIBRI_KIND_DENSE_W3 26        /* [dense_intermediate, hidden] */
+#define COLIBRI_KIND_DENSE_W2 27        /* [hidden, dense_intermediate] */
+#define COLIBRI_KIND_MAX 27             /* highest kind this reader knows */
+
+/* --- Feature flags: the header's flags field in version 2 (FORMAT.md 2) -- */
+#define COLIBRI_FEAT_ROUTER_RENORM 0x1  /* top-k weights renormalised to sum 1 */
+#define COLIBRI_FEAT_QK_NORM_HEAD 0x2   /* RMSNorm over each head of q and k */
+#define COLIBRI_FEAT_QK_NORM_PROJ 0x4   /* RMSNorm over the whole q and k */
+#define COLIBRI_FEAT_BIAS_QKV 0x8       /* BQ, BK, BV */
+#define COLIBRI_FEAT_BIAS_O 0x10        /* BO */
+#define COLIBRI_FEAT_SHARED_EXPERT 0x20 /* SHARED_W1/W3/W2 in MoE layers */
+#define COLIBRI_FEAT_SHARED_GATE 0x40   /* sigmoid(SHARED_GATE . x) scales it */
+#define COLIBRI_FEAT_CLIP_QKV 0x80      /* q, k, v clamped to +-clip_qkv */
+#define COLIBRI_FEAT_DENSE_LAYERS 0x100 /* some layers are a dense SwiGLU */
+#define COLIBRI_FEAT_ALL 0x1FF          /* every bit this reader knows */
+
+/* --- DESC section: float32 words (FORMAT.md 3), read in file order ------ */
+#define COLIBRI_DESC_SHARED_INTERMEDIATE 0  /* integer valued, 0 = none */
+#define COLIBRI_DESC_DENSE_INTERMEDIATE 1   /* integer valued, 0 = none */
+#define COLIBRI_DESC_EMBED_SCALE 2          /* embedding multiplier */
+#define COLIBRI_DESC_ATTN_SCALE 3           /* score multiplier */
+#define COLIBRI_DESC_RESIDUAL_SCALE 4       /* every branch's multiplier */
+#define COLIBRI_DESC_LOGITS_DIVISOR 5       /* logits are divided by it */
+#define COLIBRI_DESC_CLIP_QKV 6             /* > 0 with CLIP_QKV, else 0 */
+#define COLIBRI_DESC_RESERVED 7             /* 0 */
+#define COLIBRI_DESC_LAYERS 8               /* word 8 + l: 1 dense, 0 MoE */
+#define COLIBRI_DESC_MAX_INTERMEDIATE 16777216 /* 2^24: exact in float32 */
 
 /* --- Storage types (FORMAT.md 4) ---------------------------------------- */
 #define COLIBRI_DTYPE_F32 0

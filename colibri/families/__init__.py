@@ -1,0 +1,167 @@
+"""One module per model family, as targets/ has one per target.
+
+A family module maps a Hugging Face checkpoint onto the .colibri format:
+which config.json fields give the routed experts' count and width and what
+the model computes (a `format.Description`: feature flags and scalars), and
+where each .colibri tensor kind lives in the checkpoint. The converter, the
+reference and the C runtime know no family names: they read the description.
+Adding a family is one module here (listed in FAMILIES) plus whatever new
+feature it brings to the format.
+
+`pick(config)` chooses the module from config.json's `architectures`
+(or `model_type` when that is absent) and refuses any other model by name,
+listing the supported ones.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import ConversionError
+from ..format import Description, Kind
+
+# Module names under colibri/families/, in the order the README lists them.
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoe_shared")
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Rows [part * n, (part + 1) * n) of a 2-D tensor [2n, cols] that holds
+    a gate and an up projection stacked (chunk(2) in the modeling file:
+    part 0 the gate, part 1 the up)."""
+    name: str
+    part: int
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where a layer's routed experts live, relative to `model.layers.L.`.
+    `per_expert`: (gate, up, down) templates with {e}; `fused`: (gate_up,
+    down) 3-D tensors [E, 2I, H] and [E, H, I] (transformers 5's layout and
+    GraniteMoE's input_linear / output_linear). `marker` is a tensor whose
+    presence identifies the layout."""
+    router: str
+    marker: str
+    per_expert: tuple[str, str, str] | None = None
+    fused: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str                         # module name, e.g. "qwen2_moe"
+    title: str                        # "Qwen2-MoE"
+    architectures: tuple[str, ...]    # config.json "architectures" values
+    model_types: tuple[str, ...]      # config.json "model_type" values
+    checkpoints: tuple[str, ...]      # real checkpoints of the family (README)
+    experts_keys: tuple[str, ...]     # config keys of the routed expert count
+    intermediate_key: str             # config key of the routed expert width
+    layouts: tuple[ExpertLayout, ...]  # tried in order, per layer
+    describe: Callable[[dict], Description]  # config.json -> what it computes
+    # Tensor names relative to "model.layers.L." for the kinds the
+    # description may ask for (str, or Fused for a gate/up pair).
+    shared: tuple = ()                # (SHARED_W1, SHARED_W3, SHARED_W2) sources
+    shared_gate: str | None = None
+    dense: tuple = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+    notes: str = ""                   # what Colibri needs for it (README)
+    extra: dict = field(default_factory=dict)
+
+
+# Per-layer tensors every family names the same way (llama lineage).
+LAYER_TENSORS = {
+    Kind.ATTN_NORM: "input_layernorm.weight",
+    Kind.WQ: "self_attn.q_proj.weight",
+    Kind.WK: "self_attn.k_proj.weight",
+    Kind.WV: "self_attn.v_proj.weight",
+    Kind.WO: "self_attn.o_proj.weight",
+    Kind.BQ: "self_attn.q_proj.bias",
+    Kind.BK: "self_attn.k_proj.bias",
+    Kind.BV: "self_attn.v_proj.bias",
+    Kind.BO: "self_attn.o_proj.bias",
+    Kind.Q_NORM: "self_attn.q_norm.weight",
+    Kind.K_NORM: "self_attn.k_norm.weight",
+    Kind.FFN_NORM: "post_attention_layernorm.weight",
+}
+
+
+def load(name: str) -> Family:
+    return importlib.import_module(f"{__name__}.{name}").FAMILY
+
+
+def all_families() -> list[Family]:
+    return [load(n) for n in FAMILIES]
+
+
+def supported() -> str:
+    """'MixtralForCausalLM, Qwen2MoeForCausalLM, ...' for messages."""
+    return ", ".join(a for f in all_families() for a in f.architectures)
+
+
+def pick(cfg: dict) -> Family:
+    """The family of a config.json, by `architectures` (else `model_type`)."""
+    archs = cfg.get("architectures") or []
+    fams = all_families()
+    if archs:
+        for f in fams:
+            if any(a in f.architectures for a in archs):
+                return f
+        raise ConversionError(
+            f"unsupported architecture {', '.join(map(str, archs))}: colibri converts the "
+            f"MoE families {supported()}")
+    mt = cfg.get("model_type")
+    for f in fams:
+        if mt in f.model_types:
+            return f
+    raise ConversionError(
+        f"unsupported architecture (model_type {mt!r}, no 'architectures'): colibri "
+        f"converts the MoE families {supported()} (model_type "
+        f"{', '.join(t for f in fams for t in f.model_types)})")
+
+
+# --- helpers the family modules share ---------------------------------------
+
+def flag(cfg: dict, key: str, default: bool) -> bool:
+    v = cfg.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ConversionError(f"config.json: {key} = {v!r}, expected true or false")
+    return v
+
+
+def number(cfg: dict, key: str, default: float | None = None, positive: bool = True) -> float:
+    v = cfg.get(key, default)
+    if v is None:
+        raise ConversionError(f"config.json: missing field {key!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (positive and not v > 0):
+        raise ConversionError(f"config.json: {key} = {v!r}, expected a positive number")
+    return float(v)
+
+
+def count(cfg: dict, key: str, default: int | None = None, minimum: int = 1) -> int:
+    v = cfg.get(key, default)
+    if v is None:
+        raise ConversionError(f"config.json: missing field {key!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConversionError(f"config.json: {key} = {v!r}, expected an integer >= {minimum}")
+    return v
+
+
+def sparse_layers_rule(cfg: dict) -> tuple[int, ...]:
+    """Qwen2-MoE / Qwen3-MoE: the dense layers, as the decoder layer decides
+    (`layer not in mlp_only_layers and (layer + 1) % decoder_sparse_step ==
+    0` is MoE)."""
+    n = count(cfg, "num_hidden_layers")
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                             for x in only):
+        raise ConversionError(f"config.json: mlp_only_layers = {only!r}, expected a list of "
+                              "layer indices")
+    step = count(cfg, "decoder_sparse_step", 1)
+    return tuple(l for l in range(n) if l in only or (l + 1) % step != 0)
+
+
+def refuse_sliding_window(cfg: dict) -> None:
+    if cfg.get("use_sliding_window"):
+        raise ConversionError("config.json: use_sliding_window is true; colibri's attention "
+                              "has no sliding window")

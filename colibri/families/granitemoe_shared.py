@@ -1,0 +1,25 @@
+"""GraniteMoeShared (GraniteMoeSharedForCausalLM): GraniteMoE plus a shared
+SwiGLU expert of width `shared_intermediate_size` added to every token with
+no gate; stored fused as `shared_mlp.input_linear` [2S, H] (gate rows, then
+up) and `shared_mlp.output_linear` [H, S]. A size of 0 means no shared
+expert (plain GraniteMoE).
+"""
+from . import Family, Fused, count
+from .granitemoe import GRANITE_LAYOUTS
+from .granitemoe import describe as granite_describe
+
+
+def describe(cfg: dict):
+    return granite_describe(cfg, shared=count(cfg, "shared_intermediate_size", 0, minimum=0))
+
+
+FAMILY = Family(
+    name="granitemoe_shared", title="GraniteMoeShared",
+    architectures=("GraniteMoeSharedForCausalLM",), model_types=("granitemoeshared",),
+    checkpoints=("ibm-research/moe-7b-1b-active-shared-experts",),
+    experts_keys=("num_local_experts",), intermediate_key="intermediate_size",
+    layouts=GRANITE_LAYOUTS, describe=describe,
+    shared=(Fused("shared_mlp.input_linear.weight", 0), Fused("shared_mlp.input_linear.weight", 1),
+            "shared_mlp.output_linear.weight"),
+    notes="GraniteMoE plus an ungated shared expert",
+)

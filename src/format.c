@@ -1,0 +1,782 @@
+/*
+ * format.c - what makes a .colibri file valid (docs/FORMAT.md sections 2-4):
+ * the header's fields and ranges, the tensor table's order, shapes, sizes and
+ * offsets (overflow-safe, before any tensor byte is used), every section's
+ * CRC and the finiteness of its floats; and colibri_verify, which reports
+ * every damaged part instead of stopping at the first. Reads the bytes as
+ * stored, in either byte order; knows nothing of arenas or the forward pass.
+ */
+#include "format.h"
+
+#include <math.h>
+
+/* ------------------------------------------------------------------------ */
+/* Kinds                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static const char *kind_name(unsigned kind)
+{
+    static const char *const names[] = {
+        "?", "EMBED", "ATTN_NORM", "WQ", "WK", "WV", "WO", "FFN_NORM",
+        "ROUTER", "EXPERT_W1", "EXPERT_W3", "EXPERT_W2", "FINAL_NORM",
+        "LM_HEAD", "DESC", "BQ", "BK", "BV", "BO", "Q_NORM", "K_NORM",
+        "SHARED_GATE", "SHARED_W1", "SHARED_W3", "SHARED_W2", "DENSE_W1",
+        "DENSE_W3", "DENSE_W2",
+    };
+    return kind >= 1 && kind <= COLIBRI_KIND_MAX ? names[kind] : "unknown";
+}
+
+/* "EXPERT_W1 layer 0 expert 3", "WQ layer 1", "LM_HEAD". */
+static const char *entry_label(char *buf, size_t cap, unsigned kind,
+                               unsigned layer, unsigned expert)
+{
+    if (layer == COLIBRI_NO_LAYER)
+        clb_detail(buf, cap, "%s", kind_name(kind));
+    else if (expert == COLIBRI_NO_EXPERT)
+        clb_detail(buf, cap, "%s layer %u", kind_name(kind), (unsigned)layer);
+    else
+        clb_detail(buf, cap, "%s layer %u expert %u", kind_name(kind),
+                   (unsigned)layer, (unsigned)expert);
+    return buf;
+}
+
+int clb_desc_dense(const clb_desc *d, uint32_t layer)
+{
+    return d->layers && rdf32(d->layers + 4 * (size_t)layer, d->be) != 0.0f;
+}
+
+/* The known entries in table order (FORMAT.md 3, rule 1), walked by a
+ * cursor: [DESC,] EMBED, per layer the attention tensors the features ask
+ * for, then a dense FFN or the router, the shared expert and every expert's
+ * three matrices; FINAL_NORM, LM_HEAD. A layer has at most 18 entries
+ * before its experts. */
+typedef struct { unsigned kind, layer, expert; } known_slot;
+typedef struct {
+    unsigned stage;          /* 0 DESC, 1 EMBED, 2 layers, 3 FINAL_NORM, 4 LM_HEAD, 5 end */
+    uint32_t layer, r;       /* stage 2: layer and entry within it */
+    unsigned n_head;         /* entries of this layer before its experts */
+    unsigned head[18];
+} known_cursor;
+
+static void layer_head(known_cursor *c, const colibri_shape *s, const clb_desc *d)
+{
+    unsigned n = 0, f = d->features;
+    (void)s;
+    c->head[n++] = COLIBRI_KIND_ATTN_NORM;
+    c->head[n++] = COLIBRI_KIND_WQ;
+    if (f & COLIBRI_FEAT_BIAS_QKV)
+        c->head[n++] = COLIBRI_KIND_BQ;
+    c->head[n++] = COLIBRI_KIND_WK;
+    if (f & COLIBRI_FEAT_BIAS_QKV)
+        c->head[n++] = COLIBRI_KIND_BK;
+    c->head[n++] = COLIBRI_KIND_WV;
+    if (f & COLIBRI_FEAT_BIAS_QKV)
+        c->head[n++] = COLIBRI_KIND_BV;
+    c->head[n++] = COLIBRI_KIND_WO;
+    if (f & COLIBRI_FEAT_BIAS_O)
+        c->head[n++] = COLIBRI_KIND_BO;
+    if (f & (COLIBRI_FEAT_QK_NORM_HEAD | COLIBRI_FEAT_QK_NORM_PROJ)) {
+        c->head[n++] = COLIBRI_KIND_Q_NORM;
+        c->head[n++] = COLIBRI_KIND_K_NORM;
+    }
+    c->head[n++] = COLIBRI_KIND_FFN_NORM;
+    if (clb_desc_dense(d, c->layer)) {
+        c->head[n++] = COLIBRI_KIND_DENSE_W1;
+        c->head[n++] = COLIBRI_KIND_DENSE_W3;
+        c->head[n++] = COLIBRI_KIND_DENSE_W2;
+    } else {
+        c->head[n++] = COLIBRI_KIND_ROUTER;
+        if (f & COLIBRI_FEAT_SHARED_GATE)
+            c->head[n++] = COLIBRI_KIND_SHARED_GATE;
+        if (f & COLIBRI_FEAT_SHARED_EXPERT) {
+            c->head[n++] = COLIBRI_KIND_SHARED_W1;
+            c->head[n++] = COLIBRI_KIND_SHARED_W3;
+            c->head[n++] = COLIBRI_KIND_SHARED_W2;
+        }
+    }
+    c->n_head = n;
+}
+
+static void cursor_start(known_cursor *c, const colibri_shape *s, const clb_desc *d)
+{
+    memset(c, 0, sizeof *c);
+    c->stage = d->version >= 2 ? 0 : 1;
+    (void)s;
+}
+
+/* The slot the cursor is at; kind 0 at the end. */
+static known_slot cursor_slot(const known_cursor *c, const colibri_shape *s,
+                              const clb_desc *d)
+{
+    known_slot k = { 0, COLIBRI_NO_LAYER, COLIBRI_NO_EXPERT };
+    static const unsigned expert_kinds[3] = {
+        COLIBRI_KIND_EXPERT_W1, COLIBRI_KIND_EXPERT_W3, COLIBRI_KIND_EXPERT_W2,
+    };
+    (void)d;
+    switch (c->stage) {
+    case 0: k.kind = COLIBRI_KIND_DESC; break;
+    case 1: k.kind = COLIBRI_KIND_EMBED; break;
+    case 2:
+        k.layer = c->layer;
+        if (c->r < c->n_head) {
+            k.kind = c->head[c->r];
+        } else {
+            k.expert = (c->r - c->n_head) / 3;
+            k.kind = expert_kinds[(c->r - c->n_head) % 3];
+        }
+        break;
+    case 3: k.kind = COLIBRI_KIND_FINAL_NORM; break;
+    case 4: k.kind = COLIBRI_KIND_LM_HEAD; break;
+    default: break;
+    }
+    (void)s;
+    return k;
+}
+
+static void cursor_next(known_cursor *c, const colibri_shape *s, const clb_desc *d)
+{
+    if (c->stage == 2) {
+        uint32_t per = c->n_head;
+        if (!clb_desc_dense(d, c->layer))
+            per += 3u * s->n_experts;
+        if (++c->r < per)
+            return;
+        c->r = 0;
+        if (++c->layer < s->n_layers) {
+            layer_head(c, s, d);
+            return;
+        }
+        c->stage = 3;
+        return;
+    }
+    if (c->stage < 5)
+        c->stage++;
+    if (c->stage == 2) {
+        c->layer = 0;
+        c->r = 0;
+        layer_head(c, s, d);
+    }
+}
+
+/* The [rows, cols] a kind must have, and the dtypes it may use (bit mask). */
+static void kind_shape(const colibri_shape *s, const clb_desc *d, unsigned kind,
+                       uint32_t *rows, uint32_t *cols, unsigned *dtypes)
+{
+    uint32_t qdim = (uint32_t)s->n_heads * s->head_dim;
+    uint32_t kvdim = (uint32_t)s->n_kv_heads * s->head_dim;
+    int per_head = (d->features & COLIBRI_FEAT_QK_NORM_HEAD) != 0;
+    const unsigned F = 1u << COLIBRI_DTYPE_F32, I8 = 1u << COLIBRI_DTYPE_I8_GROUP,
+                   I16 = 1u << COLIBRI_DTYPE_I16_ROW;
+    *cols = s->hidden;
+    *dtypes = F | I8;
+    switch (kind) {
+    case COLIBRI_KIND_EMBED: *rows = s->vocab; *dtypes = F | I16; break;
+    case COLIBRI_KIND_ATTN_NORM:
+    case COLIBRI_KIND_FFN_NORM:
+    case COLIBRI_KIND_FINAL_NORM:
+    case COLIBRI_KIND_BO:
+    case COLIBRI_KIND_SHARED_GATE: *rows = 1; *dtypes = F; break;
+    case COLIBRI_KIND_DESC:
+        *rows = 1;
+        *cols = COLIBRI_DESC_LAYERS + (uint32_t)s->n_layers;
+        *dtypes = F;
+        break;
+    case COLIBRI_KIND_BQ: *rows = 1; *cols = qdim; *dtypes = F; break;
+    case COLIBRI_KIND_BK:
+    case COLIBRI_KIND_BV: *rows = 1; *cols = kvdim; *dtypes = F; break;
+    case COLIBRI_KIND_Q_NORM:
+        *rows = 1; *cols = per_head ? s->head_dim : qdim; *dtypes = F; break;
+    case COLIBRI_KIND_K_NORM:
+        *rows = 1; *cols = per_head ? s->head_dim : kvdim; *dtypes = F; break;
+    case COLIBRI_KIND_WQ: *rows = qdim; break;
+    case COLIBRI_KIND_WK:
+    case COLIBRI_KIND_WV: *rows = kvdim; break;
+    case COLIBRI_KIND_WO: *rows = s->hidden; *cols = qdim; break;
+    case COLIBRI_KIND_ROUTER: *rows = s->n_experts; *dtypes = F | I16; break;
+    case COLIBRI_KIND_EXPERT_W1:
+    case COLIBRI_KIND_EXPERT_W3: *rows = s->intermediate; break;
+    case COLIBRI_KIND_EXPERT_W2: *rows = s->hidden; *cols = s->intermediate; break;
+    case COLIBRI_KIND_SHARED_W1:
+    case COLIBRI_KIND_SHARED_W3: *rows = d->shared_inter; break;
+    case COLIBRI_KIND_SHARED_W2: *rows = s->hidden; *cols = d->shared_inter; break;
+    case COLIBRI_KIND_DENSE_W1:
+    case COLIBRI_KIND_DENSE_W3: *rows = d->dense_inter; break;
+    case COLIBRI_KIND_DENSE_W2: *rows = s->hidden; *cols = d->dense_inter; break;
+    default: /* LM_HEAD */ *rows = s->vocab; break;
+    }
+}
+
+/* Section size of a dtype (FORMAT.md 4), overflow-checked; where the scales
+ * start within the section in *scales_at. */
+uint64_t clb_section_size(unsigned dtype, uint32_t rows, uint32_t cols,
+                             uint32_t group, uint64_t *scales_at, int *ovf)
+{
+    uint64_t n = (uint64_t)rows * cols; /* < 2^64: two 32-bit factors */
+    uint64_t ngroups = ((uint64_t)cols + group - 1) / group;
+    switch (dtype) {
+    case COLIBRI_DTYPE_F32:
+        *scales_at = 0;
+        return cmul(n, 4, ovf);
+    case COLIBRI_DTYPE_I8_GROUP:
+        *scales_at = calign64(n, ovf);
+        return cadd(*scales_at, cmul(cmul(rows, ngroups, ovf), 4, ovf), ovf);
+    default: /* I16_ROW */
+        *scales_at = calign64(cmul(n, 2, ovf), ovf);
+        return cadd(*scales_at, cmul(rows, 4, ovf), ovf);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Validation (FORMAT.md 3)                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Header: magic, bom, version, header_crc, every field's range, flags.
+ * Fills *s and *be. With cb set, a CRC mismatch is reported and counted
+ * instead of returned. */
+int clb_check_header(const uint8_t *b, size_t size, colibri_shape *s,
+                        int *be, char *detail, bad_cb cb, void *user,
+                        uint32_t *nbad)
+{
+    if (size < COLIBRI_HEADER_SIZE) {
+        clb_detail(detail, DETAIL_CAP, "file is %llu bytes, shorter than the "
+                   "%u-byte header (truncated?)", (unsigned long long)size,
+                   (unsigned)COLIBRI_HEADER_SIZE);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (memcmp(b + COLIBRI_HDR_MAGIC, COLIBRI_MAGIC, COLIBRI_MAGIC_SIZE) != 0) {
+        clb_detail(detail, DETAIL_CAP, "magic is %x, not \"CLBR\": not a "
+                   ".colibri file", (unsigned)(rd32(b, 1)));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    uint16_t bom_le = rd16(b + COLIBRI_HDR_BOM, 0);
+    if (bom_le == COLIBRI_BOM) {
+        *be = 0;
+    } else if (rd16(b + COLIBRI_HDR_BOM, 1) == COLIBRI_BOM) {
+        *be = 1;
+    } else {
+        clb_detail(detail, DETAIL_CAP, "bom is %x, neither FF FE nor FE FF",
+                   (unsigned)(rd16(b + COLIBRI_HDR_BOM, 1)));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    int e = *be;
+    unsigned version = rd16(b + COLIBRI_HDR_VERSION, e);
+    if (version < COLIBRI_FORMAT_VERSION_MIN || version > COLIBRI_FORMAT_VERSION) {
+        clb_detail(detail, DETAIL_CAP, "format version %u, this library "
+                   "supports versions %u to %u%s", (unsigned)version,
+                   (unsigned)COLIBRI_FORMAT_VERSION_MIN,
+                   (unsigned)COLIBRI_FORMAT_VERSION,
+                   version > COLIBRI_FORMAT_VERSION ? ": upgrade colibri" : "");
+        return version > COLIBRI_FORMAT_VERSION ? COLIBRI_E_VERSION
+                                                : COLIBRI_E_BAD_FORMAT;
+    }
+    /* The CRC before the field ranges: a flipped bit reads as corruption
+     * (E_CRC), not as a puzzling field value. */
+    uint32_t want = rd32(b + COLIBRI_HDR_HEADER_CRC, e);
+    uint32_t got = colibri_crc32(0, b, COLIBRI_HDR_HEADER_CRC);
+    if (want != got) {
+        /* No "damaged" here: the code's text (or colibri_verify's "header"
+         * index) already says it, and a message should say it once. */
+        clb_detail(detail, DETAIL_CAP, "header_crc %x != computed %x",
+                   (unsigned)want, (unsigned)got);
+        if (!cb)
+            return COLIBRI_E_CRC;
+        cb(user, -2, detail);
+        ++*nbad;
+    }
+    s->vocab = rd32(b + COLIBRI_HDR_VOCAB, e);
+    s->hidden = rd32(b + COLIBRI_HDR_HIDDEN, e);
+    s->intermediate = rd32(b + COLIBRI_HDR_INTERMEDIATE, e);
+    s->max_seq_len = rd32(b + COLIBRI_HDR_MAX_SEQ_LEN, e);
+    s->n_layers = rd16(b + COLIBRI_HDR_N_LAYERS, e);
+    s->n_heads = rd16(b + COLIBRI_HDR_N_HEADS, e);
+    s->n_kv_heads = rd16(b + COLIBRI_HDR_N_KV_HEADS, e);
+    s->head_dim = rd16(b + COLIBRI_HDR_HEAD_DIM, e);
+    s->n_experts = rd16(b + COLIBRI_HDR_N_EXPERTS, e);
+    s->top_k = rd16(b + COLIBRI_HDR_TOP_K, e);
+    s->max_batch = rd16(b + COLIBRI_HDR_MAX_BATCH, e);
+    s->group_size = rd16(b + COLIBRI_HDR_GROUP_SIZE, e);
+    s->rope_theta = rdf32(b + COLIBRI_HDR_ROPE_THETA, e);
+    s->rms_eps = rdf32(b + COLIBRI_HDR_RMS_EPS, e);
+    s->n_tensors = rd32(b + COLIBRI_HDR_N_TENSORS, e);
+
+    /* Fields that must be >= 1, in header order. */
+    const struct { const char *name; uint32_t v; } pos[] = {
+        { "vocab", s->vocab }, { "hidden", s->hidden },
+        { "intermediate", s->intermediate }, { "max_seq_len", s->max_seq_len },
+        { "n_layers", s->n_layers }, { "n_heads", s->n_heads },
+        { "n_kv_heads", s->n_kv_heads }, { "head_dim", s->head_dim },
+        { "n_experts", s->n_experts }, { "top_k", s->top_k },
+        { "max_batch", s->max_batch }, { "group_size", s->group_size },
+        { "n_tensors", s->n_tensors },
+    };
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++) {
+        if (pos[i].v == 0) {
+            clb_detail(detail, DETAIL_CAP, "header field %s is 0, must be >= 1",
+                       pos[i].name);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+    }
+    if (s->n_layers == COLIBRI_NO_LAYER || s->n_experts == COLIBRI_NO_EXPERT) {
+        clb_detail(detail, DETAIL_CAP, "n_layers %u / n_experts %u: 65535 is "
+                   "reserved (it marks a tensor outside the layers/experts)",
+                   (unsigned)(s->n_layers), (unsigned)(s->n_experts));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (s->n_heads % s->n_kv_heads != 0) {
+        clb_detail(detail, DETAIL_CAP, "n_kv_heads %u does not divide n_heads %u",
+                   (unsigned)(s->n_kv_heads), (unsigned)(s->n_heads));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (s->head_dim < 2 || s->head_dim % 2 != 0) {
+        clb_detail(detail, DETAIL_CAP, "head_dim %u must be even and >= 2",
+                   (unsigned)(s->head_dim));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (s->top_k > s->n_experts) {
+        clb_detail(detail, DETAIL_CAP, "top_k %u exceeds n_experts %u",
+                   (unsigned)(s->top_k), (unsigned)(s->n_experts));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (!isfinite(s->rope_theta) || !(s->rope_theta > 0.0f)) {
+        clb_detail(detail, DETAIL_CAP, "rope_theta (bits %x) must be finite and > 0",
+                   (unsigned)(rd32(b + COLIBRI_HDR_ROPE_THETA, e)));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (!isfinite(s->rms_eps) || !(s->rms_eps > 0.0f)) {
+        clb_detail(detail, DETAIL_CAP, "rms_eps (bits %x) must be finite and > 0",
+                   (unsigned)(rd32(b + COLIBRI_HDR_RMS_EPS, e)));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    uint32_t flags = rd32(b + COLIBRI_HDR_FLAGS, e);
+    if (version == 1 && flags != 0) {
+        clb_detail(detail, DETAIL_CAP, "header flags %x, must be 0 in version 1",
+                   (unsigned)flags);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (flags & ~(uint32_t)COLIBRI_FEAT_ALL) {
+        clb_detail(detail, DETAIL_CAP, "header flags %x: unknown feature bits "
+                   "%x (a newer colibri wrote the file?)", (unsigned)flags,
+                   (unsigned)(flags & ~(uint32_t)COLIBRI_FEAT_ALL));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if ((flags & COLIBRI_FEAT_QK_NORM_HEAD) && (flags & COLIBRI_FEAT_QK_NORM_PROJ)) {
+        clb_detail(detail, DETAIL_CAP, "header flags %x: QK_NORM_HEAD and "
+                   "QK_NORM_PROJ exclude each other", (unsigned)flags);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if ((flags & COLIBRI_FEAT_SHARED_GATE) && !(flags & COLIBRI_FEAT_SHARED_EXPERT)) {
+        clb_detail(detail, DETAIL_CAP, "header flags %x: SHARED_GATE without "
+                   "SHARED_EXPERT", (unsigned)flags);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    return COLIBRI_OK;
+}
+
+/* Mixtral's computation: what a version 1 file means, and what a version 2
+ * DESC describes before its words are read. */
+static void desc_default(clb_desc *d, const colibri_shape *s)
+{
+    memset(d, 0, sizeof *d);
+    d->version = 1;
+    d->features = COLIBRI_FEAT_ROUTER_RENORM;
+    d->embed_scale = 1.0f;
+    d->attn_scale = (float)(1.0 / sqrt((double)s->head_dim));
+    d->residual_scale = 1.0f;
+    d->logits_div = 1.0f;
+}
+
+/* An integer-valued word in 1..2^24 with the feature, exactly 0 without. */
+static int desc_size_word(float v, int on, uint32_t *out)
+{
+    if (!on) {
+        *out = 0;
+        return v == 0.0f;
+    }
+    if (!(v >= 1.0f && v <= (float)COLIBRI_DESC_MAX_INTERMEDIATE) ||
+        v != (float)(uint32_t)v)
+        return 0;
+    *out = (uint32_t)v;
+    return 1;
+}
+
+int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
+                   int be, clb_desc *d, char *detail)
+{
+    desc_default(d, s);
+    unsigned version = rd16(b + COLIBRI_HDR_VERSION, be);
+    if (version < 2)
+        return COLIBRI_OK;
+    d->version = (uint16_t)version;
+    d->features = rd32(b + COLIBRI_HDR_FLAGS, be);
+    d->be = be;
+    /* Entry 0 must be the DESC: everything after it is laid out by it. */
+    uint64_t want_cols = COLIBRI_DESC_LAYERS + (uint64_t)s->n_layers;
+    uint64_t table_end = COLIBRI_TABLE_OFFSET + (uint64_t)s->n_tensors * COLIBRI_ENTRY_SIZE;
+    uint64_t at = (table_end + 63) & ~(uint64_t)63;
+    if (table_end > size) {
+        clb_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
+                   "beyond the file size %llu (truncated?)", (unsigned)(s->n_tensors),
+                   (unsigned long long)table_end, (unsigned long long)size);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    const uint8_t *en = b + COLIBRI_TABLE_OFFSET;
+    if (rd16(en + COLIBRI_ENT_KIND, be) != COLIBRI_KIND_DESC ||
+        en[COLIBRI_ENT_DTYPE] != COLIBRI_DTYPE_F32 ||
+        en[COLIBRI_ENT_FLAGS] != COLIBRI_ENTRY_FLAG_CRITICAL ||
+        rd16(en + COLIBRI_ENT_LAYER, be) != COLIBRI_NO_LAYER ||
+        rd16(en + COLIBRI_ENT_EXPERT, be) != COLIBRI_NO_EXPERT ||
+        rd32(en + COLIBRI_ENT_ROWS, be) != 1 ||
+        rd32(en + COLIBRI_ENT_COLS, be) != want_cols ||
+        rd64(en + COLIBRI_ENT_SIZE, be) != 4 * want_cols ||
+        rd64(en + COLIBRI_ENT_OFFSET, be) != at ||
+        rd32(en + COLIBRI_ENT_RESERVED, be) != 0) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0: a version 2 file starts with "
+                   "DESC, critical F32 [1, %llu] at offset %llu (found kind %u "
+                   "[%u, %u])", (unsigned long long)want_cols,
+                   (unsigned long long)at, (unsigned)rd16(en + COLIBRI_ENT_KIND, be),
+                   (unsigned)rd32(en + COLIBRI_ENT_ROWS, be),
+                   (unsigned)rd32(en + COLIBRI_ENT_COLS, be));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (at + 4 * want_cols > size) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): section ends at %llu, "
+                   "beyond the file size %llu (truncated?)",
+                   (unsigned long long)(at + 4 * want_cols), (unsigned long long)size);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    /* Its CRC before its words: a flipped bit must read as corruption, not
+     * as a different model. */
+    const uint8_t *w = b + at;
+    uint32_t want = rd32(en + COLIBRI_ENT_CRC, be);
+    uint32_t got = colibri_crc32(0, w, (size_t)(4 * want_cols));
+    if (want != got) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): crc %x != computed %x",
+                   (unsigned)want, (unsigned)got);
+        return COLIBRI_E_CRC;
+    }
+    uint32_t f = d->features;
+    const char *bad = NULL;
+    float v[COLIBRI_DESC_LAYERS];
+    for (unsigned i = 0; i < COLIBRI_DESC_LAYERS; i++)
+        v[i] = rdf32(w + 4 * i, be);
+    if (!desc_size_word(v[COLIBRI_DESC_SHARED_INTERMEDIATE],
+                        (f & COLIBRI_FEAT_SHARED_EXPERT) != 0, &d->shared_inter))
+        bad = "shared_intermediate";
+    else if (!desc_size_word(v[COLIBRI_DESC_DENSE_INTERMEDIATE],
+                             (f & COLIBRI_FEAT_DENSE_LAYERS) != 0, &d->dense_inter))
+        bad = "dense_intermediate";
+    else if (!isfinite(v[COLIBRI_DESC_EMBED_SCALE]) || v[COLIBRI_DESC_EMBED_SCALE] == 0.0f)
+        bad = "embed_scale";
+    else if (!isfinite(v[COLIBRI_DESC_ATTN_SCALE]) || !(v[COLIBRI_DESC_ATTN_SCALE] > 0.0f))
+        bad = "attn_scale";
+    else if (!isfinite(v[COLIBRI_DESC_RESIDUAL_SCALE]) || v[COLIBRI_DESC_RESIDUAL_SCALE] == 0.0f)
+        bad = "residual_scale";
+    else if (!isfinite(v[COLIBRI_DESC_LOGITS_DIVISOR]) || v[COLIBRI_DESC_LOGITS_DIVISOR] == 0.0f)
+        bad = "logits_divisor";
+    else if ((f & COLIBRI_FEAT_CLIP_QKV)
+                 ? !(isfinite(v[COLIBRI_DESC_CLIP_QKV]) && v[COLIBRI_DESC_CLIP_QKV] > 0.0f)
+                 : v[COLIBRI_DESC_CLIP_QKV] != 0.0f)
+        bad = "clip_qkv";
+    else if (rd32(w + 4 * COLIBRI_DESC_RESERVED, be) != 0)
+        bad = "reserved";
+    if (bad) {
+        /* The names are FORMAT.md's; its DESC table gives each range. */
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): %s out of range "
+                   "(FORMAT.md 3)", bad);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    d->embed_scale = v[COLIBRI_DESC_EMBED_SCALE];
+    d->attn_scale = v[COLIBRI_DESC_ATTN_SCALE];
+    d->residual_scale = v[COLIBRI_DESC_RESIDUAL_SCALE];
+    d->logits_div = v[COLIBRI_DESC_LOGITS_DIVISOR];
+    d->clip_qkv = v[COLIBRI_DESC_CLIP_QKV];
+    uint32_t n_dense = 0;
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        uint32_t u = rd32(w + 4 * (COLIBRI_DESC_LAYERS + (size_t)l), be);
+        if (u != 0 && u != 0x3f800000u) { /* float 0 or 1, nothing else */
+            clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): layer %u's kind "
+                       "(bits %x) must be 0 (MoE) or 1 (dense)", (unsigned)l,
+                       (unsigned)u);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        n_dense += u != 0;
+    }
+    if (!n_dense != !(f & COLIBRI_FEAT_DENSE_LAYERS)) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): %u dense layers, but "
+                   "the DENSE_LAYERS flag is %s", (unsigned)n_dense,
+                   (f & COLIBRI_FEAT_DENSE_LAYERS) ? "set" : "clear");
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    d->layers = w + 4 * COLIBRI_DESC_LAYERS;
+    return COLIBRI_OK;
+}
+
+/* Every float32 a known tensor stores (F32 values, I8/I16 scales) must be
+ * finite: a CRC-valid file can still carry NaN or infinity (crafted, or
+ * written by a buggy tool), which would turn every logit into NaN. Run after
+ * the section's CRC matched, so corruption is reported as a CRC error. */
+static int check_finite(const uint8_t *b, const uint8_t *en, uint32_t group,
+                        int be, uint32_t index, char *detail)
+{
+    unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
+    if (kind < 1 || kind > COLIBRI_KIND_MAX)
+        return COLIBRI_OK; /* optional unknown section: not ours to read */
+    unsigned dtype = en[COLIBRI_ENT_DTYPE];
+    uint64_t rows = rd32(en + COLIBRI_ENT_ROWS, be);
+    uint64_t cols = rd32(en + COLIBRI_ENT_COLS, be);
+    const uint8_t *sec = b + rd64(en + COLIBRI_ENT_OFFSET, be);
+    uint64_t first = 0, count = 0; /* float32 values: byte offset, count */
+    if (dtype == COLIBRI_DTYPE_F32) {
+        count = rows * cols;
+    } else if (dtype == COLIBRI_DTYPE_I8_GROUP) {
+        first = (rows * cols + 63) & ~(uint64_t)63;
+        count = rows * ((cols + group - 1) / group);
+    } else if (dtype == COLIBRI_DTYPE_I16_ROW) {
+        first = (2 * rows * cols + 63) & ~(uint64_t)63;
+        count = rows;
+    }
+    for (uint64_t k = 0; k < count; k++) {
+        uint32_t bits = rd32(sec + first + 4 * k, be);
+        if ((bits & 0x7f800000u) == 0x7f800000u) {
+            char label[64];
+            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): float %llu of its %s is "
+                       "%s: the file holds non-finite weights (re-convert it)",
+                       (unsigned)index, entry_label(label, sizeof label, kind,
+                                      rd16(en + COLIBRI_ENT_LAYER, be),
+                                      rd16(en + COLIBRI_ENT_EXPERT, be)),
+                       (unsigned long long)k,
+                       dtype == COLIBRI_DTYPE_F32 ? "values" : "scales",
+                       (bits & 0x007fffffu) ? "NaN" : "infinite");
+            return COLIBRI_E_BAD_FORMAT;
+        }
+    }
+    return COLIBRI_OK;
+}
+
+/* Table: fits, table_crc, every entry (order, dtype, flags, reserved, layer
+ * and expert, shape, size, offset), the file's exact length; then, if
+ * check_crcs, every section's CRC. n_unknown counts skipped entries. */
+static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
+                       int be, int check_crcs, char *detail, bad_cb cb,
+                       void *user, uint32_t *nbad, uint32_t *n_unknown,
+                       clb_desc *d)
+{
+    int ovf = 0;
+    uint64_t table_bytes = cmul(s->n_tensors, COLIBRI_ENTRY_SIZE, &ovf);
+    uint64_t table_end = cadd(COLIBRI_TABLE_OFFSET, table_bytes, &ovf);
+    if (ovf || table_end > size) {
+        clb_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
+                   "beyond the file size %llu (truncated?)", (unsigned)(s->n_tensors),
+                   (unsigned long long)table_end, (unsigned long long)size);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    const uint8_t *tab = b + COLIBRI_TABLE_OFFSET;
+    uint32_t want = rd32(b + COLIBRI_HDR_TABLE_CRC, be);
+    uint32_t got = colibri_crc32(0, tab, table_bytes);
+    if (want != got) {
+        clb_detail(detail, DETAIL_CAP, "table_crc %x != computed %x",
+                   (unsigned)want, (unsigned)got);
+        if (!cb)
+            return COLIBRI_E_CRC;
+        cb(user, -1, detail);
+        ++*nbad;
+    }
+    /* The description says which entries the table must hold. */
+    int rc = clb_check_desc(b, size, s, be, d, detail);
+    if (rc != COLIBRI_OK)
+        return rc;
+
+    known_cursor cur;
+    cursor_start(&cur, s, d);
+    uint64_t j = 0; /* known entries seen */
+    uint64_t pos = calign64(table_end, &ovf);
+    *n_unknown = 0;
+    for (uint32_t i = 0; i < s->n_tensors; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
+        unsigned dtype = en[COLIBRI_ENT_DTYPE], flags = en[COLIBRI_ENT_FLAGS];
+        unsigned layer = rd16(en + COLIBRI_ENT_LAYER, be);
+        unsigned expert = rd16(en + COLIBRI_ENT_EXPERT, be);
+        uint32_t rows = rd32(en + COLIBRI_ENT_ROWS, be);
+        uint32_t cols = rd32(en + COLIBRI_ENT_COLS, be);
+        uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, be);
+        uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, be);
+        uint32_t reserved = rd32(en + COLIBRI_ENT_RESERVED, be);
+        int known = kind >= 1 && kind <= COLIBRI_KIND_MAX;
+
+        /* An unknown, non-critical kind's dtype and shape are a newer
+         * writer's business (FORMAT.md 3): its size is taken as stored. */
+        if (known && dtype > COLIBRI_DTYPE_I16_ROW) {
+            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): unknown dtype %u",
+                       (unsigned)i, kind_name(kind), (unsigned)dtype);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        if ((flags & ~(unsigned)COLIBRI_ENTRY_FLAG_CRITICAL) || reserved) {
+            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): flags %x / reserved "
+                       "%x, unknown bits must be 0", (unsigned)i, kind_name(kind),
+                       (unsigned)flags,
+                       (unsigned)reserved);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        if (!known) {
+            if (flags & COLIBRI_ENTRY_FLAG_CRITICAL) {
+                clb_detail(detail, DETAIL_CAP, "tensor %u: unknown critical "
+                           "kind %u: the file needs a newer colibri", (unsigned)i,
+                           (unsigned)kind);
+                return COLIBRI_E_BAD_FORMAT;
+            }
+            if (j == 0) {
+                clb_detail(detail, DETAIL_CAP, "tensor %u: unknown kind %u "
+                           "before EMBED", (unsigned)i, (unsigned)kind);
+                return COLIBRI_E_BAD_FORMAT;
+            }
+            ++*n_unknown;
+        } else {
+            known_slot k = cursor_slot(&cur, s, d);
+            if (k.kind == 0 || k.kind != kind || k.layer != layer ||
+                k.expert != expert) {
+                if (k.kind == 0)
+                    clb_detail(detail, DETAIL_CAP, "tensor %u (%s layer %u "
+                               "expert %u): more known tensors than the shape "
+                               "implies", (unsigned)i, kind_name(kind),
+                               (unsigned)layer, (unsigned)expert);
+                else
+                    clb_detail(detail, DETAIL_CAP, "tensor %u: expected %s layer "
+                               "%u expert %u, found %s layer %u expert %u", (unsigned)i,
+                               kind_name(k.kind), (unsigned)(k.layer),
+                               (unsigned)(k.expert),
+                               kind_name(kind), (unsigned)layer, (unsigned)expert);
+                return COLIBRI_E_BAD_FORMAT;
+            }
+            uint32_t want_rows, want_cols;
+            unsigned dtypes;
+            kind_shape(s, d, kind, &want_rows, &want_cols, &dtypes);
+            if (rows != want_rows || cols != want_cols) {
+                char label[64];
+                clb_detail(detail, DETAIL_CAP, "tensor %u (%s): shape [%u, %u], "
+                           "the header implies [%u, %u]", (unsigned)i,
+                           entry_label(label, sizeof label, kind, layer, expert),
+                           (unsigned)rows,
+                           (unsigned)cols, (unsigned)want_rows, (unsigned)want_cols);
+                return COLIBRI_E_BAD_FORMAT;
+            }
+            if (!(dtypes & (1u << dtype))) {
+                clb_detail(detail, DETAIL_CAP, "tensor %u (%s): dtype %u not "
+                           "allowed for this kind", (unsigned)i, kind_name(kind),
+                           (unsigned)dtype);
+                return COLIBRI_E_BAD_FORMAT;
+            }
+            j++;
+            cursor_next(&cur, s, d);
+        }
+        uint64_t scales_at;
+        uint64_t want_sz = known ? clb_section_size(dtype, rows, cols, s->group_size,
+                                                &scales_at, &ovf)
+                                 : sz;
+        if (ovf || sz != want_sz) {
+            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): size %llu, dtype %u "
+                       "[%u, %u] needs %llu", (unsigned)i, kind_name(kind),
+                       (unsigned long long)sz, (unsigned)dtype,
+                       (unsigned)rows, (unsigned)cols, (unsigned long long)want_sz);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        if (off != pos) {
+            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): offset %llu, expected "
+                       "%llu (sections follow the table, 64-byte aligned)", (unsigned)i,
+                       kind_name(kind), (unsigned long long)off,
+                       (unsigned long long)pos);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        uint64_t end = cadd(off, sz, &ovf);
+        if (ovf || end > size) {
+            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): section ends at %llu, "
+                       "beyond the file size %llu (truncated?)", (unsigned)i,
+                       kind_name(kind), (unsigned long long)end,
+                       (unsigned long long)size);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        pos = calign64(end, &ovf);
+    }
+    known_slot k = cursor_slot(&cur, s, d);
+    if (k.kind != 0) {
+        clb_detail(detail, DETAIL_CAP, "tensor table ends after %u entries; "
+                   "missing %s layer %u expert %u", (unsigned)(s->n_tensors),
+                   kind_name(k.kind), (unsigned)(k.layer), (unsigned)(k.expert));
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (ovf || pos != size) {
+        clb_detail(detail, DETAIL_CAP, "file size %llu, the table implies %llu "
+                   "(truncated or trailing bytes)", (unsigned long long)size,
+                   (unsigned long long)pos);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (!check_crcs)
+        return COLIBRI_OK;
+    for (uint32_t i = 0; i < s->n_tensors; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, be);
+        uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, be);
+        uint32_t want_crc = rd32(en + COLIBRI_ENT_CRC, be);
+        uint32_t got_crc = colibri_crc32(0, b + off, sz);
+        if (want_crc != got_crc) {
+            unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
+            char label[64];
+            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): crc %x != computed %x",
+                       (unsigned)i, entry_label(label, sizeof label, kind,
+                                      rd16(en + COLIBRI_ENT_LAYER, be),
+                                      rd16(en + COLIBRI_ENT_EXPERT, be)),
+                       (unsigned)want_crc, (unsigned)got_crc);
+            if (!cb)
+                return COLIBRI_E_CRC;
+            cb(user, (int)i, detail);
+            ++*nbad;
+            continue;
+        }
+        int rc = check_finite(b, en, s->group_size, be, i, detail);
+        if (rc != COLIBRI_OK) {
+            if (!cb)
+                return rc;
+            cb(user, (int)i, detail);
+            ++*nbad;
+        }
+    }
+    return COLIBRI_OK;
+}
+
+/* The whole of FORMAT.md 3 on bytes as stored. */
+int clb_validate(const uint8_t *b, size_t size, colibri_shape *s, int *be,
+                 clb_desc *d, char *detail, bad_cb cb, void *user,
+                 uint32_t *nbad)
+{
+    uint32_t n_unknown;
+    clb_desc local;
+    int rc = clb_check_header(b, size, s, be, detail, cb, user, nbad);
+    if (rc == COLIBRI_OK)
+        rc = check_table(b, size, s, *be, 1, detail, cb, user, nbad, &n_unknown,
+                         d ? d : &local);
+    return rc;
+}
+
+int colibri_verify(const void *blob, size_t size,
+                   void (*on_bad)(void *user, int index, const char *what),
+                   void *user, uint32_t *bad_count)
+{
+    char detail[DETAIL_CAP];
+    colibri_shape s;
+    int be;
+    uint32_t nbad = 0;
+    if (bad_count)
+        *bad_count = 0;
+    if (!blob || !on_bad)
+        return COLIBRI_E_ARG;
+    detail[0] = '\0';
+    int rc = clb_validate((const uint8_t *)blob, size, &s, &be, NULL, detail,
+                          on_bad, user, &nbad);
+    if (rc != COLIBRI_OK)
+        on_bad(user, -3, detail);
+    if (bad_count)
+        *bad_count = nbad;
+    if (rc == COLIBRI_OK && nbad)
+        rc = COLIBRI_E_CRC;
+    return rc;
+}

@@ -1,0 +1,63 @@
+/*
+ * format.h - the .colibri file checks (format.c) other runtime files call:
+ * validation of a whole file, of the header alone (for the arena size), and
+ * the section size a dtype and shape imply. Not installed.
+ */
+#ifndef COLIBRI_FORMAT_CHECKS_H
+#define COLIBRI_FORMAT_CHECKS_H
+
+#include "colibri.h"
+#include "support.h"
+
+/* colibri_verify's callback: index -2 header, -1 table, >= 0 a tensor, -3
+ * the error that stopped the check. */
+typedef void (*bad_cb)(void *user, int index, const char *what);
+
+/* Header: magic, bom, version, header_crc, every field's range, flags.
+ * Fills *s and *be (1: the file is big-endian). With cb set, a CRC mismatch
+ * is reported and counted in *nbad instead of returned. */
+int clb_check_header(const uint8_t *b, size_t size, colibri_shape *s,
+                     int *be, char *detail, bad_cb cb, void *user,
+                     uint32_t *nbad);
+
+/* What the model computes (FORMAT.md 2-3): a version 1 file is Mixtral
+ * (renormalised top-k, 1/sqrt(head_dim), no multipliers); a version 2 file
+ * says it in the header's flags and its DESC section. The DESC section is
+ * never byte-swapped: its words are read in file order, like the header. */
+typedef struct clb_desc {
+    uint16_t version;        /* the file's format version */
+    uint32_t features;       /* COLIBRI_FEAT_* */
+    uint32_t shared_inter;   /* shared expert width, 0 without one */
+    uint32_t dense_inter;    /* dense FFN width, 0 without dense layers */
+    float embed_scale;       /* x = EMBED[token] * embed_scale */
+    float attn_scale;        /* scores = q.k * attn_scale */
+    float residual_scale;    /* x += branch * residual_scale */
+    float logits_div;        /* logits = LM_HEAD . x / logits_div */
+    float clip_qkv;          /* > 0: q, k, v clamped to [-clip, clip] */
+    const uint8_t *layers;   /* DESC word 8 as stored (NULL: no DESC) */
+    int be;                  /* the file's byte order, for layers */
+} clb_desc;
+
+/* 1 if layer l is a dense SwiGLU layer (d->layers' word is 1.0f). */
+int clb_desc_dense(const clb_desc *d, uint32_t layer);
+
+/* Fill *d from a file whose header passed clb_check_header: defaults for
+ * version 1; for version 2 entry 0 must be the DESC, in bounds, its CRC
+ * right and every word in range. Reads only the header, entry 0 and the
+ * DESC section (colibri_arena_size calls it without validating the rest). */
+int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
+                   int be, clb_desc *d, char *detail);
+
+/* The whole of FORMAT.md 3 on the bytes as stored (header, table, every
+ * section's CRC and floats). detail gets DETAIL_CAP bytes; *d (if not
+ * NULL) the description. */
+int clb_validate(const uint8_t *b, size_t size, colibri_shape *s, int *be,
+                 clb_desc *d, char *detail, bad_cb cb, void *user,
+                 uint32_t *nbad);
+
+/* Section size of a dtype (FORMAT.md 4), overflow-checked (*ovf sticky);
+ * where the scales start within the section in *scales_at. */
+uint64_t clb_section_size(unsigned dtype, uint32_t rows, uint32_t cols,
+                          uint32_t group, uint64_t *scales_at, int *ovf);
+
+#endif /* COLIBRI_FORMAT_CHECKS_H */

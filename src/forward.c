@@ -1,0 +1,181 @@
+/*
+ * forward.c - colibri_infer: checks the call's arguments against the model's
+ * limits and the KV cache, then runs the tokens in chunks through the layers
+ * (tensor.c for the dense parts, moe.c for the experts). Allocates nothing,
+ * makes no system call: every buffer is in the plan.
+ */
+#include "internal.h"
+#include "support.h"
+
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Inference                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Run chunk rows (token ids[n], sequence p->tok_b, position p->tok_pos)
+ * through the model; logits [n, vocab]. Rows of one sequence come in
+ * position order, so every key a row attends to is in the cache by the time
+ * its layer's attention runs. */
+/* Y[n, dim] += bias[dim] (a bias the file lacks is NULL: nothing). */
+static void add_bias(float *Y, const float *bias, uint32_t n, uint32_t dim)
+{
+    for (uint32_t t = 0; bias && t < n; t++)
+        for (uint32_t c = 0; c < dim; c++)
+            Y[(size_t)t * dim + c] += bias[c];
+}
+
+/* X[n] clamped to [-lim, lim] (OLMoE's clip_qkv). */
+static void clamp(float *X, size_t n, float lim)
+{
+    for (size_t i = 0; i < n; i++)
+        X[i] = X[i] < -lim ? -lim : X[i] > lim ? lim : X[i];
+}
+
+/* x[n, hidden] += scale * y: every residual branch (GraniteMoE scales them;
+ * 1.0f elsewhere, where the product is exact and the sum is Mixtral's). */
+static void residual(float *x, const float *y, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i] * scale;
+}
+
+/* Queries, keys and values of the chunk rows as the description says:
+ * projections [+ biases] [-> q/k RMSNorm, per head or over the whole
+ * projection] [-> clamp] -> RoPE on q and k; keys and values to the cache. */
+static void qkv(const clb_plan *p, const clb_layer *L, uint32_t l, uint32_t n)
+{
+    const colibri_shape *s = &p->s;
+    uint32_t kvdim = p->kvdim, S = s->max_seq_len, d = s->head_dim;
+    clb_linear(p, &L->wq, p->xn, n, p->q, "wq");
+    clb_linear2(p, &L->wk, &L->wv, p->xn, n, p->kbuf, p->vbuf, "wk.wv");
+    add_bias(p->q, L->bq, n, p->qdim);
+    add_bias(p->kbuf, L->bk, n, kvdim);
+    add_bias(p->vbuf, L->bv, n, kvdim);
+    if (L->q_norm) {
+        /* Per head: n*heads rows of head_dim (Qwen3-MoE); whole: n rows of
+         * qdim / kvdim (OLMoE). In place. */
+        int per_head = (p->d.features & COLIBRI_FEAT_QK_NORM_HEAD) != 0;
+        clb_rmsnorm(p->q, p->q, L->q_norm, per_head ? n * s->n_heads : n,
+                    per_head ? d : p->qdim, s->rms_eps);
+        clb_rmsnorm(p->kbuf, p->kbuf, L->k_norm, per_head ? n * s->n_kv_heads : n,
+                    per_head ? d : kvdim, s->rms_eps);
+    }
+    if (p->d.features & COLIBRI_FEAT_CLIP_QKV) {
+        clamp(p->q, (size_t)n * p->qdim, p->d.clip_qkv);
+        clamp(p->kbuf, (size_t)n * kvdim, p->d.clip_qkv);
+        clamp(p->vbuf, (size_t)n * kvdim, p->d.clip_qkv);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        clb_rope(p, p->q + (size_t)i * p->qdim, s->n_heads, p->tok_pos[i]);
+        clb_rope(p, p->kbuf + (size_t)i * kvdim, s->n_kv_heads, p->tok_pos[i]);
+        size_t slot = (((size_t)l * s->max_batch + p->tok_b[i]) * S +
+                       p->tok_pos[i]) * kvdim;
+        memcpy(p->k_cache + slot, p->kbuf + (size_t)i * kvdim, kvdim * 4);
+        memcpy(p->v_cache + slot, p->vbuf + (size_t)i * kvdim, kvdim * 4);
+    }
+}
+
+/* Run chunk rows (token ids[n], sequence p->tok_b, position p->tok_pos)
+ * through the model; logits [n, vocab]. Rows of one sequence come in
+ * position order, so every key a row attends to is in the cache by the time
+ * its layer's attention runs. What differs between model families is data
+ * in p->d and in the layer views, never a branch on a family. */
+static void forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
+                          float *logits)
+{
+    const colibri_shape *s = &p->s;
+    uint32_t h = s->hidden;
+    size_t nh = (size_t)n * h;
+    clb_embed(p, ids, n, p->x);
+    if (p->d.embed_scale != 1.0f)
+        for (size_t i = 0; i < nh; i++)
+            p->x[i] *= p->d.embed_scale;
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        const clb_layer *L = &p->layers[l];
+        clb_rmsnorm(p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
+        qkv(p, L, l, n);
+        for (uint32_t i = 0; i < n; i++)
+            clb_attention(p, l, p->tok_b[i], p->tok_pos[i],
+                          p->q + (size_t)i * p->qdim, p->att + (size_t)i * p->qdim);
+        clb_linear(p, &L->wo, p->att, n, p->tmp, "wo");
+        add_bias(p->tmp, L->bo, n, h);
+        residual(p->x, p->tmp, nh, p->d.residual_scale);
+        clb_rmsnorm(p->xn, p->x, L->ffn_norm, n, h, s->rms_eps);
+        if (L->dense)
+            clb_swiglu(p, &L->ffn, p->xn, n, p->tmp, "dense.w1w3", "dense.w2");
+        else
+            clb_moe(p, L, p->xn, n, p->tmp);
+        residual(p->x, p->tmp, nh, p->d.residual_scale);
+    }
+    clb_rmsnorm(p->xn, p->x, p->final_norm, n, h, s->rms_eps);
+    clb_linear(p, &p->lm_head, p->xn, n, logits, "lm_head");
+    if (p->d.logits_div != 1.0f)
+        for (size_t i = 0; i < (size_t)n * s->vocab; i++)
+            logits[i] /= p->d.logits_div;
+}
+
+int colibri_infer(colibri_model *m, const int32_t *input_ids,
+                  const uint8_t *attention_mask, uint32_t batch, uint32_t seq,
+                  uint32_t n_past, float *logits)
+{
+    if (!m)
+        return COLIBRI_E_ARG;
+    struct colibri_model_private_ *v = &m->priv_;
+    if (v->magic != CLB_MODEL_MAGIC) {
+        clb_detail(v->detail, DETAIL_CAP, "the model is not initialised");
+        return COLIBRI_E_NOT_INIT;
+    }
+    v->detail[0] = '\0'; /* a detail describes this call's failure only */
+    const colibri_shape *s = &v->shape;
+    if (!input_ids || !logits || batch == 0 || seq == 0) {
+        clb_detail(v->detail, DETAIL_CAP, "input_ids and logits must be non-NULL"
+                   ", batch (%u) and seq (%u) >= 1", (unsigned)batch, (unsigned)seq);
+        return COLIBRI_E_ARG;
+    }
+    if (batch > s->max_batch || seq > s->max_seq_len ||
+        (uint64_t)n_past + seq > s->max_seq_len) {
+        clb_detail(v->detail, DETAIL_CAP, "batch %u, n_past %u + seq %u exceed "
+                   "the model's max_batch %u / max_seq_len %u", (unsigned)batch,
+                   (unsigned)n_past,
+                   (unsigned)seq, (unsigned)(s->max_batch), (unsigned)(s->max_seq_len));
+        return COLIBRI_E_INPUT_TOO_LARGE;
+    }
+    if (n_past > 0 && (n_past > v->cached_len || batch != v->cached_batch)) {
+        clb_detail(v->detail, DETAIL_CAP, "n_past %u with batch %u, but the KV "
+                   "cache holds %u tokens of batch %u", (unsigned)n_past,
+                   (unsigned)batch,
+                   (unsigned)(v->cached_len), (unsigned)(v->cached_batch));
+        return COLIBRI_E_KV_STATE;
+    }
+    size_t total = (size_t)batch * seq;
+    for (size_t i = 0; i < total; i++) {
+        if (input_ids[i] < 0 || (uint32_t)input_ids[i] >= s->vocab) {
+            clb_detail(v->detail, DETAIL_CAP, "token id at [%u, %u] is out of "
+                       "range [0, %u)", (unsigned)(i / seq), (unsigned)(i % seq),
+                       (unsigned)(s->vocab));
+            return COLIBRI_E_TOKEN;
+        }
+        if (attention_mask && attention_mask[i] > 1) {
+            clb_detail(v->detail, DETAIL_CAP, "attention_mask[%u, %u] is %u, "
+                       "must be 0 or 1", (unsigned)(i / seq), (unsigned)(i % seq),
+                       (unsigned)(attention_mask[i]));
+            return COLIBRI_E_ARG;
+        }
+    }
+    clb_plan *p = (clb_plan *)v->plan;
+    for (size_t i = 0; i < total; i++)
+        p->mask_cache[(i / seq) * s->max_seq_len + n_past + i % seq] =
+            attention_mask ? attention_mask[i] : 1;
+    for (size_t start = 0; start < total; start += p->chunk) {
+        uint32_t n = (uint32_t)(total - start < p->chunk ? total - start : p->chunk);
+        for (uint32_t i = 0; i < n; i++) {
+            p->tok_b[i] = (uint32_t)((start + i) / seq);
+            p->tok_pos[i] = n_past + (uint32_t)((start + i) % seq);
+        }
+        forward_chunk(p, input_ids + start, n, logits + start * s->vocab);
+    }
+    v->cached_len = n_past + seq;
+    v->cached_batch = batch;
+    return COLIBRI_OK;
+}

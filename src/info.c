@@ -1,0 +1,132 @@
+/*
+ * info.c - what the library says about itself and an instance: error
+ * sentences, the last error's detail, the model's shape and properties, the
+ * router as the runtime uses it, and the build's switches.
+ */
+#include "internal.h"
+#include "support.h"
+
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Introspection                                                            */
+/* ------------------------------------------------------------------------ */
+
+const char *colibri_strerror(int code)
+{
+    switch (code) {
+    case COLIBRI_OK: return "success";
+    case COLIBRI_E_BAD_FORMAT:
+        return "bad .colibri file (init) or input larger than the model's "
+               "max_batch/max_seq_len (infer)";
+    case COLIBRI_E_NO_MEMORY: return "out of memory";
+    case COLIBRI_E_CRC: return "CRC mismatch: the file is corrupted";
+    case COLIBRI_E_IO: return "I/O error: cannot open, map or read the file";
+    case COLIBRI_E_VERSION: return "unsupported format version";
+    case COLIBRI_E_BYTE_ORDER:
+        return "file byte order differs from the host and cannot be swapped here";
+    case COLIBRI_E_ARG: return "bad argument";
+    case COLIBRI_E_TOKEN: return "token id out of range";
+    case COLIBRI_E_ARENA_TOO_SMALL: return "arena too small for this model";
+    case COLIBRI_E_ALIGN: return "misaligned blob or arena";
+    case COLIBRI_E_KV_STATE: return "n_past or batch does not match the KV cache";
+    case COLIBRI_E_UNSUPPORTED: return "not supported by this build";
+    case COLIBRI_E_NOT_INIT: return "model not initialised";
+    default: return "unknown error code";
+    }
+}
+
+/* -1 is the one code with two meanings (colibri.h); the caller says which
+ * call returned it, so a user reads only the meaning that applies. */
+const char *colibri_strerror_for(int code, colibri_call call)
+{
+    if (code == COLIBRI_E_BAD_FORMAT)
+        return call == COLIBRI_CALL_INFER
+                   ? "input larger than the model's max_batch/max_seq_len"
+                   : "bad .colibri file";
+    return colibri_strerror(code);
+}
+
+const char *colibri_error_detail(const colibri_model *m)
+{
+    return m ? m->priv_.detail : "";
+}
+
+int colibri_get_info(const colibri_model *m, colibri_info *out)
+{
+    if (!m || !out)
+        return COLIBRI_E_ARG;
+    const struct colibri_model_private_ *v = &m->priv_;
+    if (v->magic != CLB_MODEL_MAGIC)
+        return COLIBRI_E_NOT_INIT;
+    static const char *const modes[] = { "?", "mmap", "read", "memory", "shared" };
+    const clb_plan *p = (const clb_plan *)v->plan;
+    memset(out, 0, sizeof *out);
+    out->shape = v->shape;
+    out->format_version = p->d.version;
+    out->file_big_endian = v->file_big_endian;
+    out->byte_swapped = v->byte_swapped;
+    out->dtype_embed = p->embed.dtype;
+    out->dtype_attn = p->layers[0].wq.dtype;
+    uint32_t moe_layer = 0; /* the first layer with experts */
+    while (moe_layer + 1u < v->shape.n_layers && p->layers[moe_layer].dense)
+        moe_layer++;
+    out->dtype_router = p->layers[moe_layer].router.dtype;
+    out->dtype_expert = p->layers[moe_layer].experts[0].w1.dtype;
+    out->dtype_lm_head = p->lm_head.dtype;
+    out->file_size = v->blob_size;
+    out->arena_bytes = v->arena_size;
+    out->chunk_tokens = p->chunk;
+    out->kernels = p->k->name;
+    out->load_mode = modes[v->load_mode <= CLB_LOAD_SHARED ? v->load_mode : 0];
+    out->huge_pages_advised = v->huge != NULL;
+    const uint8_t *tab = v->blob + COLIBRI_TABLE_OFFSET;
+    for (uint32_t i = 0; i < v->shape.n_tensors; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        unsigned kind = rd16(en + COLIBRI_ENT_KIND, v->file_big_endian);
+        if (kind < 1 || kind > COLIBRI_KIND_MAX)
+            out->n_unknown_sections++;
+        else if (kind != COLIBRI_KIND_DESC) /* a description, not weights */
+            out->n_params += (uint64_t)rd32(en + COLIBRI_ENT_ROWS, v->file_big_endian) *
+                             rd32(en + COLIBRI_ENT_COLS, v->file_big_endian);
+    }
+    return COLIBRI_OK;
+}
+
+int colibri_router_weights(const colibri_model *m, uint32_t layer, float *out)
+{
+    if (!m || !out)
+        return COLIBRI_E_ARG;
+    if (m->priv_.magic != CLB_MODEL_MAGIC)
+        return COLIBRI_E_NOT_INIT;
+    const clb_plan *p = (const clb_plan *)m->priv_.plan;
+    if (layer >= p->s.n_layers)
+        return COLIBRI_E_ARG;
+    const clb_weight *w = &p->layers[layer].router;
+    if (w->rows == 0)
+        return COLIBRI_E_ARG; /* a dense layer has no router */
+    size_t n = (size_t)w->rows * w->cols;
+    if (w->dtype == COLIBRI_DTYPE_F32) {
+        memcpy(out, w->q, n * sizeof(float));
+    } else { /* I16_ROW */
+        const int16_t *q = (const int16_t *)w->q;
+        for (size_t i = 0; i < n; i++)
+            out[i] = (float)q[i] * w->scales[i / w->cols];
+    }
+    return COLIBRI_OK;
+}
+
+unsigned colibri_build_flags(void)
+{
+    unsigned f = 0;
+#if COLIBRI_ENABLE_MMAP && !defined(COLIBRI_STATIC_WORKBUF)
+    f |= COLIBRI_BUILD_MMAP;
+#endif
+#ifdef COLIBRI_STATIC_WORKBUF
+    f |= COLIBRI_BUILD_STATIC_WORKBUF;
+#endif
+#ifdef COLIBRI_DEBUG
+    f |= COLIBRI_BUILD_DEBUG;
+#endif
+    return f;
+}

@@ -1,0 +1,240 @@
+/*
+ * plan.c - the arena and the plan: how many bytes a model needs and where
+ * each buffer lies in them (one layout function both counts and carves, so
+ * the size colibri_arena_size promises is the size used), the weight views
+ * into a validated file, the RoPE tables, and the kernel table in use.
+ */
+#include "format.h"
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Arena layout                                                             */
+/* ------------------------------------------------------------------------ */
+
+static void *carve(carver *c, uint64_t bytes)
+{
+    uint64_t at = c->off;
+    c->off = calign64(cadd(at, bytes, &c->ovf), &c->ovf);
+    return c->base && !c->ovf ? c->base + at : NULL;
+}
+
+static uint64_t cm(carver *c, uint64_t a, uint64_t b)
+{
+    return cmul(a, b, &c->ovf);
+}
+
+/* Lay out the arena for shape s (the formula documented at
+ * colibri_arena_size). With c->base NULL, p gets NULL pointers and only
+ * c->off matters. */
+void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
+                uint32_t chunk_limit, clb_plan **pp)
+{
+    uint64_t L = s->n_layers, E = s->n_experts, K = s->top_k;
+    uint64_t B = s->max_batch, S = s->max_seq_len, h = s->hidden;
+    uint64_t qdim = (uint64_t)s->n_heads * s->head_dim;
+    uint64_t kvdim = (uint64_t)s->n_kv_heads * s->head_dim;
+    /* h1/h3 serve the routed experts, the shared expert and dense layers:
+     * the widest of the three. */
+    uint64_t inter = s->intermediate;
+    if (d->shared_inter > inter)
+        inter = d->shared_inter;
+    if (d->dense_inter > inter)
+        inter = d->dense_inter;
+    uint64_t max_cols = h > qdim ? h : qdim;
+    if (inter > max_cols)
+        max_cols = inter;
+    uint64_t max_groups = (max_cols + s->group_size - 1) / s->group_size;
+    uint64_t tokens = B * S; /* <= 2^16 * 2^32 */
+    uint64_t C = tokens < chunk_limit ? tokens : chunk_limit;
+
+    clb_plan *p = (clb_plan *)carve(c, sizeof(clb_plan));
+    clb_plan dummy;
+    if (!p)
+        p = &dummy;
+    memset(p, 0, sizeof *p);
+    p->s = *s;
+    p->d = *d;
+    p->max_inter = (uint32_t)inter;
+    p->chunk = (uint32_t)C;
+    p->qdim = (uint32_t)qdim;
+    p->kvdim = (uint32_t)kvdim;
+    p->max_cols = (uint32_t)max_cols;
+    p->max_groups = (uint32_t)max_groups;
+    p->layers = (const clb_layer *)carve(c, cm(c, L, sizeof(clb_layer)));
+    /* experts: [L, E] dispatch table, filled by build_plan */
+    void *experts = carve(c, cm(c, cm(c, L, E), sizeof(clb_expert)));
+    if (p->layers && experts) {
+        for (uint64_t l = 0; l < L; l++)
+            ((clb_layer *)p->layers)[l].experts = (const clb_expert *)experts + l * E;
+    }
+    p->rope_cos = (const float *)carve(c, cm(c, cm(c, S, s->head_dim / 2), 4));
+    p->rope_sin = (const float *)carve(c, cm(c, cm(c, S, s->head_dim / 2), 4));
+    uint64_t kv = cm(c, cm(c, cm(c, L, tokens), kvdim), 4);
+    p->k_cache = (float *)carve(c, kv);
+    p->v_cache = (float *)carve(c, kv);
+    p->mask_cache = (uint8_t *)carve(c, tokens);
+    p->tok_b = (uint32_t *)carve(c, C * 4);
+    p->tok_pos = (uint32_t *)carve(c, C * 4);
+    p->x = (float *)carve(c, cm(c, C * 4, h));
+    p->xn = (float *)carve(c, cm(c, C * 4, h));
+    p->tmp = (float *)carve(c, cm(c, C * 4, h));
+    p->q = (float *)carve(c, cm(c, C * 4, qdim));
+    p->att = (float *)carve(c, cm(c, C * 4, qdim));
+    p->kbuf = (float *)carve(c, cm(c, C * 4, kvdim));
+    p->vbuf = (float *)carve(c, cm(c, C * 4, kvdim));
+    p->scores = (float *)carve(c, cm(c, S, 4));
+    p->router_logits = (float *)carve(c, cm(c, C * 4, E));
+    p->probs = (float *)carve(c, cm(c, C * 4, E));
+    p->sel = (uint16_t *)carve(c, cm(c, C * 2, K));
+    p->selw = (float *)carve(c, cm(c, C * 4, K));
+    p->chosen = (uint8_t *)carve(c, E);
+    p->counts = (uint32_t *)carve(c, cm(c, E, 4));
+    p->offsets = (uint32_t *)carve(c, cm(c, E + 1, 4));
+    p->tok_list = (uint32_t *)carve(c, cm(c, C * 4, K));
+    p->yslot = (float *)carve(c, cm(c, cm(c, C * 4, K), h));
+    p->xe = (float *)carve(c, cm(c, C * 4, h));
+    p->ye = (float *)carve(c, cm(c, C * 4, h));
+    p->h1 = (float *)carve(c, cm(c, C * 4, inter));
+    p->h3 = (float *)carve(c, cm(c, C * 4, inter));
+    p->xq = (int8_t *)carve(c, cm(c, C, max_cols));
+    p->xs = (float *)carve(c, cm(c, C * 4, max_groups));
+    *pp = p == &dummy ? NULL : p;
+}
+
+/* Arena bytes for shape s processing up to chunk_limit tokens together;
+ * COLIBRI_E_NO_MEMORY if it exceeds size_t. */
+int clb_arena_bytes(const colibri_shape *s, const clb_desc *d,
+                    uint32_t chunk_limit, size_t *out)
+{
+    carver c = { NULL, 0, 0 };
+    clb_plan *unused;
+    clb_layout(&c, s, d, chunk_limit, &unused);
+    if (c.ovf || c.off > (uint64_t)SIZE_MAX)
+        return COLIBRI_E_NO_MEMORY;
+    *out = (size_t)c.off;
+    return COLIBRI_OK;
+}
+
+int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes)
+{
+    char detail[DETAIL_CAP];
+    colibri_shape s;
+    int be;
+    if (!blob || !out_bytes)
+        return COLIBRI_E_ARG;
+    clb_desc d;
+    int rc = clb_check_header((const uint8_t *)blob, size, &s, &be, detail, NULL,
+                              NULL, NULL);
+    if (rc == COLIBRI_OK)
+        rc = clb_check_desc((const uint8_t *)blob, size, &s, be, &d, detail);
+    return rc ? rc : clb_arena_bytes(&s, &d, COLIBRI_CHUNK_TOKENS, out_bytes);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The plan: weight views and init-time tables                              */
+/* ------------------------------------------------------------------------ */
+
+clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
+                            uint32_t group)
+{
+    clb_weight w;
+    int ovf = 0;
+    uint64_t scales_at;
+    w.dtype = en[COLIBRI_ENT_DTYPE];
+    w.rows = rd32(en + COLIBRI_ENT_ROWS, be);
+    w.cols = rd32(en + COLIBRI_ENT_COLS, be);
+    const uint8_t *base = blob + rd64(en + COLIBRI_ENT_OFFSET, be);
+    (void)clb_section_size(w.dtype, w.rows, w.cols, group, &scales_at, &ovf);
+    w.q = base;
+    w.scales = w.dtype == COLIBRI_DTYPE_F32 ? NULL
+                                            : (const float *)(base + scales_at);
+    return w;
+}
+
+/* Point every tensor view of the plan into a validated blob, and compute the
+ * RoPE tables in double precision (then rounded to float) so every libm
+ * gives the same table. */
+void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
+                       const colibri_kernels *k)
+{
+    const colibri_shape *s = &p->s;
+    const uint8_t *tab = blob + COLIBRI_TABLE_OFFSET;
+    p->k = k;
+    for (uint32_t i = 0; i < s->n_tensors; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
+        unsigned l = rd16(en + COLIBRI_ENT_LAYER, be);
+        unsigned e = rd16(en + COLIBRI_ENT_EXPERT, be);
+        if (kind < 1 || kind > COLIBRI_KIND_MAX)
+            continue; /* unknown, non-critical: not used */
+        if (kind == COLIBRI_KIND_DESC)
+            continue; /* read into p->d, never byte-swapped */
+        clb_weight w = clb_weight_of(blob, en, be, s->group_size);
+        clb_layer *L = l == COLIBRI_NO_LAYER ? NULL : (clb_layer *)&p->layers[l];
+        clb_expert *X = L && e != COLIBRI_NO_EXPERT ? (clb_expert *)&L->experts[e] : NULL;
+        const float *vec = (const float *)w.q; /* [1, n] F32 kinds */
+        if (L)
+            L->dense = (uint8_t)clb_desc_dense(&p->d, l);
+        switch (kind) {
+        case COLIBRI_KIND_EMBED: p->embed = w; break;
+        case COLIBRI_KIND_ATTN_NORM: L->attn_norm = (const float *)w.q; break;
+        case COLIBRI_KIND_WQ: L->wq = w; break;
+        case COLIBRI_KIND_WK: L->wk = w; break;
+        case COLIBRI_KIND_WV: L->wv = w; break;
+        case COLIBRI_KIND_WO: L->wo = w; break;
+        case COLIBRI_KIND_FFN_NORM: L->ffn_norm = (const float *)w.q; break;
+        case COLIBRI_KIND_ROUTER: L->router = w; break;
+        case COLIBRI_KIND_EXPERT_W1: X->w1 = w; break;
+        case COLIBRI_KIND_EXPERT_W3: X->w3 = w; break;
+        case COLIBRI_KIND_EXPERT_W2: X->w2 = w; break;
+        case COLIBRI_KIND_FINAL_NORM: p->final_norm = (const float *)w.q; break;
+        case COLIBRI_KIND_BQ: L->bq = vec; break;
+        case COLIBRI_KIND_BK: L->bk = vec; break;
+        case COLIBRI_KIND_BV: L->bv = vec; break;
+        case COLIBRI_KIND_BO: L->bo = vec; break;
+        case COLIBRI_KIND_Q_NORM: L->q_norm = vec; break;
+        case COLIBRI_KIND_K_NORM: L->k_norm = vec; break;
+        case COLIBRI_KIND_SHARED_GATE: L->shared_gate = w; break;
+        case COLIBRI_KIND_SHARED_W1: L->shared.w1 = w; break;
+        case COLIBRI_KIND_SHARED_W3: L->shared.w3 = w; break;
+        case COLIBRI_KIND_SHARED_W2: L->shared.w2 = w; break;
+        case COLIBRI_KIND_DENSE_W1: L->ffn.w1 = w; break;
+        case COLIBRI_KIND_DENSE_W3: L->ffn.w3 = w; break;
+        case COLIBRI_KIND_DENSE_W2: L->ffn.w2 = w; break;
+        default: p->lm_head = w; break;
+        }
+    }
+    /* RoPE as transformers computes it: exponent 2i/d, inv_freq = 1 /
+     * theta^exponent and angle = pos * inv_freq rounded to float32 at each
+     * step; pow, cos and sin in double precision then rounded, so the table
+     * is the same bits with every libm. */
+    uint32_t half = s->head_dim / 2;
+    float *cs = (float *)p->rope_cos, *sn = (float *)p->rope_sin;
+    for (uint32_t i = 0; i < half; i++) {
+        float exponent = (float)(2 * i) / (float)s->head_dim;
+        float inv_freq = 1.0f / (float)pow((double)s->rope_theta, (double)exponent);
+        for (uint32_t pos = 0; pos < s->max_seq_len; pos++) {
+            double a = (double)((float)pos * inv_freq);
+            cs[(size_t)pos * half + i] = (float)cos(a);
+            sn[(size_t)pos * half + i] = (float)sin(a);
+        }
+    }
+}
+
+const colibri_kernels *clb_pick_kernels(void)
+{
+    const colibri_kernels *k = NULL;
+#ifndef COLIBRI_KERNELS_REF_ONLY
+#ifdef COLIBRI_USE_AVX2
+    k = colibri_kernels_avx2();
+#endif
+#ifdef COLIBRI_USE_NEON
+    if (!k)
+        k = colibri_kernels_neon();
+#endif
+#endif
+    return k ? k : colibri_kernels_ref();
+}
