@@ -16,6 +16,7 @@ from collections import OrderedDict
 from . import format as fmt
 from .errors import ColibriError, FileReadError, FormatError, VersionError
 from .format import DType, Kind
+from .tokenizer import KIND_TOKENIZER
 
 # `colibri verify` exit statuses: a script can tell a file to fetch again
 # (DAMAGED) from a path or tool to fix (CANNOT_CHECK).
@@ -47,13 +48,15 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
         f"runtime       max_seq_len {s.max_seq_len}, max_batch {s.max_batch}, "
         f"group_size {s.group_size}",
     ]
-    params = sum(e.rows * e.cols for e in cf.entries)
+    # Weights only: an optional section (the tokenizer) is bytes, not parameters.
+    params = sum(e.rows * e.cols for e in cf.entries if e.kind in Kind._value2member_map_)
     lines.append(f"parameters    {params}")
 
     # Per kind: storage type, count, bytes (section sizes, excluding padding).
     per_kind: OrderedDict[str, list] = OrderedDict()
     for e in cf.entries:
-        name = Kind(e.kind).name if e.kind in Kind._value2member_map_ else f"kind {e.kind}"
+        name = Kind(e.kind).name if e.kind in Kind._value2member_map_ else (
+            "TOKENIZER" if e.kind == KIND_TOKENIZER else f"kind {e.kind}")
         dt = DType(e.dtype).name if e.dtype in DType._value2member_map_ else str(e.dtype)
         row = per_kind.setdefault(name, [set(), 0, 0])
         row[0].add(dt)
