@@ -14,6 +14,7 @@ LIBRARY = (
     "src/crc32.c",
     "src/tensor.c",
     "src/moe.c",
+    "src/tokenizer.c",      # text <-> ids (-DCOLIBRI_NO_TOKENIZER leaves stubs)
     "src/kernels/ref.c",
 )
 
