@@ -638,6 +638,11 @@ def parse_section(data: bytes) -> TokenizerSpec:
     id_flags = list(data[fo:fo + n])
     if any(f & ~KNOWN_ID_FLAGS for f in id_flags):
         raise _bad("unknown per-id flags")
+    for i, f in enumerate(id_flags):
+        p = pieces[i]
+        if f & ID_BYTE and not (len(p) == 6 and p[:3] == "<0x" and p[5] == ">"
+                                and all(c in "0123456789ABCDEF" for c in p[3:5])):
+            raise _bad(f"id {i} is flagged as a byte piece but is {p!r}")
 
     def check_id(i, what, allow_none=False):
         if allow_none and i in (NO_ID, ):
