@@ -15,6 +15,7 @@ LIBRARY = (
     "src/tensor.c",
     "src/moe.c",
     "src/tokenizer.c",      # text <-> ids (-DCOLIBRI_NO_TOKENIZER leaves stubs)
+    "src/sample.c",         # next-token choice: greedy or seeded sampling
     "src/kernels/ref.c",
 )
 
