@@ -58,7 +58,8 @@ F_SP_PREPEND = 1 << 4           # SentencePiece: ▁ before each non-empty text 
 F_SP_PREPEND_FIRST = 1 << 5     # ... only before the run at the start of the text
 F_SP_STRIP = 1 << 6             # decoding drops one leading space
 F_SP_PREPEND_UNLESS = 1 << 7    # ... but not before a run that starts with ▁ (Metaspace)
-KNOWN_FLAGS = (1 << 8) - 1
+F_TEMPLATE_BOS = 1 << 8         # the post-processor puts bos first (add_special_tokens)
+KNOWN_FLAGS = (1 << 9) - 1
 
 # Per-id flags (one byte per id).
 ID_ADDED = 1 << 0               # an added token: matched in the raw text
@@ -474,6 +475,7 @@ def spec_from_json(tj: dict, config: dict | None = None) -> TokenizerSpec:
             st = (post.get("special_tokens") or {}).get(tok, {})
             if isinstance(st.get("ids"), list) and len(st["ids"]) == 1:
                 bos_id = st["ids"][0]
+                flags |= F_TEMPLATE_BOS
     config = config or {}
     for key in ("bos_token_id", "eos_token_id"):
         v = config.get(key)

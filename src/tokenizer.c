@@ -61,7 +61,8 @@ const char *colibri_tok_strerror(int code)
 #define F_SP_PREPEND_FIRST (1u << 5)
 #define F_SP_STRIP (1u << 6)
 #define F_SP_PREPEND_UNLESS (1u << 7)
-#define KNOWN_FLAGS 0xFFu
+#define F_TEMPLATE_BOS (1u << 8)
+#define KNOWN_FLAGS 0x1FFu
 #define ID_ADDED 1u
 #define ID_SPECIAL 2u
 #define ID_BYTE 4u
@@ -365,6 +366,7 @@ int colibri_tokenizer_get_info(const colibri_tokenizer *tk, colibri_tokenizer_in
     const tokp *t = &tk->priv_;
     o->n_vocab = t->n_vocab; o->bos_id = t->bos_id; o->eos_id = t->eos_id;
     o->model = t->model; o->pretok = t->pretok;
+    o->template_bos = (t->flags & F_TEMPLATE_BOS) != 0;
     return COLIBRI_OK;
 }
 

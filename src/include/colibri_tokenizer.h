@@ -87,6 +87,8 @@ typedef struct colibri_tokenizer_info {
     int32_t bos_id, eos_id; /* -1: none */
     uint8_t model;          /* 1 byte-level BPE, 2 SentencePiece-style BPE */
     uint8_t pretok;         /* 0 none, 1 GPT-2, 2 Qwen2, 3 Llama-3 regex */
+    uint8_t template_bos;   /* 1: the checkpoint's template puts bos first
+                               (pass COLIBRI_TOK_ADD_BOS to do as it does) */
 } colibri_tokenizer_info;
 
 /* Find the model's tokenizer section and check it in full (FORMAT.md 7:
