@@ -247,3 +247,58 @@ def test_colibri_cli_prompt_and_tokenize_follow_the_reference(c_build, tmp_path)
             hist.append(got)
             logits = ref.forward(np.array([[got]]), n_past=len(hist) - 1)[0, -1].copy()
     assert checked >= 20
+    bad = subprocess.run([cli, "--model", str(path), "--prompt", "x", "--temperature", "-1"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == "" and "--temperature" in bad.stderr
+
+
+def test_c_sampler_on_cortex_m_under_qemu(tmp_path):
+    """Bare metal: the numpy reference's tokens for 150 cases, compiled into a
+    Cortex-M program with the library scons builds, under qemu-system-arm."""
+    import shutil
+    import sys
+    from pathlib import Path
+    import targets
+    t = targets.load_all()["cortex-m"]
+    if shutil.which(t.tool("gcc")) is None or shutil.which(t.emulator[0]) is None:
+        pytest.skip("Cortex-M toolchain or qemu-system-arm not installed")
+    root = Path(__file__).resolve().parent.parent
+    cs = [c for c in cases(400, seed=4) if c[0].size <= 300]
+    rows, kept = [], 0
+    for i, (logits, p, hist, step) in enumerate(cs):
+        want, margin = S.sample(logits, p, hist, step, margin=True)
+        if margin < FRAGILE and not p.greedy:
+            continue
+        lg = ",".join("-INFINITY" if np.isneginf(v) else f"{float(v)!r}f" for v in logits)
+        rows.append(f"static const float lg{kept}[] = {{{lg}}};")
+        rows.append(f"static const int32_t h{kept}[] = {{{','.join(map(str, hist)) or '0'}}};")
+        rows.append(f"#define CASE{kept} {{ lg{kept}, {logits.size}u, {float(p.temperature)!r}f, "
+                    f"{p.top_k}u, {float(p.top_p)!r}f, {float(p.min_p)!r}f, "
+                    f"{float(p.repetition_penalty)!r}f, {p.seed}ull, {step}ull, h{kept}, "
+                    f"{len(hist)}u, {want} }}")
+        kept += 1
+        if kept == 150:
+            break
+    head = ["#include <math.h>", "#define MAX_VOCAB 2000",
+            "struct sample_case { const float *logits; uint32_t vocab; float temperature; "
+            "uint32_t top_k; float top_p, min_p, penalty; uint64_t seed, step; "
+            "const int32_t *hist; uint32_t n_hist; int32_t want; };"]
+    tail = [f"#define N_CASES {kept}u",
+            "static const struct sample_case cases[] = {"
+            + ",".join(f"CASE{i}" for i in range(kept)) + "};"]
+    (tmp_path / "sample_cases.h").write_text("\n".join(head + rows + tail) + "\n")
+    lib = tmp_path / "cortex-m" / "libcolibri.a"
+    p = subprocess.run([str(Path(sys.executable).parent / "scons"), "-Q", "-j2",
+                        "target=cortex-m", f"build_dir={tmp_path}", str(lib)],
+                       cwd=root, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    elf = tmp_path / "sample.elf"
+    subprocess.run([t.tool("gcc"), *t.arch_flags, "-std=c11", "-O2", "-Wall", "-Werror",
+                    "-Isrc/include", "-Isrc", "-Ifirmware", f"-I{tmp_path}",
+                    "tests/c/sample_baremetal.c", *t.startup, str(lib), "-T", t.ldscript,
+                    *t.link_flags, *[f"-l{x}" for x in t.libs], "-o", str(elf)],
+                   cwd=root, check=True, timeout=300)
+    cmd = [str(elf) if a == "{prog}" else a for a in t.emulator]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and f"sample: {kept} cases ok" in proc.stdout, \
+        proc.stdout + proc.stderr

@@ -667,6 +667,11 @@ int main(int argc, char **argv)
         return usage_error("--generate goes with --tokens or --prompt");
     if (sampling_flags && !prompt)
         return usage_error("sampling options go with --prompt");
+    if (!(sp.temperature >= 0.0f) || !(sp.top_p >= 0.0f) || !(sp.min_p >= 0.0f) ||
+        !(sp.repetition_penalty > 0.0f) || isinf(sp.temperature) ||
+        isinf(sp.repetition_penalty))
+        return usage_error("--temperature, --top-p and --min-p must be >= 0 and "
+                           "--repetition-penalty > 0");
     if (verify)
         return do_verify();
 
