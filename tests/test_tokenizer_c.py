@@ -314,3 +314,24 @@ def test_c_on_cortex_m_under_qemu(trained, strings, kind, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and f"tokenizer: {len(cases)} cases ok" in proc.stdout, \
         proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["bl-qwen2-32k", "sp-300"])
+def test_tokenize_detokenize_and_sample_allocate_nothing(c_build, trained, kind, tmp_path):
+    """tests/c/test_tok_noalloc.c: wrapped allocators count 0 calls, then
+    seccomp strict mode (no system call allowed) survives the same workload;
+    the canary shows the counter fires."""
+    b = c_build("host")
+    wrap = "-Wl," + ",".join(f"--wrap={n}" for n in ("malloc", "calloc", "realloc", "free"))
+    prog = cbuild.build_program(b.info, [TESTS_C / "test_tok_noalloc.c"], tmp_path / "na",
+                                extra_ldflags=[wrap])
+    hf = trained(kind)
+    ck = _checkpoint(tmp_path / "ck", hf, vocab=32100 if "32k" in kind else 512)
+    path = ColibriExporter(ck, quant="int8").export(tmp_path / "m.colibri")
+    proc = subprocess.run([str(prog), str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "wrap: 200 rounds, 0 intercepted" in proc.stdout
+    assert "seccomp: rounds survived" in proc.stdout
+    canary = subprocess.run([str(prog), str(path), "--canary-malloc"], capture_output=True,
+                            text=True, timeout=300)
+    assert canary.returncode == 1 and "1 intercepted" in canary.stdout
