@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "colibri.convert",   # convert
     "colibri.inspect",   # info, verify
     "colibri.run",       # run
+    "colibri.generate",  # tokenize, generate
     "colibri.fw_cli",    # fw keygen|pack|ota|verify|info|flash-init|install|boot|...
 )
 

@@ -138,7 +138,8 @@ class ColibriExporter:
                  quantize_embedding: str | None = None,
                  quantize_lm_head: str | None = None, group_size: int = 32,
                  byte_order: str = "little", output: str | os.PathLike | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, tokenizer: bool = True,
+                 warn: Callable[[str], None] | None = None):
         self.model_dir = Path(model_dir)
         self.config = hf.read_config(self.model_dir)
         self.family = families.load(self.config.family)
@@ -153,6 +154,27 @@ class ColibriExporter:
                                    lm_head=quantize_lm_head)
         self.shape = self._shape(num_experts, top_k, max_seq_len, max_batch, group_size)
         self.expert_map: dict[str, str] = {}
+        self.tokenizer = self._tokenizer(warn) if tokenizer else None
+
+    def _tokenizer(self, warn: Callable[[str], None] | None):
+        """The checkpoint's tokenizer.json as a TOKENIZER section spec, or None
+        (no tokenizer.json; or an unsupported kind: one warning line, and the
+        model converts without a tokenizer, usable with token ids)."""
+        from . import tokenizer as tk
+        try:
+            spec = tk.spec_from_dir(self.model_dir)
+        except tk.UnsupportedTokenizer as exc:
+            (warn or _warn)(f"warning: {self.model_dir / 'tokenizer.json'}: {exc}: converting "
+                            "without a tokenizer (the model takes token ids)")
+            return None
+        except tk.TokenizerError as exc:
+            raise ConversionError(f"{exc} (or convert with --no-tokenizer)") from None
+        if spec is not None and len(spec.pieces) > self.shape.vocab:
+            raise ConversionError(
+                f"tokenizer.json has {len(spec.pieces)} token ids, the model's vocabulary "
+                f"only {self.shape.vocab}: not this model's tokenizer (or convert with "
+                "--no-tokenizer)")
+        return spec
 
     # --- options -------------------------------------------------------------
 
@@ -385,8 +407,13 @@ class ColibriExporter:
         steps = self.plan()
         start = time.monotonic()
         try:
+            optional = []
+            if self.tokenizer is not None:
+                from . import tokenizer as tk
+                optional.append((tk.KIND_TOKENIZER,
+                                 tk.pack_section(self.tokenizer, self.byte_order)))
             with fmt.ColibriWriter(out, self.shape, self.dtypes, self.byte_order,
-                                   self.desc) as w:
+                                   self.desc, optional_sections=optional) as w:
                 for i, st in enumerate(steps):
                     weights = self.load(st)
                     try:
@@ -402,6 +429,10 @@ class ColibriExporter:
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
         return out
+
+
+def _warn(line: str) -> None:
+    print(f"colibri convert: {line}", file=sys.stderr, flush=True)
 
 
 def _some(names: list[str], limit: int = 6) -> str:
@@ -446,6 +477,8 @@ def add_parser(subparsers) -> None:
                    help="checkpoint expert-weight names -> Mixtral names, e.g. wi=w1,wo=w2")
     p.add_argument("--byte-order", choices=("little", "big"), default="little",
                    help="byte order of the file (big for PowerPC; default: %(default)s)")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="leave the checkpoint's tokenizer.json out of the file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run)
 
@@ -462,7 +495,7 @@ def _run(args: argparse.Namespace) -> int:
         quantize_router=args.router, quantize_experts=args.experts,
         quantize_attention=args.attention, quantize_embedding=args.embedding,
         quantize_lm_head=args.lm_head, group_size=args.group_size,
-        byte_order=args.byte_order, output=args.output)
+        byte_order=args.byte_order, output=args.output, tokenizer=not args.no_tokenizer)
     if args.expert_map:
         exporter.set_expert_weight_mapping(parse_expert_map(args.expert_map))
     if not args.quiet and exporter.checkpoint.nbytes() >= PROGRESS_BYTES:
@@ -471,5 +504,6 @@ def _run(args: argparse.Namespace) -> int:
     size = out.stat().st_size
     print(f"wrote {out}: {size} bytes ({size / 2**20:.1f} MiB), "
           f"{len(fmt.tensor_order(exporter.shape, exporter.desc))} tensors, "
+          f"{'a tokenizer, ' if exporter.tokenizer is not None else ''}"
           f"{time.monotonic() - start:.1f} s")
     return 0

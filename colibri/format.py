@@ -536,8 +536,12 @@ class ColibriWriter:
 
     def __init__(self, path: str | os.PathLike, shape: ModelShape,
                  dtypes: dict[Kind, DType] | None = None, byte_order: str = "little",
-                 desc: Description | None = None):
+                 desc: Description | None = None,
+                 optional_sections: Iterable[tuple[int, bytes]] = ()):
         shape.validate()
+        # Optional, non-critical sections (kind, bytes), e.g. the tokenizer:
+        # written after the tensors, so the table knows their count up front.
+        self.optional = [(int(k), bytes(d)) for k, d in optional_sections]
         self.path = Path(path)
         self.shape = shape
         # A file is written in the lowest version that states it: Mixtral's
@@ -558,7 +562,7 @@ class ColibriWriter:
         self.bc = _byte_char(byte_order)
         self.order = tensor_order(shape, desc)
         self.entries: list[Entry] = []
-        self._offset = align64(HEADER_SIZE + ENTRY_SIZE * len(self.order))
+        self._offset = align64(HEADER_SIZE + ENTRY_SIZE * (len(self.order) + len(self.optional)))
         self._tmp = self.path.with_name(self.path.name + ".partial")
         self._f: BinaryIO | None = None
 
@@ -620,6 +624,14 @@ class ColibriWriter:
                 missing = self.order[len(self.entries)]
                 raise FormatError(f"file incomplete: tensor {_label(*missing)} was never given")
             if exc_type is None:
+                for kind, data in self.optional:
+                    f.write(data)
+                    f.write(b"\0" * (align64(len(data)) - len(data)))
+                    self.entries.append(Entry(
+                        kind=kind, dtype=0, flags=0, layer=NO_INDEX, expert=NO_INDEX, rows=1,
+                        cols=len(data), offset=self._offset, size=len(data),
+                        crc=zlib.crc32(data)))
+                    self._offset += align64(len(data))
                 table = b"".join(pack_entry(e, self.bc) for e in self.entries)
                 header = pack_header(self.shape, len(self.entries), zlib.crc32(table), self.bc,
                                      0 if self.desc is None else self.desc.features,

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from . import format as fmt
 from .errors import ColibriError, FileReadError, FormatError, VersionError
 from .format import DType, Kind
+from .tokenizer import KIND_TOKENIZER
 
 # `colibri verify` exit statuses: a script can tell a file to fetch again
 # (DAMAGED) from a path or tool to fix (CANNOT_CHECK).
@@ -58,13 +59,17 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
         lines.append(f"scales        embed {d.embed_scale:g}, attention {d.attn_scale:g}, "
                      f"residual {d.residual_scale:g}, logits / {d.logits_divisor:g}"
                      + "".join(f", {x}" for x in extra if x))
-    params = sum(e.rows * e.cols for e in cf.entries if e.kind != Kind.DESC)
+    # Weights only: the description and optional sections (the tokenizer)
+    # are bytes, not parameters.
+    params = sum(e.rows * e.cols for e in cf.entries
+                 if e.kind in Kind._value2member_map_ and e.kind != Kind.DESC)
     lines.append(f"parameters    {params}")
 
     # Per kind: storage type, count, bytes (section sizes, excluding padding).
     per_kind: OrderedDict[str, list] = OrderedDict()
     for e in cf.entries:
-        name = Kind(e.kind).name if e.kind in Kind._value2member_map_ else f"kind {e.kind}"
+        name = Kind(e.kind).name if e.kind in Kind._value2member_map_ else (
+            "TOKENIZER" if e.kind == KIND_TOKENIZER else f"kind {e.kind}")
         dt = DType(e.dtype).name if e.dtype in DType._value2member_map_ else str(e.dtype)
         row = per_kind.setdefault(name, [set(), 0, 0])
         row[0].add(dt)

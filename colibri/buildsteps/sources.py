@@ -19,6 +19,8 @@ LIBRARY = (
     "src/info.c",      # strerror, get_info, router weights, build flags
     "src/detail.c",    # the error-detail formatter
     "src/crc32.c",
+    "src/tokenizer.c", # text <-> ids (-DCOLIBRI_NO_TOKENIZER leaves stubs)
+    "src/sample.c",    # next-token choice: greedy or seeded sampling
     "src/kernels/ref.c",
 )
 

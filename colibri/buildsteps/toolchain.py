@@ -26,6 +26,7 @@ class Options:
     avx2: bool
     fma: bool
     neon: bool
+    tokenizer: bool = True   # 0: -DCOLIBRI_NO_TOKENIZER (src/tokenizer.c stubs)
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -47,7 +48,7 @@ def _bool(name: str, value, default: bool) -> bool:
 
 
 def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
-                    fma="auto", neon="auto") -> Options:
+                    fma="auto", neon="auto", tokenizer="1") -> Options:
     """Check the variables against what `target` supports and fill in its
     defaults. Errors name the variable, the value and what is allowed."""
     d = target.defaults
@@ -64,6 +65,7 @@ def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
         # FMA is part of the AVX2 kernels (src/kernels/avx2.c): it follows avx2.
         fma=_bool("fma", fma, use_avx2),
         neon=_bool("neon", neon, d.get("neon", False)),
+        tokenizer=_bool("tokenizer", tokenizer, True),
     )
     for k in ("avx2", "neon"):
         if getattr(opts, k) and k not in target.kernels:
@@ -104,6 +106,8 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
         defines.append("COLIBRI_STATIC_WORKBUF")
     if opts.debug:
         defines.append("COLIBRI_DEBUG")
+    if not opts.tokenizer:
+        defines.append("COLIBRI_NO_TOKENIZER")
     defines.extend(target.defines)
     kernel_ccflags = {}
     for k in opts.kernels:

@@ -28,6 +28,8 @@
 #include <sys/stat.h>
 
 #include "colibri.h"
+#include "colibri_sample.h"
+#include "colibri_tokenizer.h"
 
 static const char *usage_text =
     "usage: colibri-cli --model FILE ACTION [options]\n"
@@ -41,6 +43,10 @@ static const char *usage_text =
     "                      line, in the order layer, expert, hidden column\n"
     "                      (layer 0 expert 0 column 0, column 1, ...)\n"
     "  --tokens 1,2,3      run the prompt; print each position's greedy token\n"
+    "  --tokenize TEXT     print the ids of TEXT (the file's tokenizer)\n"
+    "  --prompt TEXT       tokenize TEXT (bos as the tokenizer's template), then\n"
+    "                      generate --generate N tokens (default 32), printing\n"
+    "                      the text as it comes; ids and tokens/s on stderr\n"
     "  --bench N           time N single-token decode steps after a prompt\n"
     "                      (--tokens, default 1,2,3,4); prints mean, p50, p99\n"
     "                      and standard deviation in microseconds\n"
@@ -52,6 +58,9 @@ static const char *usage_text =
     "                      one row per generated token fed back (N - 1 rows:\n"
     "                      the last generated token is not fed back); the\n"
     "                      same format as `colibri run --logits-out`\n"
+    "  --temperature T, --top-k K, --top-p P, --min-p M, --repetition-penalty R,\n"
+    "  --seed S            with --prompt: sampling (colibri_sample.h); greedy\n"
+    "                      unless T > 0\n"
     "  --help              this text\n";
 
 static const char *model_path; /* NULL until --model */
@@ -388,6 +397,133 @@ done:
     return status;
 }
 
+/* --tokenize / --prompt: the file's tokenizer, or a one-line error. */
+static int open_tokenizer(colibri_model *m, colibri_tokenizer *tok)
+{
+    int rc = colibri_tokenizer_init(tok, m);
+    if (rc) {
+        fflush(stdout);
+        fprintf(stderr, "colibri-cli: %s: %s\n", model_path, colibri_tok_strerror(rc));
+        return 1;
+    }
+    return 0;
+}
+
+/* Text -> a malloc'd id array (the CLI may allocate; the library does not):
+ * asks colibri_tokenize for the count first when the guess is too small. */
+static int tokenize_text(const colibri_tokenizer *tok, const char *text, unsigned flags,
+                         int32_t **ids, size_t *n)
+{
+    size_t len = strlen(text), cap = len + 2;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        *ids = (int32_t *)malloc((cap ? cap : 1) * sizeof **ids);
+        if (!*ids) return COLIBRI_E_NO_MEMORY;
+        int rc = colibri_tokenize(tok, text, len, *ids, cap, n, flags);
+        if (rc != COLIBRI_E_TOK_BUFFER) return rc;
+        free(*ids);
+        *ids = NULL;
+        cap = *n;
+    }
+    return COLIBRI_E_TOK_BUFFER;
+}
+
+static int do_tokenize(colibri_model *m, const char *text)
+{
+    colibri_tokenizer tok;
+    if (open_tokenizer(m, &tok)) return 1;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tokenize_text(&tok, text, COLIBRI_TOK_PARSE_SPECIAL, &ids, &n);
+    if (rc) {
+        free(ids);
+        fprintf(stderr, "colibri-cli: --tokenize: %s\n", colibri_tok_strerror(rc));
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", (int)ids[i]);
+    printf("\n");
+    free(ids);
+    return 0;
+}
+
+static double now_us(void);
+
+static int do_prompt(colibri_model *m, const char *text, long generate,
+                     const colibri_sample_params *sp)
+{
+    colibri_tokenizer tok;
+    if (open_tokenizer(m, &tok)) return 1;
+    colibri_tokenizer_info ti;
+    colibri_tokenizer_get_info(&tok, &ti);
+    colibri_info in;
+    colibri_get_info(m, &in);
+    uint32_t V = in.shape.vocab;
+    /* Ids past the tokenizer's (a padded vocabulary) have no text. */
+    uint32_t n_text = ti.n_vocab < V ? ti.n_vocab : V;
+    /* bos when the template adds it: what `colibri generate` does. */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    unsigned flags = COLIBRI_TOK_PARSE_SPECIAL;
+    if (ti.bos_id >= 0 && ti.template_bos)
+        flags |= COLIBRI_TOK_ADD_BOS;
+    int rc = tokenize_text(&tok, text, flags, &ids, &n);
+    if (rc || n == 0) {
+        free(ids);
+        fprintf(stderr, "colibri-cli: --prompt: %s\n",
+                rc ? colibri_tok_strerror(rc) : "the prompt has no tokens");
+        return rc ? 1 : 2;
+    }
+    if ((uint64_t)n + (uint64_t)generate > (uint64_t)in.shape.max_seq_len + 1) {
+        free(ids);
+        return usage_error("prompt plus --generate exceeds the model's max_seq_len");
+    }
+    size_t total = n + (size_t)generate;
+    float *logits = (float *)malloc((size_t)n * V * sizeof(float));
+    int32_t *hist = (int32_t *)malloc(total * sizeof *hist);
+    size_t scratch_size = colibri_sample_scratch_size(V);
+    double *scratch = (double *)malloc(scratch_size ? scratch_size : 8);
+    if (!logits || !hist || !scratch) {
+        free(logits); free(hist); free(scratch); free(ids);
+        return fail(COLIBRI_E_NO_MEMORY, COLIBRI_CALL_INIT, m, NULL);
+    }
+    memcpy(hist, ids, n * sizeof *ids);
+    fputs(text, stdout);
+    fflush(stdout);
+    double t0 = now_us();
+    rc = colibri_infer(m, ids, NULL, 1, (uint32_t)n, 0, logits);
+    float *row = logits + (size_t)(n - 1) * V;
+    colibri_detok d;
+    colibri_detok_init(&d, &tok, COLIBRI_DETOK_SKIP_SPECIAL);
+    char buf[512];
+    size_t k, made = 0;
+    int status = 0;
+    for (long g = 0; g < generate && rc == 0; g++) {
+        int32_t next;
+        for (uint32_t i = n_text; i < V; i++) row[i] = -INFINITY;
+        rc = colibri_sample(row, V, sp, hist, n + made, (uint64_t)g, scratch, scratch_size,
+                            &next);
+        if (rc) break;
+        hist[n + made++] = next;
+        if (colibri_detok_push(&d, next, buf, sizeof buf, &k) == 0) fwrite(buf, 1, k, stdout);
+        fflush(stdout);
+        if (next == ti.eos_id || g == generate - 1) break;
+        rc = colibri_infer(m, &next, NULL, 1, 1, (uint32_t)(n + made - 1), logits);
+        row = logits;
+    }
+    double t1 = now_us();
+    if (colibri_detok_finish(&d, buf, sizeof buf, &k) == 0) fwrite(buf, 1, k, stdout);
+    printf("\n");
+    if (rc) {
+        status = fail(rc, COLIBRI_CALL_INFER, m, NULL);
+    } else {
+        fprintf(stderr, "generated ids:");
+        for (size_t i = 0; i < made; i++) fprintf(stderr, i ? ",%d" : " %d", (int)hist[n + i]);
+        fprintf(stderr, "\n%zu prompt tokens, %zu generated, %.1f tokens/s\n", n, made,
+                t1 > t0 ? (double)(n + made) * 1e6 / (t1 - t0) : 0.0);
+    }
+    free(logits); free(hist); free(scratch); free(ids);
+    return status;
+}
+
 static double now_us(void)
 {
     struct timespec ts;
@@ -461,7 +597,9 @@ static int parse_count(const char *s, long *out)
 
 int main(int argc, char **argv)
 {
-    const char *tokens = NULL, *logits_out = NULL;
+    const char *tokens = NULL, *logits_out = NULL, *tokenize = NULL, *prompt = NULL;
+    colibri_sample_params sp = colibri_sample_defaults();
+    int sampling_flags = 0;
     int info = 0, verify = 0, dump = 0, have_model = 0;
     long generate = 0, bench = 0;
     for (int i = 1; i < argc; i++) {
@@ -481,6 +619,29 @@ int main(int argc, char **argv)
             dump = 1;
         } else if (!strcmp(a, "--tokens") && has_val) {
             tokens = argv[++i];
+        } else if (!strcmp(a, "--tokenize") && has_val) {
+            tokenize = argv[++i];
+        } else if (!strcmp(a, "--prompt") && has_val) {
+            prompt = argv[++i];
+        } else if ((!strcmp(a, "--temperature") || !strcmp(a, "--top-p") ||
+                    !strcmp(a, "--min-p") || !strcmp(a, "--repetition-penalty")) && has_val) {
+            char *end;
+            float v = strtof(argv[++i], &end);
+            if (end == argv[i] || *end) return usage_error("sampling options take numbers");
+            if (!strcmp(a, "--temperature")) sp.temperature = v;
+            else if (!strcmp(a, "--top-p")) sp.top_p = v;
+            else if (!strcmp(a, "--min-p")) sp.min_p = v;
+            else sp.repetition_penalty = v;
+            sampling_flags = 1;
+        } else if ((!strcmp(a, "--top-k") || !strcmp(a, "--seed")) && has_val) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(argv[++i], &end, 10);
+            if (end == argv[i] || *end || errno || argv[i][0] == '-')
+                return usage_error("--top-k and --seed take whole numbers >= 0");
+            if (!strcmp(a, "--top-k")) sp.top_k = (uint32_t)v;
+            else sp.seed = (uint64_t)v;
+            sampling_flags = 1;
         } else if (!strcmp(a, "--logits-out") && has_val) {
             logits_out = argv[++i];
         } else if (!strcmp(a, "--generate") && has_val) {
@@ -497,12 +658,22 @@ int main(int argc, char **argv)
     }
     if (!have_model)
         return usage_error("--model FILE is required");
-    int actions = info + verify + dump + (bench > 0) + (tokens && !bench);
+    int actions = info + verify + dump + (bench > 0) + (tokens && !bench) + !!tokenize +
+                  !!prompt;
     if (actions != 1)
         return usage_error("give exactly one of --info, --verify, "
-                           "--dump-router-lut, --tokens, --bench");
-    if ((generate || logits_out) && (!tokens || bench))
-        return usage_error("--generate and --logits-out go with --tokens");
+                           "--dump-router-lut, --tokens, --bench, --tokenize, --prompt");
+    if (logits_out && (!tokens || bench))
+        return usage_error("--logits-out goes with --tokens");
+    if (generate && !tokens && !prompt)
+        return usage_error("--generate goes with --tokens or --prompt");
+    if (sampling_flags && !prompt)
+        return usage_error("sampling options go with --prompt");
+    if (!(sp.temperature >= 0.0f) || !(sp.top_p >= 0.0f) || !(sp.min_p >= 0.0f) ||
+        !(sp.repetition_penalty > 0.0f) || isinf(sp.temperature) ||
+        isinf(sp.repetition_penalty))
+        return usage_error("--temperature, --top-p and --min-p must be >= 0 and "
+                           "--repetition-penalty > 0");
     if (verify)
         return do_verify();
 
@@ -524,6 +695,10 @@ int main(int argc, char **argv)
         status = do_info(&m);
     } else if (dump) {
         status = do_dump_router(&m);
+    } else if (tokenize) {
+        status = do_tokenize(&m, tokenize);
+    } else if (prompt) {
+        status = do_prompt(&m, prompt, generate ? generate : 32, &sp);
     } else if (bench) {
         status = do_bench(&m, ids, (uint32_t)n, bench);
     } else {

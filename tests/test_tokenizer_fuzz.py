@@ -1,0 +1,47 @@
+"""fuzz/fuzz_tokenizer.c: the tokenizer's libFuzzer target builds, and a short
+run (hostile sections and hostile text/ids for a valid section, seeded with
+real sections) finds nothing under ASan/UBSan."""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from colibri import tokenizer as T
+from colibri.buildsteps import sources
+
+import tokenizer_fixtures as tf
+from test_tokenizer import trained  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
+@pytest.mark.parametrize("kind", ["bl-gpt2-300", "sp-300"])
+def test_fuzz_tokenizer_short_run_is_clean(trained, tmp_path, kind):
+    exe = tmp_path / "fuzz_tokenizer"
+    lib = [s for s in sources.LIBRARY]
+    subprocess.run(["clang", "-std=c11", "-g", "-O1", "-ffp-contract=off",
+                    "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
+                    "-Isrc/include", "-Isrc", "-Isrc/kernels", "-DCOLIBRI_KERNELS_REF_ONLY",
+                    "-DCOLIBRI_ENABLE_MMAP=1", "fuzz/fuzz_tokenizer.c", *lib, "-lm",
+                    "-o", str(exe)], cwd=ROOT, check=True, timeout=600)
+    sec = T.pack_section(T.spec_from_json(json.loads(trained(kind).to_str())),
+                         "big" if kind.startswith("sp") else "little")
+    (tmp_path / "good.bin").write_bytes(sec)
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    for i, b in enumerate(tf.test_strings(40, seed=2)):
+        (seeds / f"t{i}").write_bytes(b"\x01" + b)
+    if len(sec) < 65536:
+        (seeds / "sec").write_bytes(b"\x00" + struct.pack("<H", len(sec)) + sec + b"Hi there")
+    proc = subprocess.run([str(exe), "-runs=4000", "-max_len=8192", "-seed=1", str(seeds)],
+                          env={"COLIBRI_FUZZ_SECTION": str(tmp_path / "good.bin"),
+                               "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Done 4000 runs" in proc.stderr
