@@ -140,6 +140,45 @@ class NotInitializedError(RuntimeCallError):
     code = -13
 
 
+class TokenizerCallError(RuntimeCallError):
+    """A tokenizer or sampler call of the C runtime (colibri_tokenizer.h,
+    colibri_sample.h, through Model.tokenize / detokenize / generate)
+    returned a code of its own (-30 .. -34): `strerror` is
+    colibri_tok_strerror's text, `call` "tokenize", "detokenize" or
+    "sample"."""
+
+
+class NoTokenizerError(TokenizerCallError):
+    """-30 (COLIBRI_E_TOK_NONE): the file has no tokenizer section (convert
+    the checkpoint with its tokenizer.json to get one)."""
+    code = -30
+
+
+class TokenizerFormatError(TokenizerCallError, FormatError):
+    """-31 (COLIBRI_E_TOK_FORMAT): the file's tokenizer section is malformed."""
+    code = -31
+
+
+class TokenBufferError(TokenizerCallError):
+    """-32 (COLIBRI_E_TOK_BUFFER): an output buffer too small (the binding
+    retries with the size C asks for, so this only escapes on a library bug)."""
+    code = -32
+
+
+class TextUTF8Error(TokenizerCallError):
+    """-33 (COLIBRI_E_TOK_UTF8): the text is not valid UTF-8."""
+    code = -33
+
+
+class NoBosError(TokenizerCallError):
+    """-34 (COLIBRI_E_TOK_NO_BOS): add_bos asked, the tokenizer has no bos."""
+    code = -34
+
+
+TOKENIZER_ERRORS = {cls.code: cls for cls in (NoTokenizerError, TokenizerFormatError,
+                                              TokenBufferError, TextUTF8Error, NoBosError)}
+
+
 # (code, call) -> class; call None: the same class for both calls.
 RUNTIME_ERRORS = {
     (-1, "init"): BadFormatError, (-1, "infer"): InputTooLargeError,

@@ -30,8 +30,13 @@ array, an id beyond int32, a mask of other shape) raise the same classes
 (ArgumentError, TokenError) before any C call. Nothing here aborts the
 interpreter; a closed Model raises NotInitializedError.
 
-Not here yet: worker threads (the C runtime has none yet) and tokenize /
-detokenize / generate (the C tokenizer does not exist yet); Model takes no
+Text: Model.tokenize / detokenize / generate run the C tokenizer, streaming
+detokenizer and sampler (colibri_tokenizer.h, colibri_sample.h) over the
+file's tokenizer section: the same ids and text as colibri-cli --prompt. A
+file without one raises NoTokenizerError; tokenizer codes (-30 .. -34) are
+TokenizerCallError subclasses with colibri_tok_strerror's text.
+
+Not here yet: worker threads (the C runtime has none yet); Model takes no
 `threads` argument until it does.
 """
 from __future__ import annotations
@@ -77,6 +82,21 @@ class _Info(ctypes.Structure):
                 ("chunk_tokens", ctypes.c_uint32), ("kernels", ctypes.c_char_p),
                 ("load_mode", ctypes.c_char_p), ("huge_pages_advised", ctypes.c_uint8)]
 
+
+class _TokInfo(ctypes.Structure):
+    _fields_ = [("n_vocab", ctypes.c_uint32), ("bos_id", ctypes.c_int32),
+                ("eos_id", ctypes.c_int32), ("model", ctypes.c_uint8),
+                ("pretok", ctypes.c_uint8), ("template_bos", ctypes.c_uint8)]
+
+
+class _SampleParams(ctypes.Structure):
+    _fields_ = [("temperature", ctypes.c_float), ("top_k", ctypes.c_uint32),
+                ("top_p", ctypes.c_float), ("min_p", ctypes.c_float),
+                ("repetition_penalty", ctypes.c_float), ("seed", ctypes.c_uint64)]
+
+
+TOK_ADD_BOS, TOK_PARSE_SPECIAL = 1, 2          # colibri_tokenize flags
+DETOK_SKIP_SPECIAL = 1                         # colibri_detok_init flag
 
 _ON_BAD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
@@ -126,7 +146,29 @@ class Library:
                 f"{self.path}: API version {api}, sizeof(colibri_info) {sizeof_info}; this "
                 f"binding expects {API_VERSION} and {ctypes.sizeof(_Info)}: rebuild the "
                 "library from this checkout (python -m colibri.cbuild)")
+        # The tokenizer and sampler structs: colibri_tokenizer and
+        # colibri_detok are opaque buffers of the library's sizes; the two
+        # mirrored field by field must match it exactly.
+        try:
+            for name in ("tokenizer", "detok", "tokenizer_info", "sample_params"):
+                f = getattr(lib, f"colibri_abi_sizeof_{name}")
+                f.restype, f.argtypes = ctypes.c_size_t, []
+            self.sizeof_tokenizer = lib.colibri_abi_sizeof_tokenizer()
+            self.sizeof_detok = lib.colibri_abi_sizeof_detok()
+            text_sizes = (lib.colibri_abi_sizeof_tokenizer_info(),
+                          lib.colibri_abi_sizeof_sample_params())
+        except AttributeError:
+            raise errors.LibraryNotFoundError(
+                f"{self.path} has no colibri_abi_sizeof_tokenizer (src/shared_abi.c): it "
+                "predates the tokenizer; rebuild it (python -m colibri.cbuild)") from None
+        want = (ctypes.sizeof(_TokInfo), ctypes.sizeof(_SampleParams))
+        if text_sizes != want:
+            raise errors.LibraryNotFoundError(
+                f"{self.path}: sizeof(colibri_tokenizer_info), sizeof(colibri_sample_params) "
+                f"= {text_sizes}; this binding expects {want}: rebuild the library from "
+                "this checkout (python -m colibri.cbuild)")
         vp, sz, u32, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_int
+        psz = ctypes.POINTER(sz)
         for name, res, args in (
                 ("colibri_init", i, [vp, ctypes.c_char_p]),
                 ("colibri_init_from_memory", i, [vp, vp, sz, vp, sz]),
@@ -138,7 +180,19 @@ class Library:
                 ("colibri_error_detail", ctypes.c_char_p, [vp]),
                 ("colibri_get_info", i, [vp, ctypes.POINTER(_Info)]),
                 ("colibri_verify", i, [vp, sz, _ON_BAD, vp, ctypes.POINTER(u32)]),
-                ("colibri_build_flags", ctypes.c_uint, [])):
+                ("colibri_build_flags", ctypes.c_uint, []),
+                ("colibri_tokenizer_init", i, [vp, vp]),
+                ("colibri_tokenizer_get_info", i, [vp, ctypes.POINTER(_TokInfo)]),
+                ("colibri_tokenize", i, [vp, vp, sz, vp, sz, psz, ctypes.c_uint]),
+                ("colibri_detokenize", i, [vp, vp, sz, vp, sz, psz, ctypes.c_uint]),
+                ("colibri_detok_init", None, [vp, vp, ctypes.c_uint]),
+                ("colibri_detok_push", i, [vp, ctypes.c_int32, vp, sz, psz]),
+                ("colibri_detok_finish", i, [vp, vp, sz, psz]),
+                ("colibri_tok_strerror", ctypes.c_char_p, [i]),
+                ("colibri_sample_defaults", _SampleParams, []),
+                ("colibri_sample_scratch_size", sz, [u32]),
+                ("colibri_sample", i, [vp, u32, ctypes.POINTER(_SampleParams), vp, sz,
+                                       ctypes.c_uint64, vp, sz, ctypes.POINTER(ctypes.c_int32)])):
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
         self.lib = lib
@@ -151,6 +205,13 @@ class Library:
         name = "infer" if call == CALL_INFER else "init"
         cls = errors.runtime_error_class(code, name)
         return cls(code, self.strerror(code, call), detail, name, where)
+
+    def tok_error(self, code: int, call: str, detail: str = "", where: str = ""):
+        """The exception for a failed tokenizer or sampler call: the
+        TokenizerCallError subclass of -30 .. -34, else the colibri.h code's
+        class; the text is colibri_tok_strerror's either way."""
+        cls = errors.TOKENIZER_ERRORS.get(code) or errors.runtime_error_class(code, "infer")
+        return cls(code, self.lib.colibri_tok_strerror(code).decode(), detail, call, where)
 
     @property
     def build_flags(self) -> int:
@@ -316,6 +377,7 @@ class Model:
             self._blob = self._arena = None
             raise self._lib.error(rc, CALL_INIT, detail, self._where)
         self._m = m
+        self._tok = self._tok_info = None     # colibri_tokenizer, on first use
         info = _Info()
         rc = lib.colibri_get_info(m, ctypes.byref(info))
         if rc:   # cannot happen on an initialised model; never leave it open
@@ -334,6 +396,7 @@ class Model:
                 self._lib.lib.colibri_free(self._m)
                 self._m = None
                 self._blob = self._arena = None
+                self._tok = None      # pointed into the model's memory
 
     @property
     def closed(self) -> bool:
@@ -421,6 +484,147 @@ class Model:
         return errors.ArgumentError(-7, self._lib.strerror(-7, CALL_INFER), detail,
                                     "infer", self._where)
 
+    # -- text -------------------------------------------------------------------
+    def _tokenizer(self, call: str):
+        """The colibri_tokenizer (initialised once; call with the lock held):
+        NoTokenizerError when the file has no tokenizer section."""
+        if self._m is None:
+            raise self._closed_error()
+        if self._tok is None:
+            tok = ctypes.create_string_buffer(self._lib.sizeof_tokenizer)
+            rc = self._lib.lib.colibri_tokenizer_init(tok, self._m)
+            if rc:
+                raise self._lib.tok_error(rc, call, "", self._where)
+            ti = _TokInfo()
+            self._lib.lib.colibri_tokenizer_get_info(tok, ctypes.byref(ti))
+            self._tok, self._tok_info = tok, ti
+        return self._tok
+
+    @property
+    def tokenizer_info(self) -> dict:
+        """colibri_tokenizer_get_info: n_vocab, bos_id, eos_id (-1: none),
+        model, pretok, template_bos. NoTokenizerError without a tokenizer."""
+        with self._lock:
+            self._tokenizer("tokenize")
+            ti = self._tok_info
+        return {k: int(getattr(ti, k)) for k, _ in _TokInfo._fields_}
+
+    def tokenize(self, text, add_bos: bool | None = None, parse_special: bool = False
+                 ) -> list[int]:
+        """colibri_tokenize: the ids of `text` (str, or UTF-8 bytes; invalid
+        UTF-8 reads as U+FFFD), HF tokenizers' for the checkpoint's
+        tokenizer.json. add_bos None: as the tokenizer's template does;
+        parse_special: special tokens written in the text become their ids
+        (else plain text). NoTokenizerError, NoBosError, ..."""
+        with self._lock:
+            tok = self._tokenizer("tokenize")
+            if add_bos is None:
+                add_bos = bool(self._tok_info.template_bos) and self._tok_info.bos_id >= 0
+        return self._tokenize(text, (TOK_ADD_BOS if add_bos else 0)
+                              | (TOK_PARSE_SPECIAL if parse_special else 0), tok)
+
+    def _tokenize(self, text, flags: int, tok) -> list[int]:
+        if isinstance(text, str):
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise errors.TextUTF8Error(-33, self._lib.lib.colibri_tok_strerror(-33).decode(),
+                                           str(exc), "tokenize", self._where) from None
+        else:
+            data = bytes(text)
+        cap = len(data) + 2
+        n = ctypes.c_size_t(0)
+        for _ in range(2):
+            ids = np.empty(max(cap, 1), np.int32)
+            with self._lock:
+                if self._m is None:
+                    raise self._closed_error()
+                rc = self._lib.lib.colibri_tokenize(tok, data, len(data), ids.ctypes.data, cap,
+                                                    ctypes.byref(n), flags)
+            if rc != -32:
+                break
+            cap = int(n.value)
+        if rc:
+            raise self._lib.tok_error(rc, "tokenize", "", self._where)
+        return ids[:n.value].tolist()
+
+    def detokenize(self, ids, skip_special: bool = False) -> str:
+        """colibri_detokenize: the text of `ids`, HF tokenizers'
+        decode(ids, skip_special_tokens=skip_special). TokenError for an id
+        outside the tokenizer's vocabulary."""
+        arr = self._ids32(ids, "detokenize")
+        cap = 16 * arr.size + 16
+        n = ctypes.c_size_t(0)
+        for _ in range(2):
+            out = ctypes.create_string_buffer(cap)
+            with self._lock:
+                tok = self._tokenizer("detokenize")
+                rc = self._lib.lib.colibri_detokenize(
+                    tok, arr.ctypes.data, arr.size, out, cap, ctypes.byref(n),
+                    DETOK_SKIP_SPECIAL if skip_special else 0)
+            if rc != -32:
+                break
+            cap = int(n.value)
+        if rc:
+            raise self._lib.tok_error(rc, "detokenize", "", self._where)
+        return out.raw[:n.value].decode("utf-8", "replace")
+
+    def _ids32(self, ids, call: str) -> np.ndarray:
+        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise errors.ArgumentError(-7, self._lib.strerror(-7), f"ids of shape {arr.shape} "
+                                       f"and dtype {arr.dtype}: expected a 1-D list of ints",
+                                       call, self._where)
+        if arr.size and (arr.min() < -2**31 or arr.max() >= 2**31):
+            raise errors.TokenError(-8, self._lib.strerror(-8), "a token id does not fit in "
+                                    "int32", call, self._where)
+        return np.ascontiguousarray(arr, dtype=np.int32)
+
+    def generate(self, prompt, max_tokens: int, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 seed: int = 0, add_bos: bool | None = None) -> "Generation":
+        """Text generation as `colibri-cli --prompt TEXT --generate N` does
+        it: the prompt tokenised (special tokens parsed; bos as the template
+        does unless add_bos says), each next token chosen by colibri_sample
+        (greedy with temperature 0; else seeded sampling: the same tokens as
+        colibri-cli with the same flags), its text streamed by colibri_detok
+        (special tokens skipped; a UTF-8 character split across tokens comes
+        out whole). Stops at eos, max_tokens or the KV cache's end.
+
+        Returns an iterator of text pieces (str), each final as soon as
+        yielded; its `.ids` lists the generated ids so far. The prompt,
+        parameters and tokenizer are checked here, before any token."""
+        if int(max_tokens) < 0:
+            raise self._arg_error(f"max_tokens = {max_tokens}")
+        p = self._lib.lib.colibri_sample_defaults()
+        try:
+            p.temperature, p.top_k, p.top_p = float(temperature), int(top_k), float(top_p)
+            p.min_p, p.repetition_penalty = float(min_p), float(repetition_penalty)
+            p.seed = int(seed) & (2**64 - 1)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise self._arg_error(f"sampling parameter: {exc}") from None
+        if int(top_k) < 0 or int(top_k) >= 2**32:
+            raise self._arg_error(f"top_k = {top_k}")
+        ids = self.tokenize(prompt, add_bos=add_bos, parse_special=True)
+        if not ids:
+            raise self._arg_error("the prompt has no tokens")
+        if len(ids) >= self.max_seq_len:
+            raise errors.InputTooLargeError(
+                -1, self._lib.strerror(-1, CALL_INFER), f"the prompt is {len(ids)} tokens, "
+                f"the KV cache holds {self.max_seq_len}", "infer", self._where)
+        # Check the parameters once now (C says which values it refuses).
+        probe = np.zeros(1, np.float32)
+        scratch = np.empty(max(int(self._lib.lib.colibri_sample_scratch_size(1)), 8), np.uint8)
+        out = ctypes.c_int32(0)
+        hist0 = np.zeros(1, np.int32)
+        rc = self._lib.lib.colibri_sample(probe.ctypes.data, 1, ctypes.byref(p),
+                                          hist0.ctypes.data, 0, 0,
+                                          scratch.ctypes.data, scratch.size, ctypes.byref(out))
+        if rc:
+            raise self._lib.tok_error(rc, "sample", "temperature, top_p, min_p must be finite "
+                                      ">= 0 and repetition_penalty > 0", self._where)
+        return Generation(self, ids, int(max_tokens), p)
+
     # -- the file ---------------------------------------------------------------
     def verify(self) -> list[tuple[int, str]]:
         """colibri_verify over this model's file (re-read from its path) or
@@ -463,3 +667,85 @@ def _to_info(i: _Info) -> Info:
                 chunk_tokens=int(i.chunk_tokens),
                 kernels=(i.kernels or b"").decode(), load_mode=(i.load_mode or b"").decode(),
                 huge_pages_advised=bool(i.huge_pages_advised))
+
+
+class Generation:
+    """The iterator Model.generate returns: text pieces as they become
+    final; `ids` the generated token ids so far, `prompt_ids` the prompt's."""
+
+    def __init__(self, model: Model, prompt_ids: list[int], max_tokens: int,
+                 params: _SampleParams):
+        self.model, self.prompt_ids, self.ids = model, list(prompt_ids), []
+        self._it = self._run(max_tokens, params)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return next(self._it)
+
+    @property
+    def text(self) -> str:
+        """The rest of the stream, joined (consumes the iterator)."""
+        return "".join(self)
+
+    def _run(self, max_tokens: int, p: _SampleParams):
+        m, lib = self.model, self.model._lib
+        c = lib.lib
+        with m._lock:
+            m._tokenizer("generate")
+            tok, ti = m._tok, m._tok_info
+        V = m.vocab
+        n_text = min(int(ti.n_vocab), V)     # a padded vocabulary's extra ids have no text
+        limit = m.max_seq_len
+        hist = np.zeros(len(self.prompt_ids) + max_tokens, np.int32)
+        n = len(self.prompt_ids)
+        hist[:n] = self.prompt_ids
+        size = int(c.colibri_sample_scratch_size(V))
+        scratch = np.empty(max(size, 8), np.uint8)
+        d = ctypes.create_string_buffer(lib.sizeof_detok)
+        buf_cap = 512
+        buf = ctypes.create_string_buffer(buf_cap)
+        k = ctypes.c_size_t(0)
+        nxt = ctypes.c_int32(0)
+        if max_tokens == 0:
+            return
+        logits = m.infer(hist[None, :n])[0, -1].copy()
+        step_out = np.empty((1, 1, V), np.float32)
+        with m._lock:
+            c.colibri_detok_init(d, m._tokenizer("generate"), DETOK_SKIP_SPECIAL)
+
+        def drain(fn, *args):
+            nonlocal buf, buf_cap
+            while True:
+                with m._lock:
+                    m._tokenizer("generate")     # the model is still open
+                    rc = fn(d, *args, buf, buf_cap, ctypes.byref(k))
+                if rc == -32:
+                    buf_cap = int(k.value)
+                    buf = ctypes.create_string_buffer(buf_cap)
+                    continue
+                if rc:
+                    raise lib.tok_error(rc, "detokenize", "", m._where)
+                return buf.raw[:k.value].decode("utf-8", "replace")
+
+        for g in range(max_tokens):
+            logits[n_text:] = -np.inf
+            rc = c.colibri_sample(logits.ctypes.data, V, ctypes.byref(p), hist.ctypes.data,
+                                  n + g, g, scratch.ctypes.data, scratch.size,
+                                  ctypes.byref(nxt))
+            if rc:
+                raise lib.tok_error(rc, "sample", "", m._where)
+            t = int(nxt.value)
+            hist[n + g] = t
+            self.ids.append(t)
+            piece = drain(c.colibri_detok_push, t)
+            if piece:
+                yield piece
+            if t == ti.eos_id or g == max_tokens - 1 or n + g + 1 >= limit:
+                break
+            m.infer(hist[None, n + g:n + g + 1], n_past=n + g, out=step_out)
+            logits = step_out[0, 0].copy()
+        tail = drain(c.colibri_detok_finish)
+        if tail:
+            yield tail

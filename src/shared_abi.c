@@ -13,3 +13,14 @@
 size_t colibri_abi_sizeof_model(void) { return sizeof(colibri_model); }
 size_t colibri_abi_sizeof_info(void) { return sizeof(colibri_info); }
 int colibri_abi_api_version(void) { return COLIBRI_API_VERSION; }
+
+/* The tokenizer and sampler structs the binding allocates (colibri_tokenizer,
+ * colibri_detok: opaque buffers of these sizes) or mirrors field by field
+ * (colibri_tokenizer_info, colibri_sample_params: checked against ctypes). */
+#include "colibri_sample.h"
+#include "colibri_tokenizer.h"
+
+size_t colibri_abi_sizeof_tokenizer(void) { return sizeof(colibri_tokenizer); }
+size_t colibri_abi_sizeof_detok(void) { return sizeof(colibri_detok); }
+size_t colibri_abi_sizeof_tokenizer_info(void) { return sizeof(colibri_tokenizer_info); }
+size_t colibri_abi_sizeof_sample_params(void) { return sizeof(colibri_sample_params); }
