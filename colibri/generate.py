@@ -1,6 +1,12 @@
 """`colibri tokenize FILE "text"` (prints the ids) and `colibri generate FILE
-"prompt"` (the numpy reference, the file's tokenizer and colibri.sampling:
-prints text as it is generated). Greedy unless --temperature > 0.
+"prompt"` (prints text as it is generated). Greedy unless --temperature > 0.
+
+`generate --engine c` runs the C runtime through colibri.runtime
+(Model.generate: the C tokenizer, colibri_sample and the streaming
+detokenizer, as colibri-cli --prompt); `--engine reference` the numpy
+reference with the Python tokenizer and colibri.sampling. Without --engine:
+c when libcolibri.so is built, else reference (colibri.run.choose_engine).
+The first line printed names the engine.
 """
 from __future__ import annotations
 
@@ -92,13 +98,17 @@ def add_parser(subparsers) -> None:
     t.add_argument("--no-special", action="store_true",
                    help="special tokens in the text are plain text")
     t.set_defaults(func=_tokenize)
-    g = subparsers.add_parser("generate", help="generate text with the numpy reference")
+    g = subparsers.add_parser("generate", help="generate text: the C runtime "
+                              "(libcolibri.so) or the numpy reference")
     g.add_argument("file", metavar="FILE")
     g.add_argument("prompt")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--no-bos", action="store_true",
                    help="do not put the bos id first (default: as the tokenizer's template)")
     add_sampling_args(g)
+    g.add_argument("--engine", choices=("c", "reference"), default=None,
+                   help="c: the C runtime through colibri.runtime; reference: the numpy "
+                        "reference. Default: c when libcolibri.so is built, else reference")
     g.set_defaults(func=_generate)
 
 
@@ -114,7 +124,24 @@ def _generate(args: argparse.Namespace) -> int:
         raise ColibriError(f"--max-tokens {args.max_tokens}: give at least 1")
     p = SampleParams(args.temperature, args.top_k, args.top_p, args.min_p,
                      args.repetition_penalty, args.seed)
+    from .run import choose_engine
+    engine, about = choose_engine(args.engine)
+    add_bos = False if args.no_bos else None
+    if engine == "c":
+        from .runtime import Model
+        with Model(args.file) as m:
+            print(f"engine: {about}, kernels {m.info.kernels}")
+            # Everything is checked before the prompt is echoed.
+            stream = m.generate(args.prompt, args.max_tokens, p.temperature, p.top_k,
+                                p.top_p, p.min_p, p.repetition_penalty, p.seed,
+                                add_bos=add_bos)
+            sys.stdout.write(args.prompt)
+            for piece in stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+        return 0
+    print(f"engine: {about}")
     sys.stdout.write(args.prompt)
-    generate(args.file, args.prompt, args.max_tokens, p, add_bos=False if args.no_bos else None,
-             out=sys.stdout)
+    generate(args.file, args.prompt, args.max_tokens, p, add_bos=add_bos, out=sys.stdout)
     return 0

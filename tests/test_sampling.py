@@ -167,10 +167,12 @@ def test_tokenize_and_generate_commands(tmp_path):
                          text=True, check=True).stdout.strip()
     assert out == ",".join(map(str, hf.encode("Hello, world!").ids))
     args = ["generate", str(path), "The Python", "--max-tokens", "12", "--temperature", "0.9",
-            "--top-p", "0.95", "--seed", "7"]
+            "--top-p", "0.95", "--seed", "7", "--engine", "reference"]
     a = subprocess.run([*cli, *args], capture_output=True, text=True, check=True).stdout
     b = subprocess.run([*cli, *args], capture_output=True, text=True, check=True).stdout
-    assert a == b and a.startswith("The Python")
+    head, a = a.split("\n", 1)        # the first line names the engine
+    assert head.startswith("engine: reference")
+    assert b.split("\n", 1)[1] == a and a.startswith("The Python")
     # the same ids by hand: reference logits, then colibri.sampling per step
     tok, ref = Tokenizer.from_file(path), Reference(path)
     p = S.SampleParams(temperature=0.9, top_p=0.95, seed=7)
@@ -187,10 +189,12 @@ def test_tokenize_and_generate_commands(tmp_path):
         logits = ref.forward(np.array([[t]]), n_past=len(hist) - 1)[0, -1].copy()
     assert generate(path, "The Python", 12, p) == want
     assert a == "The Python" + tok.decode(want, skip_special=True) + "\n"
-    greedy = subprocess.run([*cli, "generate", str(path), "The Python", "--max-tokens", "4"],
+    greedy = subprocess.run([*cli, "generate", str(path), "The Python", "--max-tokens", "4",
+                             "--engine", "reference"],
                             capture_output=True, text=True, check=True).stdout
-    assert greedy.startswith("The Python")
-    err = subprocess.run([*cli, "generate", str(path), "x", "--temperature", "-1"],
+    assert greedy.split("\n", 1)[1].startswith("The Python")
+    err = subprocess.run([*cli, "generate", str(path), "x", "--temperature", "-1",
+                          "--engine", "reference"],
                          capture_output=True, text=True)
     assert err.returncode == 2 and err.stderr.startswith("colibri: error: temperature")
 
