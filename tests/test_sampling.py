@@ -260,13 +260,10 @@ def test_c_sampler_on_cortex_m_under_qemu(tmp_path):
     """Bare metal: the numpy reference's tokens for 150 cases, compiled into a
     Cortex-M program with the library scons builds, under qemu-system-arm."""
     import shutil
-    import sys
-    from pathlib import Path
     import targets
     t = targets.load_all()["cortex-m"]
     if shutil.which(t.tool("gcc")) is None or shutil.which(t.emulator[0]) is None:
         pytest.skip("Cortex-M toolchain or qemu-system-arm not installed")
-    root = Path(__file__).resolve().parent.parent
     cs = [c for c in cases(400, seed=4) if c[0].size <= 300]
     rows, kept = [], 0
     for i, (logits, p, hist, step) in enumerate(cs):
@@ -291,18 +288,7 @@ def test_c_sampler_on_cortex_m_under_qemu(tmp_path):
             "static const struct sample_case cases[] = {"
             + ",".join(f"CASE{i}" for i in range(kept)) + "};"]
     (tmp_path / "sample_cases.h").write_text("\n".join(head + rows + tail) + "\n")
-    lib = tmp_path / "cortex-m" / "libcolibri.a"
-    p = subprocess.run([str(Path(sys.executable).parent / "scons"), "-Q", "-j2",
-                        "target=cortex-m", f"build_dir={tmp_path}", str(lib)],
-                       cwd=root, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    elf = tmp_path / "sample.elf"
-    subprocess.run([t.tool("gcc"), *t.arch_flags, "-std=c11", "-O2", "-Wall", "-Werror",
-                    "-Isrc/include", "-Isrc", "-Ifirmware", f"-I{tmp_path}",
-                    "tests/c/sample_baremetal.c", *t.startup, str(lib), "-T", t.ldscript,
-                    *t.link_flags, *[f"-l{x}" for x in t.libs], "-o", str(elf)],
-                   cwd=root, check=True, timeout=300)
-    cmd = [str(elf) if a == "{prog}" else a for a in t.emulator]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    from baremetal import build_and_run
+    proc = build_and_run(t, "tests/c/sample_baremetal.c", tmp_path, "sample")
     assert proc.returncode == 0 and f"sample: {kept} cases ok" in proc.stdout, \
         proc.stdout + proc.stderr

@@ -271,17 +271,7 @@ def test_damaged_sections_are_a_tokenizer_error_never_a_crash(trained):
     rng = random.Random(1)
     outcomes = {"ok": 0, "error": 0}
     for trial in range(1500):
-        b = bytearray(sec)
-        how = trial % 3
-        if how == 0:
-            for _ in range(rng.randint(1, 4)):
-                i = rng.randrange(len(b))
-                b[i] ^= 1 << rng.randrange(8)
-        elif how == 1:
-            b = b[:rng.randrange(len(b))]
-        else:
-            i = rng.randrange(0, T.SECTION_HEADER_SIZE - 4, 4)
-            b[i:i + 4] = rng.getrandbits(32).to_bytes(4, "little")
+        b = tf.damage_section(sec, rng, trial)
         try:
             tok = T.Tokenizer(T.parse_section(bytes(b)))
         except T.TokenizerError as exc:

@@ -204,17 +204,7 @@ def test_c_damaged_sections_never_crash(driver, trained, tmp_path):
     drv = driver("asan")
     verdicts = {}
     for trial in range(120):
-        b = bytearray(base)
-        how = trial % 3
-        if how == 0:
-            for _ in range(rng.randint(1, 4)):
-                i = rng.randrange(len(b))
-                b[i] ^= 1 << rng.randrange(8)
-        elif how == 1:
-            b = b[:rng.randrange(len(b))]
-        else:
-            i = rng.randrange(0, T.SECTION_HEADER_SIZE - 4, 4)
-            b[i:i + 4] = rng.getrandbits(32).to_bytes(4, "little")
+        b = tf.damage_section(base, rng, trial)
         p = tmp_path / f"s{trial}.bin"
         p.write_bytes(bytes(b))
         build, prog = drv
@@ -272,12 +262,10 @@ def test_c_on_cortex_m_under_qemu(trained, strings, kind, tmp_path):
     """Bare metal: section and cases compiled into a Cortex-M program with
     the library scons builds for the target, run under qemu-system-arm."""
     import shutil
-    import sys
     import targets
     t = targets.load_all()["cortex-m"]
     if shutil.which(t.tool("gcc")) is None or shutil.which(t.emulator[0]) is None:
         pytest.skip("Cortex-M toolchain or qemu-system-arm not installed")
-    root = Path(__file__).resolve().parent.parent
     hf = trained(kind)
     sec = T.pack_section(T.spec_from_json(json.loads(hf.to_str())))
     cases = [b for b in strings[:200] if len(b) < 400]
@@ -299,19 +287,8 @@ def test_c_on_cortex_m_under_qemu(trained, strings, kind, tmp_path):
               f"static const unsigned char *const case_dec[] = {{{','.join(decs)}}};",
               f"static const size_t case_dec_len[] = {{{','.join(dlens)}}};"]
     (tmp_path / "tok_cases.h").write_text("\n".join(lines) + "\n")
-    lib = tmp_path / "cortex-m" / "libcolibri.a"
-    p = subprocess.run([str(Path(sys.executable).parent / "scons"), "-Q", "-j2",
-                        "target=cortex-m", f"build_dir={tmp_path}", str(lib)],
-                       cwd=root, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    elf = tmp_path / "tok.elf"
-    subprocess.run([t.tool("gcc"), *t.arch_flags, "-std=c11", "-O2", "-Wall", "-Werror",
-                    "-Isrc/include", "-Isrc", "-Ifirmware", f"-I{tmp_path}",
-                    "tests/c/tokenize_baremetal.c", *t.startup, str(lib), "-T", t.ldscript,
-                    *t.link_flags, *[f"-l{x}" for x in t.libs], "-o", str(elf)],
-                   cwd=root, check=True, timeout=300)
-    cmd = [str(elf) if a == "{prog}" else a for a in t.emulator]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    from baremetal import build_and_run
+    proc = build_and_run(t, "tests/c/tokenize_baremetal.c", tmp_path, "tok")
     assert proc.returncode == 0 and f"tokenizer: {len(cases)} cases ok" in proc.stdout, \
         proc.stdout + proc.stderr
 

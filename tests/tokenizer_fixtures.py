@@ -184,3 +184,22 @@ def hf_text(b: bytes) -> str:
     """What `tokenizers` is given for bytes: the documented replacement of
     invalid UTF-8 (each maximal invalid subsequence -> U+FFFD)."""
     return b.decode("utf-8", "replace")
+
+
+def damage_section(section: bytes, rng: random.Random, trial: int) -> bytearray:
+    """A damaged copy of a tokenizer section, by trial % 3: 1-4 flipped
+    bits, a truncation, or one random 32-bit word of the section header
+    (where the offsets and counts live)."""
+    from colibri.tokenizer import SECTION_HEADER_SIZE
+    b = bytearray(section)
+    how = trial % 3
+    if how == 0:
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(b))
+            b[i] ^= 1 << rng.randrange(8)
+    elif how == 1:
+        b = b[:rng.randrange(len(b))]
+    else:
+        i = rng.randrange(0, SECTION_HEADER_SIZE - 4, 4)
+        b[i:i + 4] = rng.getrandbits(32).to_bytes(4, "little")
+    return b
