@@ -123,6 +123,8 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
 static void release(colibri_model *m)
 {
     struct colibri_model_private_ *v = &m->priv_;
+    if (v->plan) /* the workers first: they read the plan in the arena */
+        clb_team_stop(&((clb_plan *)v->plan)->team);
 #ifndef COLIBRI_STATIC_WORKBUF
 #if COLIBRI_ENABLE_MMAP
     if (v->map)
@@ -415,4 +417,76 @@ int colibri_share(colibri_model *m, const colibri_model *owner, void *arena,
     if (rc)
         release(m);
     return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Workers (threads.c runs them; here the checks of the public calls)       */
+/* ------------------------------------------------------------------------ */
+
+int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags)
+{
+    if (!m)
+        return COLIBRI_E_ARG;
+    struct colibri_model_private_ *v = &m->priv_;
+    if (v->magic != CLB_MODEL_MAGIC) {
+        clb_detail(v->detail, DETAIL_CAP, "the model is not initialised");
+        return COLIBRI_E_NOT_INIT;
+    }
+    v->detail[0] = '\0';
+    if (n_threads == 0 || n_threads > COLIBRI_MAX_THREADS ||
+        (flags & ~COLIBRI_THREADS_SPIN)) {
+        clb_detail(v->detail, DETAIL_CAP, "n_threads %u (1 .. %u) or flags 0x%x "
+                   "(0 or COLIBRI_THREADS_SPIN)", (unsigned)n_threads,
+                   (unsigned)COLIBRI_MAX_THREADS, (unsigned)flags);
+        return COLIBRI_E_ARG;
+    }
+    clb_team *team = &((clb_plan *)v->plan)->team;
+#if COLIBRI_THREADS
+    int rc = clb_team_set(team, n_threads, flags, NULL);
+    if (rc == COLIBRI_E_UNSUPPORTED)
+        clb_detail(v->detail, DETAIL_CAP, "this build has no thread pool "
+                   "(COLIBRI_STATIC_WORKBUF or not Linux): use "
+                   "colibri_set_executor");
+    else if (rc)
+        clb_detail(v->detail, DETAIL_CAP, "cannot create %u worker threads; "
+                   "the instance runs on 1", (unsigned)(n_threads - 1));
+    return rc;
+#else
+    clb_team_stop(team);
+    if (n_threads == 1)
+        return COLIBRI_OK;
+    clb_detail(v->detail, DETAIL_CAP, "built with COLIBRI_THREADS=0: one "
+               "thread only (rebuild with threads=1)");
+    return COLIBRI_E_UNSUPPORTED;
+#endif
+}
+
+int colibri_set_executor(colibri_model *m, const colibri_executor *ex)
+{
+    if (!m)
+        return COLIBRI_E_ARG;
+    struct colibri_model_private_ *v = &m->priv_;
+    if (v->magic != CLB_MODEL_MAGIC) {
+        clb_detail(v->detail, DETAIL_CAP, "the model is not initialised");
+        return COLIBRI_E_NOT_INIT;
+    }
+    v->detail[0] = '\0';
+    if (ex && (!ex->run || ex->n_workers == 0 ||
+               ex->n_workers > COLIBRI_MAX_THREADS)) {
+        clb_detail(v->detail, DETAIL_CAP, "executor needs run != NULL and "
+                   "n_workers in 1 .. %u (got %u)", (unsigned)COLIBRI_MAX_THREADS,
+                   (unsigned)ex->n_workers);
+        return COLIBRI_E_ARG;
+    }
+    clb_team *team = &((clb_plan *)v->plan)->team;
+#if COLIBRI_THREADS
+    return clb_team_set(team, 1, 0, ex);
+#else
+    clb_team_stop(team);
+    if (!ex)
+        return COLIBRI_OK;
+    clb_detail(v->detail, DETAIL_CAP, "built with COLIBRI_THREADS=0: one "
+               "thread only (rebuild with threads=1)");
+    return COLIBRI_E_UNSUPPORTED;
+#endif
 }
