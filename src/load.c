@@ -423,7 +423,10 @@ int colibri_share(colibri_model *m, const colibri_model *owner, void *arena,
 /* Workers (threads.c runs them; here the checks of the public calls)       */
 /* ------------------------------------------------------------------------ */
 
-int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags)
+/* The checks both calls share, then the team's new workers: n pthreads
+ * (ex NULL) or the executor. */
+static int set_team(colibri_model *m, uint32_t n, uint32_t flags,
+                    const colibri_executor *ex, int use_ex)
 {
     if (!m)
         return COLIBRI_E_ARG;
@@ -433,60 +436,36 @@ int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags)
         return COLIBRI_E_NOT_INIT;
     }
     v->detail[0] = '\0';
-    if (n_threads == 0 || n_threads > COLIBRI_MAX_THREADS ||
-        (flags & ~COLIBRI_THREADS_SPIN)) {
-        clb_detail(v->detail, DETAIL_CAP, "n_threads %u (1 .. %u) or flags 0x%x "
-                   "(0 or COLIBRI_THREADS_SPIN)", (unsigned)n_threads,
+    if (use_ex && ex)
+        n = ex->run ? ex->n_workers : 0;
+    if (n == 0 || n > COLIBRI_MAX_THREADS || (flags & ~COLIBRI_THREADS_SPIN)) {
+        clb_detail(v->detail, DETAIL_CAP, "%u workers (1 .. %u, an executor "
+                   "needs run), flags 0x%x", (unsigned)n,
                    (unsigned)COLIBRI_MAX_THREADS, (unsigned)flags);
         return COLIBRI_E_ARG;
     }
     clb_team *team = &((clb_plan *)v->plan)->team;
 #if COLIBRI_THREADS
-    int rc = clb_team_set(team, n_threads, flags, NULL);
-    if (rc == COLIBRI_E_UNSUPPORTED)
-        clb_detail(v->detail, DETAIL_CAP, "this build has no thread pool "
-                   "(COLIBRI_STATIC_WORKBUF or not Linux): use "
-                   "colibri_set_executor");
-    else if (rc)
-        clb_detail(v->detail, DETAIL_CAP, "cannot create %u worker threads; "
-                   "the instance runs on 1", (unsigned)(n_threads - 1));
-    return rc;
+    int rc = clb_team_set(team, n, flags, use_ex ? ex : NULL);
 #else
+    int rc = n > 1 ? COLIBRI_E_UNSUPPORTED : COLIBRI_OK;
     clb_team_stop(team);
-    if (n_threads == 1)
-        return COLIBRI_OK;
-    clb_detail(v->detail, DETAIL_CAP, "built with COLIBRI_THREADS=0: one "
-               "thread only (rebuild with threads=1)");
-    return COLIBRI_E_UNSUPPORTED;
 #endif
+    if (rc == COLIBRI_E_UNSUPPORTED)
+        clb_detail(v->detail, DETAIL_CAP, "no thread pool in this build "
+                   "(threads=0, or no pthreads / malloc)");
+    else if (rc)
+        clb_detail(v->detail, DETAIL_CAP, "cannot create %u threads: running "
+                   "on 1", (unsigned)(n - 1));
+    return rc;
+}
+
+int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags)
+{
+    return set_team(m, n_threads, flags, NULL, 0);
 }
 
 int colibri_set_executor(colibri_model *m, const colibri_executor *ex)
 {
-    if (!m)
-        return COLIBRI_E_ARG;
-    struct colibri_model_private_ *v = &m->priv_;
-    if (v->magic != CLB_MODEL_MAGIC) {
-        clb_detail(v->detail, DETAIL_CAP, "the model is not initialised");
-        return COLIBRI_E_NOT_INIT;
-    }
-    v->detail[0] = '\0';
-    if (ex && (!ex->run || ex->n_workers == 0 ||
-               ex->n_workers > COLIBRI_MAX_THREADS)) {
-        clb_detail(v->detail, DETAIL_CAP, "executor needs run != NULL and "
-                   "n_workers in 1 .. %u (got %u)", (unsigned)COLIBRI_MAX_THREADS,
-                   (unsigned)ex->n_workers);
-        return COLIBRI_E_ARG;
-    }
-    clb_team *team = &((clb_plan *)v->plan)->team;
-#if COLIBRI_THREADS
-    return clb_team_set(team, 1, 0, ex);
-#else
-    clb_team_stop(team);
-    if (!ex)
-        return COLIBRI_OK;
-    clb_detail(v->detail, DETAIL_CAP, "built with COLIBRI_THREADS=0: one "
-               "thread only (rebuild with threads=1)");
-    return COLIBRI_E_UNSUPPORTED;
-#endif
+    return set_team(m, 1, 0, ex, 1);
 }

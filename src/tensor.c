@@ -104,6 +104,18 @@ static void kernel_rows(const clb_plan *p, const clb_weight *w, const float *X,
     }
 }
 
+/* No threads and ref kernels only (cortex-m): ref computes every output
+ * element alone, in column order, whatever the rows or tokens of a call, so
+ * one whole call gives the tiles' bits (tests/test_runtime_pool.py compares
+ * this build with the threaded ref one), without tile code in a small
+ * library. Every other build runs the tiles. */
+#if !COLIBRI_THREADS && defined(COLIBRI_KERNELS_REF_ONLY)
+#define CLB_TILED 0
+#else
+#define CLB_TILED 1
+#endif
+
+#if CLB_TILED
 /* One or two matrices over the same X as one parallel region: tiles
  * [0, tiles0) are row blocks of w[0], the rest row blocks of w[1]. */
 typedef struct lin_job {
@@ -129,8 +141,11 @@ static void lin_tile(void *ctx, uint32_t tile)
         return;
     }
     /* Several tokens: Y[t, r0 .. r0 + nr) is strided, so the kernel writes
-     * a contiguous [tn, nr] block here and the rows are copied out. */
-    float blk[CLB_TILE_TOKENS * CLB_TILE_ROWS_N];
+     * a contiguous [tn, nr] block here and the rows are copied out. At most
+     * CLB_TILE_TOKENS x CLB_TILE_ROWS_N floats (8 KiB); sized by the call,
+     * so a 16-token chunk takes 1 KiB of a small target's stack. */
+    uint32_t max_tn = j->n < CLB_TILE_TOKENS ? j->n : CLB_TILE_TOKENS;
+    float blk[max_tn * j->rb];
     for (uint32_t t0 = 0; t0 < j->n_out; t0 += CLB_TILE_TOKENS) {
         uint32_t tn = j->n - t0 < CLB_TILE_TOKENS ? j->n - t0 : CLB_TILE_TOKENS;
         kernel_rows(j->p, w, j->X, t0, tn, r0, nr, blk);
@@ -144,6 +159,7 @@ static uint32_t tiles_of(uint32_t rows, uint32_t rb)
 {
     return rows ? (rows - 1) / rb + 1 : 0;
 }
+#endif /* CLB_TILED */
 
 /* Quantise X [n, cols] into p->xq/xs for I8_GROUP weights (serial: a pass
  * over the activations, small next to the product). */
@@ -162,6 +178,12 @@ static void linear_region(const clb_plan *p, const clb_weight *wa,
                           const clb_weight *wb, const float *X, uint32_t n,
                           uint32_t n_out, float *Ya, float *Yb)
 {
+#if !CLB_TILED
+    (void)n; /* the first n_out tokens alone: the same bits with ref */
+    kernel_rows(p, wa, X, 0, n_out, 0, wa->rows, Ya);
+    if (wb)
+        kernel_rows(p, wb, X, 0, n_out, 0, wb->rows, Yb);
+#else
     lin_job j;
     j.p = p;
     j.w[0] = wa;
@@ -175,6 +197,7 @@ static void linear_region(const clb_plan *p, const clb_weight *wa,
     j.tiles0 = tiles_of(wa->rows, j.rb);
     uint32_t tiles = j.tiles0 + (wb ? tiles_of(wb->rows, j.rb) : 0);
     clb_parallel(clb_team_of(p), tiles, lin_tile, &j);
+#endif
 }
 
 void clb_linear_rows(const clb_plan *p, const clb_weight *w, const float *X,
