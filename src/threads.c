@@ -58,13 +58,13 @@ static inline void cpu_relax(void)
 #define SUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_SEQ_CST)
 
 /* Take tiles until none is left. */
-static void run_tiles(clb_team *t)
+static void run_tiles(clb_team *t, uint32_t worker)
 {
     for (;;) {
         uint32_t i = __atomic_fetch_add(&t->next, 1u, __ATOMIC_RELAXED);
         if (i >= t->n_tiles)
             return;
-        t->fn(t->ctx, i);
+        t->fn(t->ctx, i, worker);
     }
 }
 
@@ -75,8 +75,9 @@ static void run_tiles(clb_team *t)
 /* What the executor runs on each of its workers: the same tile loop. */
 static void executor_work(void *arg, uint32_t worker)
 {
-    (void)worker;
-    run_tiles((clb_team *)arg);
+    clb_team *t = (clb_team *)arg;
+    if (worker < t->n) /* a bad index must not reach another's scratch */
+        run_tiles(t, worker);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -84,8 +85,14 @@ static void executor_work(void *arg, uint32_t worker)
 /* ------------------------------------------------------------------------ */
 
 #if CLB_POOL
+struct clb_worker {
+    struct clb_pool *pool;
+    uint32_t id;         /* 1 .. n-1 */
+};
+
 struct clb_pool {
     pthread_t th[COLIBRI_MAX_THREADS];
+    struct clb_worker w[COLIBRI_MAX_THREADS];
     uint32_t started;    /* threads created (n - 1 on success) */
     uint32_t start_gen;  /* gen when the threads were created */
     clb_team *team;
@@ -123,7 +130,8 @@ static uint32_t await_change(uint32_t *word, uint32_t old, int spin_only,
 
 static void *worker_main(void *arg)
 {
-    struct clb_pool *pool = (struct clb_pool *)arg;
+    struct clb_pool *pool = ((struct clb_worker *)arg)->pool;
+    uint32_t id = ((struct clb_worker *)arg)->id;
     clb_team *t = pool->team;
     int spin_only = (t->flags & COLIBRI_THREADS_SPIN) != 0;
     /* Not the current gen: a thread that starts late must still see the
@@ -133,7 +141,7 @@ static void *worker_main(void *arg)
         seen = await_change(&t->gen, seen, spin_only, &t->sleepers);
         if (LOAD(&t->stop))
             return NULL;
-        run_tiles(t);
+        run_tiles(t, id);
         if (SUB(&t->busy, 1u) == 0 && LOAD(&t->caller_parked))
             futex_wake(&t->busy);
     }
@@ -151,7 +159,7 @@ static void pool_region(clb_team *t)
 {
     STORE(&t->busy, t->n - 1);
     bump_gen(t);
-    run_tiles(t);
+    run_tiles(t, 0);
     int spin_only = (t->flags & COLIBRI_THREADS_SPIN) != 0;
     for (uint32_t spins = 0;; spins++) {
         uint32_t b = LOAD_ACQ(&t->busy);
@@ -175,7 +183,7 @@ void clb_parallel(clb_team *t, uint32_t n_tiles, clb_tile_fn fn, void *ctx)
 {
     if (t->n <= 1 || n_tiles <= 1) {
         for (uint32_t i = 0; i < n_tiles; i++)
-            fn(ctx, i);
+            fn(ctx, i, 0);
         return;
     }
     t->fn = fn;
@@ -204,16 +212,35 @@ void clb_team_stop(clb_team *t)
         free(pool);
     }
 #endif
+#ifndef COLIBRI_STATIC_WORKBUF
+    free(t->scratch);
+#endif
     memset(t, 0, sizeof *t);
 }
 
+/* Per-worker scratch where the build can allocate (else NULL: the regions
+ * that need it run serially). */
+static void alloc_scratch(clb_team *t, uint32_t n, uint32_t floats)
+{
+#ifndef COLIBRI_STATIC_WORKBUF
+    t->scratch = floats ? (float *)calloc((size_t)n * floats, sizeof(float)) : NULL;
+    t->scratch_floats = t->scratch ? floats : 0;
+#else
+    (void)t;
+    (void)n;
+    (void)floats;
+#endif
+}
+
 int clb_team_set(clb_team *t, uint32_t n, uint32_t flags,
-                 const colibri_executor *ex)
+                 const colibri_executor *ex, uint32_t scratch_floats)
 {
     clb_team_stop(t);
     if (ex) {
         t->ex = *ex;
         t->n = ex->n_workers;
+        if (t->n > 1)
+            alloc_scratch(t, t->n, scratch_floats);
         return COLIBRI_OK;
     }
     if (n <= 1)
@@ -227,8 +254,11 @@ int clb_team_set(clb_team *t, uint32_t n, uint32_t flags,
     t->n = n;
     t->flags = flags;
     t->pool = pool;
+    alloc_scratch(t, n, scratch_floats);
     for (uint32_t i = 0; i + 1 < n; i++) {
-        if (pthread_create(&pool->th[i], NULL, worker_main, pool) != 0) {
+        pool->w[i].pool = pool;
+        pool->w[i].id = i + 1;
+        if (pthread_create(&pool->th[i], NULL, worker_main, &pool->w[i]) != 0) {
             clb_team_stop(t);
             return COLIBRI_E_NO_MEMORY;
         }
