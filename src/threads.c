@@ -5,12 +5,19 @@
  * (colibri_executor: an RTOS's tasks, no OS in the library).
  *
  * Protocol of the pool (every step a GCC __atomic operation):
- *   caller: write fn/ctx/n_tiles, next = 0, busy = n - 1, then gen += 1
- *           (seq_cst); if a worker sleeps, FUTEX_WAKE gen; take tiles;
- *           wait until busy == 0 (spin, then FUTEX_WAIT on busy).
- *   worker: wait until gen changes (spin, then FUTEX_WAIT on gen); take
- *           tiles until the counter passes n_tiles; busy -= 1, and the last
- *           one wakes a parked caller.
+ *   caller: write fn/ctx/n_tiles, next = 0, open the door, gen += 1; if a
+ *           worker sleeps, FUTEX_WAKE gen; take tiles; then close the door
+ *           once nobody is inside (spin, then FUTEX_WAIT on door).
+ *   worker: wait until gen changes (spin, then FUTEX_WAIT on gen); enter
+ *           through the door if it is open (CAS: open | inside + 1), take
+ *           tiles until the counter passes n_tiles, leave (inside - 1; the
+ *           last one out wakes a parked caller).
+ * A worker that is not running (a busy or shared machine) never holds the
+ * caller up: it finds the door closed and waits for the next region, and the
+ * caller (and the others) take its tiles. Which worker takes a tile never
+ * changes what the tile computes. The region's fields are read only inside
+ * the door, which the caller opens after writing them (release) and closes
+ * before returning, so a late worker never sees a stale region.
  * "sleepers" / "caller_parked" are raised before the last check of the
  * awaited word and read after the word is changed, both seq_cst, so either
  * the sleeper sees the change or the changer sees the sleeper (no lost
@@ -56,6 +63,7 @@ static inline void cpu_relax(void)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 #define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
 #define SUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_SEQ_CST)
+#define CLB_DOOR_OPEN 0x80000000u
 
 /* Take tiles until none is left. */
 static void run_tiles(clb_team *t, uint32_t worker)
@@ -141,9 +149,16 @@ static void *worker_main(void *arg)
         seen = await_change(&t->gen, seen, spin_only, &t->sleepers);
         if (LOAD(&t->stop))
             return NULL;
+        uint32_t d = LOAD(&t->door);
+        while ((d & CLB_DOOR_OPEN) &&
+               !__atomic_compare_exchange_n(&t->door, &d, d + 1u, 0,
+                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            ;
+        if (!(d & CLB_DOOR_OPEN))
+            continue; /* too late: the region is over */
         run_tiles(t, id);
-        if (SUB(&t->busy, 1u) == 0 && LOAD(&t->caller_parked))
-            futex_wake(&t->busy);
+        if (SUB(&t->door, 1u) == CLB_DOOR_OPEN && LOAD(&t->caller_parked))
+            futex_wake(&t->door);
     }
 }
 
@@ -157,21 +172,24 @@ static void bump_gen(clb_team *t)
 
 static void pool_region(clb_team *t)
 {
-    STORE(&t->busy, t->n - 1);
+    STORE(&t->door, CLB_DOOR_OPEN);
     bump_gen(t);
     run_tiles(t, 0);
+    /* Every tile is taken; close the door when the last worker inside has
+     * finished its tile. */
     int spin_only = (t->flags & COLIBRI_THREADS_SPIN) != 0;
     for (uint32_t spins = 0;; spins++) {
-        uint32_t b = LOAD_ACQ(&t->busy);
-        if (b == 0)
+        uint32_t d = CLB_DOOR_OPEN;
+        if (__atomic_compare_exchange_n(&t->door, &d, 0u, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
             return;
         if (spin_only || spins < CLB_SPINS) {
             cpu_relax();
             continue;
         }
         STORE(&t->caller_parked, 1u);
-        if ((b = LOAD(&t->busy)) != 0)
-            futex_wait(&t->busy, b);
+        if ((d = LOAD(&t->door)) != CLB_DOOR_OPEN)
+            futex_wait(&t->door, d);
         STORE(&t->caller_parked, 0u);
     }
 }

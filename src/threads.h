@@ -57,9 +57,10 @@ typedef struct clb_team {
     /* Atomics (GCC __atomic builtins). */
     uint32_t next;           /* next tile to take */
     uint32_t gen;            /* region generation: workers wait for a change */
-    uint32_t busy;           /* pool workers still inside the region */
+    uint32_t door;           /* CLB_DOOR_OPEN while workers may join the
+                                region, | the workers inside it */
     uint32_t sleepers;       /* pool workers parked on gen (futex) */
-    uint32_t caller_parked;  /* the caller parked on busy (futex) */
+    uint32_t caller_parked;  /* the caller parked on door (futex) */
     uint32_t stop;           /* pool workers exit at the next generation */
 } clb_team;
 
