@@ -41,13 +41,13 @@
 #define CLB_POOL 0
 #endif
 
-/* Spins (each a pause/yield instruction, tens of cycles) before a parking
- * worker or caller enters the kernel: about 100-300 us, longer than the
+/* Spins (each a pause/yield instruction, 10-150 cycles) before a parking
+ * worker or caller enters the kernel: about 20-200 us, longer than the
  * serial stretches between the regions of one decode step (norms, RoPE,
  * attention of a short context), so a step runs without a system call while
  * the pool is warm, and much shorter than the gap between steps of a slow
  * caller. */
-#define CLB_SPINS (1u << 14)
+#define CLB_SPINS (1u << 12)
 
 static inline void cpu_relax(void)
 {
