@@ -123,3 +123,19 @@ def test_neon_kernel_set_has_the_dotprod_file():
     assert sources.KERNELS["neon"].sources == ("src/kernels/neon.c",
                                                "src/kernels/neon_dotprod.c")
     assert all((ROOT / s).exists() for k in sources.KERNELS.values() for s in k.sources)
+
+
+def test_threads_default_on_linux_off_on_bare_metal():
+    """threads=auto: the pthread pool on the Linux targets, no thread code
+    on cortex-m (its size stays the threadless library's); threads=1 there
+    builds the executor hook alone."""
+    for name, t in ALL.items():
+        opts = toolchain.resolve_options(t)
+        assert opts.threads == t.is_linux, name
+        assert f"COLIBRI_THREADS={int(t.is_linux)}" in toolchain.flags(t, opts, ROOT).cppdefines
+    cm = toolchain.resolve_options(ALL["cortex-m"], threads="1")
+    assert "COLIBRI_THREADS=1" in toolchain.flags(ALL["cortex-m"], cm, ROOT).cppdefines
+    x = toolchain.resolve_options(ALL["x86_64"], threads="0")
+    assert "COLIBRI_THREADS=0" in toolchain.flags(ALL["x86_64"], x, ROOT).cppdefines
+    with pytest.raises(ColibriError, match="threads=.2.: expected 0, 1 or auto"):
+        toolchain.resolve_options(ALL["x86_64"], threads="2")
