@@ -331,3 +331,92 @@ class EncDecReference:
             out.append(tok)
             rows.append(row)
         return np.array(out, np.int64), np.array(rows, F32)
+
+
+# --------------------------------------------------------------------------
+# A .colibri file (ENC_DEC) as canonical weights.
+# --------------------------------------------------------------------------
+
+def canonical_name(kind, layer, expert, encoder_layers: int) -> str:
+    """The EncDecWeights name of a file tensor (kind, layer, expert). File
+    layers [0, encoder_layers) are the encoder's, the rest the decoder's."""
+    from .format import Kind
+    kind = Kind(kind)
+    glob = {Kind.EMBED: "embed", Kind.LM_HEAD: "lm_head", Kind.ENC_POS_BIAS: "enc.pos_bias",
+            Kind.DEC_POS_BIAS: "dec.pos_bias", Kind.ENC_FINAL_NORM: "enc.final_norm",
+            Kind.FINAL_NORM: "dec.final_norm"}
+    if kind in glob:
+        return glob[kind]
+    st, l = ("enc", layer) if layer < encoder_layers else ("dec", layer - encoder_layers)
+    if kind == Kind.EXPERT_W1:
+        return f"{st}.{l}.e{expert}.wi"
+    if kind == Kind.EXPERT_W2:
+        return f"{st}.{l}.e{expert}.wo"
+    per_layer = {Kind.ATTN_NORM: "attn_norm", Kind.WQ: "wq", Kind.WK: "wk", Kind.WV: "wv",
+                 Kind.WO: "wo", Kind.XATTN_NORM: "cross_norm", Kind.XWQ: "cq", Kind.XWK: "ck",
+                 Kind.XWV: "cv", Kind.XWO: "co", Kind.FFN_NORM: "ffn_norm",
+                 Kind.ROUTER: "router", Kind.DENSE_W1: "wi", Kind.DENSE_W2: "wo_ff"}
+    if kind not in per_layer:
+        raise ColibriError(f"{kind.name} is not a tensor of an encoder-decoder file")
+    return f"{st}.{l}.{per_layer[kind]}"
+
+
+def decoder_bias_columns(dec_table: np.ndarray) -> np.ndarray:
+    """DEC_POS_BIAS [H, L] (column j: distance j, key j positions before the
+    query) -> the [H, 2L-1] form gather_bias indexes (rel = -j at column
+    L-1-j; later keys are never visible, their columns are 0)."""
+    h, n = dec_table.shape
+    full = np.zeros((h, 2 * n - 1), F32)
+    full[:, :n] = dec_table[:, ::-1]
+    return full
+
+
+def from_file(file_or_path) -> EncDecReference:
+    """The reference over an ENC_DEC .colibri file, with the file's storage
+    types (colibri.reference.Linear: F32, I8_GROUP, I16_ROW products)."""
+    from pathlib import Path
+
+    from . import format as cformat
+    from .format import DType, Feat, Kind, tensor_order
+    from .reference import Linear
+    cf = file_or_path
+    if isinstance(cf, (str, Path)):
+        cf = cformat.read_file(cf)
+    d, s = cf.desc, cf.shape
+    if not d.has(Feat.ENC_DEC):
+        raise ColibriError("not an encoder-decoder file (no ENC_DEC flag): use "
+                           "colibri.reference.Reference")
+    n_enc = d.encoder_layers
+    dense = set(d.dense_layers)
+    shape = EncDecShape(
+        vocab=s.vocab, d_model=s.hidden, d_kv=s.head_dim, n_heads=s.n_heads, d_ff=s.intermediate,
+        n_experts=s.n_experts, expert_capacity=d.expert_capacity, enc_layers=n_enc,
+        dec_layers=s.n_layers - n_enc,
+        enc_sparse=tuple(l for l in range(n_enc) if l not in dense),
+        dec_sparse=tuple(l - n_enc for l in range(n_enc, s.n_layers) if l not in dense),
+        eps=s.rms_eps, lm_scale=d.lm_scale, decoder_start=d.decoder_start,
+        max_seq_len=s.max_seq_len, max_batch=s.max_batch)
+    t, embed_fn = {}, None
+    for kind, layer, expert in tensor_order(s, d):
+        if kind == Kind.DESC:
+            continue
+        ten = cf.tensor(kind, layer, expert)
+        name = canonical_name(kind, layer, expert, n_enc)
+        if kind == Kind.EMBED:
+            vals = ten.values
+            if DType(ten.dtype) == DType.I16_ROW:
+                sc = ten.scales.astype(F32)
+                embed_fn = (lambda ids, v=vals, sc=sc:   # float(q) * scale, as C
+                            (v[ids].astype(F32) * sc[ids][..., None]).astype(F32))
+            else:
+                t[name] = vals.astype(F32)
+        elif kind == Kind.DEC_POS_BIAS:
+            t[name] = decoder_bias_columns(ten.values.astype(F32))
+        elif kind == Kind.ENC_POS_BIAS:
+            t[name] = ten.values.astype(F32)
+        elif kind in (Kind.ATTN_NORM, Kind.XATTN_NORM, Kind.FFN_NORM, Kind.FINAL_NORM,
+                      Kind.ENC_FINAL_NORM):
+            t[name] = ten.values.astype(F32).reshape(-1)
+        else:
+            t[name] = Linear(ten, s.group_size)
+    return EncDecReference(shape, EncDecWeights(t, embed_fn))
