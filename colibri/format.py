@@ -407,6 +407,9 @@ class Description:
             if not (lo <= v <= hi and v == int(v)):
                 raise FormatError(f"DESC {name} = {v!r}, must be an integer {lo}..{hi}")
             return int(v)
+        if shape.max_seq_len > 0x7FFFFFFF:
+            raise FormatError(f"ENC_DEC max_seq_len {shape.max_seq_len} above 2^31 - 1 (the "
+                              "position bias has 2 * max_seq_len - 1 columns)")
         enc = integer("encoder_layers", 1, shape.n_layers - 1)
         cap = integer("expert_capacity", 1, DESC_MAX_INTERMEDIATE)
         start = integer("decoder_start", 0, shape.vocab - 1)

@@ -4,6 +4,7 @@
  * (tensor.c for the dense parts, moe.c for the experts). Allocates nothing,
  * makes no system call: every buffer is in the plan.
  */
+#include "encdec.h"
 #include "internal.h"
 #include "support.h"
 
@@ -164,6 +165,11 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
         }
     }
     clb_plan *p = (clb_plan *)v->plan;
+    if (p->ed) { /* an encoder-decoder: decoder steps after colibri_encode */
+        int rc = clb_encdec_begin(p, batch, v->detail);
+        if (rc)
+            return rc;
+    }
     for (size_t i = 0; i < total; i++)
         p->mask_cache[(i / seq) * s->max_seq_len + n_past + i % seq] =
             attention_mask ? attention_mask[i] : 1;
@@ -173,7 +179,10 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
             p->tok_b[i] = (uint32_t)((start + i) / seq);
             p->tok_pos[i] = n_past + (uint32_t)((start + i) % seq);
         }
-        forward_chunk(p, input_ids + start, n, logits + start * s->vocab);
+        if (p->ed)
+            clb_encdec_decode_chunk(p, input_ids + start, n, logits + start * s->vocab);
+        else
+            forward_chunk(p, input_ids + start, n, logits + start * s->vocab);
     }
     v->cached_len = n_past + seq;
     v->cached_batch = batch;
