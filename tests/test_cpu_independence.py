@@ -55,6 +55,7 @@ BLAS_DEPENDENT_TESTS = [
     "tests/test_reference_encdec.py",
     "tests/test_convert_encdec.py",
     "tests/test_runtime_encdec.py",
+    "tests/test_cli_encdec.py",
     "tests/test_runtime_features.py",
     # numpy's exp() in the sampler and the reference's logits, margin-aware.
     "tests/test_sampling.py",
