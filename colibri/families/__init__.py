@@ -93,8 +93,11 @@ def all_families() -> list[Family]:
 
 
 def supported() -> str:
-    """'MixtralForCausalLM, Qwen2MoeForCausalLM, ...' for messages."""
-    return ", ".join(a for f in all_families() for a in f.architectures)
+    """'MixtralForCausalLM, Qwen2MoeForCausalLM, ...' for messages (the
+    encoder-decoder Switch Transformers last: colibri.convert_encdec)."""
+    from . import switch_transformers
+    return ", ".join([a for f in all_families() for a in f.architectures]
+                     + list(switch_transformers.ARCHITECTURES))
 
 
 def pick(cfg: dict) -> Family:
