@@ -160,7 +160,7 @@ def seeds() -> dict[str, bytes]:
                                                                                     batch=2, seq=4,
                                                                                     mask=0b1100),
         "seed-v2-encdec-int8": model_bytes(ENCDEC, F.PRESET_INT8, seed=12, desc=ENCDEC_DESC)
-        + tail(base | MASK, batch=1, seq=7, mask=0b0111111),
+        + tail(base | MASK, batch=1, seq=6, mask=0b0111111),
         "seed-v2-encdec-be-f32": model_bytes(ENCDEC, F.PRESET_F32, "big", seed=13,
                                              desc=ENCDEC_DESC) + tail(base | VIA_FILE, seq=5),
     }
