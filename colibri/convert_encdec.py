@@ -120,12 +120,20 @@ class EncDecExporter:
             if tokenizer is not None:
                 with tempfile.TemporaryDirectory() as tmp:
                     tokenizer.save_pretrained(tmp)
-                    return tk.spec_from_dir(tmp)
-            return tk.spec_from_dir(self.model_dir) if self.model_dir else None
+                    spec = tk.spec_from_dir(tmp)
+            else:
+                spec = tk.spec_from_dir(self.model_dir) if self.model_dir else None
         except tk.UnsupportedTokenizer as exc:
             (warn or _warn)(f"warning: tokenizer: {exc}: converting without a tokenizer "
                             "(the model takes token ids)")
             return None
+        except tk.TokenizerError as exc:
+            raise ConversionError(f"{exc} (or convert without the tokenizer)") from None
+        if spec is not None and len(spec.pieces) > self.shape.vocab:
+            raise ConversionError(
+                f"the tokenizer has {len(spec.pieces)} token ids, the model's vocabulary only "
+                f"{self.shape.vocab}: not this model's tokenizer")
+        return spec
 
     def set_expert_weight_mapping(self, mapping: dict[str, str]) -> "EncDecExporter":
         """{checkpoint name: w1|w2}: which expert matrix is the up projection

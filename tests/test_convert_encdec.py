@@ -132,3 +132,39 @@ def test_position_bias_tables_follow_the_buckets(switch):
         b = A._relative_position_bucket(rel, bidirectional=bidir, num_buckets=8, max_distance=12)
         want = emb.detach().numpy()[b.numpy()].T
         np.testing.assert_array_equal(cf.tensor(kind).values, want)
+
+
+def test_tokenizer_object_goes_into_the_file(tmp_path):
+    """ColibriExporter(model=, tokenizer=<a transformers tokenizer object>):
+    a byte-level BPE tokenizer is written as the TOKENIZER section (ids as
+    `tokenizers` gives them); one of a kind the section cannot hold (a
+    Unigram model, like T5's) is one warning and the file takes ids; a
+    tokenizer with more ids than the model is refused by name."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from colibri.convert import ColibriExporter
+    from colibri.errors import ConversionError
+    from colibri.tokenizer import Tokenizer as CTokenizer
+    from tokenizer_fixtures import corpus_text, train
+
+    hf_tok = train("bl-gpt2-300", corpus_text(300_000))
+    n = hf_tok.get_vocab_size()
+    model = make_switch(seed=2, vocab_size=n + 3)
+    fast = PreTrainedTokenizerFast(tokenizer_object=hf_tok)
+    out = ColibriExporter(model=model, tokenizer=fast, quant="f32", max_seq_len=16).export(
+        tmp_path / "t.colibri")
+    text = "def encode(self, text): return [ord(c) for c in text]"
+    assert CTokenizer.from_file(out).encode(text) == hf_tok.encode(text).ids
+
+    warnings = []
+    uni = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(
+        models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], unk_id=0)))
+    out = ColibriExporter(model=model, tokenizer=uni, quant="f32", max_seq_len=16,
+                          warn=warnings.append).export(tmp_path / "u.colibri")
+    assert len(warnings) == 1 and "without a tokenizer" in warnings[0]
+    assert F.read_file(out).entries[-1].kind != 0x100
+
+    small = make_switch(seed=2, vocab_size=n - 10)
+    with pytest.raises(ConversionError, match=f"{n} token ids, the model's vocabulary only"):
+        ColibriExporter(model=small, tokenizer=fast, quant="f32", max_seq_len=16)
