@@ -48,6 +48,9 @@ def test_file_states_the_encoder_decoder(switch):
     assert F.Kind.XWQ not in {e.kind for e in cf.entries if e.layer < 4}
     q8 = F.read_file(files["int8"])
     assert q8.dtypes[F.Kind.XWQ] == q8.dtypes[F.Kind.EXPERT_W1] == F.DType.I8_GROUP
+    from colibri.inspect import describe
+    assert ("enc-dec       layers 0-3 encoder, 4-6 decoder; expert capacity 2; decoder "
+            "start token 0") in describe(cf, sections=False)
 
 
 def test_loaded_model_and_directory_give_the_same_file(switch, tmp_path):
