@@ -1,7 +1,8 @@
 """The C runtime on an encoder-decoder (ENC_DEC) file, judged by transformers
 and by the numpy reference (tests/golden_switch.py's awkward checkpoint):
 
-- f32, reference and host kernels: the encoder output and the decoder logits
+- f32, reference and host kernels (and the AddressSanitizer + UBSan build):
+  the encoder output and the decoder logits
   of a prefill and 8 cached decode steps within 1e-4 of transformers' largest
   value, with a padded encoder batch and tokens over expert capacity;
 - int8: the C runtime's error against transformers within 5 % of the numpy
@@ -85,7 +86,7 @@ def _reference(path, ids, mask, calls):
     return enc, [ref.decode(c) for c in calls]
 
 
-@pytest.mark.parametrize("variant", ["ref", "host"])
+@pytest.mark.parametrize("variant", ["ref", "host", "asan"])
 def test_f32_c_matches_transformers(switch, c_build, variant, tmp_path):
     model, files = switch
     ids, mask, calls, enc_want, want = scenario(model, (11, 7), 4, 8, seed=3)
