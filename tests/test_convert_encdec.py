@@ -108,6 +108,13 @@ def test_f32_file_reference_matches_transformers(switch):
         assert err <= RTOL, f"decoder call {i}: {err:.3g}"
 
 
+def test_decoder_only_reference_refuses_the_file(switch):
+    from colibri.errors import ColibriError
+    from colibri.reference import Reference
+    with pytest.raises(ColibriError, match="reference_encdec.from_file"):
+        Reference(switch[2]["f32"])
+
+
 def test_int8_file_reference_is_close_but_not_exact(switch):
     """int8 changes the numbers (an int8 file that matched f32 exactly would
     mean the int8 path is not used) but keeps them near transformers'."""
