@@ -496,7 +496,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "convert", help="convert a Hugging Face MoE checkpoint to .colibri",
         description="Convert a Hugging Face MoE checkpoint directory (Mixtral, Qwen2-MoE, "
-                    "Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared; config.json + "
+                    "Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared, Switch Transformers; "
+                    "config.json + "
                     "safetensors, single or sharded, bf16/f16/f32) to a .colibri file.")
     p.add_argument("model_dir", metavar="HF_DIR", help="checkpoint directory")
     p.add_argument("-o", "--output", required=True, metavar="OUT.colibri")
