@@ -103,6 +103,13 @@ def supported() -> str:
 def pick(cfg: dict) -> Family:
     """The family of a config.json, by `architectures` (else `model_type`)."""
     archs = cfg.get("architectures") or []
+    from . import switch_transformers
+    if (any(a in switch_transformers.ARCHITECTURES for a in archs)
+            or cfg.get("model_type") in switch_transformers.MODEL_TYPES):
+        raise ConversionError(
+            "an encoder-decoder (Switch Transformers) has no decoder-only family: convert "
+            "it with ColibriExporter / colibri convert, which hand it to "
+            "colibri.convert_encdec")
     fams = all_families()
     if archs:
         for f in fams:
