@@ -128,9 +128,29 @@ class ColibriExporter:
     embedding int16, lm_head int8; "f32": everything float32); each
     quantize_* argument left at None follows the preset. The constructor reads
     config.json and the safetensors headers (no weights) and checks the options.
+
+    Encoder-decoder models (Switch Transformers) are handed to
+    colibri.convert_encdec.EncDecExporter, from a directory or from a loaded
+    transformers model with its tokenizer object:
+
+        ColibriExporter(model=m, tokenizer=tok, quant="f32").export("s.colibri")
     """
 
-    def __init__(self, model_dir: str | os.PathLike, num_experts: int | None = None,
+    def __new__(cls, model_dir=None, *args, model=None, **kwargs):
+        if cls is not ColibriExporter:
+            return super().__new__(cls)
+        from . import convert_encdec as ed
+        cfg = (model.config.to_dict() if model is not None
+               else ed.read_config_json(Path(model_dir)) if model_dir is not None else None)
+        if cfg is not None and ed.is_encdec_config(cfg):
+            return _encdec_exporter(model_dir, model, *args, **kwargs)
+        if model is not None:
+            raise ConversionError(
+                f"model=: {type(model).__name__} is not an encoder-decoder colibri converts "
+                "from memory; save it with save_pretrained(DIR) and pass DIR")
+        return super().__new__(cls)
+
+    def __init__(self, model_dir: str | os.PathLike = None, num_experts: int | None = None,
                  top_k: int | None = None, max_seq_len: int | None = None,
                  max_batch: int = 1, quant: str = "int8",
                  quantize_router: str | None = None, quantize_experts: str | None = None,
@@ -435,6 +455,32 @@ def _warn(line: str) -> None:
     print(f"colibri convert: {line}", file=sys.stderr, flush=True)
 
 
+def _encdec_exporter(model_dir, model, num_experts=None, top_k=None, max_seq_len=None,
+                     max_batch=1, quant="int8", quantize_router=None, quantize_experts=None,
+                     quantize_attention=None, quantize_embedding=None, quantize_lm_head=None,
+                     group_size=32, byte_order="little", output=None, progress=None,
+                     tokenizer=True, warn=None):
+    """ColibriExporter's options applied to an encoder-decoder model."""
+    from .convert_encdec import EncDecExporter
+    dtypes = ColibriExporter._dtypes(quant, router=quantize_router, experts=quantize_experts,
+                                     attention=quantize_attention, embedding=quantize_embedding,
+                                     lm_head=quantize_lm_head)
+    for k in (Kind.XWQ, Kind.XWK, Kind.XWV, Kind.XWO):  # cross-attention follows attention
+        dtypes[k] = dtypes[Kind.WQ]
+    ex = EncDecExporter(model_dir, model=model,
+                        tokenizer=None if isinstance(tokenizer, bool) else tokenizer,
+                        include_tokenizer=tokenizer is not False, max_seq_len=max_seq_len,
+                        max_batch=max_batch, dtypes=dtypes, group_size=group_size,
+                        byte_order=byte_order, output=output, warn=warn)
+    if num_experts is not None and num_experts != ex.shape.n_experts:
+        raise ConversionError(f"num_experts = {num_experts}, but config.json has num_experts "
+                              f"= {ex.shape.n_experts}")
+    if top_k not in (None, 1):
+        raise ConversionError(f"top_k = {top_k}: Switch Transformers route each token to "
+                              "one expert (top-1)")
+    return ex
+
+
 def _some(names: list[str], limit: int = 6) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -450,7 +496,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "convert", help="convert a Hugging Face MoE checkpoint to .colibri",
         description="Convert a Hugging Face MoE checkpoint directory (Mixtral, Qwen2-MoE, "
-                    "Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared; config.json + "
+                    "Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared, Switch Transformers; "
+                    "config.json + "
                     "safetensors, single or sharded, bf16/f16/f32) to a .colibri file.")
     p.add_argument("model_dir", metavar="HF_DIR", help="checkpoint directory")
     p.add_argument("-o", "--output", required=True, metavar="OUT.colibri")

@@ -118,6 +118,16 @@ class Kind(enum.IntEnum):
     DENSE_W1 = 25
     DENSE_W3 = 26
     DENSE_W2 = 27
+    # Encoder-decoder (ENC_DEC, FORMAT.md 3): T5 relative position bias per
+    # distance, the decoder's cross-attention, the encoder's final norm.
+    ENC_POS_BIAS = 28
+    DEC_POS_BIAS = 29
+    XATTN_NORM = 30
+    XWQ = 31
+    XWK = 32
+    XWV = 33
+    XWO = 34
+    ENC_FINAL_NORM = 35
 
 
 class Feat(enum.IntFlag):
@@ -131,15 +141,27 @@ class Feat(enum.IntFlag):
     SHARED_GATE = 0x40
     CLIP_QKV = 0x80
     DENSE_LAYERS = 0x100
+    RELU_FFN = 0x200        # experts and dense layers are W2 . relu(W1 . x): no W3
+    ENC_DEC = 0x400         # encoder-decoder (Switch Transformers / T5), FORMAT.md 3
 
 
-FEAT_ALL = 0x1FF
+FEAT_ALL = 0x7FF
+# What an encoder-decoder file may combine ENC_DEC with.
+FEAT_ENC_DEC_ALLOWED = Feat.ENC_DEC | Feat.RELU_FFN | Feat.DENSE_LAYERS
 
 # DESC words (float32, FORMAT.md 3); word DESC_LAYERS + l is layer l's kind.
 DESC_WORDS = ("shared_intermediate", "dense_intermediate", "embed_scale", "attn_scale",
               "residual_scale", "logits_divisor", "clip_qkv", "reserved")
 DESC_LAYERS = len(DESC_WORDS)
 DESC_MAX_INTERMEDIATE = 1 << 24
+# With ENC_DEC, these words follow the layer words (FORMAT.md 3).
+DESC_ENCDEC_WORDS = ("encoder_layers", "expert_capacity", "decoder_start", "lm_scale",
+                     "reserved4", "reserved5", "reserved6", "reserved7")
+
+
+def desc_cols(n_layers: int, features: int) -> int:
+    """Number of float32 words of the DESC section."""
+    return DESC_LAYERS + n_layers + (len(DESC_ENCDEC_WORDS) if features & Feat.ENC_DEC else 0)
 
 
 class DType(enum.IntEnum):
@@ -181,6 +203,14 @@ ALLOWED_DTYPES: dict[Kind, tuple[DType, ...]] = {
     Kind.DENSE_W1: (DType.F32, DType.I8_GROUP),
     Kind.DENSE_W3: (DType.F32, DType.I8_GROUP),
     Kind.DENSE_W2: (DType.F32, DType.I8_GROUP),
+    Kind.ENC_POS_BIAS: (DType.F32,),
+    Kind.DEC_POS_BIAS: (DType.F32,),
+    Kind.XATTN_NORM: (DType.F32,),
+    Kind.XWQ: (DType.F32, DType.I8_GROUP),
+    Kind.XWK: (DType.F32, DType.I8_GROUP),
+    Kind.XWV: (DType.F32, DType.I8_GROUP),
+    Kind.XWO: (DType.F32, DType.I8_GROUP),
+    Kind.ENC_FINAL_NORM: (DType.F32,),
 }
 SHARED_KINDS = (Kind.SHARED_W1, Kind.SHARED_W3, Kind.SHARED_W2)
 DENSE_KINDS = (Kind.DENSE_W1, Kind.DENSE_W3, Kind.DENSE_W2)
@@ -193,6 +223,7 @@ PRESET_INT8.update({
     Kind.EMBED: DType.I16_ROW,
     Kind.LM_HEAD: DType.I8_GROUP,
     **{k: DType.I8_GROUP for k in (Kind.WQ, Kind.WK, Kind.WV, Kind.WO, *EXPERT_KINDS,
+                                   Kind.XWQ, Kind.XWK, Kind.XWV, Kind.XWO,
                                    *SHARED_KINDS, *DENSE_KINDS)},
 })
 
@@ -265,6 +296,13 @@ class Description:
     logits_divisor: float = 1.0
     clip_qkv: float = 0.0
     dense_layers: tuple[int, ...] = ()
+    # ENC_DEC only (0 / 1.0 otherwise): layers [0, encoder_layers) are the
+    # encoder, the rest the decoder; top-1 expert capacity per sequence of one
+    # call; the decoder's start token; the LM head's input scale.
+    encoder_layers: int = 0
+    expert_capacity: int = 0
+    decoder_start: int = 0
+    lm_scale: float = 1.0
 
     def resolved(self, shape: "ModelShape") -> "Description":
         """attn_scale filled in and every scalar rounded to float32."""
@@ -275,7 +313,8 @@ class Description:
             self, attn_scale=_f32(a), embed_scale=_f32(self.embed_scale),
             residual_scale=_f32(self.residual_scale),
             logits_divisor=_f32(self.logits_divisor), clip_qkv=_f32(self.clip_qkv),
-            dense_layers=tuple(sorted(set(int(l) for l in self.dense_layers))))
+            dense_layers=tuple(sorted(set(int(l) for l in self.dense_layers))),
+            lm_scale=_f32(self.lm_scale))
 
     @staticmethod
     def default(shape: "ModelShape") -> "Description":
@@ -290,11 +329,14 @@ class Description:
     def words(self, shape: "ModelShape") -> np.ndarray:
         """The DESC section's float32 words."""
         d = self.resolved(shape)
-        w = np.zeros(DESC_LAYERS + shape.n_layers, dtype=np.float32)
+        w = np.zeros(desc_cols(shape.n_layers, d.features), dtype=np.float32)
         w[:DESC_LAYERS - 1] = [d.shared_intermediate, d.dense_intermediate, d.embed_scale,
                                d.attn_scale, d.residual_scale, d.logits_divisor, d.clip_qkv]
         for l in d.dense_layers:
             w[DESC_LAYERS + l] = 1.0
+        if d.features & Feat.ENC_DEC:
+            at = DESC_LAYERS + shape.n_layers
+            w[at:at + 4] = [d.encoder_layers, d.expert_capacity, d.decoder_start, d.lm_scale]
         return w
 
     @staticmethod
@@ -331,7 +373,7 @@ class Description:
             raise FormatError(f"DESC clip_qkv = {clip!r}, must be 0 without CLIP_QKV")
         if words[DESC_LAYERS - 1].view(np.uint32) != 0:
             raise FormatError("DESC reserved word must be 0")
-        kinds = words[DESC_LAYERS:]
+        kinds = words[DESC_LAYERS:DESC_LAYERS + shape.n_layers]
         bits = kinds.view(np.uint32)
         bad = np.flatnonzero((bits != 0) & (bits != 0x3F800000))
         if bad.size:
@@ -341,8 +383,46 @@ class Description:
         if bool(dense_layers) != bool(features & Feat.DENSE_LAYERS):
             raise FormatError(f"DESC lists {len(dense_layers)} dense layers but the "
                               f"DENSE_LAYERS flag is {'set' if features & Feat.DENSE_LAYERS else 'clear'}")
+        enc = Description._encdec_words(features, words[DESC_LAYERS + shape.n_layers:], shape)
         return Description(features, shared, dense, names["embed_scale"], names["attn_scale"],
-                           names["residual_scale"], names["logits_divisor"], clip, dense_layers)
+                           names["residual_scale"], names["logits_divisor"], clip, dense_layers,
+                           **enc)
+
+    @staticmethod
+    def _encdec_words(features: int, words: np.ndarray, shape: "ModelShape") -> dict:
+        """The ENC_DEC words after the layer words (FORMAT.md 3), checked."""
+        if not features & Feat.ENC_DEC:
+            return {}
+        if features & ~FEAT_ENC_DEC_ALLOWED:
+            raise FormatError(f"feature flags 0x{features:x}: ENC_DEC combines only with "
+                              "RELU_FFN and DENSE_LAYERS")
+        if shape.n_kv_heads != shape.n_heads or shape.top_k != 1:
+            raise FormatError(f"ENC_DEC needs n_kv_heads = n_heads and top_k = 1, got "
+                              f"n_kv_heads {shape.n_kv_heads}, n_heads {shape.n_heads}, "
+                              f"top_k {shape.top_k}")
+        w = dict(zip(DESC_ENCDEC_WORDS, (float(x) for x in words)))
+
+        def integer(name, lo, hi):
+            v = w[name]
+            if not (lo <= v <= hi and v == int(v)):
+                raise FormatError(f"DESC {name} = {v!r}, must be an integer {lo}..{hi}")
+            return int(v)
+        if shape.max_seq_len > 0x7FFFFFFF:
+            raise FormatError(f"ENC_DEC max_seq_len {shape.max_seq_len} above 2^31 - 1 (the "
+                              "position bias has 2 * max_seq_len - 1 columns)")
+        enc = integer("encoder_layers", 1, shape.n_layers - 1)
+        cap = integer("expert_capacity", 1, DESC_MAX_INTERMEDIATE)
+        start = integer("decoder_start", 0, shape.vocab - 1)
+        lm = w["lm_scale"]
+        if not (math.isfinite(lm) and lm > 0):
+            raise FormatError(f"DESC lm_scale = {lm!r}, must be finite and > 0")
+        if np.any(np.asarray(words[4:8], dtype=np.float32).view(np.uint32) != 0):
+            raise FormatError("DESC reserved words 4-7 after the layer words must be 0")
+        return dict(encoder_layers=enc, expert_capacity=cap, decoder_start=start, lm_scale=lm)
+
+    def is_decoder_layer(self, layer: int) -> bool:
+        """ENC_DEC: layer is one of the decoder's (with cross-attention)."""
+        return bool(self.features & Feat.ENC_DEC) and layer >= self.encoder_layers
 
     def validate(self, shape: "ModelShape") -> None:
         """Raise FormatError if the file could not state this description."""
@@ -410,6 +490,11 @@ def tensor_order(shape: ModelShape, desc: Description | None = None
     if d is not None:
         order.append((Kind.DESC, None, None))
     order.append((Kind.EMBED, None, None))
+    encdec = d is not None and d.has(Feat.ENC_DEC)
+    if encdec:
+        order += [(Kind.ENC_POS_BIAS, None, None), (Kind.DEC_POS_BIAS, None, None)]
+    expert_kinds = ((Kind.EXPERT_W1, Kind.EXPERT_W2) if d is not None and d.has(Feat.RELU_FFN)
+                    else EXPERT_KINDS)
     for layer in range(shape.n_layers):
         if d is None:
             order += [(k, layer, None) for k in LAYER_KINDS]
@@ -422,9 +507,12 @@ def tensor_order(shape: ModelShape, desc: Description | None = None
                 *([Kind.BO] if d.has(Feat.BIAS_O) else [])]
         if d.features & (Feat.QK_NORM_HEAD | Feat.QK_NORM_PROJ):
             head += [Kind.Q_NORM, Kind.K_NORM]
+        if d.is_decoder_layer(layer):
+            head += [Kind.XATTN_NORM, Kind.XWQ, Kind.XWK, Kind.XWV, Kind.XWO]
         head.append(Kind.FFN_NORM)
         if d.is_dense(layer):
-            head += list(DENSE_KINDS)
+            head += ([Kind.DENSE_W1, Kind.DENSE_W2] if d.has(Feat.RELU_FFN)
+                     else list(DENSE_KINDS))
             order += [(k, layer, None) for k in head]
             continue
         head.append(Kind.ROUTER)
@@ -434,7 +522,9 @@ def tensor_order(shape: ModelShape, desc: Description | None = None
             head += list(SHARED_KINDS)
         order += [(k, layer, None) for k in head]
         for e in range(shape.n_experts):
-            order += [(k, layer, e) for k in EXPERT_KINDS]
+            order += [(k, layer, e) for k in expert_kinds]
+    if encdec:
+        order.append((Kind.ENC_FINAL_NORM, None, None))
     order += [(Kind.FINAL_NORM, None, None), (Kind.LM_HEAD, None, None)]
     return order
 
@@ -460,7 +550,7 @@ def expected_shape(shape: ModelShape, kind: Kind, desc: Description | None = Non
         Kind.EXPERT_W2: (h, shape.intermediate),
         Kind.FINAL_NORM: (1, h),
         Kind.LM_HEAD: (shape.vocab, h),
-        Kind.DESC: (1, DESC_LAYERS + shape.n_layers),
+        Kind.DESC: (1, desc_cols(shape.n_layers, d.features)),
         Kind.BQ: (1, q),
         Kind.BK: (1, kv),
         Kind.BV: (1, kv),
@@ -474,6 +564,14 @@ def expected_shape(shape: ModelShape, kind: Kind, desc: Description | None = Non
         Kind.DENSE_W1: (di, h),
         Kind.DENSE_W3: (di, h),
         Kind.DENSE_W2: (h, di),
+        Kind.ENC_POS_BIAS: (shape.n_heads, 2 * shape.max_seq_len - 1),
+        Kind.DEC_POS_BIAS: (shape.n_heads, shape.max_seq_len),
+        Kind.XATTN_NORM: (1, h),
+        Kind.XWQ: (q, h),
+        Kind.XWK: (kv, h),
+        Kind.XWV: (kv, h),
+        Kind.XWO: (h, q),
+        Kind.ENC_FINAL_NORM: (1, h),
     }[kind]
 
 
@@ -865,7 +963,7 @@ def _read_desc(buf, shape: ModelShape, entries: list[Entry], bc: str, flags: int
     """A version 2 file's description: entry 0, checked in place and by its
     CRC before its words say how to read the rest (FORMAT.md 3)."""
     e = entries[0]
-    cols = DESC_LAYERS + shape.n_layers
+    cols = desc_cols(shape.n_layers, flags)
     at = align64(HEADER_SIZE + ENTRY_SIZE * len(entries))
     if (e.kind, e.dtype, e.flags, e.layer, e.expert, e.rows, e.cols, e.size, e.offset) != (
             Kind.DESC, DType.F32, FLAG_CRITICAL, NO_INDEX, NO_INDEX, 1, cols, 4 * cols, at):

@@ -124,7 +124,11 @@ def _generate(args: argparse.Namespace) -> int:
         raise ColibriError(f"--max-tokens {args.max_tokens}: give at least 1")
     p = SampleParams(args.temperature, args.top_k, args.top_p, args.min_p,
                      args.repetition_penalty, args.seed)
-    from .run import choose_engine
+    from .run import choose_engine, is_encoder_decoder
+    if is_encoder_decoder(args.file):
+        raise ColibriError(f"{args.file} is an encoder-decoder: `colibri generate` runs "
+                           "decoder-only models; run it on token ids with `colibri run FILE "
+                           "--encoder-tokens IDS --tokens START --generate N`")
     engine, about = choose_engine(args.engine)
     add_bos = False if args.no_bos else None
     if engine == "c":

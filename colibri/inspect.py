@@ -59,6 +59,11 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
         lines.append(f"scales        embed {d.embed_scale:g}, attention {d.attn_scale:g}, "
                      f"residual {d.residual_scale:g}, logits / {d.logits_divisor:g}"
                      + "".join(f", {x}" for x in extra if x))
+        if d.has(fmt.Feat.ENC_DEC):
+            lines.append(f"enc-dec       layers 0-{d.encoder_layers - 1} encoder, "
+                         f"{d.encoder_layers}-{cf.shape.n_layers - 1} decoder; expert capacity "
+                         f"{d.expert_capacity}; decoder start token {d.decoder_start}; "
+                         f"lm_scale {d.lm_scale:g}")
     # Weights only: the description and optional sections (the tokenizer)
     # are bytes, not parameters.
     params = sum(e.rows * e.cols for e in cf.entries

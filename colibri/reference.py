@@ -245,6 +245,9 @@ class Reference:
         # What the model computes (a version 1 file: Mixtral). Read as data:
         # no family name appears in the forward pass.
         self.desc = d = f.desc
+        if d.has(Feat.ENC_DEC):
+            raise ColibriError("an encoder-decoder file (ENC_DEC): its reference is "
+                               "colibri.reference_encdec.from_file")
 
         emb = f.tensor(Kind.EMBED)
         if DType(emb.dtype) == DType.F32:

@@ -21,6 +21,17 @@ little-endian float32 rows of `vocab` logits: per sequence in order, one row
 per input position (valid positions only), then with --generate one row per
 generated token that was fed back (N - 1 rows: row i is the distribution that
 chose token i + 1 of prompt + generated).
+
+An encoder-decoder file (Switch Transformers) takes the encoder input with
+--encoder-tokens (one per sequence; several make a right-padded batch) and
+the decoder tokens with --tokens (as many; equal lengths, usually starting
+with the decoder start token the first line prints):
+
+    colibri run switch.colibri --encoder-tokens 1,2,3 --tokens 0 [--generate N]
+
+The encoder runs once; --tokens is the decoder prefill, --generate N then
+decodes N tokens greedily from the KV cache; --logits-out writes the decoder
+logits, one vocab row per decoder position fed (prefill, then N - 1 rows).
 """
 from __future__ import annotations
 
@@ -54,7 +65,11 @@ def add_parser(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", type=Path, help=".colibri model file")
     p.add_argument("--tokens", action="append", required=True, metavar="IDS",
-                   help="comma-separated token ids; repeat for a batch")
+                   help="comma-separated token ids; repeat for a batch (an encoder-decoder: "
+                        "the decoder's tokens)")
+    p.add_argument("--encoder-tokens", action="append", metavar="IDS",
+                   help="an encoder-decoder's encoder input, comma-separated; repeat for a "
+                        "batch (as many as --tokens)")
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="greedily generate N tokens after the prompt(s) "
                         "(a batch must have prompts of equal length)")
@@ -98,11 +113,112 @@ def _c_generate(m, tokens: np.ndarray, n_new: int) -> tuple[np.ndarray, np.ndarr
     return out, np.concatenate(rows, axis=1)
 
 
+def is_encoder_decoder(path: Path) -> bool:
+    """Whether a .colibri file's header has the ENC_DEC flag (only the first
+    64 bytes are read; a broken file is left to the full reader)."""
+    import struct
+
+    from . import format as cformat
+    try:
+        with open(path, "rb") as f:
+            head = f.read(cformat.HEADER_SIZE)
+    except OSError:
+        return False
+    if len(head) < cformat.HEADER_SIZE or head[:4] != cformat.MAGIC:
+        return False
+    bc = "<" if struct.unpack("<H", head[6:8])[0] == cformat.BOM else ">"
+    flags = struct.unpack(bc + "I", head[56:60])[0]
+    return bool(flags & cformat.Feat.ENC_DEC)
+
+
+def run_encdec(args, engine: str, about: str) -> int:
+    """--encoder-tokens and --tokens on an encoder-decoder file."""
+    enc = [parse_tokens(t) for t in args.encoder_tokens]
+    dec = [parse_tokens(t) for t in args.tokens]
+    if len(enc) != len(dec):
+        raise ColibriError(f"{len(enc)} --encoder-tokens but {len(dec)} --tokens: give one "
+                           "decoder prompt per encoder input")
+    if len({len(d) for d in dec}) != 1:
+        raise ColibriError(f"--tokens of an encoder-decoder must have equal lengths, got "
+                           f"{[len(d) for d in dec]}")
+    b, n = len(enc), max(len(e) for e in enc)
+    ids = np.zeros((b, n), dtype=np.int64)
+    mask = np.zeros((b, n), dtype=np.int64)
+    for i, e in enumerate(enc):
+        ids[i, :len(e)] = e
+        mask[i, :len(e)] = 1
+    tokens = np.array(dec, dtype=np.int64)
+    if engine == "c":
+        from .runtime import Model
+        model = Model(args.file)
+        print(f"engine: {about}, kernels {model.info.kernels}")
+        start = model.decoder_start
+        model.encode(ids, mask)
+
+        def step(t, past):
+            return model.infer(t, n_past=past)
+    else:
+        from .reference_encdec import from_file
+        model = from_file(args.file)
+        print(f"engine: {about}")
+        start = model.shape.decoder_start
+        model.encode(ids, mask)
+
+        def step(t, past):
+            return model.decode(t)
+    try:
+        print(f"encoder-decoder: decoder start token {start}")
+        rows = [step(tokens, 0)]                                   # [b, s, V]
+        generated = np.empty((b, args.generate), dtype=np.int64)
+        for i in range(args.generate):
+            nxt = np.argmax(rows[-1][:, -1, :], axis=-1)
+            generated[:, i] = nxt
+            if i + 1 < args.generate:
+                rows.append(step(nxt[:, None], tokens.shape[1] + i))
+    finally:
+        if engine == "c":
+            model.close()
+    logits = np.concatenate(rows, axis=1)
+    for i in range(b):
+        print(f"sequence {i}: {len(enc[i])} encoder tokens, {len(dec[i])} decoder tokens")
+        if args.generate:
+            print("  generated: " + ",".join(str(int(t)) for t in generated[i]))
+        else:
+            print("  greedy next token per position: "
+                  + ",".join(str(int(t)) for t in np.argmax(logits[i], axis=-1)))
+        last = logits[i, -1]
+        top = np.argsort(-last, kind="stable")[:max(args.top, 0)]
+        print("  last row top logits: " + ", ".join(f"{int(t)}:{last[t]:.4f}" for t in top))
+    _write_logits(args, [logits[i] for i in range(b)])
+    return 0
+
+
+def _write_logits(args, rows) -> None:
+    if not args.logits_out:
+        return
+    data = np.concatenate(rows, axis=0).astype("<f4")
+    try:
+        args.logits_out.write_bytes(data.tobytes())
+    except OSError as exc:
+        raise ColibriError(f"--logits-out {args.logits_out}: {exc.strerror}") from None
+    print(f"wrote {data.shape[0]} rows x {data.shape[1]} float32 logits to "
+          f"{args.logits_out}")
+
+
 def run_command(args) -> int:
     seqs = [parse_tokens(t) for t in args.tokens]
     if args.generate < 0:
         raise ColibriError(f"--generate must be >= 0, got {args.generate}")
+    encdec = is_encoder_decoder(args.file)
+    if encdec and not args.encoder_tokens:
+        raise ColibriError(f"{args.file} is an encoder-decoder: give its input with "
+                           "--encoder-tokens IDS (and the decoder's with --tokens)")
+    if args.encoder_tokens and not encdec:
+        raise ColibriError(f"--encoder-tokens: {args.file} is a decoder-only model; "
+                           "give only --tokens")
     engine, about = choose_engine(args.engine)
+    if encdec:
+        return run_encdec(args, engine, about)
     lengths = [len(s) for s in seqs]
     b, s = len(seqs), max(lengths)
     tokens = np.zeros((b, s), dtype=np.int64)   # padding slots hold token 0
@@ -157,12 +273,5 @@ def run_command(args) -> int:
         print(f"  logits rows {rows[i].shape[0]}, mean {rows[i].mean():.4f}, "
               f"std {rows[i].std():.4f}")
 
-    if args.logits_out:
-        data = np.concatenate(rows, axis=0).astype("<f4")
-        try:
-            args.logits_out.write_bytes(data.tobytes())
-        except OSError as exc:
-            raise ColibriError(f"--logits-out {args.logits_out}: {exc.strerror}") from None
-        print(f"wrote {data.shape[0]} rows x {data.shape[1]} float32 logits to "
-              f"{args.logits_out}")
+    _write_logits(args, rows)
     return 0

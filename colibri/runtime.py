@@ -203,6 +203,15 @@ class Library:
                                        ctypes.c_uint64, vp, sz, ctypes.POINTER(ctypes.c_int32)])):
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
+        # Encoder-decoder entry points: a library built before them still
+        # loads; Model.encode then says to rebuild.
+        for name, res, args in (
+                ("colibri_encode", i, [vp, vp, vp, u32, u32]),
+                ("colibri_encoder_output", i, [vp, vp]),
+                ("colibri_decoder_start", ctypes.c_int32, [vp])):
+            f = getattr(lib, name, None)
+            if f is not None:
+                f.restype, f.argtypes = res, args
         self.lib = lib
 
     def strerror(self, code: int, call: int = CALL_INIT) -> str:
@@ -471,37 +480,8 @@ class Model:
         mask [batch, seq] of 0/1 (None: all 1); n_past 0 starts afresh, > 0
         continues from the KV cache. Raises the RuntimeCallError subclass of
         the code (InputTooLargeError, TokenError, KVStateError, ...)."""
-        ids = np.asarray(ids)
-        if ids.ndim == 1:
-            ids = ids[None, :]
-        if ids.ndim != 2:
-            raise self._arg_error(f"ids has shape {ids.shape}: expected [batch, seq] or [seq]")
-        if ids.dtype != np.int32:
-            if ids.size and ids.dtype.kind not in "iub":
-                raise self._arg_error(f"ids of dtype {ids.dtype}: expected integers")
-            if ids.size and (ids.min() < -2**31 or ids.max() >= 2**31):
-                bad = ids.min() if ids.min() < -2**31 else ids.max()
-                raise errors.TokenError(-8, self._lib.strerror(-8, CALL_INFER),
-                                        f"token id {int(bad)} does not fit in int32",
-                                        "infer", self._where)
-            ids = ids.astype(np.int32)
-        ids = np.ascontiguousarray(ids)
+        ids, mask_ptr, mask = self._ids_and_mask(ids, mask)
         b, s = ids.shape
-        mask_ptr = None
-        if mask is not None:
-            mask = np.asarray(mask)
-            if mask.ndim == 1 and ids.shape[0] == 1:
-                mask = mask[None, :]
-            if mask.shape != ids.shape:
-                raise self._arg_error(f"mask has shape {mask.shape}, ids {ids.shape}")
-            if mask.dtype != np.uint8:
-                if mask.size and mask.dtype.kind not in "iub":
-                    raise self._arg_error(f"mask of dtype {mask.dtype}: expected 0/1 integers")
-                # Values other than 0/1 reach the library as 2, which it
-                # rejects (COLIBRI_E_ARG): no silent wrap-around to 0/1.
-                mask = np.where((mask == 0) | (mask == 1), mask, 2).astype(np.uint8)
-            mask = np.ascontiguousarray(mask)
-            mask_ptr = _address(mask)
         if not 0 <= int(n_past) < 2**32:
             raise self._arg_error(f"n_past = {n_past}")
         shape = (b, self.vocab) if last_only else (b, s, self.vocab)
@@ -523,6 +503,74 @@ class Model:
                 detail = self._lib.lib.colibri_error_detail(m).decode("utf-8", "replace")
                 raise self._lib.error(rc, CALL_INFER, detail, self._where)
         return out
+
+    def encode(self, ids, mask=None) -> np.ndarray:
+        """colibri_encode on an encoder-decoder file: runs the encoder over ids
+        [batch, seq] (mask 0/1, None all 1) and returns its output float32
+        [batch, seq, hidden]; then infer() runs decoder steps (n_past 0 first,
+        usually from decoder_start). Raises as infer() does."""
+        ids, mask_ptr, mask = self._ids_and_mask(ids, mask)
+        b, s = ids.shape
+        lib = self._lib.lib
+        if not hasattr(lib, "colibri_encode") or lib.colibri_encode.argtypes is None:
+            raise errors.LibraryNotFoundError(
+                f"{self._lib.path} has no colibri_encode: rebuild it (python -m colibri.cbuild)")
+        out = np.empty((b, s, self.info.shape.hidden), dtype=np.float32)
+        with self._lock:
+            m = self._m
+            if m is None:
+                raise self._closed_error()
+            rc = lib.colibri_encode(m, _address(ids), mask_ptr, b, s)
+            if not rc:
+                rc = lib.colibri_encoder_output(m, _address(out))
+            if rc:
+                detail = lib.colibri_error_detail(m).decode("utf-8", "replace")
+                raise self._lib.error(rc, CALL_INFER, detail, self._where)
+        return out
+
+    @property
+    def decoder_start(self) -> int | None:
+        """An encoder-decoder's decoder start token, None for other models."""
+        lib = self._lib.lib
+        if not hasattr(lib, "colibri_decoder_start") or self._m is None:
+            return None
+        v = int(lib.colibri_decoder_start(self._m))
+        return None if v < 0 else v
+
+    def _ids_and_mask(self, ids, mask):
+        """ids as C-contiguous int32 [batch, seq], the mask pointer (or None)
+        and the mask array it points into (keep it alive)."""
+        ids = np.asarray(ids)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2:
+            raise self._arg_error(f"ids has shape {ids.shape}: expected [batch, seq] or [seq]")
+        if ids.dtype != np.int32:
+            if ids.size and ids.dtype.kind not in "iub":
+                raise self._arg_error(f"ids of dtype {ids.dtype}: expected integers")
+            if ids.size and (ids.min() < -2**31 or ids.max() >= 2**31):
+                bad = ids.min() if ids.min() < -2**31 else ids.max()
+                raise errors.TokenError(-8, self._lib.strerror(-8, CALL_INFER),
+                                        f"token id {int(bad)} does not fit in int32",
+                                        "infer", self._where)
+            ids = ids.astype(np.int32)
+        ids = np.ascontiguousarray(ids)
+        mask_ptr = None
+        if mask is not None:
+            mask = np.asarray(mask)
+            if mask.ndim == 1 and ids.shape[0] == 1:
+                mask = mask[None, :]
+            if mask.shape != ids.shape:
+                raise self._arg_error(f"mask has shape {mask.shape}, ids {ids.shape}")
+            if mask.dtype != np.uint8:
+                if mask.size and mask.dtype.kind not in "iub":
+                    raise self._arg_error(f"mask of dtype {mask.dtype}: expected 0/1 integers")
+                # Values other than 0/1 reach the library as 2, which it
+                # rejects (COLIBRI_E_ARG): no silent wrap-around to 0/1.
+                mask = np.where((mask == 0) | (mask == 1), mask, 2).astype(np.uint8)
+            mask = np.ascontiguousarray(mask)
+            mask_ptr = _address(mask)
+        return ids, mask_ptr, mask
 
     def _arg_error(self, detail: str):
         return errors.ArgumentError(-7, self._lib.strerror(-7, CALL_INFER), detail,

@@ -196,8 +196,14 @@ int fuzz_one(const uint8_t *data, size_t size, fuzz_result *r)
                              : (int32_t)(t % s->vocab);
                 mask[i] = (tail[3] >> (i % 8)) & 1;
             }
-            r->infer_rc = colibri_infer(&m, ids, (flags & FL_MASK) ? mask : NULL,
-                                        batch, seq, 0, logits);
+            /* An encoder-decoder (ENC_DEC) runs the same ids through its
+             * encoder first; the decoder then sees them too. */
+            r->infer_rc = colibri_decoder_start(&m) < 0 ? COLIBRI_OK
+                          : colibri_encode(&m, ids, (flags & FL_MASK) ? mask : NULL,
+                                           batch, seq);
+            if (r->infer_rc == COLIBRI_OK)
+                r->infer_rc = colibri_infer(&m, ids, (flags & FL_MASK) ? mask : NULL,
+                                            batch, seq, 0, logits);
             check_detail(&m, r);
             if (r->infer_rc == COLIBRI_OK) {
                 for (size_t i = 0; i < nt * s->vocab; i++)

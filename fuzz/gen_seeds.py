@@ -10,7 +10,8 @@ int8 (loaded through colibri_init, which swaps them), odd shapes (hidden 10,
 group 4, 3 experts top-3, 5 heads over 1 KV head), a file carrying an
 optional section of an unknown kind, and format version 2 files whose
 descriptions cover every feature flag (biases, both q/k norms, clip_qkv,
-shared expert with and without gate, the multipliers, a dense layer). Weights are seeded random numbers; the
+shared expert with and without gate, the multipliers, a dense layer), and
+encoder-decoder (ENC_DEC, RELU_FFN) files in both byte orders. Weights are seeded random numbers; the
 files are a few KB so the fuzzer runs thousands of executions a second.
 """
 from __future__ import annotations
@@ -42,6 +43,16 @@ ODD = ModelShape(vocab=11, hidden=10, intermediate=6, max_seq_len=6, n_layers=1,
                  n_heads=5, n_kv_heads=1, head_dim=2, n_experts=3, top_k=3,
                  max_batch=3, group_size=4, rope_theta=1e6, rms_eps=1e-6)
 
+# An encoder-decoder (Switch Transformers): 2 encoder + 2 decoder layers,
+# n_kv_heads = n_heads, top-1, layers 1 and 3 MoE with capacity 2.
+ENCDEC = ModelShape(vocab=19, hidden=12, intermediate=10, max_seq_len=8, n_layers=4,
+                    n_heads=2, n_kv_heads=2, head_dim=4, n_experts=3, top_k=1,
+                    max_batch=2, group_size=4, rope_theta=1e4, rms_eps=1e-6)
+ENCDEC_DESC = F.Description(
+    features=F.Feat.ENC_DEC | F.Feat.RELU_FFN | F.Feat.DENSE_LAYERS, dense_intermediate=10,
+    attn_scale=1.0, dense_layers=(0, 2), encoder_layers=2, expert_capacity=2,
+    decoder_start=0, lm_scale=12 ** -0.5)
+
 MIXED_A = {**F.PRESET_F32, Kind.EMBED: DType.I16_ROW, Kind.ROUTER: DType.I16_ROW,
            **{k: DType.I8_GROUP for k in F.EXPERT_KINDS}}
 # Format version 2: every feature flag in at least one seed.
@@ -72,7 +83,8 @@ def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int
     for kind, layer, expert in order:
         rows, cols = F.expected_shape(shape, kind, rd)
         w = rng.standard_normal((rows, cols)).astype(np.float32)
-        if kind in (Kind.ATTN_NORM, Kind.FFN_NORM, Kind.FINAL_NORM, Kind.Q_NORM, Kind.K_NORM):
+        if kind in (Kind.ATTN_NORM, Kind.FFN_NORM, Kind.FINAL_NORM, Kind.Q_NORM, Kind.K_NORM,
+                    Kind.XATTN_NORM, Kind.ENC_FINAL_NORM):
             w = 1 + 0.1 * w
         elif kind != Kind.EMBED:
             w /= np.sqrt(cols)
@@ -147,6 +159,10 @@ def seeds() -> dict[str, bytes]:
                                             desc=V2_DESCRIPTIONS["granite"]) + tail(base | MASK,
                                                                                     batch=2, seq=4,
                                                                                     mask=0b1100),
+        "seed-v2-encdec-int8": model_bytes(ENCDEC, F.PRESET_INT8, seed=12, desc=ENCDEC_DESC)
+        + tail(base | MASK, batch=1, seq=6, mask=0b0111111),
+        "seed-v2-encdec-be-f32": model_bytes(ENCDEC, F.PRESET_F32, "big", seed=13,
+                                             desc=ENCDEC_DESC) + tail(base | VIA_FILE, seq=5),
     }
     return out
 

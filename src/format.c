@@ -21,7 +21,8 @@ static const char *kind_name(unsigned kind)
         "ROUTER", "EXPERT_W1", "EXPERT_W3", "EXPERT_W2", "FINAL_NORM",
         "LM_HEAD", "DESC", "BQ", "BK", "BV", "BO", "Q_NORM", "K_NORM",
         "SHARED_GATE", "SHARED_W1", "SHARED_W3", "SHARED_W2", "DENSE_W1",
-        "DENSE_W3", "DENSE_W2",
+        "DENSE_W3", "DENSE_W2", "ENC_POS_BIAS", "DEC_POS_BIAS", "XATTN_NORM",
+        "XWQ", "XWK", "XWV", "XWO", "ENC_FINAL_NORM",
     };
     return kind >= 1 && kind <= COLIBRI_KIND_MAX ? names[kind] : "unknown";
 }
@@ -45,17 +46,38 @@ int clb_desc_dense(const clb_desc *d, uint32_t layer)
     return d->layers && rdf32(d->layers + 4 * (size_t)layer, d->be) != 0.0f;
 }
 
+int clb_desc_decoder_layer(const clb_desc *d, uint32_t layer)
+{
+    return (d->features & COLIBRI_FEAT_ENC_DEC) && layer >= d->encoder_layers;
+}
+
+/* Matrices per expert: W1, W3, W2, or W1, W2 with RELU_FFN. */
+static unsigned expert_matrices(const clb_desc *d)
+{
+    return (d->features & COLIBRI_FEAT_RELU_FFN) ? 2u : 3u;
+}
+
+/* DESC words: 8, one per layer, and 8 more with ENC_DEC. */
+static uint64_t desc_cols(const colibri_shape *s, uint32_t features)
+{
+    return COLIBRI_DESC_LAYERS + (uint64_t)s->n_layers +
+           ((features & COLIBRI_FEAT_ENC_DEC) ? COLIBRI_DESCX_WORDS : 0);
+}
+
 /* The known entries in table order (FORMAT.md 3, rule 1), walked by a
- * cursor: [DESC,] EMBED, per layer the attention tensors the features ask
- * for, then a dense FFN or the router, the shared expert and every expert's
- * three matrices; FINAL_NORM, LM_HEAD. A layer has at most 18 entries
- * before its experts. */
+ * cursor: [DESC,] EMBED, [ENC_POS_BIAS, DEC_POS_BIAS,] per layer the
+ * attention tensors the features ask for ([cross-attention in a decoder
+ * layer]), then a dense FFN or the router, the shared expert and every
+ * expert's matrices; [ENC_FINAL_NORM,] FINAL_NORM, LM_HEAD. A layer has at
+ * most 18 entries before its experts. */
 typedef struct { unsigned kind, layer, expert; } known_slot;
+enum { ST_DESC, ST_EMBED, ST_ENC_BIAS, ST_DEC_BIAS, ST_LAYERS, ST_ENC_FINAL,
+       ST_FINAL_NORM, ST_LM_HEAD, ST_END };
 typedef struct {
-    unsigned stage;          /* 0 DESC, 1 EMBED, 2 layers, 3 FINAL_NORM, 4 LM_HEAD, 5 end */
-    uint32_t layer, r;       /* stage 2: layer and entry within it */
+    unsigned stage;          /* ST_* */
+    uint32_t layer, r;       /* ST_LAYERS: layer and entry within it */
     unsigned n_head;         /* entries of this layer before its experts */
-    unsigned head[18];
+    unsigned head[20];
 } known_cursor;
 
 static void layer_head(known_cursor *c, const colibri_shape *s, const clb_desc *d)
@@ -79,10 +101,18 @@ static void layer_head(known_cursor *c, const colibri_shape *s, const clb_desc *
         c->head[n++] = COLIBRI_KIND_Q_NORM;
         c->head[n++] = COLIBRI_KIND_K_NORM;
     }
+    if (clb_desc_decoder_layer(d, c->layer)) {
+        c->head[n++] = COLIBRI_KIND_XATTN_NORM;
+        c->head[n++] = COLIBRI_KIND_XWQ;
+        c->head[n++] = COLIBRI_KIND_XWK;
+        c->head[n++] = COLIBRI_KIND_XWV;
+        c->head[n++] = COLIBRI_KIND_XWO;
+    }
     c->head[n++] = COLIBRI_KIND_FFN_NORM;
     if (clb_desc_dense(d, c->layer)) {
         c->head[n++] = COLIBRI_KIND_DENSE_W1;
-        c->head[n++] = COLIBRI_KIND_DENSE_W3;
+        if (!(f & COLIBRI_FEAT_RELU_FFN))
+            c->head[n++] = COLIBRI_KIND_DENSE_W3;
         c->head[n++] = COLIBRI_KIND_DENSE_W2;
     } else {
         c->head[n++] = COLIBRI_KIND_ROUTER;
@@ -100,7 +130,7 @@ static void layer_head(known_cursor *c, const colibri_shape *s, const clb_desc *
 static void cursor_start(known_cursor *c, const colibri_shape *s, const clb_desc *d)
 {
     memset(c, 0, sizeof *c);
-    c->stage = d->version >= 2 ? 0 : 1;
+    c->stage = d->version >= 2 ? ST_DESC : ST_EMBED;
     (void)s;
 }
 
@@ -112,21 +142,25 @@ static known_slot cursor_slot(const known_cursor *c, const colibri_shape *s,
     static const unsigned expert_kinds[3] = {
         COLIBRI_KIND_EXPERT_W1, COLIBRI_KIND_EXPERT_W3, COLIBRI_KIND_EXPERT_W2,
     };
-    (void)d;
+    static const unsigned relu_kinds[2] = { COLIBRI_KIND_EXPERT_W1, COLIBRI_KIND_EXPERT_W2 };
+    unsigned m = expert_matrices(d);
     switch (c->stage) {
-    case 0: k.kind = COLIBRI_KIND_DESC; break;
-    case 1: k.kind = COLIBRI_KIND_EMBED; break;
-    case 2:
+    case ST_DESC: k.kind = COLIBRI_KIND_DESC; break;
+    case ST_EMBED: k.kind = COLIBRI_KIND_EMBED; break;
+    case ST_ENC_BIAS: k.kind = COLIBRI_KIND_ENC_POS_BIAS; break;
+    case ST_DEC_BIAS: k.kind = COLIBRI_KIND_DEC_POS_BIAS; break;
+    case ST_LAYERS:
         k.layer = c->layer;
         if (c->r < c->n_head) {
             k.kind = c->head[c->r];
         } else {
-            k.expert = (c->r - c->n_head) / 3;
-            k.kind = expert_kinds[(c->r - c->n_head) % 3];
+            k.expert = (c->r - c->n_head) / m;
+            k.kind = (m == 2 ? relu_kinds : expert_kinds)[(c->r - c->n_head) % m];
         }
         break;
-    case 3: k.kind = COLIBRI_KIND_FINAL_NORM; break;
-    case 4: k.kind = COLIBRI_KIND_LM_HEAD; break;
+    case ST_ENC_FINAL: k.kind = COLIBRI_KIND_ENC_FINAL_NORM; break;
+    case ST_FINAL_NORM: k.kind = COLIBRI_KIND_FINAL_NORM; break;
+    case ST_LM_HEAD: k.kind = COLIBRI_KIND_LM_HEAD; break;
     default: break;
     }
     (void)s;
@@ -135,10 +169,11 @@ static known_slot cursor_slot(const known_cursor *c, const colibri_shape *s,
 
 static void cursor_next(known_cursor *c, const colibri_shape *s, const clb_desc *d)
 {
-    if (c->stage == 2) {
+    int encdec = (d->features & COLIBRI_FEAT_ENC_DEC) != 0;
+    if (c->stage == ST_LAYERS) {
         uint32_t per = c->n_head;
         if (!clb_desc_dense(d, c->layer))
-            per += 3u * s->n_experts;
+            per += expert_matrices(d) * s->n_experts;
         if (++c->r < per)
             return;
         c->r = 0;
@@ -146,12 +181,14 @@ static void cursor_next(known_cursor *c, const colibri_shape *s, const clb_desc 
             layer_head(c, s, d);
             return;
         }
-        c->stage = 3;
+        c->stage = encdec ? ST_ENC_FINAL : ST_FINAL_NORM;
         return;
     }
-    if (c->stage < 5)
+    if (c->stage < ST_END)
         c->stage++;
-    if (c->stage == 2) {
+    if (!encdec && c->stage == ST_ENC_BIAS)
+        c->stage = ST_LAYERS;
+    if (c->stage == ST_LAYERS) {
         c->layer = 0;
         c->r = 0;
         layer_head(c, s, d);
@@ -174,13 +211,24 @@ static void kind_shape(const colibri_shape *s, const clb_desc *d, unsigned kind,
     case COLIBRI_KIND_ATTN_NORM:
     case COLIBRI_KIND_FFN_NORM:
     case COLIBRI_KIND_FINAL_NORM:
+    case COLIBRI_KIND_XATTN_NORM:
+    case COLIBRI_KIND_ENC_FINAL_NORM:
     case COLIBRI_KIND_BO:
     case COLIBRI_KIND_SHARED_GATE: *rows = 1; *dtypes = F; break;
     case COLIBRI_KIND_DESC:
         *rows = 1;
-        *cols = COLIBRI_DESC_LAYERS + (uint32_t)s->n_layers;
+        *cols = (uint32_t)desc_cols(s, d->features);
         *dtypes = F;
         break;
+    /* ENC_DEC: the header checked 2 * max_seq_len - 1 fits in 32 bits. */
+    case COLIBRI_KIND_ENC_POS_BIAS:
+        *rows = s->n_heads; *cols = 2u * s->max_seq_len - 1u; *dtypes = F; break;
+    case COLIBRI_KIND_DEC_POS_BIAS:
+        *rows = s->n_heads; *cols = s->max_seq_len; *dtypes = F; break;
+    case COLIBRI_KIND_XWQ: *rows = qdim; break;
+    case COLIBRI_KIND_XWK:
+    case COLIBRI_KIND_XWV: *rows = kvdim; break;
+    case COLIBRI_KIND_XWO: *rows = s->hidden; *cols = qdim; break;
     case COLIBRI_KIND_BQ: *rows = 1; *cols = qdim; *dtypes = F; break;
     case COLIBRI_KIND_BK:
     case COLIBRI_KIND_BV: *rows = 1; *cols = kvdim; *dtypes = F; break;
@@ -369,6 +417,28 @@ int clb_check_header(const uint8_t *b, size_t size, colibri_shape *s,
                    "SHARED_EXPERT", (unsigned)flags);
         return COLIBRI_E_BAD_FORMAT;
     }
+    if (flags & COLIBRI_FEAT_ENC_DEC) {
+        const uint32_t ok = COLIBRI_FEAT_ENC_DEC | COLIBRI_FEAT_RELU_FFN |
+                            COLIBRI_FEAT_DENSE_LAYERS;
+        if (flags & ~ok) {
+            clb_detail(detail, DETAIL_CAP, "header flags %x: ENC_DEC combines only "
+                       "with RELU_FFN and DENSE_LAYERS", (unsigned)flags);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        if (s->n_kv_heads != s->n_heads || s->top_k != 1) {
+            clb_detail(detail, DETAIL_CAP, "header: ENC_DEC needs n_kv_heads = "
+                       "n_heads and top_k = 1 (found %u, %u, %u)",
+                       (unsigned)s->n_kv_heads, (unsigned)s->n_heads,
+                       (unsigned)s->top_k);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+        if (s->max_seq_len > 0x7fffffffu) {
+            clb_detail(detail, DETAIL_CAP, "header: ENC_DEC max_seq_len %u above "
+                       "2^31 - 1 (the position bias has 2 * max_seq_len - 1 "
+                       "columns)", (unsigned)s->max_seq_len);
+            return COLIBRI_E_BAD_FORMAT;
+        }
+    }
     return COLIBRI_OK;
 }
 
@@ -383,6 +453,7 @@ static void desc_default(clb_desc *d, const colibri_shape *s)
     d->attn_scale = (float)(1.0 / sqrt((double)s->head_dim));
     d->residual_scale = 1.0f;
     d->logits_div = 1.0f;
+    d->lm_scale = 1.0f;
 }
 
 /* An integer-valued word in 1..2^24 with the feature, exactly 0 without. */
@@ -399,6 +470,45 @@ static int desc_size_word(float v, int on, uint32_t *out)
     return 1;
 }
 
+/* An integer-valued word in lo..hi. */
+static int desc_int_word(float v, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    if (!(v >= (float)lo && v <= (float)hi) || v != (float)(uint32_t)v)
+        return 0;
+    *out = (uint32_t)v;
+    return 1;
+}
+
+/* The ENC_DEC words after the layer words (FORMAT.md 3). */
+static int check_encdec_words(const uint8_t *w, const colibri_shape *s, int be,
+                              clb_desc *d, char *detail)
+{
+    const char *bad = NULL;
+    float lm = rdf32(w + 4 * COLIBRI_DESCX_LM_SCALE, be);
+    if (!desc_int_word(rdf32(w + 4 * COLIBRI_DESCX_ENCODER_LAYERS, be), 1,
+                       (uint32_t)s->n_layers - 1u, &d->encoder_layers))
+        bad = "encoder_layers";
+    else if (!desc_int_word(rdf32(w + 4 * COLIBRI_DESCX_EXPERT_CAPACITY, be), 1,
+                            COLIBRI_DESC_MAX_INTERMEDIATE, &d->expert_capacity))
+        bad = "expert_capacity";
+    else if (!desc_int_word(rdf32(w + 4 * COLIBRI_DESCX_DECODER_START, be), 0,
+                            s->vocab - 1u, &d->decoder_start))
+        bad = "decoder_start";
+    else if (!isfinite(lm) || !(lm > 0.0f))
+        bad = "lm_scale";
+    else
+        for (unsigned i = 4; i < COLIBRI_DESCX_WORDS; i++)
+            if (rd32(w + 4 * i, be) != 0)
+                bad = "reserved (ENC_DEC words 4-7)";
+    if (bad) {
+        clb_detail(detail, DETAIL_CAP, "tensor 0 (DESC): %s out of range "
+                   "(FORMAT.md 3)", bad);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    d->lm_scale = lm;
+    return COLIBRI_OK;
+}
+
 int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
                    int be, clb_desc *d, char *detail)
 {
@@ -410,7 +520,7 @@ int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
     d->features = rd32(b + COLIBRI_HDR_FLAGS, be);
     d->be = be;
     /* Entry 0 must be the DESC: everything after it is laid out by it. */
-    uint64_t want_cols = COLIBRI_DESC_LAYERS + (uint64_t)s->n_layers;
+    uint64_t want_cols = desc_cols(s, d->features);
     uint64_t table_end = COLIBRI_TABLE_OFFSET + (uint64_t)s->n_tensors * COLIBRI_ENTRY_SIZE;
     uint64_t at = (table_end + 63) & ~(uint64_t)63;
     if (table_end > size) {
@@ -508,6 +618,9 @@ int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
         return COLIBRI_E_BAD_FORMAT;
     }
     d->layers = w + 4 * COLIBRI_DESC_LAYERS;
+    if (f & COLIBRI_FEAT_ENC_DEC)
+        return check_encdec_words(w + 4 * (COLIBRI_DESC_LAYERS + (size_t)s->n_layers),
+                                  s, be, d, detail);
     return COLIBRI_OK;
 }
 

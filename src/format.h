@@ -36,7 +36,17 @@ typedef struct clb_desc {
     float clip_qkv;          /* > 0: q, k, v clamped to [-clip, clip] */
     const uint8_t *layers;   /* DESC word 8 as stored (NULL: no DESC) */
     int be;                  /* the file's byte order, for layers */
+    /* ENC_DEC only (0 / 1 otherwise): file layers [0, encoder_layers) are
+     * the encoder's; top-1 expert capacity per sequence of one call; the
+     * decoder's start token; the LM head's input scale. */
+    uint32_t encoder_layers;
+    uint32_t expert_capacity;
+    uint32_t decoder_start;
+    float lm_scale;
 } clb_desc;
+
+/* 1 if layer l is a decoder layer of an ENC_DEC file (has cross-attention). */
+int clb_desc_decoder_layer(const clb_desc *d, uint32_t layer);
 
 /* 1 if layer l is a dense SwiGLU layer (d->layers' word is 1.0f). */
 int clb_desc_dense(const clb_desc *d, uint32_t layer);

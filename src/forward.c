@@ -4,6 +4,7 @@
  * (tensor.c for the dense parts, moe.c for the experts). Allocates nothing,
  * makes no system call: every buffer is in the plan.
  */
+#include "encdec.h"
 #include "internal.h"
 #include "support.h"
 
@@ -219,6 +220,16 @@ int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
         }
     }
     clb_plan *p = (clb_plan *)v->plan;
+    if (p->ed && logits_mode == COLIBRI_LOGITS_LAST && seq > 1) {
+        clb_detail(v->detail, DETAIL_CAP, "an encoder-decoder's decoder gives "
+                   "every position's logits: use COLIBRI_LOGITS_ALL (or seq 1)");
+        return COLIBRI_E_UNSUPPORTED;
+    }
+    if (p->ed) { /* an encoder-decoder: decoder steps after colibri_encode */
+        int rc = clb_encdec_begin(p, batch, v->detail);
+        if (rc)
+            return rc;
+    }
     for (size_t i = 0; i < total; i++)
         p->mask_cache[(i / seq) * s->max_seq_len + n_past + i % seq] =
             attention_mask ? attention_mask[i] : 1;
@@ -228,7 +239,10 @@ int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
             p->tok_b[i] = (uint32_t)((start + i) / seq);
             p->tok_pos[i] = n_past + (uint32_t)((start + i) % seq);
         }
-        if (logits_mode == COLIBRI_LOGITS_LAST)
+        if (p->ed) /* ALL rows; LAST with seq 1 is the same layout */
+            clb_encdec_decode_chunk(p, input_ids + start, n,
+                                    logits + start * s->vocab);
+        else if (logits_mode == COLIBRI_LOGITS_LAST)
             forward_chunk(p, input_ids + start, n, n_past + seq - 1, logits);
         else
             forward_chunk(p, input_ids + start, n, UINT32_MAX,

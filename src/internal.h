@@ -124,6 +124,9 @@ typedef struct clb_plan {
     float *h1, *h3;             /* [C, max_inter] gate and up */
     int8_t *xq;                 /* [C, max_cols] int8 activations */
     float *xs;                  /* [C, max_groups] their scales */
+
+    /* ENC_DEC files only (encdec.h), else NULL: the encoder-decoder state. */
+    struct clb_encdec *ed;
 } clb_plan;
 
 /* --- plan.c --------------------------------------------------------------- */

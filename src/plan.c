@@ -4,6 +4,7 @@
  * the size colibri_arena_size promises is the size used), the weight views
  * into a validated file, the RoPE tables, and the kernel table in use.
  */
+#include "encdec.h"
 #include "format.h"
 #include "internal.h"
 
@@ -101,6 +102,8 @@ void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
     p->h3 = (float *)carve(c, cm(c, C * 4, inter));
     p->xq = (int8_t *)carve(c, cm(c, C, max_cols));
     p->xs = (float *)carve(c, cm(c, C * 4, max_groups));
+    if (d->features & COLIBRI_FEAT_ENC_DEC)
+        clb_encdec_layout(c, s, d, p == &dummy ? NULL : p);
     *pp = p == &dummy ? NULL : p;
 }
 
@@ -178,6 +181,8 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
         const float *vec = (const float *)w.q; /* [1, n] F32 kinds */
         if (L)
             L->dense = (uint8_t)clb_desc_dense(&p->d, l);
+        if (p->ed && clb_encdec_bind(p, kind, l, &w))
+            continue;
         switch (kind) {
         case COLIBRI_KIND_EMBED: p->embed = w; break;
         case COLIBRI_KIND_ATTN_NORM: L->attn_norm = (const float *)w.q; break;

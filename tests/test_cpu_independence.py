@@ -52,6 +52,10 @@ BLAS_DEPENDENT_TESTS = [
     "tests/test_golden_transformers.py",
     "tests/test_runtime_golden.py",
     "tests/test_golden_families.py",
+    "tests/test_reference_encdec.py",
+    "tests/test_convert_encdec.py",
+    "tests/test_runtime_encdec.py",
+    "tests/test_cli_encdec.py",
     "tests/test_runtime_features.py",
     # numpy's exp() in the sampler and the reference's logits, margin-aware.
     "tests/test_sampling.py",

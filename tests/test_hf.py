@@ -203,7 +203,8 @@ def test_config_explicit_head_dim(tmp_path):
 
 
 SUPPORTED = ("MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, "
-             "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM")
+             "GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM, "
+             "SwitchTransformersForConditionalGeneration")
 
 
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "DeepseekV3ForCausalLM"])

@@ -468,8 +468,8 @@ def v2_cases(raw: bytes) -> list[Case]:
     i_dense = cf.entries.index(cf.entry(F.Kind.DENSE_W1, 1))
     L = F.DESC_LAYERS
     return [
-        Case("unknown feature bit", lambda r: _flags(r, 0x200), BAD_FORMAT,
-             r"unknown feature bits 0x200", r"unknown feature bits 0x200"),
+        Case("unknown feature bit", lambda r: _flags(r, 0x800), BAD_FORMAT,
+             r"unknown feature bits 0x800", r"unknown feature bits 0x800"),
         Case("both q/k norms", lambda r: _flags(r, Feat.QK_NORM_HEAD | Feat.QK_NORM_PROJ),
              BAD_FORMAT, r"QK_NORM_HEAD and QK_NORM_PROJ exclude each other",
              r"QK_NORM_HEAD and QK_NORM_PROJ exclude each other"),
@@ -518,7 +518,7 @@ def v2_cases(raw: bytes) -> list[Case]:
         Case("dense layer moved", lambda r: _desc_word(_desc_word(r, L + 1, 0.0), L + 2, 1.0),
              BAD_FORMAT, rf"tensor {i_dense}: expected ROUTER layer 1 expert 65535, found DENSE_W1 layer 1",
              r"out of order or out of range, expected ROUTER layer 1"),
-        Case("version 1 with a DESC", lambda r: _flags(_set_header(r, "version", 1), clear=0x1FF),
+        Case("version 1 with a DESC", lambda r: _flags(_set_header(r, "version", 1), clear=F.FEAT_ALL),
              BAD_FORMAT, r"tensor 0: expected EMBED layer 65535 expert 65535, found DESC",
              r"out of order or out of range, expected EMBED"),
         Case("shared expert rows changed", lambda r: _set_entry(r, i_w1, "rows", 35), BAD_FORMAT,
@@ -583,3 +583,100 @@ def test_version_2_truncated_at_every_64_byte_boundary(replay_exe, v2_file, tmp_
         with pytest.raises(FormatError) as exc:
             F.parse(cuts[cut])
         assert not isinstance(exc.value, CRCError), (cut, exc.value)
+
+
+# ---- encoder-decoder files (ENC_DEC): DESC words, flags, kinds 28-35 ----------
+
+@pytest.fixture(scope="module")
+def encdec_file() -> bytes:
+    """fuzz/gen_seeds.py's encoder-decoder: 2 encoder + 2 decoder layers,
+    layers 1 and 3 MoE (ReLU experts W1/W2), int8, little-endian."""
+    return gen_seeds.model_bytes(gen_seeds.ENCDEC, F.PRESET_INT8, seed=21,
+                                 desc=gen_seeds.ENCDEC_DESC)
+
+
+def encdec_cases(raw: bytes) -> list[Case]:
+    cf = F.parse(raw)
+    W = F.DESC_LAYERS + cf.shape.n_layers          # the first ENC_DEC word
+    i_xwq = cf.entries.index(cf.entry(F.Kind.XWQ, 2))
+    i_dec = cf.entries.index(cf.entry(F.Kind.DEC_POS_BIAS))
+    i_enc = cf.entries.index(cf.entry(F.Kind.ENC_POS_BIAS))
+    return [
+        Case("encoder_layers 0", lambda r: _desc_word(r, W, 0.0), BAD_FORMAT,
+             r"DESC\): encoder_layers", r"DESC encoder_layers = 0.0"),
+        Case("encoder_layers all layers", lambda r: _desc_word(r, W, 4.0), BAD_FORMAT,
+             r"DESC\): encoder_layers", r"DESC encoder_layers = 4.0, must be an integer 1..3"),
+        Case("capacity not an integer", lambda r: _desc_word(r, W + 1, 1.5), BAD_FORMAT,
+             r"DESC\): expert_capacity", r"DESC expert_capacity = 1.5"),
+        Case("decoder_start = vocab", lambda r: _desc_word(r, W + 2, 19.0), BAD_FORMAT,
+             r"DESC\): decoder_start", r"DESC decoder_start = 19.0, must be an integer 0..18"),
+        Case("lm_scale NaN", lambda r: _desc_word(r, W + 3, bits=0x7FC00000), BAD_FORMAT,
+             r"DESC\): lm_scale", r"DESC lm_scale = nan"),
+        Case("ENC_DEC reserved word", lambda r: _desc_word(r, W + 5, bits=1), BAD_FORMAT,
+             r"DESC\): reserved \(ENC_DEC words 4-7\)", r"DESC reserved words 4-7"),
+        Case("ENC_DEC with biases", lambda r: _flags(r, Feat.BIAS_QKV), BAD_FORMAT,
+             r"ENC_DEC combines only with RELU_FFN and DENSE_LAYERS",
+             r"ENC_DEC combines only with RELU_FFN and DENSE_LAYERS"),
+        Case("ENC_DEC with top_k 2", lambda r: _set_header(r, "top_k", 2), BAD_FORMAT,
+             r"ENC_DEC needs n_kv_heads = n_heads and top_k = 1",
+             r"ENC_DEC needs n_kv_heads = n_heads and top_k = 1"),
+        Case("RELU_FFN cleared", lambda r: _flags(r, clear=Feat.RELU_FFN), BAD_FORMAT,
+             r"expected DENSE_W3 layer 0 expert 65535, found DENSE_W2 layer 0",
+             r"out of order or out of range, expected DENSE_W3 layer 0"),
+        Case("ENC_DEC cleared", lambda r: _flags(r, clear=Feat.ENC_DEC), BAD_FORMAT,
+             r"starts with DESC, critical F32 \[1, 12\]",
+             r"starts with DESC, critical F32 \[1, 12\]"),
+        Case("cross-attention rows changed", lambda r: _set_entry(r, i_xwq, "rows", 9), BAD_FORMAT,
+             rf"tensor {i_xwq} \(XWQ layer 2\): shape \[9, 12\], the header implies \[8, 12\]",
+             r"XWQ layer 2.*shape \[9, 12\], the header implies \[8, 12\]"),
+        Case("decoder bias width changed", lambda r: _set_entry(r, i_dec, "cols", 15), BAD_FORMAT,
+             rf"tensor {i_dec} \(DEC_POS_BIAS\): shape \[2, 15\], the header implies \[2, 8\]",
+             r"DEC_POS_BIAS.*shape \[2, 15\], the header implies \[2, 8\]"),
+        Case("position bias stored int8", lambda r: _set_entry(r, i_enc, "dtype", 1), BAD_FORMAT,
+             rf"tensor {i_enc} \(ENC_POS_BIAS\): dtype 1 not allowed",
+             r"dtype I8_GROUP is not allowed for ENC_POS_BIAS"),
+        Case("cross-attention in an encoder layer",
+             lambda r: _set_entry(r, i_xwq, "layer", 1), BAD_FORMAT,
+             rf"tensor {i_xwq}: expected XWQ layer 2 expert 65535, found XWQ layer 1",
+             r"out of order or out of range, expected XWQ layer 2"),
+    ]
+
+
+def test_encoder_decoder_hostile_cases_in_c_and_python(replay_exe, encdec_file, tmp_path):
+    """Every check ENC_DEC adds (its DESC words, its flag combinations, the
+    order, shapes and dtypes of kinds 28-35), in C and in Python; the intact
+    file loads, encodes, decodes and verifies."""
+    import re
+    cases = encdec_cases(encdec_file)
+    files = {c.name: bytes(c.mutate(bytearray(encdec_file))) for c in cases}
+    files["intact"] = encdec_file
+    got = run_c(replay_exe, tmp_path, files)
+    r = got["intact"]
+    assert (r.init, r.infer, r.decode, r.verify, r.nonfinite) == (0, 0, 0, 0, 0), r
+    bad = []
+    for c in cases:
+        r = got[c.name]
+        if r.init != c.c_code or not re.search(c.c_detail, r.detail):
+            bad.append(f"C {c.name}: init {r.init} {r.detail!r}, want {c.c_code} /{c.c_detail}/")
+        try:
+            F.parse(files[c.name])
+        except FormatError as exc:
+            if not re.search(c.py, str(exc)) or isinstance(exc, CRCError) != c.py_crc:
+                bad.append(f"Python {c.name}: {type(exc).__name__}: {exc}; want /{c.py}/")
+        else:
+            bad.append(f"Python {c.name}: accepted, want /{c.py}/")
+    assert not bad, "\n".join(bad)
+
+
+def test_encoder_decoder_wrong_crc_in_each_section(replay_exe, encdec_file, tmp_path):
+    cf = F.parse(encdec_file)
+    files = {}
+    for i, e in enumerate(cf.entries):
+        raw = bytearray(encdec_file)
+        raw[e.offset + e.size // 2] ^= 0x20
+        files[i] = bytes(raw)
+    got = run_c(replay_exe, tmp_path, files)
+    for i, e in enumerate(cf.entries):
+        assert got[i].init == CRC and f"tensor {i} (" in got[i].detail, (i, got[i])
+        with pytest.raises(CRCError):
+            F.parse(files[i])

@@ -38,6 +38,9 @@ FILES = {
                                       desc=gen_seeds.V2_DESCRIPTIONS["qwen2"]),
     "v2-be-olmoe": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_F32, "big", seed=4,
                                          desc=gen_seeds.V2_DESCRIPTIONS["olmoe"]),
+    # An encoder-decoder: ENC_DEC words, cross-attention and position-bias kinds.
+    "v2-encdec": gen_seeds.model_bytes(gen_seeds.ENCDEC, F.PRESET_INT8, seed=5,
+                                       desc=gen_seeds.ENCDEC_DESC),
 }
 
 

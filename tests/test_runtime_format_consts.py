@@ -48,6 +48,9 @@ def python_constants() -> dict[str, int | str]:
     want.update({f"COLIBRI_DTYPE_{d.name}": int(d) for d in cformat.DType})
     want.update({f"COLIBRI_FEAT_{f.name}": int(f) for f in cformat.Feat})
     want.update({f"COLIBRI_DESC_{n.upper()}": i for i, n in enumerate(cformat.DESC_WORDS)})
+    want.update({f"COLIBRI_DESCX_{n.upper()}": i
+                 for i, n in enumerate(cformat.DESC_ENCDEC_WORDS) if not n.startswith("reserved")})
+    want["COLIBRI_DESCX_WORDS"] = len(cformat.DESC_ENCDEC_WORDS)
     return want
 
 

@@ -86,3 +86,22 @@ def test_version_2_features_allocate_nothing(noalloc, tmp_path, name):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^wrap: 1000 calls, 0 intercepted$", proc.stdout, re.M), proc.stdout
     assert re.search(r"^seccomp: 1000 calls survived, 0 intercepted$", proc.stdout, re.M)
+
+
+def test_encoder_decoder_allocates_nothing(noalloc, tmp_path):
+    """colibri_encode and the encoder-decoder's decoder steps (cross-
+    attention, capacity counts, ReLU experts) allocate nothing and make no
+    system call either: an int8 ENC_DEC file (fuzz/gen_seeds.py's)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
+    import gen_seeds
+    from colibri import format as F
+    path = tmp_path / "encdec.colibri"
+    path.write_bytes(gen_seeds.model_bytes(gen_seeds.ENCDEC, F.PRESET_INT8, seed=3,
+                                           desc=gen_seeds.ENCDEC_DESC))
+    proc = subprocess.run([str(noalloc), str(path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^wrap: 1000 calls, 0 intercepted$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^seccomp: 1000 calls survived, 0 intercepted$", proc.stdout, re.M)

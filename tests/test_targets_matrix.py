@@ -21,6 +21,9 @@ Builds (each `scons target=all`, shared by the tests below):
               expert, fused experts), f32
   ref-qwen3_moe  its Qwen3-MoE (per-head q/k norm, free head_dim, biases),
               f32, reference kernels: bit-identical on every Linux target
+  switch      tests/golden_switch.py's Switch Transformers (encoder-decoder:
+              the firmware encodes each prompt, then decodes from the start
+              token; capacity overflow, cross-attention), int8
 Each family model is a version 2 file: on ppc the firmware embeds it
 big-endian and uses it in place, on cortex-m from flash with a static arena.
 """
@@ -72,6 +75,17 @@ def _family_model(d: Path, family: str, quant: str) -> Path:
     return ColibriExporter(ck, quant=quant, max_seq_len=16).export(d / f"{family}-{quant}.colibri")
 
 
+def _switch_model(d: Path) -> Path:
+    """The golden Switch Transformers (tests/golden_switch.py) converted from
+    the loaded model, int8, a 16-position cache."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from colibri.convert import ColibriExporter
+    from golden_switch import make_switch
+    return ColibriExporter(model=make_switch(seed=0), quant="int8", max_seq_len=16).export(
+        d / "switch-int8.colibri")
+
+
 @pytest.fixture(scope="session")
 def matrix_models(tmp_path_factory, colibri_file):
     d = tmp_path_factory.mktemp("matrix-models")
@@ -83,6 +97,7 @@ def matrix_models(tmp_path_factory, colibri_file):
     }
     models.update({b: (lambda f=f, q=q: _family_model(d, f, q))
                    for b, (f, q) in FAMILY_BUILDS.items()})
+    models["switch"] = lambda: _switch_model(d)
     return _Lazy(models)
 
 
@@ -125,7 +140,8 @@ def _need(target):
         pytest.skip(problem)
 
 
-@pytest.mark.parametrize("build", ["int8", "f32", "awkward", "qwen2_moe", "granitemoe_shared"])
+@pytest.mark.parametrize("build", ["int8", "f32", "awkward", "qwen2_moe", "granitemoe_shared",
+                                   "switch"])
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_target_matches_reference(name, build, matrix_build, matrix_models):
     """Firmware (and colibri-cli on Linux) logits within the quantisation's

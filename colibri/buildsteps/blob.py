@@ -162,6 +162,17 @@ def arena_bytes(shape: cformat.ModelShape, pointer_bytes: int,
         C * max_cols,                               # int8 activations
         C * 4 * max_groups,                         # their scales
     ]
+    if d.features & cformat.Feat.ENC_DEC:  # src/encdec.c clb_encdec_layout()
+        Ld = L - d.encoder_layers
+        buffers += [
+            64 * ptr,                     # the encoder-decoder state
+            L * 24 * ptr,                 # per-layer cross-attention views
+            tokens * h * 4,               # encoder output
+            tokens,                       # encoder mask
+            Ld * tokens * qdim * 4,       # cross-attention K
+            Ld * tokens * qdim * 4,       # cross-attention V
+            L * s.max_batch * E * 4,      # expert-capacity counts
+        ]
     return sum(_a64(b) for b in buffers) + 4096
 
 

@@ -84,12 +84,13 @@ def check_firmware(target, firmware, model, result: CheckResult,
         what = f"target {target.name}, prompt {i} {p.prompt}"
         # rows: the prompt, then one per generated token but the last.
         want = golden.reference_rows(model, p.prompt, p.tokens[:-1])
-        cmp = golden.compare(p.rows, want, tol, what, len(p.prompt))
+        n_pre = len(golden.decoder_prompt(model, p.prompt))
+        cmp = golden.compare(p.rows, want, tol, what, n_pre)
         result.worst.append(cmp.message)
         if not cmp.ok:
             result.failures.append(cmp.message)
             continue
-        bad = golden.check_greedy(p.tokens, p.rows, want, len(p.prompt), tol, what)
+        bad = golden.check_greedy(p.tokens, p.rows, want, n_pre, tol, what)
         if bad:
             result.failures.append(bad)
 

@@ -17,7 +17,10 @@ def run_cli(target, cli, model, prompt, n_generate):
     fd, out = tempfile.mkstemp(suffix=".logits")
     os.close(fd)
     try:
-        args = ("--model", str(model), "--tokens", ",".join(map(str, prompt)),
+        dec = golden.decoder_prompt(model, prompt)
+        enc = () if list(dec) == list(prompt) else (
+            "--encoder-tokens", ",".join(map(str, prompt)))
+        args = ("--model", str(model), *enc, "--tokens", ",".join(map(str, dec)),
                 "--generate", str(n_generate), "--logits-out", out)
         r = emulate.run(target, cli, args)
         rows = np.fromfile(out, dtype="<f4").astype(np.float32)
@@ -54,11 +57,12 @@ def check_cli(target, cli, model, result, prompts=blob.DEFAULT_PROMPTS,
                                    f"expected {want.shape}")
             continue
         rows = rows.reshape(want.shape)
-        cmp = golden.compare(rows, want, tol, what, len(prompt))
+        n_pre = len(golden.decoder_prompt(model, prompt))
+        cmp = golden.compare(rows, want, tol, what, n_pre)
         result.worst.append(cmp.message)
         if not cmp.ok:
             result.failures.append(cmp.message)
-        bad = golden.check_greedy(tokens, rows, want, len(prompt), tol, what)
+        bad = golden.check_greedy(tokens, rows, want, n_pre, tol, what)
         if bad:
             result.failures.append(bad)
         if i < len(fw_prompts) and fw_prompts[i].rows.shape == rows.shape:

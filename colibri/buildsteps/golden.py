@@ -28,12 +28,33 @@ def quantisation(model) -> str:
         f.close()
 
 
+def decoder_prompt(model, prompt) -> list[int]:
+    """The tokens the decoder is prefilled with: the prompt itself, or for an
+    encoder-decoder (the prompt is the encoder's input) its start token."""
+    from .. import format as cformat
+    cf = cformat.read_file(model, check_crc=False) if not hasattr(model, "desc") else model
+    if cf.desc.has(cformat.Feat.ENC_DEC):
+        return [cf.desc.decoder_start]
+    return list(prompt)
+
+
 def reference_rows(model, prompt, fed_tokens) -> np.ndarray:
     """Reference logits [len(prompt) + len(fed_tokens), vocab] for a prefill
     of `prompt` followed by one decode step per token of `fed_tokens`
     (teacher-forced with the tokens the target chose, so one argmax near a
-    tie cannot derail the rest of the comparison)."""
-    ref = Reference(model)
+    tie cannot derail the rest of the comparison). An encoder-decoder
+    encodes `prompt` and prefills the decoder with its start token: [1 +
+    len(fed_tokens), vocab]."""
+    from .. import format as cformat
+    cf = cformat.read_file(model)
+    if cf.desc.has(cformat.Feat.ENC_DEC):
+        from ..reference_encdec import from_file
+        ed = from_file(cf)
+        ed.encode(np.asarray([prompt], dtype=np.int64))
+        rows = [ed.decode([[cf.desc.decoder_start]])[0]]
+        rows += [ed.decode([[tok]])[0] for tok in fed_tokens]
+        return np.concatenate(rows, axis=0).astype(np.float32)
+    ref = Reference(cf)
     rows = [ref.forward(np.asarray([prompt], dtype=np.int64))[0]]
     for i, tok in enumerate(fed_tokens):
         rows.append(ref.forward(np.asarray([[tok]], dtype=np.int64), n_past=len(prompt) + i)[0])

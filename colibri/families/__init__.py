@@ -93,13 +93,23 @@ def all_families() -> list[Family]:
 
 
 def supported() -> str:
-    """'MixtralForCausalLM, Qwen2MoeForCausalLM, ...' for messages."""
-    return ", ".join(a for f in all_families() for a in f.architectures)
+    """'MixtralForCausalLM, Qwen2MoeForCausalLM, ...' for messages (the
+    encoder-decoder Switch Transformers last: colibri.convert_encdec)."""
+    from . import switch_transformers
+    return ", ".join([a for f in all_families() for a in f.architectures]
+                     + list(switch_transformers.ARCHITECTURES))
 
 
 def pick(cfg: dict) -> Family:
     """The family of a config.json, by `architectures` (else `model_type`)."""
     archs = cfg.get("architectures") or []
+    from . import switch_transformers
+    if (any(a in switch_transformers.ARCHITECTURES for a in archs)
+            or cfg.get("model_type") in switch_transformers.MODEL_TYPES):
+        raise ConversionError(
+            "an encoder-decoder (Switch Transformers) has no decoder-only family: convert "
+            "it with ColibriExporter / colibri convert, which hand it to "
+            "colibri.convert_encdec")
     fams = all_families()
     if archs:
         for f in fams:

@@ -9,6 +9,10 @@
  * (FW_ARENA_BYTES), checked here against the runtime's own
  * colibri_arena_size before use. No malloc, no stdio.
  *
+ * An encoder-decoder model (colibri_decoder_start >= 0) encodes each prompt
+ * (colibri_encode) and prefills the decoder with its start token: the rows
+ * are then the decoder's, 1 + FW_N_GENERATE - 1 of them.
+ *
  * Output (parsed by colibri/buildsteps/emulate.py, one record per line):
  *   colibri-fw target=T model_bytes=N arena_bytes=A arena_needed=R
  *   kernels NAME                   the kernel table init picked (colibri_info)
@@ -141,7 +145,15 @@ static int run_prompt(uint32_t p) {
     }
     put("\n");
 
-    int rc = colibri_infer(&model, prompt, NULL, 1, len, 0, logits);
+    int32_t start = colibri_decoder_start(&model);
+    int rc;
+    if (start >= 0) { /* encoder-decoder: the prompt is the encoder's input */
+        rc = colibri_encode(&model, prompt, NULL, 1, len);
+        if (rc) return fail("colibri_encode", COLIBRI_CALL_INFER, rc);
+        prompt = &start;
+        len = 1;
+    }
+    rc = colibri_infer(&model, prompt, NULL, 1, len, 0, logits);
     if (rc) return fail("colibri_infer (prefill)", COLIBRI_CALL_INFER, rc);
     for (uint32_t r = 0; r < len; r++) put_row(p, r, logits + (size_t)r * FW_VOCAB);
     h = fnv1a(h, logits, len * FW_VOCAB);

@@ -5,6 +5,7 @@
  *   colibri-cli --model F --verify
  *   colibri-cli --model F --dump-router-lut
  *   colibri-cli --model F --tokens 1,2,3 [--generate N] [--logits-out OUT]
+ *   colibri-cli --model F --encoder-tokens 1,2,3 --tokens 0 [--generate N] ...
  *   colibri-cli --model F --bench N [--tokens 1,2,3]
  *
  * Errors: one line "colibri-cli: FILE: <error> (<detail>): <what to do>" on
@@ -52,6 +53,8 @@ static const char *usage_text =
     "                      and standard deviation in microseconds\n"
     "\n"
     "options:\n"
+    "  --encoder-tokens 1,2,3  an encoder-decoder's input: colibri_encode runs it,\n"
+    "                      then --tokens are the decoder's (from its start token)\n"
     "  --generate N        with --tokens: greedily generate N tokens (prefill and\n"
     "                      decode tokens/s on stderr)\n"
     "  --threads N         compute each infer on N threads (colibri_set_threads;\n"
@@ -416,6 +419,33 @@ done:
     return status;
 }
 
+/* An encoder-decoder's --encoder-tokens through colibri_encode (batch 1);
+ * 0 for a decoder-only model without them. */
+static int encode_input(colibri_model *m, const char *enc_tokens)
+{
+    int32_t start = colibri_decoder_start(m);
+    if (!enc_tokens) {
+        if (start < 0)
+            return 0;
+        fprintf(stderr, "colibri-cli: %s is an encoder-decoder: give its input with "
+                "--encoder-tokens IDS and the decoder's tokens (from start token %d) "
+                "with --tokens\n", model_path, (int)start);
+        return 2;
+    }
+    int32_t *enc = NULL;
+    long ne = parse_tokens(enc_tokens, &enc);
+    if (ne < 1) {
+        free(enc);
+        return usage_error("--encoder-tokens needs comma-separated integers, e.g. 1,2,3");
+    }
+    int rc = colibri_encode(m, enc, NULL, 1, (uint32_t)ne);
+    free(enc);
+    if (rc)
+        return fail(rc, COLIBRI_CALL_INFER, m, NULL);
+    printf("encoded %ld tokens; decoder start token %d\n", ne, (int)start);
+    return 0;
+}
+
 /* --tokenize / --prompt: the file's tokenizer, or a one-line error. */
 static int open_tokenizer(colibri_model *m, colibri_tokenizer *tok)
 {
@@ -617,6 +647,7 @@ static int parse_count(const char *s, long *out)
 int main(int argc, char **argv)
 {
     const char *tokens = NULL, *logits_out = NULL, *tokenize = NULL, *prompt = NULL;
+    const char *enc_tokens = NULL;
     colibri_sample_params sp = colibri_sample_defaults();
     int sampling_flags = 0;
     int info = 0, verify = 0, dump = 0, have_model = 0;
@@ -639,6 +670,8 @@ int main(int argc, char **argv)
             dump = 1;
         } else if (!strcmp(a, "--tokens") && has_val) {
             tokens = argv[++i];
+        } else if (!strcmp(a, "--encoder-tokens") && has_val) {
+            enc_tokens = argv[++i];
         } else if (!strcmp(a, "--tokenize") && has_val) {
             tokenize = argv[++i];
         } else if (!strcmp(a, "--prompt") && has_val) {
@@ -690,6 +723,8 @@ int main(int argc, char **argv)
                            "--dump-router-lut, --tokens, --bench, --tokenize, --prompt");
     if (logits_out && (!tokens || bench))
         return usage_error("--logits-out goes with --tokens");
+    if (enc_tokens && (!tokens || bench))
+        return usage_error("--encoder-tokens goes with --tokens (the decoder's)");
     if (generate && !tokens && !prompt)
         return usage_error("--generate goes with --tokens or --prompt");
     if (sampling_flags && !prompt)
@@ -729,7 +764,9 @@ int main(int argc, char **argv)
     } else if (bench) {
         status = do_bench(&m, ids, (uint32_t)n, bench);
     } else {
-        status = do_tokens(&m, ids, (uint32_t)n, generate, logits_out);
+        status = encode_input(&m, enc_tokens);
+        if (status == 0)
+            status = do_tokens(&m, ids, (uint32_t)n, generate, logits_out);
     }
     unload(&m);
     free(ids);

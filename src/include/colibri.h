@@ -394,6 +394,39 @@ size_t colibri_abi_sizeof_model(void);
 size_t colibri_abi_sizeof_info(void);
 int colibri_abi_api_version(void);
 
+/* --- Encoder-decoder models (ENC_DEC files: Switch Transformers) ----------
+ * An encoder-decoder runs in two calls:
+ *   1. colibri_encode(m, ids, mask, batch, seq) runs the encoder once over
+ *      `batch` sequences of `seq` tokens (mask as colibri_infer's: 1 real,
+ *      0 padding, NULL all real). Its output stays in the arena, and every
+ *      decoder layer's cross-attention keys and values are computed from it
+ *      there and then. It starts a new decoding (the decoder's KV cache is
+ *      emptied).
+ *   2. colibri_infer(m, decoder_ids, NULL, batch, seq, n_past, logits) runs
+ *      decoder steps exactly as for a decoder-only model (n_past 0 starts,
+ *      n_past > 0 continues from the self-attention KV cache; logits [batch,
+ *      seq, vocab]); the first decoder token is normally
+ *      colibri_decoder_start(m). It returns COLIBRI_E_KV_STATE before any
+ *      colibri_encode and when `batch` differs from the encoded batch.
+ * Expert capacity (Switch's top-1 router) counts the tokens of one sequence
+ * within one call, as transformers does per forward: a decoder step of one
+ * token never overflows. No allocation, no system call.
+ * colibri_encode returns 0, COLIBRI_E_INPUT_TOO_LARGE (-1: seq above the
+ * file's max_seq_len or batch above max_batch), _ARG (NULL ids, zero sizes,
+ * a mask value other than 0/1, a decoder-only model), _TOKEN, _NOT_INIT. */
+int colibri_encode(colibri_model *m, const int32_t *input_ids,
+                   const uint8_t *attention_mask, uint32_t batch, uint32_t seq);
+
+/* Copy the last colibri_encode's output, [batch, seq, hidden] float32 (the
+ * encoder's final-normed hidden states, padding rows included), to out.
+ * Returns 0, COLIBRI_E_KV_STATE (nothing encoded yet), _ARG (NULL, or a
+ * decoder-only model), _NOT_INIT. */
+int colibri_encoder_output(const colibri_model *m, float *out);
+
+/* The decoder's start token (config decoder_start_token_id) of an
+ * encoder-decoder model; -1 for a decoder-only model or an uninitialised m. */
+int32_t colibri_decoder_start(const colibri_model *m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -92,7 +92,16 @@
 #define COLIBRI_KIND_DENSE_W1 25        /* [dense_intermediate, hidden] */
 #define COLIBRI_KIND_DENSE_W3 26        /* [dense_intermediate, hidden] */
 #define COLIBRI_KIND_DENSE_W2 27        /* [hidden, dense_intermediate] */
-#define COLIBRI_KIND_MAX 27             /* highest kind this reader knows */
+/* Encoder-decoder (ENC_DEC): layers [0, encoder_layers) are the encoder. */
+#define COLIBRI_KIND_ENC_POS_BIAS 28    /* [n_heads, 2*max_seq_len-1]: rel+L-1 */
+#define COLIBRI_KIND_DEC_POS_BIAS 29    /* [n_heads, max_seq_len]: distance */
+#define COLIBRI_KIND_XATTN_NORM 30      /* decoder layers: [1, hidden] */
+#define COLIBRI_KIND_XWQ 31             /* cross-attention, as WQ */
+#define COLIBRI_KIND_XWK 32             /* as WK, applied to the encoder output */
+#define COLIBRI_KIND_XWV 33             /* as WV, applied to the encoder output */
+#define COLIBRI_KIND_XWO 34             /* as WO */
+#define COLIBRI_KIND_ENC_FINAL_NORM 35  /* [1, hidden] */
+#define COLIBRI_KIND_MAX 35             /* highest kind this reader knows */
 
 /* --- Feature flags: the header's flags field in version 2 (FORMAT.md 2) -- */
 #define COLIBRI_FEAT_ROUTER_RENORM 0x1  /* top-k weights renormalised to sum 1 */
@@ -104,7 +113,9 @@
 #define COLIBRI_FEAT_SHARED_GATE 0x40   /* sigmoid(SHARED_GATE . x) scales it */
 #define COLIBRI_FEAT_CLIP_QKV 0x80      /* q, k, v clamped to +-clip_qkv */
 #define COLIBRI_FEAT_DENSE_LAYERS 0x100 /* some layers are a dense SwiGLU */
-#define COLIBRI_FEAT_ALL 0x1FF          /* every bit this reader knows */
+#define COLIBRI_FEAT_RELU_FFN 0x200     /* FFNs are W2 . relu(W1 . x), no W3 */
+#define COLIBRI_FEAT_ENC_DEC 0x400      /* encoder-decoder (Switch, T5) */
+#define COLIBRI_FEAT_ALL 0x7FF          /* every bit this reader knows */
 
 /* --- DESC section: float32 words (FORMAT.md 3), read in file order ------ */
 #define COLIBRI_DESC_SHARED_INTERMEDIATE 0  /* integer valued, 0 = none */
@@ -117,6 +128,12 @@
 #define COLIBRI_DESC_RESERVED 7             /* 0 */
 #define COLIBRI_DESC_LAYERS 8               /* word 8 + l: 1 dense, 0 MoE */
 #define COLIBRI_DESC_MAX_INTERMEDIATE 16777216 /* 2^24: exact in float32 */
+/* With ENC_DEC, 8 words follow the layer words: word 8 + n_layers + i. */
+#define COLIBRI_DESCX_ENCODER_LAYERS 0      /* integer 1..n_layers-1 */
+#define COLIBRI_DESCX_EXPERT_CAPACITY 1     /* integer 1..2^24, per sequence */
+#define COLIBRI_DESCX_DECODER_START 2       /* integer 0..vocab-1 */
+#define COLIBRI_DESCX_LM_SCALE 3            /* LM head input scale, > 0 */
+#define COLIBRI_DESCX_WORDS 8               /* 4..7 reserved, 0 */
 
 /* --- Storage types (FORMAT.md 4) ---------------------------------------- */
 #define COLIBRI_DTYPE_F32 0

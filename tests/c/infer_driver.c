@@ -12,6 +12,8 @@
  *   B*S token ids
  *   B*S mask values, or "-" for a NULL mask
  * OUT receives the [B, S, vocab] logits of every call, in order.
+ * An encoder-decoder's encoder call is "E B S" then the same two lines: it
+ * runs colibri_encode and writes the encoder output [B, S, hidden] to OUT.
  * Exit status 0; on a library error the status is 10 + (-code) and the line
  * "error CODE DETAIL" goes to stdout.
  */
@@ -84,11 +86,18 @@ int main(int argc, char **argv)
         return 3;
     unsigned b, s, n_past;
     int status = 0;
-    while (fscanf(script, "%u %u %u", &b, &s, &n_past) == 3) {
+    char first[16];
+    while (fscanf(script, "%15s", first) == 1) {
+        int encode = !strcmp(first, "E");
+        if (encode ? fscanf(script, "%u %u", &b, &s) != 2
+                   : (sscanf(first, "%u", &b) != 1 ||
+                      fscanf(script, "%u %u", &s, &n_past) != 2))
+            return 4;
         size_t n = (size_t)b * s;
+        size_t row = encode ? info.shape.hidden : info.shape.vocab;
         int32_t *ids = (int32_t *)malloc(n * sizeof *ids);
         uint8_t *mask = (uint8_t *)malloc(n);
-        float *logits = (float *)malloc(n * info.shape.vocab * sizeof(float));
+        float *logits = (float *)malloc(n * row * sizeof(float));
         int have_mask = 1;
         for (size_t i = 0; i < n; i++)
             if (fscanf(script, "%d", &ids[i]) != 1)
@@ -102,8 +111,14 @@ int main(int argc, char **argv)
             else
                 mask[i] = (uint8_t)atoi(tok);
         }
-        rc = colibri_infer(&m, ids, have_mask ? mask : NULL, b, s, n_past, logits);
-        if (rc == 0 && write_le(out, logits, n * info.shape.vocab))
+        if (encode) {
+            rc = colibri_encode(&m, ids, have_mask ? mask : NULL, b, s);
+            if (rc == 0)
+                rc = colibri_encoder_output(&m, logits);
+        } else {
+            rc = colibri_infer(&m, ids, have_mask ? mask : NULL, b, s, n_past, logits);
+        }
+        if (rc == 0 && write_le(out, logits, n * row))
             rc = COLIBRI_E_IO;
         free(ids);
         free(mask);

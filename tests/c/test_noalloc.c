@@ -103,7 +103,8 @@ int __real_clock_gettime(clockid_t, struct timespec *);
 int __wrap_clock_gettime(clockid_t c, struct timespec *t) { COUNT("clock_gettime"); return __real_clock_gettime(c, t); }
 
 /* N_CALLS infer calls: batch-2 prompts with padding, decode steps, rewinds
- * and restarts, all sizes inside the model's limits. */
+ * and restarts, all sizes inside the model's limits. An encoder-decoder
+ * runs colibri_encode on the prompt at each restart (counted with it). */
 static int workload(colibri_model *m, const colibri_info *info, int32_t *ids,
                     uint8_t *mask, float *logits, int canary_malloc)
 {
@@ -117,7 +118,10 @@ static int workload(colibri_model *m, const colibri_info *info, int32_t *ids,
                 ids[i] = (int32_t)((i * 7 + (uint32_t)call) % V);
                 mask[i] = (uint8_t)(i % P != 0 || i < P); /* pad one slot */
             }
-            rc = colibri_infer(m, ids, mask, B, P, 0, logits);
+            rc = colibri_decoder_start(m) < 0 ? COLIBRI_OK
+                                              : colibri_encode(m, ids, mask, B, P);
+            if (rc == COLIBRI_OK)
+                rc = colibri_infer(m, ids, mask, B, P, 0, logits);
             n_past = P;
         } else if (call % 97 == 0) {
             rc = colibri_infer(m, ids, NULL, B, 1, n_past / 2, logits); /* rewind */
