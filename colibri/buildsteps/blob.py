@@ -149,20 +149,28 @@ def blob_for_target(src: str | os.PathLike, dst: str | os.PathLike, byte_order: 
     """Write the .colibri file `src` to `dst` in `byte_order` ("little" or
     "big"). The file is validated (every CRC) first; a file already in that
     order is copied byte for byte, otherwise every tensor is re-encoded in
-    the other order with the same values (the CRCs change with the bytes).
-    Optional sections of unknown kind cannot be re-encoded and are refused."""
+    the other order with the same values (the CRCs change with the bytes),
+    the tokenizer section re-packed in that order. Optional sections of
+    unknown kind cannot be re-encoded and are refused."""
     f = cformat.read_file(src)
     try:
         if f.byte_order == byte_order:
             _write_if_changed(Path(dst), bytes(f._buf))
             return Path(dst)
-        unknown = [e.label() for e in f.entries if e.kind not in cformat.Kind._value2member_map_]
+        from ..tokenizer import KIND_TOKENIZER, pack_section, parse_section
+        unknown = [e.label() for e in f.entries
+                   if e.kind not in cformat.Kind._value2member_map_ and e.kind != KIND_TOKENIZER]
         if unknown:
             raise ColibriError(f"{src}: cannot convert to {byte_order}-endian: it holds "
                                f"sections of unknown kind ({', '.join(unknown)})")
+        # The tokenizer section is re-packed in the target's order (the C
+        # tokenizer uses it in place, like the tensors).
+        optional = [(KIND_TOKENIZER, pack_section(parse_section(bytes(f.section(e))), byte_order))
+                    for e in f.entries if e.kind == KIND_TOKENIZER]
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(str(dst) + ".swap")
-        cformat.write_file(tmp, f.shape, f.tensors(), byte_order=byte_order, desc=f.desc)
+        cformat.write_file(tmp, f.shape, f.tensors(), byte_order=byte_order, desc=f.desc,
+                           optional_sections=optional)
         data = tmp.read_bytes()
         tmp.unlink()
         _write_if_changed(Path(dst), data)
