@@ -984,14 +984,7 @@ int colibri_detokenize(const colibri_tokenizer *t, const int32_t *ids, size_t n,
 
 const char *colibri_tok_strerror(int code)
 {
-    switch (code) {
-    case COLIBRI_E_TOK_NONE: return "the model file holds no tokenizer (convert a checkpoint "
-                                    "with a tokenizer.json)";
-    case COLIBRI_E_TOK_FORMAT: return "the tokenizer section is malformed (re-convert the file)";
-    case COLIBRI_E_TOK_BUFFER: return "output buffer too small (the count needed is returned)";
-    case COLIBRI_E_TOK_UTF8: return "text is not valid UTF-8";
-    case COLIBRI_E_TOK_NO_BOS: return "the tokenizer has no bos token";
-    default: return colibri_strerror(code);
-    }
+    /* The texts live in colibri_strerror (info.c), which knows -30..-34. */
+    return colibri_strerror(code);
 }
 #endif
