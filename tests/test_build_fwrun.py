@@ -32,6 +32,23 @@ def test_text_prompt_is_its_utf8_bytes():
         fwrun.text_prompt_tokens("z", vocab=96)
 
 
+def test_sampling_from_scons_variables():
+    sp = fwrun.sampling_from_args(dict(temperature="0.8", top_k="40", top_p="0.95",
+                                       seed="0x10", greedy="0"))
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.seed) == (0.8, 40, 0.95, 16)
+    assert not sp.greedy
+    assert fwrun.sampling_from_args(dict(temperature="0.8", top_k="0", top_p="1", seed="1",
+                                         greedy="1")).greedy
+    for bad, says in ((dict(temperature="-1"), "temperature"), (dict(temperature="x"), "temperature="),
+                      (dict(top_k="-2"), "top_k"), (dict(top_p="0"), "top_p=0"),
+                      (dict(seed="abc"), "seed=abc"), (dict(seed=str(2 ** 64)), "seed="),
+                      (dict(greedy="maybe"), "greedy=maybe")):
+        args = dict(temperature="0", top_k="0", top_p="1", seed="0", greedy="0", **{})
+        args.update(bad)
+        with pytest.raises(ColibriError, match=says):
+            fwrun.sampling_from_args(args)
+
+
 def test_bytes_text_replaces_invalid_utf8():
     assert fwrun.bytes_text([72, 105]) == "Hi"
     assert fwrun.bytes_text([0xFF]) == "\ufffd"
