@@ -746,11 +746,13 @@ class ColibriWriter:
 
 
 def write_file(path: str | os.PathLike, shape: ModelShape, tensors: Iterable[Tensor],
-               byte_order: str = "little", desc: Description | None = None) -> Path:
+               byte_order: str = "little", desc: Description | None = None,
+               optional_sections: Iterable[tuple[int, bytes]] = ()) -> Path:
     """Write already-encoded tensors (in tensor_order) to a .colibri file; the
     storage type of each comes from the tensor itself. A DESC among them is
-    skipped: the writer writes `desc`'s."""
-    with ColibriWriter(path, shape, None, byte_order, desc) as w:
+    skipped: the writer writes `desc`'s. optional_sections: (kind, bytes)
+    already encoded in `byte_order` (e.g. the tokenizer)."""
+    with ColibriWriter(path, shape, None, byte_order, desc, optional_sections) as w:
         for t in tensors:
             if t.kind == Kind.DESC:
                 continue

@@ -5,6 +5,7 @@
  */
 #include "internal.h"
 #include "support.h"
+#include "colibri_tokenizer.h" /* the tokenizer's codes -30..-34 */
 
 #include <string.h>
 
@@ -32,6 +33,18 @@ const char *colibri_strerror(int code)
     case COLIBRI_E_KV_STATE: return "n_past or batch does not match the KV cache";
     case COLIBRI_E_UNSUPPORTED: return "not supported by this build";
     case COLIBRI_E_NOT_INIT: return "model not initialised";
+    /* colibri_tokenizer.h's codes: one text for every code the library
+     * returns, whichever header defines it (colibri_tok_strerror adds only
+     * the no-tokenizer build's meaning of COLIBRI_E_UNSUPPORTED). A build
+     * without the tokenizer never returns them and keeps its bytes. */
+#ifndef COLIBRI_NO_TOKENIZER
+    case COLIBRI_E_TOK_NONE:
+        return "the model file holds no tokenizer (convert a checkpoint with a tokenizer.json)";
+    case COLIBRI_E_TOK_FORMAT: return "the tokenizer section is malformed (re-convert the file)";
+    case COLIBRI_E_TOK_BUFFER: return "output buffer too small (the count needed is returned)";
+    case COLIBRI_E_TOK_UTF8: return "text is not valid UTF-8";
+    case COLIBRI_E_TOK_NO_BOS: return "the tokenizer has no bos token";
+#endif
     default: return "unknown error code";
     }
 }

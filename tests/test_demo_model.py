@@ -1,13 +1,15 @@
 """The committed demo model (models/demo/): it loads, it is the model the docs
-describe, and the converter + numpy reference reproduce its held-out bits per
-byte.
+describe (a 2048-piece byte-level BPE tokenizer, the byte-level model's
+parameter budget), and the converter + numpy reference reproduce its held-out
+bits per byte.
 
 Golden values: models/demo/results.json `test_windows.transformers_bpb`, the
 bits per byte that transformers (not the code under test) measured on the first
-TEST_WINDOWS committed evaluation windows when eval.py was run. The test
-re-measures it with transformers (the checkpoint is unchanged), then converts
-the checkpoint with the real converter and runs the numpy reference on the same
-windows: float32 within 1e-3 bpb, int8 within 1% relative.
+TEST_WINDOWS committed evaluation windows when eval.py was run, the windows
+tokenised by Hugging Face `tokenizers` from the committed tokenizer.json. The
+test re-measures it with transformers (the checkpoint is unchanged), then
+converts the checkpoint with the real converter and runs the numpy reference
+on the same windows: float32 within 1e-3 bpb, int8 within 1% relative.
 """
 from __future__ import annotations
 
@@ -45,11 +47,12 @@ def results() -> dict:
 
 
 @pytest.fixture(scope="module")
-def test_windows(results) -> np.ndarray:
+def test_windows(results) -> list[np.ndarray]:
+    """The first windows, tokenised by `tokenizers` (each [s_i] ids)."""
     n = results["test_windows"]["count"]
     windows = demo_eval.load_windows()[:n]                             # [n, 128]
     assert windows.shape == (n, 128)
-    return windows
+    return demo_eval.window_ids(windows)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +70,7 @@ def converted(tmp_path_factory, test_windows):
     root = tmp_path_factory.mktemp("demo")
     out = {}
     for quant in ("f32", "int8"):
-        out[quant] = ColibriExporter(CHECKPOINT, quant=quant,
-                                     max_batch=test_windows.shape[0]).export(
+        out[quant] = ColibriExporter(CHECKPOINT, quant=quant).export(
             root / f"demo-{quant}.colibri")
     return out
 
@@ -80,9 +82,12 @@ def test_checkpoint_size_and_config():
     assert cfg["architectures"] == ["MixtralForCausalLM"]
     assert cfg["num_local_experts"] == 8
     assert cfg["num_experts_per_tok"] == 2
-    assert cfg["vocab_size"] == 256          # byte-level: token id = byte value
+    assert cfg["vocab_size"] == 2048         # the BPE tokenizer's pieces
     assert cfg["num_hidden_layers"] == 4
-    assert cfg["tie_word_embeddings"] is False
+    assert cfg["tie_word_embeddings"] is True
+    tok = json.loads((CHECKPOINT / "tokenizer.json").read_text())
+    assert tok["model"]["type"] == "BPE" and len(tok["model"]["vocab"]) == 2048
+    assert tok["pre_tokenizer"]["type"] == "ByteLevel"
 
 
 def test_checkpoint_loads_as_float32_mixtral(demo_hf):
@@ -91,25 +96,34 @@ def test_checkpoint_loads_as_float32_mixtral(demo_hf):
     params = list(demo_hf.parameters())
     assert all(p.dtype == torch.float32 for p in params)
     assert all(torch.isfinite(p).all() for p in params)
-    # Every parameter is stored: 4 bytes each plus a small safetensors header.
+    # The byte-level model's budget, to the parameter (models/demo/README.md).
     n = sum(p.numel() for p in params)
+    assert n == 1_840_256
+    # Every parameter is stored: 4 bytes each plus a small safetensors header.
     assert 4 * n <= SAFETENSORS.stat().st_size <= 4 * n + 64 * 1024
 
 
 def test_bits_per_byte_helper_against_torch(demo_hf, test_windows):
-    """eval.bits_per_byte agrees with torch's cross entropy (independent)."""
-    tokens = torch.as_tensor(test_windows)
-    with torch.no_grad():
-        logits = demo_hf(tokens).logits
-    ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                           tokens[:, 1:].reshape(-1))
-    ours = demo_eval.bits_per_byte(logits.numpy(), test_windows)
-    assert ours == pytest.approx(float(ce) / np.log(2), abs=1e-5)
+    """eval.bits_per_byte agrees with torch's cross entropy summed over the
+    predicted tokens, divided by their bytes (independent: the bytes come
+    from `tokenizers`' decode of each token)."""
+    tok = demo_eval.tokenizer()
+    nats, nbytes, logits = 0.0, 0, []
+    for ids in test_windows:
+        t = torch.as_tensor(ids)[None]
+        with torch.no_grad():
+            lg = demo_hf(t).logits[0]
+        logits.append(lg.numpy())
+        nats += float(torch.nn.functional.cross_entropy(lg[:-1], t[0, 1:], reduction="sum"))
+        nbytes += len(tok.decode(list(ids[1:])).encode("utf-8"))
+    assert demo_eval.bits_per_byte(logits, test_windows) == pytest.approx(
+        nats / np.log(2) / nbytes, rel=1e-5)
 
 
 def test_transformers_bpb_matches_committed(demo_hf, test_windows, results):
     """The committed golden still describes the committed checkpoint."""
-    bpb = demo_eval.bits_per_byte(demo_eval.hf_logits(demo_hf, test_windows), test_windows)
+    bpb = demo_eval.bits_per_byte(demo_eval.hf_window_logits(demo_hf, test_windows),
+                                  test_windows)
     golden = results["test_windows"]["transformers_bpb"]
     assert bpb == pytest.approx(golden, abs=1e-4)
     # A trained model: far below the 8 bits of a uniform guess over bytes.
@@ -117,14 +131,14 @@ def test_transformers_bpb_matches_committed(demo_hf, test_windows, results):
 
 
 def test_reference_f32_bpb_matches_transformers(converted, test_windows, results):
-    logits, _ = demo_eval.reference_logits(converted["f32"], test_windows)
+    logits, _ = demo_eval.reference_window_logits(converted["f32"], test_windows)
     bpb = demo_eval.bits_per_byte(logits, test_windows)
     golden = results["test_windows"]["transformers_bpb"]
     assert abs(bpb - golden) <= F32_BPB_TOL, f"reference f32 {bpb:.5f} vs transformers {golden:.5f}"
 
 
 def test_reference_int8_bpb_within_one_percent(converted, test_windows, results):
-    logits, _ = demo_eval.reference_logits(converted["int8"], test_windows)
+    logits, _ = demo_eval.reference_window_logits(converted["int8"], test_windows)
     bpb = demo_eval.bits_per_byte(logits, test_windows)
     golden = results["test_windows"]["transformers_bpb"]
     assert abs(bpb / golden - 1) <= INT8_REL_TOL, f"int8 {bpb:.5f} vs float32 {golden:.5f}"
@@ -135,10 +149,37 @@ def test_reference_int8_bpb_within_one_percent(converted, test_windows, results)
 def test_reference_f32_routing_matches_transformers(demo_hf, converted, test_windows):
     """Same experts per token as transformers' router, except where the two
     top-2 candidates nearly tie (float32 rounding may flip those)."""
-    _, ours = demo_eval.reference_logits(converted["f32"], test_windows)
-    theirs = demo_eval.hf_router_choices(demo_hf, test_windows)
+    _, ours = demo_eval.reference_window_logits(converted["f32"], test_windows)
+    theirs = demo_eval.hf_window_router_choices(demo_hf, test_windows)
     diff = demo_eval.routing_difference(theirs, ours)
     assert diff["overall"] <= 0.002, diff
+
+
+def test_the_file_carries_the_tokenizer_and_it_equals_tokenizers(converted):
+    """The converted demo file's tokenizer section (read by colibri's own
+    Python tokenizer) gives `tokenizers`' ids and text on the evaluation
+    windows' text and the demo prompt."""
+    from colibri.tokenizer import Tokenizer
+    ours = Tokenizer.from_file(converted["int8"])
+    hf = demo_eval.tokenizer()
+    texts = [bytes(w.astype(np.uint8)).decode("utf-8") for w in demo_eval.load_windows()]
+    for text in texts + [demo_eval.PROMPT, "x = {'a': 1}  # dict\n\n\tdef f():"]:
+        ids = hf.encode(text).ids
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == hf.decode(ids)
+
+
+def test_tokenizer_follows_the_recipe():
+    """checkpoint/tokenizer.json is what train_tokenizer.py makes from the
+    training documents (needs the corpus: Debian's python3.11-doc)."""
+    corpus = _load_module("demo_corpus", DEMO / "prepare_corpus.py")
+    if not corpus.DOC_ROOT.is_dir():
+        pytest.skip(f"corpus not installed ({corpus.DEBIAN_PACKAGE})")
+    trainer = _load_module("demo_train_tokenizer", DEMO / "train_tokenizer.py")
+    committed = json.loads((CHECKPOINT / "tokenizer.json").read_text())
+    fresh = json.loads(trainer.build().to_str())
+    assert fresh["model"]["vocab"] == committed["model"]["vocab"]
+    assert fresh["model"]["merges"] == committed["model"]["merges"]
 
 
 def test_eval_windows_follow_the_recipe():

@@ -9,16 +9,25 @@
 - `arena_bytes`: the arena a model needs, from its header alone, as
   colibri.h documents for colibri_arena_size (plus the pointer tables).
 - `config_header`: the firmware's generated header (arena size, model facts,
-  the fixed prompts), so the firmware needs no malloc.
+  the prompts, the sampling parameters), so the firmware needs no malloc.
+- `FirmwareInputs` / `plan_inputs`: what the firmware will be asked to do and
+  what the host expects of it: a text prompt is tokenised ON THE DEVICE when
+  the model file carries a tokenizer (the host computes the expected ids with
+  the Python tokenizer, colibri/tokenizer.py, for the check); a model without
+  one (a byte-level model, vocab >= 256) gets the prompt's UTF-8 bytes as ids.
+  Written next to fw_config.h as fw_inputs.json for check and run.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import format as cformat
 from ..errors import ColibriError
+from ..sampling import SampleParams
 
 SECTION = ".colibri_model"
 # Symbols the firmware uses (declared in firmware/app/model_blob.h).
@@ -33,6 +42,86 @@ DEFAULT_PROMPTS = ((1, 2, 3, 4, 5, 6), (11, 7, 3))
 DEFAULT_GENERATE = 4
 # Tokens processed together by the runtime (COLIBRI_CHUNK_TOKENS default).
 CHUNK_TOKENS = 16
+
+
+INPUTS_JSON = "fw_inputs.json"
+
+
+@dataclass
+class FirmwareInputs:
+    """What the firmware runs, as the host sees it (fw_inputs.json).
+
+    prompts       token-id prompts compiled into the firmware (id mode), or
+                  [the ids the host's tokenizer gives the text] (text mode:
+                  the device tokenises `text` itself; these are the expected ids)
+    text          the prompt as text ("" for the fixed token-id prompts)
+    device_tokenizes  True: the firmware calls colibri_tokenize on `text`
+    add_bos       text mode: the device puts bos first (the template does)
+    sampling      SampleParams fields (temperature 0: greedy)
+    n_generate    tokens generated after each prompt"""
+    prompts: list[list[int]]
+    text: str = ""
+    device_tokenizes: bool = False
+    add_bos: bool = False
+    n_generate: int = 4
+    sampling: dict = field(default_factory=lambda: asdict(SampleParams()))
+
+    @property
+    def params(self) -> SampleParams:
+        return SampleParams(**self.sampling)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def load(cls, fw_dir: str | os.PathLike) -> "FirmwareInputs":
+        path = Path(fw_dir) / INPUTS_JSON
+        try:
+            return cls(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ColibriError(f"{path}: cannot read the firmware's inputs ({exc}): "
+                               "rebuild the firmware with scons") from None
+
+
+def _model_tokenizer(model):
+    """The Python tokenizer of the model file, or None when it has none."""
+    from ..tokenizer import KIND_TOKENIZER, Tokenizer, parse_section
+    f = cformat.read_file(model)
+    try:
+        for e in f.entries:
+            if e.kind == KIND_TOKENIZER:
+                return Tokenizer(parse_section(bytes(f.section(e))))
+    finally:
+        f.close()
+    return None
+
+
+def plan_inputs(model, text: str = "", prompts=None, n_generate: int = None,
+                sampling: SampleParams | None = None) -> FirmwareInputs:
+    """The firmware's inputs for `model`: a text prompt (tokenised on the
+    device when the file has a tokenizer, else fed as UTF-8 bytes) or the
+    token-id `prompts` (default DEFAULT_PROMPTS). Raises ColibriError saying
+    what to change."""
+    from ..tokenizer import F_TEMPLATE_BOS
+    n_generate = DEFAULT_GENERATE if n_generate is None else n_generate
+    sp = sampling or SampleParams()
+    try:
+        sp.check()
+    except ValueError as exc:
+        raise ColibriError(f"sampling: {exc}") from None
+    if not text:
+        return FirmwareInputs([list(p) for p in (prompts or DEFAULT_PROMPTS)], "",
+                              n_generate=n_generate, sampling=asdict(sp))
+    tok = _model_tokenizer(model)
+    if tok is None:
+        ids = list(text.encode("utf-8"))
+        return FirmwareInputs([ids], text, n_generate=n_generate, sampling=asdict(sp))
+    bos = bool(tok.spec.flags & F_TEMPLATE_BOS) and tok.spec.bos_id >= 0
+    ids = tok.encode(text, add_bos=bos)
+    if not ids:
+        raise ColibriError(f"prompt={text!r} has no tokens: give some text")
+    return FirmwareInputs([ids], text, device_tokenizes=True, add_bos=bos,
+                          n_generate=n_generate, sampling=asdict(sp))
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:
@@ -60,20 +149,28 @@ def blob_for_target(src: str | os.PathLike, dst: str | os.PathLike, byte_order: 
     """Write the .colibri file `src` to `dst` in `byte_order` ("little" or
     "big"). The file is validated (every CRC) first; a file already in that
     order is copied byte for byte, otherwise every tensor is re-encoded in
-    the other order with the same values (the CRCs change with the bytes).
-    Optional sections of unknown kind cannot be re-encoded and are refused."""
+    the other order with the same values (the CRCs change with the bytes),
+    the tokenizer section re-packed in that order. Optional sections of
+    unknown kind cannot be re-encoded and are refused."""
     f = cformat.read_file(src)
     try:
         if f.byte_order == byte_order:
             _write_if_changed(Path(dst), bytes(f._buf))
             return Path(dst)
-        unknown = [e.label() for e in f.entries if e.kind not in cformat.Kind._value2member_map_]
+        from ..tokenizer import KIND_TOKENIZER, pack_section, parse_section
+        unknown = [e.label() for e in f.entries
+                   if e.kind not in cformat.Kind._value2member_map_ and e.kind != KIND_TOKENIZER]
         if unknown:
             raise ColibriError(f"{src}: cannot convert to {byte_order}-endian: it holds "
                                f"sections of unknown kind ({', '.join(unknown)})")
+        # The tokenizer section is re-packed in the target's order (the C
+        # tokenizer uses it in place, like the tensors).
+        optional = [(KIND_TOKENIZER, pack_section(parse_section(bytes(f.section(e))), byte_order))
+                    for e in f.entries if e.kind == KIND_TOKENIZER]
         Path(dst).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(str(dst) + ".swap")
-        cformat.write_file(tmp, f.shape, f.tensors(), byte_order=byte_order, desc=f.desc)
+        cformat.write_file(tmp, f.shape, f.tensors(), byte_order=byte_order, desc=f.desc,
+                           optional_sections=optional)
         data = tmp.read_bytes()
         tmp.unlink()
         _write_if_changed(Path(dst), data)
@@ -176,10 +273,27 @@ def arena_bytes(shape: cformat.ModelShape, pointer_bytes: int,
     return sum(_a64(b) for b in buffers) + 4096
 
 
+def _c_string(data: bytes) -> str:
+    """A C string literal of exactly these bytes (hex escapes, split so a
+    following hex digit never extends an escape)."""
+    return "".join(f'"\\x{b:02x}"' for b in data) if data else '""'
+
+
+def _c_float(v: float) -> str:
+    """A float literal that is the float32 value the host uses (repr of the
+    float32 rounded value: parses back to the same float32)."""
+    import numpy as np
+    return repr(float(np.float32(v))) + "f"
+
+
 def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
-                  arena: int, prompts=DEFAULT_PROMPTS, n_generate: int = DEFAULT_GENERATE) -> str:
+                  arena: int, prompts=DEFAULT_PROMPTS, n_generate: int = DEFAULT_GENERATE,
+                  inputs: FirmwareInputs | None = None) -> str:
     """The firmware's generated configuration (firmware/app/main.c includes
-    it as fw_config.h)."""
+    it as fw_config.h). `inputs` (default: the token-id `prompts`, greedy)
+    adds the text prompt the device tokenises and the sampling parameters."""
+    inputs = inputs or FirmwareInputs([list(p) for p in prompts], n_generate=n_generate)
+    prompts, n_generate = inputs.prompts, inputs.n_generate
     for p in prompts:
         if not p:
             raise ColibriError("firmware prompts must not be empty")
@@ -187,13 +301,16 @@ def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
         if bad:
             raise ColibriError(f"firmware prompt {list(p)}: token ids {bad} are outside the "
                                f"model's vocabulary 0..{shape.vocab - 1}: give a model that has "
-                               "them (prompt= text needs a byte-level model, vocab 256), or "
-                               "leave out prompt=")
+                               "them (prompt= text needs a model with a tokenizer, or a "
+                               "byte-level model, vocab 256), or leave out prompt=")
         if len(p) + n_generate - 1 > shape.max_seq_len:
             raise ColibriError(f"firmware prompt {list(p)} + {n_generate} tokens needs "
                                f"{len(p) + n_generate - 1} positions, the model has "
                                f"max_seq_len {shape.max_seq_len}")
-    max_rows = max(len(p) for p in prompts)
+    # Rows of the logits buffer: a prefill runs in chunks of at most this
+    # many tokens (the device's own tokenisation may differ in length).
+    max_rows = min(max(len(p) for p in prompts), CHUNK_TOKENS)
+    sp = inputs.params
     out = [
         "/* Generated by colibri/buildsteps/blob.py from the model header: do not edit. */",
         "#ifndef COLIBRI_FW_CONFIG_H",
@@ -206,7 +323,31 @@ def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
         f"#define FW_MAX_ROWS {max_rows}u   /* longest prompt: rows of the logits buffer */",
         f"#define FW_N_GENERATE {n_generate}u",
         f"#define FW_N_PROMPTS {len(prompts)}u",
+        "/* Sampling (colibri_sample.h); temperature 0: greedy. */",
+        f"#define FW_SAMPLE_TEMPERATURE {_c_float(0.0 if sp.greedy else sp.temperature)}",
+        f"#define FW_SAMPLE_TOP_K {int(sp.top_k)}u",
+        f"#define FW_SAMPLE_TOP_P {_c_float(sp.top_p)}",
+        f"#define FW_SAMPLE_MIN_P {_c_float(sp.min_p)}",
+        f"#define FW_SAMPLE_REPETITION_PENALTY {_c_float(sp.repetition_penalty)}",
+        f"#define FW_SAMPLE_SEED {int(sp.seed) & (2**64 - 1)}ull",
     ]
+    if inputs.device_tokenizes:
+        data = inputs.text.encode("utf-8")
+        out += [
+            "/* Text mode: the device tokenises fw_prompt_text (colibri_tokenize) and",
+            "   prints the generated text (colibri_detok_push). */",
+            "#define FW_TEXT_PROMPT 1",
+            f"#define FW_TOK_FLAGS (COLIBRI_TOK_PARSE_SPECIAL"
+            f"{' | COLIBRI_TOK_ADD_BOS' if inputs.add_bos else ''})",
+            f"#define FW_PROMPT_TEXT_BYTES {len(data)}u",
+            # One id per byte at most (byte-level and SentencePiece BPE), + bos.
+            f"#define FW_PROMPT_ID_CAP {len(data) + 1}u",
+            f"static const char fw_prompt_text[FW_PROMPT_TEXT_BYTES + 1] = {_c_string(data)};",
+            "#endif",
+        ]
+        return "\n".join(out) + "\n"
+    out += ["#define FW_TEXT_PROMPT 0",
+            f"#define FW_MAX_PROMPT {max(len(p) for p in prompts)}u   /* longest prompt */"]
     flat = [t for p in prompts for t in p]
     offsets, o = [], 0
     for p in prompts:
@@ -225,10 +366,13 @@ def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
 
 def prepare_firmware_inputs(model: str | os.PathLike, out_dir: str | os.PathLike,
                             target, prompts=DEFAULT_PROMPTS,
-                            n_generate: int = DEFAULT_GENERATE) -> dict[str, Path]:
+                            n_generate: int = DEFAULT_GENERATE, text: str = "",
+                            sampling: SampleParams | None = None) -> dict[str, Path]:
     """Everything the firmware build generates from the model, in out_dir:
-    model.bin (target byte order), model_blob.S, fw_config.h. Returns their
-    paths. Each file is rewritten only when its content changes."""
+    model.bin (target byte order), model_blob.S, fw_config.h, fw_inputs.json
+    (plan_inputs: the prompt, expected ids, sampling). Returns their paths.
+    Each file is rewritten only when its content changes."""
+    inputs = plan_inputs(model, text, prompts, n_generate, sampling)
     out = Path(out_dir)
     blob = blob_for_target(model, out / "model.bin", target.byte_order)
     f = cformat.read_file(blob)
@@ -238,6 +382,8 @@ def prepare_firmware_inputs(model: str | os.PathLike, out_dir: str | os.PathLike
     _write_if_changed(asm, embed_asm(blob.as_posix(), target.is_linux).encode())
     hdr = out / "fw_config.h"
     arena = arena_bytes(shape, target.pointer_bytes, desc=f.desc)
-    _write_if_changed(hdr, config_header(target.name, shape, size, arena, prompts,
-                                         n_generate).encode())
-    return {"blob": blob, "asm": asm, "config": hdr}
+    _write_if_changed(hdr, config_header(target.name, shape, size, arena,
+                                         inputs=inputs).encode())
+    js = out / INPUTS_JSON
+    _write_if_changed(js, inputs.to_json().encode())
+    return {"blob": blob, "asm": asm, "config": hdr, "inputs": js}

@@ -1,7 +1,10 @@
 """The regression check of one target: run its firmware (and colibri-cli on
 Linux targets) under its emulator and compare the logits with the numpy
-reference, and check that the runtime picked the kernel table the target
-expects on the emulated CPU (targets/: cpu_kernels). Used by
+reference, the chosen tokens with the numpy reference sampler (greedy or
+seeded sampling, golden.check_greedy / check_sampled), in text mode the ids
+the device's tokenizer produced and the text it printed with the Python
+tokenizer (colibri/tokenizer.py), and check that the runtime picked the
+kernel table the target expects on the emulated CPU (targets/: cpu_kernels). Used by
 `scons target=X check` (every CPU of the target: check_all_cpus) and
 tests/test_targets_matrix.py.
 """
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ColibriError
-from . import emulate, golden
+from . import blob, emulate, golden
 
 
 @dataclass
@@ -80,8 +83,20 @@ def check_firmware(target, firmware, model, result: CheckResult,
             f"expected {expect_kernels!r} on this CPU (targets/{target.name.replace('-', '_')}"
             ".py cpu_kernels)")
     tol = golden.TOLERANCE[result.quant]
+    inputs = _inputs(firmware)
+    params = inputs.params
+    tok = n_text = None
+    if inputs.device_tokenizes:
+        from ..tokenizer import load
+        tok = load(model)
+        n_text = tok.n_vocab
     for i, p in enumerate(fw.prompts):
         what = f"target {target.name}, prompt {i} {p.prompt}"
+        if tok is not None:
+            bad = _check_text(p, inputs.prompts[i], tok, what)
+            if bad:
+                result.failures.append(bad)
+                continue
         # rows: the prompt, then one per generated token but the last.
         want = golden.reference_rows(model, p.prompt, p.tokens[:-1])
         n_pre = len(golden.decoder_prompt(model, p.prompt))
@@ -90,9 +105,37 @@ def check_firmware(target, firmware, model, result: CheckResult,
         if not cmp.ok:
             result.failures.append(cmp.message)
             continue
-        bad = golden.check_greedy(p.tokens, p.rows, want, n_pre, tol, what)
+        if params.greedy:
+            bad = golden.check_greedy(p.tokens, p.rows, want, n_pre, tol, what)
+        else:
+            bad = golden.check_sampled(p.tokens, p.rows, want, p.prompt, params, tol, what,
+                                       n_text)
         if bad:
             result.failures.append(bad)
+
+
+def _inputs(firmware) -> blob.FirmwareInputs:
+    """The firmware's inputs (fw_inputs.json beside fw_config.h); a firmware
+    built without one ran the default token-id prompts greedily."""
+    fw_dir = Path(firmware).parent / "firmware"
+    if not (fw_dir / blob.INPUTS_JSON).exists():
+        return blob.FirmwareInputs([list(q) for q in blob.DEFAULT_PROMPTS])
+    return blob.FirmwareInputs.load(fw_dir)
+
+
+def _check_text(p: emulate.PromptRun, expected_ids, tok, what: str) -> str | None:
+    """Text mode: the device's ids must be the Python tokenizer's, and the
+    text it printed the Python streaming decoder's text of its tokens."""
+    from ..tokenizer import StreamDecoder
+    if list(p.prompt) != list(expected_ids):
+        return (f"{what}: the device tokenised the prompt to {p.prompt}, the Python "
+                f"tokenizer (colibri/tokenizer.py) to {list(expected_ids)}")
+    dec = StreamDecoder(tok, skip_special=True)
+    want = "".join(dec.push(t) for t in p.tokens) + dec.finish()
+    if p.text != want.encode("utf-8"):
+        return (f"{what}: the device printed {p.text.decode('utf-8', 'replace')!r}, the "
+                f"Python decoder gives {want!r} for its tokens {p.tokens}")
+    return None
 
 
 def check_target(target, firmware, model, cli=None, cli_model=None,

@@ -64,8 +64,32 @@ def fnv1a(rows: np.ndarray) -> int:
 class PromptRun:
     prompt: list[int]
     rows: np.ndarray              # [positions, vocab] float32, as computed
-    tokens: list[int]             # greedy tokens
+    tokens: list[int]             # the chosen (greedy or sampled) tokens
     checksum: int
+    text: bytes = b""             # text mode: what the streaming detokenizer released
+    text_chunks: int = 0          # `text` records (one per token that released bytes)
+
+
+def unescape_text(s: str) -> bytes:
+    """The firmware's `text` record payload -> the bytes it stands for
+    (\\\\, \\n, \\r, \\t, \\xNN escaped; everything else UTF-8 as is)."""
+    out = bytearray()
+    raw = s.encode("utf-8")
+    i = 0
+    while i < len(raw):
+        c = raw[i]
+        if c != 0x5C:
+            out.append(c)
+            i += 1
+            continue
+        nxt = raw[i + 1:i + 2]
+        if nxt == b"x":
+            out.append(int(raw[i + 2:i + 4], 16))
+            i += 4
+        else:
+            out += {b"\\": b"\\", b"n": b"\n", b"r": b"\r", b"t": b"\t"}[nxt]
+            i += 2
+    return bytes(out)
 
 
 @dataclass
@@ -82,7 +106,8 @@ def parse_firmware_output(text: str) -> FirmwareRun:
     match the printed rows (the output was cut or corrupted)."""
     run_ = FirmwareRun(header={})
     rows: dict[int, dict[int, np.ndarray]] = {}
-    for n, line in enumerate(text.splitlines(), 1):
+    # split("\n"), not splitlines(): a text record may hold U+2028 or U+0085.
+    for n, line in enumerate(text.split("\n"), 1):
         parts = line.split()
         if not parts:
             continue
@@ -99,6 +124,11 @@ def parse_firmware_output(text: str) -> FirmwareRun:
             elif tag == "row":
                 bits = np.array([int(h, 16) for h in parts[3:]], dtype=np.uint32)
                 rows[int(parts[1])][int(parts[2])] = bits.view(np.float32)
+            elif tag == "text":
+                # The payload is everything after "text P " (it may hold spaces).
+                p = run_.prompts[int(parts[1])]
+                p.text += unescape_text(line.split(" ", 2)[2] if line.count(" ") >= 2 else "")
+                p.text_chunks += 1
             elif tag == "tokens":
                 run_.prompts[int(parts[1])].tokens = [int(t) for t in parts[2].split(",")]
             elif tag == "checksum":

@@ -2,16 +2,47 @@
 and show what it generated, for a person rather than for a comparison.
 
 The firmware's own output (firmware/app/main.c) is machine records (logit
-rows as float bits); this turns it into the prompt and the generated tokens,
-as text when the prompt was given as text (byte-level models: token id =
-byte value, like models/demo), and a tokens/s figure under emulation.
+rows as float bits, and in text mode the text its streaming detokenizer
+released); this turns it into the prompt and the generated tokens, as text
+when the prompt was given as text (a model with a tokenizer: the device's
+own text; a byte-level model without one: token id = byte value), and a
+tokens/s figure under emulation.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..errors import ColibriError
+from ..sampling import SampleParams
 from . import emulate
+
+
+def sampling_from_args(args: dict) -> SampleParams:
+    """SampleParams from the scons variables temperature, top_k, top_p,
+    seed, greedy (strings). Raises ColibriError naming the bad variable."""
+    def num(name, conv, what):
+        try:
+            return conv(args.get(name, ""))
+        except ValueError:
+            raise ColibriError(f"{name}={args.get(name)}: give {what}") from None
+    sp = SampleParams(temperature=num("temperature", float, "a number >= 0 (0: greedy)"),
+                      top_k=num("top_k", int, "a whole number >= 0 (0: off)"),
+                      top_p=num("top_p", float, "a number in (0, 1] (1: off)"),
+                      seed=num("seed", lambda v: int(v, 0), "a whole number 0 .. 2^64-1"))
+    greedy = str(args.get("greedy", "0")).lower()
+    if greedy not in ("0", "1", "", "no", "yes", "false", "true", "off", "on"):
+        raise ColibriError(f"greedy={args.get('greedy')}: give 0 or 1")
+    if greedy in ("1", "yes", "true", "on"):
+        sp.temperature = 0.0
+    if not 0 <= sp.seed < 2 ** 64:
+        raise ColibriError(f"seed={args.get('seed')}: give a whole number 0 .. 2^64-1")
+    if not 0.0 < sp.top_p <= 1.0:
+        raise ColibriError(f"top_p={args.get('top_p')}: give a number in (0, 1] (1: off)")
+    try:
+        sp.check()
+    except ValueError as exc:
+        raise ColibriError(str(exc).replace(" = ", "=")) from None
+    return sp
 
 
 def text_prompt_tokens(text: str, vocab: int | None = None) -> tuple[int, ...]:
@@ -44,10 +75,11 @@ class Shown:
         return self.tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
-def run_and_show(target, firmware: str, as_text: bool) -> Shown:
+def run_and_show(target, firmware: str, as_text: bool, text: str = "") -> Shown:
     """Run `firmware` for `target` under its emulator (with its timeout) and
-    describe the result. Raises ColibriError with the firmware's last lines
-    when it fails."""
+    describe the result; `text`: the prompt as given (shown before the
+    device's generated text). Raises ColibriError with the firmware's last
+    lines when it fails."""
     r = emulate.run(target, firmware)
     if r.returncode != 0:
         tail = " / ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
@@ -60,7 +92,11 @@ def run_and_show(target, firmware: str, as_text: bool) -> Shown:
     processed = 0
     for i, p in enumerate(fw.prompts):
         processed += len(p.prompt) + max(len(p.tokens) - 1, 0)
-        if as_text:
+        if as_text and p.text_chunks:
+            lines += [f"prompt {i} (tokenised on the device): "
+                      f"{','.join(map(str, p.prompt))}",
+                      "generated:", text + p.text.decode("utf-8", errors="replace")]
+        elif as_text:
             lines += [f"prompt {i}: {bytes_text(p.prompt)!r}",
                       "generated:", bytes_text(p.prompt) + bytes_text(p.tokens)]
         else:

@@ -111,3 +111,48 @@ def check_greedy(tokens, rows: np.ndarray, want: np.ndarray, prompt_len: int,
                 return (f"{what}: greedy token {i} is {tok}, the reference chooses {best} "
                         f"(logit gap {gap:.2e} > tolerance {tolerance:.0e})")
     return None
+
+
+def check_sampled(tokens, rows: np.ndarray, want: np.ndarray, prompt: list[int], params,
+                  tolerance: float, what: str, n_text: int | None = None) -> str | None:
+    """The target's sampled tokens against the numpy reference sampler
+    (colibri/sampling.py) for the same seed, step by step (step g draws
+    counter g; the history is the prompt plus the tokens before).
+
+    Two questions, so a near-tie cannot make the check flaky while a wrong
+    sampler or wrong logits still fail it:
+    1. the C sampler: the reference sampler given the TARGET's own logits
+       must choose exactly the target's token (both compute the same double
+       arithmetic; they may differ only when the draw sits within ~1e-12 of
+       a bucket boundary, the margin reported by sampling.sample);
+    2. the logits: the reference sampler given the REFERENCE logits must
+       choose the same token, unless its decision margin is below what the
+       logits' tolerance can move: a relative logit error e changes a
+       probability by a factor exp(e * scale / T), so a decision whose
+       margin (relative to the total mass) is under 4 * e * scale / T may
+       go either way. Returns a message or None."""
+    from ..sampling import sample
+    history = list(prompt)
+    for g, tok in enumerate(tokens):
+        i = len(prompt) - 1 + g
+        got_row = np.array(rows[i], dtype=np.float32)
+        ref_row = np.array(want[i], dtype=np.float32)
+        if n_text is not None:
+            got_row[n_text:] = -np.inf
+            ref_row[n_text:] = -np.inf
+        mine, m_mine = sample(got_row, params, history, g, margin=True)
+        if mine != tok and m_mine > 1e-9:
+            return (f"{what}: token {g} is {tok}, but the reference sampler given the "
+                    f"target's own logits chooses {mine} (margin {m_mine:.1e}): the C "
+                    "sampler and colibri/sampling.py disagree")
+        theirs, m_ref = sample(ref_row, params, history, g, margin=True)
+        if theirs != tok:
+            scale = max(1.0, float(np.max(np.abs(want[i][np.isfinite(want[i])]))))
+            temp = params.temperature if not params.greedy else 1.0
+            allowed = 4.0 * tolerance * scale / max(temp, 1e-6)
+            if m_ref > allowed:
+                return (f"{what}: token {g} is {tok}, the reference chooses {theirs} with "
+                        f"margin {m_ref:.2e} > {allowed:.1e} (what the logit tolerance "
+                        f"{tolerance:.0e} can move)")
+        history.append(tok)
+    return None

@@ -7,10 +7,15 @@ models/demo/RESULTS.md.
     .venv/bin/python models/demo/eval.py [--no-write]
 
 The evaluation set is models/demo/eval_windows.bin: 32 windows of 128 bytes
-from the held-out documents (recipe: prepare_corpus.py). Bits per byte of a
-window are measured on its last 127 bytes, each predicted from the bytes before
-it in the window (the first byte has no context). When the corpus is installed
-(Debian python3.11-doc) transformers also measures the whole held-out text.
+from the held-out documents (recipe: prepare_corpus.py), the same windows the
+byte-level model it replaced was measured on (byte_level/RESULTS.md). Each
+window is tokenised on its own (the checkpoint's tokenizer.json, by Hugging
+Face `tokenizers`); every token after the first is predicted from the tokens
+before it in the window, and bits per byte = the total cross-entropy (nats)
+of those tokens / ln 2 / the bytes they stand for (the window's 128 bytes
+less its first token's; the byte-level model's figure is the same quotient
+with its first byte left out). When the corpus is installed (Debian
+python3.11-doc) transformers also measures the whole held-out text.
 
 The helpers here are shared with tests/test_demo_model.py.
 """
@@ -47,27 +52,68 @@ COLIBRI = Path(sys.executable).parent / "colibri"   # the console script of this
 
 sys.path.insert(0, str(HERE))
 import prepare_corpus as corpus  # noqa: E402
+import train_tokenizer  # noqa: E402
 
 # The first TEST_WINDOWS windows are what tests/test_demo_model.py re-measures.
 TEST_WINDOWS = 4
 PROMPT = "The Python tutorial"
-SAMPLE_BYTES = 200
-SAMPLE_TEMPERATURE = 0.7
-SAMPLE_SEED = 0
+SAMPLE_TOKENS = 60
+# The demo's sampling (scripts/demo.sh uses the same): seeded, so every
+# target prints the same text; greedy is one flag away (GREEDY=1).
+SAMPLE_TEMPERATURE = 0.8
+SAMPLE_TOP_K = 40
+SAMPLE_SEED = 1
+BYTE_LEVEL_RESULTS = HERE / "byte_level" / "results.json"
 LN2 = math.log(2.0)
 
 
 # ---- bits per byte ------------------------------------------------------------
 
-def bits_per_byte(logits: np.ndarray, tokens: np.ndarray) -> float:
-    """logits [b, s, V] (row t predicts token t+1) and tokens [b, s] -> mean
-    -log2 p(tokens[:, t+1]) over t < s-1, computed in float64."""
-    x = np.asarray(logits, dtype=np.float64)[:, :-1]                    # [b, s-1, V]
-    target = np.asarray(tokens)[:, 1:]                                  # [b, s-1]
+def token_nats(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """logits [s, V] (row t predicts token t+1) and ids [s] -> the
+    cross-entropy in nats of each of ids[1:], [s-1] float64."""
+    x = np.asarray(logits, dtype=np.float64)[:-1]                       # [s-1, V]
+    target = np.asarray(ids)[1:]                                        # [s-1]
     m = x.max(axis=-1, keepdims=True)
-    logz = (m[..., 0] + np.log(np.exp(x - m).sum(axis=-1)))             # [b, s-1]
-    picked = np.take_along_axis(x, target[..., None], axis=-1)[..., 0]  # [b, s-1]
-    return float(np.mean(logz - picked) / LN2)
+    logz = m[:, 0] + np.log(np.exp(x - m).sum(axis=-1))                 # [s-1]
+    return logz - x[np.arange(len(target)), target]
+
+
+def bits_per_byte(logits_list, ids_list, lengths=None) -> float:
+    """Windows of logits [s_i, V] and ids [s_i] -> total nats of every token
+    after each window's first / ln 2 / the bytes those tokens stand for
+    (lengths: [V] bytes per piece; default the checkpoint tokenizer's)."""
+    lengths = np.asarray(piece_lengths() if lengths is None else lengths)
+    nats = sum(float(token_nats(lg, ids).sum()) for lg, ids in zip(logits_list, ids_list))
+    nbytes = sum(int(lengths[np.asarray(ids)[1:]].sum()) for ids in ids_list)
+    return nats / LN2 / nbytes
+
+
+_TOKENIZER = {}
+
+
+def tokenizer(model_dir: Path = CHECKPOINT):
+    """The checkpoint's tokenizer.json through Hugging Face `tokenizers`."""
+    key = str(model_dir)
+    if key not in _TOKENIZER:
+        _TOKENIZER[key] = train_tokenizer.load(Path(model_dir) / "tokenizer.json")
+    return _TOKENIZER[key]
+
+
+def piece_lengths(model_dir: Path = CHECKPOINT) -> list[int]:
+    return train_tokenizer.piece_lengths(tokenizer(model_dir))
+
+
+def window_ids(windows: np.ndarray, model_dir: Path = CHECKPOINT) -> list[np.ndarray]:
+    """Byte windows [n, 128] -> each tokenised on its own, [s_i] int64."""
+    tok = tokenizer(model_dir)
+    return [np.array(train_tokenizer.encode_bytes(tok, bytes(w.astype(np.uint8))),
+                     dtype=np.int64) for w in windows]
+
+
+def predicted_bytes(ids_list, model_dir: Path = CHECKPOINT) -> int:
+    lengths = np.asarray(piece_lengths(model_dir))
+    return sum(int(lengths[np.asarray(ids)[1:]].sum()) for ids in ids_list)
 
 
 def load_windows(path: Path = EVAL_WINDOWS) -> np.ndarray:
@@ -95,6 +141,11 @@ def hf_logits(model, tokens: np.ndarray) -> np.ndarray:
         return model(torch.as_tensor(tokens)).logits.float().numpy()
 
 
+def hf_window_logits(model, ids_list) -> list[np.ndarray]:
+    """Windows of ids [s_i] -> transformers' logits [s_i, V] each."""
+    return [hf_logits(model, ids[None])[0] for ids in ids_list]
+
+
 def hf_router_choices(model, tokens: np.ndarray) -> list[np.ndarray]:
     """Per layer the experts [b, s, top_k] transformers' router picks for tokens."""
     import torch
@@ -107,37 +158,29 @@ def hf_router_choices(model, tokens: np.ndarray) -> list[np.ndarray]:
 
 
 def hf_heldout_bpb(model, data: bytes, width: int = 256) -> tuple[float, int]:
-    """Bits per byte over all of data, in consecutive windows of width+1 bytes
-    overlapping by one (each byte after the first predicted once). Returns
-    (bpb, bytes predicted)."""
-    tokens = corpus.as_tokens(data)
+    """Bits per byte over all of data, tokenised whole, in consecutive
+    windows of width+1 tokens overlapping by one (each token after the first
+    predicted once). Returns (bpb, bytes predicted)."""
+    tokens = np.array(train_tokenizer.encode_bytes(tokenizer(), data), dtype=np.int64)
     n = (len(tokens) - 1) // width
-    windows = np.stack([tokens[i * width:i * width + width + 1] for i in range(n)])
-    total = 0.0
+    windows = [tokens[i * width:i * width + width + 1] for i in range(n)]
+    logits = []
     for i in range(0, n, 16):
-        chunk = windows[i:i + 16]
-        total += bits_per_byte(hf_logits(model, chunk), chunk) * chunk.shape[0] * width
-    return total / (n * width), n * width
+        logits += list(hf_logits(model, np.stack(windows[i:i + 16])))
+    return bits_per_byte(logits, windows), predicted_bytes(windows)
 
 
-def hf_generate(model, prompt: bytes, n_new: int, temperature: float = 0.0,
-                seed: int = 0) -> bytes:
-    """n_new bytes after prompt: greedy (temperature 0; ties to the lower id)
-    or sampled at temperature with a seeded generator. Recomputes the whole
-    prefix each step: plain, and fast enough for a 1.8 M parameter model."""
+def hf_generate(model, prompt_ids, n_new: int) -> list[int]:
+    """n_new greedy ids after prompt_ids (ties to the lower id). Recomputes
+    the whole prefix each step: plain, and fast enough for a 1.8 M parameter
+    model."""
     import torch
-    ids = list(prompt)
-    gen = torch.Generator().manual_seed(seed)
+    ids = list(prompt_ids)
     with torch.no_grad():
         for _ in range(n_new):
             logits = model(torch.tensor([ids])).logits[0, -1].float()    # [V]
-            if temperature == 0.0:
-                nxt = int(torch.argmax(logits))
-            else:
-                p = torch.softmax(logits / temperature, dim=-1)
-                nxt = int(torch.multinomial(p, 1, generator=gen))
-            ids.append(nxt)
-    return bytes(ids[len(prompt):])
+            ids.append(int(torch.argmax(logits)))
+    return ids[len(prompt_ids):]
 
 
 # ---- .colibri files: converter, numpy reference, C runtime ----------------------
@@ -197,13 +240,37 @@ def routing_difference(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
                 pairs=int(differs.size))
 
 
-def c_logits(path: Path, tokens: np.ndarray, library=None) -> np.ndarray:
-    """C runtime logits for tokens [b, s] through colibri.runtime, one
-    batch-1 prefill per row (as colibri-cli --tokens --logits-out did,
-    bit for bit) -> [b, s, V] float32."""
+def c_logits(path: Path, tokens, library=None) -> np.ndarray:
+    """C runtime logits for tokens [b, s] (or a list of windows [s_i])
+    through colibri.runtime, one batch-1 prefill per row (as colibri-cli
+    --tokens --logits-out did, bit for bit) -> [b, s, V] float32 (a list of
+    [s_i, V] for a list)."""
     from colibri.runtime import Model
     with Model(path, library=library) as m:
-        return np.stack([m.infer(seq[None])[0] for seq in tokens])
+        out = [m.infer(np.asarray(seq)[None])[0] for seq in tokens]
+    return out if isinstance(tokens, list) else np.stack(out)
+
+
+def reference_window_logits(path: Path, ids_list):
+    """Numpy reference per window -> (logits [s_i, V] list, per layer the
+    experts [1, sum s_i, top_k] of all windows in order)."""
+    logits, routes = [], []
+    for ids in ids_list:
+        lg, r = reference_logits(path, ids[None])
+        logits.append(lg[0])
+        routes.append(r)
+    return logits, [np.concatenate([r[layer] for r in routes], axis=1)
+                    for layer in range(len(routes[0]))]
+
+
+def hf_window_router_choices(model, ids_list) -> list[np.ndarray]:
+    routes = [hf_router_choices(model, ids[None]) for ids in ids_list]
+    return [np.concatenate([r[layer] for r in routes], axis=1) for layer in range(len(routes[0]))]
+
+
+def window_agreement(a_list, b_list) -> dict:
+    """logits_agreement over windows of logits [s_i, V] (b the baseline)."""
+    return logits_agreement(np.concatenate(a_list)[None], np.concatenate(b_list)[None])
 
 
 # ---- the report -----------------------------------------------------------------
@@ -220,25 +287,36 @@ def checkpoint_facts(model_dir: Path = CHECKPOINT) -> dict:
                 safetensors_bytes=(model_dir / "model.safetensors").stat().st_size)
 
 
+def demo_sampling():
+    """The demo's sampling parameters (colibri.sampling.SampleParams)."""
+    from colibri.sampling import SampleParams
+    return SampleParams(temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, seed=SAMPLE_SEED)
+
+
 def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
-             sample_bytes: int = SAMPLE_BYTES) -> dict:
+             sample_tokens: int = SAMPLE_TOKENS) -> dict:
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f} s] {msg}", flush=True)
     windows = load_windows()                                           # [32, 128]
+    ids = window_ids(windows, model_dir)                               # 32 x [s_i]
+    lengths = piece_lengths(model_dir)
     res: dict = dict(eval_set=dict(file=EVAL_WINDOWS.name, windows=int(windows.shape[0]),
                                    width=int(windows.shape[1]),
-                                   predicted_bytes=int(windows.shape[0] * (windows.shape[1] - 1))))
+                                   tokens=int(sum(len(i) for i in ids)),
+                                   predicted_bytes=predicted_bytes(ids, model_dir)))
     res.update(checkpoint_facts(model_dir))
+    res["tokenizer"] = dict(kind="byte-level BPE, GPT-2 regex (tokenizers)",
+                            pieces=tokenizer(model_dir).get_vocab_size())
     model = load_hf(model_dir)
     res["parameters"] = int(sum(p.numel() for p in model.parameters()))
 
-    hf = hf_logits(model, windows)
-    bpb = {"transformers": bits_per_byte(hf, windows)}
-    test = windows[:TEST_WINDOWS]
+    hf = hf_window_logits(model, ids)
+    bpb = {"transformers": bits_per_byte(hf, ids, lengths)}
     res["test_windows"] = dict(count=TEST_WINDOWS,
-                               transformers_bpb=bits_per_byte(hf_logits(model, test), test))
+                               transformers_bpb=bits_per_byte(hf[:TEST_WINDOWS],
+                                                              ids[:TEST_WINDOWS], lengths))
     try:
         held = corpus.join(corpus.split()[1])
         full, n = hf_heldout_bpb(model, held)
@@ -250,25 +328,24 @@ def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
 
     tmp = Path(tempfile.mkdtemp(prefix="colibri-demo-eval-"))
     try:
-        files = {q: convert(model_dir, tmp / f"demo-{q}.colibri", q, max_batch=windows.shape[0])
-                 for q in ("f32", "int8")}
+        files = {q: convert(model_dir, tmp / f"demo-{q}.colibri", q) for q in ("f32", "int8")}
         res["colibri_bytes"] = {q: f.stat().st_size for q, f in files.items()}
         routes, ref_logits = {}, {}
         for q, f in files.items():
-            logits, routes[q] = reference_logits(f, windows)
-            ref_logits[q] = logits
-            bpb[f"reference_{q}"] = bits_per_byte(logits, windows)
+            ref_logits[q], routes[q] = reference_window_logits(f, ids)
+            bpb[f"reference_{q}"] = bits_per_byte(ref_logits[q], ids, lengths)
             if q == "f32":
                 res["max_abs_logit_diff_reference_f32_vs_transformers"] = float(
-                    np.max(np.abs(logits - hf)))
+                    max(np.max(np.abs(a - b)) for a, b in zip(ref_logits[q], hf)))
             say(f"reference {q}: {bpb[f'reference_{q}']:.4f} bpb")
         res["reference_vs_itself_ulp_perturbed"] = {
-            q: logits_agreement(reference_logits_ulp_perturbed(f, windows), ref_logits[q])
+            q: window_agreement([reference_logits_ulp_perturbed(f, i[None])[0] for i in ids],
+                                ref_logits[q])
             for q, f in files.items()}
         say("routing compared, perturbation control done")
         res["routing_f32_vs_int8"] = routing_difference(routes["f32"], routes["int8"])
         res["routing_transformers_vs_reference_f32"] = routing_difference(
-            hf_router_choices(model, windows), routes["f32"])
+            hf_window_router_choices(model, ids), routes["f32"])
 
         from colibri import errors, runtime
         try:
@@ -278,42 +355,50 @@ def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
             c_built = False
             res["c_runtime"] = f"not measured: {exc}"
         if c_built:
-            # Batch-1 files (an arena for one sequence), one prefill per window.
-            c_files = {q: convert(model_dir, tmp / f"demo-{q}-b1.colibri", q)
-                       for q in ("f32", "int8")}
-            for q, f in c_files.items():
-                logits = c_logits(f, windows)
-                bpb[f"c_runtime_{q}"] = bits_per_byte(logits, windows)
-                res.setdefault("c_runtime_vs_reference", {})[q] = logits_agreement(
+            for q, f in files.items():
+                logits = c_logits(f, ids)
+                bpb[f"c_runtime_{q}"] = bits_per_byte(logits, ids, lengths)
+                res.setdefault("c_runtime_vs_reference", {})[q] = window_agreement(
                     logits, ref_logits[q])
                 say(f"C runtime {q}: {bpb[f'c_runtime_{q}']:.4f} bpb")
 
         say("samples")
-        prompt = PROMPT.encode()
-        from colibri.reference import Reference
-        samples = dict(prompt=PROMPT, new_bytes=sample_bytes,
-                       transformers_greedy=hf_generate(model, prompt, sample_bytes),
-                       transformers_sampled=hf_generate(model, prompt, sample_bytes,
-                                                        SAMPLE_TEMPERATURE, SAMPLE_SEED))
+        from colibri.generate import generate
+        from colibri.sampling import SampleParams
+        from colibri.tokenizer import Tokenizer
+        tok = Tokenizer.from_file(files["int8"])
+        prompt_ids = tok.encode(PROMPT)
+        sp = demo_sampling()
+        samples = dict(prompt=PROMPT, new_tokens=sample_tokens,
+                       temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, seed=SAMPLE_SEED,
+                       transformers_greedy=tok.decode(hf_generate(model, prompt_ids,
+                                                                  sample_tokens)))
         for q in ("f32", "int8"):
-            ids, _ = Reference(files[q]).generate(np.frombuffer(prompt, np.uint8).astype(np.int64),
-                                                  sample_bytes)
-            samples[f"reference_{q}_greedy"] = bytes(int(i) for i in ids)
+            samples[f"reference_{q}_greedy"] = tok.decode(
+                generate(files[q], PROMPT, sample_tokens, SampleParams()))
+            samples[f"reference_{q}_sampled"] = tok.decode(
+                generate(files[q], PROMPT, sample_tokens, sp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     res["bpb"] = {k: round(v, 5) for k, v in bpb.items()}
     res["int8_relative_cost"] = round(bpb["reference_int8"] / bpb["reference_f32"] - 1, 5)
-    res["samples"] = {k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
-                      for k, v in samples.items()}
+    res["samples"] = samples
     res["samples"]["greedy_reference_f32_equals_transformers"] = (
         samples["reference_f32_greedy"] == samples["transformers_greedy"])
+    if BYTE_LEVEL_RESULTS.exists():
+        bl = json.loads(BYTE_LEVEL_RESULTS.read_text())
+        res["byte_level_model"] = dict(bpb=bl["bpb"], heldout_full=bl.get("heldout_full"),
+                                       parameters=bl["parameters"],
+                                       train_seconds=bl.get("training", {}).get("train_seconds"),
+                                       predicted_bytes=bl["eval_set"]["predicted_bytes"])
     train_log = HERE / "train_log.json"
     if train_log.exists():
         tl = json.loads(train_log.read_text())
-        res["training"] = {k: tl[k] for k in ("steps", "batch", "seq_len", "tokens",
-                                              "train_seconds", "torch", "threads", "seed",
-                                              "final_heldout_bpb")}
+        res["training"] = {k: tl.get(k) for k in ("steps", "batch", "seq_len", "tokens",
+                                                  "train_bytes_seen", "train_seconds",
+                                                  "train_cpu_seconds", "torch", "threads",
+                                                  "seed", "final_heldout_bpb")}
     res["eval_seconds"] = round(time.monotonic() - t0, 1)
     if write:
         RESULTS_JSON.write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
@@ -330,25 +415,31 @@ def render_markdown(res: dict) -> str:
         "",
         "Written by `models/demo/eval.py` (do not edit by hand).",
         "",
-        f"Model: Mixtral, byte vocabulary {c['vocab_size']}, {c['num_hidden_layers']} layers, "
+        f"Model: Mixtral, {res['tokenizer']['kind']} vocabulary {c['vocab_size']}, "
+        f"{c['num_hidden_layers']} layers, "
         f"hidden {c['hidden_size']}, {c['num_local_experts']} experts of width "
         f"{c['intermediate_size']}, top-{c['num_experts_per_tok']}, "
         f"{c['num_attention_heads']} heads / {c['num_key_value_heads']} KV heads of "
-        f"{c['head_dim']}; {res['parameters']:,} parameters; model.safetensors "
+        f"{c['head_dim']}, tied embeddings: {c['tie_word_embeddings']}; "
+        f"{res['parameters']:,} parameters; model.safetensors "
         f"{res['safetensors_bytes']:,} bytes (float32).",
         "",
     ]
     if "training" in res:
         t = res["training"]
-        lines += [f"Training: {t['steps']} steps x {t['batch']} x {t['seq_len']} bytes "
-                  f"({t['tokens']:,} bytes seen), {t['train_seconds']:.0f} s with "
+        lines += [f"Training: {t['steps']} steps x {t['batch']} x {t['seq_len']} tokens "
+                  f"({t['tokens']:,} tokens, about {t['train_bytes_seen']:,} bytes seen), "
+                  f"{t['train_seconds']:.0f} s wall ({t['train_cpu_seconds']:.0f} s CPU) with "
                   f"{t['threads']} torch thread(s), torch {t['torch']}; held-out bpb at the "
                   f"end of training (train.py's own held-out windows): "
                   f"{t['final_heldout_bpb']}.", ""]
     e = res["eval_set"]
     lines += [
         f"## Held-out bits per byte ({e['windows']} windows of {e['width']} bytes, "
-        f"{e['predicted_bytes']} predicted bytes)",
+        f"{e['tokens']} tokens, {e['predicted_bytes']} predicted bytes)",
+        "",
+        "bits per byte = total nats of the predicted tokens / ln 2 / the bytes they stand for "
+        "(each window tokenised on its own, its first token not predicted).",
         "",
         "| runtime | file | bits per byte |",
         "|---|---|---:|",
@@ -361,6 +452,28 @@ def render_markdown(res: dict) -> str:
     for q in ("f32", "int8"):
         if f"c_runtime_{q}" in b:
             lines.append(f"| C runtime (libcolibri.so through colibri.runtime, x86_64) | {q} .colibri | {b[f'c_runtime_{q}']:.4f} |")
+    if "byte_level_model" in res:
+        bl = res["byte_level_model"]
+        lines += [
+            "",
+            f"### Against the byte-level model it replaced (same windows; byte_level/RESULTS.md)",
+            "",
+            "| | byte-level (vocabulary 256) | BPE (this model) |",
+            "|---|---:|---:|",
+            f"| parameters | {bl['parameters']:,} | {res['parameters']:,} |",
+            f"| transformers, f32 | {bl['bpb']['transformers']:.4f} | {b['transformers']:.4f} |",
+            f"| numpy reference, f32 .colibri | {bl['bpb']['reference_f32']:.4f} | "
+            f"{b['reference_f32']:.4f} |",
+            f"| C runtime, int8 .colibri | {bl['bpb'].get('c_runtime_int8', float('nan')):.4f} | "
+            f"{b.get('c_runtime_int8', float('nan')):.4f} |",
+        ]
+        if bl.get("heldout_full") and "heldout_full" in res:
+            lines.append(f"| transformers, whole held-out text | "
+                         f"{bl['heldout_full']['transformers_bpb']:.4f} | "
+                         f"{res['heldout_full']['transformers_bpb']:.4f} |")
+        if bl.get("train_seconds") and "training" in res:
+            lines.append(f"| training, wall seconds (1200 steps) | {bl['train_seconds']:.0f} | "
+                         f"{res['training']['train_seconds']:.0f} |")
     lines += ["", f"int8 costs {100 * res['int8_relative_cost']:.3f}% relative (bound: 1%)."]
     for q, d in res.get("c_runtime_vs_reference", {}).items():
         lines.append(f"C runtime vs numpy reference on the same {q} file: max |logit difference| "
@@ -378,9 +491,10 @@ def render_markdown(res: dict) -> str:
                      f"rounding differences: FORMAT.md section 5.)")
     if "heldout_full" in res:
         h = res["heldout_full"]
-        lines.append(f"Whole held-out text ({h['predicted_bytes']:,} bytes, windows of 256): "
-                     f"{h['transformers_bpb']:.4f} bpb with transformers.")
+        lines.append(f"Whole held-out text ({h['predicted_bytes']:,} bytes, windows of 256 "
+                     f"tokens): {h['transformers_bpb']:.4f} bpb with transformers.")
     r = res["routing_f32_vs_int8"]
+    s = res["samples"]
     lines += [
         "",
         "## Routing, float32 vs int8 (numpy reference, expert sets per token)",
@@ -392,15 +506,18 @@ def render_markdown(res: dict) -> str:
         f"of pairs differ; max |logit difference| "
         f"{res['max_abs_logit_diff_reference_f32_vs_transformers']:.1e}.",
         "",
-        f"## Samples (prompt {res['samples']['prompt']!r}, {res['samples']['new_bytes']} bytes)",
+        f"## Samples (prompt {s['prompt']!r}, {s['new_tokens']} tokens)",
         "",
     ]
-    s = res["samples"]
-    for key, title in (("transformers_greedy", "transformers, greedy"),
-                       ("reference_f32_greedy", "numpy reference f32, greedy"),
-                       ("reference_int8_greedy", "numpy reference int8, greedy"),
-                       ("transformers_sampled",
-                        f"transformers, temperature {SAMPLE_TEMPERATURE}, seed {SAMPLE_SEED}")):
+    for key, title in (
+            ("reference_int8_sampled",
+             f"numpy reference int8, the demo's sampling: temperature "
+             f"{s['temperature']}, top-k {s['top_k']}, seed {s['seed']} (the firmware's C "
+             f"int8 arithmetic rounds differently and may part from it at a near-tie)"),
+            ("reference_f32_sampled", "numpy reference f32, the same sampling"),
+            ("transformers_greedy", "transformers, greedy"),
+            ("reference_f32_greedy", "numpy reference f32, greedy"),
+            ("reference_int8_greedy", "numpy reference int8, greedy")):
         lines += [f"{title}:", "", "```", s["prompt"] + s[key], "```", ""]
     return "\n".join(lines)
 

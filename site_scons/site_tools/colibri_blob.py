@@ -12,6 +12,7 @@ import os
 
 from colibri.buildsteps import blob, testmodel
 from colibri.errors import ColibriError
+from colibri.sampling import SampleParams
 
 
 def _inputs_action(target, source, env):
@@ -21,7 +22,9 @@ def _inputs_action(target, source, env):
     try:
         blob.prepare_firmware_inputs(str(source[0]), os.path.dirname(str(target[0])),
                                      env["COLIBRI_TARGET"], prompts=env["COLIBRI_PROMPTS"],
-                                     n_generate=env["COLIBRI_GENERATE"])
+                                     n_generate=env["COLIBRI_GENERATE"],
+                                     text=env["COLIBRI_PROMPT_TEXT"],
+                                     sampling=SampleParams(**dict(env["COLIBRI_SAMPLING"])))
     except ColibriError as exc:
         raise SCons.Errors.BuildError(errstr=str(exc))
     return 0
@@ -33,21 +36,27 @@ def _model_action(target, source, env):
 
 
 def ColibriFirmwareInputs(env, out_dir, model, prompts=blob.DEFAULT_PROMPTS,
-                          n_generate=blob.DEFAULT_GENERATE):
-    """prompts: token-id tuples the firmware runs; n_generate: greedy tokens
-    after each."""
+                          n_generate=blob.DEFAULT_GENERATE, text="", sampling=None):
+    """prompts: token-id tuples the firmware runs (when `text` is empty);
+    text: a text prompt (tokenised on the device when the model has a
+    tokenizer); n_generate: tokens chosen after each; sampling: a
+    colibri.sampling.SampleParams (default greedy)."""
     out = env.Dir(out_dir)
     prompts = tuple(tuple(p) for p in prompts)
+    sampling = tuple(sorted(vars(sampling or SampleParams()).items()))
     nodes = env.Command(
-        [out.File("model.bin"), out.File("model_blob.S"), out.File("fw_config.h")],
+        [out.File("model.bin"), out.File("model_blob.S"), out.File("fw_config.h"),
+         out.File(blob.INPUTS_JSON)],
         model,
         Action(_inputs_action, "  BLOB  [$COLIBRI_TARGET_NAME] $TARGET"),
-        COLIBRI_PROMPTS=prompts, COLIBRI_GENERATE=n_generate)
-    # Regenerate when the generator, the prompts or the target's byte
-    # order/pointer size change.
+        COLIBRI_PROMPTS=prompts, COLIBRI_GENERATE=n_generate, COLIBRI_PROMPT_TEXT=text,
+        COLIBRI_SAMPLING=sampling)
+    # Regenerate when the generator, the prompts, the sampling or the
+    # target's byte order/pointer size change.
     env.Depends(nodes, [env.File("#colibri/buildsteps/blob.py"),
                         env.Value((env["COLIBRI_TARGET"].byte_order,
-                                   env["COLIBRI_TARGET"].pointer_bytes, prompts, n_generate))])
+                                   env["COLIBRI_TARGET"].pointer_bytes, prompts, n_generate,
+                                   text, sampling))])
     return nodes
 
 

@@ -46,16 +46,17 @@ def ColibriCheck(env, alias, firmware, model, cli=None):
 def _run_action(target, source, env):
     try:
         shown = fwrun.run_and_show(env["COLIBRI_TARGET"], str(source[0]),
-                                   as_text=env["COLIBRI_PROMPT_IS_TEXT"])
+                                   as_text=bool(env["COLIBRI_PROMPT_TEXT"]),
+                                   text=env["COLIBRI_PROMPT_TEXT"])
     except ColibriError as exc:
         raise SCons.Errors.BuildError(errstr=str(exc))
     print("\n".join(shown.lines))
     return 0
 
 
-def ColibriRun(env, alias, firmware, prompt_is_text=False):
+def ColibriRun(env, alias, firmware, prompt_text=""):
     a = env.Alias(alias, [firmware], Action(_run_action, "  RUN   [$COLIBRI_TARGET_NAME]"),
-                  COLIBRI_PROMPT_IS_TEXT=prompt_is_text)
+                  COLIBRI_PROMPT_TEXT=prompt_text)
     env.AlwaysBuild(a)
     return a
 

@@ -111,7 +111,9 @@ int colibri_tokenizer_get_info(const colibri_tokenizer *t, colibri_tokenizer_inf
  * bound when a word of more than COLIBRI_TOK_SCRATCH characters did not fit),
  * ids[] holds nothing usable; COLIBRI_E_TOK_UTF8 (STRICT_UTF8: *n_ids = the
  * byte offset of the first invalid byte); COLIBRI_E_TOK_NO_BOS; COLIBRI_E_ARG.
- * O(len) plus O(k^2 log merges) per word of k characters. */
+ * O(len) plus, per word of k characters, O(k log merges) for each distinct
+ * merge rank it applies (one sweep merges every occurrence of the lowest-
+ * rank pair; a 64 KiB word of random letters takes ~0.15 s on x86_64). */
 int colibri_tokenize(const colibri_tokenizer *t, const char *text, size_t len,
                      int32_t *ids, size_t cap, size_t *n_ids, unsigned flags);
 

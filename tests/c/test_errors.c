@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "colibri.h"
+#include "colibri_tokenizer.h"
 
 static int failures;
 
@@ -265,6 +266,9 @@ int main(int argc, char **argv)
         COLIBRI_E_IO, COLIBRI_E_VERSION, COLIBRI_E_BYTE_ORDER, COLIBRI_E_ARG,
         COLIBRI_E_TOKEN, COLIBRI_E_ARENA_TOO_SMALL, COLIBRI_E_ALIGN,
         COLIBRI_E_KV_STATE, COLIBRI_E_UNSUPPORTED, COLIBRI_E_NOT_INIT,
+        /* colibri_tokenizer.h's: colibri_strerror knows them too. */
+        COLIBRI_E_TOK_NONE, COLIBRI_E_TOK_FORMAT, COLIBRI_E_TOK_BUFFER,
+        COLIBRI_E_TOK_UTF8, COLIBRI_E_TOK_NO_BOS,
     };
     const char *unknown = colibri_strerror(12345);
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
