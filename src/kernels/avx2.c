@@ -540,13 +540,26 @@ BLOCK void i8_group(const int vnni, const int R, __m256i d[MAXR],
 }
 
 /* Y[t, r0 .. r0 + 8) for one token (xq [cols], xs [ng]): lanes are the 8
- * rows, each lane the row's ref-order sum over groups. With `prefetch`, the
- * next 8 rows' weights and scales of each batch of 8 groups are requested
- * into L2 as this block reads its own (PREFETCH at i8_matmul). */
-BLOCK void i8_rows8(const int vnni, float *y, const int8_t *Q, const float *S,
-                    const int8_t *xq, const float *xs, uint32_t cols,
-                    uint32_t group, uint32_t ng, uint32_t r0, int prefetch)
+ * rows, each lane the row's ref-order sum over groups. G: 0 for any group,
+ * or the group length as a constant when cols is a multiple of it (the
+ * converter's default 32: no tail code in the loop). Groups go in chunks of
+ * I8R_GCH: first the chunk's scale products of the 8 rows are formed along
+ * groups (contiguous in S), transposed to one vector per group and kept in
+ * pv (8 KiB of stack at most), then one simple loop per group does the
+ * integer dots, the exact hadd tree and ref's multiply and add. With
+ * `prefetch`, the next 8 rows' weights and scales are requested into L2 at
+ * the pace this block reads its own (PREFETCH at i8_matmul). */
+/* I8R_PF: prefetch distance in rows, one block ahead (16 and 32 measured
+ * no better: decode then reads at ~90 % of the core's DRAM read rate). */
+enum { I8R_GCH = 256, I8R_PF = 8 };
+
+BLOCK void i8_rows8(const int vnni, const uint32_t G, float *y, const int8_t *Q,
+                    const float *S, const int8_t *xq, const float *xs,
+                    uint32_t cols, uint32_t group, uint32_t ng, uint32_t r0,
+                    int prefetch)
 {
+    if (G) /* a constant: whole groups of G columns (the caller checked) */
+        group = G;
     const int8_t *q[MAXR];
     const float *s[MAXR];
     UNROLL
@@ -554,36 +567,41 @@ BLOCK void i8_rows8(const int vnni, float *y, const int8_t *Q, const float *S,
         q[r] = Q + (size_t)(r0 + r) * cols;
         s[r] = S + (size_t)(r0 + r) * ng;
     }
+    __attribute__((aligned(32))) float pv[I8R_GCH][8];
     __m256 acc = _mm256_setzero_ps();
-    for (uint32_t gb = 0; gb < ng; gb += 8) {
-        const uint32_t nb = ng - gb < 8 ? ng - gb : 8;
-        if (prefetch) {
-            const uint32_t pc1 = cols - gb * group < 8 * group ? cols : (gb + 8) * group;
-            UNROLL
-            for (int r = 0; r < 8; r++) {
-                const char *nq = (const char *)(q[r] + (size_t)8 * cols);
-                for (uint32_t c = (gb * group) & ~63u; c < pc1; c += 64)
-                    _mm_prefetch(nq + c, _MM_HINT_T1);
-                _mm_prefetch((const char *)(s[r] + (size_t)8 * ng + gb), _MM_HINT_T1);
-            }
-        }
-        /* p[j] = [S[r0 + r, gb + j] * XS[gb + j] for r = 0..7], the float
+    for (uint32_t gc = 0; gc < ng; gc += I8R_GCH) {
+        const uint32_t nch = ng - gc < I8R_GCH ? ng - gc : I8R_GCH;
+        /* pv[g - gc] = [S[r0 + r, g] * XS[g] for r = 0..7], the float
          * products ref forms; masked loads read nothing past the row's last
          * group. */
-        const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask(nb);
-        const __m256 xsv = _mm256_maskload_ps(xs + gb, m);
-        __m256 p[8];
-        UNROLL
-        for (int r = 0; r < 8; r++)
-            p[r] = _mm256_mul_ps(_mm256_maskload_ps(s[r] + gb, m), xsv);
-        transpose8x8_ps(p);
-        for (uint32_t j = 0; j < nb; j++) {
-            const uint32_t c0 = (gb + j) * group;
-            const uint32_t c1 = cols - c0 < group ? cols : c0 + group;
+        for (uint32_t gb = 0; gb < nch; gb += 8) {
+            const uint32_t nb = nch - gb < 8 ? nch - gb : 8;
+            const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask(nb);
+            const __m256 xsv = _mm256_maskload_ps(xs + gc + gb, m);
+            __m256 p[8];
+            UNROLL
+            for (int r = 0; r < 8; r++) {
+                p[r] = _mm256_mul_ps(_mm256_maskload_ps(s[r] + gc + gb, m), xsv);
+                if (prefetch && gb % 16 == 0)
+                    _mm_prefetch((const char *)(s[r] + (size_t)I8R_PF * ng + gc + gb), _MM_HINT_T1);
+            }
+            transpose8x8_ps(p);
+            UNROLL
+            for (int j = 0; j < 8; j++)
+                _mm256_store_ps(pv[gb + (uint32_t)j], p[j]);
+        }
+        for (uint32_t g = gc; g < gc + nch; g++) {
+            const uint32_t c0 = g * group;
+            const uint32_t c1 = G || cols - c0 >= group ? c0 + group : cols;
+            if (prefetch) /* the lines of the next 8 rows that start here */
+                for (uint32_t c = (c0 + 63) & ~63u; c < c1; c += 64)
+                    UNROLL
+                    for (int r = 0; r < 8; r++)
+                        _mm_prefetch((const char *)(q[r] + (size_t)I8R_PF * cols + c), _MM_HINT_T1);
             __m256i d[MAXR];
             i8_group(vnni, 8, d, q, xq, c0, c1);
             const __m256 dots = _mm256_cvtepi32_ps(hsum8x8(d));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(dots, p[j]));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(dots, _mm256_load_ps(pv[g - gc])));
         }
     }
     _mm256_storeu_ps(y + r0, acc);
@@ -849,8 +867,11 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
             const int8_t *xq = XQ + (size_t)t * cols;
             const float *xs = XS + (size_t)t * ng;
             uint32_t r = p0;
+            if (group == 32 && cols % 32 == 0)
+                for (; r + 8 <= pe; r += 8)
+                    i8_rows8(vnni, 32, y, Q, S, xq, xs, cols, group, ng, r, r + 8 + I8R_PF <= rows);
             for (; r + 8 <= pe; r += 8)
-                i8_rows8(vnni, y, Q, S, xq, xs, cols, group, ng, r, r + 16 <= rows);
+                i8_rows8(vnni, 0, y, Q, S, xq, xs, cols, group, ng, r, r + 8 + I8R_PF <= rows);
             for (; r < pe; r++)
                 i8_row1(vnni, y, Q, S, xq, xs, cols, group, ng, r);
         }
