@@ -27,6 +27,9 @@ class Options:
     fma: bool
     neon: bool
     tokenizer: bool = True   # 0: -DCOLIBRI_NO_TOKENIZER (src/tokenizer.c stubs)
+    # 0: -DCOLIBRI_AVX2_NO_VNNI, the AVX2 kernels never pick their vpdpbusd
+    # table "avx2-vnni": stands in for an AVX2-only CPU (Zen 2/3, Haswell).
+    vnni: bool = False
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -48,7 +51,7 @@ def _bool(name: str, value, default: bool) -> bool:
 
 
 def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
-                    fma="auto", neon="auto", tokenizer="1") -> Options:
+                    fma="auto", neon="auto", tokenizer="1", vnni="auto") -> Options:
     """Check the variables against what `target` supports and fill in its
     defaults. Errors name the variable, the value and what is allowed."""
     d = target.defaults
@@ -66,6 +69,8 @@ def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
         fma=_bool("fma", fma, use_avx2),
         neon=_bool("neon", neon, d.get("neon", False)),
         tokenizer=_bool("tokenizer", tokenizer, True),
+        # vpdpbusd is part of the AVX2 kernels (a run-time choice): it follows avx2.
+        vnni=_bool("vnni", vnni, use_avx2),
     )
     for k in ("avx2", "neon"):
         if getattr(opts, k) and k not in target.kernels:
@@ -76,6 +81,9 @@ def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
         raise ColibriError(f"fma={int(opts.fma)} with avx2={int(opts.avx2)}: the AVX2 kernels "
                            "(src/kernels/avx2.c) are AVX2+FMA kernels, so fma must equal avx2 "
                            "(scalar ref kernels never fuse: -ffp-contract=off)")
+    if opts.vnni and not opts.avx2:
+        raise ColibriError("vnni=1 with avx2=0: the VNNI int8 kernels are part of the AVX2 "
+                           "kernels (src/kernels/avx2.c); give avx2=1 or leave vnni=auto")
     if not target.is_linux and (opts.mmap or opts.workbuf != "static"):
         raise ColibriError(f"target {target.name} is bare metal: it needs mmap=0 "
                            "workbuf=static (there is no file system and no heap)")
@@ -116,6 +124,8 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
         kernel_ccflags[k] = tuple(kset.flags)
     if not opts.kernels:
         defines.append("COLIBRI_KERNELS_REF_ONLY")
+    if opts.avx2 and not opts.vnni:
+        defines.append("COLIBRI_AVX2_NO_VNNI")
     linkflags = (*target.arch_flags, *target.link_flags)
     if opts.debug and "--specs=nano.specs" in target.link_flags:
         # newlib-nano leaves float printf out unless asked: the debug dumps need it.
