@@ -115,7 +115,7 @@ class Info:
     n_params: int
     arena_bytes: int
     chunk_tokens: int
-    kernels: str            # "ref", "avx2", "neon", "neon-dotprod"
+    kernels: str            # "ref", "avx2", "avx2-vnni", "neon", "neon-dotprod"
     load_mode: str          # "mmap", "read", "memory", "shared"
     huge_pages_advised: bool
 
