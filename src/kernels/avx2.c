@@ -412,13 +412,14 @@ TGT static void avx2_quantize_act_i8(int8_t *XQ, float *XS, const float *X,
  * group is ref's: y += float(dot) * (S[r,g] * XS[t,g]), an unfused multiply
  * then add, groups in order. To do that without a horizontal float chain per
  * row, vector lanes run along weight ROWS (as on AArch64, neon_a64_i8.h): a
- * block of 8 rows computes the 8 rows' lane vectors of one group, one
- * transposing hadd tree (hsum8x8) turns them into [dot of row 0..7], and the
- * float accumulator holds the 8 rows' running sums. The scale products of 8
- * rows x 8 groups are formed along groups (contiguous in S) and transposed
- * once per 8 groups. Costs ~1 hadd tree per row-block and group on top of the
- * 4 integer ops per row and 32 columns; decode is bound by streaming the
- * weights, so this is free there (bench notes in the report / README). */
+ * block of 4 rows computes the 4 rows' lane vectors of one group, one hadd
+ * tree turns them into [dot of row 0..3], and the float accumulator holds
+ * the 4 rows' running sums. The scale products of 4 rows x 8 groups are
+ * formed along groups (contiguous in S) and transposed once per 8 groups.
+ * This costs a hadd tree per row block and group on top of the 4 integer
+ * ops per row and 32 columns; decode streams the weights from memory and
+ * reads them as fast as the previous, inexact form (bench/results/
+ * FINDINGS.md section 6). */
 
 /* Exact int32 dot of q[0..k) and x[0..k), k < 16, for the group tails. */
 static inline int32_t dot_tail(const int8_t *q, const int8_t *x, uint32_t k)
@@ -457,19 +458,6 @@ BLOCK __m256i dot_acc(const int vnni, __m256i acc, __m256i qa, __m256i qraw,
         acc, _mm256_madd_epi16(_mm256_maddubs_epi16(qa, sx), _mm256_set1_epi16(1)));
 }
 
-/* [sum of v[0], ..., sum of v[7]] for 8 vectors of int32 lanes. */
-TGT static inline __m256i hsum8x8(const __m256i v[8])
-{
-    __m256i a = _mm256_hadd_epi32(v[0], v[1]);
-    __m256i b = _mm256_hadd_epi32(v[2], v[3]);
-    __m256i c = _mm256_hadd_epi32(v[4], v[5]);
-    __m256i d = _mm256_hadd_epi32(v[6], v[7]);
-    __m256i ab = _mm256_hadd_epi32(a, b); /* [v0..v3 low halves | v0..v3 high] */
-    __m256i cd = _mm256_hadd_epi32(c, d);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20),
-                            _mm256_permute2x128_si256(ab, cd, 0x31));
-}
-
 /* Sum of the 8 int32 lanes of v (exact). */
 TGT static inline int32_t hsum_epi32(__m256i v)
 {
@@ -477,27 +465,6 @@ TGT static inline int32_t hsum_epi32(__m256i v)
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm_cvtsi128_si32(h);
-}
-
-/* 8x8 transpose of floats: v[i] holds row i; afterwards v[j] holds element
- * j of rows 0..7. */
-TGT static inline void transpose8x8_ps(__m256 v[8])
-{
-    __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int j = 0; j < 4; j++) {
-        v[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
-        v[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
-    }
 }
 
 /* Exact int32 dot products of columns [c, c1) (one group) for R rows and
@@ -539,69 +506,78 @@ BLOCK void i8_group(const int vnni, const int R, __m256i d[MAXR],
         d[r] = iacc[r];
 }
 
-/* Y[t, r0 .. r0 + 8) for one token (xq [cols], xs [ng]): lanes are the 8
- * rows, each lane the row's ref-order sum over groups. Groups go in chunks of
- * I8R_GCH: first the chunk's scale products of the 8 rows are formed along
- * groups (contiguous in S), transposed to one vector per group and kept in
- * pv (8 KiB of stack at most), then one simple loop per group does the
- * integer dots, the exact hadd tree and ref's multiply and add. With
- * `prefetch`, the next 8 rows' weights and scales are requested into L2 at
- * the pace this block reads its own (PREFETCH at i8_matmul). */
-/* I8R_PF: prefetch distance in rows, one block ahead (16 and 32 measured
- * no better: decode then reads at ~90 % of the core's DRAM read rate).
- * A copy of the loop specialised for group 32 was 2 % faster with weights in
- * L2 and not worth its 4 KiB per table. */
-enum { I8R_GCH = 256, I8R_PF = 8 };
+/* Groups per chunk of scale products (pv below). */
+enum { I8R_GCH = 256 };
 
-BLOCK void i8_rows8(const int vnni, float *y, const int8_t *Q, const float *S,
+/* Y[t, r0 .. r0 + 4) for one token (xq [cols], xs [ng]): lanes are the 4
+ * rows, each lane the row's ref-order sum over groups. Groups go in chunks of
+ * I8R_GCH: first the chunk's scale products of the 4 rows are formed along
+ * groups (contiguous in S), transposed to one 4-float vector per group and
+ * kept in pv (4 KiB of stack at most), then one simple loop per group does
+ * the integer dots, an exact hadd tree over the 4 rows' lane vectors and
+ * ref's multiply and add. With `prefetch`, the next 4 rows' weights and
+ * scales are requested into L2 at the pace this block reads its own
+ * (PREFETCH at i8_matmul). 8 rows a block (lanes of a 256-bit vector) did
+ * the same work with fewer instructions but read memory slower: decode
+ * 10.2 against 12.4 GB/s at 2816 x 1024. */
+BLOCK void i8_rows4(const int vnni, float *y, const int8_t *Q, const float *S,
                     const int8_t *xq, const float *xs, uint32_t cols,
                     uint32_t group, uint32_t ng, uint32_t r0, int prefetch)
 {
     const int8_t *q[MAXR];
     const float *s[MAXR];
     UNROLL
-    for (int r = 0; r < 8; r++) {
+    for (int r = 0; r < 4; r++) {
         q[r] = Q + (size_t)(r0 + r) * cols;
         s[r] = S + (size_t)(r0 + r) * ng;
     }
-    __attribute__((aligned(32))) float pv[I8R_GCH][8];
-    __m256 acc = _mm256_setzero_ps();
+    __attribute__((aligned(32))) float pv[I8R_GCH][4];
+    __m128 acc = _mm_setzero_ps();
     for (uint32_t gc = 0; gc < ng; gc += I8R_GCH) {
         const uint32_t nch = ng - gc < I8R_GCH ? ng - gc : I8R_GCH;
-        /* pv[g - gc] = [S[r0 + r, g] * XS[g] for r = 0..7], the float
-         * products ref forms; masked loads read nothing past the row's last
-         * group. */
         for (uint32_t gb = 0; gb < nch; gb += 8) {
             const uint32_t nb = nch - gb < 8 ? nch - gb : 8;
             const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask(nb);
             const __m256 xsv = _mm256_maskload_ps(xs + gc + gb, m);
-            __m256 p[8];
+            __m256 p[4];
             UNROLL
-            for (int r = 0; r < 8; r++) {
+            for (int r = 0; r < 4; r++) {
                 p[r] = _mm256_mul_ps(_mm256_maskload_ps(s[r] + gc + gb, m), xsv);
                 if (prefetch && gb % 16 == 0)
-                    _mm_prefetch((const char *)(s[r] + (size_t)I8R_PF * ng + gc + gb), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(s[r] + (size_t)4 * ng + gc + gb), _MM_HINT_T1);
             }
-            transpose8x8_ps(p);
+            /* 4 rows x 8 groups -> per group the 4 rows (groups j, j + 4 in
+             * the two 128-bit halves) */
+            const __m256 t0 = _mm256_unpacklo_ps(p[0], p[1]), t1 = _mm256_unpackhi_ps(p[0], p[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(p[2], p[3]), t3 = _mm256_unpackhi_ps(p[2], p[3]);
+            const __m256 u[4] = {_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+                                 _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2))};
             UNROLL
-            for (int j = 0; j < 8; j++)
-                _mm256_store_ps(pv[gb + (uint32_t)j], p[j]);
+            for (int j = 0; j < 4; j++) {
+                _mm_store_ps(pv[gb + (uint32_t)j], _mm256_castps256_ps128(u[j]));
+                _mm_store_ps(pv[gb + 4 + (uint32_t)j], _mm256_extractf128_ps(u[j], 1));
+            }
         }
         for (uint32_t g = gc; g < gc + nch; g++) {
             const uint32_t c0 = g * group;
             const uint32_t c1 = cols - c0 < group ? cols : c0 + group;
-            if (prefetch) /* the lines of the next 8 rows that start here */
+            if (prefetch)
                 for (uint32_t c = (c0 + 63) & ~63u; c < c1; c += 64)
                     UNROLL
-                    for (int r = 0; r < 8; r++)
-                        _mm_prefetch((const char *)(q[r] + (size_t)I8R_PF * cols + c), _MM_HINT_T1);
+                    for (int r = 0; r < 4; r++)
+                        _mm_prefetch((const char *)(q[r] + (size_t)4 * cols + c), _MM_HINT_T1);
             __m256i d[MAXR];
-            i8_group(vnni, 8, d, q, xq, c0, c1);
-            const __m256 dots = _mm256_cvtepi32_ps(hsum8x8(d));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(dots, _mm256_load_ps(pv[g - gc])));
+            i8_group(vnni, 4, d, q, xq, c0, c1);
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]),
+                                                _mm256_hadd_epi32(d[2], d[3]));
+            const __m128 dots = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
+                                                              _mm256_extracti128_si256(h, 1)));
+            acc = _mm_add_ps(acc, _mm_mul_ps(dots, _mm_load_ps(pv[g - gc])));
         }
     }
-    _mm256_storeu_ps(y + r0, acc);
+    _mm_storeu_ps(y + r0, acc);
 }
 
 /* Y[t, r] for a single row (the rows past the last whole block of 8):
@@ -868,8 +844,8 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
             const int8_t *xq = XQ + (size_t)t * cols;
             const float *xs = XS + (size_t)t * ng;
             uint32_t r = p0;
-            for (; r + 8 <= pe; r += 8)
-                i8_rows8(vnni, y, Q, S, xq, xs, cols, group, ng, r, r + 8 + I8R_PF <= rows);
+            for (; r + 4 <= pe; r += 4)
+                i8_rows4(vnni, y, Q, S, xq, xs, cols, group, ng, r, r + 8 <= rows);
             for (; r < pe; r++)
                 i8_row1(vnni, y, Q, S, xq, xs, cols, group, ng, r);
         }
