@@ -9,9 +9,10 @@
  * and returns NULL, so every target links the same set of getters.
  *
  * Arithmetic: docs/FORMAT.md section 5, checked against ref.c by
- * tests/c/test_kernels.c. quantize_act_i8 is bit-identical to ref; the I8
- * group dot products are exact int32; float sums may run in another order
- * than ref's, so F32 results agree to float rounding.
+ * tests/c/test_kernels.c. quantize_act_i8 and matmul_i8 are bit-identical to
+ * ref (the I8 group dot products exact int32, the float sum over groups in
+ * ref's order); the float kernels' sums may run in another order than
+ * ref's, so F32 and I16 results agree to float rounding.
  *
  * Float activations (matmul_f32, matmul_i16): dot-product form. W rows and
  * X rows are both contiguous along cols, so a block of R weight rows x T
@@ -21,12 +22,14 @@
  * over before the next strip, so each weight is read from memory once per
  * call (see fx_matmul).
  * Int8 (matmul_i8), two forms picked by the number of tokens n:
- * - Dot-product form (decode, few tokens), as above, with row panels that
- *   fit in L2 so every token block finds the panel's weights in cache.
+ * - Dot-product form (decode, few tokens): 4 rows at a time, their group
+ *   dots reduced exactly into the 4 lanes of one vector (i8_rows4), row
+ *   panels that fit in L2 so every token finds the panel's weights in cache.
  * - Outer-product (GEMM) form (prefill, from I8G_MIN_N tokens): the weights
- *   are repacked into a 24 KiB stack buffer so vector lanes run along rows,
+ *   are repacked into a 12 KiB stack buffer so vector lanes run along rows,
  *   and no horizontal sums are needed. See the comment at i8_gemm.
- * matmul_i8 additionally uses vpdpbusd on CPUs with AVX-VNNI (dot_acc).
+ * The table "avx2-vnni" uses vpdpbusd for the int8 products (DPBUSD) on
+ * CPUs with AVX-VNNI or AVX512-VNNI + AVX512VL; "avx2" never does.
  *
  * No allocation, no alignment assumption on the arguments (unaligned loads;
  * tails use masked loads, which never touch the masked-out elements, or a
@@ -815,9 +818,9 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
 
 /* Few tokens (decode): the dot-product form, token after token over row
  * panels that fit in L2 (so tokens after the first find the panel's weights
- * in cache), 8 rows at a time (i8_rows8), the last rows % 8 one by one.
+ * in cache), 4 rows at a time (i8_rows4), the last rows % 4 one by one.
  * PREFETCH (decode): one token reads every weight once, row block after row
- * block, and a block of 8 rows x 512 int8 columns is one 4 KiB page: the
+ * block, and a block of 4 rows x 1024 int8 columns is one 4 KiB page: the
  * hardware prefetchers stop at page boundaries and start again only after
  * a few misses, so without help each block waited for memory (int8 decode
  * read 7 GB/s of the machine's 13). Each block therefore requests the next

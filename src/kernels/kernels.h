@@ -19,8 +19,8 @@
  * arena buffers are 64-byte aligned, weights in a .colibri file 64-byte
  * aligned, so kernels may prefer aligned loads only after checking.
  * Kernels never allocate, never fail, and write only their output. They may
- * use up to 32 KiB of stack (the AVX2 int8 GEMM packs weights there: 12 KiB; its decode form
- * keeps 8 KiB of scale products).
+ * use up to 32 KiB of stack (the AVX2 int8 GEMM packs weights there: 12 KiB;
+ * its decode form keeps 4 KiB of scale products).
  */
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
