@@ -166,7 +166,7 @@ def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bo
         Server("colibri int8 vnni=0", [progs["novnni"], ms.colibri["int8"], tokens],
                "colibri", "int8"),
     ]
-    if with_llama:
+    if with_llama and all(p.exists() for p in ms.gguf.values()):
         for q in ("f32", "q8_0"):
             servers.append(Server(f"llama-cpp-python {q}",
                                   [PY, "-m", "bench.threads_peer", ms.gguf[q], tokens],
@@ -439,7 +439,9 @@ def main(argv=None) -> int:
     if not progs["have_threads"]:
         log("colibri.h has no colibri_set_threads/COLIBRI_LOGITS_LAST yet: Colibri rows "
             "at 1 thread, all-logits prefill only")
-    ms = models.prepare(plan["model"], a.work / "models", log=log)
+    import importlib.util
+    ms = models.prepare(plan["model"], a.work / "models", log=log,
+                        with_gguf=importlib.util.find_spec("gguf") is not None)
     tokens = token_file(a.work / f"tokens-threads-{plan['model']}.txt", ms.config()["vocab_size"])
 
     log("loading the engines")
@@ -452,7 +454,7 @@ def main(argv=None) -> int:
             for s in servers:
                 log(f"round {r + 1}/{plan['rounds']}: {s.name}")
                 rnd["servers"][s.name] = {t: run_server_round(s, plan, t) for t in THREADS}
-            for flavour in lb:
+            for flavour in (lb if all(p.exists() for p in ms.gguf.values()) else ()):
                 for q in ("f32", "q8_0"):
                     log(f"round {r + 1}/{plan['rounds']}: llama-bench {flavour} {q}")
                     rnd["llama_bench"][f"llama-bench {flavour} {q}"] = run_llama_bench(
