@@ -80,7 +80,9 @@ class _Info(ctypes.Structure):
                 ("n_unknown_sections", ctypes.c_uint32), ("file_size", ctypes.c_uint64),
                 ("n_params", ctypes.c_uint64), ("arena_bytes", ctypes.c_size_t),
                 ("chunk_tokens", ctypes.c_uint32), ("kernels", ctypes.c_char_p),
-                ("load_mode", ctypes.c_char_p), ("huge_pages_advised", ctypes.c_uint8)]
+                ("load_mode", ctypes.c_char_p), ("huge_pages_advised", ctypes.c_uint8),
+                ("n_threads", ctypes.c_uint32), ("thread_flags", ctypes.c_uint32),
+                ("executor", ctypes.c_uint8)]
 
 
 class _TokInfo(ctypes.Structure):
@@ -96,6 +98,8 @@ class _SampleParams(ctypes.Structure):
 
 
 TOK_ADD_BOS, TOK_PARSE_SPECIAL = 1, 2          # colibri_tokenize flags
+THREADS_SPIN = 1                               # colibri_set_threads flag
+LOGITS_ALL, LOGITS_LAST = 0, 1                 # colibri_infer_ex logits_mode
 DETOK_SKIP_SPECIAL = 1                         # colibri_detok_init flag
 
 _ON_BAD = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
@@ -118,6 +122,8 @@ class Info:
     kernels: str            # "ref", "avx2", "neon", "neon-dotprod"
     load_mode: str          # "mmap", "read", "memory", "shared"
     huge_pages_advised: bool
+    n_threads: int = 1      # workers computing an infer (colibri_set_threads)
+    thread_spin: bool = False  # COLIBRI_THREADS_SPIN: workers never park
 
 
 class Library:
@@ -174,6 +180,8 @@ class Library:
                 ("colibri_init_from_memory", i, [vp, vp, sz, vp, sz]),
                 ("colibri_arena_size", i, [vp, sz, ctypes.POINTER(sz)]),
                 ("colibri_infer", i, [vp, vp, vp, u32, u32, u32, vp]),
+                ("colibri_infer_ex", i, [vp, vp, vp, u32, u32, u32, u32, vp]),
+                ("colibri_set_threads", i, [vp, u32, u32]),
                 ("colibri_free", None, [vp]),
                 ("colibri_strerror", ctypes.c_char_p, [i]),
                 ("colibri_strerror_for", ctypes.c_char_p, [i, i]),
@@ -343,13 +351,18 @@ class Model:
              bit-identical logits.
     library  path of libcolibri.so (else COLIBRI_LIBRARY, else the package's
              build: see the module docstring).
+    threads  workers computing each infer (colibri_set_threads; 1: the
+             calling thread alone). The logits are the same bits for every
+             count. spin: the workers spin instead of parking
+             (COLIBRI_THREADS_SPIN: no system call inside infer).
 
     One instance is not for concurrent use (the C instance is not
     thread-safe); calls on one Model from several Python threads are
     serialised by a lock, and close() waits for a running infer.
     """
 
-    def __init__(self, source, *, arena: int | None = None, library=None):
+    def __init__(self, source, *, arena: int | None = None, library=None,
+                 threads: int = 1, spin: bool = False):
         self._lib = load_library(library)
         self._lock = threading.Lock()
         self._m = None
@@ -378,6 +391,12 @@ class Model:
             raise self._lib.error(rc, CALL_INIT, detail, self._where)
         self._m = m
         self._tok = self._tok_info = None     # colibri_tokenizer, on first use
+        if threads != 1 or spin:
+            try:
+                self.set_threads(threads, spin=spin)
+            except Exception:
+                self.close()
+                raise
         info = _Info()
         rc = lib.colibri_get_info(m, ctypes.byref(info))
         if rc:   # cannot happen on an initialised model; never leave it open
@@ -419,13 +438,36 @@ class Model:
         return errors.NotInitializedError(-13, self._lib.strerror(-13),
                                           "this Model is closed", "infer", self._where)
 
+    # -- threads ----------------------------------------------------------------
+    def set_threads(self, n: int, *, spin: bool = False) -> None:
+        """colibri_set_threads: compute each infer on n workers (the calling
+        thread included; 1 joins the workers). Raises ArgumentError (n < 1
+        or > 64), UnsupportedError (a build without threads)."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 0 <= n < 2**32:
+            raise errors.ArgumentError(-7, self._lib.strerror(-7), f"threads = {n!r}",
+                                       "set_threads", self._where)
+        with self._lock:
+            if self._m is None:
+                raise self._closed_error()
+            rc = self._lib.lib.colibri_set_threads(self._m, int(n), THREADS_SPIN if spin else 0)
+            if rc:
+                detail = self._lib.lib.colibri_error_detail(self._m).decode("utf-8", "replace")
+                raise self._lib.error(rc, CALL_INIT, detail, self._where)
+        if getattr(self, "info", None) is not None:
+            info = _Info()
+            self._lib.lib.colibri_get_info(self._m, ctypes.byref(info))
+            self.info = _to_info(info)
+
     # -- inference --------------------------------------------------------------
-    def infer(self, ids, mask=None, n_past: int = 0, *, out: np.ndarray | None = None
-              ) -> np.ndarray:
+    def infer(self, ids, mask=None, n_past: int = 0, *, out: np.ndarray | None = None,
+              last_only: bool = False) -> np.ndarray:
         """colibri_infer: logits float32 [batch, seq, vocab] for token ids
         [batch, seq] (a 1-D sequence is batch 1), written by the C runtime
         straight into the returned array (or into `out`, a C-contiguous
         float32 array of that shape, e.g. reused across decode steps).
+        last_only: logits [batch, vocab] of each sequence's last position
+        only (colibri_infer_ex COLIBRI_LOGITS_LAST: the LM head skips the
+        other rows; each row the same bits as in the full result).
         mask [batch, seq] of 0/1 (None: all 1); n_past 0 starts afresh, > 0
         continues from the KV cache. Raises the RuntimeCallError subclass of
         the code (InputTooLargeError, TokenError, KVStateError, ...)."""
@@ -462,19 +504,21 @@ class Model:
             mask_ptr = _address(mask)
         if not 0 <= int(n_past) < 2**32:
             raise self._arg_error(f"n_past = {n_past}")
+        shape = (b, self.vocab) if last_only else (b, s, self.vocab)
         if out is None:
-            out = np.empty((b, s, self.vocab), dtype=np.float32)
+            out = np.empty(shape, dtype=np.float32)
         elif (not isinstance(out, np.ndarray) or out.dtype != np.float32
-              or out.shape != (b, s, self.vocab) or not out.flags.c_contiguous
+              or out.shape != shape or not out.flags.c_contiguous
               or not out.flags.writeable):
             raise self._arg_error(f"out must be a writable C-contiguous float32 array of "
-                                  f"shape {(b, s, self.vocab)}")
+                                  f"shape {shape}")
         with self._lock:
             m = self._m
             if m is None:
                 raise self._closed_error()
-            rc = self._lib.lib.colibri_infer(m, _address(ids), mask_ptr, b, s,
-                                             int(n_past), _address(out))
+            rc = self._lib.lib.colibri_infer_ex(m, _address(ids), mask_ptr, b, s, int(n_past),
+                                                LOGITS_LAST if last_only else LOGITS_ALL,
+                                                _address(out))
             if rc:
                 detail = self._lib.lib.colibri_error_detail(m).decode("utf-8", "replace")
                 raise self._lib.error(rc, CALL_INFER, detail, self._where)
@@ -666,7 +710,8 @@ def _to_info(i: _Info) -> Info:
                 n_params=int(i.n_params), arena_bytes=int(i.arena_bytes),
                 chunk_tokens=int(i.chunk_tokens),
                 kernels=(i.kernels or b"").decode(), load_mode=(i.load_mode or b"").decode(),
-                huge_pages_advised=bool(i.huge_pages_advised))
+                huge_pages_advised=bool(i.huge_pages_advised),
+                n_threads=int(i.n_threads), thread_spin=bool(i.thread_flags & THREADS_SPIN))
 
 
 class Generation:
@@ -710,7 +755,7 @@ class Generation:
         nxt = ctypes.c_int32(0)
         if max_tokens == 0:
             return
-        logits = m.infer(hist[None, :n])[0, -1].copy()
+        logits = m.infer(hist[None, :n], last_only=True)[0].copy()
         step_out = np.empty((1, 1, V), np.float32)
         with m._lock:
             c.colibri_detok_init(d, m._tokenizer("generate"), DETOK_SKIP_SPECIAL)

@@ -56,7 +56,7 @@ def build(variant: str, out: Path | None = None) -> Path:
         src = SOAK / "soak.c"
         if not exe.exists() or src.stat().st_mtime > exe.stat().st_mtime or \
                 Path(info["lib"]).stat().st_mtime > exe.stat().st_mtime:
-            cbuild.build_program(info, [src], exe)
+            cbuild.build_program(info, [src], exe, extra_ldflags=["-pthread"])
     return exe
 
 
@@ -100,8 +100,10 @@ class Run:
 
 
 def run(exe: Path, model_path: Path, steps: int, every: int = 1000,
-        timeout: float = 3600, prefix: tuple = ()) -> Run:
-    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1"}
+        timeout: float = 3600, prefix: tuple = (), threads: int = 1) -> Run:
+    """threads > 1: the instance computes on that many threads (SOAK_THREADS)."""
+    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1",
+           "SOAK_THREADS": str(threads)}
     t = time.monotonic()
     proc = subprocess.run([*prefix, str(exe), str(model_path), str(steps), str(every)],
                           capture_output=True, text=True, timeout=timeout, env=env)

@@ -16,7 +16,9 @@
  * Prints one line of figures:
  *   steps=.. seconds=.. steps_per_s=.. rss_kb_first=.. rss_kb_last=..
  *   rss_kb_min=.. rss_kb_max=.. samples=.. rewinds=.. logits_identical=0|1
- * With SOAK_TRACE set in the environment, each sample goes to stderr.
+ * With SOAK_TRACE set in the environment, each sample goes to stderr; with
+ * SOAK_THREADS=N the instance computes on N threads (colibri_set_threads,
+ * parking workers), and the line adds threads=N.
  * Exit 0, or 1 on a library error or differing logits (2: usage).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -88,6 +90,9 @@ int main(int argc, char **argv)
     int rc = colibri_init(&m, argv[1]);
     if (rc)
         return fail(&m, "init", rc);
+    const char *nt = getenv("SOAK_THREADS");
+    if (nt && atoi(nt) > 1 && (rc = colibri_set_threads(&m, (uint32_t)atoi(nt), 0)))
+        return fail(&m, "set_threads", rc);
     colibri_info info;
     colibri_get_info(&m, &info);
     const uint32_t V = info.shape.vocab, S = info.shape.max_seq_len;
@@ -148,9 +153,10 @@ int main(int argc, char **argv)
     }
     int same = memcmp(first, again, (size_t)P * V * sizeof(float)) == 0;
     printf("steps=%ld seconds=%.3f steps_per_s=%.0f rss_kb_first=%ld rss_kb_last=%ld "
-           "rss_kb_min=%ld rss_kb_max=%ld samples=%ld rewinds=%ld logits_identical=%d\n",
+           "rss_kb_min=%ld rss_kb_max=%ld samples=%ld rewinds=%ld logits_identical=%d "
+           "threads=%u\n",
            steps, secs, secs > 0 ? steps / secs : 0.0, first_rss, last_rss, min_rss,
-           max_rss, samples, rewinds, same);
+           max_rss, samples, rewinds, same, (unsigned)info.n_threads);
     colibri_free(&m);
     free(first);
     free(again);

@@ -81,8 +81,52 @@ static void qkv(const clb_plan *p, const clb_layer *L, uint32_t l, uint32_t n)
  * position order, so every key a row attends to is in the cache by the time
  * its layer's attention runs. What differs between model families is data
  * in p->d and in the layer views, never a branch on a family. */
+/* The logits of the chunk rows: all n rows into logits [n, vocab], or
+ * (last_pos != UINT32_MAX) only the rows at position last_pos, the last of
+ * their sequence, into logits [batch, vocab] at their sequence's row. */
+static void lm_head(const clb_plan *p, uint32_t n, uint32_t last_pos,
+                    float *logits)
+{
+    const colibri_shape *s = &p->s;
+    uint32_t h = s->hidden, rows = n, first_b = 0;
+    if (last_pos == UINT32_MAX) {
+        clb_rmsnorm(p->xn, p->x, p->final_norm, n, h, s->rms_eps);
+    } else {
+        /* Last rows of consecutive sequences, packed into xn: they are
+         * rows of sequences b, b+1, ... (chunk rows are in sequence order),
+         * so their logits are consecutive rows of the output. RMSNorm is
+         * row by row: the same bits as in the all-rows call. */
+        rows = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (p->tok_pos[i] != last_pos)
+                continue;
+            if (rows == 0)
+                first_b = p->tok_b[i];
+            clb_rmsnorm(p->xn + (size_t)rows * h, p->x + (size_t)i * h,
+                        p->final_norm, 1, h, s->rms_eps);
+            rows++;
+        }
+        if (rows == 0)
+            return;
+        logits += (size_t)first_b * s->vocab;
+    }
+    /* A kernel may take another path for one token than for several (the
+     * AVX2 ones do); a lone last row of a multi-row chunk goes through as
+     * two rows (the second a copy, not written) so its logits are the
+     * all-rows call's bits. */
+    uint32_t through = rows;
+    if (rows == 1 && n > 1) {
+        memcpy(p->xn + h, p->xn, h * sizeof(float));
+        through = 2;
+    }
+    clb_linear_rows(p, &p->lm_head, p->xn, through, rows, logits, "lm_head");
+    if (p->d.logits_div != 1.0f)
+        for (size_t i = 0; i < (size_t)rows * s->vocab; i++)
+            logits[i] /= p->d.logits_div;
+}
+
 static void forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
-                          float *logits)
+                          uint32_t last_pos, float *logits)
 {
     const colibri_shape *s = &p->s;
     uint32_t h = s->hidden;
@@ -108,16 +152,21 @@ static void forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
             clb_moe(p, L, p->xn, n, p->tmp);
         residual(p->x, p->tmp, nh, p->d.residual_scale);
     }
-    clb_rmsnorm(p->xn, p->x, p->final_norm, n, h, s->rms_eps);
-    clb_linear(p, &p->lm_head, p->xn, n, logits, "lm_head");
-    if (p->d.logits_div != 1.0f)
-        for (size_t i = 0; i < (size_t)n * s->vocab; i++)
-            logits[i] /= p->d.logits_div;
+    lm_head(p, n, last_pos, logits);
 }
 
 int colibri_infer(colibri_model *m, const int32_t *input_ids,
                   const uint8_t *attention_mask, uint32_t batch, uint32_t seq,
                   uint32_t n_past, float *logits)
+{
+    return colibri_infer_ex(m, input_ids, attention_mask, batch, seq, n_past,
+                            COLIBRI_LOGITS_ALL, logits);
+}
+
+int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
+                     const uint8_t *attention_mask, uint32_t batch,
+                     uint32_t seq, uint32_t n_past, uint32_t logits_mode,
+                     float *logits)
 {
     if (!m)
         return COLIBRI_E_ARG;
@@ -131,6 +180,12 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
     if (!input_ids || !logits || batch == 0 || seq == 0) {
         clb_detail(v->detail, DETAIL_CAP, "input_ids and logits must be non-NULL"
                    ", batch (%u) and seq (%u) >= 1", (unsigned)batch, (unsigned)seq);
+        return COLIBRI_E_ARG;
+    }
+    if (logits_mode != COLIBRI_LOGITS_ALL && logits_mode != COLIBRI_LOGITS_LAST) {
+        clb_detail(v->detail, DETAIL_CAP, "logits_mode %u: expected "
+                   "COLIBRI_LOGITS_ALL (0) or COLIBRI_LOGITS_LAST (1)",
+                   (unsigned)logits_mode);
         return COLIBRI_E_ARG;
     }
     if (batch > s->max_batch || seq > s->max_seq_len ||
@@ -173,7 +228,11 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
             p->tok_b[i] = (uint32_t)((start + i) / seq);
             p->tok_pos[i] = n_past + (uint32_t)((start + i) % seq);
         }
-        forward_chunk(p, input_ids + start, n, logits + start * s->vocab);
+        if (logits_mode == COLIBRI_LOGITS_LAST)
+            forward_chunk(p, input_ids + start, n, n_past + seq - 1, logits);
+        else
+            forward_chunk(p, input_ids + start, n, UINT32_MAX,
+                          logits + start * s->vocab);
     }
     v->cached_len = n_past + seq;
     v->cached_batch = batch;

@@ -78,6 +78,11 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
     out->arena_bytes = v->arena_size;
     out->chunk_tokens = p->chunk;
     out->kernels = p->k->name;
+    out->n_threads = clb_team_size(&p->team);
+#if COLIBRI_THREADS
+    out->thread_flags = p->team.flags;
+    out->executor = p->team.ex.run != NULL;
+#endif
     out->load_mode = modes[v->load_mode <= CLB_LOAD_SHARED ? v->load_mode : 0];
     out->huge_pages_advised = v->huge != NULL;
     const uint8_t *tab = v->blob + COLIBRI_TABLE_OFFSET;
@@ -127,6 +132,9 @@ unsigned colibri_build_flags(void)
 #endif
 #ifdef COLIBRI_DEBUG
     f |= COLIBRI_BUILD_DEBUG;
+#endif
+#if COLIBRI_THREADS
+    f |= COLIBRI_BUILD_THREADS;
 #endif
     return f;
 }

@@ -20,6 +20,7 @@
 #include "colibri.h"
 #include "format.h"
 #include "kernels/kernels.h"
+#include "threads.h"
 
 #ifndef COLIBRI_ENABLE_MMAP
 #define COLIBRI_ENABLE_MMAP 1
@@ -83,6 +84,8 @@ typedef struct clb_layer {
 typedef struct clb_plan {
     colibri_shape s;
     const colibri_kernels *k;
+    clb_team team;              /* who computes the parallel regions
+                                   (threads.h); mutable, set outside infer */
     uint32_t chunk;             /* C */
     uint32_t qdim;              /* n_heads * head_dim */
     uint32_t kvdim;             /* n_kv_heads * head_dim */
@@ -165,11 +168,33 @@ void clb_rmsnorm(float *Y, const float *X, const float *w, uint32_t n,
 void clb_linear(const clb_plan *p, const clb_weight *w, const float *X,
                 uint32_t n, float *Y, const char *what);
 
+/* clb_linear computing n tokens but writing only the first n_out rows of Y
+ * [n_out, rows] (COLIBRI_LOGITS_LAST pads a lone row to two, so the kernel
+ * takes its multi-token path as in the all-rows call). */
+void clb_linear_rows(const clb_plan *p, const clb_weight *w, const float *X,
+                     uint32_t n, uint32_t n_out, float *Y, const char *what);
+
 /* Two matrices of the same input shape applied to the same X (expert w1 and
  * w3): the int8 activations are quantised once. */
 void clb_linear2(const clb_plan *p, const clb_weight *wa, const clb_weight *wb,
                  const float *X, uint32_t n, float *Ya, float *Yb,
                  const char *what);
+
+/* Rows of a weight matrix per tile of a parallel linear layer: one token
+ * (decode) writes Y in place, CLB_TILE_ROWS_1 rows a tile; several tokens
+ * go through a [CLB_TILE_TOKENS, CLB_TILE_ROWS_N] block on the worker's
+ * stack (8 KiB). Fixed numbers: the tiles never depend on the thread count
+ * (threads.h), so neither do the bits. */
+#define CLB_TILE_ROWS_1 64u
+#define CLB_TILE_ROWS_N 16u
+#define CLB_TILE_TOKENS 128u
+
+/* The team of an instance's plan (the plan is const in the compute paths;
+ * the team is the one part they mutate, its region state). */
+static inline clb_team *clb_team_of(const clb_plan *p)
+{
+    return (clb_team *)&p->team;
+}
 
 /* Rotate n_heads heads of head_dim in v (in place) for position pos. */
 void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos);

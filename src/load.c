@@ -123,6 +123,8 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
 static void release(colibri_model *m)
 {
     struct colibri_model_private_ *v = &m->priv_;
+    if (v->plan) /* the workers first: they read the plan in the arena */
+        clb_team_stop(&((clb_plan *)v->plan)->team);
 #ifndef COLIBRI_STATIC_WORKBUF
 #if COLIBRI_ENABLE_MMAP
     if (v->map)
@@ -415,4 +417,55 @@ int colibri_share(colibri_model *m, const colibri_model *owner, void *arena,
     if (rc)
         release(m);
     return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Workers (threads.c runs them; here the checks of the public calls)       */
+/* ------------------------------------------------------------------------ */
+
+/* The checks both calls share, then the team's new workers: n pthreads
+ * (ex NULL) or the executor. */
+static int set_team(colibri_model *m, uint32_t n, uint32_t flags,
+                    const colibri_executor *ex, int use_ex)
+{
+    if (!m)
+        return COLIBRI_E_ARG;
+    struct colibri_model_private_ *v = &m->priv_;
+    if (v->magic != CLB_MODEL_MAGIC) {
+        clb_detail(v->detail, DETAIL_CAP, "the model is not initialised");
+        return COLIBRI_E_NOT_INIT;
+    }
+    v->detail[0] = '\0';
+    if (use_ex && ex)
+        n = ex->run ? ex->n_workers : 0;
+    if (n == 0 || n > COLIBRI_MAX_THREADS || (flags & ~COLIBRI_THREADS_SPIN)) {
+        clb_detail(v->detail, DETAIL_CAP, "%u workers (1 .. %u, an executor "
+                   "needs run), flags 0x%x", (unsigned)n,
+                   (unsigned)COLIBRI_MAX_THREADS, (unsigned)flags);
+        return COLIBRI_E_ARG;
+    }
+    clb_team *team = &((clb_plan *)v->plan)->team;
+#if COLIBRI_THREADS
+    int rc = clb_team_set(team, n, flags, use_ex ? ex : NULL);
+#else
+    int rc = n > 1 ? COLIBRI_E_UNSUPPORTED : COLIBRI_OK;
+    clb_team_stop(team);
+#endif
+    if (rc == COLIBRI_E_UNSUPPORTED)
+        clb_detail(v->detail, DETAIL_CAP, "no thread pool in this build "
+                   "(threads=0, or no pthreads / malloc)");
+    else if (rc)
+        clb_detail(v->detail, DETAIL_CAP, "cannot create %u threads: running "
+                   "on 1", (unsigned)(n - 1));
+    return rc;
+}
+
+int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags)
+{
+    return set_team(m, n_threads, flags, NULL, 0);
+}
+
+int colibri_set_executor(colibri_model *m, const colibri_executor *ex)
+{
+    return set_team(m, 1, 0, ex, 1);
 }

@@ -84,15 +84,34 @@ static void route(const clb_plan *p, const clb_layer *layer, const float *X,
     }
 }
 
+/* h1 = silu(h1) * h3 over [n, inter], in parallel blocks of
+ * CLB_TILE_ELEMS elements (element-wise: any split gives the same bits). */
+#define CLB_TILE_ELEMS 1024u
+typedef struct silu_job {
+    float *h1;
+    const float *h3;
+    size_t len;
+} silu_job;
+
+static void silu_tile(void *ctx, uint32_t tile)
+{
+    const silu_job *j = (const silu_job *)ctx;
+    size_t a = (size_t)tile * CLB_TILE_ELEMS;
+    size_t b = j->len - a < CLB_TILE_ELEMS ? j->len : a + CLB_TILE_ELEMS;
+    for (size_t i = a; i < b; i++) {
+        float g = j->h1[i];
+        j->h1[i] = g / (1.0f + expf(-g)) * j->h3[i];
+    }
+}
+
 void clb_swiglu(const clb_plan *p, const clb_expert *ex, const float *X,
                 uint32_t n, float *Y, const char *what13, const char *what2)
 {
     uint32_t inter = ex->w1.rows; /* routed, shared or dense width */
     clb_linear2(p, &ex->w1, &ex->w3, X, n, p->h1, p->h3, what13);
-    for (size_t i = 0; i < (size_t)n * inter; i++) {
-        float g = p->h1[i];
-        p->h1[i] = g / (1.0f + expf(-g)) * p->h3[i];
-    }
+    silu_job j = { p->h1, p->h3, (size_t)n * inter };
+    clb_parallel(clb_team_of(p), (uint32_t)((j.len + CLB_TILE_ELEMS - 1) / CLB_TILE_ELEMS),
+                 silu_tile, &j);
     clb_linear(p, &ex->w2, p->h1, n, Y, what2);
 }
 

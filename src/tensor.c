@@ -72,16 +72,97 @@ void clb_rmsnorm(float *Y, const float *X, const float *w, uint32_t n,
     }
 }
 
-/* Apply an I8_GROUP weight to activations already quantised in p->xq/xs. */
-static void linear_i8(const clb_plan *p, const clb_weight *w, uint32_t n,
-                      float *Y, const char *what)
+/* ------------------------------------------------------------------------ */
+/* Linear layers as parallel regions of row tiles                           */
+/* ------------------------------------------------------------------------ */
+
+/* Y[n, nr] (row stride nr) = rows [r0, r0 + nr) of w applied to tokens
+ * [t0, t0 + n): a sub-matrix of W (rows are contiguous, so are their
+ * scales) through the unchanged kernel interface. I8_GROUP reads the
+ * activations quantised in p->xq/xs [tokens, cols] / [tokens, ngroups]. */
+static void kernel_rows(const clb_plan *p, const clb_weight *w, const float *X,
+                        uint32_t t0, uint32_t n, uint32_t r0, uint32_t nr,
+                        float *Y)
 {
-    p->k->matmul_i8(Y, (const int8_t *)w->q, w->scales, p->xq, p->xs, n,
-                    w->rows, w->cols, p->s.group_size);
-    DUMP(what, "out", Y, (size_t)n * w->rows, 4, 1);
-    (void)what;
+    size_t cols = w->cols;
+    switch (w->dtype) {
+    case COLIBRI_DTYPE_F32:
+        p->k->matmul_f32(Y, (const float *)w->q + r0 * cols, X + t0 * cols, n,
+                         nr, w->cols);
+        break;
+    case COLIBRI_DTYPE_I8_GROUP: {
+        uint32_t g = p->s.group_size;
+        size_t ng = (cols + g - 1) / g;
+        p->k->matmul_i8(Y, (const int8_t *)w->q + r0 * cols, w->scales + r0 * ng,
+                        p->xq + t0 * cols, p->xs + t0 * ng, n, nr, w->cols, g);
+        break;
+    }
+    default: /* COLIBRI_DTYPE_I16_ROW; validation admits nothing else */
+        p->k->matmul_i16(Y, (const int16_t *)w->q + r0 * cols, w->scales + r0,
+                         X + t0 * cols, n, nr, w->cols);
+        break;
+    }
 }
 
+/* No threads and ref kernels only (cortex-m): ref computes every output
+ * element alone, in column order, whatever the rows or tokens of a call, so
+ * one whole call gives the tiles' bits (tests/test_runtime_pool.py compares
+ * this build with the threaded ref one), without tile code in a small
+ * library. Every other build runs the tiles. */
+#if !COLIBRI_THREADS && defined(COLIBRI_KERNELS_REF_ONLY)
+#define CLB_TILED 0
+#else
+#define CLB_TILED 1
+#endif
+
+#if CLB_TILED
+/* One or two matrices over the same X as one parallel region: tiles
+ * [0, tiles0) are row blocks of w[0], the rest row blocks of w[1]. */
+typedef struct lin_job {
+    const clb_plan *p;
+    const clb_weight *w[2];
+    float *Y[2];
+    const float *X;
+    uint32_t n;       /* tokens through the kernel */
+    uint32_t n_out;   /* rows of Y written (the first n_out tokens) */
+    uint32_t rb;      /* weight rows per tile */
+    uint32_t tiles0;  /* tiles of w[0] */
+} lin_job;
+
+static void lin_tile(void *ctx, uint32_t tile)
+{
+    const lin_job *j = (const lin_job *)ctx;
+    int b = tile >= j->tiles0;
+    const clb_weight *w = j->w[b];
+    uint32_t r0 = (b ? tile - j->tiles0 : tile) * j->rb;
+    uint32_t nr = w->rows - r0 < j->rb ? w->rows - r0 : j->rb;
+    if (j->n == 1) { /* Y [1, rows]: the tile's rows are contiguous */
+        kernel_rows(j->p, w, j->X, 0, 1, r0, nr, j->Y[b] + r0);
+        return;
+    }
+    /* Several tokens: Y[t, r0 .. r0 + nr) is strided, so the kernel writes
+     * a contiguous [tn, nr] block here and the rows are copied out. At most
+     * CLB_TILE_TOKENS x CLB_TILE_ROWS_N floats (8 KiB); sized by the call,
+     * so a 16-token chunk takes 1 KiB of a small target's stack. */
+    uint32_t max_tn = j->n < CLB_TILE_TOKENS ? j->n : CLB_TILE_TOKENS;
+    float blk[max_tn * j->rb];
+    for (uint32_t t0 = 0; t0 < j->n_out; t0 += CLB_TILE_TOKENS) {
+        uint32_t tn = j->n - t0 < CLB_TILE_TOKENS ? j->n - t0 : CLB_TILE_TOKENS;
+        kernel_rows(j->p, w, j->X, t0, tn, r0, nr, blk);
+        for (uint32_t t = 0; t < tn && t0 + t < j->n_out; t++)
+            memcpy(j->Y[b] + (size_t)(t0 + t) * w->rows + r0,
+                   blk + (size_t)t * nr, nr * sizeof(float));
+    }
+}
+
+static uint32_t tiles_of(uint32_t rows, uint32_t rb)
+{
+    return rows ? (rows - 1) / rb + 1 : 0;
+}
+#endif /* CLB_TILED */
+
+/* Quantise X [n, cols] into p->xq/xs for I8_GROUP weights (serial: a pass
+ * over the activations, small next to the product). */
 static void quantize(const clb_plan *p, const float *X, uint32_t n,
                      uint32_t cols, const char *what)
 {
@@ -91,26 +172,49 @@ static void quantize(const clb_plan *p, const float *X, uint32_t n,
     (void)what;
 }
 
+/* wa (and wb if not NULL) over X [n, cols] -> Ya (Yb), the first n_out rows
+ * written, as one region. */
+static void linear_region(const clb_plan *p, const clb_weight *wa,
+                          const clb_weight *wb, const float *X, uint32_t n,
+                          uint32_t n_out, float *Ya, float *Yb)
+{
+#if !CLB_TILED
+    (void)n; /* the first n_out tokens alone: the same bits with ref */
+    kernel_rows(p, wa, X, 0, n_out, 0, wa->rows, Ya);
+    if (wb)
+        kernel_rows(p, wb, X, 0, n_out, 0, wb->rows, Yb);
+#else
+    lin_job j;
+    j.p = p;
+    j.w[0] = wa;
+    j.w[1] = wb ? wb : wa;
+    j.Y[0] = Ya;
+    j.Y[1] = Yb;
+    j.X = X;
+    j.n = n;
+    j.n_out = n_out;
+    j.rb = n == 1 ? CLB_TILE_ROWS_1 : CLB_TILE_ROWS_N;
+    j.tiles0 = tiles_of(wa->rows, j.rb);
+    uint32_t tiles = j.tiles0 + (wb ? tiles_of(wb->rows, j.rb) : 0);
+    clb_parallel(clb_team_of(p), tiles, lin_tile, &j);
+#endif
+}
+
+void clb_linear_rows(const clb_plan *p, const clb_weight *w, const float *X,
+                     uint32_t n, uint32_t n_out, float *Y, const char *what)
+{
+    DUMP(what, "in", X, (size_t)n * w->cols, 4, 1);
+    if (w->dtype == COLIBRI_DTYPE_I8_GROUP)
+        quantize(p, X, n, w->cols, what);
+    linear_region(p, w, NULL, X, n, n_out, Y, NULL);
+    DUMP(what, "out", Y, (size_t)n_out * w->rows, 4, 1);
+    (void)what;
+}
+
 void clb_linear(const clb_plan *p, const clb_weight *w, const float *X,
                 uint32_t n, float *Y, const char *what)
 {
-    DUMP(what, "in", X, (size_t)n * w->cols, 4, 1);
-    switch (w->dtype) {
-    case COLIBRI_DTYPE_F32:
-        p->k->matmul_f32(Y, (const float *)w->q, X, n, w->rows, w->cols);
-        DUMP(what, "out", Y, (size_t)n * w->rows, 4, 1);
-        break;
-    case COLIBRI_DTYPE_I8_GROUP:
-        quantize(p, X, n, w->cols, what);
-        linear_i8(p, w, n, Y, what);
-        break;
-    default: /* COLIBRI_DTYPE_I16_ROW; validation admits nothing else */
-        p->k->matmul_i16(Y, (const int16_t *)w->q, w->scales, X, n, w->rows,
-                         w->cols);
-        DUMP(what, "out", Y, (size_t)n * w->rows, 4, 1);
-        break;
-    }
-    (void)what;
+    clb_linear_rows(p, w, X, n, n, Y, what);
 }
 
 void clb_linear2(const clb_plan *p, const clb_weight *wa, const clb_weight *wb,
@@ -119,14 +223,25 @@ void clb_linear2(const clb_plan *p, const clb_weight *wa, const clb_weight *wb,
 {
     if (wa->dtype == COLIBRI_DTYPE_I8_GROUP &&
         wb->dtype == COLIBRI_DTYPE_I8_GROUP) {
+        /* The int8 activations are quantised once for both. */
         DUMP(what, "in", X, (size_t)n * wa->cols, 4, 1);
         quantize(p, X, n, wa->cols, what);
-        linear_i8(p, wa, n, Ya, what);
-        linear_i8(p, wb, n, Yb, what);
-    } else {
+        linear_region(p, wa, wb, X, n, n, Ya, Yb);
+        DUMP(what, "out", Ya, (size_t)n * wa->rows, 4, 1);
+        DUMP(what, "out", Yb, (size_t)n * wb->rows, 4, 1);
+    } else if (wa->dtype != COLIBRI_DTYPE_I8_GROUP &&
+               wb->dtype != COLIBRI_DTYPE_I8_GROUP) {
+        linear_region(p, wa, wb, X, n, n, Ya, Yb);
+        /* the dumps of two clb_linear calls, as before the region */
+        DUMP(what, "in", X, (size_t)n * wa->cols, 4, 1);
+        DUMP(what, "out", Ya, (size_t)n * wa->rows, 4, 1);
+        DUMP(what, "in", X, (size_t)n * wb->cols, 4, 1);
+        DUMP(what, "out", Yb, (size_t)n * wb->rows, 4, 1);
+    } else { /* mixed dtypes: p->xq serves one at a time */
         clb_linear(p, wa, X, n, Ya, what);
         clb_linear(p, wb, X, n, Yb, what);
     }
+    (void)what;
 }
 
 /* HF rotate_half: pairs (i, i + d/2) rotate by pos * inv_freq[i]. */

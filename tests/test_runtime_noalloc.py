@@ -39,6 +39,28 @@ def test_infer_allocates_nothing_and_makes_no_syscall(noalloc, colibri_file, nam
     assert re.search(r"^seccomp: 1000 calls survived, 0 intercepted$", proc.stdout, re.M)
 
 
+@pytest.mark.parametrize("name,quant", [("tiny", "f32"), ("wide", "int8")])
+def test_spinning_threads_allocate_nothing_and_make_no_syscall(noalloc, colibri_file,
+                                                                name, quant):
+    """COLIBRI_THREADS_SPIN on 3 threads: the wrappers count nothing and a
+    seccomp filter on every thread of the process (read/write/exit only)
+    lets 1000 calls through."""
+    proc = subprocess.run([str(noalloc), str(colibri_file(name, quant)), "--spin-threads", "3"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "threads: 3 spin" in proc.stdout
+    assert re.search(r"^wrap: 1000 calls, 0 intercepted$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^seccomp: 1000 calls survived, 0 intercepted$", proc.stdout, re.M)
+
+
+def test_canary_syscall_with_threads_is_killed(noalloc, colibri_file):
+    """The all-threads filter fires: getpid() under it ends the process."""
+    proc = subprocess.run([str(noalloc), str(colibri_file("tiny", "f32")), "--canary-syscall",
+                           "--spin-threads", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGSYS, proc.stdout + proc.stderr
+    assert "survived" not in proc.stdout
+
+
 def test_canary_malloc_is_counted(noalloc, colibri_file):
     proc = subprocess.run([str(noalloc), str(colibri_file("tiny", "f32")), "--canary-malloc"],
                           capture_output=True, text=True, timeout=300)

@@ -57,6 +57,9 @@ VARIANTS = {
     "ref": dict(kernels=("ref",)),
     "asan": dict(kernels=None, sanitize="address,undefined"),
     "tsan": dict(kernels=None, sanitize="thread"),
+    # COLIBRI_THREADS=0: the serial build whose bits every thread count keeps
+    "nothreads": dict(kernels=None, defines=("COLIBRI_THREADS=0",)),
+    "ref-nothreads": dict(kernels=("ref",), defines=("COLIBRI_THREADS=0",)),
     "static": dict(kernels=("ref",), static_workbuf=True, mmap=False),
     "nommap": dict(kernels=("ref",), mmap=False),
     "debug": dict(kernels=("ref",), debug=True),
@@ -76,6 +79,7 @@ PROGRAMS = {
     "infer_driver": (("infer_driver.c",), ()),
     "test_errors": (("test_errors.c",), ()),
     "test_threads": (("test_threads.c",), ("-pthread",)),
+    "test_pool": (("test_pool.c",), ("-pthread",)),
 }
 
 

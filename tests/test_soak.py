@@ -35,11 +35,15 @@ def models(tmp_path_factory):
     return {q: run_soak.model(q, d) for q in ("int8", "f32")}
 
 
-@pytest.mark.parametrize("variant,quant", [("asan", "int8"), ("asan", "f32"), ("plain", "int8")])
-def test_short_soak(models, variant, quant):
-    r = run_soak.run(run_soak.build(variant), models[quant], SHORT_STEPS, every=100)
+@pytest.mark.parametrize("variant,quant,threads", [
+    ("asan", "int8", 1), ("asan", "f32", 1), ("plain", "int8", 1),
+    ("asan", "int8", 2), ("plain", "f32", 3)])
+def test_short_soak(models, variant, quant, threads):
+    r = run_soak.run(run_soak.build(variant), models[quant], SHORT_STEPS, every=100,
+                     threads=threads)
     assert not r.problems(), r.problems()
     f = r.figures
+    assert f["threads"] == threads
     assert f["steps"] == SHORT_STEPS and f["samples"] == SHORT_STEPS // 100
     # The cache really filled and was rewound many times.
     assert f["rewinds"] == (SHORT_STEPS - 1) // (run_soak.SHAPE.max_seq_len - 8)
@@ -61,7 +65,8 @@ def test_soak_reports_failures(tmp_path):
 def test_full_soak(request, models, variant):
     if not _soak_selected(request.config):
         pytest.skip("full soak: run with -m soak")
-    r = run_soak.run(run_soak.build(variant), models["int8"], FULL_STEPS, every=1000)
+    r = run_soak.run(run_soak.build(variant), models["int8"], FULL_STEPS, every=1000,
+                     threads=2)
     print(variant, r.figures)
     assert not r.problems(), r.problems()
     assert r.figures["steps"] == FULL_STEPS

@@ -188,6 +188,28 @@ def test_check_fails_on_an_unexpected_kernel_table(matrix_build, matrix_models):
     assert any(f"colibri-cli --info on {on.cpu}" in f for f in result.failures)
 
 
+@pytest.mark.parametrize("build", ["int8", "f32"])
+@pytest.mark.parametrize("name", [n for n in ("armv7", "x86_64") if n in TARGETS])
+def test_firmware_two_threads_same_bits(name, build, matrix_build):
+    """The Linux firmware on 2 threads (COLIBRI_FW_THREADS=2: pthreads under
+    qemu-arm for armv7) prints the rows and checksums of the 1-thread run."""
+    from colibri.buildsteps import emulate
+    t = TARGETS[name]
+    _need(t)
+    elf = matrix_build(build) / name / "firmware.elf"
+    runs = []
+    for threads in ("1", "2"):
+        r = emulate.run(t, elf, env={"COLIBRI_FW_THREADS": threads})
+        assert r.returncode == 0, f"{name}: {r.stdout[-500:]} {r.stderr[-500:]}"
+        runs.append((r.stdout, emulate.parse_firmware_output(r.stdout)))
+    assert "threads 2\n" in runs[1][0] and "threads " not in runs[0][0]
+    one, two = runs[0][1], runs[1][1]
+    assert two.done and len(two.prompts) == len(one.prompts) == 2
+    for a, b in zip(one.prompts, two.prompts):
+        assert a.checksum == b.checksum and a.tokens == b.tokens
+        assert a.rows.tobytes() == b.rows.tobytes()
+
+
 @pytest.mark.parametrize("build", ["ref", "ref-qwen3_moe"])
 def test_ref_kernels_bit_identical_across_targets(build, matrix_build):
     """With the reference kernels and -ffp-contract=off, every Linux target

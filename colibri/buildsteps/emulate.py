@@ -8,6 +8,7 @@ round-off.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -27,10 +28,13 @@ class RunResult:
     seconds: float
 
 
-def run(target, prog: str, args=(), timeout: float | None = None) -> RunResult:
+def run(target, prog: str, args=(), timeout: float | None = None,
+        env: dict[str, str] | None = None) -> RunResult:
     """Run `prog` on `target` (its emulator command, see targets/) and wait at
     most `timeout` seconds (the target's run_timeout by default). A timeout
-    or a missing emulator raises ColibriError naming the command."""
+    or a missing emulator raises ColibriError naming the command. `env`:
+    variables added to this process's environment (qemu-user passes them on;
+    the Linux firmware reads COLIBRI_FW_THREADS)."""
     problem = missing_emulator(target)
     if problem:
         raise ColibriError(problem)
@@ -38,7 +42,8 @@ def run(target, prog: str, args=(), timeout: float | None = None) -> RunResult:
     timeout = target.run_timeout if timeout is None else timeout
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        p = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                           env={**os.environ, **env} if env else None)
     except subprocess.TimeoutExpired as exc:
         raise ColibriError(f"target {target.name}: {' '.join(cmd)} did not finish within "
                            f"{timeout:.0f} s (killed)") from exc

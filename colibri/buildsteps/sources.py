@@ -21,6 +21,7 @@ LIBRARY = (
     "src/crc32.c",
     "src/tokenizer.c", # text <-> ids (-DCOLIBRI_NO_TOKENIZER leaves stubs)
     "src/sample.c",    # next-token choice: greedy or seeded sampling
+    "src/threads.c",   # the worker team of parallel regions (COLIBRI_THREADS)
     "src/kernels/ref.c",
 )
 

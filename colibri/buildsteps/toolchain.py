@@ -27,6 +27,7 @@ class Options:
     fma: bool
     neon: bool
     tokenizer: bool = True   # 0: -DCOLIBRI_NO_TOKENIZER (src/tokenizer.c stubs)
+    threads: bool = False    # COLIBRI_THREADS (src/threads.c): Linux targets only
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -48,7 +49,7 @@ def _bool(name: str, value, default: bool) -> bool:
 
 
 def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
-                    fma="auto", neon="auto", tokenizer="1") -> Options:
+                    fma="auto", neon="auto", tokenizer="1", threads="auto") -> Options:
     """Check the variables against what `target` supports and fill in its
     defaults. Errors name the variable, the value and what is allowed."""
     d = target.defaults
@@ -66,6 +67,10 @@ def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
         fma=_bool("fma", fma, use_avx2),
         neon=_bool("neon", neon, d.get("neon", False)),
         tokenizer=_bool("tokenizer", tokenizer, True),
+        # The pthread pool needs Linux (pthreads, futex): the Linux targets'
+        # default. Bare metal builds without (and keeps its size); threads=1
+        # there compiles the executor hook alone (an RTOS's tasks).
+        threads=_bool("threads", threads, target.is_linux),
     )
     for k in ("avx2", "neon"):
         if getattr(opts, k) and k not in target.kernels:
@@ -108,6 +113,7 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
         defines.append("COLIBRI_DEBUG")
     if not opts.tokenizer:
         defines.append("COLIBRI_NO_TOKENIZER")
+    defines.append(f"COLIBRI_THREADS={int(opts.threads)}")
     defines.extend(target.defines)
     kernel_ccflags = {}
     for k in opts.kernels:

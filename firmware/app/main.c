@@ -12,6 +12,8 @@
  * Output (parsed by colibri/buildsteps/emulate.py, one record per line):
  *   colibri-fw target=T model_bytes=N arena_bytes=A arena_needed=R
  *   kernels NAME                   the kernel table init picked (colibri_info)
+ *   threads N                      workers per infer (fw_threads(); only
+ *                                  printed when N > 1)
  *   prompt P t0,t1,...
  *   row P I h0 h1 ... h(vocab-1)   logits of fed position I as float bits (hex)
  *   tokens P g0,g1,...             greedy tokens (lowest id wins ties)
@@ -205,6 +207,15 @@ int main(void) {
     put("kernels ");
     put(info.kernels);
     put("\n");
+    /* More workers when the platform asks: the logits keep their bits. */
+    uint32_t threads = fw_threads();
+    if (threads > 1) {
+        rc = colibri_set_threads(&model, threads, 0);
+        if (rc) return fail("colibri_set_threads", COLIBRI_CALL_INIT, rc);
+        put("threads ");
+        put_u32(threads);
+        put("\n");
+    }
 
     for (uint32_t p = 0; p < FW_N_PROMPTS; p++) {
         rc = run_prompt(p);

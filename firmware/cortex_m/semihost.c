@@ -50,6 +50,8 @@ void fw_write(const char *s, size_t n) {
     semihost(SYS_WRITE, args);
 }
 
+unsigned fw_threads(void) { return 1; } /* no threads on bare metal */
+
 void fw_exit(int status) {
     /* reason, subcode: QEMU exits with `subcode` as its status. */
     const uint32_t args[2] = {ADP_Stopped_ApplicationExit, (uint32_t)status};

@@ -52,7 +52,12 @@ static const char *usage_text =
     "                      and standard deviation in microseconds\n"
     "\n"
     "options:\n"
-    "  --generate N        with --tokens: greedily generate N tokens\n"
+    "  --generate N        with --tokens: greedily generate N tokens (prefill and\n"
+    "                      decode tokens/s on stderr)\n"
+    "  --threads N         compute each infer on N threads (colibri_set_threads;\n"
+    "                      the logits are the same bits for every N)\n"
+    "  --spin              with --threads: workers spin, never park (no system\n"
+    "                      call inside colibri_infer; keeps the cores busy)\n"
     "  --logits-out OUT    with --tokens: write little-endian float32 logits,\n"
     "                      one row of vocab values per prompt position, then\n"
     "                      one row per generated token fed back (N - 1 rows:\n"
@@ -212,6 +217,8 @@ static int do_info(colibri_model *m)
     printf("arena_bytes: %llu\nchunk_tokens: %u\nkernels: %s\nload: %s\n"
            "huge_pages: %s\n", (unsigned long long)in.arena_bytes, in.chunk_tokens,
            in.kernels, in.load_mode, in.huge_pages_advised ? "advised" : "no");
+    printf("threads: %u%s\n", (unsigned)in.n_threads,
+           in.thread_flags & COLIBRI_THREADS_SPIN ? " (spin)" : "");
     return 0;
 }
 
@@ -334,6 +341,8 @@ static int write_le(FILE *f, const float *v, size_t n)
     return 0;
 }
 
+static double now_us(void);
+
 static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
                      long generate, const char *logits_out)
 {
@@ -351,7 +360,9 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
         return fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, m,
                     "cannot create the --logits-out file");
     }
+    double t0 = now_us();
     int rc = colibri_infer(m, ids, NULL, 1, n, 0, logits);
+    double t_prefill = now_us() - t0;
     int status = 0;
     if (rc) {
         status = fail(rc, COLIBRI_CALL_INFER, m, NULL);
@@ -369,12 +380,15 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
     }
     if (generate > 0) {
         int32_t next = (int32_t)argmax(logits + (size_t)(n - 1) * V, V);
+        double t_decode = 0.0;
         printf("generated:");
         for (long g = 0; g < generate; g++) {
             printf(" %d", (int)next);
             if (g == generate - 1)
                 break; /* the last token is printed, not fed back */
+            double ts = now_us();
             rc = colibri_infer(m, &next, NULL, 1, 1, n + (uint32_t)g, logits);
+            t_decode += now_us() - ts;
             if (rc) {
                 printf("\n");
                 status = fail(rc, COLIBRI_CALL_INFER, m, NULL);
@@ -388,6 +402,11 @@ static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
             next = (int32_t)argmax(logits, V);
         }
         printf("\n");
+        /* wall time of the infer calls alone; all prompt rows' logits */
+        fprintf(stderr, "prefill: %u tokens, %.1f tokens/s; decode: %ld steps, "
+                "%.1f tokens/s\n", (unsigned)n,
+                t_prefill > 0 ? n * 1e6 / t_prefill : 0.0, generate - 1,
+                t_decode > 0 ? (double)(generate - 1) * 1e6 / t_decode : 0.0);
     }
 done:
     if (out && fclose(out) != 0 && status == 0)
@@ -445,7 +464,6 @@ static int do_tokenize(colibri_model *m, const char *text)
     return 0;
 }
 
-static double now_us(void);
 
 static int do_prompt(colibri_model *m, const char *text, long generate,
                      const colibri_sample_params *sp)
@@ -489,8 +507,9 @@ static int do_prompt(colibri_model *m, const char *text, long generate,
     fputs(text, stdout);
     fflush(stdout);
     double t0 = now_us();
-    rc = colibri_infer(m, ids, NULL, 1, (uint32_t)n, 0, logits);
-    float *row = logits + (size_t)(n - 1) * V;
+    /* only the last position's logits are sampled from */
+    rc = colibri_infer_ex(m, ids, NULL, 1, (uint32_t)n, 0, COLIBRI_LOGITS_LAST, logits);
+    float *row = logits;
     colibri_detok d;
     colibri_detok_init(&d, &tok, COLIBRI_DETOK_SKIP_SPECIAL);
     char buf[512];
@@ -553,8 +572,8 @@ static int do_bench(colibri_model *m, const int32_t *ids, uint32_t n, long steps
         free(t);
         return fail(COLIBRI_E_NO_MEMORY, COLIBRI_CALL_INIT, m, NULL);
     }
-    int rc = colibri_infer(m, ids, NULL, 1, n, 0, logits);
-    int32_t next = (int32_t)argmax(logits + (size_t)(n - 1) * V, V);
+    int rc = colibri_infer_ex(m, ids, NULL, 1, n, 0, COLIBRI_LOGITS_LAST, logits);
+    int32_t next = (int32_t)argmax(logits, V);
     for (long i = 0; rc == 0 && i < steps; i++) {
         uint32_t pos = n + (uint32_t)(i % (S - n));
         double t0 = now_us();
@@ -601,7 +620,8 @@ int main(int argc, char **argv)
     colibri_sample_params sp = colibri_sample_defaults();
     int sampling_flags = 0;
     int info = 0, verify = 0, dump = 0, have_model = 0;
-    long generate = 0, bench = 0;
+    long generate = 0, bench = 0, threads = 1;
+    int spin = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
@@ -647,6 +667,11 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--generate") && has_val) {
             if (parse_count(argv[++i], &generate))
                 return usage_error("--generate needs a count >= 1");
+        } else if (!strcmp(a, "--threads") && has_val) {
+            if (parse_count(argv[++i], &threads) || threads > (long)COLIBRI_MAX_THREADS)
+                return usage_error("--threads needs a count from 1 to 64");
+        } else if (!strcmp(a, "--spin")) {
+            spin = 1;
         } else if (!strcmp(a, "--bench") && has_val) {
             if (parse_count(argv[++i], &bench))
                 return usage_error("--bench needs a count >= 1");
@@ -689,6 +714,8 @@ int main(int argc, char **argv)
     colibri_model m;
     int rc = load(&m);
     int status;
+    if (rc == 0 && (threads > 1 || spin))
+        rc = colibri_set_threads(&m, (uint32_t)threads, spin ? COLIBRI_THREADS_SPIN : 0);
     if (rc) {
         status = fail(rc, COLIBRI_CALL_INIT, &m, NULL);
     } else if (info) {

@@ -17,7 +17,10 @@
  *
  * Threads: one instance per thread. Instances may share one mapping of the
  * weights (colibri_share) and then add only their own arena. Functions taking
- * a const colibri_model* may run concurrently on the same instance.
+ * a const colibri_model* may run concurrently on the same instance. One
+ * instance can also compute each colibri_infer on several cores
+ * (colibri_set_threads, colibri_set_executor): the logits are bit-identical
+ * whatever the number of threads.
  *
  * Build switches (compile-time defines, the same for the library and users):
  *   COLIBRI_ENABLE_MMAP=0|1   colibri_init maps the file (1, default) or reads
@@ -35,6 +38,11 @@
  *                             chunk follows from the arena size, so equal
  *                             arenas give bit-identical logits.
  *   COLIBRI_KERNELS_REF_ONLY  use the portable reference kernels only.
+ *   COLIBRI_THREADS=0|1       multi-threaded inference (colibri_set_threads,
+ *                             colibri_set_executor); default 1 on Linux, 0
+ *                             elsewhere (0: both return COLIBRI_E_UNSUPPORTED
+ *                             for more than one worker, and the library
+ *                             contains no thread code).
  *   COLIBRI_DEBUG             dump each kernel call to stderr.
  */
 #ifndef COLIBRI_H
@@ -111,7 +119,42 @@ typedef struct colibri_info {
     const char *load_mode;        /* "mmap", "read", "memory", "shared" */
     uint8_t huge_pages_advised;   /* 1 if the model's own copy (read or
                                      swapped) lies in a MADV_HUGEPAGE region */
+    uint32_t n_threads;           /* workers computing an infer, caller
+                                     included (1: the caller alone) */
+    uint32_t thread_flags;        /* colibri_set_threads flags in use */
+    uint8_t executor;             /* 1: the workers are the caller's
+                                     (colibri_set_executor) */
 } colibri_info;
+
+/* The caller's workers, for an RTOS or bare metal (colibri_set_executor):
+ * the library then needs no OS at all. Plain data, copied by the library.
+ *   run(user, n_workers, work, arg) must call work(arg, w) exactly once for
+ *   every w in [0, n_workers), possibly concurrently (w = 0 may run on the
+ *   calling thread), and return only after every call has returned; its
+ *   synchronisation must order memory (a semaphore, a mutex, a queue of the
+ *   RTOS, or atomics with acquire/release). Running the calls one after the
+ *   other is correct too (the first call then does all the work): work
+ *   items share a counter of tiles, so any schedule gives the same bits.
+ *   Each worker needs about 48 KiB of stack (kernels 32 KiB + a tile).
+ *   run is called from colibri_infer, once per parallel region (a few per
+ *   layer), so its hand-over should be cheap; what it does there (system
+ *   calls, blocking) is up to the caller.
+ *   n_workers  1 .. COLIBRI_MAX_THREADS. */
+typedef struct colibri_executor {
+    void (*run)(void *user, uint32_t n_workers,
+                void (*work)(void *arg, uint32_t worker), void *arg);
+    void *user;
+    uint32_t n_workers;
+} colibri_executor;
+
+/* Most workers (caller included) an instance can use. */
+#define COLIBRI_MAX_THREADS 64u
+/* colibri_set_threads flag: workers and the caller only spin, never park. */
+#define COLIBRI_THREADS_SPIN 1u
+
+/* colibri_infer_ex logits_mode. */
+#define COLIBRI_LOGITS_ALL 0u   /* logits [batch, seq, vocab] */
+#define COLIBRI_LOGITS_LAST 1u  /* logits [batch, vocab]: last position only */
 
 /* The instance. The caller allocates it (stack, static, heap); the library
  * fills it. Every field is PRIVATE to the library: read it only through the
@@ -132,7 +175,8 @@ typedef struct colibri_model {
         size_t arena_size;
         void *owned_arena;         /* malloc'd arena to free, or NULL */
         const void *kernels;       /* colibri_kernels* */
-        void *plan;                /* the arena's layout, inside the arena */
+        void *plan;                /* the arena's layout, inside the arena;
+                                      it holds the thread team too */
         colibri_shape shape;
         uint32_t cached_len;       /* tokens per sequence in the KV cache */
         uint32_t cached_batch;     /* sequences in the KV cache */
@@ -222,7 +266,58 @@ int colibri_infer(colibri_model *m, const int32_t *input_ids,
                   const uint8_t *attention_mask, uint32_t batch, uint32_t seq,
                   uint32_t n_past, float *logits);
 
-/* Release what the model owns (mapping, copy, arena) and mark it
+/* colibri_infer with a choice of logits rows (same arguments, checks and
+ * return codes, plus COLIBRI_E_ARG for an unknown logits_mode):
+ *   COLIBRI_LOGITS_ALL   logits [batch, seq, vocab], as colibri_infer.
+ *   COLIBRI_LOGITS_LAST  logits [batch, vocab]: the last position of each
+ *                        sequence only; the final norm and the LM head run
+ *                        for those rows alone (a prefill feeding generation
+ *                        skips seq-1 rows of the largest matrix). Each row is
+ *                        bit-equal to the matching row of COLIBRI_LOGITS_ALL
+ *                        (the LM head sees the same kernel path: a single
+ *                        last row of a multi-row chunk is computed as two). */
+int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
+                     const uint8_t *attention_mask, uint32_t batch,
+                     uint32_t seq, uint32_t n_past, uint32_t logits_mode,
+                     float *logits);
+
+/* Compute each colibri_infer of this instance on n_threads workers: the
+ * caller's thread is worker 0, n_threads - 1 pthreads are created here
+ * (never in infer) and joined by the next call, colibri_set_executor or
+ * colibri_free; n_threads 1 joins them. Call after init, never concurrently
+ * with an infer of the instance.
+ * Guarantee: logits bit-identical for every n_threads (and to a build with
+ * COLIBRI_THREADS=0, and with an executor): the work is cut into tiles fixed
+ * by the model's shapes and the call (row blocks of each matrix, token
+ * blocks of a prefill, element blocks of the SwiGLU), and the thread count
+ * only decides which worker computes a tile.
+ * What the threaded path does inside colibri_infer: no allocation; atomic
+ * operations on the instance's team; with flags 0, after spinning about
+ * 100-300 us, the futex system calls FUTEX_WAKE (to hand a region to parked
+ * workers) and FUTEX_WAIT (to wait for work or for the last worker), nothing
+ * else. With COLIBRI_THREADS_SPIN the workers and the caller only spin: no
+ * system call at all during colibri_infer, and the workers keep their cores
+ * busy between calls too (for real-time users with dedicated cores).
+ * Memory: n_threads - 1 thread stacks (the C library's default size) and a
+ * ~600-byte pool, allocated here; the arena is unchanged.
+ * Returns 0, COLIBRI_E_NOT_INIT, COLIBRI_E_ARG (n_threads 0 or above
+ * COLIBRI_MAX_THREADS, unknown flags), COLIBRI_E_UNSUPPORTED (n_threads > 1
+ * in a build without threads or without malloc: COLIBRI_THREADS=0,
+ * COLIBRI_STATIC_WORKBUF), COLIBRI_E_NO_MEMORY (a thread could not be
+ * created: the instance is left on 1 thread). */
+int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags);
+
+/* Compute each colibri_infer on the caller's workers (colibri_executor);
+ * NULL returns to the caller's thread alone. Replaces (joins) any pthreads
+ * of colibri_set_threads. Call after init, never concurrently with infer.
+ * The same guarantee of bit-identical logits. The executor's state lives in
+ * the instance's arena: no allocation, also in COLIBRI_STATIC_WORKBUF
+ * builds. Returns 0, COLIBRI_E_NOT_INIT, COLIBRI_E_ARG (run NULL,
+ * n_workers 0 or above COLIBRI_MAX_THREADS), COLIBRI_E_UNSUPPORTED
+ * (COLIBRI_THREADS=0 builds). */
+int colibri_set_executor(colibri_model *m, const colibri_executor *ex);
+
+/* Release what the model owns (mapping, copy, arena, worker threads) and mark it
  * uninitialised. Safe on a freed or failed instance and on NULL. A caller
  * arena or blob stays the caller's. */
 void colibri_free(colibri_model *m);
@@ -283,6 +378,7 @@ int colibri_router_weights(const colibri_model *m, uint32_t layer, float *out);
 #define COLIBRI_BUILD_MMAP 1u
 #define COLIBRI_BUILD_STATIC_WORKBUF 2u
 #define COLIBRI_BUILD_DEBUG 4u
+#define COLIBRI_BUILD_THREADS 8u   /* COLIBRI_THREADS=1 */
 unsigned colibri_build_flags(void);
 
 /* Only in the shared library (libcolibri.so, src/shared_abi.c), for

@@ -10,7 +10,15 @@
  *    SIGKILL (so a syscall hidden inside libc, e.g. malloc growing the heap,
  *    is caught too); write is counted by the wrapper.
  *
- *   test_noalloc MODEL [--canary-malloc | --canary-syscall]
+ *   test_noalloc MODEL [--canary-malloc | --canary-syscall] [--spin-threads N]
+ *
+ * --spin-threads N: the instance computes on N threads with
+ * COLIBRI_THREADS_SPIN (created before the armed window). Strict mode
+ * binds the calling thread only, so then step 2 installs a seccomp filter on
+ * every thread of the process (SECCOMP_FILTER_FLAG_TSYNC) that allows only
+ * read, write, exit and sigreturn and kills the process (SIGSYS) on
+ * anything else: a futex of a worker is caught too.
+ * --canary-syscall shows the filter fires (SIGSYS).
  *
  * The canaries prove the test can fail: --canary-malloc mallocs inside the
  * armed window (counted: exit 1), --canary-syscall calls getpid() under
@@ -19,7 +27,9 @@
  */
 #define _GNU_SOURCE /* syscall() */
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,22 +155,60 @@ static void say_num(const char *a, unsigned long n, const char *b)
     say(b);
 }
 
+/* Every thread of the process may call read, write, exit, exit_group and
+ * rt_sigreturn only; anything else kills the process with SIGSYS. */
+static int filter_all_threads(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_read, 5, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_write, 4, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_exit, 3, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_exit_group, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rt_sigreturn, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { (unsigned short)(sizeof f / sizeof f[0]), f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+        return -1;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+                        SECCOMP_FILTER_FLAG_TSYNC, &prog);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: test_noalloc MODEL [--canary-malloc|--canary-syscall]\n");
         return 2;
     }
-    int canary_malloc = argc > 2 && !strcmp(argv[2], "--canary-malloc");
-    int canary_syscall = argc > 2 && !strcmp(argv[2], "--canary-syscall");
+    int canary_malloc = 0, canary_syscall = 0;
+    unsigned spin_threads = 1;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--canary-malloc"))
+            canary_malloc = 1;
+        else if (!strcmp(argv[i], "--canary-syscall"))
+            canary_syscall = 1;
+        else if (!strcmp(argv[i], "--spin-threads") && i + 1 < argc)
+            spin_threads = (unsigned)atoi(argv[++i]);
+    }
     colibri_model m;
     int rc = colibri_init(&m, argv[1]);
     if (rc) {
         printf("error %d %s\n", rc, colibri_error_detail(&m));
         return 10 - rc;
     }
+    if (spin_threads > 1) {
+        rc = colibri_set_threads(&m, spin_threads, COLIBRI_THREADS_SPIN);
+        if (rc) {
+            printf("error %d %s\n", rc, colibri_error_detail(&m));
+            return 10 - rc;
+        }
+    }
     colibri_info info;
     colibri_get_info(&m, &info);
+    printf("threads: %u%s\n", (unsigned)info.n_threads,
+           info.thread_flags & COLIBRI_THREADS_SPIN ? " spin" : "");
     size_t cap = (size_t)info.shape.max_batch * info.shape.max_seq_len;
     int32_t *ids = (int32_t *)calloc(cap, sizeof *ids);
     uint8_t *mask = (uint8_t *)calloc(cap, 1);
@@ -181,11 +229,16 @@ int main(int argc, char **argv)
     if (hits)
         return 1;
 
-    /* 2. seccomp strict mode: from here on only read/write/_exit work. */
-    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT) != 0) {
+    /* 2. seccomp strict mode: from here on only read/write/_exit work
+     * (threads: the same list as a filter on every thread). */
+    if (spin_threads > 1 ? filter_all_threads() != 0
+                         : prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT) != 0) {
         printf("seccomp: unavailable\n");
         return 3;
     }
+    /* exit ends the calling thread only: with spinning workers the process
+     * ends by exit_group (which strict mode does not allow). */
+    long exit_nr = spin_threads > 1 ? SYS_exit_group : SYS_exit;
     armed = 1;
     if (canary_syscall)
         (void)syscall(SYS_getpid); /* SIGKILL */
@@ -193,10 +246,10 @@ int main(int argc, char **argv)
     armed = 0;
     if (rc) {
         say_num("seccomp: error ", (unsigned long)-rc, "\n");
-        syscall(SYS_exit, 1);
+        syscall(exit_nr, 1);
     }
     say_num("seccomp: ", N_CALLS, " calls survived, ");
     say_num("", hits, " intercepted\n");
-    syscall(SYS_exit, hits ? 1 : 0);
+    syscall(exit_nr, hits ? 1 : 0);
     return 0;
 }
