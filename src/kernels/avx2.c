@@ -389,23 +389,36 @@ TGT static void avx2_quantize_act_i8(int8_t *XQ, float *XS, const float *X,
 }
 
 /* ------------------------------------------------------------------------ */
-/* matmul_i8: integer dot products, never dequantising the weights.
+/* matmul_i8: integer dot products, never dequantising the weights; every
+ * form below is bit-identical to ref's matmul_i8 (kernels.h).
  *
- * Per 32 columns and (row r, token t): vpmaddubsw needs one unsigned operand,
- * so it multiplies |q| (as u8: |-128| = 128 is right) by xq * sign(q) (as
- * s8); each int16 pair sum is at most 2 * 128 * 127 = 32512, no saturation.
- * This needs xq != -128, which quantize_act_i8 guarantees (its range is
- * [-127, 127]); weights may hold -128. vpmaddwd with ones widens the pairs to
- * int32 lanes, summed exactly over the group.
+ * Instruction sequence (the anchor is llama.cpp's AVX2 Q8_0 dot,
+ * ggml_vec_dot_q8_0_q8_0 / mul_sum_i8_pairs_float): vpmaddubsw needs one
+ * unsigned operand, so per 32 columns it multiplies |q| (vpsignb q,q or
+ * vpabsb; as u8 |-128| = 128 is right) by xq * sign(q) (vpsignb, s8); each
+ * int16 pair sum is at most 2 * 128 * 127 = 32512, no saturation. This needs
+ * xq != -128, which quantize_act_i8 guarantees (its range is [-127, 127]);
+ * weights may hold -128. vpmaddwd with ones widens the pairs to int32 lanes.
+ * We keep that sequence (abs, sign, maddubs, madd: 4 ops per 32 products, the
+ * cheapest exact form without VNNI: making xq unsigned with +128 instead
+ * would saturate the int16 pair sums), and with VNNI replace maddubs + madd +
+ * add by one vpdpbusd.
  *
- * The 8 lanes of a group must be summed as integers before the scale: scaling
- * lanes one by one would round each lane, and lanes that cancel (+9000,
- * -8990) would leave a relative error far above float rounding of the group
- * term. So groups go in batches of 8: one hadd tree turns the 8 groups' lane
- * vectors into one vector of 8 exact group dots, which is converted to float
- * and multiplied by the 8 scale products S[r,g] * XS[t,g] (the same float
- * product ref forms) into a float accumulator. Only the order of the float
- * sum over groups differs from ref. */
+ * Where we part from llama.cpp is the float side. llama.cpp converts the 8
+ * int32 lanes of each block to float and FMAs them with the block's scale
+ * product, lane by lane, summing the lanes at the end: each lane is rounded
+ * separately, and the result depends on how rows and blocks were split. We
+ * instead sum a group's lanes as integers (exact), so the float work per
+ * group is ref's: y += float(dot) * (S[r,g] * XS[t,g]), an unfused multiply
+ * then add, groups in order. To do that without a horizontal float chain per
+ * row, vector lanes run along weight ROWS (as on AArch64, neon_a64_i8.h): a
+ * block of 8 rows computes the 8 rows' lane vectors of one group, one
+ * transposing hadd tree (hsum8x8) turns them into [dot of row 0..7], and the
+ * float accumulator holds the 8 rows' running sums. The scale products of 8
+ * rows x 8 groups are formed along groups (contiguous in S) and transposed
+ * once per 8 groups. Costs ~1 hadd tree per row-block and group on top of the
+ * 4 integer ops per row and 32 columns; decode is bound by streaming the
+ * weights, so this is free there (bench notes in the report / README). */
 
 /* Exact int32 dot of q[0..k) and x[0..k), k < 16, for the group tails. */
 static inline int32_t dot_tail(const int8_t *q, const int8_t *x, uint32_t k)
@@ -416,18 +429,28 @@ static inline int32_t dot_tail(const int8_t *q, const int8_t *x, uint32_t k)
     return s;
 }
 
-/* acc + the int32 lane sums of 4 adjacent products |q| * (xq * sign(q)).
- * With AVX-VNNI (vnni = 1), vpdpbusd does the multiply, pair sums and
- * accumulation in one instruction, exactly (no saturation in the non-"s"
- * form). It is written as inline asm so this file needs no avxvnni target
- * attribute (whose intrinsics could not be inlined into the plain AVX2
- * instances); it only runs after the CPUID check in colibri_kernels_avx2. */
+/* acc += u8 u times s8 s, 4 adjacent products summed per int32 lane, exact
+ * (the non-saturating vpdpbusd). vnni = 1: VEX encoding (AVX-VNNI); vnni = 2:
+ * EVEX encoding on ymm registers (AVX512-VNNI + AVX512VL: Cascade Lake, Ice
+ * Lake, Sapphire Rapids under hypervisors that hide AVX-VNNI, Zen 4). Inline
+ * asm, so this file needs no avxvnni/avx512 target attribute (whose
+ * intrinsics could not be inlined into the plain AVX2 instances); it only
+ * runs after the CPUID checks in colibri_kernels_avx2. */
+#define DPBUSD(vnni, acc, u, s)                                                     \
+    do {                                                                            \
+        if ((vnni) == 2)                                                            \
+            __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));  \
+        else                                                                        \
+            __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));   \
+    } while (0)
+
+/* acc + the int32 lane sums of 4 adjacent products |q| * (xq * sign(q)). */
 BLOCK __m256i dot_acc(const int vnni, __m256i acc, __m256i qa, __m256i qraw,
                       __m256i xv)
 {
     const __m256i sx = _mm256_sign_epi8(xv, qraw);
     if (vnni) {
-        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(qa), "x"(sx));
+        DPBUSD(vnni, acc, qa, sx);
         return acc;
     }
     return _mm256_add_epi32(
@@ -447,137 +470,160 @@ TGT static inline __m256i hsum8x8(const __m256i v[8])
                             _mm256_permute2x128_si256(ab, cd, 0x31));
 }
 
-/* Exact int32 dot products of group g's columns [c, c1) for R rows x T
- * tokens, as lane vectors (their lane sum is the dot), into d[r][t]. */
-BLOCK void i8_group(const int vnni, const int R, const int T,
-                    __m256i d[MAXR][MAXT][8], int j,
-                    const int8_t *const q[MAXR], const int8_t *const x[MAXT],
-                    uint32_t c, uint32_t c1)
+/* Sum of the 8 int32 lanes of v (exact). */
+TGT static inline int32_t hsum_epi32(__m256i v)
 {
-    __m256i iacc[MAXR][MAXT];
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(h);
+}
+
+/* 8x8 transpose of floats: v[i] holds row i; afterwards v[j] holds element
+ * j of rows 0..7. */
+TGT static inline void transpose8x8_ps(__m256 v[8])
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
+        v[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
+    }
+}
+
+/* Exact int32 dot products of columns [c, c1) (one group) for R rows and
+ * one token x, as lane vectors (their lane sum is the dot), into d[r]. */
+BLOCK void i8_group(const int vnni, const int R, __m256i d[MAXR],
+                    const int8_t *const q[MAXR], const int8_t *x, uint32_t c,
+                    uint32_t c1)
+{
+    __m256i iacc[MAXR];
     UNROLL
     for (int r = 0; r < R; r++)
-        UNROLL
-        for (int t = 0; t < T; t++)
-            iacc[r][t] = _mm256_setzero_si256();
+        iacc[r] = _mm256_setzero_si256();
     for (; c + 32 <= c1; c += 32) {
-        __m256i qraw[MAXR], qa[MAXR];
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x + c));
         UNROLL
         for (int r = 0; r < R; r++) {
-            qraw[r] = _mm256_loadu_si256((const __m256i *)(const void *)(q[r] + c));
-            qa[r] = _mm256_abs_epi8(qraw[r]);
-        }
-        UNROLL
-        for (int t = 0; t < T; t++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x[t] + c));
-            UNROLL
-            for (int r = 0; r < R; r++)
-                iacc[r][t] = dot_acc(vnni, iacc[r][t], qa[r], qraw[r], xv);
+            const __m256i qraw = _mm256_loadu_si256((const __m256i *)(const void *)(q[r] + c));
+            iacc[r] = dot_acc(vnni, iacc[r], _mm256_abs_epi8(qraw), qraw, xv);
         }
     }
     if (c + 16 <= c1) { /* 16 columns in the low half, zeros above */
-        __m256i qraw[MAXR], qa[MAXR];
+        const __m256i xv = _mm256_zextsi128_si256(
+            _mm_loadu_si128((const __m128i *)(const void *)(x + c)));
         UNROLL
         for (int r = 0; r < R; r++) {
-            qraw[r] = _mm256_zextsi128_si256(
+            const __m256i qraw = _mm256_zextsi128_si256(
                 _mm_loadu_si128((const __m128i *)(const void *)(q[r] + c)));
-            qa[r] = _mm256_abs_epi8(qraw[r]);
-        }
-        UNROLL
-        for (int t = 0; t < T; t++) {
-            __m256i xv = _mm256_zextsi128_si256(
-                _mm_loadu_si128((const __m128i *)(const void *)(x[t] + c)));
-            UNROLL
-            for (int r = 0; r < R; r++)
-                iacc[r][t] = dot_acc(vnni, iacc[r][t], qa[r], qraw[r], xv);
+            iacc[r] = dot_acc(vnni, iacc[r], _mm256_abs_epi8(qraw), qraw, xv);
         }
         c += 16;
     }
     if (c < c1) /* under 16 columns: scalar, added into lane 0 */
         UNROLL
         for (int r = 0; r < R; r++)
-            UNROLL
-            for (int t = 0; t < T; t++)
-                iacc[r][t] = _mm256_add_epi32(iacc[r][t], _mm256_zextsi128_si256(
-                    _mm_cvtsi32_si128(dot_tail(q[r] + c, x[t] + c, c1 - c))));
+            iacc[r] = _mm256_add_epi32(iacc[r], _mm256_zextsi128_si256(
+                _mm_cvtsi32_si128(dot_tail(q[r] + c, x + c, c1 - c))));
     UNROLL
     for (int r = 0; r < R; r++)
-        UNROLL
-        for (int t = 0; t < T; t++)
-            d[r][t][j] = iacc[r][t];
+        d[r] = iacc[r];
 }
 
-BLOCK void i8_block(const int vnni, const int R, const int T, float *Y,
-                    const int8_t *Q,
-                    const float *S, const int8_t *XQ, const float *XS,
-                    uint32_t rows, uint32_t cols, uint32_t group, uint32_t ng,
-                    uint32_t r0, uint32_t t0, int prefetch)
+/* Y[t, r0 .. r0 + 8) for one token (xq [cols], xs [ng]): lanes are the 8
+ * rows, each lane the row's ref-order sum over groups. G: 0 for any group,
+ * or the group length as a constant when cols is a multiple of it (the
+ * converter's default 32: no tail code in the loop). Groups go in chunks of
+ * I8R_GCH: first the chunk's scale products of the 8 rows are formed along
+ * groups (contiguous in S), transposed to one vector per group and kept in
+ * pv (8 KiB of stack at most), then one simple loop per group does the
+ * integer dots, the exact hadd tree and ref's multiply and add. With
+ * `prefetch`, the next 8 rows' weights and scales are requested into L2 at
+ * the pace this block reads its own (PREFETCH at i8_matmul). */
+/* I8R_PF: prefetch distance in rows, one block ahead (16 and 32 measured
+ * no better: decode then reads at ~90 % of the core's DRAM read rate). */
+enum { I8R_GCH = 256, I8R_PF = 8 };
+
+BLOCK void i8_rows8(const int vnni, const uint32_t G, float *y, const int8_t *Q,
+                    const float *S, const int8_t *xq, const float *xs,
+                    uint32_t cols, uint32_t group, uint32_t ng, uint32_t r0,
+                    int prefetch)
 {
+    if (G) /* a constant: whole groups of G columns (the caller checked) */
+        group = G;
     const int8_t *q[MAXR];
-    const int8_t *x[MAXT];
     const float *s[MAXR];
-    const float *xs[MAXT];
-    __m256 acc[MAXR][MAXT];
     UNROLL
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < 8; r++) {
         q[r] = Q + (size_t)(r0 + r) * cols;
         s[r] = S + (size_t)(r0 + r) * ng;
     }
-    UNROLL
-    for (int t = 0; t < T; t++) {
-        x[t] = XQ + (size_t)(t0 + t) * cols;
-        xs[t] = XS + (size_t)(t0 + t) * ng;
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int t = 0; t < T; t++)
-            acc[r][t] = _mm256_setzero_ps();
-
-    for (uint32_t gb = 0; gb < ng; gb += 8) {
-        const int nb = ng - gb < 8 ? (int)(ng - gb) : 8;
-        if (prefetch) {
-            /* The next R rows' weights and scales of this batch's columns,
-             * into L2 (see PREFETCH at i8_matmul). */
-            const uint32_t pc1 = cols - gb * group < 8 * group ? cols : (gb + 8) * group;
+    __attribute__((aligned(32))) float pv[I8R_GCH][8];
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t gc = 0; gc < ng; gc += I8R_GCH) {
+        const uint32_t nch = ng - gc < I8R_GCH ? ng - gc : I8R_GCH;
+        /* pv[g - gc] = [S[r0 + r, g] * XS[g] for r = 0..7], the float
+         * products ref forms; masked loads read nothing past the row's last
+         * group. */
+        for (uint32_t gb = 0; gb < nch; gb += 8) {
+            const uint32_t nb = nch - gb < 8 ? nch - gb : 8;
+            const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask(nb);
+            const __m256 xsv = _mm256_maskload_ps(xs + gc + gb, m);
+            __m256 p[8];
             UNROLL
-            for (int r = 0; r < R; r++) {
-                const char *nq = (const char *)(q[r] + (size_t)R * cols);
-                for (uint32_t c = (gb * group) & ~63u; c < pc1; c += 64)
-                    _mm_prefetch(nq + c, _MM_HINT_T1);
-                _mm_prefetch((const char *)(s[r] + (size_t)R * ng + gb), _MM_HINT_T1);
+            for (int r = 0; r < 8; r++) {
+                p[r] = _mm256_mul_ps(_mm256_maskload_ps(s[r] + gc + gb, m), xsv);
+                if (prefetch && gb % 16 == 0)
+                    _mm_prefetch((const char *)(s[r] + (size_t)I8R_PF * ng + gc + gb), _MM_HINT_T1);
             }
-        }
-        __m256i d[MAXR][MAXT][8];
-        for (int j = 0; j < nb; j++) {
-            const uint32_t c0 = (gb + (uint32_t)j) * group;
-            const uint32_t c1 = cols - c0 < group ? cols : c0 + group;
-            i8_group(vnni, R, T, d, j, q, x, c0, c1);
-        }
-        for (int j = nb; j < 8; j++)
+            transpose8x8_ps(p);
             UNROLL
-            for (int r = 0; r < R; r++)
-                UNROLL
-                for (int t = 0; t < T; t++)
-                    d[r][t][j] = _mm256_setzero_si256();
-        /* Scales of the batch; past the row's last group the masked loads
-         * give 0 and read nothing. */
-        const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask((uint32_t)nb);
-        __m256 sv[MAXR], xsv[MAXT];
-        UNROLL
-        for (int r = 0; r < R; r++)
-            sv[r] = _mm256_maskload_ps(s[r] + gb, m);
-        UNROLL
-        for (int t = 0; t < T; t++)
-            xsv[t] = _mm256_maskload_ps(xs[t] + gb, m);
-        UNROLL
-        for (int r = 0; r < R; r++)
-            UNROLL
-            for (int t = 0; t < T; t++)
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(d[r][t])),
-                                            _mm256_mul_ps(sv[r], xsv[t]), acc[r][t]);
+            for (int j = 0; j < 8; j++)
+                _mm256_store_ps(pv[gb + (uint32_t)j], p[j]);
+        }
+        for (uint32_t g = gc; g < gc + nch; g++) {
+            const uint32_t c0 = g * group;
+            const uint32_t c1 = G || cols - c0 >= group ? c0 + group : cols;
+            if (prefetch) /* the lines of the next 8 rows that start here */
+                for (uint32_t c = (c0 + 63) & ~63u; c < c1; c += 64)
+                    UNROLL
+                    for (int r = 0; r < 8; r++)
+                        _mm_prefetch((const char *)(q[r] + (size_t)I8R_PF * cols + c), _MM_HINT_T1);
+            __m256i d[MAXR];
+            i8_group(vnni, 8, d, q, xq, c0, c1);
+            const __m256 dots = _mm256_cvtepi32_ps(hsum8x8(d));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(dots, _mm256_load_ps(pv[g - gc])));
+        }
     }
-    store_block(R, T, acc, Y, rows, r0, t0, NULL, 0);
+    _mm256_storeu_ps(y + r0, acc);
+}
+
+/* Y[t, r] for a single row (the rows past the last whole block of 8):
+ * ref's loop with the group dots from i8_group. */
+BLOCK void i8_row1(const int vnni, float *y, const int8_t *Q, const float *S,
+                   const int8_t *xq, const float *xs, uint32_t cols,
+                   uint32_t group, uint32_t ng, uint32_t r)
+{
+    const int8_t *q[MAXR] = {Q + (size_t)r * cols};
+    const float *s = S + (size_t)r * ng;
+    float acc = 0.0f;
+    for (uint32_t g = 0; g < ng; g++) {
+        const uint32_t c0 = g * group;
+        const uint32_t c1 = cols - c0 < group ? cols : c0 + group;
+        __m256i d[MAXR];
+        i8_group(vnni, 1, d, q, xq, c0, c1);
+        acc += (float)hsum_epi32(d[0]) * (s[g] * xs[g]);
+    }
+    y[r] = acc;
 }
 
 /* ---- matmul_i8 with many tokens: outer-product form ----------------------
@@ -706,8 +752,8 @@ BLOCK void i8g_micro(const int vnni, const int T, float *Y, const int8_t *wp,
                 UNROLL
                 for (int t = 0; t < T; t++) {
                     __m256i xb = _mm256_xor_si256(bcast4(x[t], c, kl), bias);
-                    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(iacc[0][t]) : "x"(xb), "x"(w0));
-                    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(iacc[1][t]) : "x"(xb), "x"(w1));
+                    DPBUSD(vnni, iacc[0][t], xb, w0);
+                    DPBUSD(vnni, iacc[1][t], xb, w1);
                 }
             } else {
                 const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
@@ -775,8 +821,8 @@ BLOCK void i8_gemm(const int vnni, float *Y, const int8_t *Q, const float *S,
                     for (uint32_t c = cs; c < ce; c += 4) {
                         __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16));
                         __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16 + 32));
-                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(a0) : "x"(one8), "x"(w0));
-                        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(a1) : "x"(one8), "x"(w1));
+                        DPBUSD(vnni, a0, one8, w0);
+                        DPBUSD(vnni, a1, one8, w1);
                     }
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16), a0);
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16 + 8), a1);
@@ -790,16 +836,20 @@ BLOCK void i8_gemm(const int vnni, float *Y, const int8_t *Q, const float *S,
     }
 }
 
-/* 2 rows x 2 tokens while two tokens are left (8 int + 4 float accumulators
- * fit the 16 ymm registers with the weights), else 4 rows x 1 token. */
-/* PREFETCH (decode): one token reads every weight once, row block after row
- * block, and a block of 4 rows x 1024 int8 columns is one 4 KiB page: the
+/* Few tokens (decode): the dot-product form, token after token over row
+ * panels that fit in L2 (so tokens after the first find the panel's weights
+ * in cache), 8 rows at a time (i8_rows8), the last rows % 8 one by one.
+ * PREFETCH (decode): one token reads every weight once, row block after row
+ * block, and a block of 8 rows x 512 int8 columns is one 4 KiB page: the
  * hardware prefetchers stop at page boundaries and start again only after
  * a few misses, so without help each block waited for memory (int8 decode
  * read 7 GB/s of the machine's 13). Each block therefore requests the next
  * block's weights and scales into L2 as it goes: small-model int8 decode
  * 34 -> 46 tokens/s (bench/results/FINDINGS.md). fx_matmul does the same
- * for one float token (+5 %: float decode was already near the bandwidth). */
+ * for one float token (+5 %: float decode was already near the bandwidth).
+ * Many tokens (prefill, from I8G_MIN_N): the GEMM form (i8_gemm). Both are
+ * bit-identical to ref, so which one runs, and how a caller splits rows or
+ * tokens between calls, never changes a bit of Y. */
 BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
                      const int8_t *XQ, const float *XS, uint32_t n,
                      uint32_t rows, uint32_t cols, uint32_t group)
@@ -812,21 +862,18 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
     const uint32_t pr = panel_rows(rows, cols);
     for (uint32_t p0 = 0; p0 < rows; p0 += pr) {
         const uint32_t pe = rows - p0 < pr ? rows : p0 + pr;
-        uint32_t t = 0;
-        for (; t + 2 <= n; t += 2) {
+        for (uint32_t t = 0; t < n; t++) {
+            float *y = Y + (size_t)t * rows;
+            const int8_t *xq = XQ + (size_t)t * cols;
+            const float *xs = XS + (size_t)t * ng;
             uint32_t r = p0;
-            for (; r + 2 <= pe; r += 2)
-                i8_block(vnni, 2, 2, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t, 0);
+            if (group == 32 && cols % 32 == 0)
+                for (; r + 8 <= pe; r += 8)
+                    i8_rows8(vnni, 32, y, Q, S, xq, xs, cols, group, ng, r, r + 8 + I8R_PF <= rows);
+            for (; r + 8 <= pe; r += 8)
+                i8_rows8(vnni, 0, y, Q, S, xq, xs, cols, group, ng, r, r + 8 + I8R_PF <= rows);
             for (; r < pe; r++)
-                i8_block(vnni, 1, 2, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t, 0);
-        }
-        for (; t < n; t++) {
-            uint32_t r = p0;
-            for (; r + 4 <= pe; r += 4)
-                i8_block(vnni, 4, 1, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t,
-                         r + 8 <= rows);
-            for (; r < pe; r++)
-                i8_block(vnni, 1, 1, Y, Q, S, XQ, XS, rows, cols, group, ng, r, t, 0);
+                i8_row1(vnni, y, Q, S, xq, xs, cols, group, ng, r);
         }
     }
 }
@@ -845,6 +892,13 @@ TGT static void avx2_vnni_matmul_i8(float *Y, const int8_t *Q, const float *S,
     i8_matmul(1, Y, Q, S, XQ, XS, n, rows, cols, group);
 }
 
+TGT static void avx2_evex_vnni_matmul_i8(float *Y, const int8_t *Q, const float *S,
+                                         const int8_t *XQ, const float *XS, uint32_t n,
+                                         uint32_t rows, uint32_t cols, uint32_t group)
+{
+    i8_matmul(2, Y, Q, S, XQ, XS, n, rows, cols, group);
+}
+
 /* ------------------------------------------------------------------------ */
 
 static const colibri_kernels avx2_kernels = {
@@ -855,27 +909,44 @@ static const colibri_kernels avx2_kernels = {
     avx2_matmul_i16,
 };
 
-/* The same with vpdpbusd for the int8 dot products, on CPUs with AVX-VNNI
- * (VEX-encoded, CPUID.(EAX=7,ECX=1):EAX bit 4: Alder Lake, Sapphire Rapids,
- * Zen 5). Still called "avx2": it is the AVX2 table with one faster
- * instruction. COLIBRI_AVX2_NO_VNNI leaves it out (the tests build both). */
+/* The same with vpdpbusd for the int8 dot products ("avx2-vnni"): VEX
+ * encoded on CPUs with AVX-VNNI (CPUID.(EAX=7,ECX=1):EAX bit 4: Alder Lake,
+ * Sapphire Rapids, Zen 5), else EVEX encoded on ymm registers on CPUs with
+ * AVX512-VNNI + AVX512VL (Cascade Lake, Ice Lake, Zen 4, and Sapphire Rapids
+ * guests whose hypervisor hides AVX-VNNI). Same results as "avx2" (both are
+ * bit-identical to ref); vpdpbusd makes the prefill GEMM ~2x faster.
+ * COLIBRI_AVX2_NO_VNNI (`scons vnni=0`) leaves both out, so the plain AVX2
+ * table runs as on an AVX2-only CPU (Zen 2/3, Haswell..Comet Lake). */
 static const colibri_kernels avx2_vnni_kernels = {
-    "avx2",
+    "avx2-vnni",
     avx2_matmul_f32,
     avx2_quantize_act_i8,
     avx2_vnni_matmul_i8,
     avx2_matmul_i16,
 };
 
-static int cpu_has_avx_vnni(void)
+static const colibri_kernels avx2_evex_vnni_kernels = {
+    "avx2-vnni",
+    avx2_matmul_f32,
+    avx2_quantize_act_i8,
+    avx2_evex_vnni_matmul_i8,
+    avx2_matmul_i16,
+};
+
+/* 1: AVX-VNNI (VEX), 2: AVX512-VNNI with AVX512VL (EVEX; libgcc's
+ * __builtin_cpu_supports also checks the OS saves the AVX-512 state), 0:
+ * neither, or built with COLIBRI_AVX2_NO_VNNI. */
+static int cpu_vnni_form(void)
 {
 #ifdef COLIBRI_AVX2_NO_VNNI
     return 0;
 #else
     unsigned eax, ebx, ecx, edx;
-    if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx))
-        return 0;
-    return (eax >> 4) & 1u;
+    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 4) & 1u))
+        return 1;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
+        return 2;
+    return 0;
 #endif
 }
 
@@ -884,7 +955,14 @@ const colibri_kernels *colibri_kernels_avx2(void)
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         return NULL;
-    return cpu_has_avx_vnni() ? &avx2_vnni_kernels : &avx2_kernels;
+    switch (cpu_vnni_form()) {
+    case 1:
+        return &avx2_vnni_kernels;
+    case 2:
+        return &avx2_evex_vnni_kernels;
+    default:
+        return &avx2_kernels;
+    }
 }
 
 #else /* not built with COLIBRI_USE_AVX2, or not x86 */
