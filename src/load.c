@@ -446,7 +446,8 @@ static int set_team(colibri_model *m, uint32_t n, uint32_t flags,
     }
     clb_team *team = &((clb_plan *)v->plan)->team;
 #if COLIBRI_THREADS
-    int rc = clb_team_set(team, n, flags, use_ex ? ex : NULL);
+    /* per-worker scratch: one query's attention scores [max_seq_len] */
+    int rc = clb_team_set(team, n, flags, use_ex ? ex : NULL, v->shape.max_seq_len);
 #else
     int rc = n > 1 ? COLIBRI_E_UNSUPPORTED : COLIBRI_OK;
     clb_team_stop(team);

@@ -93,8 +93,9 @@ typedef struct silu_job {
     size_t len;
 } silu_job;
 
-static void silu_tile(void *ctx, uint32_t tile)
+static void silu_tile(void *ctx, uint32_t tile, uint32_t worker)
 {
+    (void)worker;
     const silu_job *j = (const silu_job *)ctx;
     size_t a = (size_t)tile * CLB_TILE_ELEMS;
     size_t b = j->len - a < CLB_TILE_ELEMS ? j->len : a + CLB_TILE_ELEMS;

@@ -129,8 +129,9 @@ typedef struct lin_job {
     uint32_t tiles0;  /* tiles of w[0] */
 } lin_job;
 
-static void lin_tile(void *ctx, uint32_t tile)
+static void lin_tile(void *ctx, uint32_t tile, uint32_t worker)
 {
+    (void)worker;
     const lin_job *j = (const lin_job *)ctx;
     int b = tile >= j->tiles0;
     const clb_weight *w = j->w[b];
@@ -141,11 +142,9 @@ static void lin_tile(void *ctx, uint32_t tile)
         return;
     }
     /* Several tokens: Y[t, r0 .. r0 + nr) is strided, so the kernel writes
-     * a contiguous [tn, nr] block here and the rows are copied out. At most
-     * CLB_TILE_TOKENS x CLB_TILE_ROWS_N floats (8 KiB); sized by the call,
-     * so a 16-token chunk takes 1 KiB of a small target's stack. */
-    uint32_t max_tn = j->n < CLB_TILE_TOKENS ? j->n : CLB_TILE_TOKENS;
-    float blk[max_tn * j->rb];
+     * a contiguous [tn, nr] block here (8 KiB of stack) and the rows are
+     * copied out. */
+    float blk[CLB_TILE_TOKENS * CLB_TILE_ROWS_N];
     for (uint32_t t0 = 0; t0 < j->n_out; t0 += CLB_TILE_TOKENS) {
         uint32_t tn = j->n - t0 < CLB_TILE_TOKENS ? j->n - t0 : CLB_TILE_TOKENS;
         kernel_rows(j->p, w, j->X, t0, tn, r0, nr, blk);
@@ -260,52 +259,81 @@ void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos)
     }
 }
 
+/* One query's attention, head by head as a parallel region: each head
+ * reads the cache and writes its own head_dim slice of out, its scores in
+ * the worker's scratch [pos + 1] (worker 0 and serial teams: p->scores). */
+typedef struct att_job {
+    const clb_plan *p;
+    const float *K, *V;       /* [S, kvdim] of the sequence in this layer */
+    const uint8_t *mask;      /* [S] */
+    const float *q;           /* [qdim] */
+    float *out;               /* [qdim] */
+    uint32_t pos, group;
+} att_job;
+
+static void att_head(void *ctx, uint32_t h, uint32_t worker)
+{
+    const att_job *j = (const att_job *)ctx;
+    const clb_plan *p = j->p;
+    uint32_t d = p->s.head_dim, kvdim = p->kvdim, pos = j->pos;
+    float *sc = worker ? clb_team_scratch(clb_team_of(p), worker) : p->scores;
+    const float *qh = j->q + (size_t)h * d;
+    uint32_t kv_off = (h / j->group) * d;
+    float *o = j->out + (size_t)h * d;
+    const uint8_t *mask = j->mask;
+    float mx = -INFINITY;
+    int any = 0;
+    for (uint32_t i = 0; i <= pos; i++) {
+        if (!mask[i])
+            continue;
+        const float *kj = j->K + (size_t)i * kvdim + kv_off;
+        float dot = 0.0f;
+        for (uint32_t c = 0; c < d; c++)
+            dot += qh[c] * kj[c];
+        sc[i] = dot * p->d.attn_scale;
+        if (!any || sc[i] > mx)
+            mx = sc[i];
+        any = 1;
+    }
+    memset(o, 0, d * sizeof(float));
+    if (!any) /* padding before any real token: zero output, no NaN */
+        return;
+    float sum = 0.0f;
+    for (uint32_t i = 0; i <= pos; i++) {
+        if (!mask[i])
+            continue;
+        sc[i] = expf(sc[i] - mx);
+        sum += sc[i];
+    }
+    for (uint32_t i = 0; i <= pos; i++) {
+        if (!mask[i])
+            continue;
+        float wj = sc[i] / sum;
+        const float *vj = j->V + (size_t)i * kvdim + kv_off;
+        for (uint32_t c = 0; c < d; c++)
+            o[c] += wj * vj[c];
+    }
+}
+
 void clb_attention(const clb_plan *p, uint32_t layer, uint32_t b,
                    uint32_t pos, const float *q, float *out)
 {
-    uint32_t d = p->s.head_dim, kvdim = p->kvdim, S = p->s.max_seq_len;
-    uint32_t group = (uint32_t)p->s.n_heads / p->s.n_kv_heads;
+    uint32_t S = p->s.max_seq_len;
     size_t seq_base = ((size_t)layer * p->s.max_batch + b) * S;
-    const float *K = p->k_cache + seq_base * kvdim;   /* [S, kvdim] */
-    const float *V = p->v_cache + seq_base * kvdim;
-    const uint8_t *mask = p->mask_cache + (size_t)b * S;
-    float *sc = p->scores;                            /* [pos + 1] */
-
-    for (uint32_t h = 0; h < p->s.n_heads; h++) {
-        const float *qh = q + (size_t)h * d;
-        uint32_t kv_off = (h / group) * d;
-        float *o = out + (size_t)h * d;
-        float mx = -INFINITY;
-        int any = 0;
-        for (uint32_t j = 0; j <= pos; j++) {
-            if (!mask[j])
-                continue;
-            const float *kj = K + (size_t)j * kvdim + kv_off;
-            float dot = 0.0f;
-            for (uint32_t c = 0; c < d; c++)
-                dot += qh[c] * kj[c];
-            sc[j] = dot * p->d.attn_scale;
-            if (!any || sc[j] > mx)
-                mx = sc[j];
-            any = 1;
-        }
-        memset(o, 0, d * sizeof(float));
-        if (!any) /* padding before any real token: zero output, no NaN */
-            continue;
-        float sum = 0.0f;
-        for (uint32_t j = 0; j <= pos; j++) {
-            if (!mask[j])
-                continue;
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        for (uint32_t j = 0; j <= pos; j++) {
-            if (!mask[j])
-                continue;
-            float wj = sc[j] / sum;
-            const float *vj = V + (size_t)j * kvdim + kv_off;
-            for (uint32_t c = 0; c < d; c++)
-                o[c] += wj * vj[c];
-        }
+    att_job j;
+    j.p = p;
+    j.K = p->k_cache + seq_base * p->kvdim;
+    j.V = p->v_cache + seq_base * p->kvdim;
+    j.mask = p->mask_cache + (size_t)b * S;
+    j.q = q;
+    j.out = out;
+    j.pos = pos;
+    j.group = (uint32_t)p->s.n_heads / p->s.n_kv_heads;
+    clb_team *team = clb_team_of(p);
+    if (clb_team_scratch(team, 1)) {
+        clb_parallel(team, p->s.n_heads, att_head, &j);
+    } else { /* no scratch for other workers: the caller, head by head */
+        for (uint32_t h = 0; h < p->s.n_heads; h++)
+            att_head(&j, h, 0);
     }
 }

@@ -5,12 +5,19 @@
  * (colibri_executor: an RTOS's tasks, no OS in the library).
  *
  * Protocol of the pool (every step a GCC __atomic operation):
- *   caller: write fn/ctx/n_tiles, next = 0, busy = n - 1, then gen += 1
- *           (seq_cst); if a worker sleeps, FUTEX_WAKE gen; take tiles;
- *           wait until busy == 0 (spin, then FUTEX_WAIT on busy).
- *   worker: wait until gen changes (spin, then FUTEX_WAIT on gen); take
- *           tiles until the counter passes n_tiles; busy -= 1, and the last
- *           one wakes a parked caller.
+ *   caller: write fn/ctx/n_tiles, next = 0, open the door, gen += 1; if a
+ *           worker sleeps, FUTEX_WAKE gen; take tiles; then close the door
+ *           once nobody is inside (spin, then FUTEX_WAIT on door).
+ *   worker: wait until gen changes (spin, then FUTEX_WAIT on gen); enter
+ *           through the door if it is open (CAS: open | inside + 1), take
+ *           tiles until the counter passes n_tiles, leave (inside - 1; the
+ *           last one out wakes a parked caller).
+ * A worker that is not running (a busy or shared machine) never holds the
+ * caller up: it finds the door closed and waits for the next region, and the
+ * caller (and the others) take its tiles. Which worker takes a tile never
+ * changes what the tile computes. The region's fields are read only inside
+ * the door, which the caller opens after writing them (release) and closes
+ * before returning, so a late worker never sees a stale region.
  * "sleepers" / "caller_parked" are raised before the last check of the
  * awaited word and read after the word is changed, both seq_cst, so either
  * the sleeper sees the change or the changer sees the sleeper (no lost
@@ -56,15 +63,16 @@ static inline void cpu_relax(void)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
 #define ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
 #define SUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_SEQ_CST)
+#define CLB_DOOR_OPEN 0x80000000u
 
 /* Take tiles until none is left. */
-static void run_tiles(clb_team *t)
+static void run_tiles(clb_team *t, uint32_t worker)
 {
     for (;;) {
         uint32_t i = __atomic_fetch_add(&t->next, 1u, __ATOMIC_RELAXED);
         if (i >= t->n_tiles)
             return;
-        t->fn(t->ctx, i);
+        t->fn(t->ctx, i, worker);
     }
 }
 
@@ -75,8 +83,9 @@ static void run_tiles(clb_team *t)
 /* What the executor runs on each of its workers: the same tile loop. */
 static void executor_work(void *arg, uint32_t worker)
 {
-    (void)worker;
-    run_tiles((clb_team *)arg);
+    clb_team *t = (clb_team *)arg;
+    if (worker < t->n) /* a bad index must not reach another's scratch */
+        run_tiles(t, worker);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -84,8 +93,14 @@ static void executor_work(void *arg, uint32_t worker)
 /* ------------------------------------------------------------------------ */
 
 #if CLB_POOL
+struct clb_worker {
+    struct clb_pool *pool;
+    uint32_t id;         /* 1 .. n-1 */
+};
+
 struct clb_pool {
     pthread_t th[COLIBRI_MAX_THREADS];
+    struct clb_worker w[COLIBRI_MAX_THREADS];
     uint32_t started;    /* threads created (n - 1 on success) */
     uint32_t start_gen;  /* gen when the threads were created */
     clb_team *team;
@@ -123,7 +138,8 @@ static uint32_t await_change(uint32_t *word, uint32_t old, int spin_only,
 
 static void *worker_main(void *arg)
 {
-    struct clb_pool *pool = (struct clb_pool *)arg;
+    struct clb_pool *pool = ((struct clb_worker *)arg)->pool;
+    uint32_t id = ((struct clb_worker *)arg)->id;
     clb_team *t = pool->team;
     int spin_only = (t->flags & COLIBRI_THREADS_SPIN) != 0;
     /* Not the current gen: a thread that starts late must still see the
@@ -133,9 +149,16 @@ static void *worker_main(void *arg)
         seen = await_change(&t->gen, seen, spin_only, &t->sleepers);
         if (LOAD(&t->stop))
             return NULL;
-        run_tiles(t);
-        if (SUB(&t->busy, 1u) == 0 && LOAD(&t->caller_parked))
-            futex_wake(&t->busy);
+        uint32_t d = LOAD(&t->door);
+        while ((d & CLB_DOOR_OPEN) &&
+               !__atomic_compare_exchange_n(&t->door, &d, d + 1u, 0,
+                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            ;
+        if (!(d & CLB_DOOR_OPEN))
+            continue; /* too late: the region is over */
+        run_tiles(t, id);
+        if (SUB(&t->door, 1u) == CLB_DOOR_OPEN && LOAD(&t->caller_parked))
+            futex_wake(&t->door);
     }
 }
 
@@ -149,21 +172,24 @@ static void bump_gen(clb_team *t)
 
 static void pool_region(clb_team *t)
 {
-    STORE(&t->busy, t->n - 1);
+    STORE(&t->door, CLB_DOOR_OPEN);
     bump_gen(t);
-    run_tiles(t);
+    run_tiles(t, 0);
+    /* Every tile is taken; close the door when the last worker inside has
+     * finished its tile. */
     int spin_only = (t->flags & COLIBRI_THREADS_SPIN) != 0;
     for (uint32_t spins = 0;; spins++) {
-        uint32_t b = LOAD_ACQ(&t->busy);
-        if (b == 0)
+        uint32_t d = CLB_DOOR_OPEN;
+        if (__atomic_compare_exchange_n(&t->door, &d, 0u, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
             return;
         if (spin_only || spins < CLB_SPINS) {
             cpu_relax();
             continue;
         }
         STORE(&t->caller_parked, 1u);
-        if ((b = LOAD(&t->busy)) != 0)
-            futex_wait(&t->busy, b);
+        if ((d = LOAD(&t->door)) != CLB_DOOR_OPEN)
+            futex_wait(&t->door, d);
         STORE(&t->caller_parked, 0u);
     }
 }
@@ -175,7 +201,7 @@ void clb_parallel(clb_team *t, uint32_t n_tiles, clb_tile_fn fn, void *ctx)
 {
     if (t->n <= 1 || n_tiles <= 1) {
         for (uint32_t i = 0; i < n_tiles; i++)
-            fn(ctx, i);
+            fn(ctx, i, 0);
         return;
     }
     t->fn = fn;
@@ -204,16 +230,35 @@ void clb_team_stop(clb_team *t)
         free(pool);
     }
 #endif
+#ifndef COLIBRI_STATIC_WORKBUF
+    free(t->scratch);
+#endif
     memset(t, 0, sizeof *t);
 }
 
+/* Per-worker scratch where the build can allocate (else NULL: the regions
+ * that need it run serially). */
+static void alloc_scratch(clb_team *t, uint32_t n, uint32_t floats)
+{
+#ifndef COLIBRI_STATIC_WORKBUF
+    t->scratch = floats ? (float *)calloc((size_t)n * floats, sizeof(float)) : NULL;
+    t->scratch_floats = t->scratch ? floats : 0;
+#else
+    (void)t;
+    (void)n;
+    (void)floats;
+#endif
+}
+
 int clb_team_set(clb_team *t, uint32_t n, uint32_t flags,
-                 const colibri_executor *ex)
+                 const colibri_executor *ex, uint32_t scratch_floats)
 {
     clb_team_stop(t);
     if (ex) {
         t->ex = *ex;
         t->n = ex->n_workers;
+        if (t->n > 1)
+            alloc_scratch(t, t->n, scratch_floats);
         return COLIBRI_OK;
     }
     if (n <= 1)
@@ -227,8 +272,11 @@ int clb_team_set(clb_team *t, uint32_t n, uint32_t flags,
     t->n = n;
     t->flags = flags;
     t->pool = pool;
+    alloc_scratch(t, n, scratch_floats);
     for (uint32_t i = 0; i + 1 < n; i++) {
-        if (pthread_create(&pool->th[i], NULL, worker_main, pool) != 0) {
+        pool->w[i].pool = pool;
+        pool->w[i].id = i + 1;
+        if (pthread_create(&pool->th[i], NULL, worker_main, &pool->w[i]) != 0) {
             clb_team_stop(t);
             return COLIBRI_E_NO_MEMORY;
         }

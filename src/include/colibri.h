@@ -289,7 +289,8 @@ int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
  * Guarantee: logits bit-identical for every n_threads (and to a build with
  * COLIBRI_THREADS=0, and with an executor): the work is cut into tiles fixed
  * by the model's shapes and the call (row blocks of each matrix, token
- * blocks of a prefill, element blocks of the SwiGLU), and the thread count
+ * blocks of a prefill, element blocks of the SwiGLU, the heads of an
+ * attention), and the thread count
  * only decides which worker computes a tile.
  * What the threaded path does inside colibri_infer: no allocation; atomic
  * operations on the instance's team; with flags 0, after spinning about
@@ -298,8 +299,9 @@ int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
  * else. With COLIBRI_THREADS_SPIN the workers and the caller only spin: no
  * system call at all during colibri_infer, and the workers keep their cores
  * busy between calls too (for real-time users with dedicated cores).
- * Memory: n_threads - 1 thread stacks (the C library's default size) and a
- * ~600-byte pool, allocated here; the arena is unchanged.
+ * Memory, allocated here: n_threads - 1 thread stacks (the C library's
+ * default size), a ~1.5 KiB pool and n_threads * max_seq_len floats of
+ * attention scratch (heads run in parallel); the arena is unchanged.
  * Returns 0, COLIBRI_E_NOT_INIT, COLIBRI_E_ARG (n_threads 0 or above
  * COLIBRI_MAX_THREADS, unknown flags), COLIBRI_E_UNSUPPORTED (n_threads > 1
  * in a build without threads or without malloc: COLIBRI_THREADS=0,
@@ -311,8 +313,10 @@ int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags);
  * NULL returns to the caller's thread alone. Replaces (joins) any pthreads
  * of colibri_set_threads. Call after init, never concurrently with infer.
  * The same guarantee of bit-identical logits. The executor's state lives in
- * the instance's arena: no allocation, also in COLIBRI_STATIC_WORKBUF
- * builds. Returns 0, COLIBRI_E_NOT_INIT, COLIBRI_E_ARG (run NULL,
+ * the instance's arena; n_workers * max_seq_len floats of attention scratch
+ * are allocated here (not in COLIBRI_STATIC_WORKBUF builds, which allocate
+ * nothing: there the heads of an attention run on the caller, the matrices
+ * on every worker). Returns 0, COLIBRI_E_NOT_INIT, COLIBRI_E_ARG (run NULL,
  * n_workers 0 or above COLIBRI_MAX_THREADS), COLIBRI_E_UNSUPPORTED
  * (COLIBRI_THREADS=0 builds). */
 int colibri_set_executor(colibri_model *m, const colibri_executor *ex);
