@@ -46,6 +46,14 @@ def _set_threads(llm, n: int) -> None:
     llm.n_threads = llm.n_threads_batch = n  # what the object reports
 
 
+def _last_logits(llm) -> np.ndarray:
+    """The last evaluated position's logits, from the context itself: with
+    logits_all=False llama-cpp-python does not copy them into llm.scores."""
+    import llama_cpp
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),))
+
+
 def serve(path: str, tokens: list[int], inp=sys.stdin, out=sys.stdout) -> None:
     t0 = time.perf_counter()
     ctx = {"last": _llama(path, False, 1), "all": _llama(path, True, 1)}
@@ -88,20 +96,20 @@ def serve(path: str, tokens: list[int], inp=sys.stdin, out=sys.stdout) -> None:
                     wall.append(time.perf_counter() - w0)
                     cpu.append(time.process_time() - c0)
                 say({"wall_s": wall, "cpu_s": cpu,
-                     "argmax": int(np.argmax(llm.scores[llm.n_tokens - 1]))})
+                     "argmax": int(np.argmax(_last_logits(llm)))})
             elif f[0] == "decode":
                 n_prompt, steps = int(f[1]), int(f[2])
                 llm = ctx["last"]
                 llm.reset()
                 llm.eval(tokens[:n_prompt])
-                gen = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+                gen = [int(np.argmax(_last_logits(llm)))]
                 wall, cpu = [], []
                 for _ in range(steps):
                     w0, c0 = time.perf_counter(), time.process_time()
                     llm.eval([gen[-1]])
                     wall.append(time.perf_counter() - w0)
                     cpu.append(time.process_time() - c0)
-                    gen.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                    gen.append(int(np.argmax(_last_logits(llm))))
                 say({"wall_s": wall, "cpu_s": cpu, "tokens": gen, "threads": threads})
             else:
                 say({"error": f"unknown command {f[0]!r}"})
