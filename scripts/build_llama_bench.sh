@@ -10,21 +10,24 @@
 #            GGML_NATIVE=OFF with AVX/AVX2/FMA/F16C/BMI2 on and AVX-512,
 #            AVX-VNNI, AMX off -- the peer of Colibri built with `vnni=0`.
 #
-# Usage: scripts/build_llama_bench.sh [VERSION]   (idempotent: a `.done` stamp
-# per build holds the version; re-run is a no-op once both exist).
+# Usage: scripts/build_llama_bench.sh [VERSION [FLAVOUR...]]   (default: both
+# flavours; idempotent: a `.done` stamp per build holds the version, a re-run
+# is a no-op once they exist; builds of different flavours may run at once).
 # Needs cmake, make and a C++ compiler (Debian: apt-get install cmake g++).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 version=${1:-${LLAMA_CPP_PYTHON_VERSION:-0.3.36}}
+shift || true
+flavours=("$@"); [ ${#flavours[@]} -gt 0 ] || flavours=(native avx2)
 out="$root/build/bench/llama.cpp"
 jobs=${BENCH_BUILD_JOBS:-2}
 say() { printf '[llama-bench] %s\n' "$*"; }
 
 need_build=0
-for flavour in native avx2; do
+for flavour in "${flavours[@]}"; do
     [ "$(cat "$out/$flavour/.done" 2>/dev/null || true)" = "$version" ] || need_build=1
 done
-[ "$need_build" = 0 ] && { say "llama-bench $version present in $out/{native,avx2}"; exit 0; }
+[ "$need_build" = 0 ] && { say "llama-bench $version present in $out/{${flavours[*]}}"; exit 0; }
 
 command -v cmake >/dev/null || {
     say "installing cmake (Debian)"
@@ -60,8 +63,14 @@ build_one() {  # flavour, extra cmake args...
     echo "$version" > "$dir/.done"
     say "$dir/bin/llama-bench"
 }
-build_one native
-build_one avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+avx2_args=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
     -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF \
     -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
-    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+for flavour in "${flavours[@]}"; do
+    case $flavour in
+        native) build_one native ;;
+        avx2) build_one avx2 "${avx2_args[@]}" ;;
+        *) say "unknown flavour $flavour (native|avx2)"; exit 2 ;;
+    esac
+done
