@@ -439,26 +439,27 @@ static int set_team(colibri_model *m, uint32_t n, uint32_t flags,
     if (use_ex && ex)
         n = ex->run ? ex->n_workers : 0;
     if (n == 0 || n > COLIBRI_MAX_THREADS || (flags & ~COLIBRI_THREADS_SPIN)) {
-        clb_detail(v->detail, DETAIL_CAP, "%u workers (1 .. %u, an executor "
-                   "needs run), flags 0x%x", (unsigned)n,
-                   (unsigned)COLIBRI_MAX_THREADS, (unsigned)flags);
+        clb_detail(v->detail, DETAIL_CAP, "%u workers (1 .. 64, an executor "
+                   "needs run), flags 0x%x", (unsigned)n, (unsigned)flags);
         return COLIBRI_E_ARG;
     }
-    clb_team *team = &((clb_plan *)v->plan)->team;
 #if COLIBRI_THREADS
+    clb_team *team = &((clb_plan *)v->plan)->team;
     /* per-worker scratch: one query's attention scores [max_seq_len] */
     int rc = clb_team_set(team, n, flags, use_ex ? ex : NULL, v->shape.max_seq_len);
-#else
-    int rc = n > 1 ? COLIBRI_E_UNSUPPORTED : COLIBRI_OK;
-    clb_team_stop(team);
-#endif
     if (rc == COLIBRI_E_UNSUPPORTED)
-        clb_detail(v->detail, DETAIL_CAP, "no thread pool in this build "
-                   "(threads=0, or no pthreads / malloc)");
+        clb_detail(v->detail, DETAIL_CAP, "no thread pool without malloc: use "
+                   "colibri_set_executor");
     else if (rc)
         clb_detail(v->detail, DETAIL_CAP, "cannot create %u threads: running "
                    "on 1", (unsigned)(n - 1));
     return rc;
+#else
+    if (n == 1)
+        return COLIBRI_OK;
+    clb_detail(v->detail, DETAIL_CAP, "built with threads=0");
+    return COLIBRI_E_UNSUPPORTED;
+#endif
 }
 
 int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags)

@@ -41,23 +41,6 @@
 #define CLB_POOL 0
 #endif
 
-/* Spins (each a pause/yield instruction, tens of cycles) before a parking
- * worker or caller enters the kernel: about 100-300 us, longer than the
- * serial stretches between the regions of one decode step (norms, RoPE,
- * attention of a short context), so a step runs without a system call while
- * the pool is warm, and much shorter than the gap between steps of a slow
- * caller. */
-#define CLB_SPINS (1u << 14)
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__) || (defined(__arm__) && __ARM_ARCH >= 7)
-    __asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
 #define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
@@ -93,6 +76,23 @@ static void executor_work(void *arg, uint32_t worker)
 /* ------------------------------------------------------------------------ */
 
 #if CLB_POOL
+/* Spins (each a pause/yield instruction, 10-150 cycles) before a parking
+ * worker or caller enters the kernel: about 20-200 us, longer than the
+ * serial stretches between the regions of one decode step (norms, RoPE,
+ * attention of a short context), so a step runs without a system call while
+ * the pool is warm, and much shorter than the gap between steps of a slow
+ * caller. */
+#define CLB_SPINS (1u << 12)
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || (defined(__arm__) && __ARM_ARCH >= 7)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
 struct clb_worker {
     struct clb_pool *pool;
     uint32_t id;         /* 1 .. n-1 */

@@ -294,7 +294,7 @@ int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
  * only decides which worker computes a tile.
  * What the threaded path does inside colibri_infer: no allocation; atomic
  * operations on the instance's team; with flags 0, after spinning about
- * 100-300 us, the futex system calls FUTEX_WAKE (to hand a region to parked
+ * 20-200 us, the futex system calls FUTEX_WAKE (to hand a region to parked
  * workers) and FUTEX_WAIT (to wait for work or for the last worker), nothing
  * else. With COLIBRI_THREADS_SPIN the workers and the caller only spin: no
  * system call at all during colibri_infer, and the workers keep their cores
