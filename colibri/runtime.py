@@ -119,7 +119,7 @@ class Info:
     n_params: int
     arena_bytes: int
     chunk_tokens: int
-    kernels: str            # "ref", "avx2", "neon", "neon-dotprod"
+    kernels: str            # "ref", "avx2", "avx2-vnni", "neon", "neon-dotprod"
     load_mode: str          # "mmap", "read", "memory", "shared"
     huge_pages_advised: bool
     n_threads: int = 1      # workers computing an infer (colibri_set_threads)

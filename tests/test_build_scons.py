@@ -36,7 +36,8 @@ def scons(*args, cwd=ROOT, path=None):
 def test_help_documents_every_variable_and_target():
     p = scons("-h")
     assert p.returncode == 0
-    for var in ("target", "model", "mmap", "workbuf", "debug", "avx2", "fma", "neon", "verbose"):
+    for var in ("target", "model", "mmap", "workbuf", "debug", "avx2", "fma", "neon", "vnni",
+                "verbose"):
         assert f"\n{var}:" in p.stdout, var
     for name in TARGETS:
         assert name in p.stdout

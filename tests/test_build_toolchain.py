@@ -123,3 +123,22 @@ def test_neon_kernel_set_has_the_dotprod_file():
     assert sources.KERNELS["neon"].sources == ("src/kernels/neon.c",
                                                "src/kernels/neon_dotprod.c")
     assert all((ROOT / s).exists() for k in sources.KERNELS.values() for s in k.sources)
+
+
+def test_vnni_follows_avx2_and_vnni0_defines_no_vnni():
+    """vnni=0 (scons vnni=0) builds the AVX2 kernels without their vpdpbusd
+    table (COLIBRI_AVX2_NO_VNNI): what the benchmarks use to stand in for an
+    AVX2-only CPU on a VNNI one. vnni=1 needs the AVX2 kernels."""
+    x86 = ALL["x86_64"]
+    on = toolchain.resolve_options(x86)
+    assert on.vnni is True
+    assert "COLIBRI_AVX2_NO_VNNI" not in toolchain.flags(x86, on, ROOT).cppdefines
+    off = toolchain.resolve_options(x86, vnni="0")
+    assert off.vnni is False and off.kernels == ("avx2",)
+    assert "COLIBRI_AVX2_NO_VNNI" in toolchain.flags(x86, off, ROOT).cppdefines
+    assert toolchain.resolve_options(x86, avx2="0").vnni is False
+    with pytest.raises(ColibriError, match="vnni=1 with avx2=0"):
+        toolchain.resolve_options(x86, avx2="0", vnni="1")
+    # ARM and bare-metal targets never see the define
+    assert "COLIBRI_AVX2_NO_VNNI" not in toolchain.flags(
+        ALL["armv7"], toolchain.resolve_options(ALL["armv7"]), ROOT).cppdefines

@@ -6,8 +6,12 @@ even shapes (see its header for what "agree" means for each kernel).
 - x86-64: built with the default flags (avx2.c uses target attributes and
   picks at run time), once plain with gcc and clang, once with
   AddressSanitizer + UBSan so any read past an input or write past an output
-  fails, and (on an AVX-VNNI CPU) once without the vpdpbusd form. Skipped on
-  a CPU without AVX2+FMA.
+  fails: these require the table this CPU gets ("avx2-vnni" with AVX-VNNI or
+  AVX512-VNNI, else "avx2"). Once more with COLIBRI_AVX2_NO_VNNI (scons
+  vnni=0), requiring the plain "avx2" table, so its form is tested on a VNNI
+  CPU too. Both x86 tables promise a matmul_i8 bit-identical to ref and are
+  held to it, and to giving the same bits when the call is split into token
+  x row tiles (what threads do). Skipped on a CPU without AVX2+FMA.
 - NEON, for every target of targets/ with NEON kernels (armv7, aarch64):
   built with the target's cross compiler and flags, run under its emulator
   on every CPU of its cpu_kernels, requiring the table the runtime must pick
@@ -72,15 +76,17 @@ def _run(cmd: list[str], timeout: int = 300) -> str:
     return res.stdout
 
 
-def _cpu_has_avx_vnni() -> bool:
+def _cpu_has_vnni() -> bool:
+    """AVX-VNNI, or AVX512-VNNI with AVX512VL: where avx2.c picks "avx2-vnni"."""
     try:
-        return "avx_vnni" in Path("/proc/cpuinfo").read_text().split()
+        words = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         return False
+    return "avx_vnni" in words or {"avx512_vnni", "avx512vl"} <= words
 
 
-# "no-vnni": on a CPU with AVX-VNNI the table uses vpdpbusd for the int8 dot
-# products; COLIBRI_AVX2_NO_VNNI checks the plain AVX2 form as well.
+# "no-vnni": COLIBRI_AVX2_NO_VNNI (scons vnni=0) keeps the plain AVX2 table,
+# as an AVX2-only CPU runs it, even on a VNNI CPU.
 @pytest.mark.parametrize("variant", ["gcc", "clang", "gcc-asan-ubsan", "gcc-no-vnni"])
 def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
     if not _cpu_has_avx2_fma():
@@ -89,18 +95,19 @@ def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
     if shutil.which(cc) is None:
         pytest.skip(f"{cc} is not installed")
     extra = ["-DCOLIBRI_USE_AVX2"]
+    table = "avx2-vnni" if _cpu_has_vnni() else "avx2"
     if variant.endswith("no-vnni"):
-        if not _cpu_has_avx_vnni():
-            pytest.skip("no AVX-VNNI on this CPU: the plain AVX2 form is what the other variants test")
         extra.append("-DCOLIBRI_AVX2_NO_VNNI")
+        table = "avx2"
     if variant.endswith("asan-ubsan"):
         # -O1: the always-inlined register blocks make an -O2 sanitizer build
         # slow to compile, and -O1 keeps every load and store checked.
         extra += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
     exe = tmp_path / "test_kernels"
     _build(cc, exe, extra)
-    out = _run([str(exe), "--require", "avx2"])
-    assert "avx2" in out and " 0 failures" in out
+    out = _run([str(exe), "--require", table, "--exact-i8", table])
+    assert f"{table} " in out and " 0 failures" in out
+    assert "bit-identical to ref" in out
 
 
 @pytest.fixture(scope="module")

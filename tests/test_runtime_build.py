@@ -134,20 +134,44 @@ def test_debug_build_dumps_kernel_inputs_and_outputs(c_build, colibri_file, tmp_
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
+def _cpu_flags() -> set:
+    cpuinfo = Path("/proc/cpuinfo")
+    return set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
+
+
 def test_kernel_selection_at_init(c_build, colibri_file):
-    """avx2 when linked and the CPU has AVX2+FMA; the ref-only build (which
-    defines COLIBRI_KERNELS_REF_ONLY) always ref."""
+    """avx2 when linked and the CPU has AVX2+FMA, avx2-vnni when it also has
+    AVX-VNNI or AVX512-VNNI (+VL) unless built with COLIBRI_AVX2_NO_VNNI
+    (scons vnni=0); the ref-only build (which defines
+    COLIBRI_KERNELS_REF_ONLY) always ref."""
     def kernels(variant):
         out = subprocess.run([str(c_build(variant).cli), "--model",
                               str(colibri_file("tiny", "f32")), "--info"],
                              capture_output=True, text=True, check=True).stdout
-        return re.search(r"^kernels: (\w+)$", out, re.M).group(1)
+        return re.search(r"^kernels: ([\w-]+)$", out, re.M).group(1)
     assert kernels("ref") == "ref"
-    cpuinfo = Path("/proc/cpuinfo")
-    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
-    has_avx2 = " avx2" in flags and " fma" in flags
-    want = "avx2" if "avx2" in cbuild.host_kernels() and has_avx2 else "ref"
-    assert kernels("host") == want
+    flags = _cpu_flags()
+    has_avx2 = {"avx2", "fma"} <= flags
+    has_vnni = "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
+    plain = "avx2" if "avx2" in cbuild.host_kernels() and has_avx2 else "ref"
+    assert kernels("host") == (plain + "-vnni" if plain == "avx2" and has_vnni else plain)
+    assert kernels("novnni") == plain
+
+
+def test_int8_logits_same_bits_with_and_without_vnni(c_build, colibri_file, tmp_path):
+    """The two x86 tables differ only in matmul_i8, and both are bit-identical
+    to ref's there (kernels.h): an int8 model's logits must then be the same
+    bits with vpdpbusd and without, at prefill (12 tokens: the GEMM form) and
+    decode (the dot-product form). On a CPU without VNNI both builds run the
+    same table and the test shows nothing new; on one with VNNI it compares
+    the two forms end to end."""
+    path = colibri_file("tiny", "int8")
+    calls = [Call(np.array([[5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2, 9]]), None, 0),
+             Call(np.array([[3]]), None, 12), Call(np.array([[11]]), None, 13)]
+    host = run_driver(c_build("host"), path, calls, tmp_path / "host")
+    novnni = run_driver(c_build("novnni"), path, calls, tmp_path / "novnni")
+    for a, b in zip(host, novnni):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_header_usable_from_cplusplus(c_build, tmp_path):

@@ -56,6 +56,8 @@ VARIANTS = {
     "host": dict(kernels=None, shared=True),          # ref + avx2 if present; + .so
     "ref": dict(kernels=("ref",)),
     "asan": dict(kernels=None, sanitize="address,undefined"),
+    # as scons vnni=0: the AVX2 kernels without vpdpbusd (an AVX2-only CPU)
+    "novnni": dict(kernels=None, defines=("COLIBRI_AVX2_NO_VNNI",)),
     "tsan": dict(kernels=None, sanitize="thread"),
     # COLIBRI_THREADS=0: the serial build whose bits every thread count keeps
     "nothreads": dict(kernels=None, defines=("COLIBRI_THREADS=0",)),

@@ -28,6 +28,9 @@ class Options:
     neon: bool
     tokenizer: bool = True   # 0: -DCOLIBRI_NO_TOKENIZER (src/tokenizer.c stubs)
     threads: bool = False    # COLIBRI_THREADS (src/threads.c): Linux targets only
+    # 0: -DCOLIBRI_AVX2_NO_VNNI, the AVX2 kernels never pick their vpdpbusd
+    # table "avx2-vnni": stands in for an AVX2-only CPU (Zen 2/3, Haswell).
+    vnni: bool = False
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -49,7 +52,8 @@ def _bool(name: str, value, default: bool) -> bool:
 
 
 def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
-                    fma="auto", neon="auto", tokenizer="1", threads="auto") -> Options:
+                    fma="auto", neon="auto", tokenizer="1", threads="auto",
+                    vnni="auto") -> Options:
     """Check the variables against what `target` supports and fill in its
     defaults. Errors name the variable, the value and what is allowed."""
     d = target.defaults
@@ -71,6 +75,8 @@ def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
         # default. Bare metal builds without (and keeps its size); threads=1
         # there compiles the executor hook alone (an RTOS's tasks).
         threads=_bool("threads", threads, target.is_linux),
+        # vpdpbusd is part of the AVX2 kernels (a run-time choice): it follows avx2.
+        vnni=_bool("vnni", vnni, use_avx2),
     )
     for k in ("avx2", "neon"):
         if getattr(opts, k) and k not in target.kernels:
@@ -81,6 +87,9 @@ def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
         raise ColibriError(f"fma={int(opts.fma)} with avx2={int(opts.avx2)}: the AVX2 kernels "
                            "(src/kernels/avx2.c) are AVX2+FMA kernels, so fma must equal avx2 "
                            "(scalar ref kernels never fuse: -ffp-contract=off)")
+    if opts.vnni and not opts.avx2:
+        raise ColibriError("vnni=1 with avx2=0: the VNNI int8 kernels are part of the AVX2 "
+                           "kernels (src/kernels/avx2.c); give avx2=1 or leave vnni=auto")
     if not target.is_linux and (opts.mmap or opts.workbuf != "static"):
         raise ColibriError(f"target {target.name} is bare metal: it needs mmap=0 "
                            "workbuf=static (there is no file system and no heap)")
@@ -122,6 +131,8 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
         kernel_ccflags[k] = tuple(kset.flags)
     if not opts.kernels:
         defines.append("COLIBRI_KERNELS_REF_ONLY")
+    if opts.avx2 and not opts.vnni:
+        defines.append("COLIBRI_AVX2_NO_VNNI")
     linkflags = (*target.arch_flags, *target.link_flags)
     if opts.debug and "--specs=nano.specs" in target.link_flags:
         # newlib-nano leaves float printf out unless asked: the debug dumps need it.

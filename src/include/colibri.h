@@ -115,7 +115,7 @@ typedef struct colibri_info {
     uint64_t n_params;            /* weights in all known tensors */
     size_t arena_bytes;           /* this instance's arena (given or allocated) */
     uint32_t chunk_tokens;        /* tokens processed together */
-    const char *kernels;          /* "ref", "avx2", "neon", "neon-dotprod" */
+    const char *kernels;          /* "ref", "avx2", "avx2-vnni", "neon", "neon-dotprod" */
     const char *load_mode;        /* "mmap", "read", "memory", "shared" */
     uint8_t huge_pages_advised;   /* 1 if the model's own copy (read or
                                      swapped) lies in a MADV_HUGEPAGE region */

@@ -540,9 +540,7 @@ BLOCK void i8_group(const int vnni, const int R, __m256i d[MAXR],
 }
 
 /* Y[t, r0 .. r0 + 8) for one token (xq [cols], xs [ng]): lanes are the 8
- * rows, each lane the row's ref-order sum over groups. G: 0 for any group,
- * or the group length as a constant when cols is a multiple of it (the
- * converter's default 32: no tail code in the loop). Groups go in chunks of
+ * rows, each lane the row's ref-order sum over groups. Groups go in chunks of
  * I8R_GCH: first the chunk's scale products of the 8 rows are formed along
  * groups (contiguous in S), transposed to one vector per group and kept in
  * pv (8 KiB of stack at most), then one simple loop per group does the
@@ -550,16 +548,15 @@ BLOCK void i8_group(const int vnni, const int R, __m256i d[MAXR],
  * `prefetch`, the next 8 rows' weights and scales are requested into L2 at
  * the pace this block reads its own (PREFETCH at i8_matmul). */
 /* I8R_PF: prefetch distance in rows, one block ahead (16 and 32 measured
- * no better: decode then reads at ~90 % of the core's DRAM read rate). */
+ * no better: decode then reads at ~90 % of the core's DRAM read rate).
+ * A copy of the loop specialised for group 32 was 2 % faster with weights in
+ * L2 and not worth its 4 KiB per table. */
 enum { I8R_GCH = 256, I8R_PF = 8 };
 
-BLOCK void i8_rows8(const int vnni, const uint32_t G, float *y, const int8_t *Q,
-                    const float *S, const int8_t *xq, const float *xs,
-                    uint32_t cols, uint32_t group, uint32_t ng, uint32_t r0,
-                    int prefetch)
+BLOCK void i8_rows8(const int vnni, float *y, const int8_t *Q, const float *S,
+                    const int8_t *xq, const float *xs, uint32_t cols,
+                    uint32_t group, uint32_t ng, uint32_t r0, int prefetch)
 {
-    if (G) /* a constant: whole groups of G columns (the caller checked) */
-        group = G;
     const int8_t *q[MAXR];
     const float *s[MAXR];
     UNROLL
@@ -592,7 +589,7 @@ BLOCK void i8_rows8(const int vnni, const uint32_t G, float *y, const int8_t *Q,
         }
         for (uint32_t g = gc; g < gc + nch; g++) {
             const uint32_t c0 = g * group;
-            const uint32_t c1 = G || cols - c0 >= group ? c0 + group : cols;
+            const uint32_t c1 = cols - c0 < group ? cols : c0 + group;
             if (prefetch) /* the lines of the next 8 rows that start here */
                 for (uint32_t c = (c0 + 63) & ~63u; c < c1; c += 64)
                     UNROLL
@@ -867,11 +864,8 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
             const int8_t *xq = XQ + (size_t)t * cols;
             const float *xs = XS + (size_t)t * ng;
             uint32_t r = p0;
-            if (group == 32 && cols % 32 == 0)
-                for (; r + 8 <= pe; r += 8)
-                    i8_rows8(vnni, 32, y, Q, S, xq, xs, cols, group, ng, r, r + 8 + I8R_PF <= rows);
             for (; r + 8 <= pe; r += 8)
-                i8_rows8(vnni, 0, y, Q, S, xq, xs, cols, group, ng, r, r + 8 + I8R_PF <= rows);
+                i8_rows8(vnni, y, Q, S, xq, xs, cols, group, ng, r, r + 8 + I8R_PF <= rows);
             for (; r < pe; r++)
                 i8_row1(vnni, y, Q, S, xq, xs, cols, group, ng, r);
         }

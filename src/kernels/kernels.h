@@ -7,9 +7,11 @@
  * Arithmetic contract: docs/FORMAT.md section 5. Every optimised kernel must
  * agree with the ref kernel on the same inputs: F32 kernels to float rounding
  * (summation order may differ), the I8 integer inner sums exactly. On
- * AArch64, "neon" and "neon-dotprod" promise more: their matmul_i8 is
- * bit-identical to ref's (same float operations in the same order), so the
- * two tables give the same logits.
+ * x86-64 "avx2" and "avx2-vnni", on AArch64 "neon" and "neon-dotprod" promise
+ * more: their matmul_i8 is bit-identical to ref's (same float operations in
+ * the same order, whatever n, rows and where a row falls in a call), so the
+ * two tables of a target give the same logits and splitting a call into
+ * token x row tiles changes no bit.
  *
  * Conventions: W is row-major [rows, cols] (y = W x). Matrix forms take X as
  * [n, cols] and write Y as [n, rows], row t of Y = W * row t of X. Any size
@@ -17,7 +19,8 @@
  * arena buffers are 64-byte aligned, weights in a .colibri file 64-byte
  * aligned, so kernels may prefer aligned loads only after checking.
  * Kernels never allocate, never fail, and write only their output. They may
- * use up to 32 KiB of stack (the AVX2 int8 GEMM packs weights there: 24 KiB).
+ * use up to 32 KiB of stack (the AVX2 int8 GEMM packs weights there: 12 KiB; its decode form
+ * keeps 8 KiB of scale products).
  */
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
@@ -30,7 +33,7 @@ extern "C" {
 #endif
 
 typedef struct colibri_kernels {
-    const char *name; /* "ref", "avx2", "neon", "neon-dotprod" */
+    const char *name; /* "ref", "avx2", "avx2-vnni", "neon", "neon-dotprod" */
 
     /* Y[n, rows] = X[n, cols] * W^T, W float32 [rows, cols]. */
     void (*matmul_f32)(float *Y, const float *W, const float *X,
@@ -59,7 +62,9 @@ typedef struct colibri_kernels {
 
 /* Always available. */
 const colibri_kernels *colibri_kernels_ref(void);
-/* NULL unless built with COLIBRI_USE_AVX2 (avx2.c) and the CPU has AVX2+FMA. */
+/* NULL unless built with COLIBRI_USE_AVX2 (avx2.c) and the CPU has AVX2+FMA.
+ * "avx2-vnni" when the CPU also has AVX-VNNI or AVX512-VNNI + AVX512VL (not
+ * with COLIBRI_AVX2_NO_VNNI, scons vnni=0), else "avx2". */
 const colibri_kernels *colibri_kernels_avx2(void);
 /* NULL unless built with COLIBRI_USE_NEON (neon.c). On AArch64 Linux the
  * "neon-dotprod" table when the CPU reports the dot-product extension

@@ -414,6 +414,74 @@ done:
     buf_free(&Yk);
 }
 
+/* Tiles (what a multi-threaded caller does): Y computed in one call must
+ * equal, bit for bit, Y assembled from calls over token blocks x row blocks
+ * (Q, S, Y offset to the block's first row; XQ, XS to its first token), for
+ * several tile sizes that put each output element at other positions inside
+ * the kernel's register blocks, panels and decode / GEMM forms. Checked for
+ * tables whose matmul_i8 is bit-identical to ref (--exact-i8), where it
+ * follows, so a failure here points at the tiling rather than the sums. */
+static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t rows,
+                                 uint32_t cols, uint32_t group)
+{
+    uint32_t ng = (cols + group - 1) / group;
+    buf Q = buf_new((size_t)rows * cols, 1, 0);
+    buf S = buf_new((size_t)rows * ng, sizeof(float), 1);
+    buf X = buf_new((size_t)n * cols, sizeof(float), 0);
+    buf XQ = buf_new((size_t)n * cols, 1, 1);
+    buf XS = buf_new((size_t)n * ng, sizeof(float), 0);
+    buf Y1 = buf_new((size_t)n * rows, sizeof(float), 0);
+    buf YT = buf_new((size_t)n * rows, sizeof(float), 1);
+    int8_t *q = Q.p, *xq = XQ.p;
+    float *s = S.p, *x = X.p, *xs = XS.p, *y1 = Y1.p, *yt = YT.p;
+    for (size_t i = 0; i < (size_t)rows * cols; i++)
+        q[i] = (int8_t)(int32_t)(rng_below(256) - 128);
+    for (size_t i = 0; i < (size_t)rows * ng; i++)
+        s[i] = (1.0f + rng_sym()) / 127.0f;
+    for (size_t i = 0; i < (size_t)n * cols; i++)
+        x[i] = rng_sym();
+    k->quantize_act_i8(xq, xs, x, n, cols, group);
+    k->matmul_i8(y1, q, s, xq, xs, n, rows, cols, group);
+    /* (token block, row block): 1 token (decode form), 3 (below the GEMM
+     * threshold), 8 and 16 (GEMM); rows 1, 5, 8, 24, all. */
+    static const uint32_t tiles[][2] = {{1, 1}, {1, 5}, {3, 24}, {8, 8}, {16, 5}, {1, 0}, {8, 0}};
+    for (size_t i = 0; i < LEN(tiles); i++) {
+        const uint32_t tb = tiles[i][0], rb = tiles[i][1] ? tiles[i][1] : rows;
+        /* the tile's Y is [nt, nr] contiguous; copied into place */
+        buf T = buf_new((size_t)tb * rb, sizeof(float), 0);
+        float *ty = T.p;
+        for (uint32_t t0 = 0; t0 < n; t0 += tb)
+            for (uint32_t r0 = 0; r0 < rows; r0 += rb) {
+                const uint32_t nt = n - t0 < tb ? n - t0 : tb;
+                const uint32_t nr = rows - r0 < rb ? rows - r0 : rb;
+                k->matmul_i8(ty, q + (size_t)r0 * cols, s + (size_t)r0 * ng,
+                             xq + (size_t)t0 * cols, xs + (size_t)t0 * ng, nt, nr, cols,
+                             group);
+                for (uint32_t t = 0; t < nt; t++)
+                    memcpy(yt + (size_t)(t0 + t) * rows + r0, ty + (size_t)t * nr,
+                           nr * sizeof(float));
+            }
+        buf_free(&T);
+        n_checks++;
+        if (memcmp(y1, yt, (size_t)n * rows * sizeof(float)) != 0) {
+            size_t e = 0;
+            while (memcmp(y1 + e, yt + e, sizeof(float)) == 0)
+                e++;
+            FAIL("%s matmul_i8 tiles %ux%u of n=%u rows=%u cols=%u group=%u: y[%zu,%zu] = "
+                 "%.9g in tiles, %.9g in one call", k->name, tb, rb, n, rows, cols, group,
+                 e / rows, e % rows, yt[e], y1[e]);
+            break;
+        }
+    }
+    buf_free(&Q);
+    buf_free(&S);
+    buf_free(&X);
+    buf_free(&XQ);
+    buf_free(&XS);
+    buf_free(&Y1);
+    buf_free(&YT);
+}
+
 static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
 {
     long f0 = n_failures, c0 = n_checks;
@@ -447,6 +515,14 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
         test_matmul_i8(ref, k, 3, 5, 4099, 4096, mode);
     test_matmul_f32(ref, k, 3, 5, 4099);
     test_matmul_i16(ref, k, 3, 5, 4099);
+    /* Tiling invariance (threads): decode and GEMM forms, whole and partial
+     * groups, a group over several 32-column steps, the converter's shape. */
+    if (i8_must_be_exact(k)) {
+        static const uint32_t tiled[][4] = {{24, 40, 96, 32}, {17, 33, 100, 33},
+                                            {20, 29, 1100, 64}, {9, 48, 257, 7}};
+        for (size_t i = 0; i < LEN(tiled); i++)
+            test_matmul_i8_tiles(k, tiled[i][0], tiled[i][1], tiled[i][2], tiled[i][3]);
+    }
     /* Float forms over several 4 KiB column chunks (1024 float / 2048 int16
      * columns) with 1 and 2 tokens left after the blocks of 3, and strips
      * whose next strip is prefetched, is partial, or missing. */
