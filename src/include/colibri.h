@@ -258,8 +258,9 @@ int colibri_share(colibri_model *m, const colibri_model *owner,
  *                  (n_past below the cached count rewinds). Token t of the
  *                  call sits at position n_past + t.
  *   logits         [batch, seq, vocab] float32, written by the call.
- * No allocation, no system call; the instance is not thread-safe (one per
- * thread). On error nothing is computed and the KV cache is unchanged.
+ * No allocation, no system call (on several threads, colibri_set_threads
+ * says exactly what the workers' hand-over may do); the instance is not
+ * thread-safe (one per calling thread). On error nothing is computed and the KV cache is unchanged.
  * Returns 0, COLIBRI_E_INPUT_TOO_LARGE (-1), _ARG, _TOKEN, _KV_STATE,
  * _NOT_INIT. */
 int colibri_infer(colibri_model *m, const int32_t *input_ids,
@@ -290,8 +291,8 @@ int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
  * COLIBRI_THREADS=0, and with an executor): the work is cut into tiles fixed
  * by the model's shapes and the call (row blocks of each matrix, token
  * blocks of a prefill, element blocks of the SwiGLU, the heads of an
- * attention), and the thread count
- * only decides which worker computes a tile.
+ * attention), and the thread count only decides which worker computes a
+ * tile.
  * What the threaded path does inside colibri_infer: no allocation; atomic
  * operations on the instance's team; with flags 0, after spinning about
  * 20-200 us, the futex system calls FUTEX_WAKE (to hand a region to parked
@@ -318,7 +319,7 @@ int colibri_set_threads(colibri_model *m, uint32_t n_threads, uint32_t flags);
  * nothing: there the heads of an attention run on the caller, the matrices
  * on every worker). Returns 0, COLIBRI_E_NOT_INIT, COLIBRI_E_ARG (run NULL,
  * n_workers 0 or above COLIBRI_MAX_THREADS), COLIBRI_E_UNSUPPORTED
- * (COLIBRI_THREADS=0 builds). */
+ * (n_workers > 1 in a COLIBRI_THREADS=0 build). */
 int colibri_set_executor(colibri_model *m, const colibri_executor *ex);
 
 /* Release what the model owns (mapping, copy, arena, worker threads) and mark it
