@@ -352,10 +352,11 @@ def markdown(res: dict) -> str:
          f"`{' '.join(plan['lb_args'])} -t 1,2`; {plan['rounds']} interleaved rounds, "
          f"median of the rounds' medians",
          "",
-         "tokens/s, wall time (CPU time in brackets: process CPU time, with 2 threads the "
-         "sum of both threads, so a 2-thread figure close to the 1-thread one means the "
-         "second thread's work plus its idle/synchronisation time cost as much as it saved; "
-         "llama-bench reports wall time only).", "",
+         "tokens/s from wall time; in brackets from process CPU time, which with 2 threads "
+         "is the sum over both threads including the time a worker spins or waits for "
+         "work: a 2-thread CPU figure equal to the 1-thread one means no idle or "
+         "synchronisation cost, the shortfall below it is that cost. llama-bench reports "
+         "wall time only.", "",
          "| engine | threads | prefill, last logits | prefill, all logits | decode |",
          "|---|---:|---:|---:|---:|"]
     for eng, per_t in table.items():
@@ -402,7 +403,14 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench",
                     help="generated models and builds (cached between runs)")
     ap.add_argument("--no-llama", action="store_true", help="Colibri rows only")
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: rewrite threads.md from threads.json")
     a = ap.parse_args(argv)
+    if a.report_only:
+        d = a.out or ROOT / "bench" / "results"
+        (d / "threads.md").write_text(markdown(json.loads((d / "threads.json").read_text())))
+        log(f"rewrote {d}/threads.md from threads.json")
+        return 0
     t_start = time.perf_counter()
     mode = "quick" if a.quick else "full"
     plan = dict(PLANS[mode])
