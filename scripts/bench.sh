@@ -2,6 +2,10 @@
 # The benchmark suite (bench/README.md): one command.
 #   scripts/bench.sh            full run (tiny + small model), ~30-40 min on 2 cores
 #   scripts/bench.sh --quick    tiny model only, few steps (~3 min)
+#   scripts/bench.sh --threads  the thread benchmark of issue 15 (bench/threads.py:
+#                               1 and 2 threads vs llama.cpp, ~15 min; first
+#                               builds llama-bench, scripts/build_llama_bench.sh)
+#   scripts/bench.sh --threads --quick   the same on the tiny model (~1 min)
 # Extra arguments go to bench/run.py (see `--help`).
 #
 # Installs the bench-only Python packages into .venv, idempotently and without
@@ -48,4 +52,11 @@ fi
 
 # --- run --------------------------------------------------------------------
 [ "${BENCH_INSTALL_ONLY:-0}" = 1 ] && { say "packages present"; exit 0; }
+if [ "${1:-}" = --threads ]; then
+    shift
+    # llama.cpp's own llama-bench from the same sources as llama-cpp-python
+    # (native and AVX2-only builds; idempotent, pinned to the same version).
+    LLAMA_CPP_PYTHON_VERSION=$LLAMA_CPP_PYTHON_VERSION bash scripts/build_llama_bench.sh
+    exec "$py" bench/threads.py "$@"
+fi
 exec "$py" bench/run.py "$@"

@@ -1,4 +1,6 @@
-"""The benchmark's GGUF writer (bench/gguf_export.py) produces the same model
+"""The benchmark's harnesses on the tiny model.
+
+1. The GGUF writer (bench/gguf_export.py) produces the same model
 for llama.cpp as the checkpoint is for transformers: expert stacking, the q/k
 row permutation for llama.cpp's RoPE layout, rope_theta, eps and the router
 all have to be right for the greedy tokens and the logits to agree. Without
@@ -6,6 +8,12 @@ this the benchmark's llama.cpp figures would be of a different model.
 
 llama-cpp-python and gguf are bench-only packages (scripts/bench.sh installs
 them); without them this test is skipped.
+
+2. The thread benchmark (bench/threads.py --quick, one round): it runs end to
+end, every Colibri row has figures, the figures are what the raw times say
+(median of the rounds' medians), and the answers agree with each other
+(last-only vs all-positions prefill, 1 vs 2 threads, vnni=0 vs VNNI).
+Nothing about speed is asserted.
 """
 import sys
 from pathlib import Path
@@ -13,17 +21,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: it is a "
-                    "bench-only package (scripts/bench.sh installs it), not part of the test setup")
-pytest.importorskip("gguf", reason="gguf is not installed: it is a bench-only package "
-                    "(scripts/bench.sh installs it), not part of the test setup")
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def _need_bench_packages():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: it is a "
+                        "bench-only package (scripts/bench.sh installs it), not part of the "
+                        "test setup")
+    pytest.importorskip("gguf", reason="gguf is not installed: it is a bench-only package "
+                        "(scripts/bench.sh installs it), not part of the test setup")
+
+
 def test_gguf_f32_matches_transformers(tmp_path):
+    _need_bench_packages()
     from bench.gguf_export import write_gguf
     from bench.models import write_tiny_checkpoint
     from bench.peers import LlamaEngine, TransformersEngine, greedy
@@ -39,3 +52,82 @@ def test_gguf_f32_matches_transformers(tmp_path):
     # And 16 greedy decode steps through the KV caches.
     want = greedy(hf, prompt, 16)
     assert greedy(ll, prompt, 16) == want
+
+
+def test_threads_summary_is_median_of_round_medians():
+    """The figure of a cell: tokens / (median over rounds of each round's
+    median time); llama-bench's avg_ts taken as it reports it."""
+    from bench.threads import ratios, summarise
+    plan = {"n_prefill": 100}
+    def cell(pl, pa, dec):
+        return {"prefill_last": {"wall_s": pl, "cpu_s": [2 * x for x in pl]},
+                "prefill_all": {"wall_s": pa, "cpu_s": pa}, "decode": {"wall_s": dec, "cpu_s": dec}}
+    rounds = [{"servers": {"colibri f32": {1: cell([1.0, 3.0], [2.0], [0.1, 0.1, 0.4]),
+                                           2: cell([0.5], [1.0], [0.05])}},
+               "llama_bench": {"llama-bench native f32": {
+                   "rows": [{"n_prompt": 128, "n_gen": 0, "n_threads": 1, "avg_ts": 40.0},
+                            {"n_prompt": 0, "n_gen": 32, "n_threads": 1, "avg_ts": 8.0}],
+                   "process_cpu_s": 3.0, "process_wall_s": 2.0}}},
+              {"servers": {"colibri f32": {1: cell([4.0], [4.0], [0.2]),
+                                           2: cell([0.5], [1.0], [0.05])}},
+               "llama_bench": {"llama-bench native f32": {
+                   "rows": [{"n_prompt": 128, "n_gen": 0, "n_threads": 1, "avg_ts": 60.0},
+                            {"n_prompt": 0, "n_gen": 32, "n_threads": 1, "avg_ts": 12.0}],
+                   "process_cpu_s": 3.0, "process_wall_s": 2.0}}},
+              {"servers": {"colibri f32": {1: cell([2.0], [3.0], [0.25]),
+                                           2: cell([1.0], [1.0], [0.1])}},
+               "llama_bench": {"llama-bench native f32": {
+                   "rows": [{"n_prompt": 128, "n_gen": 0, "n_threads": 1, "avg_ts": 50.0},
+                            {"n_prompt": 0, "n_gen": 32, "n_threads": 1, "avg_ts": 10.0}],
+                   "process_cpu_s": 3.0, "process_wall_s": 2.0}}}]
+    t = summarise(rounds, plan)
+    c = t["colibri f32"]["1"]
+    # rounds' medians 2.0, 4.0, 2.0 s -> 2.0 s -> 50 tok/s; CPU twice the time
+    assert c["prefill_last"]["tok_s"] == pytest.approx(50.0)
+    assert c["prefill_last"]["tok_s_cpu"] == pytest.approx(25.0)
+    assert c["prefill_all"]["tok_s"] == pytest.approx(100 / 3.0)
+    assert c["decode"]["tok_s"] == pytest.approx(1 / 0.2)  # medians 0.1, 0.2, 0.25
+    assert t["llama-bench native f32"]["1"]["prefill_last"]["tok_s"] == 50.0
+    assert t["llama-bench native f32"]["1"]["decode"]["tok_s"] == 10.0
+    r = {(lab, th, m): w for lab, th, m, w, _, _ in ratios(t)}
+    assert r[("colibri f32 / llama-bench native f32", 1, "prefill_last")] == pytest.approx(1.0)
+    assert r[("colibri f32 / llama-bench native f32", 1, "decode")] == pytest.approx(0.5)
+    assert r[("colibri f32: 2 threads / 1 thread", "2/1", "prefill_last")] == pytest.approx(4.0)
+    assert ("colibri f32 / llama-bench native f32", 1, "prefill_all") not in r
+
+
+def test_threads_bench_quick_runs(tmp_path):
+    """bench/threads.py --quick --rounds 1 end to end on the tiny model (the
+    models and libraries cached under build/bench, as the benchmark keeps
+    them), then its JSON checked for figures and agreeing answers."""
+    import json
+    from bench import threads
+    out = tmp_path / "out"
+    assert threads.main(["--quick", "--rounds", "1", "--out", str(out)]) == 0
+    res = json.loads((out / "threads.json").read_text())
+    assert (out / "threads.md").read_text().startswith("# Thread benchmark (quick")
+    assert res["env"]["cpu"]["model"] and "avx2" in res["env"]["cpu"]["flags"]
+    t = res["table"]
+    api = res["threads_api"]
+    for eng in ("colibri f32", "colibri int8", "colibri int8 vnni=0"):
+        for n in ((1, 2) if api else (1,)):
+            for m in (("prefill_last", "prefill_all", "decode") if api
+                      else ("prefill_all", "decode")):
+                assert t[eng][str(n)][m]["tok_s"] > 0, (eng, n, m)
+                assert t[eng][str(n)][m]["tok_s_cpu"] > 0, (eng, n, m)
+    # the vnni=0 build really runs the non-VNNI int8 table
+    assert res["kernels"]["colibri int8 vnni=0"] != "avx2-vnni"
+    con = res["consistency"]
+    # the int8 kernels are bit-identical across tables: same greedy tokens
+    assert con["colibri int8 vnni=0"]["greedy_equal_to_colibri_int8"] is True
+    if api:
+        for eng in ("colibri f32", "colibri int8", "colibri int8 vnni=0"):
+            assert con[eng]["decode_tokens_equal_across_threads"] is True, eng
+            assert con[eng]["prefill_last_argmax_equals_all"] is True, eng
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return
+    for q in ("f32", "q8_0"):
+        assert t[f"llama-cpp-python {q}"]["2"]["decode"]["tok_s"] > 0
+        assert res["consistency"][f"llama-cpp-python {q}"]["prefill_last_argmax_equals_all"]

@@ -1,0 +1,498 @@
+"""Thread benchmark (issue 15): Colibri at 1 and 2 threads against llama.cpp
+at 1 and 2 threads, side by side in one run, interleaved.
+
+    scripts/bench.sh --threads            # small model -> bench/results/threads.{md,json}
+    scripts/bench.sh --threads --quick    # tiny model, few steps -> build/bench/threads-quick/
+
+Engines (each loaded once, in its own process, then driven round after round):
+  colibri f32 / int8          bench/c/threads_bench.c on the default host build
+                              (x86_64: the file read into memory; kernels ref+avx2,
+                              the int8 table "avx2-vnni" where the CPU has VNNI)
+  colibri int8 vnni=0         the same with COLIBRI_AVX2_NO_VNNI (`scons vnni=0`):
+                              the int8 kernels an AVX2-only CPU (Zen 2/3) runs
+  llama-cpp-python f32/q8_0   bench/threads_peer.py, n_threads = n_threads_batch = N
+  llama-bench native/avx2     llama.cpp's own tool, built from the same sources
+                              (scripts/build_llama_bench.sh): `-p 128 -n 32 -t 1,2`,
+                              default settings otherwise
+
+Figures: prefill of 128 tokens, (a) last position's logits only (colibri_infer_ex
+COLIBRI_LOGITS_LAST; llama.cpp logits_all=False; llama-bench's pp128) and (b) every
+position's logits (COLIBRI_LOGITS_ALL; logits_all=True); decode: greedy single-token
+steps after a 16-token prompt (llama-bench tg32: 32 tokens from an empty context).
+
+A round runs every engine once, at 1 then 2 threads; the figure is the median over
+the rounds of each round's median; wall time and process CPU time. Nothing asserted.
+"""
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import models  # noqa: E402
+from bench.measure import token_file  # noqa: E402
+
+PY = sys.executable
+LLAMA_BENCH = {  # flavour -> binary (scripts/build_llama_bench.sh)
+    "native": ROOT / "build" / "bench" / "llama.cpp" / "native" / "bin" / "llama-bench",
+    "avx2": ROOT / "build" / "bench" / "llama.cpp" / "avx2" / "bin" / "llama-bench",
+}
+THREADS = (1, 2)
+METRICS = ("prefill_last", "prefill_all", "decode")
+PLANS = {  # model, prefill length, prefill reps per round, decode prompt + steps, rounds
+    "full": dict(model="small", n_prefill=128, reps=2, n_prompt=16, steps=32, rounds=3,
+                 lb_args=["-p", "128", "-n", "32"]),
+    "quick": dict(model="tiny", n_prefill=32, reps=2, n_prompt=8, steps=8, rounds=3,
+                  lb_args=["-p", "32", "-n", "8", "-r", "2"]),
+}
+# Goals of issue 15, judged on the wall-time ratios (llama-bench has no CPU clock).
+GOAL_VS_PEER, GOAL_PREFILL_SCALING, GOAL_DECODE_SCALING = 1.2, 1.8, 1.5
+
+
+def log(msg: str) -> None:
+    print(f"[threads {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --- machine ----------------------------------------------------------------
+
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni", "avx_vnni",
+             "amx_int8")
+
+
+def cpu_description() -> dict:
+    model, flags = "", set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name") and not model:
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+    return {"model": model, "cores": os.cpu_count(),
+            "flags": {f: f in flags for f in CPU_FLAGS}}
+
+
+def git_revisions() -> dict:
+    def sh(*cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        except OSError:
+            return ""
+    revs = {"HEAD": sh("git", "rev-parse", "--short", "HEAD"),
+            "branch": sh("git", "rev-parse", "--abbrev-ref", "HEAD"),
+            "src_dirty": bool(sh("git", "status", "--porcelain", "src", "bench"))}
+    for b in ("threads", "i8avx2"):  # the branches issue 15 is built on, if merged
+        tip = sh("git", "rev-parse", "--short", "--verify", "-q", b)
+        if tip:
+            merged = subprocess.run(["git", "merge-base", "--is-ancestor", b, "HEAD"],
+                                    cwd=ROOT).returncode == 0
+            revs[b] = f"{tip} ({'merged' if merged else 'NOT merged'})"
+    return revs
+
+
+# --- engines ----------------------------------------------------------------
+
+class Server:
+    """One engine process speaking the threads_bench command protocol."""
+
+    def __init__(self, name: str, cmd: list, kind: str, precision: str):
+        self.name, self.kind, self.precision = name, kind, precision
+        self.proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        hello = self._read()
+        if not hello.get("ready"):
+            raise RuntimeError(f"{name}: did not start: {hello}")
+        self.load_s = hello["load_s"]
+        self.info = self.ask("info")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name}: the engine process ended "
+                               f"(exit {self.proc.wait()}); see its stderr above")
+        return json.loads(line)
+
+    def ask(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            self.proc.wait(timeout=60)
+
+
+def build_colibri(work: Path) -> dict:
+    """{"vnni": program, "novnni": program, "have_threads": bool}: the thread
+    driver linked against the host library as the x86_64 target builds it
+    (file read, not mapped), and against the same with VNNI disabled."""
+    from colibri import cbuild
+    header = (ROOT / "src" / "include" / "colibri.h").read_text()
+    have_threads = "colibri_set_threads" in header and "COLIBRI_LOGITS_LAST" in header
+    extra = ["-DBENCH_HAVE_THREADS"] if have_threads else []
+    kernels = cbuild.host_kernels()
+    out = {"have_threads": have_threads}
+    for flavour, defines in (("vnni", ()), ("novnni", ("COLIBRI_AVX2_NO_VNNI",))):
+        lib = cbuild.build(work / f"lib-threads-{flavour}", kernels=kernels, mmap=False,
+                           cli=False, defines=defines)
+        out[flavour] = cbuild.build_program(lib, [ROOT / "bench" / "c" / "threads_bench.c"],
+                                            work / f"threads_bench_{flavour}",
+                                            extra_cflags=extra)
+    return out
+
+
+def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bool) -> list:
+    servers = [
+        Server("colibri f32", [progs["vnni"], ms.colibri["f32"], tokens], "colibri", "f32"),
+        Server("colibri int8", [progs["vnni"], ms.colibri["int8"], tokens], "colibri", "int8"),
+        Server("colibri int8 vnni=0", [progs["novnni"], ms.colibri["int8"], tokens],
+               "colibri", "int8"),
+    ]
+    if with_llama and all(p.exists() for p in ms.gguf.values()):
+        for q in ("f32", "q8_0"):
+            servers.append(Server(f"llama-cpp-python {q}",
+                                  [PY, "-m", "bench.threads_peer", ms.gguf[q], tokens],
+                                  "llama-cpp-python", q))
+    return servers
+
+
+def run_server_round(s: Server, plan: dict, n_threads: int) -> dict:
+    """One round of one engine at n_threads: {metric: {"wall_s", "cpu_s"}}."""
+    r = s.ask(f"threads {n_threads} 0")
+    if "error" in r:
+        return {"error": r["error"]}
+    s.ask(f"prefill all {min(8, plan['n_prefill'])} 1")  # wake the workers, untimed
+    out = {}
+    for mode in ("last", "all"):
+        r = s.ask(f"prefill {mode} {plan['n_prefill']} {plan['reps']}")
+        out[f"prefill_{mode}"] = r
+    out["decode"] = s.ask(f"decode {plan['n_prompt']} {plan['steps']}")
+    return out
+
+
+def run_llama_bench(flavour: str, gguf: Path, plan: dict) -> dict:
+    """One llama-bench invocation (both thread counts): its JSON, plus the
+    whole process's CPU and wall seconds (it loads the model and warms up
+    inside, so only the ratio CPU/wall is meaningful from those)."""
+    binary = LLAMA_BENCH[flavour]
+    cmd = [str(binary), "-m", str(gguf), *plan["lb_args"],
+           "-t", ",".join(map(str, THREADS)), "-o", "json"]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    w0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - w0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout)[-1500:]}
+    rows = json.loads(proc.stdout)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return {"rows": rows, "process_wall_s": wall, "process_cpu_s": cpu}
+
+
+# --- summaries ----------------------------------------------------------------
+
+def _median(v):
+    return float(np.median(v)) if len(v) else None
+
+
+def summarise(rounds: list, plan: dict) -> dict:
+    """{engine: {threads: {metric: {tok_s, tok_s_cpu, per_round...}}}} from
+    the rounds' raw answers: per round the median of its repetitions, then
+    the median over rounds; tokens/s = tokens of the figure / time."""
+    table: dict = {}
+    for rnd in rounds:
+        for name, per_t in rnd["servers"].items():
+            for t, res in per_t.items():
+                cell = table.setdefault(name, {}).setdefault(str(t), {})
+                if "error" in res:
+                    cell["error"] = res["error"]
+                    continue
+                for m in METRICS:
+                    r = res[m]
+                    if "error" in r:
+                        cell.setdefault(m, {})["error"] = r["error"]
+                        continue
+                    n = plan["n_prefill"] if m != "decode" else 1
+                    c = cell.setdefault(m, {"rounds_tok_s": [], "rounds_tok_s_cpu": []})
+                    c["rounds_tok_s"].append(n / _median(r["wall_s"]))
+                    c["rounds_tok_s_cpu"].append(n / _median(r["cpu_s"]))
+        for name, res in rnd["llama_bench"].items():
+            if "error" in res:
+                table.setdefault(name, {})["error"] = res["error"]
+                continue
+            for row in res["rows"]:
+                m = "prefill_last" if row["n_prompt"] else "decode"
+                cell = table.setdefault(name, {}).setdefault(str(row["n_threads"]), {})
+                c = cell.setdefault(m, {"rounds_tok_s": [], "rounds_tok_s_cpu": []})
+                c["rounds_tok_s"].append(row["avg_ts"])
+            table[name].setdefault("process_cpu_per_wall", []).append(
+                res["process_cpu_s"] / res["process_wall_s"])
+    for name, per_t in table.items():
+        for t, cell in per_t.items():
+            if not isinstance(cell, dict):
+                continue
+            for m, c in cell.items():
+                if isinstance(c, dict) and "rounds_tok_s" in c:
+                    c["tok_s"] = _median(c["rounds_tok_s"])
+                    c["tok_s_cpu"] = _median(c["rounds_tok_s_cpu"])
+    return table
+
+
+def fig(table, engine, t, metric, cpu=False):
+    c = table.get(engine, {}).get(str(t), {})
+    c = c.get(metric) if isinstance(c, dict) else None
+    return (c or {}).get("tok_s_cpu" if cpu else "tok_s")
+
+
+def ratios(table: dict) -> list:
+    """[(label, threads, metric, ratio wall, ratio cpu, goal)] of issue 15's goals."""
+    pairs = [  # (ours, peer) at equal threads
+        ("colibri f32", "llama-cpp-python f32"),
+        ("colibri f32", "llama-bench native f32"),
+        ("colibri int8", "llama-cpp-python q8_0"),
+        ("colibri int8", "llama-bench native q8_0"),
+        ("colibri int8 vnni=0", "llama-bench avx2 q8_0"),
+        ("colibri int8 vnni=0", "llama-cpp-python q8_0"),
+        ("colibri f32", "llama-bench avx2 f32"),
+    ]
+    out = []
+    for ours, peer in pairs:
+        for t in THREADS:
+            for m in METRICS:
+                a, b = fig(table, ours, t, m), fig(table, peer, t, m)
+                if a is None or b is None:
+                    continue
+                ac, bc = fig(table, ours, t, m, True), fig(table, peer, t, m, True)
+                out.append((f"{ours} / {peer}", t, m, a / b,
+                            ac / bc if ac and bc else None, GOAL_VS_PEER))
+    for eng in list(table):
+        for m in METRICS:
+            a, b = fig(table, eng, 2, m), fig(table, eng, 1, m)
+            if a is None or b is None:
+                continue
+            ac, bc = fig(table, eng, 2, m, True), fig(table, eng, 1, m, True)
+            goal = (GOAL_DECODE_SCALING if m == "decode" else GOAL_PREFILL_SCALING) \
+                if eng.startswith("colibri") else None
+            out.append((f"{eng}: 2 threads / 1 thread", "2/1", m, a / b,
+                        ac / bc if ac and bc else None, goal))
+    return out
+
+
+def consistency(rounds: list) -> dict:
+    """Same model, same answers? Per engine (first round): decode tokens equal
+    at 1 and 2 threads (Colibri promises bit-identical logits whatever the
+    thread count: seen from the outside), prefill with last-only and with all
+    logits give the same next token, and the greedy tokens at 1 thread equal
+    those of Colibri at the same precision (f32: colibri f32; int8/q8_0:
+    colibri int8; the vnni=0 build must agree with the VNNI one exactly)."""
+    out = {}
+    first = rounds[0]["servers"]
+
+    def toks(name, t):
+        r = first.get(name, {}).get(t, {})
+        return r.get("decode", {}).get("tokens") if isinstance(r, dict) else None
+
+    for name, per_t in first.items():
+        tk = {t: toks(name, t) for t in per_t}
+        pl = [(r.get("prefill_last", {}).get("argmax"), r.get("prefill_all", {}).get("argmax"))
+              for r in per_t.values() if isinstance(r, dict)]
+        base = "colibri f32" if name.endswith("f32") else "colibri int8"
+        b = toks(base, 1)
+        out[name] = {
+            "decode_tokens_equal_across_threads":
+                len({tuple(v) for v in tk.values() if v}) == 1 if all(tk.values()) else None,
+            "prefill_last_argmax_equals_all":
+                all(x == y for x, y in pl) if all(None not in p for p in pl) else None,
+            f"greedy_equal_to_{base.replace(' ', '_')}":
+                (tk.get(1) == b) if (b and tk.get(1) and name != base) else None,
+        }
+    return out
+
+
+# --- report -----------------------------------------------------------------
+
+def _f(x, nd=1):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def markdown(res: dict) -> str:
+    env, plan, table = res["env"], res["plan"], res["table"]
+    cpu = env["cpu"]
+    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu["flags"].items())
+    L = [f"# Thread benchmark ({res['mode']}: {plan['model']} model)", "",
+         f"{env['date_utc']} UTC · `{res['command']}` · {res['wall_s'] / 60:.1f} min",
+         "",
+         f"- CPU: {cpu['model']}, {cpu['cores']} cores; {flags}",
+         f"- git: " + ", ".join(f"{k} {v}" for k, v in env["git"].items()),
+         f"- Colibri kernels: " + ", ".join(f"{k}: {v}" for k, v in res["kernels"].items()),
+         f"- llama-cpp-python {env['llama_cpp_python']} (pip build of scripts/bench.sh); "
+         f"llama-bench from the same llama.cpp sources: " + ", ".join(
+             f"{k}: {v}" for k, v in res.get("llama_bench_build", {}).items()),
+         f"- load average start/end: {env['loadavg_start']} / {env.get('loadavg_end')}",
+         f"- prefill {plan['n_prefill']} tokens ({plan['reps']} per round); decode "
+         f"{plan['steps']} steps after a {plan['n_prompt']}-token prompt; llama-bench "
+         f"`{' '.join(plan['lb_args'])} -t 1,2`; {plan['rounds']} interleaved rounds, "
+         f"median of the rounds' medians",
+         "",
+         "tokens/s from wall time; in brackets from process CPU time, which with 2 threads "
+         "is the sum over both threads including the time a worker spins or waits for "
+         "work: a 2-thread CPU figure equal to the 1-thread one means no idle or "
+         "synchronisation cost, the shortfall below it is that cost. llama-bench reports "
+         "wall time only.", "",
+         "| engine | threads | prefill, last logits | prefill, all logits | decode |",
+         "|---|---:|---:|---:|---:|"]
+    for eng, per_t in table.items():
+        for t in THREADS:
+            cell = per_t.get(str(t))
+            if not isinstance(cell, dict):
+                continue
+            if "error" in cell and not any(m in cell for m in METRICS):
+                L.append(f"| {eng} | {t} | {cell['error'][:60]} | | |")
+                continue
+            cols = []
+            for m in METRICS:
+                w, c = fig(table, eng, t, m), fig(table, eng, t, m, True)
+                cols.append("n/a" if w is None else
+                            f"{_f(w)}" + (f" ({_f(c)})" if c else ""))
+            L.append(f"| {eng} | {t} | " + " | ".join(cols) + " |")
+    L += ["", "## Ratios (issue 15's goals)", "",
+          "| ratio | threads | figure | wall | CPU | goal | met |", "|---|---:|---|---:|---:|---:|---|"]
+    for label, t, m, rw, rc, goal in res["ratios"]:
+        met = "" if goal is None else ("yes" if rw >= goal else "**no**")
+        L.append(f"| {label} | {t} | {m.replace('_', ' ')} | {_f(rw, 2)} | {_f(rc, 2)} | "
+                 f"{'' if goal is None else f'≥ {goal}'} | {met} |")
+    L += ["", "## Consistency", ""]
+    for eng, c in res["consistency"].items():
+        L.append(f"- {eng}: " + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in c.items()))
+    lbcpu = {k: v.get("process_cpu_per_wall") for k, v in table.items()
+             if k.startswith("llama-bench") and isinstance(v, dict)}
+    if lbcpu:
+        L += ["", "llama-bench process CPU / wall per invocation (load and warm-up "
+              "included): " + "; ".join(f"{k}: " + ", ".join(f"{x:.2f}" for x in v)
+                                         for k, v in lbcpu.items() if v)]
+    return "\n".join(L) + "\n"
+
+
+# --- main -------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="bench/threads.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny model, few steps")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3)")
+    ap.add_argument("--out", type=Path, help="results directory (default bench/results, "
+                                             "or build/bench/threads-quick with --quick)")
+    ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench",
+                    help="generated models and builds (cached between runs)")
+    ap.add_argument("--no-llama", action="store_true", help="Colibri rows only")
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: rewrite threads.md from threads.json")
+    a = ap.parse_args(argv)
+    if a.report_only:
+        d = a.out or ROOT / "bench" / "results"
+        (d / "threads.md").write_text(markdown(json.loads((d / "threads.json").read_text())))
+        log(f"rewrote {d}/threads.md from threads.json")
+        return 0
+    t_start = time.perf_counter()
+    mode = "quick" if a.quick else "full"
+    plan = dict(PLANS[mode])
+    if a.rounds:
+        plan["rounds"] = a.rounds
+    out_dir = a.out or (ROOT / "build" / "bench" / "threads-quick" if a.quick
+                        else ROOT / "bench" / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    a.work.mkdir(parents=True, exist_ok=True)
+
+    with_llama = not a.no_llama
+    if with_llama:
+        try:
+            import llama_cpp
+            llama_version = llama_cpp.__version__
+        except ImportError:
+            log("llama-cpp-python is not installed (scripts/bench.sh installs it): "
+                "no llama-cpp-python rows")
+            with_llama, llama_version = False, None
+    else:
+        llama_version = None
+    lb = {k: p for k, p in LLAMA_BENCH.items() if p.exists()} if not a.no_llama else {}
+    for k in set(LLAMA_BENCH) - set(lb):
+        if not a.no_llama:
+            log(f"no {LLAMA_BENCH[k]} (scripts/build_llama_bench.sh builds it): "
+                f"no llama-bench {k} rows")
+
+    env = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+           "cpu": cpu_description(), "git": git_revisions(), "python": platform.python_version(),
+           "llama_cpp_python": llama_version, "loadavg_start": os.getloadavg()}
+    log(f"CPU: {env['cpu']['model']}; " + " ".join(k for k, v in env["cpu"]["flags"].items() if v))
+    log("building the Colibri thread driver (VNNI on and vnni=0)")
+    progs = build_colibri(a.work)
+    if not progs["have_threads"]:
+        log("colibri.h has no colibri_set_threads/COLIBRI_LOGITS_LAST yet: Colibri rows "
+            "at 1 thread, all-logits prefill only")
+    import importlib.util
+    ms = models.prepare(plan["model"], a.work / "models", log=log,
+                        with_gguf=importlib.util.find_spec("gguf") is not None)
+    tokens = token_file(a.work / f"tokens-threads-{plan['model']}.txt", ms.config()["vocab_size"])
+
+    log("loading the engines")
+    servers = start_servers(ms, tokens, progs, with_llama)
+    kernels = {s.name: s.info.get("kernels") for s in servers if s.kind == "colibri"}
+    rounds = []
+    try:
+        for r in range(plan["rounds"]):
+            rnd = {"servers": {}, "llama_bench": {}}
+            for s in servers:
+                log(f"round {r + 1}/{plan['rounds']}: {s.name}")
+                rnd["servers"][s.name] = {t: run_server_round(s, plan, t) for t in THREADS}
+            for flavour in (lb if all(p.exists() for p in ms.gguf.values()) else ()):
+                for q in ("f32", "q8_0"):
+                    log(f"round {r + 1}/{plan['rounds']}: llama-bench {flavour} {q}")
+                    rnd["llama_bench"][f"llama-bench {flavour} {q}"] = run_llama_bench(
+                        flavour, ms.gguf[q], plan)
+            rounds.append(rnd)
+    finally:
+        for s in servers:
+            s.close()
+
+    table = summarise(rounds, plan)
+    lb_build = {}
+    for name, res in rounds[0]["llama_bench"].items():
+        if res.get("rows"):
+            row = res["rows"][0]
+            lb_build[name.split()[1]] = (f"build {row.get('build_commit')} "
+                                         f"({row.get('build_number')}), {row.get('backends')}")
+    env["loadavg_end"] = os.getloadavg()
+    res = {"mode": mode, "plan": plan, "env": env, "kernels": kernels,
+           "threads_api": progs["have_threads"], "llama_bench_build": lb_build,
+           "command": "scripts/bench.sh --threads" + (" --quick" if a.quick else ""),
+           "table": table, "ratios": ratios(table), "consistency": consistency(rounds),
+           "load_s": {s.name: s.load_s for s in servers}, "rounds": rounds,
+           "wall_s": time.perf_counter() - t_start}
+    (out_dir / "threads.json").write_text(json.dumps(res, indent=1) + "\n")
+    md = markdown(res)
+    (out_dir / "threads.md").write_text(md)
+    print(md)
+    log(f"wrote {out_dir}/threads.json and threads.md in {res['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

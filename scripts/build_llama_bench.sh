@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own `llama-bench` from THE SAME sources as the pinned
+# llama-cpp-python of scripts/bench.sh (the llama.cpp vendored in its sdist),
+# twice, into build/bench/llama.cpp/ (ignored by git):
+#
+#   native/  cmake defaults, as llama.cpp's README tells its users to build it
+#            (`cmake -B build && cmake --build build --config Release`):
+#            Release, GGML_NATIVE=ON (-march=native), OpenMP on, CPU only.
+#   avx2/    what an AVX2-only CPU (AMD Zen 2/3, Intel before Alder Lake) gets:
+#            GGML_NATIVE=OFF with AVX/AVX2/FMA/F16C/BMI2 on and AVX-512,
+#            AVX-VNNI, AMX off -- the peer of Colibri built with `vnni=0`.
+#
+# Usage: scripts/build_llama_bench.sh [VERSION [FLAVOUR...]]   (default: both
+# flavours; idempotent: a `.done` stamp per build holds the version, a re-run
+# is a no-op once they exist; builds of different flavours may run at once).
+# Needs cmake, make and a C++ compiler (Debian: apt-get install cmake g++).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+version=${1:-${LLAMA_CPP_PYTHON_VERSION:-0.3.36}}
+shift || true
+flavours=("$@"); [ ${#flavours[@]} -gt 0 ] || flavours=(native avx2)
+out="$root/build/bench/llama.cpp"
+jobs=${BENCH_BUILD_JOBS:-2}
+say() { printf '[llama-bench] %s\n' "$*"; }
+
+need_build=0
+for flavour in "${flavours[@]}"; do
+    [ "$(cat "$out/$flavour/.done" 2>/dev/null || true)" = "$version" ] || need_build=1
+done
+[ "$need_build" = 0 ] && { say "llama-bench $version present in $out/{${flavours[*]}}"; exit 0; }
+
+command -v cmake >/dev/null || {
+    say "installing cmake (Debian)"
+    apt-get install -y -q cmake >/dev/null
+}
+
+# --- the sources: the sdist pip would build llama-cpp-python from ---------
+src="$out/src/llama_cpp_python-$version"
+if [ ! -f "$src/vendor/llama.cpp/CMakeLists.txt" ]; then
+    mkdir -p "$out/src"
+    py="$root/.venv/bin/python"; [ -x "$py" ] || py=python3
+    say "downloading the llama-cpp-python $version sdist"
+    "$py" -m pip download -q --no-deps --no-binary :all: \
+        "llama-cpp-python==$version" -d "$out/src" 2>&1 | grep -v '^WARNING: Location' || true
+    tar -xzf "$out/src/llama_cpp_python-$version.tar.gz" -C "$out/src"
+fi
+llama="$src/vendor/llama.cpp"
+
+common=(-DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DGGML_METAL=OFF
+        -DGGML_VULKAN=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+        -DLLAMA_BUILD_SERVER=OFF)
+build_one() {  # flavour, extra cmake args...
+    local flavour=$1; shift
+    local dir="$out/$flavour"
+    [ "$(cat "$dir/.done" 2>/dev/null || true)" = "$version" ] && return 0
+    say "building $flavour (cmake $*; 5-15 minutes on 2 cores)"
+    rm -rf "$dir"
+    cmake -S "$llama" -B "$dir" "${common[@]}" "$@" > "$out/$flavour.cmake.log" 2>&1 \
+        || { say "cmake failed: see $out/$flavour.cmake.log"; exit 1; }
+    cmake --build "$dir" --target llama-bench -j "$jobs" > "$out/$flavour.build.log" 2>&1 \
+        || { say "build failed: see $out/$flavour.build.log"; exit 1; }
+    [ -x "$dir/bin/llama-bench" ] || { say "no $dir/bin/llama-bench after the build"; exit 1; }
+    echo "$version" > "$dir/.done"
+    say "$dir/bin/llama-bench"
+}
+avx2_args=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+    -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF \
+    -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
+    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+for flavour in "${flavours[@]}"; do
+    case $flavour in
+        native) build_one native ;;
+        avx2) build_one avx2 "${avx2_args[@]}" ;;
+        *) say "unknown flavour $flavour (native|avx2)"; exit 2 ;;
+    esac
+done
