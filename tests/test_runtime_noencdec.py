@@ -116,3 +116,20 @@ def test_cortex_m_sizes_without_encdec_are_the_readmes(tmp_path):
     want = (f"{no_ed} KiB built with `encdec=0` and {neither} KiB with `encdec=0 "
             f"tokenizer=0` (Cortex-M)")
     assert want in readme, want
+
+
+def test_cortex_m_firmware_says_why_in_one_line(switch_file, tmp_path):
+    """`scons target=cortex-m encdec=0 model=SWITCH run` under QEMU: the
+    firmware stops at colibri_arena_size and prints the library's detail
+    (init refuses the blob with it) on one line; scons relays that line."""
+    import targets
+    t = targets.load_all()["cortex-m"]
+    if shutil.which(t.tool("gcc")) is None or shutil.which(t.emulator[0]) is None:
+        pytest.skip("arm-none-eabi-gcc or qemu-system-arm not installed")
+    p = subprocess.run([str(Path(sys.executable).parent / "scons"), "-Q", "-j2",
+                        "target=cortex-m", "encdec=0", "tokenizer=0", f"model={switch_file}",
+                        f"build_dir={tmp_path}", "run"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0, p.stdout[-2000:]
+    line = ("error: colibri_arena_size: not supported by this build (-12): " + DETAIL)
+    assert line in p.stdout + p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
