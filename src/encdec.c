@@ -19,6 +19,50 @@
 #include <math.h>
 #include <string.h>
 
+/* The detail of every refusal of the encdec=0 build (-DCOLIBRI_NO_ENCDEC). */
+#define NO_ENCDEC_DETAIL "this build has no encoder-decoder runtime (built with encdec=0)"
+
+#ifdef COLIBRI_NO_ENCDEC
+/* The build switch: the API stays, the code goes. colibri_init* and
+ * colibri_arena_size refuse an ENC_DEC file (clb_encdec_supported), so no
+ * plan ever has p->ed set and the hooks below are never reached with one. */
+int clb_encdec_supported(const clb_desc *d, char *detail)
+{
+    if (!(d->features & COLIBRI_FEAT_ENC_DEC))
+        return COLIBRI_OK;
+    if (detail)
+        clb_detail(detail, DETAIL_CAP, NO_ENCDEC_DETAIL);
+    return COLIBRI_E_UNSUPPORTED;
+}
+void clb_encdec_layout(carver *c, const colibri_shape *s, const clb_desc *d,
+                       clb_plan *p)
+{ (void)c; (void)s; (void)d; if (p) p->ed = NULL; }
+int clb_encdec_bind(clb_plan *p, unsigned kind, unsigned layer, const clb_weight *w)
+{ (void)p; (void)kind; (void)layer; (void)w; return 0; }
+int clb_encdec_begin(const clb_plan *p, uint32_t batch, char *detail)
+{ (void)p; (void)batch; clb_detail(detail, DETAIL_CAP, NO_ENCDEC_DETAIL);
+  return COLIBRI_E_UNSUPPORTED; }
+void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
+                             float *logits)
+{ (void)p; (void)ids; (void)n; (void)logits; }
+int colibri_encode(colibri_model *m, const int32_t *input_ids,
+                   const uint8_t *attention_mask, uint32_t batch, uint32_t seq)
+{
+    (void)input_ids; (void)attention_mask; (void)batch; (void)seq;
+    if (!m)
+        return COLIBRI_E_ARG;
+    clb_detail(m->priv_.detail, DETAIL_CAP, "colibri_encode: " NO_ENCDEC_DETAIL);
+    return COLIBRI_E_UNSUPPORTED;
+}
+int colibri_encoder_output(const colibri_model *m, float *out)
+{ (void)out; return m ? COLIBRI_E_UNSUPPORTED : COLIBRI_E_ARG; }
+int32_t colibri_decoder_start(const colibri_model *m)
+{ (void)m; return -1; }
+#else
+
+int clb_encdec_supported(const clb_desc *d, char *detail)
+{ (void)d; (void)detail; return COLIBRI_OK; }
+
 /* ------------------------------------------------------------------------ */
 /* Layout and binding                                                       */
 /* ------------------------------------------------------------------------ */
@@ -459,3 +503,5 @@ void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
             p->xn[i] *= p->d.lm_scale;
     clb_linear(p, &p->lm_head, p->xn, n, logits, "lm_head");
 }
+
+#endif /* COLIBRI_NO_ENCDEC */

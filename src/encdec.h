@@ -35,6 +35,13 @@ typedef struct clb_encdec {
     uint32_t enc_batch, enc_seq; /* of the last colibri_encode; 0 before */
 } clb_encdec;
 
+/* The build switch -DCOLIBRI_NO_ENCDEC (scons encdec=0) compiles encdec.c's
+ * code out and leaves stubs: the public calls return COLIBRI_E_UNSUPPORTED
+ * (colibri_decoder_start -1). colibri_init* and colibri_arena_size ask this
+ * first: 0, or COLIBRI_E_UNSUPPORTED with a detail (detail may be NULL) when
+ * d is an ENC_DEC model and the build has no encoder-decoder runtime. */
+int clb_encdec_supported(const clb_desc *d, char *detail);
+
 /* Carve the ENC_DEC state after the plan's buffers (counting only when
  * c->base is NULL) and point p->ed at it (p may be NULL when counting). */
 void clb_encdec_layout(carver *c, const colibri_shape *s, const clb_desc *d,

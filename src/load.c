@@ -13,6 +13,7 @@
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE (alloc_blob) */
 #endif
 
+#include "encdec.h"
 #include "format.h"
 #include "internal.h"
 
@@ -168,6 +169,8 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
     clb_desc d;
     int rc = clb_check_desc(v->blob, v->blob_size, &v->shape, v->file_big_endian,
                             &d, v->detail);
+    if (rc == COLIBRI_OK)
+        rc = clb_encdec_supported(&d, v->detail); /* encdec=0 builds */
     if (rc)
         return rc;
     rc = clb_arena_bytes(&v->shape, &d, chunk_limit, &need);

@@ -133,6 +133,8 @@ int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes)
                               NULL, NULL);
     if (rc == COLIBRI_OK)
         rc = clb_check_desc((const uint8_t *)blob, size, &s, be, &d, detail);
+    if (rc == COLIBRI_OK)
+        rc = clb_encdec_supported(&d, detail);
     return rc ? rc : clb_arena_bytes(&s, &d, COLIBRI_CHUNK_TOKENS, out_bytes);
 }
 

@@ -158,3 +158,21 @@ def test_vnni_follows_avx2_and_vnni0_defines_no_vnni():
     # ARM and bare-metal targets never see the define
     assert "COLIBRI_AVX2_NO_VNNI" not in toolchain.flags(
         ALL["armv7"], toolchain.resolve_options(ALL["armv7"]), ROOT).cppdefines
+
+
+def test_encdec0_defines_no_encdec_on_every_target():
+    """encdec=0 (scons encdec=0) builds src/encdec.c as stubs
+    (COLIBRI_NO_ENCDEC): a decoder-only firmware without the encoder-decoder
+    runtime. The default keeps it; the value is checked like the others."""
+    for name, t in ALL.items():
+        on = toolchain.resolve_options(t)
+        assert on.encdec is True, name
+        assert "COLIBRI_NO_ENCDEC" not in toolchain.flags(t, on, ROOT).cppdefines, name
+        off = toolchain.resolve_options(t, encdec="0")
+        assert off.encdec is False, name
+        assert "COLIBRI_NO_ENCDEC" in toolchain.flags(t, off, ROOT).cppdefines, name
+    both = toolchain.resolve_options(ALL["cortex-m"], encdec="0", tokenizer="0")
+    defs = toolchain.flags(ALL["cortex-m"], both, ROOT).cppdefines
+    assert "COLIBRI_NO_ENCDEC" in defs and "COLIBRI_NO_TOKENIZER" in defs
+    with pytest.raises(ColibriError, match="encdec=.2.: expected 0, 1 or auto"):
+        toolchain.resolve_options(ALL["x86_64"], encdec="2")

@@ -62,6 +62,10 @@ VARIANTS = {
     # COLIBRI_THREADS=0: the serial build whose bits every thread count keeps
     "nothreads": dict(kernels=None, defines=("COLIBRI_THREADS=0",)),
     "ref-nothreads": dict(kernels=("ref",), defines=("COLIBRI_THREADS=0",)),
+    # as scons encdec=0: no encoder-decoder runtime (src/encdec.c stubs)
+    "ref-noencdec": dict(kernels=("ref",), defines=("COLIBRI_NO_ENCDEC",)),
+    "static-noencdec": dict(kernels=("ref",), static_workbuf=True, mmap=False,
+                            defines=("COLIBRI_NO_ENCDEC",)),
     "static": dict(kernels=("ref",), static_workbuf=True, mmap=False),
     "nommap": dict(kernels=("ref",), mmap=False),
     "debug": dict(kernels=("ref",), debug=True),

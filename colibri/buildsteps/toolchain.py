@@ -27,6 +27,7 @@ class Options:
     fma: bool
     neon: bool
     tokenizer: bool = True   # 0: -DCOLIBRI_NO_TOKENIZER (src/tokenizer.c stubs)
+    encdec: bool = True      # 0: -DCOLIBRI_NO_ENCDEC (src/encdec.c stubs)
     threads: bool = False    # COLIBRI_THREADS (src/threads.c): Linux targets only
     # 0: -DCOLIBRI_AVX2_NO_VNNI, the AVX2 kernels never pick their vpdpbusd
     # table "avx2-vnni": stands in for an AVX2-only CPU (Zen 2/3, Haswell).
@@ -53,7 +54,7 @@ def _bool(name: str, value, default: bool) -> bool:
 
 def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
                     fma="auto", neon="auto", tokenizer="1", threads="auto",
-                    vnni="auto") -> Options:
+                    vnni="auto", encdec="1") -> Options:
     """Check the variables against what `target` supports and fill in its
     defaults. Errors name the variable, the value and what is allowed."""
     d = target.defaults
@@ -71,6 +72,7 @@ def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
         fma=_bool("fma", fma, use_avx2),
         neon=_bool("neon", neon, d.get("neon", False)),
         tokenizer=_bool("tokenizer", tokenizer, True),
+        encdec=_bool("encdec", encdec, True),
         # The pthread pool needs Linux (pthreads, futex): the Linux targets'
         # default. Bare metal builds without (and keeps its size); threads=1
         # there compiles the executor hook alone (an RTOS's tasks).
@@ -122,6 +124,8 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
         defines.append("COLIBRI_DEBUG")
     if not opts.tokenizer:
         defines.append("COLIBRI_NO_TOKENIZER")
+    if not opts.encdec:
+        defines.append("COLIBRI_NO_ENCDEC")
     defines.append(f"COLIBRI_THREADS={int(opts.threads)}")
     defines.extend(target.defines)
     kernel_ccflags = {}

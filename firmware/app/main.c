@@ -349,7 +349,14 @@ int main(void) {
     /* Refuse a model corrupted in flash before anything parses it. */
     int bad = colibri_fw_model_check(colibri_model_blob, colibri_model_blob_size, NULL);
     if (bad) return bad;
-    if (rc) return fail("colibri_arena_size", COLIBRI_CALL_INIT, rc);
+    if (rc) {
+        /* colibri_arena_size has no model to keep a detail in; init refuses
+         * the same blob with the same reason and writes it (e.g. an ENC_DEC
+         * model on an encdec=0 build: "... (built with encdec=0)"). */
+        (void)colibri_init_from_memory(&model, colibri_model_blob,
+                                       colibri_model_blob_size, arena, sizeof arena);
+        return fail("colibri_arena_size", COLIBRI_CALL_INIT, rc);
+    }
     if (need > sizeof arena) {
         put("error: the runtime needs an arena of ");
         put_u32((uint32_t)need);
