@@ -3,6 +3,7 @@
  * (%s, %u, %x, %llu) so that no target needs snprintf (support.h).
  */
 #include "support.h"
+#include "internal.h" /* CLB_MODEL_MAGIC */
 
 #include <stdarg.h>
 
@@ -65,3 +66,15 @@ void clb_detail(char *buf, size_t cap, const char *fmt, ...)
 }
 
 #define DETAIL_CAP sizeof(((colibri_model *)0)->priv_.detail)
+
+int clb_call_begin(colibri_model *m)
+{
+    if (!m)
+        return COLIBRI_E_ARG;
+    if (m->priv_.magic != CLB_MODEL_MAGIC) {
+        clb_detail(m->priv_.detail, DETAIL_CAP, "the model is not initialised");
+        return COLIBRI_E_NOT_INIT;
+    }
+    m->priv_.detail[0] = '\0';
+    return 0;
+}

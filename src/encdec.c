@@ -328,14 +328,10 @@ static void encoder_layer(const clb_plan *p, uint32_t l, uint32_t batch, uint32_
 int colibri_encode(colibri_model *m, const int32_t *input_ids,
                    const uint8_t *attention_mask, uint32_t batch, uint32_t seq)
 {
-    if (!m)
-        return COLIBRI_E_ARG;
+    int rc0 = clb_call_begin(m);
+    if (rc0)
+        return rc0;
     struct colibri_model_private_ *v = &m->priv_;
-    if (v->magic != CLB_MODEL_MAGIC) {
-        clb_detail(v->detail, DETAIL_CAP, "the model is not initialised");
-        return COLIBRI_E_NOT_INIT;
-    }
-    v->detail[0] = '\0';
     clb_plan *p = (clb_plan *)v->plan;
     const colibri_shape *s = &v->shape;
     if (!p->ed) {

@@ -169,14 +169,10 @@ int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
                      uint32_t seq, uint32_t n_past, uint32_t logits_mode,
                      float *logits)
 {
-    if (!m)
-        return COLIBRI_E_ARG;
+    int rc0 = clb_call_begin(m);
+    if (rc0)
+        return rc0;
     struct colibri_model_private_ *v = &m->priv_;
-    if (v->magic != CLB_MODEL_MAGIC) {
-        clb_detail(v->detail, DETAIL_CAP, "the model is not initialised");
-        return COLIBRI_E_NOT_INIT;
-    }
-    v->detail[0] = '\0'; /* a detail describes this call's failure only */
     const colibri_shape *s = &v->shape;
     if (!input_ids || !logits || batch == 0 || seq == 0) {
         clb_detail(v->detail, DETAIL_CAP, "input_ids and logits must be non-NULL"

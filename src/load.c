@@ -431,14 +431,10 @@ int colibri_share(colibri_model *m, const colibri_model *owner, void *arena,
 static int set_team(colibri_model *m, uint32_t n, uint32_t flags,
                     const colibri_executor *ex, int use_ex)
 {
-    if (!m)
-        return COLIBRI_E_ARG;
+    int rc0 = clb_call_begin(m);
+    if (rc0)
+        return rc0;
     struct colibri_model_private_ *v = &m->priv_;
-    if (v->magic != CLB_MODEL_MAGIC) {
-        clb_detail(v->detail, DETAIL_CAP, "the model is not initialised");
-        return COLIBRI_E_NOT_INIT;
-    }
-    v->detail[0] = '\0';
     if (use_ex && ex)
         n = ex->run ? ex->n_workers : 0;
     if (n == 0 || n > COLIBRI_MAX_THREADS || (flags & ~COLIBRI_THREADS_SPIN)) {

@@ -26,6 +26,12 @@ __attribute__((format(printf, 3, 4)))
 #endif
 void clb_detail(char *buf, size_t cap, const char *fmt, ...);
 
+/* The start every call on an instance shares: COLIBRI_E_ARG for NULL,
+ * COLIBRI_E_NOT_INIT (with a detail) for an instance that is not
+ * initialised, else 0 with the previous call's detail cleared (a detail
+ * describes this call's failure only). detail.c. */
+int clb_call_begin(colibri_model *m);
+
 
 static inline int host_is_big_endian(void)
 {
