@@ -126,6 +126,7 @@ static void put_row(uint32_t prompt, uint32_t index, const float *row) {
     put("\n");
 }
 
+#if FW_TEXT_PROMPT
 /* Text bytes as one printable record: \\ \n \r \t and \xNN for other
  * bytes below 0x20 or 0x7f; everything else (UTF-8 included) as is. */
 static void put_escaped(const char *s, size_t n) {
@@ -160,6 +161,7 @@ static void put_text(uint32_t prompt, const char *s, size_t n) {
     put_escaped(s, n);
     put("\n");
 }
+#endif
 
 static colibri_sample_params sample_params(void) {
     colibri_sample_params sp = colibri_sample_defaults();
@@ -172,9 +174,12 @@ static colibri_sample_params sample_params(void) {
     return sp;
 }
 
-/* call: which API call failed, so -1 reads as its one meaning (colibri.h). */
 static uint32_t max_seq_len; /* from colibri_get_info */
+#if FW_TEXT_PROMPT
 static uint32_t model_max_seq_len(void) { return max_seq_len; }
+#endif
+
+/* call: which API call failed, so -1 reads as its one meaning (colibri.h). */
 
 static int fail(const char *what, colibri_call call, int rc) {
     put("error: ");
