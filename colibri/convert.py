@@ -67,16 +67,19 @@ LM_HEAD_NAME = "lm_head.weight"
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 # User-facing storage-type names per option -> DType. Norms are always F32.
+BLOCK_CHOICES = {"q4_0": DType.Q4_0, "q4_k": DType.Q4_K, "q6_k": DType.Q6_K}
 QUANT_CHOICES = {
     "router": ({"f32": DType.F32, "int16": DType.I16_ROW}, (Kind.ROUTER,)),
-    "experts": ({"f32": DType.F32, "int8": DType.I8_GROUP},
+    "experts": ({"f32": DType.F32, "int8": DType.I8_GROUP, **BLOCK_CHOICES},
                 (*fmt.EXPERT_KINDS, *fmt.SHARED_KINDS, *fmt.DENSE_KINDS)),
-    "attention": ({"f32": DType.F32, "int8": DType.I8_GROUP},
+    "attention": ({"f32": DType.F32, "int8": DType.I8_GROUP, **BLOCK_CHOICES},
                   (Kind.WQ, Kind.WK, Kind.WV, Kind.WO)),
-    "embedding": ({"f32": DType.F32, "int16": DType.I16_ROW}, (Kind.EMBED,)),
-    "lm_head": ({"f32": DType.F32, "int8": DType.I8_GROUP}, (Kind.LM_HEAD,)),
+    "embedding": ({"f32": DType.F32, "int16": DType.I16_ROW, **BLOCK_CHOICES},
+                  (Kind.EMBED,)),
+    "lm_head": ({"f32": DType.F32, "int8": DType.I8_GROUP, **BLOCK_CHOICES},
+                (Kind.LM_HEAD,)),
 }
-PRESETS = {"f32": fmt.PRESET_F32, "int8": fmt.PRESET_INT8}
+PRESETS = {"f32": fmt.PRESET_F32, "int8": fmt.PRESET_INT8, "q4": fmt.PRESET_Q4}
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ class ColibriExporter:
     @staticmethod
     def _dtypes(quant: str, **overrides: str | None) -> dict[Kind, DType]:
         if quant not in PRESETS:
-            raise ConversionError(f"quant = {quant!r}: choose f32 or int8")
+            raise ConversionError(f"quant = {quant!r}: choose f32, int8 or q4")
         dtypes = dict(PRESETS[quant])
         for option, value in overrides.items():
             if value is not None:
@@ -501,14 +504,15 @@ def add_parser(subparsers) -> None:
                     "safetensors, single or sharded, bf16/f16/f32) to a .colibri file.")
     p.add_argument("model_dir", metavar="HF_DIR", help="checkpoint directory")
     p.add_argument("-o", "--output", required=True, metavar="OUT.colibri")
-    p.add_argument("--quant", choices=("f32", "int8"), default="int8",
+    p.add_argument("--quant", choices=tuple(PRESETS), default="int8",
                    help="preset: int8 = router int16, experts/attention int8, embedding "
-                        "int16, lm_head int8; f32 = exact (default: %(default)s)")
-    p.add_argument("--router", choices=("f32", "int16"), help="override the preset")
-    p.add_argument("--experts", choices=("f32", "int8"), help="override the preset")
-    p.add_argument("--attention", choices=("f32", "int8"), help="override the preset")
-    p.add_argument("--embedding", choices=("f32", "int16"), help="override the preset")
-    p.add_argument("--lm-head", choices=("f32", "int8"), help="override the preset")
+                        "int16, lm_head int8; q4 = the 4-bit mix (docs/FORMAT.md 4: "
+                        "Q4_K, Q6_K for attention values and the LM head; rows not a "
+                        "multiple of 256 wide Q4_0 / int8); f32 = exact "
+                        "(default: %(default)s)")
+    for option in QUANT_CHOICES:
+        p.add_argument("--" + option.replace("_", "-"), dest=option,
+                       choices=tuple(QUANT_CHOICES[option][0]), help="override the preset")
     p.add_argument("--group-size", type=int, default=32,
                    help="int8 group length along a row (default: %(default)s)")
     p.add_argument("--max-seq-len", type=int,

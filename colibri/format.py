@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
 
-from . import quant
+from . import blocks, quant
 from .errors import CRCError, FileReadError, FormatError, VersionError
 
 MAGIC = b"CLBR"
@@ -168,6 +168,12 @@ class DType(enum.IntEnum):
     F32 = 0
     I8_GROUP = 1
     I16_ROW = 2
+    Q4_0 = 3     # llama.cpp's blocks, float32 scales (colibri/blocks.py)
+    Q4_K = 4
+    Q6_K = 5
+
+
+BLOCK_TYPES = (DType.Q4_0, DType.Q4_K, DType.Q6_K)
 
 
 GLOBAL_KINDS = (Kind.EMBED, Kind.FINAL_NORM, Kind.LM_HEAD)
@@ -176,19 +182,19 @@ EXPERT_KINDS = (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)
 
 # Storage types each kind may use (FORMAT.md section 3).
 ALLOWED_DTYPES: dict[Kind, tuple[DType, ...]] = {
-    Kind.EMBED: (DType.F32, DType.I16_ROW),
+    Kind.EMBED: (DType.F32, DType.I16_ROW, *BLOCK_TYPES),
     Kind.ATTN_NORM: (DType.F32,),
-    Kind.WQ: (DType.F32, DType.I8_GROUP),
-    Kind.WK: (DType.F32, DType.I8_GROUP),
-    Kind.WV: (DType.F32, DType.I8_GROUP),
-    Kind.WO: (DType.F32, DType.I8_GROUP),
+    Kind.WQ: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.WK: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.WV: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.WO: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
     Kind.FFN_NORM: (DType.F32,),
     Kind.ROUTER: (DType.F32, DType.I16_ROW),
-    Kind.EXPERT_W1: (DType.F32, DType.I8_GROUP),
-    Kind.EXPERT_W3: (DType.F32, DType.I8_GROUP),
-    Kind.EXPERT_W2: (DType.F32, DType.I8_GROUP),
+    Kind.EXPERT_W1: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.EXPERT_W3: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.EXPERT_W2: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
     Kind.FINAL_NORM: (DType.F32,),
-    Kind.LM_HEAD: (DType.F32, DType.I8_GROUP),
+    Kind.LM_HEAD: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
     Kind.DESC: (DType.F32,),
     Kind.BQ: (DType.F32,),
     Kind.BK: (DType.F32,),
@@ -197,19 +203,19 @@ ALLOWED_DTYPES: dict[Kind, tuple[DType, ...]] = {
     Kind.Q_NORM: (DType.F32,),
     Kind.K_NORM: (DType.F32,),
     Kind.SHARED_GATE: (DType.F32,),
-    Kind.SHARED_W1: (DType.F32, DType.I8_GROUP),
-    Kind.SHARED_W3: (DType.F32, DType.I8_GROUP),
-    Kind.SHARED_W2: (DType.F32, DType.I8_GROUP),
-    Kind.DENSE_W1: (DType.F32, DType.I8_GROUP),
-    Kind.DENSE_W3: (DType.F32, DType.I8_GROUP),
-    Kind.DENSE_W2: (DType.F32, DType.I8_GROUP),
+    Kind.SHARED_W1: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.SHARED_W3: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.SHARED_W2: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.DENSE_W1: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.DENSE_W3: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.DENSE_W2: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
     Kind.ENC_POS_BIAS: (DType.F32,),
     Kind.DEC_POS_BIAS: (DType.F32,),
     Kind.XATTN_NORM: (DType.F32,),
-    Kind.XWQ: (DType.F32, DType.I8_GROUP),
-    Kind.XWK: (DType.F32, DType.I8_GROUP),
-    Kind.XWV: (DType.F32, DType.I8_GROUP),
-    Kind.XWO: (DType.F32, DType.I8_GROUP),
+    Kind.XWQ: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.XWK: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.XWV: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
+    Kind.XWO: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
     Kind.ENC_FINAL_NORM: (DType.F32,),
 }
 SHARED_KINDS = (Kind.SHARED_W1, Kind.SHARED_W3, Kind.SHARED_W2)
@@ -226,6 +232,35 @@ PRESET_INT8.update({
                                    Kind.XWQ, Kind.XWK, Kind.XWV, Kind.XWO,
                                    *SHARED_KINDS, *DENSE_KINDS)},
 })
+
+# `--quant q4`: the 4-bit mix (like llama.cpp's Q4_K_M: Q4_K, with Q6_K for
+# the tensors most sensitive to quantisation). Rows narrower than a K block
+# fall back per tensor (fit_dtype).
+PRESET_Q4 = dict(PRESET_INT8)
+PRESET_Q4.update({
+    Kind.EMBED: DType.Q4_K,
+    Kind.LM_HEAD: DType.Q6_K,
+    **{k: DType.Q4_K for k in (Kind.WQ, Kind.WK, Kind.WO, *EXPERT_KINDS,
+                               Kind.XWQ, Kind.XWK, Kind.XWO, *SHARED_KINDS, *DENSE_KINDS)},
+    Kind.WV: DType.Q6_K,
+    Kind.XWV: DType.Q6_K,
+})
+
+# A K block is 256 columns: on a row of another width most of a block would
+# be padding, so the writer stores such a tensor in the type of about the
+# same bits with blocks of 32 (as llama.cpp's llama-quantize falls back):
+# Q4_K -> Q4_0, Q6_K -> I8_GROUP (Q8_0's values with group_size 32).
+NARROW_FALLBACK = {DType.Q4_K: DType.Q4_0, DType.Q6_K: DType.I8_GROUP}
+
+
+def fit_dtype(dtype: DType, cols: int) -> DType:
+    """The storage type a tensor of `cols` columns gets for the kind's
+    `dtype`: the dtype itself unless it is a K type and cols is not a
+    multiple of 256."""
+    dtype = DType(dtype)
+    if dtype in NARROW_FALLBACK and cols % blocks.BLOCK_COLS[dtype]:
+        return NARROW_FALLBACK[dtype]
+    return dtype
 
 
 def align64(n: int) -> int:
@@ -585,6 +620,8 @@ def section_size(dtype: int, rows: int, cols: int, group_size: int) -> int:
         return align64(n) + 4 * rows * quant.n_groups(cols, group_size)
     if dtype == DType.I16_ROW:
         return align64(2 * n) + 4 * rows
+    if blocks.is_block(dtype):
+        return blocks.section_size(dtype, rows, cols)
     raise FormatError(f"unknown dtype {dtype}")
 
 
@@ -597,7 +634,10 @@ def _byte_char(byte_order: str) -> str:
 def _section_bytes(values: np.ndarray, scales: np.ndarray | None, bc: str) -> bytes:
     """Serialise values then scales (at the next 64-byte boundary) in byte order bc."""
     v = np.ascontiguousarray(values)
-    v = v.astype(v.dtype.newbyteorder(bc), copy=False) if v.dtype.itemsize > 1 else v
+    if v.dtype.names:   # blocks: only their float32 fields have a byte order
+        v = v.astype(v.dtype.newbyteorder(bc), copy=False)
+    elif v.dtype.itemsize > 1:
+        v = v.astype(v.dtype.newbyteorder(bc), copy=False)
     out = v.tobytes()
     if scales is not None:
         out += b"\0" * (align64(len(out)) - len(out))
@@ -678,11 +718,14 @@ class ColibriWriter:
         writer writes itself."""
         return [o for o in self.order if o[0] != Kind.DESC]
 
-    def add(self, kind: Kind, layer: int | None, expert: int | None, weights: np.ndarray) -> None:
-        """Encode float weights [rows, cols] with the kind's storage type and
-        write them as the next section."""
-        dt = self.dtypes[kind]
-        values, scales = quant.encode(weights, dt, self.shape.group_size)
+    def add(self, kind: Kind, layer: int | None, expert: int | None, weights: np.ndarray,
+            importance: np.ndarray | None = None) -> None:
+        """Encode float weights [rows, cols] with the kind's storage type
+        (fit_dtype: K types fall back on narrow rows) and write them as the
+        next section. `importance` [cols] weights the block quantisers'
+        error per column (colibri/kquants.py)."""
+        dt = fit_dtype(self.dtypes[kind], np.shape(weights)[-1])
+        values, scales = quant.encode(weights, dt, self.shape.group_size, importance)
         self.add_encoded(kind, layer, expert, dt, values, scales)
 
     def add_encoded(self, kind: Kind, layer: int | None, expert: int | None, dtype: DType,
@@ -697,9 +740,12 @@ class ColibriWriter:
         if dtype not in ALLOWED_DTYPES[kind]:
             raise FormatError(f"{kind.name} cannot be stored as {DType(dtype).name}")
         rows, cols = expected_shape(self.shape, kind, self.desc)
-        if tuple(values.shape) != (rows, cols):
+        # Blocks are [rows, nb]; every other type's values [rows, cols].
+        want_shape = (rows, blocks.n_blocks(cols, dtype)) if blocks.is_block(dtype) \
+            else (rows, cols)
+        if tuple(values.shape) != want_shape:
             raise FormatError(f"tensor {_label(kind, layer, expert)} has shape "
-                              f"{tuple(values.shape)}, expected {(rows, cols)}")
+                              f"{tuple(values.shape)}, expected {want_shape}")
         data = _section_bytes(values, scales, self.bc)
         size = section_size(dtype, rows, cols, self.shape.group_size)
         if len(data) != size:
@@ -823,6 +869,13 @@ class ColibriFile:
         bc = "<" if self.byte_order == "little" else ">"
         raw = self.section(e)
         n = e.rows * e.cols
+        if blocks.is_block(e.dtype):
+            nb = blocks.n_blocks(e.cols, e.dtype)
+            fdt = blocks.file_dtype(e.dtype, bc)
+            values = np.frombuffer(raw, dtype=fdt, count=e.rows * nb).reshape(e.rows, nb)
+            values = values.astype(blocks.BLOCK_DTYPES[e.dtype], copy=False)
+            return Tensor(Kind(e.kind), layer, expert, DType(e.dtype), e.rows, e.cols,
+                          values, None)
         vtype = {DType.F32: "f4", DType.I8_GROUP: "i1", DType.I16_ROW: "i2"}[DType(e.dtype)]
         vdt = np.dtype(vtype).newbyteorder(bc)
         values = np.frombuffer(raw, dtype=vdt, count=n).reshape(e.rows, e.cols)
@@ -843,7 +896,7 @@ class ColibriFile:
                     expert: int | None = None) -> np.ndarray:
         """The tensor as float32 [rows, cols]."""
         t = self.tensor(kind, layer, expert)
-        return quant.decode(t.values, t.scales, t.dtype, self.shape.group_size)
+        return quant.decode(t.values, t.scales, t.dtype, self.shape.group_size, t.cols)
 
     def verify(self) -> list[str]:
         """Check every section's CRC; returns one message per bad section."""
@@ -992,7 +1045,11 @@ def _check_finite(cf: ColibriFile) -> None:
             continue
         t = cf.tensor(Kind(e.kind), None if e.layer == NO_INDEX else e.layer,
                       None if e.expert == NO_INDEX else e.expert)
-        floats, what = (t.values, "values") if t.dtype == DType.F32 else (t.scales, "scales")
+        if blocks.is_block(t.dtype):   # the blocks' float32 fields are their scales
+            floats, what = np.stack([t.values[f] for f in t.values.dtype.names
+                                     if t.values.dtype[f] == np.float32], -1), "scales"
+        else:
+            floats, what = (t.values, "values") if t.dtype == DType.F32 else (t.scales, "scales")
         bad = np.flatnonzero(~np.isfinite(floats))
         if bad.size:
             v = floats.reshape(-1)[bad[0]]

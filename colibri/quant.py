@@ -121,10 +121,17 @@ def matmul_i8(xq: np.ndarray, xs: np.ndarray, q: np.ndarray, scales: np.ndarray,
     return y
 
 
-def encode(w: np.ndarray, dtype: int, group_size: int) -> tuple[np.ndarray, np.ndarray | None]:
+def encode(w: np.ndarray, dtype: int, group_size: int,
+           importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Encode float weights [rows, cols] for storage type `dtype` (a
-    format.DType value): returns (values, scales or None)."""
+    format.DType value): returns (values, scales or None). Block types
+    return their blocks [rows, nb] as values (colibri/blocks.py), chosen
+    with the optional per-column `importance` (colibri/kquants.py)."""
     from .format import DType  # local import: format imports this module
+    from . import blocks, kquants
+
+    if blocks.is_block(dtype):
+        return kquants.quantize(w, dtype, importance), None
 
     if dtype == DType.F32:
         w = np.asarray(w, dtype=np.float32)
@@ -138,9 +145,15 @@ def encode(w: np.ndarray, dtype: int, group_size: int) -> tuple[np.ndarray, np.n
 
 
 def decode(values: np.ndarray, scales: np.ndarray | None, dtype: int,
-           group_size: int) -> np.ndarray:
-    """Inverse of encode: float32 [rows, cols]."""
+           group_size: int, cols: int | None = None) -> np.ndarray:
+    """Inverse of encode: float32 [rows, cols] (block types need `cols`)."""
     from .format import DType
+    from . import blocks
+
+    if blocks.is_block(dtype):
+        if cols is None:
+            raise ColibriError("decoding blocks needs the matrix's column count")
+        return blocks.dequantize(values, dtype, cols)
 
     if dtype == DType.F32:
         return values.astype(np.float32, copy=False)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import blocks
 from . import format as cformat
 from .errors import ColibriError
 from .format import DENSE_KINDS, SHARED_KINDS, DType, Feat, Kind
@@ -111,6 +112,9 @@ class Linear:
             self._fn = lambda x: matmul_i16_row(self._q, self._s, x)
         elif self.dtype == DType.I8_GROUP:
             self._fn = I8GroupMatrix(tensor.values, tensor.scales, group_size)
+        elif blocks.is_block(self.dtype):
+            self._blocks = tensor.values
+            self._fn = lambda x: blocks.matmul(self._blocks, self.dtype, x)
         else:
             raise ColibriError(f"{self.name}: storage type {tensor.dtype} has no "
                                f"matrix product in the reference")
@@ -254,9 +258,12 @@ class Reference:
             self._emb_values, self._emb_scales = emb.values.astype(F32), None
         elif DType(emb.dtype) == DType.I16_ROW:
             self._emb_values, self._emb_scales = emb.values, emb.scales.astype(F32)
+        elif blocks.is_block(emb.dtype):   # a lookup reads the blocks' exact values
+            self._emb_values = blocks.dequantize(emb.values, emb.dtype, emb.cols)
+            self._emb_scales = None
         else:
             raise ColibriError(f"EMBED: storage type {emb.dtype} is not supported "
-                               f"(F32 or I16_ROW)")
+                               f"(F32, I16_ROW or a block type)")
 
         def norm(kind, layer=None):
             return f.tensor(kind, layer).values.reshape(-1).astype(F32)

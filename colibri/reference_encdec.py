@@ -38,6 +38,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from . import blocks
 from .errors import ColibriError
 from .reference import matmul_f32, rmsnorm, softmax  # noqa: F401 (softmax re-exported)
 
@@ -408,6 +409,8 @@ def from_file(file_or_path) -> EncDecReference:
                 sc = ten.scales.astype(F32)
                 embed_fn = (lambda ids, v=vals, sc=sc:   # float(q) * scale, as C
                             (v[ids].astype(F32) * sc[ids][..., None]).astype(F32))
+            elif blocks.is_block(ten.dtype):   # the blocks' exact values
+                t[name] = blocks.dequantize(vals, ten.dtype, ten.cols)
             else:
                 t[name] = vals.astype(F32)
         elif kind == Kind.DEC_POS_BIAS:

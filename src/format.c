@@ -202,12 +202,17 @@ static void kind_shape(const colibri_shape *s, const clb_desc *d, unsigned kind,
     uint32_t qdim = (uint32_t)s->n_heads * s->head_dim;
     uint32_t kvdim = (uint32_t)s->n_kv_heads * s->head_dim;
     int per_head = (d->features & COLIBRI_FEAT_QK_NORM_HEAD) != 0;
-    const unsigned F = 1u << COLIBRI_DTYPE_F32, I8 = 1u << COLIBRI_DTYPE_I8_GROUP,
+    /* I8 stands for every quantised matrix type: I8_GROUP and the block
+     * types (FORMAT.md 4). */
+    const unsigned F = 1u << COLIBRI_DTYPE_F32,
+                   BLK = 1u << COLIBRI_DTYPE_Q4_0 | 1u << COLIBRI_DTYPE_Q4_K |
+                         1u << COLIBRI_DTYPE_Q6_K,
+                   I8 = 1u << COLIBRI_DTYPE_I8_GROUP | BLK,
                    I16 = 1u << COLIBRI_DTYPE_I16_ROW;
     *cols = s->hidden;
     *dtypes = F | I8;
     switch (kind) {
-    case COLIBRI_KIND_EMBED: *rows = s->vocab; *dtypes = F | I16; break;
+    case COLIBRI_KIND_EMBED: *rows = s->vocab; *dtypes = F | I16 | BLK; break;
     case COLIBRI_KIND_ATTN_NORM:
     case COLIBRI_KIND_FFN_NORM:
     case COLIBRI_KIND_FINAL_NORM:
@@ -268,9 +273,14 @@ uint64_t clb_section_size(unsigned dtype, uint32_t rows, uint32_t cols,
     case COLIBRI_DTYPE_I8_GROUP:
         *scales_at = calign64(n, ovf);
         return cadd(*scales_at, cmul(cmul(rows, ngroups, ovf), 4, ovf), ovf);
-    default: /* I16_ROW */
+    case COLIBRI_DTYPE_I16_ROW:
         *scales_at = calign64(cmul(n, 2, ovf), ovf);
         return cadd(*scales_at, cmul(rows, 4, ovf), ovf);
+    default: { /* block types: rows * ceil(cols / B) blocks, scales inside */
+        uint64_t B = clb_block_cols(dtype);
+        *scales_at = 0;
+        return cmul(cmul(rows, (cols + B - 1) / B, ovf), clb_block_bytes(dtype), ovf);
+    }
     }
 }
 
@@ -648,8 +658,17 @@ static int check_finite(const uint8_t *b, const uint8_t *en, uint32_t group,
         first = (2 * rows * cols + 63) & ~(uint64_t)63;
         count = rows;
     }
+    /* Block types: the float32 fields at the start of each block (d, and
+     * dmin for Q4_K) are its scales; stride = the block's bytes. */
+    uint64_t stride = 4, per_block = 1;
+    if (clb_block_cols(dtype)) {
+        uint64_t B = clb_block_cols(dtype);
+        stride = clb_block_bytes(dtype);
+        per_block = dtype == COLIBRI_DTYPE_Q4_K ? 2 : 1;
+        count = rows * ((cols + B - 1) / B) * per_block;
+    }
     for (uint64_t k = 0; k < count; k++) {
-        uint32_t bits = rd32(sec + first + 4 * k, be);
+        uint32_t bits = rd32(sec + first + stride * (k / per_block) + 4 * (k % per_block), be);
         if ((bits & 0x7f800000u) == 0x7f800000u) {
             char label[64];
             clb_detail(detail, DETAIL_CAP, "tensor %u (%s): float %llu of its %s is "
@@ -719,7 +738,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
 
         /* An unknown, non-critical kind's dtype and shape are a newer
          * writer's business (FORMAT.md 3): its size is taken as stored. */
-        if (known && dtype > COLIBRI_DTYPE_I16_ROW) {
+        if (known && dtype > COLIBRI_DTYPE_MAX) {
             clb_detail(detail, DETAIL_CAP, "tensor %u (%s): unknown dtype %u",
                        (unsigned)i, kind_name(kind), (unsigned)dtype);
             return COLIBRI_E_BAD_FORMAT;

@@ -7,7 +7,28 @@
 #define COLIBRI_FORMAT_CHECKS_H
 
 #include "colibri.h"
+#include "colibri_format.h"
 #include "support.h"
+
+/* Block geometry of a dtype (FORMAT.md 4): columns and bytes of one block,
+ * 0 for the element types (F32, I8_GROUP, I16_ROW). */
+static inline uint32_t clb_block_cols(unsigned dtype)
+{
+    return dtype == COLIBRI_DTYPE_Q4_0 ? COLIBRI_Q4_0_COLS
+         : dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_QK_COLS : 0;
+}
+static inline uint32_t clb_block_bytes(unsigned dtype)
+{
+    return dtype == COLIBRI_DTYPE_Q4_0 ? COLIBRI_Q4_0_BYTES
+         : dtype == COLIBRI_DTYPE_Q4_K ? COLIBRI_Q4_K_BYTES
+         : dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_Q6_K_BYTES : 0;
+}
+/* Bytes of one row of a block-type matrix of `cols` columns. */
+static inline size_t clb_block_row_bytes(unsigned dtype, uint32_t cols)
+{
+    uint32_t b = clb_block_cols(dtype);
+    return b ? (size_t)((cols + b - 1) / b) * clb_block_bytes(dtype) : 0;
+}
 
 /* colibri_verify's callback: index -2 header, -1 table, >= 0 a tensor, -3
  * the error that stopped the check. */

@@ -49,8 +49,9 @@ enum { CLB_LOAD_MMAP = 1, CLB_LOAD_READ = 2, CLB_LOAD_MEMORY = 3,
 
 /* A weight matrix [rows, cols] in the file, in host byte order. */
 typedef struct clb_weight {
-    const void *q;        /* F32: float[rows*cols]; I8_GROUP: int8; I16_ROW: int16 */
-    const float *scales;  /* I8_GROUP [rows, ngroups]; I16_ROW [rows]; F32 NULL */
+    const void *q;        /* F32: float[rows*cols]; I8_GROUP: int8; I16_ROW: int16;
+                             Q4_0/Q4_K/Q6_K: [rows, nb] blocks (FORMAT.md 4) */
+    const float *scales;  /* I8_GROUP [rows, ngroups]; I16_ROW [rows]; else NULL */
     uint32_t rows, cols;
     uint8_t dtype;        /* COLIBRI_DTYPE_* */
 } clb_weight;
@@ -122,8 +123,10 @@ typedef struct clb_plan {
     float *yslot;               /* [C, K, hidden] expert outputs per selection */
     float *xe, *ye;             /* [C, hidden] one expert's gathered in/out */
     float *h1, *h3;             /* [C, max_inter] gate and up */
-    int8_t *xq;                 /* [C, max_cols] int8 activations */
-    float *xs;                  /* [C, max_groups] their scales */
+    int8_t *xq;                 /* [C, max_cols] int8 activations; block
+                                   types [C, nb*B] (cols padded to B) */
+    float *xs;                  /* [C, max_groups] their scales ([C, nb]) */
+    int16_t *xb;                /* [C, nb*B/16] block activations' sums of 16 */
 
     /* ENC_DEC files only (encdec.h), else NULL: the encoder-decoder state. */
     struct clb_encdec *ed;

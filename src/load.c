@@ -89,6 +89,21 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
             continue; /* unknown layout: never used; DESC: read as stored */
         clb_weight w = clb_weight_of(b, en, be, s->group_size);
         uint8_t *q = (uint8_t *)w.q;
+        if (clb_block_cols(w.dtype)) {
+            /* Blocks: only their leading float32 fields (d, Q4_K's dmin). */
+            uint64_t nblk = (uint64_t)w.rows * ((w.cols + clb_block_cols(w.dtype) - 1) /
+                                                clb_block_cols(w.dtype));
+            unsigned nf = w.dtype == COLIBRI_DTYPE_Q4_K ? 2 : 1;
+            for (uint64_t k = 0; k < nblk; k++)
+                for (unsigned f = 0; f < nf; f++) {
+                    uint8_t *x = q + k * clb_block_bytes(w.dtype) + 4 * f, t0 = x[0], t1 = x[1];
+                    x[0] = x[3];
+                    x[1] = x[2];
+                    x[2] = t1;
+                    x[3] = t0;
+                }
+            continue;
+        }
         uint64_t n = (uint64_t)w.rows * w.cols, n_scales = 0;
         unsigned width = w.dtype == COLIBRI_DTYPE_F32 ? 4
                        : w.dtype == COLIBRI_DTYPE_I16_ROW ? 2 : 1;

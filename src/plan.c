@@ -100,8 +100,15 @@ void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
     p->ye = (float *)carve(c, cm(c, C * 4, h));
     p->h1 = (float *)carve(c, cm(c, C * 4, inter));
     p->h3 = (float *)carve(c, cm(c, C * 4, inter));
-    p->xq = (int8_t *)carve(c, cm(c, C, max_cols));
-    p->xs = (float *)carve(c, cm(c, C * 4, max_groups));
+    /* Activations of quantised weights: I8_GROUP [C, max_cols] and
+     * [C, max_groups]; block types [C, max_cols rounded up to 256] int8,
+     * their scales per 32 (Q4_0) at most, their sums of 16 (xb). */
+    uint64_t padded = (max_cols + CLB_QK_COLS - 1) / CLB_QK_COLS * CLB_QK_COLS;
+    uint64_t max_blocks = padded / CLB_Q4_0_COLS;
+    p->xq = (int8_t *)carve(c, cm(c, C, padded));
+    p->xs = (float *)carve(c, cm(c, C * 4, max_groups > max_blocks ? max_groups
+                                                                   : max_blocks));
+    p->xb = (int16_t *)carve(c, cm(c, C * 2, padded / 16));
     if (d->features & COLIBRI_FEAT_ENC_DEC)
         clb_encdec_layout(c, s, d, p == &dummy ? NULL : p);
     *pp = p == &dummy ? NULL : p;
@@ -154,8 +161,10 @@ clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
     const uint8_t *base = blob + rd64(en + COLIBRI_ENT_OFFSET, be);
     (void)clb_section_size(w.dtype, w.rows, w.cols, group, &scales_at, &ovf);
     w.q = base;
-    w.scales = w.dtype == COLIBRI_DTYPE_F32 ? NULL
-                                            : (const float *)(base + scales_at);
+    /* F32 and the block types (scales inside the blocks) have no scales
+     * array. */
+    w.scales = w.dtype == COLIBRI_DTYPE_I8_GROUP || w.dtype == COLIBRI_DTYPE_I16_ROW
+                   ? (const float *)(base + scales_at) : NULL;
     return w;
 }
 

@@ -47,6 +47,11 @@ void clb_embed(const clb_plan *p, const int32_t *ids, uint32_t n, float *X)
         float *x = X + (size_t)t * h;
         if (p->embed.dtype == COLIBRI_DTYPE_F32) {
             memcpy(x, (const float *)p->embed.q + row, h * sizeof(float));
+        } else if (clb_block_cols(p->embed.dtype)) { /* the block's values */
+            clb_dequant_row(x, (const uint8_t *)p->embed.q +
+                            (size_t)(uint32_t)ids[t] *
+                                clb_block_row_bytes(p->embed.dtype, h),
+                            p->embed.dtype, h);
         } else { /* I16_ROW: x = float(q) * scale[token] */
             const int16_t *q = (const int16_t *)p->embed.q + row;
             float s = p->embed.scales[ids[t]];
@@ -95,6 +100,25 @@ static void kernel_rows(const clb_plan *p, const clb_weight *w, const float *X,
         size_t ng = (cols + g - 1) / g;
         p->k->matmul_i8(Y, (const int8_t *)w->q + r0 * cols, w->scales + r0 * ng,
                         p->xq + t0 * cols, p->xs + t0 * ng, n, nr, w->cols, g);
+        break;
+    }
+    case COLIBRI_DTYPE_Q4_0:
+    case COLIBRI_DTYPE_Q4_K:
+    case COLIBRI_DTYPE_Q6_K: {
+        /* Activations [tokens, nb*B] padded, scales [tokens, nb], sums of
+         * 16 [tokens, nb*B/16] (quantize_blk). */
+        uint32_t B = clb_block_cols(w->dtype);
+        size_t nb = (cols + B - 1) / B;
+        const uint8_t *W = (const uint8_t *)w->q + r0 * clb_block_row_bytes(w->dtype, w->cols);
+        const int8_t *xq = p->xq + t0 * nb * B;
+        const float *xs = p->xs + t0 * nb;
+        const int16_t *xb = p->xb + t0 * nb * (B / 16);
+        if (w->dtype == COLIBRI_DTYPE_Q4_0)
+            p->k->matmul_q4_0(Y, W, xq, xs, xb, n, nr, w->cols);
+        else if (w->dtype == COLIBRI_DTYPE_Q4_K)
+            p->k->matmul_q4_k(Y, W, xq, xs, xb, n, nr, w->cols);
+        else
+            p->k->matmul_q6_k(Y, W, xq, xs, xb, n, nr, w->cols);
         break;
     }
     default: /* COLIBRI_DTYPE_I16_ROW; validation admits nothing else */
@@ -171,6 +195,32 @@ static void quantize(const clb_plan *p, const float *X, uint32_t n,
     (void)what;
 }
 
+/* The activations a weight of this dtype reads, into p->xq/xs(/xb):
+ * I8_GROUP per header group, block types per block (FORMAT.md 5); F32 and
+ * I16_ROW read X itself. */
+static void quantize_for(const clb_plan *p, unsigned dtype, const float *X,
+                         uint32_t n, uint32_t cols, const char *what)
+{
+    uint32_t B = clb_block_cols(dtype);
+    if (dtype == COLIBRI_DTYPE_I8_GROUP) {
+        quantize(p, X, n, cols, what);
+    } else if (B) {
+        p->k->quantize_act_blk(p->xq, p->xs, p->xb, X, n, cols, B);
+        DUMP(what, "act-q", p->xq, (size_t)n * ((cols + B - 1) / B) * B, 1, 0);
+    }
+    (void)what;
+}
+
+/* Whether two dtypes read the same quantised activations (one pass serves
+ * both weights of clb_linear2). */
+static int same_activations(unsigned a, unsigned b)
+{
+    uint32_t ba = clb_block_cols(a), bb = clb_block_cols(b);
+    if (a == COLIBRI_DTYPE_I8_GROUP || b == COLIBRI_DTYPE_I8_GROUP)
+        return a == b;
+    return ba == bb; /* both unquantised (0), or blocks of one width */
+}
+
 /* wa (and wb if not NULL) over X [n, cols] -> Ya (Yb), the first n_out rows
  * written, as one region. */
 static void linear_region(const clb_plan *p, const clb_weight *wa,
@@ -203,8 +253,7 @@ void clb_linear_rows(const clb_plan *p, const clb_weight *w, const float *X,
                      uint32_t n, uint32_t n_out, float *Y, const char *what)
 {
     DUMP(what, "in", X, (size_t)n * w->cols, 4, 1);
-    if (w->dtype == COLIBRI_DTYPE_I8_GROUP)
-        quantize(p, X, n, w->cols, what);
+    quantize_for(p, w->dtype, X, n, w->cols, what);
     linear_region(p, w, NULL, X, n, n_out, Y, NULL);
     DUMP(what, "out", Y, (size_t)n_out * w->rows, 4, 1);
     (void)what;
@@ -220,16 +269,15 @@ void clb_linear2(const clb_plan *p, const clb_weight *wa, const clb_weight *wb,
                  const float *X, uint32_t n, float *Ya, float *Yb,
                  const char *what)
 {
-    if (wa->dtype == COLIBRI_DTYPE_I8_GROUP &&
-        wb->dtype == COLIBRI_DTYPE_I8_GROUP) {
-        /* The int8 activations are quantised once for both. */
+    if (same_activations(wa->dtype, wb->dtype) &&
+        (wa->dtype == COLIBRI_DTYPE_I8_GROUP || clb_block_cols(wa->dtype))) {
+        /* The quantised activations are made once for both. */
         DUMP(what, "in", X, (size_t)n * wa->cols, 4, 1);
-        quantize(p, X, n, wa->cols, what);
+        quantize_for(p, wa->dtype, X, n, wa->cols, what);
         linear_region(p, wa, wb, X, n, n, Ya, Yb);
         DUMP(what, "out", Ya, (size_t)n * wa->rows, 4, 1);
         DUMP(what, "out", Yb, (size_t)n * wb->rows, 4, 1);
-    } else if (wa->dtype != COLIBRI_DTYPE_I8_GROUP &&
-               wb->dtype != COLIBRI_DTYPE_I8_GROUP) {
+    } else if (same_activations(wa->dtype, wb->dtype)) {
         linear_region(p, wa, wb, X, n, n, Ya, Yb);
         /* the dumps of two clb_linear calls, as before the region */
         DUMP(what, "in", X, (size_t)n * wa->cols, 4, 1);

@@ -29,6 +29,14 @@ GOLDEN_CONFIGS: dict[str, dict] = {
                  num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4,
                  head_dim=16, num_local_experts=8, num_experts_per_tok=2,
                  max_position_embeddings=64, rope_theta=5e5, rms_norm_eps=1e-5),
+    # For the K block types (256 columns): hidden, q/kv projections and the
+    # experts' width are multiples of 256, so `--quant q4` stores Q4_K and
+    # Q6_K; intermediate 320 is not, so the experts' W2 falls back to Q4_0
+    # in the same expert. Not among GOLDEN_NAMES (the three above).
+    "k256": dict(vocab_size=96, hidden_size=256, intermediate_size=320,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=64, num_local_experts=4, num_experts_per_tok=2,
+                 max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-5),
 }
 
 

@@ -189,7 +189,8 @@ static void unload(colibri_model *m)
 static const char *dtype_name(unsigned d)
 {
     return d == COLIBRI_DTYPE_F32 ? "f32" : d == COLIBRI_DTYPE_I8_GROUP ? "i8_group"
-         : d == COLIBRI_DTYPE_I16_ROW ? "i16_row" : "?";
+         : d == COLIBRI_DTYPE_I16_ROW ? "i16_row" : d == COLIBRI_DTYPE_Q4_0 ? "q4_0"
+         : d == COLIBRI_DTYPE_Q4_K ? "q4_k" : d == COLIBRI_DTYPE_Q6_K ? "q6_k" : "?";
 }
 
 static int do_info(colibri_model *m)

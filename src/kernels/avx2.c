@@ -884,6 +884,10 @@ static const colibri_kernels avx2_kernels = {
     avx2_quantize_act_i8,
     avx2_matmul_i8,
     avx2_matmul_i16,
+    clb_ref_quantize_act_blk,
+    clb_ref_matmul_q4_0,
+    clb_ref_matmul_q4_k,
+    clb_ref_matmul_q6_k,
 };
 
 /* The same with vpdpbusd for the int8 dot products ("avx2-vnni"): VEX
@@ -900,6 +904,10 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_quantize_act_i8,
     avx2_vnni_matmul_i8,
     avx2_matmul_i16,
+    clb_ref_quantize_act_blk,
+    clb_ref_matmul_q4_0,
+    clb_ref_matmul_q4_k,
+    clb_ref_matmul_q6_k,
 };
 
 static const colibri_kernels avx2_evex_vnni_kernels = {
@@ -908,6 +916,10 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_quantize_act_i8,
     avx2_evex_vnni_matmul_i8,
     avx2_matmul_i16,
+    clb_ref_quantize_act_blk,
+    clb_ref_matmul_q4_0,
+    clb_ref_matmul_q4_k,
+    clb_ref_matmul_q6_k,
 };
 
 /* 1: AVX-VNNI (VEX), 2: AVX512-VNNI with AVX512VL (EVEX; libgcc's

@@ -27,6 +27,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "colibri_format.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,7 +61,84 @@ typedef struct colibri_kernels {
      * float activations X [n, cols]: y = S[r] * sum_c float(Q[r,c]) * x[c]. */
     void (*matmul_i16)(float *Y, const int16_t *Q, const float *S,
                        const float *X, uint32_t n, uint32_t rows, uint32_t cols);
+
+    /* --- Block-quantised weights (docs/FORMAT.md 4, "Block types"; the
+     * arithmetic of section 5). B = 32 for Q4_0, 256 for Q4_K and Q6_K;
+     * nb = ceil(cols / B); a weight row is nb consecutive blocks. */
+
+    /* Activations for block weights: X float [n, cols] -> XQ int8
+     * [n, nb*B] (rows padded with zeros past cols), XS float [n, nb]
+     * (amax/127 per block, as quantize_act_i8 with group B), XB int16
+     * [n, nb*B/16]: the sum of each 16 consecutive XQ values (for the
+     * Q4_K mins; |sum| <= 2032). block is 32 or 256. */
+    void (*quantize_act_blk)(int8_t *XQ, float *XS, int16_t *XB,
+                             const float *X, uint32_t n, uint32_t cols,
+                             uint32_t block);
+
+    /* Y[n, rows] from blocks W [rows, nb] (dtype's layout) and the
+     * activations of quantize_act_blk with the dtype's B. Bit-identical to
+     * ref in every table (the float order of FORMAT.md 5 per element). */
+    void (*matmul_q4_0)(float *Y, const uint8_t *W, const int8_t *XQ,
+                        const float *XS, const int16_t *XB, uint32_t n,
+                        uint32_t rows, uint32_t cols);
+    void (*matmul_q4_k)(float *Y, const uint8_t *W, const int8_t *XQ,
+                        const float *XS, const int16_t *XB, uint32_t n,
+                        uint32_t rows, uint32_t cols);
+    void (*matmul_q6_k)(float *Y, const uint8_t *W, const int8_t *XQ,
+                        const float *XS, const int16_t *XB, uint32_t n,
+                        uint32_t rows, uint32_t cols);
 } colibri_kernels;
+
+/* ref.c's block kernels, named so that a table without its own form of
+ * one (yet) can list ref's: the same bits by definition. */
+void clb_ref_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB,
+                              const float *X, uint32_t n, uint32_t cols,
+                              uint32_t block);
+void clb_ref_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols);
+void clb_ref_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols);
+void clb_ref_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols);
+
+/* Block geometry (FORMAT.md 4, colibri_format.h). */
+#define CLB_Q4_0_COLS ((uint32_t)COLIBRI_Q4_0_COLS)
+#define CLB_Q4_0_BYTES ((uint32_t)COLIBRI_Q4_0_BYTES)
+#define CLB_QK_COLS ((uint32_t)COLIBRI_QK_COLS)
+#define CLB_Q4_K_BYTES ((uint32_t)COLIBRI_Q4_K_BYTES)
+#define CLB_Q6_K_BYTES ((uint32_t)COLIBRI_Q6_K_BYTES)
+
+/* Shared by every table (ref.c): the exact values of one block row, for
+ * embedding lookups. out[cols] = the first cols values of a row of nb
+ * blocks of dtype (COLIBRI_DTYPE_Q4_0/Q4_K/Q6_K). */
+void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
+                     uint32_t cols);
+
+/* Q4_K's 6-bit scale and min of sub-block j (0..7) from scales[12]. */
+static inline void clb_q4k_scale_min(const uint8_t *sc12, unsigned j,
+                                     uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = sc12[j] & 63;
+        *m = sc12[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((sc12[j + 4] & 15) | ((sc12[j - 4] >> 6) << 4));
+        *m = (uint8_t)((sc12[j + 4] >> 4) | ((sc12[j] >> 6) << 4));
+    }
+}
+
+/* A block's float32 field at byte offset off, in host order (the loader
+ * swapped a foreign-order file). Blocks are 4-byte aligned in a section
+ * (20, 148, 212 are multiples of 4), so this is an aligned load. */
+static inline float clb_blk_f32(const uint8_t *blk, unsigned off)
+{
+    float f;
+    memcpy(&f, blk + off, 4);
+    return f;
+}
 
 /* Always available. */
 const colibri_kernels *colibri_kernels_ref(void);

@@ -552,6 +552,10 @@ static const colibri_kernels neon_kernels = {
     neon_quantize_act_i8,
     neon_matmul_i8,
     neon_matmul_i16,
+    clb_ref_quantize_act_blk,
+    clb_ref_matmul_q4_0,
+    clb_ref_matmul_q4_k,
+    clb_ref_matmul_q6_k,
 };
 
 #ifdef __aarch64__
@@ -563,6 +567,10 @@ static const colibri_kernels neon_dotprod_kernels = {
     neon_quantize_act_i8,
     colibri_neon_dotprod_matmul_i8, /* neon_dotprod.c */
     neon_matmul_i16,
+    clb_ref_quantize_act_blk,
+    clb_ref_matmul_q4_0,
+    clb_ref_matmul_q4_k,
+    clb_ref_matmul_q6_k,
 };
 
 /* Whether this CPU executes SDOT (FEAT_DotProd, optional from ARMv8.2-A).

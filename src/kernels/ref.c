@@ -116,12 +116,180 @@ static void ref_matmul_i16(float *Y, const int16_t *Q, const float *S,
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* Block types (FORMAT.md 4-5): Q4_0, Q4_K, Q6_K                            */
+/* ------------------------------------------------------------------------ */
+
+/* Per row t and block b of `block` columns: the I8 activation quantisation
+ * of the block's real columns, zeros past cols; XB the sums of 16. */
+void clb_ref_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB,
+                                 const float *X, uint32_t n, uint32_t cols,
+                                 uint32_t block)
+{
+    uint32_t nb = (cols + block - 1) / block;
+    size_t padded = (size_t)nb * block;
+    for (uint32_t t = 0; t < n; t++) {
+        int8_t *xq = XQ + (size_t)t * padded;
+        int16_t *xb = XB + (size_t)t * (padded / 16);
+        /* The real columns exactly as quantize_act_i8 with group `block`
+         * (its last group is the short one), then the zero tail. */
+        ref_quantize_act_i8(xq, XS + (size_t)t * nb, X + (size_t)t * cols, 1,
+                            cols, block);
+        for (size_t c = cols; c < padded; c++)
+            xq[c] = 0;
+        for (size_t s = 0; s < padded / 16; s++) {
+            int32_t sum = 0;
+            for (unsigned c = 0; c < 16; c++)
+                sum += xq[s * 16 + c];
+            xb[s] = (int16_t)sum;
+        }
+    }
+}
+
+/* y = sum_b float(dot_b) * (d_b * xs_b): the I8 form with 4-bit values. */
+void clb_ref_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                            const float *XS, const int16_t *XB, uint32_t n,
+                            uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
+    for (uint32_t t = 0; t < n; t++) {
+        const int8_t *xq = XQ + (size_t)t * nb * CLB_Q4_0_COLS;
+        const float *xs = XS + (size_t)t * nb;
+        for (uint32_t r = 0; r < rows; r++) {
+            const uint8_t *blk = W + (size_t)r * nb * CLB_Q4_0_BYTES;
+            float acc = 0.0f;
+            for (uint32_t b = 0; b < nb; b++, blk += CLB_Q4_0_BYTES) {
+                const uint8_t *qs = blk + 4;
+                const int8_t *x = xq + (size_t)b * CLB_Q4_0_COLS;
+                int32_t dot = 0;
+                for (unsigned i = 0; i < 16; i++) {
+                    dot += ((int32_t)(qs[i] & 15) - 8) * x[i];
+                    dot += ((int32_t)(qs[i] >> 4) - 8) * x[i + 16];
+                }
+                acc += (float)dot * (clb_blk_f32(blk, 0) * xs[b]);
+            }
+            Y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+/* acc += xs * (d * float(sum_j sc_j dot_j) - dmin * float(sum_j m_j bsum_j)) */
+void clb_ref_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                            const float *XS, const int16_t *XB, uint32_t n,
+                            uint32_t rows, uint32_t cols)
+{
+    uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    for (uint32_t t = 0; t < n; t++) {
+        const int8_t *xq = XQ + (size_t)t * nb * CLB_QK_COLS;
+        const int16_t *xb = XB + (size_t)t * nb * (CLB_QK_COLS / 16);
+        const float *xs = XS + (size_t)t * nb;
+        for (uint32_t r = 0; r < rows; r++) {
+            const uint8_t *blk = W + (size_t)r * nb * CLB_Q4_K_BYTES;
+            float acc = 0.0f;
+            for (uint32_t b = 0; b < nb; b++, blk += CLB_Q4_K_BYTES) {
+                const uint8_t *qs = blk + 20;
+                const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
+                const int16_t *bs = xb + (size_t)b * (CLB_QK_COLS / 16);
+                int32_t isum = 0, msum = 0;
+                for (unsigned j = 0; j < 8; j++) {
+                    uint8_t sc, m;
+                    clb_q4k_scale_min(blk + 8, j, &sc, &m);
+                    const uint8_t *q = qs + 32 * (j / 2);
+                    unsigned shift = (j & 1) * 4;
+                    int32_t dot = 0;
+                    for (unsigned l = 0; l < 32; l++)
+                        dot += (int32_t)((q[l] >> shift) & 15) * x[32 * j + l];
+                    isum += (int32_t)sc * dot;
+                    msum += (int32_t)m * ((int32_t)bs[2 * j] + bs[2 * j + 1]);
+                }
+                float dd = clb_blk_f32(blk, 0) * (float)isum;
+                float mm = clb_blk_f32(blk, 4) * (float)msum;
+                acc += xs[b] * (dd - mm);
+            }
+            Y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+/* acc += xs * (d * float(sum_j sc_j dot_j)), q - 32 signed. */
+void clb_ref_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                            const float *XS, const int16_t *XB, uint32_t n,
+                            uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    for (uint32_t t = 0; t < n; t++) {
+        const int8_t *xq = XQ + (size_t)t * nb * CLB_QK_COLS;
+        const float *xs = XS + (size_t)t * nb;
+        for (uint32_t r = 0; r < rows; r++) {
+            const uint8_t *blk = W + (size_t)r * nb * CLB_Q6_K_BYTES;
+            float acc = 0.0f;
+            for (uint32_t b = 0; b < nb; b++, blk += CLB_Q6_K_BYTES) {
+                const uint8_t *ql = blk + 4, *qh = blk + 132;
+                const int8_t *sc = (const int8_t *)(blk + 196);
+                const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
+                int32_t isum = 0;
+                for (unsigned j = 0; j < 16; j++) {
+                    int32_t dot = 0;
+                    for (unsigned c = 0; c < 16; c++) {
+                        unsigned i = 16 * j + c, h = i / 128, rr = i % 128;
+                        unsigned l = rr % 32, s = rr / 32;
+                        unsigned lo = ql[64 * h + l + 32 * (s % 2)];
+                        lo = s < 2 ? lo & 15 : lo >> 4;
+                        unsigned hi = (qh[32 * h + l] >> (2 * s)) & 3;
+                        dot += ((int32_t)(lo | hi << 4) - 32) * x[i];
+                    }
+                    isum += (int32_t)sc[j] * dot;
+                }
+                acc += xs[b] * (clb_blk_f32(blk, 0) * (float)isum);
+            }
+            Y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
+                     uint32_t cols)
+{
+    for (uint32_t i = 0; i < cols; i++) {
+        if (dtype == COLIBRI_DTYPE_Q4_0) {
+            const uint8_t *blk = row + (size_t)(i / 32) * CLB_Q4_0_BYTES;
+            unsigned k = i % 32;
+            unsigned q = k < 16 ? blk[4 + k] & 15 : blk[4 + k - 16] >> 4;
+            out[i] = clb_blk_f32(blk, 0) * (float)((int)q - 8);
+        } else if (dtype == COLIBRI_DTYPE_Q4_K) {
+            const uint8_t *blk = row + (size_t)(i / 256) * CLB_Q4_K_BYTES;
+            unsigned k = i % 256, j = k / 32;
+            uint8_t sc, m;
+            clb_q4k_scale_min(blk + 8, j, &sc, &m);
+            unsigned q = (blk[20 + 32 * (j / 2) + k % 32] >> ((j & 1) * 4)) & 15;
+            float d1 = clb_blk_f32(blk, 0) * (float)sc;
+            float m1 = clb_blk_f32(blk, 4) * (float)m;
+            out[i] = d1 * (float)q - m1;
+        } else { /* COLIBRI_DTYPE_Q6_K */
+            const uint8_t *blk = row + (size_t)(i / 256) * CLB_Q6_K_BYTES;
+            unsigned k = i % 256, h = k / 128, rr = k % 128;
+            unsigned l = rr % 32, s = rr / 32;
+            unsigned lo = blk[4 + 64 * h + l + 32 * (s % 2)];
+            lo = s < 2 ? lo & 15 : lo >> 4;
+            unsigned hi = (blk[132 + 32 * h + l] >> (2 * s)) & 3;
+            float d1 = clb_blk_f32(blk, 0) * (float)((const int8_t *)blk)[196 + k / 16];
+            out[i] = d1 * (float)((int)(lo | hi << 4) - 32);
+        }
+    }
+}
+
 static const colibri_kernels ref_kernels = {
     "ref",
     ref_matmul_f32,
     ref_quantize_act_i8,
     ref_matmul_i8,
     ref_matmul_i16,
+    clb_ref_quantize_act_blk,
+    clb_ref_matmul_q4_0,
+    clb_ref_matmul_q4_k,
+    clb_ref_matmul_q6_k,
 };
 
 const colibri_kernels *colibri_kernels_ref(void)
