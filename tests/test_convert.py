@@ -411,7 +411,7 @@ def test_sliding_window_limits_max_seq_len(hf_checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(quant="int4"), "quant = 'int4': choose f32 or int8"),
+    (dict(quant="int4"), "quant = 'int4': choose f32, int8 or q4"),
     (dict(quantize_router="int8"), "quantize_router = 'int8': choose one of f32, int16"),
     (dict(group_size=0), "group_size = 0 must be between 1 and 65535"),
     (dict(max_batch=0), "max_batch = 0"),

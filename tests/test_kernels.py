@@ -63,7 +63,8 @@ def _cpu_has_avx2_fma() -> bool:
 
 
 def _build(cc: str, out: Path, extra: list[str]) -> None:
-    cmd = [cc, *WARN, *extra, f"-I{KDIR}", *map(str, SOURCES), "-lm", "-o", str(out)]
+    cmd = [cc, *WARN, *extra, f"-I{KDIR}", f"-I{ROOT / 'src' / 'include'}",
+           *map(str, SOURCES), "-lm", "-o", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"build failed: {' '.join(cmd)}\n{res.stderr}"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from colibri import blocks
 from colibri import format as cformat
 
 HEADER = Path(__file__).resolve().parent.parent / "src" / "include" / "colibri_format.h"
@@ -46,6 +47,12 @@ def python_constants() -> dict[str, int | str]:
     want.update({f"COLIBRI_ENT_{n.upper()}": off for n, _, off in cformat.ENTRY_FIELDS})
     want.update({f"COLIBRI_KIND_{k.name}": int(k) for k in cformat.Kind})
     want.update({f"COLIBRI_DTYPE_{d.name}": int(d) for d in cformat.DType})
+    want["COLIBRI_DTYPE_MAX"] = max(cformat.DType)
+    want["COLIBRI_Q4_0_COLS"] = blocks.BLOCK_COLS[blocks.Q4_0]
+    want["COLIBRI_QK_COLS"] = blocks.BLOCK_COLS[blocks.Q4_K]
+    assert blocks.BLOCK_COLS[blocks.Q6_K] == blocks.BLOCK_COLS[blocks.Q4_K]
+    want.update({f"COLIBRI_{cformat.DType(d).name}_BYTES": n
+                 for d, n in blocks.BLOCK_BYTES.items()})
     want.update({f"COLIBRI_FEAT_{f.name}": int(f) for f in cformat.Feat})
     want.update({f"COLIBRI_DESC_{n.upper()}": i for i, n in enumerate(cformat.DESC_WORDS)})
     want.update({f"COLIBRI_DESCX_{n.upper()}": i

@@ -38,6 +38,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kernels.h"
+#include "colibri_format.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -482,6 +483,175 @@ static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t 
     buf_free(&YT);
 }
 
+/* ---- block types (Q4_0, Q4_K, Q6_K) -------------------------------------- */
+/* kernels.h promises every table's block kernels bit-identical to ref's
+ * (FORMAT.md 5: exact integer sums, a fixed float order per element), so
+ * XQ/XS/XB and Y are compared bit for bit. Blocks are random bytes with
+ * random float32 scales (zero scales included); activations include all-zero
+ * blocks and rounding ties. */
+
+static const unsigned BLK_DTYPES[] = {COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_Q4_K,
+                                      COLIBRI_DTYPE_Q6_K};
+static const uint32_t BLK_COLS[] = {1, 17, 31, 32, 33, 64, 100, 255, 256, 257, 512, 700, 1100};
+static const uint32_t BLK_ROWS[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 65};
+
+static uint32_t blk_cols_of(unsigned dtype)
+{
+    return dtype == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_COLS : CLB_QK_COLS;
+}
+
+static uint32_t blk_bytes_of(unsigned dtype)
+{
+    return dtype == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES
+         : dtype == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+}
+
+static void fill_blocks(uint8_t *w, unsigned dtype, size_t nblocks)
+{
+    uint32_t bytes = blk_bytes_of(dtype);
+    for (size_t i = 0; i < nblocks * bytes; i++)
+        w[i] = (uint8_t)rng_below(256);
+    for (size_t b = 0; b < nblocks; b++) {
+        uint8_t *blk = w + b * bytes;
+        unsigned nf = dtype == COLIBRI_DTYPE_Q4_K ? 2 : 1;
+        for (unsigned f = 0; f < nf; f++) {
+            float v = rng_below(16) == 0 ? 0.0f : rng_sym() * 0.01f;
+            memcpy(blk + 4 * f, &v, 4);
+        }
+    }
+}
+
+/* Activations with the awkward cases: an all-zero block, exact ties
+ * (k + 0.5 steps of amax/127), and huge values. */
+static void fill_blk_act(float *x, size_t count, uint32_t B)
+{
+    for (size_t i = 0; i < count; i++)
+        x[i] = rng_sym() * 4.0f;
+    size_t mode = rng_below(4);
+    if (mode == 0 && count >= B)
+        memset(x, 0, B * sizeof(float));
+    else if (mode == 1)
+        for (size_t i = 0; i < count; i++)
+            x[i] = (float)((int)rng_below(255) - 127) / 2.0f; /* ties at amax 63.5 */
+    else if (mode == 2 && count > 3)
+        x[count / 2] = 1e30f;
+}
+
+static void test_blocks(const colibri_kernels *ref, const colibri_kernels *k, unsigned dtype,
+                        uint32_t n, uint32_t rows, uint32_t cols)
+{
+    const uint32_t B = blk_cols_of(dtype), nb = (cols + B - 1) / B;
+    const size_t padded = (size_t)nb * B;
+    int mis = (int)(case_no++ & 1);
+    buf W = buf_new((size_t)rows * nb * blk_bytes_of(dtype), 1, 0);
+    buf X = buf_new((size_t)n * cols, sizeof(float), mis);
+    buf XQr = buf_new((size_t)n * padded, 1, 0), XQk = buf_new((size_t)n * padded, 1, mis);
+    buf XSr = buf_new((size_t)n * nb, sizeof(float), 0);
+    buf XSk = buf_new((size_t)n * nb + GUARD, sizeof(float), mis);
+    buf XBr = buf_new((size_t)n * padded / 16, 2, 0), XBk = buf_new((size_t)n * padded / 16, 2, mis);
+    buf Yr = buf_new((size_t)n * rows, sizeof(float), 0);
+    buf Yk = buf_new((size_t)n * rows + GUARD, sizeof(float), mis);
+    uint8_t *w = W.p;
+    float *x = X.p, *yr = Yr.p, *yk = Yk.p, *xsr = XSr.p, *xsk = XSk.p;
+    int8_t *xqr = XQr.p, *xqk = XQk.p;
+    int16_t *xbr = XBr.p, *xbk = XBk.p;
+    fill_blocks(w, dtype, (size_t)rows * nb);
+    fill_blk_act(x, (size_t)n * cols, B);
+    fill_sentinel(xsk, (size_t)n * nb + GUARD);
+    ref->quantize_act_blk(xqr, xsr, xbr, x, n, cols, B);
+    k->quantize_act_blk(xqk, xsk, xbk, x, n, cols, B);
+    check_written("quantize_act_blk XS", k->name, xsk, (size_t)n * nb);
+    n_checks++;
+    if (memcmp(xqr, xqk, (size_t)n * padded) || memcmp(xsr, xsk, (size_t)n * nb * 4) ||
+        memcmp(xbr, xbk, (size_t)n * padded / 16 * 2))
+        FAIL("%s quantize_act_blk n=%u cols=%u block=%u: XQ, XS or XB differ from ref",
+             k->name, n, cols, B);
+    fill_sentinel(yk, (size_t)n * rows + GUARD);
+#define BLK_CALL(kt, y)                                                            \
+    (dtype == COLIBRI_DTYPE_Q4_0 ? kt->matmul_q4_0(y, w, xqr, xsr, xbr, n, rows, cols) \
+     : dtype == COLIBRI_DTYPE_Q4_K ? kt->matmul_q4_k(y, w, xqr, xsr, xbr, n, rows, cols) \
+                                   : kt->matmul_q6_k(y, w, xqr, xsr, xbr, n, rows, cols))
+    BLK_CALL(ref, yr);
+    BLK_CALL(k, yk);
+#undef BLK_CALL
+    check_written("block matmul", k->name, yk, (size_t)n * rows);
+    n_checks++;
+    for (size_t i = 0; i < (size_t)n * rows; i++)
+        if (memcmp(&yr[i], &yk[i], 4) != 0) {
+            FAIL("%s matmul dtype %u n=%u rows=%u cols=%u: y[%zu,%zu] = %.9g, ref %.9g",
+                 k->name, dtype, n, rows, cols, i / rows, i % rows, yk[i], yr[i]);
+            break;
+        }
+    buf_free(&W); buf_free(&X); buf_free(&XQr); buf_free(&XQk); buf_free(&XSr);
+    buf_free(&XSk); buf_free(&XBr); buf_free(&XBk); buf_free(&Yr); buf_free(&Yk);
+}
+
+/* The same product cut into token x row tiles (what threads do) gives the
+ * same bits. */
+static void test_blocks_tiles(const colibri_kernels *k, unsigned dtype, uint32_t n,
+                              uint32_t rows, uint32_t cols)
+{
+    const uint32_t B = blk_cols_of(dtype), nb = (cols + B - 1) / B;
+    const size_t padded = (size_t)nb * B, rb_bytes = (size_t)nb * blk_bytes_of(dtype);
+    buf W = buf_new((size_t)rows * rb_bytes, 1, 0);
+    buf X = buf_new((size_t)n * cols, sizeof(float), 0);
+    buf XQ = buf_new((size_t)n * padded, 1, 0), XS = buf_new((size_t)n * nb, 4, 0);
+    buf XB = buf_new((size_t)n * padded / 16, 2, 0);
+    buf Y1 = buf_new((size_t)n * rows, 4, 0), YT = buf_new((size_t)n * rows, 4, 0);
+    uint8_t *w = W.p;
+    float *x = X.p, *xs = XS.p, *y1 = Y1.p, *yt = YT.p;
+    int8_t *xq = XQ.p;
+    int16_t *xb = XB.p;
+    fill_blocks(w, dtype, (size_t)rows * nb);
+    fill_blk_act(x, (size_t)n * cols, B);
+    k->quantize_act_blk(xq, xs, xb, x, n, cols, B);
+#define BLK_CALL(y, W0, T0, nt, nr)                                                        \
+    (dtype == COLIBRI_DTYPE_Q4_0                                                          \
+         ? k->matmul_q4_0(y, W0, xq + (T0) * padded, xs + (T0) * nb, xb + (T0) * padded / 16, nt, nr, cols) \
+     : dtype == COLIBRI_DTYPE_Q4_K                                                        \
+         ? k->matmul_q4_k(y, W0, xq + (T0) * padded, xs + (T0) * nb, xb + (T0) * padded / 16, nt, nr, cols) \
+         : k->matmul_q6_k(y, W0, xq + (T0) * padded, xs + (T0) * nb, xb + (T0) * padded / 16, nt, nr, cols))
+    BLK_CALL(y1, w, 0, n, rows);
+    static const uint32_t tiles[][2] = {{1, 1}, {1, 5}, {3, 24}, {8, 8}, {16, 5}, {1, 0}, {8, 0}};
+    for (size_t i = 0; i < LEN(tiles); i++) {
+        const uint32_t tb = tiles[i][0], rb = tiles[i][1] ? tiles[i][1] : rows;
+        buf T = buf_new((size_t)tb * rb, sizeof(float), 0);
+        float *ty = T.p;
+        for (uint32_t t0 = 0; t0 < n; t0 += tb)
+            for (uint32_t r0 = 0; r0 < rows; r0 += rb) {
+                const uint32_t nt = n - t0 < tb ? n - t0 : tb;
+                const uint32_t nr = rows - r0 < rb ? rows - r0 : rb;
+                BLK_CALL(ty, w + (size_t)r0 * rb_bytes, (size_t)t0, nt, nr);
+                for (uint32_t t = 0; t < nt; t++)
+                    memcpy(yt + (size_t)(t0 + t) * rows + r0, ty + (size_t)t * nr,
+                           nr * sizeof(float));
+            }
+        buf_free(&T);
+        n_checks++;
+        if (memcmp(y1, yt, (size_t)n * rows * sizeof(float)) != 0) {
+            FAIL("%s block dtype %u tiles %ux%u of n=%u rows=%u cols=%u differ from one call",
+                 k->name, dtype, tb, rb, n, rows, cols);
+            break;
+        }
+    }
+#undef BLK_CALL
+    buf_free(&W); buf_free(&X); buf_free(&XQ); buf_free(&XS); buf_free(&XB);
+    buf_free(&Y1); buf_free(&YT);
+}
+
+static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels *k)
+{
+    for (size_t d = 0; d < LEN(BLK_DTYPES); d++) {
+        for (size_t a = 0; a < LEN(NS); a++)
+            for (size_t b = 0; b < LEN(BLK_ROWS); b++)
+                for (size_t c = 0; c < LEN(BLK_COLS); c++)
+                    test_blocks(ref, k, BLK_DTYPES[d], NS[a], BLK_ROWS[b], BLK_COLS[c]);
+        test_blocks(ref, k, BLK_DTYPES[d], 40, 97, 2048);
+        test_blocks_tiles(k, BLK_DTYPES[d], 24, 40, 512);
+        test_blocks_tiles(k, BLK_DTYPES[d], 17, 33, 300);
+    }
+}
+
 static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
 {
     long f0 = n_failures, c0 = n_checks;
@@ -531,6 +701,7 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
         test_matmul_f32(ref, k, chunked[i][0], chunked[i][1], chunked[i][2]);
         test_matmul_i16(ref, k, chunked[i][0], chunked[i][1], chunked[i][2]);
     }
+    test_table_blocks(ref, k);
     printf("%-5s %ld checks, %ld failures%s\n", k->name, n_checks - c0, n_failures - f0,
            i8_must_be_exact(k) ? " (matmul_i8 bit-identical to ref)" : "");
 }
