@@ -82,7 +82,33 @@ class _Info(ctypes.Structure):
                 ("chunk_tokens", ctypes.c_uint32), ("kernels", ctypes.c_char_p),
                 ("load_mode", ctypes.c_char_p), ("huge_pages_advised", ctypes.c_uint8),
                 ("n_threads", ctypes.c_uint32), ("thread_flags", ctypes.c_uint32),
-                ("executor", ctypes.c_uint8)]
+                ("executor", ctypes.c_uint8), ("kv_dtype", ctypes.c_uint8),
+                ("kv_bytes_per_token", ctypes.c_uint64), ("kv_bytes", ctypes.c_uint64)]
+
+
+class _Options(ctypes.Structure):
+    """colibri_options (colibri.h): size first, so the library knows which
+    fields this binding filled."""
+    _fields_ = [("size", ctypes.c_uint32), ("kv_dtype", ctypes.c_uint32)]
+
+
+PART_NAMES = ("embed", "attn", "router", "experts", "ffn", "norms", "lm_head", "other")
+
+
+class _WeightBytes(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint64 * len(PART_NAMES)),
+                ("dtypes", ctypes.c_uint32 * len(PART_NAMES)),
+                ("tensors", ctypes.c_uint32 * len(PART_NAMES))]
+
+
+KV_DTYPES = {"f32": 0, "i8": 1}                # COLIBRI_KV_F32, COLIBRI_KV_I8
+
+
+def _options(kv: str) -> "_Options":
+    if kv not in KV_DTYPES:
+        raise errors.ArgumentError(-7, "bad argument", f"kv={kv!r}: choose f32 or i8",
+                                   "init", "")
+    return _Options(size=ctypes.sizeof(_Options), kv_dtype=KV_DTYPES[kv])
 
 
 class _TokInfo(ctypes.Structure):
@@ -124,6 +150,9 @@ class Info:
     huge_pages_advised: bool
     n_threads: int = 1      # workers computing an infer (colibri_set_threads)
     thread_spin: bool = False  # COLIBRI_THREADS_SPIN: workers never park
+    kv: str = "f32"         # the KV cache type: "f32" or "i8"
+    kv_bytes_per_token: int = 0  # cache bytes per position of one sequence
+    kv_bytes: int = 0       # the whole cache in the arena
 
 
 class Library:
@@ -179,6 +208,12 @@ class Library:
                 ("colibri_init", i, [vp, ctypes.c_char_p]),
                 ("colibri_init_from_memory", i, [vp, vp, sz, vp, sz]),
                 ("colibri_arena_size", i, [vp, sz, ctypes.POINTER(sz)]),
+                ("colibri_init_ex", i, [vp, ctypes.c_char_p, ctypes.POINTER(_Options)]),
+                ("colibri_init_from_memory_ex", i, [vp, vp, sz, vp, sz,
+                                                    ctypes.POINTER(_Options)]),
+                ("colibri_arena_size_ex", i, [vp, sz, ctypes.POINTER(_Options),
+                                              ctypes.POINTER(sz)]),
+                ("colibri_get_weight_bytes", i, [vp, ctypes.POINTER(_WeightBytes)]),
                 ("colibri_infer", i, [vp, vp, vp, u32, u32, u32, vp]),
                 ("colibri_infer_ex", i, [vp, vp, vp, u32, u32, u32, u32, vp]),
                 ("colibri_set_threads", i, [vp, u32, u32]),
@@ -310,13 +345,15 @@ def _as_bytes(source) -> np.ndarray:
     return _aligned_copy(source)
 
 
-def arena_size(source, library=None) -> int:
-    """Bytes of arena a model needs with a caller arena (colibri_arena_size):
-    the least `arena=` Model accepts. `source` as for Model."""
+def arena_size(source, library=None, *, kv: str = "f32") -> int:
+    """Bytes of arena a model needs with a caller arena (colibri_arena_size_ex):
+    the least `arena=` Model accepts with the same kv. `source` as for Model."""
     lib = load_library(library)
     blob = _as_bytes(source)
     out = ctypes.c_size_t(0)
-    rc = lib.lib.colibri_arena_size(blob.ctypes.data, blob.size, ctypes.byref(out))
+    opt = _options(kv)
+    rc = lib.lib.colibri_arena_size_ex(blob.ctypes.data, blob.size, ctypes.byref(opt),
+                                       ctypes.byref(out))
     if rc:
         raise lib.error(rc, CALL_INIT, "", str(source) if isinstance(
             source, (str, os.PathLike)) else "")
@@ -364,6 +401,9 @@ class Model:
              calling thread alone). The logits are the same bits for every
              count. spin: the workers spin instead of parking
              (COLIBRI_THREADS_SPIN: no system call inside infer).
+    kv       the KV cache: "f32" (default: float32) or "i8" (int8 with one
+             float32 scale per head vector, colibri_options.kv_dtype; about
+             a quarter of the bytes; decoder-only files).
 
     One instance is not for concurrent use (the C instance is not
     thread-safe); calls on one Model from several Python threads are
@@ -371,7 +411,7 @@ class Model:
     """
 
     def __init__(self, source, *, arena: int | None = None, library=None,
-                 threads: int = 1, spin: bool = False):
+                 threads: int = 1, spin: bool = False, kv: str = "f32"):
         self._lib = load_library(library)
         self._lock = threading.Lock()
         self._m = None
@@ -380,8 +420,9 @@ class Model:
         lib = self._lib.lib
         m = ctypes.create_string_buffer(self._lib.sizeof_model)
         self._blob = self._arena = None
+        opt = _options(kv)
         if isinstance(source, (str, os.PathLike)) and arena is None:
-            rc = lib.colibri_init(m, os.fsencode(os.fspath(source)))
+            rc = lib.colibri_init_ex(m, os.fsencode(os.fspath(source)), ctypes.byref(opt))
         else:
             self._blob = _as_bytes(source)
             arena_ptr, arena_n = None, 0
@@ -391,8 +432,8 @@ class Model:
                                                f"arena = {arena} bytes", "init", self._where)
                 self._arena = _aligned_empty(int(arena))
                 arena_ptr, arena_n = self._arena.ctypes.data, int(arena)
-            rc = lib.colibri_init_from_memory(m, self._blob.ctypes.data, self._blob.size,
-                                              arena_ptr, arena_n)
+            rc = lib.colibri_init_from_memory_ex(m, self._blob.ctypes.data, self._blob.size,
+                                                 arena_ptr, arena_n, ctypes.byref(opt))
         if rc:
             detail = lib.colibri_error_detail(m).decode("utf-8", "replace")
             lib.colibri_free(m)
@@ -718,6 +759,22 @@ class Model:
         return Generation(self, ids, int(max_tokens), p)
 
     # -- the file ---------------------------------------------------------------
+    def weight_bytes(self) -> dict:
+        """colibri_get_weight_bytes: {part: (bytes, dtypes, tensors)} for the
+        parts of PART_NAMES, dtypes a sorted tuple of DType (the section bytes
+        of the file's tensors of that part, as the C runtime counts them)."""
+        with self._lock:
+            if self._m is None:
+                raise self._closed_error()
+            wb = _WeightBytes()
+            rc = self._lib.lib.colibri_get_weight_bytes(self._m, ctypes.byref(wb))
+        if rc:
+            raise self._lib.error(rc, CALL_INIT, "colibri_get_weight_bytes", self._where)
+        return {name: (int(wb.bytes[i]),
+                       tuple(DType(d) for d in range(32) if wb.dtypes[i] >> d & 1),
+                       int(wb.tensors[i]))
+                for i, name in enumerate(PART_NAMES)}
+
     def verify(self) -> list[tuple[int, str]]:
         """colibri_verify over this model's file (re-read from its path) or
         bytes: [] when every CRC matches, else (index, what) per failing part
@@ -759,7 +816,9 @@ def _to_info(i: _Info) -> Info:
                 chunk_tokens=int(i.chunk_tokens),
                 kernels=(i.kernels or b"").decode(), load_mode=(i.load_mode or b"").decode(),
                 huge_pages_advised=bool(i.huge_pages_advised),
-                n_threads=int(i.n_threads), thread_spin=bool(i.thread_flags & THREADS_SPIN))
+                n_threads=int(i.n_threads), thread_spin=bool(i.thread_flags & THREADS_SPIN),
+                kv={v: k for k, v in KV_DTYPES.items()}.get(int(i.kv_dtype), str(i.kv_dtype)),
+                kv_bytes_per_token=int(i.kv_bytes_per_token), kv_bytes=int(i.kv_bytes))
 
 
 class Generation:

@@ -47,7 +47,7 @@ static void residual(float *x, const float *y, size_t n, float scale)
 static void qkv(const clb_plan *p, const clb_layer *L, uint32_t l, uint32_t n)
 {
     const colibri_shape *s = &p->s;
-    uint32_t kvdim = p->kvdim, S = s->max_seq_len, d = s->head_dim;
+    uint32_t kvdim = p->kvdim, d = s->head_dim;
     clb_linear(p, &L->wq, p->xn, n, p->q, "wq");
     clb_linear2(p, &L->wk, &L->wv, p->xn, n, p->kbuf, p->vbuf, "wk.wv");
     add_bias(p->q, L->bq, n, p->qdim);
@@ -70,10 +70,8 @@ static void qkv(const clb_plan *p, const clb_layer *L, uint32_t l, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         clb_rope(p, p->q + (size_t)i * p->qdim, s->n_heads, p->tok_pos[i]);
         clb_rope(p, p->kbuf + (size_t)i * kvdim, s->n_kv_heads, p->tok_pos[i]);
-        size_t slot = (((size_t)l * s->max_batch + p->tok_b[i]) * S +
-                       p->tok_pos[i]) * kvdim;
-        memcpy(p->k_cache + slot, p->kbuf + (size_t)i * kvdim, kvdim * 4);
-        memcpy(p->v_cache + slot, p->vbuf + (size_t)i * kvdim, kvdim * 4);
+        clb_kv_store(p, l, p->tok_b[i], p->tok_pos[i], p->kbuf + (size_t)i * kvdim,
+                     p->vbuf + (size_t)i * kvdim);
     }
 }
 

@@ -90,6 +90,9 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
     out->file_size = v->blob_size;
     out->arena_bytes = v->arena_size;
     out->chunk_tokens = p->chunk;
+    out->kv_dtype = p->kv_dtype;
+    out->kv_bytes_per_token = clb_kv_bytes_per_token(&v->shape, p->kv_dtype);
+    out->kv_bytes = clb_kv_bytes(&v->shape, p->kv_dtype);
     out->kernels = p->k->name;
     out->n_threads = clb_team_size(&p->team);
 #if COLIBRI_THREADS
@@ -107,6 +110,57 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
         else if (kind != COLIBRI_KIND_DESC) /* a description, not weights */
             out->n_params += (uint64_t)rd32(en + COLIBRI_ENT_ROWS, v->file_big_endian) *
                              rd32(en + COLIBRI_ENT_COLS, v->file_big_endian);
+    }
+    return COLIBRI_OK;
+}
+
+/* The part of the network (COLIBRI_PART_*) a tensor kind belongs to. */
+static unsigned part_of_kind(unsigned kind)
+{
+    switch (kind) {
+    case COLIBRI_KIND_EMBED: return COLIBRI_PART_EMBED;
+    case COLIBRI_KIND_WQ: case COLIBRI_KIND_WK: case COLIBRI_KIND_WV:
+    case COLIBRI_KIND_WO: case COLIBRI_KIND_BQ: case COLIBRI_KIND_BK:
+    case COLIBRI_KIND_BV: case COLIBRI_KIND_BO: case COLIBRI_KIND_XWQ:
+    case COLIBRI_KIND_XWK: case COLIBRI_KIND_XWV: case COLIBRI_KIND_XWO:
+    case COLIBRI_KIND_ENC_POS_BIAS: case COLIBRI_KIND_DEC_POS_BIAS:
+        return COLIBRI_PART_ATTN;
+    case COLIBRI_KIND_ROUTER: return COLIBRI_PART_ROUTER;
+    case COLIBRI_KIND_EXPERT_W1: case COLIBRI_KIND_EXPERT_W3:
+    case COLIBRI_KIND_EXPERT_W2:
+        return COLIBRI_PART_EXPERTS;
+    case COLIBRI_KIND_SHARED_GATE: case COLIBRI_KIND_SHARED_W1:
+    case COLIBRI_KIND_SHARED_W3: case COLIBRI_KIND_SHARED_W2:
+    case COLIBRI_KIND_DENSE_W1: case COLIBRI_KIND_DENSE_W3:
+    case COLIBRI_KIND_DENSE_W2:
+        return COLIBRI_PART_FFN;
+    case COLIBRI_KIND_ATTN_NORM: case COLIBRI_KIND_FFN_NORM:
+    case COLIBRI_KIND_FINAL_NORM: case COLIBRI_KIND_Q_NORM:
+    case COLIBRI_KIND_K_NORM: case COLIBRI_KIND_XATTN_NORM:
+    case COLIBRI_KIND_ENC_FINAL_NORM:
+        return COLIBRI_PART_NORMS;
+    case COLIBRI_KIND_LM_HEAD: return COLIBRI_PART_LM_HEAD;
+    default: return COLIBRI_PART_OTHER; /* DESC, unknown kinds */
+    }
+}
+
+int colibri_get_weight_bytes(const colibri_model *m, colibri_weight_bytes *out)
+{
+    if (!m || !out)
+        return COLIBRI_E_ARG;
+    const struct colibri_model_private_ *v = &m->priv_;
+    if (v->magic != CLB_MODEL_MAGIC)
+        return COLIBRI_E_NOT_INIT;
+    memset(out, 0, sizeof *out);
+    const uint8_t *tab = v->blob + COLIBRI_TABLE_OFFSET;
+    int be = v->file_big_endian; /* the table stays in file order */
+    for (uint32_t i = 0; i < v->shape.n_tensors; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        unsigned part = part_of_kind(rd16(en + COLIBRI_ENT_KIND, be));
+        out->bytes[part] += rd64(en + COLIBRI_ENT_SIZE, be);
+        out->tensors[part]++;
+        if (part != COLIBRI_PART_OTHER)
+            out->dtypes[part] |= 1u << (en[COLIBRI_ENT_DTYPE] & 31u);
     }
     return COLIBRI_OK;
 }

@@ -105,7 +105,11 @@ typedef struct clb_plan {
     const float *rope_cos, *rope_sin;   /* [S, head_dim/2] */
 
     /* Mutable state (in the arena). */
-    float *k_cache, *v_cache;   /* [L, B, S, kvdim] */
+    uint8_t kv_dtype;           /* COLIBRI_KV_F32 or COLIBRI_KV_I8 */
+    float *k_cache, *v_cache;   /* f32: [L, B, S, kvdim], else NULL */
+    int8_t *k_q, *v_q;          /* i8: [L, B, S, kvdim], else NULL */
+    float *k_s, *v_s;           /* i8: [L, B, S, n_kv_heads] scales (one
+                                   per head vector: amax/127), else NULL */
     uint8_t *mask_cache;        /* [B, S] */
     uint32_t *tok_b, *tok_pos;  /* [C] sequence and position of chunk rows */
     float *x, *xn, *tmp;        /* [C, hidden] residual, normed, branch out */
@@ -141,12 +145,26 @@ typedef struct { uint8_t *base; uint64_t off; int ovf; } carver;
 /* Lay out the arena for shape s processing up to chunk_limit tokens
  * together. With c->base NULL, *pp is NULL and only c->off matters. */
 void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
-                uint32_t chunk_limit, clb_plan **pp);
+                uint32_t chunk_limit, unsigned kv_dtype, clb_plan **pp);
 
-/* Arena bytes for shape s, description d and chunk_limit;
- * COLIBRI_E_NO_MEMORY if it exceeds size_t. */
+/* Arena bytes for shape s, description d, chunk_limit and the KV cache type
+ * (COLIBRI_KV_*); COLIBRI_E_NO_MEMORY if it exceeds size_t. */
 int clb_arena_bytes(const colibri_shape *s, const clb_desc *d,
-                    uint32_t chunk_limit, size_t *out);
+                    uint32_t chunk_limit, unsigned kv_dtype, size_t *out);
+
+/* Bytes of KV cache per position of one sequence (all layers) and of the
+ * whole cache as the layout carves it (each piece rounded up to 64). */
+uint64_t clb_kv_bytes_per_token(const colibri_shape *s, unsigned kv_dtype);
+uint64_t clb_kv_bytes(const colibri_shape *s, unsigned kv_dtype);
+
+/* The options a caller passed (NULL: defaults) checked and read into
+ * *kv_dtype; detail says what is wrong. COLIBRI_OK, _ARG, _UNSUPPORTED. */
+int clb_read_options(const colibri_options *opt, unsigned *kv_dtype,
+                     char *detail);
+
+/* COLIBRI_E_UNSUPPORTED (detail set) when description d cannot use the
+ * cache type kv_dtype (an 8-bit cache of an ENC_DEC file). */
+int clb_kv_supported(const clb_desc *d, unsigned kv_dtype, char *detail);
 
 /* The view of table entry `en` of a validated blob (data in host order). */
 clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
@@ -204,6 +222,12 @@ static inline clb_team *clb_team_of(const clb_plan *p)
 
 /* Rotate n_heads heads of head_dim in v (in place) for position pos. */
 void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos);
+
+/* Keys and values [kvdim] of sequence b at position pos into layer's cache
+ * slot (f32: copied; i8: quantised per head vector, FORMAT.md 5's I8 rule
+ * with group head_dim, by the kernel table's quantize_act_i8). */
+void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
+                  const float *k, const float *v);
 
 /* Attention of one query row q [qdim] of sequence b at position pos against
  * layer `layer`'s cache (keys 0..pos, mask-filtered); out [qdim]. */

@@ -169,7 +169,8 @@ void colibri_free(colibri_model *m)
 
 /* Give m an arena for its shape (caller's or allocated) and build its plan
  * over m->priv_.blob (validated, host-order data). */
-static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
+static int attach_arena(colibri_model *m, void *arena, size_t arena_size,
+                        unsigned kv_dtype)
 {
     struct colibri_model_private_ *v = &m->priv_;
     size_t need;
@@ -186,12 +187,14 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
                             &d, v->detail);
     if (rc == COLIBRI_OK)
         rc = clb_encdec_supported(&d, v->detail); /* encdec=0 builds */
+    if (rc == COLIBRI_OK)
+        rc = clb_kv_supported(&d, kv_dtype, v->detail);
     if (rc)
         return rc;
-    rc = clb_arena_bytes(&v->shape, &d, chunk_limit, &need);
+    rc = clb_arena_bytes(&v->shape, &d, chunk_limit, kv_dtype, &need);
     if (arena && (rc || arena_size < need)) {
         chunk_limit = COLIBRI_CHUNK_TOKENS;
-        rc = clb_arena_bytes(&v->shape, &d, chunk_limit, &need);
+        rc = clb_arena_bytes(&v->shape, &d, chunk_limit, kv_dtype, &need);
     }
     if (rc) {
         clb_detail(v->detail, DETAIL_CAP, "the arena this model needs does not "
@@ -228,12 +231,13 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
     memset(arena, 0, need);
     carver c = { (uint8_t *)arena, 0, 0 };
     clb_plan *p;
-    clb_layout(&c, &v->shape, &d, chunk_limit, &p);
+    clb_layout(&c, &v->shape, &d, chunk_limit, kv_dtype, &p);
     clb_build_plan(p, v->blob, v->file_big_endian, clb_pick_kernels());
     v->arena = arena;
     v->arena_size = arena_size;
     v->plan = p;
     v->kernels = p->k;
+    v->kv_dtype = (uint8_t)kv_dtype;
     v->cached_len = 0;
     v->cached_batch = 0;
     v->magic = CLB_MODEL_MAGIC;
@@ -243,10 +247,21 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size)
 int colibri_init_from_memory(colibri_model *m, const void *blob, size_t size,
                              void *arena, size_t arena_size)
 {
+    return colibri_init_from_memory_ex(m, blob, size, arena, arena_size, NULL);
+}
+
+int colibri_init_from_memory_ex(colibri_model *m, const void *blob, size_t size,
+                                void *arena, size_t arena_size,
+                                const colibri_options *opt)
+{
     if (!m)
         return COLIBRI_E_ARG;
     memset(&m->priv_, 0, sizeof m->priv_);
     struct colibri_model_private_ *v = &m->priv_;
+    unsigned kv;
+    int orc = clb_read_options(opt, &kv, v->detail);
+    if (orc)
+        return orc;
     if (!blob) {
         clb_detail(v->detail, DETAIL_CAP, "blob is NULL");
         return COLIBRI_E_ARG;
@@ -272,7 +287,7 @@ int colibri_init_from_memory(colibri_model *m, const void *blob, size_t size,
     v->blob_size = size;
     v->file_big_endian = (uint8_t)be;
     v->load_mode = CLB_LOAD_MEMORY;
-    rc = attach_arena(m, arena, arena_size);
+    rc = attach_arena(m, arena, arena_size, kv);
     if (rc)
         release(m);
     return rc;
@@ -382,11 +397,22 @@ static int make_host_order(colibri_model *m, int be)
 
 int colibri_init(colibri_model *m, const char *path)
 {
+    return colibri_init_ex(m, path, NULL);
+}
+
+int colibri_init_ex(colibri_model *m, const char *path,
+                    const colibri_options *opt)
+{
     if (!m)
         return COLIBRI_E_ARG;
     memset(&m->priv_, 0, sizeof m->priv_);
+    unsigned kv;
+    int orc = clb_read_options(opt, &kv, m->priv_.detail);
+    if (orc)
+        return orc;
 #ifdef COLIBRI_STATIC_WORKBUF
     (void)path;
+    (void)kv;
     clb_detail(m->priv_.detail, DETAIL_CAP, "static work-buffer build: load "
                "with colibri_init_from_memory and a caller arena");
     return COLIBRI_E_UNSUPPORTED;
@@ -405,7 +431,7 @@ int colibri_init(colibri_model *m, const char *path)
     if (rc == COLIBRI_OK && be != host_is_big_endian())
         rc = make_host_order(m, be);
     if (rc == COLIBRI_OK)
-        rc = attach_arena(m, NULL, 0);
+        rc = attach_arena(m, NULL, 0, kv);
     if (rc)
         release(m);
     return rc;
@@ -415,9 +441,19 @@ int colibri_init(colibri_model *m, const char *path)
 int colibri_share(colibri_model *m, const colibri_model *owner, void *arena,
                   size_t arena_size)
 {
+    return colibri_share_ex(m, owner, arena, arena_size, NULL);
+}
+
+int colibri_share_ex(colibri_model *m, const colibri_model *owner, void *arena,
+                     size_t arena_size, const colibri_options *opt)
+{
     if (!m || !owner || m == owner)
         return COLIBRI_E_ARG;
     memset(&m->priv_, 0, sizeof m->priv_);
+    unsigned kv;
+    int orc = clb_read_options(opt, &kv, m->priv_.detail);
+    if (orc)
+        return orc;
     if (owner->priv_.magic != CLB_MODEL_MAGIC) {
         clb_detail(m->priv_.detail, DETAIL_CAP, "the owner model is not "
                    "initialised");
@@ -431,7 +467,7 @@ int colibri_share(colibri_model *m, const colibri_model *owner, void *arena,
     v->file_big_endian = o->file_big_endian;
     v->byte_swapped = o->byte_swapped;
     v->load_mode = CLB_LOAD_SHARED;
-    int rc = attach_arena(m, arena, arena_size);
+    int rc = attach_arena(m, arena, arena_size, kv);
     if (rc)
         release(m);
     return rc;

@@ -31,7 +31,7 @@ static uint64_t cm(carver *c, uint64_t a, uint64_t b)
  * colibri_arena_size). With c->base NULL, p gets NULL pointers and only
  * c->off matters. */
 void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
-                uint32_t chunk_limit, clb_plan **pp)
+                uint32_t chunk_limit, unsigned kv_dtype, clb_plan **pp)
 {
     uint64_t L = s->n_layers, E = s->n_experts, K = s->top_k;
     uint64_t B = s->max_batch, S = s->max_seq_len, h = s->hidden;
@@ -73,9 +73,21 @@ void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
     }
     p->rope_cos = (const float *)carve(c, cm(c, cm(c, S, s->head_dim / 2), 4));
     p->rope_sin = (const float *)carve(c, cm(c, cm(c, S, s->head_dim / 2), 4));
-    uint64_t kv = cm(c, cm(c, cm(c, L, tokens), kvdim), 4);
-    p->k_cache = (float *)carve(c, kv);
-    p->v_cache = (float *)carve(c, kv);
+    p->kv_dtype = (uint8_t)kv_dtype;
+    if (kv_dtype == COLIBRI_KV_I8) {
+        /* int8 values [L, B, S, kvdim], then one float32 scale per head
+         * vector [L, B, S, n_kv_heads] */
+        uint64_t vals = cm(c, cm(c, L, tokens), kvdim);
+        uint64_t scales = cm(c, cm(c, cm(c, L, tokens), s->n_kv_heads), 4);
+        p->k_q = (int8_t *)carve(c, vals);
+        p->v_q = (int8_t *)carve(c, vals);
+        p->k_s = (float *)carve(c, scales);
+        p->v_s = (float *)carve(c, scales);
+    } else {
+        uint64_t kv = cm(c, cm(c, cm(c, L, tokens), kvdim), 4);
+        p->k_cache = (float *)carve(c, kv);
+        p->v_cache = (float *)carve(c, kv);
+    }
     p->mask_cache = (uint8_t *)carve(c, tokens);
     p->tok_b = (uint32_t *)carve(c, C * 4);
     p->tok_pos = (uint32_t *)carve(c, C * 4);
@@ -117,32 +129,125 @@ void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
 /* Arena bytes for shape s processing up to chunk_limit tokens together;
  * COLIBRI_E_NO_MEMORY if it exceeds size_t. */
 int clb_arena_bytes(const colibri_shape *s, const clb_desc *d,
-                    uint32_t chunk_limit, size_t *out)
+                    uint32_t chunk_limit, unsigned kv_dtype, size_t *out)
 {
     carver c = { NULL, 0, 0 };
     clb_plan *unused;
-    clb_layout(&c, s, d, chunk_limit, &unused);
+    clb_layout(&c, s, d, chunk_limit, kv_dtype, &unused);
     if (c.ovf || c.off > (uint64_t)SIZE_MAX)
         return COLIBRI_E_NO_MEMORY;
     *out = (size_t)c.off;
     return COLIBRI_OK;
 }
 
-int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes)
+uint64_t clb_kv_bytes_per_token(const colibri_shape *s, unsigned kv_dtype)
+{
+    uint64_t per_head = kv_dtype == COLIBRI_KV_I8 ? (uint64_t)s->head_dim + 4u
+                                                   : 4u * (uint64_t)s->head_dim;
+    return 2u * (uint64_t)s->n_layers * s->n_kv_heads * per_head;
+}
+
+uint64_t clb_kv_bytes(const colibri_shape *s, unsigned kv_dtype)
+{
+    /* the same pieces clb_layout carves (header-validated shapes: no
+     * overflow in 64 bits) */
+    uint64_t slots = (uint64_t)s->n_layers * s->max_batch * s->max_seq_len;
+    uint64_t kvdim = (uint64_t)s->n_kv_heads * s->head_dim;
+    int ovf = 0;
+    if (kv_dtype == COLIBRI_KV_I8)
+        return 2u * (calign64(slots * kvdim, &ovf) +
+                     calign64(slots * s->n_kv_heads * 4u, &ovf));
+    return 2u * calign64(slots * kvdim * 4u, &ovf);
+}
+
+int colibri_kv_size(const colibri_shape *s, unsigned kv_dtype,
+                    uint64_t *per_token, uint64_t *total)
+{
+    if (!s || (kv_dtype != COLIBRI_KV_F32 && kv_dtype != COLIBRI_KV_I8))
+        return COLIBRI_E_ARG;
+    if (per_token)
+        *per_token = clb_kv_bytes_per_token(s, kv_dtype);
+    if (total)
+        *total = clb_kv_bytes(s, kv_dtype);
+    return COLIBRI_OK;
+}
+
+colibri_options colibri_options_default(void)
+{
+    colibri_options o;
+    memset(&o, 0, sizeof o);
+    o.size = (uint32_t)sizeof o;
+    o.kv_dtype = COLIBRI_KV_F32;
+    return o;
+}
+
+int clb_read_options(const colibri_options *opt, unsigned *kv_dtype,
+                     char *detail)
+{
+    *kv_dtype = COLIBRI_KV_F32;
+    if (!opt)
+        return COLIBRI_OK;
+    if (opt->size < 8u) {
+        clb_detail(detail, DETAIL_CAP, "colibri_options.size %u: fill the "
+                   "options with colibri_options_default()", (unsigned)opt->size);
+        return COLIBRI_E_ARG;
+    }
+    /* A newer header's struct: its extra options must be left at zero. */
+    const uint8_t *b = (const uint8_t *)opt;
+    for (size_t i = sizeof(colibri_options); i < opt->size; i++) {
+        if (b[i]) {
+            clb_detail(detail, DETAIL_CAP, "colibri_options byte %u is set: an "
+                       "option this library does not have", (unsigned)i);
+            return COLIBRI_E_UNSUPPORTED;
+        }
+    }
+    if (opt->kv_dtype != COLIBRI_KV_F32 && opt->kv_dtype != COLIBRI_KV_I8) {
+        clb_detail(detail, DETAIL_CAP, "kv_dtype %u (COLIBRI_KV_F32 0 or "
+                   "COLIBRI_KV_I8 1)", (unsigned)opt->kv_dtype);
+        return COLIBRI_E_ARG;
+    }
+    *kv_dtype = opt->kv_dtype;
+    return COLIBRI_OK;
+}
+
+/* An 8-bit cache needs the decoder-only attention (encdec.c keeps its
+ * float32 caches: its encoder uses them as scratch too). */
+int clb_kv_supported(const clb_desc *d, unsigned kv_dtype, char *detail)
+{
+    if (kv_dtype == COLIBRI_KV_I8 && (d->features & COLIBRI_FEAT_ENC_DEC)) {
+        clb_detail(detail, DETAIL_CAP, "an 8-bit KV cache is for decoder-only "
+                   "models; this encoder-decoder file needs kv f32");
+        return COLIBRI_E_UNSUPPORTED;
+    }
+    return COLIBRI_OK;
+}
+
+int colibri_arena_size_ex(const void *blob, size_t size,
+                          const colibri_options *opt, size_t *out_bytes)
 {
     char detail[DETAIL_CAP];
     colibri_shape s;
     int be;
+    unsigned kv;
     if (!blob || !out_bytes)
         return COLIBRI_E_ARG;
     clb_desc d;
-    int rc = clb_check_header((const uint8_t *)blob, size, &s, &be, detail, NULL,
+    int rc = clb_read_options(opt, &kv, detail);
+    if (rc == COLIBRI_OK)
+        rc = clb_check_header((const uint8_t *)blob, size, &s, &be, detail, NULL,
                               NULL, NULL);
     if (rc == COLIBRI_OK)
         rc = clb_check_desc((const uint8_t *)blob, size, &s, be, &d, detail);
     if (rc == COLIBRI_OK)
         rc = clb_encdec_supported(&d, detail);
-    return rc ? rc : clb_arena_bytes(&s, &d, COLIBRI_CHUNK_TOKENS, out_bytes);
+    if (rc == COLIBRI_OK)
+        rc = clb_kv_supported(&d, kv, detail);
+    return rc ? rc : clb_arena_bytes(&s, &d, COLIBRI_CHUNK_TOKENS, kv, out_bytes);
+}
+
+int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes)
+{
+    return colibri_arena_size_ex(blob, size, NULL, out_bytes);
 }
 
 /* ------------------------------------------------------------------------ */

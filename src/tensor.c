@@ -309,24 +309,66 @@ void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos)
 
 /* One query's attention, head by head as a parallel region: each head
  * reads the cache and writes its own head_dim slice of out, its scores in
- * the worker's scratch [pos + 1] (worker 0 and serial teams: p->scores). */
+ * the worker's scratch [pos + 1] (worker 0 and serial teams: p->scores).
+ * The cache is float32 (K, V) or int8 with one scale per head vector (Kq,
+ * Ks, Vq, Vs: COLIBRI_KV_I8), dequantised in the loops below. */
 typedef struct att_job {
     const clb_plan *p;
-    const float *K, *V;       /* [S, kvdim] of the sequence in this layer */
+    const float *K, *V;       /* f32 cache: [S, kvdim] of the sequence in
+                                 this layer, else NULL */
+    const int8_t *Kq, *Vq;    /* i8 cache: [S, kvdim] */
+    const float *Ks, *Vs;     /* i8 cache: [S, n_kv_heads] scales */
     const uint8_t *mask;      /* [S] */
     const float *q;           /* [qdim] */
     float *out;               /* [qdim] */
     uint32_t pos, group;
 } att_job;
 
+/* q . k of key position i for KV head kvh: float32 sum in c order; the
+ * 8-bit key's scale multiplies the finished sum (scale * sum q[c] k8[c]). */
+static float key_dot(const att_job *j, const float *qh, uint32_t i, uint32_t kvh)
+{
+    uint32_t d = j->p->s.head_dim;
+    size_t at = (size_t)i * j->p->kvdim + (size_t)kvh * d;
+    float dot = 0.0f;
+    if (j->K) {
+        const float *kj = j->K + at;
+        for (uint32_t c = 0; c < d; c++)
+            dot += qh[c] * kj[c];
+        return dot;
+    }
+    const int8_t *kj = j->Kq + at;
+    for (uint32_t c = 0; c < d; c++)
+        dot += qh[c] * (float)kj[c];
+    return dot * j->Ks[(size_t)i * j->p->s.n_kv_heads + kvh];
+}
+
+/* o[d] += w * v of key position i for KV head kvh (8-bit: (w * scale) *
+ * float(v8[c])). */
+static void add_value(const att_job *j, float w, uint32_t i, uint32_t kvh, float *o)
+{
+    uint32_t d = j->p->s.head_dim;
+    size_t at = (size_t)i * j->p->kvdim + (size_t)kvh * d;
+    if (j->V) {
+        const float *vj = j->V + at;
+        for (uint32_t c = 0; c < d; c++)
+            o[c] += w * vj[c];
+        return;
+    }
+    const int8_t *vj = j->Vq + at;
+    float ws = w * j->Vs[(size_t)i * j->p->s.n_kv_heads + kvh];
+    for (uint32_t c = 0; c < d; c++)
+        o[c] += ws * (float)vj[c];
+}
+
 static void att_head(void *ctx, uint32_t h, uint32_t worker)
 {
     const att_job *j = (const att_job *)ctx;
     const clb_plan *p = j->p;
-    uint32_t d = p->s.head_dim, kvdim = p->kvdim, pos = j->pos;
+    uint32_t d = p->s.head_dim, pos = j->pos;
     float *sc = worker ? clb_team_scratch(clb_team_of(p), worker) : p->scores;
     const float *qh = j->q + (size_t)h * d;
-    uint32_t kv_off = (h / j->group) * d;
+    uint32_t kvh = h / j->group;
     float *o = j->out + (size_t)h * d;
     const uint8_t *mask = j->mask;
     float mx = -INFINITY;
@@ -334,11 +376,7 @@ static void att_head(void *ctx, uint32_t h, uint32_t worker)
     for (uint32_t i = 0; i <= pos; i++) {
         if (!mask[i])
             continue;
-        const float *kj = j->K + (size_t)i * kvdim + kv_off;
-        float dot = 0.0f;
-        for (uint32_t c = 0; c < d; c++)
-            dot += qh[c] * kj[c];
-        sc[i] = dot * p->d.attn_scale;
+        sc[i] = key_dot(j, qh, i, kvh) * p->d.attn_scale;
         if (!any || sc[i] > mx)
             mx = sc[i];
         any = 1;
@@ -356,11 +394,26 @@ static void att_head(void *ctx, uint32_t h, uint32_t worker)
     for (uint32_t i = 0; i <= pos; i++) {
         if (!mask[i])
             continue;
-        float wj = sc[i] / sum;
-        const float *vj = j->V + (size_t)i * kvdim + kv_off;
-        for (uint32_t c = 0; c < d; c++)
-            o[c] += wj * vj[c];
+        add_value(j, sc[i] / sum, i, kvh, o);
     }
+}
+
+void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
+                  const float *k, const float *v)
+{
+    const colibri_shape *s = &p->s;
+    size_t row = ((size_t)layer * s->max_batch + b) * s->max_seq_len + pos;
+    if (p->kv_dtype == COLIBRI_KV_I8) {
+        /* per head vector: group = head_dim over the kvdim columns */
+        size_t hs = row * s->n_kv_heads;
+        p->k->quantize_act_i8(p->k_q + row * p->kvdim, p->k_s + hs, k, 1,
+                              p->kvdim, s->head_dim);
+        p->k->quantize_act_i8(p->v_q + row * p->kvdim, p->v_s + hs, v, 1,
+                              p->kvdim, s->head_dim);
+        return;
+    }
+    memcpy(p->k_cache + row * p->kvdim, k, (size_t)p->kvdim * 4);
+    memcpy(p->v_cache + row * p->kvdim, v, (size_t)p->kvdim * 4);
 }
 
 void clb_attention(const clb_plan *p, uint32_t layer, uint32_t b,
@@ -369,9 +422,17 @@ void clb_attention(const clb_plan *p, uint32_t layer, uint32_t b,
     uint32_t S = p->s.max_seq_len;
     size_t seq_base = ((size_t)layer * p->s.max_batch + b) * S;
     att_job j;
+    memset(&j, 0, sizeof j);
     j.p = p;
-    j.K = p->k_cache + seq_base * p->kvdim;
-    j.V = p->v_cache + seq_base * p->kvdim;
+    if (p->kv_dtype == COLIBRI_KV_I8) {
+        j.Kq = p->k_q + seq_base * p->kvdim;
+        j.Vq = p->v_q + seq_base * p->kvdim;
+        j.Ks = p->k_s + seq_base * p->s.n_kv_heads;
+        j.Vs = p->v_s + seq_base * p->s.n_kv_heads;
+    } else {
+        j.K = p->k_cache + seq_base * p->kvdim;
+        j.V = p->v_cache + seq_base * p->kvdim;
+    }
     j.mask = p->mask_cache + (size_t)b * S;
     j.q = q;
     j.out = out;

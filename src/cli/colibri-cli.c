@@ -57,6 +57,8 @@ static const char *usage_text =
     "                      then --tokens are the decoder's (from its start token)\n"
     "  --generate N        with --tokens: greedily generate N tokens (prefill and\n"
     "                      decode tokens/s on stderr)\n"
+    "  --kv f32|i8         the KV cache: float32 (default) or 8-bit with a scale\n"
+    "                      per head vector (about a quarter of the bytes)\n"
     "  --threads N         compute each infer on N threads (colibri_set_threads;\n"
     "                      the logits are the same bits for every N)\n"
     "  --spin              with --threads: workers spin, never park (no system\n"
@@ -157,23 +159,24 @@ static int read_file(const char *path, void **base, uint8_t **data, size_t *size
  * library cannot allocate) the file read here plus an arena of the size the
  * header asks for. */
 static void *file_base, *arena_base;
+static colibri_options options; /* --kv */
 
 static int load(colibri_model *m)
 {
     if (!(colibri_build_flags() & COLIBRI_BUILD_STATIC_WORKBUF))
-        return colibri_init(m, model_path);
+        return colibri_init_ex(m, model_path, &options);
     uint8_t *data;
     size_t size, need;
     memset(m, 0, sizeof *m);
     int rc = read_file(model_path, &file_base, &data, &size);
     if (rc == COLIBRI_OK)
-        rc = colibri_arena_size(data, size, &need);
+        rc = colibri_arena_size_ex(data, size, &options, &need);
     if (rc == COLIBRI_OK) {
         arena_base = malloc(need + 64);
         if (!arena_base)
             return COLIBRI_E_NO_MEMORY;
         void *arena = (void *)(((uintptr_t)arena_base + 63) & ~(uintptr_t)63);
-        rc = colibri_init_from_memory(m, data, size, arena, need);
+        rc = colibri_init_from_memory_ex(m, data, size, arena, need, &options);
     }
     return rc;
 }
@@ -191,6 +194,60 @@ static const char *dtype_name(unsigned d)
     return d == COLIBRI_DTYPE_F32 ? "f32" : d == COLIBRI_DTYPE_I8_GROUP ? "i8_group"
          : d == COLIBRI_DTYPE_I16_ROW ? "i16_row" : d == COLIBRI_DTYPE_Q4_0 ? "q4_0"
          : d == COLIBRI_DTYPE_Q4_K ? "q4_k" : d == COLIBRI_DTYPE_Q6_K ? "q6_k" : "?";
+}
+
+/* The storage types of a part (bits 1 << COLIBRI_DTYPE_*) as "q4_k+q6_k". */
+static const char *dtype_list(uint32_t bits, char *buf, size_t cap)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (unsigned d = 0; d <= COLIBRI_DTYPE_MAX && at < cap; d++)
+        if (bits & (1u << d))
+            at += (size_t)snprintf(buf + at, cap - at, "%s%s", at ? "+" : "",
+                                   dtype_name(d));
+    return at ? buf : "-";
+}
+
+/* What a run holds resident: the file's sections by part, the arena with
+ * its KV cache, for this instance's cache type and the other one. */
+static int print_memory(colibri_model *m, const colibri_info *in)
+{
+    static const char *const parts[COLIBRI_PART_COUNT] = {
+        "embedding", "attention", "router", "routed_experts", "shared_dense_ffn",
+        "norms", "lm_head", "other_sections" };
+    colibri_weight_bytes wb;
+    int rc = colibri_get_weight_bytes(m, &wb);
+    if (rc)
+        return fail(rc, COLIBRI_CALL_INIT, m, NULL);
+    uint64_t sum = 0;
+    char buf[64];
+    for (unsigned i = 0; i < COLIBRI_PART_COUNT; i++) {
+        printf("weights_%s: %llu bytes (%u tensors, %s)\n", parts[i],
+               (unsigned long long)wb.bytes[i], (unsigned)wb.tensors[i],
+               i == COLIBRI_PART_OTHER ? "desc, tokenizer"
+                                       : dtype_list(wb.dtypes[i], buf, sizeof buf));
+        sum += wb.bytes[i];
+    }
+    printf("file_header_table_padding: %llu bytes\n",
+           (unsigned long long)(in->file_size - sum));
+    uint64_t tok[2], all[2];
+    colibri_kv_size(&in->shape, COLIBRI_KV_F32, &tok[0], &all[0]);
+    colibri_kv_size(&in->shape, COLIBRI_KV_I8, &tok[1], &all[1]);
+    for (unsigned k = 0; k < 2; k++)
+        printf("kv_%s: %llu bytes per token, %llu at max_seq_len %u x max_batch %u%s\n",
+               k ? "i8" : "f32", (unsigned long long)tok[k], (unsigned long long)all[k],
+               (unsigned)in->shape.max_seq_len, (unsigned)in->shape.max_batch,
+               k == in->kv_dtype ? " (this run)" : "");
+    /* The arena's other parts do not depend on the cache type. */
+    uint64_t rest = in->arena_bytes - in->kv_bytes;
+    printf("kv_cache: %s\n", in->kv_dtype == COLIBRI_KV_I8 ? "i8" : "f32");
+    printf("arena_without_kv: %llu bytes\n", (unsigned long long)rest);
+    for (unsigned k = 0; k < 2; k++)
+        printf("resident_total_kv_%s: %llu bytes (file %llu + arena %llu)%s\n",
+               k ? "i8" : "f32", (unsigned long long)(in->file_size + rest + all[k]),
+               (unsigned long long)in->file_size, (unsigned long long)(rest + all[k]),
+               k == in->kv_dtype ? " (this run)" : "");
+    return 0;
 }
 
 static int do_info(colibri_model *m)
@@ -223,7 +280,7 @@ static int do_info(colibri_model *m)
            in.kernels, in.load_mode, in.huge_pages_advised ? "advised" : "no");
     printf("threads: %u%s\n", (unsigned)in.n_threads,
            in.thread_flags & COLIBRI_THREADS_SPIN ? " (spin)" : "");
-    return 0;
+    return print_memory(m, &in);
 }
 
 static void on_bad(void *user, int index, const char *what)
@@ -654,6 +711,7 @@ int main(int argc, char **argv)
     int info = 0, verify = 0, dump = 0, have_model = 0;
     long generate = 0, bench = 0, threads = 1;
     int spin = 0;
+    options = colibri_options_default();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
@@ -704,6 +762,11 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--threads") && has_val) {
             if (parse_count(argv[++i], &threads) || threads > (long)COLIBRI_MAX_THREADS)
                 return usage_error("--threads needs a count from 1 to 64");
+        } else if (!strcmp(a, "--kv") && has_val) {
+            const char *k = argv[++i];
+            if (!strcmp(k, "f32")) options.kv_dtype = COLIBRI_KV_F32;
+            else if (!strcmp(k, "i8")) options.kv_dtype = COLIBRI_KV_I8;
+            else return usage_error("--kv takes f32 or i8");
         } else if (!strcmp(a, "--spin")) {
             spin = 1;
         } else if (!strcmp(a, "--bench") && has_val) {

@@ -124,7 +124,47 @@ typedef struct colibri_info {
     uint32_t thread_flags;        /* colibri_set_threads flags in use */
     uint8_t executor;             /* 1: the workers are the caller's
                                      (colibri_set_executor) */
+    uint8_t kv_dtype;             /* COLIBRI_KV_F32 or COLIBRI_KV_I8 */
+    uint64_t kv_bytes_per_token;  /* KV cache bytes one position of one
+                                     sequence holds, all layers (keys and
+                                     values; i8: values and their scales) */
+    uint64_t kv_bytes;            /* the whole cache in the arena: per token
+                                     * max_batch * max_seq_len, each of the
+                                     arena's pieces rounded up to 64 */
 } colibri_info;
+
+/* KV cache storage (colibri_options.kv_dtype, colibri_info.kv_dtype).
+ *   COLIBRI_KV_F32  float32 keys and values: 2 * 4 * n_kv_heads * head_dim
+ *                   bytes per layer and token (colibri_init's cache).
+ *   COLIBRI_KV_I8   each key and value head vector [head_dim] as int8 with one
+ *                   float32 scale, the I8 activation rule of docs/FORMAT.md 5
+ *                   with group head_dim (scale = amax/127, q = rint(x*127/
+ *                   amax) clipped to +-127): 2 * (head_dim + 4) * n_kv_heads
+ *                   bytes per layer and token, about a quarter. Attention
+ *                   dequantises inside its loops: q.k = scale * sum q[c] *
+ *                   float(k8[c]), the value sum likewise, in float32; logits
+ *                   stay bit-identical for every thread count. Decoder-only
+ *                   models (an ENC_DEC file: COLIBRI_E_UNSUPPORTED). */
+#define COLIBRI_KV_F32 0u
+#define COLIBRI_KV_I8 1u
+
+/* Options of colibri_init_ex, colibri_init_from_memory_ex,
+ * colibri_arena_size_ex and colibri_share_ex. Plain data the library reads
+ * during the call only (the caller keeps ownership; it need not outlive the
+ * call). Fill it with colibri_options_default(): `size` tells the library
+ * which fields the caller's header knew, so a struct from an older header
+ * keeps working when fields are appended (the missing ones take their
+ * defaults); a larger struct from a newer header is accepted when every byte
+ * past the fields this library knows is zero (else COLIBRI_E_UNSUPPORTED:
+ * an option this library does not have). size below 8: COLIBRI_E_ARG. */
+typedef struct colibri_options {
+    uint32_t size;      /* sizeof(colibri_options) of the caller's header */
+    uint32_t kv_dtype;  /* COLIBRI_KV_F32 (default) or COLIBRI_KV_I8 */
+} colibri_options;
+
+/* The defaults (size set, kv_dtype COLIBRI_KV_F32): what the functions
+ * without _ex use. Pure function. */
+colibri_options colibri_options_default(void);
 
 /* The caller's workers, for an RTOS or bare metal (colibri_set_executor):
  * the library then needs no OS at all. Plain data, copied by the library.
@@ -163,7 +203,7 @@ typedef struct colibri_model {
     struct colibri_model_private_ {
         uint32_t magic;            /* set while initialised */
         uint8_t  load_mode;        /* 1 mmap, 2 read, 3 memory, 4 shared */
-        uint8_t  file_big_endian, byte_swapped, pad_;
+        uint8_t  file_big_endian, byte_swapped, kv_dtype;
         const uint8_t *blob;       /* the file; tensor data in host order */
         size_t blob_size;
         void *owned_blob;          /* malloc'd copy to free, or NULL */
@@ -200,6 +240,28 @@ typedef struct colibri_model {
  * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC, _IO, _NO_MEMORY, _ARG,
  * _UNSUPPORTED (COLIBRI_STATIC_WORKBUF builds). */
 int colibri_init(colibri_model *m, const char *path);
+
+/* colibri_init, colibri_init_from_memory and colibri_arena_size with
+ * options (opt NULL: the defaults, exactly the plain functions). The same
+ * ownership, lifetime and return codes, plus COLIBRI_E_ARG (opt->size below
+ * 8, an unknown kv_dtype) and COLIBRI_E_UNSUPPORTED (an option this library
+ * does not have; COLIBRI_KV_I8 with an ENC_DEC file). An arena for
+ * colibri_init_from_memory_ex must be at least colibri_arena_size_ex with
+ * the same options; the arena size formula's KV term becomes
+ *   KV cache (i8) 2 * n_layers * max_batch * max_seq_len * n_kv_heads
+ *                 * (head_dim + 4)   (values, then scales: 4 pieces)
+ * colibri_share_ex: `opt` chooses the new instance's own cache (NULL:
+ * the defaults, f32, whatever the owner's). */
+int colibri_init_ex(colibri_model *m, const char *path,
+                    const colibri_options *opt);
+int colibri_init_from_memory_ex(colibri_model *m, const void *blob, size_t size,
+                                void *arena, size_t arena_size,
+                                const colibri_options *opt);
+int colibri_arena_size_ex(const void *blob, size_t size,
+                          const colibri_options *opt, size_t *out_bytes);
+int colibri_share_ex(colibri_model *m, const colibri_model *owner,
+                     void *arena, size_t arena_size,
+                     const colibri_options *opt);
 
 /* Use a file that is already in memory, in place (zero-copy: flash, a mapped
  * region, an embedded array). `blob` must stay valid and unchanged until
@@ -357,6 +419,46 @@ const char *colibri_error_detail(const colibri_model *m);
 /* Fill `out` with the model's shape and properties. Returns 0,
  * COLIBRI_E_NOT_INIT or COLIBRI_E_ARG. */
 int colibri_get_info(const colibri_model *m, colibri_info *out);
+
+/* What a model holds resident, by part of the network: the bytes of the
+ * file's sections (FORMAT.md 4: values, scales or blocks, as stored) of the
+ * tensor kinds of each part, and which storage types they use.
+ *   EMBED    EMBED
+ *   ATTN     WQ WK WV WO, their biases, cross-attention XWQ..XWO and the
+ *            relative position biases (ENC_DEC)
+ *   ROUTER   ROUTER
+ *   EXPERTS  EXPERT_W1/W3/W2 (the routed experts)
+ *   FFN      SHARED_W1/W3/W2, SHARED_GATE, DENSE_W1/W3/W2
+ *   NORMS    every RMSNorm weight (attention, FFN, final, q/k, cross)
+ *   LM_HEAD  LM_HEAD
+ *   OTHER    the DESC section and sections of kinds this library skips
+ *            (the tokenizer)
+ * The header, the table and the 64-byte alignment padding are the rest of
+ * colibri_info.file_size. */
+enum {
+    COLIBRI_PART_EMBED = 0, COLIBRI_PART_ATTN, COLIBRI_PART_ROUTER,
+    COLIBRI_PART_EXPERTS, COLIBRI_PART_FFN, COLIBRI_PART_NORMS,
+    COLIBRI_PART_LM_HEAD, COLIBRI_PART_OTHER, COLIBRI_PART_COUNT
+};
+typedef struct colibri_weight_bytes {
+    uint64_t bytes[COLIBRI_PART_COUNT];   /* section bytes per part */
+    uint32_t dtypes[COLIBRI_PART_COUNT];  /* bit 1 << COLIBRI_DTYPE_* for
+                                             each storage type present
+                                             (OTHER: 0) */
+    uint32_t tensors[COLIBRI_PART_COUNT]; /* table entries per part */
+} colibri_weight_bytes;
+
+/* Fill `out` (plain data, the caller's) from the instance's tensor table.
+ * Returns 0, COLIBRI_E_NOT_INIT or COLIBRI_E_ARG. */
+int colibri_get_weight_bytes(const colibri_model *m, colibri_weight_bytes *out);
+
+/* KV cache bytes of shape `s` with cache type kv_dtype (COLIBRI_KV_*):
+ * per position of one sequence over all layers, and the whole cache as an
+ * arena holds it (max_batch * max_seq_len positions, each of its 2 or 4
+ * pieces rounded up to 64). Either output may be NULL. Pure function.
+ * Returns 0 or COLIBRI_E_ARG (s NULL, unknown kv_dtype). */
+int colibri_kv_size(const colibri_shape *s, unsigned kv_dtype,
+                    uint64_t *per_token, uint64_t *total);
 
 /* Check every CRC of the file in `blob` (in either byte order) after the
  * structural checks, calling `on_bad(user, index, what)` for each failing
