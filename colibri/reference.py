@@ -221,6 +221,18 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     return out.reshape(b, n_heads, s, d).transpose(0, 2, 1, 3).astype(F32)
 
 
+def kv_quantize_i8(x: np.ndarray) -> np.ndarray:
+    """Keys or values [..., d] as the 8-bit KV cache holds them, dequantised:
+    per head vector (the last axis) xq = clip(rint(x * 127/amax), -127, 127),
+    scale = amax/127 (FORMAT.md 5's activation rule, group d), returned as
+    float32(xq) * scale. The C runtime keeps xq and scale and applies the
+    scale to the finished dot product (q.k = scale * sum q[c] xq[c]; the
+    value sum likewise): the same values, summed in another order."""
+    d = x.shape[-1]
+    xq, xs = quantize_activations_i8(x, d)                          # [..., d], [..., 1]
+    return (xq.astype(F32) * xs).astype(F32)
+
+
 # --------------------------------------------------------------------------
 # The model.
 # --------------------------------------------------------------------------
@@ -236,10 +248,17 @@ class Routing:
 class Reference:
     """Numpy forward pass over a .colibri file, with its own KV cache.
 
-    Reference(path_or_ColibriFile). The cache holds up to max_batch sequences
-    of max_seq_len slots, as the C runtime's does."""
+    Reference(path_or_ColibriFile, kv="f32"). The cache holds up to max_batch
+    sequences of max_seq_len slots, as the C runtime's does. kv="i8" stores
+    each key and value head vector [head_dim] as the C runtime's 8-bit cache
+    does (colibri_options.kv_dtype = COLIBRI_KV_I8): FORMAT.md 5's I8
+    activation rule with group head_dim (scale = amax/127, rint, clip +-127),
+    attention then reads float(q8) * scale."""
 
-    def __init__(self, file_or_path):
+    def __init__(self, file_or_path, kv: str = "f32"):
+        if kv not in ("f32", "i8"):
+            raise ColibriError(f"kv={kv!r}: the KV cache is f32 or i8")
+        self.kv = kv
         if isinstance(file_or_path, (str, Path)):
             file_or_path = cformat.read_file(file_or_path)
         self.file = file_or_path
@@ -462,6 +481,8 @@ class Reference:
             c = F32(desc.clip_qkv)
             q, k, v = np.clip(q, -c, c), np.clip(k, -c, c), np.clip(v, -c, c)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv == "i8":
+            k, v = kv_quantize_i8(k), kv_quantize_i8(v)
         total = n_past + s
         self._cache_k[l][:, :, n_past:total] = k.transpose(0, 2, 1, 3)   # [b, KV, s, d]
         self._cache_v[l][:, :, n_past:total] = v.transpose(0, 2, 1, 3)

@@ -183,13 +183,16 @@ def write_script(path: Path, calls: list[Call]) -> None:
 
 def run_driver(build: Build, model: Path, calls: list[Call], workdir: Path,
                memory: bool = False, vocab: int | None = None,
-               env: dict | None = None, timeout: float = 300) -> list[np.ndarray]:
+               env: dict | None = None, timeout: float = 300,
+               kv: str = "f32") -> list[np.ndarray]:
     """Run the calls through infer_driver; returns per call logits [b, s, V].
-    Raises DriverError with the library's code when a call (or init) fails."""
+    kv="i8": the 8-bit KV cache. Raises DriverError with the library's code
+    when a call (or init) fails."""
     workdir.mkdir(parents=True, exist_ok=True)
     script, out = workdir / "calls.txt", workdir / "logits.f32"
     write_script(script, calls)
-    args = [model, script, out] + (["--memory"] if memory else [])
+    args = [model, script, out] + (["--memory"] if memory else []) + \
+        (["--kv-i8"] if kv == "i8" else [])
     proc = subprocess.run(build.cmd("infer_driver", *args), capture_output=True,
                           text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})

@@ -3,11 +3,12 @@
  * logit as little-endian float32, so pytest can compare any build (host,
  * sanitizers, static work buffer, qemu-ppc/arm) with the numpy reference.
  *
- *   infer_driver MODEL SCRIPT OUT [--memory]
+ *   infer_driver MODEL SCRIPT OUT [--memory] [--kv-i8]
  *
  * --memory: read the file here and use colibri_init_from_memory with an arena
  * of colibri_arena_size bytes (the only way in COLIBRI_STATIC_WORKBUF builds);
- * otherwise colibri_init. SCRIPT is text, one call per three lines:
+ * otherwise colibri_init. --kv-i8: the 8-bit KV cache (colibri_options,
+ * the _ex calls). SCRIPT is text, one call per three lines:
  *   B S N_PAST
  *   B*S token ids
  *   B*S mask values, or "-" for a NULL mask
@@ -45,10 +46,17 @@ static int report(int rc, const colibri_model *m)
 int main(int argc, char **argv)
 {
     if (argc < 4) {
-        fprintf(stderr, "usage: infer_driver MODEL SCRIPT OUT [--memory]\n");
+        fprintf(stderr, "usage: infer_driver MODEL SCRIPT OUT [--memory] [--kv-i8]\n");
         return 2;
     }
-    int memory = argc > 4 && !strcmp(argv[4], "--memory");
+    int memory = 0;
+    colibri_options opt = colibri_options_default();
+    for (int i = 4; i < argc; i++) {
+        if (!strcmp(argv[i], "--memory"))
+            memory = 1;
+        else if (!strcmp(argv[i], "--kv-i8"))
+            opt.kv_dtype = COLIBRI_KV_I8;
+    }
     colibri_model m;
     void *file_base = NULL, *arena_base = NULL;
     int rc;
@@ -65,16 +73,16 @@ int main(int argc, char **argv)
             return 3;
         fclose(f);
         size_t need = 0;
-        rc = colibri_arena_size(blob, (size_t)size, &need);
+        rc = colibri_arena_size_ex(blob, (size_t)size, &opt, &need);
         if (rc) {
             memset(&m, 0, sizeof m);
             return report(rc, &m);
         }
         arena_base = malloc(need + 64);
         void *arena = (void *)(((uintptr_t)arena_base + 63) & ~(uintptr_t)63);
-        rc = colibri_init_from_memory(&m, blob, (size_t)size, arena, need);
+        rc = colibri_init_from_memory_ex(&m, blob, (size_t)size, arena, need, &opt);
     } else {
-        rc = colibri_init(&m, argv[1]);
+        rc = colibri_init_ex(&m, argv[1], &opt);
     }
     if (rc)
         return report(rc, &m);
