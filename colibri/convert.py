@@ -213,52 +213,8 @@ class ColibriExporter:
         return dtypes
 
     def _shape(self, num_experts, top_k, max_seq_len, max_batch, group_size) -> fmt.ModelShape:
-        c = self.config
-        if num_experts is not None and num_experts != c.n_experts:
-            raise ConversionError(
-                f"num_experts = {num_experts}, but config.json has num_local_experts = "
-                f"{c.n_experts} (the routers have {c.n_experts} rows): colibri converts "
-                f"every expert; omit --num-experts or pass {c.n_experts}")
-        if top_k is None:
-            top_k = c.top_k
-            if top_k > c.n_experts:
-                raise ConversionError(
-                    f"config.json: num_experts_per_tok = {top_k} exceeds num_local_experts "
-                    f"= {c.n_experts}")
-        elif not 1 <= top_k <= c.n_experts:
-            raise ConversionError(f"top_k = {top_k} must be between 1 and the number of "
-                                  f"experts, {c.n_experts}")
-        limit = min(c.max_position_embeddings, DEFAULT_MAX_SEQ_CAP)
-        if c.sliding_window is not None:
-            limit = min(limit, c.sliding_window)
-        if max_seq_len is None:
-            max_seq_len = limit
-        elif max_seq_len < 1:
-            raise ConversionError(f"max_seq_len = {max_seq_len} must be at least 1")
-        elif c.sliding_window is not None and max_seq_len > c.sliding_window:
-            raise ConversionError(
-                f"max_seq_len = {max_seq_len} exceeds the model's sliding_window = "
-                f"{c.sliding_window}; colibri's attention has no sliding window, so pass "
-                f"--max-seq-len {c.sliding_window} or less")
-        if not 1 <= max_batch <= fmt.U16_MAX:
-            raise ConversionError(f"max_batch = {max_batch} must be between 1 and {fmt.U16_MAX}")
-        if not 1 <= group_size <= fmt.U16_MAX:
-            raise ConversionError(f"group_size = {group_size} must be between 1 and "
-                                  f"{fmt.U16_MAX}")
-        shape = fmt.ModelShape(
-            vocab=c.vocab, hidden=c.hidden, intermediate=c.intermediate,
-            max_seq_len=max_seq_len, n_layers=c.n_layers, n_heads=c.n_heads,
-            n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, n_experts=c.n_experts,
-            top_k=top_k, max_batch=max_batch, group_size=group_size,
-            rope_theta=c.rope_theta, rms_eps=c.rms_eps)
-        try:
-            shape.validate()
-            desc = self.config.desc or fmt.Description()
-            desc.validate(shape)
-        except ColibriError as exc:
-            raise ConversionError(f"this model does not fit the .colibri header: {exc}") from exc
-        # None: Mixtral's computation, a version 1 file.
-        self.desc = desc.resolved(shape)
+        shape, self.desc = shape_and_desc(self.config, num_experts, top_k, max_seq_len,
+                                          max_batch, group_size)
         return shape
 
     def set_expert_weight_mapping(self, mapping: dict[str, str]) -> "ColibriExporter":
@@ -452,6 +408,59 @@ class ColibriExporter:
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
         return out
+
+
+def shape_and_desc(c: hf.HFConfig, num_experts, top_k, max_seq_len, max_batch: int,
+                   group_size: int) -> tuple[fmt.ModelShape, fmt.Description | None]:
+    """The header's shape and the resolved description of converting config
+    `c` with these options (None: the checkpoint's own / colibri's
+    default); the writer stores Description.default(shape), Mixtral's
+    computation, as a version 1 file. Raises ConversionError."""
+    if num_experts is not None and num_experts != c.n_experts:
+        raise ConversionError(
+            f"num_experts = {num_experts}, but config.json has num_local_experts = "
+            f"{c.n_experts} (the routers have {c.n_experts} rows): colibri converts "
+            f"every expert; omit --num-experts or pass {c.n_experts}")
+    if top_k is None:
+        top_k = c.top_k
+        if top_k > c.n_experts:
+            raise ConversionError(
+                f"config.json: num_experts_per_tok = {top_k} exceeds num_local_experts "
+                f"= {c.n_experts}")
+    elif not 1 <= top_k <= c.n_experts:
+        raise ConversionError(f"top_k = {top_k} must be between 1 and the number of "
+                              f"experts, {c.n_experts}")
+    limit = min(c.max_position_embeddings, DEFAULT_MAX_SEQ_CAP)
+    if c.sliding_window is not None:
+        limit = min(limit, c.sliding_window)
+    if max_seq_len is None:
+        max_seq_len = limit
+    elif max_seq_len < 1:
+        raise ConversionError(f"max_seq_len = {max_seq_len} must be at least 1")
+    elif c.sliding_window is not None and max_seq_len > c.sliding_window:
+        raise ConversionError(
+            f"max_seq_len = {max_seq_len} exceeds the model's sliding_window = "
+            f"{c.sliding_window}; colibri's attention has no sliding window, so pass "
+            f"--max-seq-len {c.sliding_window} or less")
+    if not 1 <= max_batch <= fmt.U16_MAX:
+        raise ConversionError(f"max_batch = {max_batch} must be between 1 and {fmt.U16_MAX}")
+    if not 1 <= group_size <= fmt.U16_MAX:
+        raise ConversionError(f"group_size = {group_size} must be between 1 and "
+                              f"{fmt.U16_MAX}")
+    shape = fmt.ModelShape(
+        vocab=c.vocab, hidden=c.hidden, intermediate=c.intermediate,
+        max_seq_len=max_seq_len, n_layers=c.n_layers, n_heads=c.n_heads,
+        n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, n_experts=c.n_experts,
+        top_k=top_k, max_batch=max_batch, group_size=group_size,
+        rope_theta=c.rope_theta, rms_eps=c.rms_eps)
+    try:
+        shape.validate()
+        desc = c.desc or fmt.Description()
+        desc.validate(shape)
+    except ColibriError as exc:
+        raise ConversionError(f"this model does not fit the .colibri header: {exc}") from exc
+    # None: Mixtral's computation, a version 1 file.
+    return shape, desc.resolved(shape)
 
 
 def _warn(line: str) -> None:

@@ -56,6 +56,41 @@ def read_config_json(model_dir: Path) -> dict | None:
     return cfg if isinstance(cfg, dict) else None
 
 
+def shape_and_desc(cfg: dict, max_seq_len: int | None, max_batch: int, group_size: int
+                   ) -> tuple[fmt.ModelShape, fmt.Description]:
+    """The header's shape and the description of converting an
+    encoder-decoder config.json (parsed) with these options (max_seq_len
+    None: DEFAULT_MAX_SEQ). Raises ConversionError."""
+    max_seq_len = DEFAULT_MAX_SEQ if max_seq_len is None else max_seq_len
+    if max_seq_len < 1:
+        raise ConversionError(f"max_seq_len = {max_seq_len} must be at least 1")
+    es = st.encdec_shape(cfg, max_seq_len, max_batch)
+    n_layers = es.enc_layers + es.dec_layers
+    shape = fmt.ModelShape(
+        vocab=es.vocab, hidden=es.d_model, intermediate=es.d_ff, max_seq_len=max_seq_len,
+        n_layers=n_layers, n_heads=es.n_heads, n_kv_heads=es.n_heads, head_dim=es.d_kv,
+        n_experts=es.n_experts, top_k=1, max_batch=max_batch, group_size=group_size,
+        rope_theta=1e4, rms_eps=es.eps)
+    dense = tuple(l for l in range(es.enc_layers) if l not in es.enc_sparse) + tuple(
+        es.enc_layers + l for l in range(es.dec_layers) if l not in es.dec_sparse)
+    features = Feat.ENC_DEC | Feat.RELU_FFN | (Feat.DENSE_LAYERS if dense else 0)
+    if es.expert_capacity < 1:
+        raise ConversionError("config.json: expert_capacity = 0 routes no token to any "
+                              "expert; colibri needs a capacity of at least 1")
+    desc = fmt.Description(
+        features=int(features), dense_intermediate=es.d_ff if dense else 0,
+        attn_scale=1.0, dense_layers=dense, encoder_layers=es.enc_layers,
+        expert_capacity=es.expert_capacity, decoder_start=es.decoder_start,
+        lm_scale=es.lm_scale)
+    try:
+        shape.validate()
+        desc.validate(shape)
+    except ColibriError as exc:
+        raise ConversionError(f"this model does not fit the .colibri header: {exc}") from exc
+    desc = desc.resolved(shape)
+    return shape, desc
+
+
 class EncDecExporter:
     def __init__(self, model_dir=None, *, model=None, tokenizer=None,
                  max_seq_len: int | None = None, max_batch: int = 1, quant: str = "int8",
@@ -79,33 +114,8 @@ class EncDecExporter:
             raise ConversionError(f"byte_order = {byte_order!r}: choose little or big")
         self.byte_order = byte_order
         self.dtypes = dtypes
-        max_seq_len = DEFAULT_MAX_SEQ if max_seq_len is None else max_seq_len
-        if max_seq_len < 1:
-            raise ConversionError(f"max_seq_len = {max_seq_len} must be at least 1")
-        self.es = es = st.encdec_shape(self.cfg, max_seq_len, max_batch)
-        n_layers = es.enc_layers + es.dec_layers
-        self.shape = fmt.ModelShape(
-            vocab=es.vocab, hidden=es.d_model, intermediate=es.d_ff, max_seq_len=max_seq_len,
-            n_layers=n_layers, n_heads=es.n_heads, n_kv_heads=es.n_heads, head_dim=es.d_kv,
-            n_experts=es.n_experts, top_k=1, max_batch=max_batch, group_size=group_size,
-            rope_theta=1e4, rms_eps=es.eps)
-        dense = tuple(l for l in range(es.enc_layers) if l not in es.enc_sparse) + tuple(
-            es.enc_layers + l for l in range(es.dec_layers) if l not in es.dec_sparse)
-        features = Feat.ENC_DEC | Feat.RELU_FFN | (Feat.DENSE_LAYERS if dense else 0)
-        if es.expert_capacity < 1:
-            raise ConversionError("config.json: expert_capacity = 0 routes no token to any "
-                                  "expert; colibri needs a capacity of at least 1")
-        self.desc = fmt.Description(
-            features=int(features), dense_intermediate=es.d_ff if dense else 0,
-            attn_scale=1.0, dense_layers=dense, encoder_layers=es.enc_layers,
-            expert_capacity=es.expert_capacity, decoder_start=es.decoder_start,
-            lm_scale=es.lm_scale)
-        try:
-            self.shape.validate()
-            self.desc.validate(self.shape)
-        except ColibriError as exc:
-            raise ConversionError(f"this model does not fit the .colibri header: {exc}") from exc
-        self.desc = self.desc.resolved(self.shape)
+        self.shape, self.desc = shape_and_desc(self.cfg, max_seq_len, max_batch, group_size)
+        self.es = st.encdec_shape(self.cfg, self.shape.max_seq_len, max_batch)
         self.expert_map = {"wi": "w1", "wo": "w2"}
         self.progress = None         # ColibriExporter's attribute; one pass, no lines
         self.tokenizer = None        # the TOKENIZER section's spec, or None

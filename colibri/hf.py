@@ -319,7 +319,14 @@ def read_config(model_dir: str | os.PathLike) -> HFConfig:
         raise ConversionError(f"{path}: cannot parse ({exc})") from exc
     if not isinstance(cfg, dict):
         raise ConversionError(f"{path}: expected a JSON object")
+    return config_from_dict(cfg, str(path))
 
+
+def config_from_dict(cfg: dict, where: str = "config.json") -> HFConfig:
+    """The checks and fields of read_config over a parsed config.json (no
+    directory, no weights: colibri.memory sizes a checkpoint from this)."""
+    if not isinstance(cfg, dict):
+        raise ConversionError(f"{where}: expected a JSON object")
     from . import families  # the family decides the fields below
     family = families.pick(cfg)
 

@@ -14,6 +14,7 @@ import sys
 from collections import OrderedDict
 
 from . import format as fmt
+from . import memory
 from .errors import ColibriError, FileReadError, FormatError, VersionError
 from .format import DType, Kind
 from .tokenizer import KIND_TOKENIZER
@@ -90,6 +91,8 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
     if size is not None:
         lines.append(f"{'total file':<12} {'':<9} {'':>6} {size:>14} {_mib(size):>12}"
                      f"  (header, table and 64-byte alignment: {size - data} bytes)")
+    if size is not None:
+        lines += memory_lines(cf, size)
     if sections:
         lines.append("")
         lines.append(f"{'section':<32} {'dtype':<9} {'shape':<14} {'offset':>12} "
@@ -101,13 +104,68 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
     return "\n".join(lines)
 
 
+def _c_arena(cf: fmt.ColibriFile):
+    """kv -> the arena colibri_init would allocate, from libcolibri.so when
+    it is built and loads this file; None otherwise (the formula serves)."""
+    if cf.path is None:
+        return None
+    try:
+        from . import runtime
+        lib = runtime.load_library()
+    except Exception:      # no library built: colibri.memory's formula
+        return None
+    arenas = {}
+    for kv in memory.KV_TYPES:
+        try:
+            with runtime.Model(cf.path, library=lib.path, kv=kv) as m:
+                arenas[kv] = m.info.arena_bytes
+        except Exception:  # e.g. an ENC_DEC file and kv i8, another byte order
+            arenas[kv] = memory.arena_bytes(cf.shape, cf.desc, kv, memory.CHUNK_TOKENS_OWNED)
+    return arenas.__getitem__
+
+
+def memory_lines(cf: fmt.ColibriFile, size: int) -> list[str]:
+    """colibri.memory's report of an open file (arena: the C library's own
+    figure when libcolibri.so is built, else the same formula)."""
+    return memory.report_lines(cf.shape, cf.desc, cf.entries, size, arena_of=_c_arena(cf))
+
+
+def describe_config(path: str, quants=memory.QUANTS, max_seq_len: int | None = None,
+                    max_batch: int = 1) -> str:
+    """`colibri info --config`: the file and resident sizes a conversion
+    of this config.json would give, per --quant, without weights (no
+    tokenizer section counted)."""
+    lines = [f"config        {path}"]
+    for q in quants:
+        pl = memory.plan_from_config(path, q, max_seq_len, max_batch)
+        s = pl.shape
+        if q == quants[0]:
+            lines += [f"family        {pl.family}",
+                      f"model         {s.n_layers} layers, hidden {s.hidden}, vocab {s.vocab}, "
+                      f"{s.n_experts} experts top_k {s.top_k}, intermediate {s.intermediate}",
+                      f"attention     {s.n_heads} heads, {s.n_kv_heads} kv heads, head_dim "
+                      f"{s.head_dim}; max_seq_len {s.max_seq_len}, max_batch {s.max_batch}"]
+        lines += ["", f"--quant {q}"]
+        lines += memory.report_lines(s, pl.desc, pl.entries, pl.file_size())[1:]
+    return "\n".join(lines)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("info", help="print a .colibri file's metadata and sizes",
                               description="Print the model shape, the storage type and "
                               "size per kind, the total, and (unless --brief) one line "
                               "per section. Section CRCs are not checked: use verify.")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", nargs="?")
     p.add_argument("--brief", action="store_true", help="omit the per-section lines")
+    p.add_argument("--config", metavar="CONFIG",
+                   help="instead of FILE: a checkpoint's config.json (or its directory); "
+                   "print the file size and resident memory a conversion would have, for "
+                   "each --quant, without the weights")
+    p.add_argument("--quant", choices=memory.QUANTS, action="append",
+                   help="with --config: only this preset (repeatable; default all)")
+    p.add_argument("--max-seq-len", type=int, help="with --config: as colibri convert's")
+    p.add_argument("--max-batch", type=int, default=1, help="with --config: as colibri "
+                   "convert's")
     p.set_defaults(func=_info)
 
     p = subparsers.add_parser("verify", help="check every CRC of a .colibri file",
@@ -123,6 +181,12 @@ def add_parser(subparsers) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
+    if (args.file is None) == (args.config is None):
+        raise ColibriError("colibri info: give a FILE or --config CONFIG")
+    if args.config is not None:
+        print(describe_config(args.config, tuple(args.quant or memory.QUANTS),
+                              args.max_seq_len, args.max_batch), flush=True)
+        return 0
     cf = fmt.read_file(args.file, check_crc=False)
     try:
         print(describe(cf, sections=not args.brief), flush=True)
