@@ -185,8 +185,8 @@ class Planned:
 @dataclass(frozen=True)
 class _Entry:
     kind: int
-    layer: int | None
-    expert: int | None
+    layer: int          # NO_LAYER (0xFFFF) outside the layers, as in the table
+    expert: int         # NO_EXPERT (0xFFFF) outside the experts
     dtype: int
     rows: int
     cols: int
@@ -203,7 +203,8 @@ def planned_entries(shape: fmt.ModelShape, desc: fmt.Description | None, quant: 
     for kind, layer, expert in fmt.tensor_order(shape, desc):
         rows, cols = fmt.expected_shape(shape, kind, desc)
         dt = fmt.fit_dtype(dtypes[kind], cols)
-        out.append(_Entry(int(kind), layer, expert, int(dt), rows, cols,
+        out.append(_Entry(int(kind), fmt.NO_INDEX if layer is None else layer,
+                          fmt.NO_INDEX if expert is None else expert, int(dt), rows, cols,
                           fmt.section_size(dt, rows, cols, shape.group_size)))
     return out
 
