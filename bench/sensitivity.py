@@ -174,6 +174,10 @@ def mixes() -> dict:
     for k in (Kind.WV, Kind.XWV, Kind.LM_HEAD):
         allk[k] = DType.Q4_K
     out["all Q4_K"] = allk
+    more = dict(fmt.PRESET_Q4)
+    for k in (Kind.WK, Kind.WO):
+        more[k] = DType.Q6_K
+    out["q4 +wk,wo Q6_K"] = more
     return out
 
 

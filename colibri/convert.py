@@ -528,7 +528,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quant", choices=tuple(PRESETS), default="int8",
                    help="preset: int8 = router int16, experts/attention int8, embedding "
                         "int16, lm_head int8; q4 = the 4-bit mix (docs/FORMAT.md 4: "
-                        "Q4_K, Q6_K for attention values and the LM head; rows not a "
+                        "Q4_K, Q6_K for attention keys/values/output and the LM head; rows not a "
                         "multiple of 256 wide Q4_0 / int8); f32 = exact "
                         "(default: %(default)s)")
     for option in QUANT_CHOICES:
