@@ -14,6 +14,7 @@ from .errors import ColibriError
 # Modules that contribute subcommands, in the order `colibri -h` lists them.
 SUBCOMMAND_MODULES = (
     "colibri.convert",   # convert
+    "colibri.imatrix",   # imatrix
     "colibri.inspect",   # info, verify
     "colibri.run",       # run
     "colibri.generate",  # tokenize, generate

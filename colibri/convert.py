@@ -162,7 +162,7 @@ class ColibriExporter:
                  quantize_lm_head: str | None = None, group_size: int = 32,
                  byte_order: str = "little", output: str | os.PathLike | None = None,
                  progress: Callable[[str], None] | None = None, tokenizer: bool = True,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, imatrix=None):
         self.model_dir = Path(model_dir)
         self.config = hf.read_config(self.model_dir)
         self.family = families.load(self.config.family)
@@ -178,6 +178,7 @@ class ColibriExporter:
         self.shape = self._shape(num_experts, top_k, max_seq_len, max_batch, group_size)
         self.expert_map: dict[str, str] = {}
         self.tokenizer = self._tokenizer(warn) if tokenizer else None
+        self.importance = self._importance(imatrix)
 
     def _tokenizer(self, warn: Callable[[str], None] | None):
         """The checkpoint's tokenizer.json as a TOKENIZER section spec, or None
@@ -198,6 +199,17 @@ class ColibriExporter:
                 f"only {self.shape.vocab}: not this model's tokenizer (or convert with "
                 "--no-tokenizer)")
         return spec
+
+    @staticmethod
+    def _importance(imatrix) -> dict:
+        """{(kind, layer, expert): mean x^2 [cols]} (colibri/imatrix.py) from a
+        file `colibri imatrix` wrote, a dict of that form, or None (none)."""
+        from . import imatrix as im
+        if imatrix is None:
+            return {}
+        if isinstance(imatrix, dict):
+            return {k: (v[0] if isinstance(v, tuple) else v) for k, v in imatrix.items()}
+        return im.load(imatrix)
 
     # --- options -------------------------------------------------------------
 
@@ -395,8 +407,14 @@ class ColibriExporter:
                                    self.desc, optional_sections=optional) as w:
                 for i, st in enumerate(steps):
                     weights = self.load(st)
+                    imp = self.importance.get((st.kind, st.layer, st.expert))
+                    if imp is not None and imp.shape != (weights.shape[-1],):
+                        raise ConversionError(
+                            f"tensor {st.source.name!r}: the importance matrix has "
+                            f"{imp.shape[0]} columns for it, the tensor {weights.shape[-1]}: "
+                            "measured on another model")
                     try:
-                        w.add(st.kind, st.layer, st.expert, weights)
+                        w.add(st.kind, st.layer, st.expert, weights, importance=imp)
                     except ColibriError as exc:
                         raise ConversionError(f"tensor {st.source.name!r}: {exc}") from exc
                     del weights
@@ -471,8 +489,11 @@ def _encdec_exporter(model_dir, model, num_experts=None, top_k=None, max_seq_len
                      max_batch=1, quant="int8", quantize_router=None, quantize_experts=None,
                      quantize_attention=None, quantize_embedding=None, quantize_lm_head=None,
                      group_size=32, byte_order="little", output=None, progress=None,
-                     tokenizer=True, warn=None):
+                     tokenizer=True, warn=None, imatrix=None):
     """ColibriExporter's options applied to an encoder-decoder model."""
+    if imatrix is not None:
+        raise ConversionError("an importance matrix (--imatrix, --calibration) is for "
+                              "decoder-only models; convert Switch Transformers without it")
     from .convert_encdec import EncDecExporter
     dtypes = ColibriExporter._dtypes(quant, router=quantize_router, experts=quantize_experts,
                                      attention=quantize_attention, embedding=quantize_embedding,
@@ -516,7 +537,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quant", choices=tuple(PRESETS), default="int8",
                    help="preset: int8 = router int16, experts/attention int8, embedding "
                         "int16, lm_head int8; q4 = the 4-bit mix (docs/FORMAT.md 4: "
-                        "Q4_K, Q6_K for attention values and the LM head; rows not a "
+                        "Q4_K, Q6_K for attention keys/values/output and the LM head; rows not a "
                         "multiple of 256 wide Q4_0 / int8); f32 = exact "
                         "(default: %(default)s)")
     for option in QUANT_CHOICES:
@@ -539,6 +560,18 @@ def add_parser(subparsers) -> None:
                    help="byte order of the file (big for PowerPC; default: %(default)s)")
     p.add_argument("--no-tokenizer", action="store_true",
                    help="leave the checkpoint's tokenizer.json out of the file")
+    calib = p.add_mutually_exclusive_group()
+    calib.add_argument("--calibration", metavar="TEXT_FILE",
+                       help="calibration text: run the float32 model over it first and "
+                            "weight the 4-bit quantisers' error per input column by the "
+                            "mean squared activation there (llama.cpp's imatrix; only the "
+                            "block types Q4_0/Q4_K/Q6_K use it). Text like what the model "
+                            "will see, not the text you evaluate it on")
+    calib.add_argument("--imatrix", metavar="FILE.npz",
+                       help="the same from a file `colibri imatrix HF_DIR --text TEXT_FILE "
+                            "-o FILE.npz` wrote (measure once, convert many times)")
+    p.add_argument("--calibration-tokens", type=int, metavar="N",
+                   help="tokens of --calibration to use (default: 32768)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run)
 
@@ -549,13 +582,25 @@ def _run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"colibri convert: {line}", file=sys.stderr, flush=True)
 
+    imatrix = args.imatrix
+    if args.calibration:
+        from . import imatrix as im
+        try:
+            text = Path(args.calibration).read_bytes()
+        except OSError as exc:
+            raise ConversionError(f"cannot read {args.calibration}: "
+                                  f"{exc.strerror or exc}") from None
+        imatrix = im.from_checkpoint(args.model_dir, text,
+                                     args.calibration_tokens or im.DEFAULT_TOKENS,
+                                     progress=None if args.quiet else progress)
     exporter = ColibriExporter(
         args.model_dir, num_experts=args.num_experts, top_k=args.top_k,
         max_seq_len=args.max_seq_len, max_batch=args.max_batch, quant=args.quant,
         quantize_router=args.router, quantize_experts=args.experts,
         quantize_attention=args.attention, quantize_embedding=args.embedding,
         quantize_lm_head=args.lm_head, group_size=args.group_size,
-        byte_order=args.byte_order, output=args.output, tokenizer=not args.no_tokenizer)
+        byte_order=args.byte_order, output=args.output, tokenizer=not args.no_tokenizer,
+        imatrix=imatrix)
     if args.expert_map:
         exporter.set_expert_weight_mapping(parse_expert_map(args.expert_map))
     if not args.quiet and exporter.checkpoint.nbytes() >= PROGRESS_BYTES:

@@ -237,29 +237,37 @@ PRESET_INT8.update({
 # the tensors most sensitive to quantisation). Rows narrower than a K block
 # fall back per tensor (fit_dtype).
 PRESET_Q4 = dict(PRESET_INT8)
+# Measured by bench/sensitivity.py (KL removed per extra bit, one kind at a
+# time): WV, WK and WO gain 10-20x more per bit from Q6_K than the experts,
+# and are small; the LM head next. With them in Q6_K the bench "small"
+# Mixtral is 4.78 bpw, llama.cpp's Q4_K_M of it 4.97 (whose Q6_K on
+# ffn_down in half the layers would cost us +0.29 bpw).
 PRESET_Q4.update({
     Kind.EMBED: DType.Q4_K,
     Kind.LM_HEAD: DType.Q6_K,
-    **{k: DType.Q4_K for k in (Kind.WQ, Kind.WK, Kind.WO, *EXPERT_KINDS,
-                               Kind.XWQ, Kind.XWK, Kind.XWO, *SHARED_KINDS, *DENSE_KINDS)},
-    Kind.WV: DType.Q6_K,
-    Kind.XWV: DType.Q6_K,
+    **{k: DType.Q4_K for k in (Kind.WQ, *EXPERT_KINDS, Kind.XWQ, *SHARED_KINDS,
+                               *DENSE_KINDS)},
+    **{k: DType.Q6_K for k in (Kind.WK, Kind.WV, Kind.WO, Kind.XWK, Kind.XWV, Kind.XWO)},
 })
 
 # A K block is 256 columns: on a row of another width most of a block would
 # be padding, so the writer stores such a tensor in the type of about the
 # same bits with blocks of 32 (as llama.cpp's llama-quantize falls back):
-# Q4_K -> Q4_0, Q6_K -> I8_GROUP (Q8_0's values with group_size 32).
-NARROW_FALLBACK = {DType.Q4_K: DType.Q4_0, DType.Q6_K: DType.I8_GROUP}
+# Q4_K -> Q4_0, Q6_K -> I8_GROUP (Q8_0's values with group_size 32), or
+# I16_ROW for a kind that cannot be I8_GROUP (the embedding).
+NARROW_FALLBACK = {DType.Q4_K: (DType.Q4_0,), DType.Q6_K: (DType.I8_GROUP, DType.I16_ROW)}
 
 
-def fit_dtype(dtype: DType, cols: int) -> DType:
+def fit_dtype(dtype: DType, cols: int, kind: Kind | None = None) -> DType:
     """The storage type a tensor of `cols` columns gets for the kind's
     `dtype`: the dtype itself unless it is a K type and cols is not a
-    multiple of 256."""
+    multiple of 256; then the first fallback the kind allows."""
     dtype = DType(dtype)
     if dtype in NARROW_FALLBACK and cols % blocks.BLOCK_COLS[dtype]:
-        return NARROW_FALLBACK[dtype]
+        allowed = ALLOWED_DTYPES.get(kind, ()) if kind is not None else None
+        for fb in NARROW_FALLBACK[dtype]:
+            if allowed is None or fb in allowed:
+                return fb
     return dtype
 
 
@@ -724,7 +732,7 @@ class ColibriWriter:
         (fit_dtype: K types fall back on narrow rows) and write them as the
         next section. `importance` [cols] weights the block quantisers'
         error per column (colibri/kquants.py)."""
-        dt = fit_dtype(self.dtypes[kind], np.shape(weights)[-1])
+        dt = fit_dtype(self.dtypes[kind], np.shape(weights)[-1], kind)
         values, scales = quant.encode(weights, dt, self.shape.group_size, importance)
         self.add_encoded(kind, layer, expert, dt, values, scales)
 
