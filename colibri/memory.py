@@ -202,7 +202,7 @@ def planned_entries(shape: fmt.ModelShape, desc: fmt.Description | None, quant: 
     out = []
     for kind, layer, expert in fmt.tensor_order(shape, desc):
         rows, cols = fmt.expected_shape(shape, kind, desc)
-        dt = fmt.fit_dtype(dtypes[kind], cols)
+        dt = fmt.fit_dtype(dtypes[kind], cols, kind)
         out.append(_Entry(int(kind), fmt.NO_INDEX if layer is None else layer,
                           fmt.NO_INDEX if expert is None else expert, int(dt), rows, cols,
                           fmt.section_size(dt, rows, cols, shape.group_size)))
