@@ -973,40 +973,96 @@ BLOCK __m256i lanes_of_tokens_i(const int R, const int T, const int32_t v[BT_MAX
 }
 
 /* Q4_0 block b of R rows x T tokens: lane k = dot = sum_i (q_i - 8) * x_i
- * over the block's 32 columns. */
+ * over the block's 32 columns. Its blocks are small (20 bytes), so the
+ * per-block work around the products matters: with R even, one vector
+ * holds two rows, [row p | row p + R/2] (16 + 16 bytes of qs), against the
+ * token's x halves broadcast to both 128-bit halves; the int16 pair sums of
+ * the low and high nibbles are added (<= 4 * 15 * 127, exact), so a tile
+ * needs R * T / 2 vectors and a 3-hadd tree, then one permute to lane
+ * order t * R + r. */
 BLOCK __m256i q4_0_dots(const int vnni, const int R, const int T,
                         const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
                         const int16_t *const xb[BT_MAXT], uint32_t b)
 {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    __m256i acc[8];
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        /* qs[16] -> [low nibbles = columns 0..15 | high nibbles = 16..31] */
-        const __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(
-            w[r] + (size_t)b * CLB_Q4_0_BYTES + 4));
-        const __m256i q = _mm256_and_si256(
-            _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1), m4);
+    __m256i sums;
+    if (R % 2 == 0) {
+        const int H = R / 2;
+        __m256i xlo[BT_MAXT], xhi[BT_MAXT], v[4];
         UNROLL
-        for (int t = 0; t < T; t++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
-                x[t] + (size_t)b * CLB_Q4_0_COLS));
-            __m256i a;
-            if (vnni) {
-                a = _mm256_setzero_si256();
-                DPBUSD(vnni, a, q, xv);
-            } else {
-                a = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
-            }
-            acc[t * R + r] = a;
+        for (int t = 0; t < T; t++) { /* columns 0..15 and 16..31, in both halves */
+            const int8_t *xt = x[t] + (size_t)b * CLB_Q4_0_COLS;
+            xlo[t] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)xt));
+            xhi[t] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(xt + 16)));
         }
+        UNROLL
+        for (int p = 0; p < H; p++) {
+            const __m256i qs = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(
+                    w[p] + (size_t)b * CLB_Q4_0_BYTES + 4))),
+                _mm_loadu_si128((const __m128i *)(const void *)(w[p + H] + (size_t)b * CLB_Q4_0_BYTES + 4)), 1);
+            const __m256i lo = _mm256_and_si256(qs, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), m4);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                __m256i a;
+                if (vnni) {
+                    a = _mm256_setzero_si256();
+                    DPBUSD(vnni, a, lo, xlo[t]);
+                    DPBUSD(vnni, a, hi, xhi[t]);
+                } else {
+                    a = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]),
+                                                           _mm256_maddubs_epi16(hi, xhi[t])), ones);
+                }
+                v[t * H + p] = a;
+            }
+        }
+        /* low half lane j = vector j's row p, high half its row p + H */
+        const __m256i z = _mm256_setzero_si256();
+        const int NV = R * T / 2;
+        const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], NV > 1 ? v[1] : z),
+                                            _mm256_hadd_epi32(NV > 2 ? v[2] : z, NV > 3 ? v[3] : z));
+        if (H == 4) {
+            sums = s; /* R = 8, T = 1: already rows 0..7 */
+        } else {
+            /* combo k = (t, r) sits in lane t * H + r (r < H) or 4 + t * H + r - H */
+#define Q40_SRC(k) ((k) % R < H ? (k) / R * H + (k) % R : 4 + (k) / R * H + (k) % R - H)
+            sums = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(
+                Q40_SRC(0), Q40_SRC(1), Q40_SRC(2), Q40_SRC(3), Q40_SRC(4) & 7, Q40_SRC(5) & 7,
+                Q40_SRC(6) & 7, Q40_SRC(7) & 7));
+#undef Q40_SRC
+        }
+    } else {
+        __m256i acc[8];
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            /* qs[16] -> [low nibbles = columns 0..15 | high nibbles = 16..31] */
+            const __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(
+                w[r] + (size_t)b * CLB_Q4_0_BYTES + 4));
+            const __m256i q = _mm256_and_si256(
+                _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1), m4);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
+                    x[t] + (size_t)b * CLB_Q4_0_COLS));
+                __m256i a;
+                if (vnni) {
+                    a = _mm256_setzero_si256();
+                    DPBUSD(vnni, a, q, xv);
+                } else {
+                    a = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
+                }
+                acc[t * R + r] = a;
+            }
+        }
+        sums = lane_sums(R * T, acc);
     }
     /* sum (q - 8) x = sum q x - 8 * (sum of the block's 32 xq = XB 2b, 2b+1) */
     int32_t off[BT_MAXT];
     UNROLL
     for (int t = 0; t < T; t++)
         off[t] = 8 * ((int32_t)xb[t][2 * b] + xb[t][2 * b + 1]);
-    return _mm256_sub_epi32(lane_sums(R * T, acc), lanes_of_tokens_i(R, T, off));
+    return _mm256_sub_epi32(sums, lanes_of_tokens_i(R, T, off));
 }
 
 /* A Q4_K block's 8 6-bit scales and mins (clb_q4k_scale_min, done on 32-bit
@@ -1218,7 +1274,12 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
 /* Tile shapes. Decode (one token): BT_DEC_R rows a tile, lanes along rows.
  * Several tokens: BT_R rows x BT_T tokens, each weight block unpacked once
  * per BT_T tokens. */
-enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
+#ifndef XDEC
+#define XDEC 8
+#define XR 4
+#define XT 2
+#endif
+enum { BT_DEC_R = XDEC, BT_R = XR, BT_T = XT };
 
 /* Y[n, rows] for blocks of dtype dt. Rows go in strips of R (whose weights,
  * a few KiB, stay in L1 while every token of the call passes over them), so
