@@ -877,6 +877,498 @@ TGT static void avx2_evex_vnni_matmul_i8(float *Y, const int8_t *Q, const float 
 }
 
 /* ------------------------------------------------------------------------ */
+/* Block types (FORMAT.md 4-5: Q4_0, Q4_K, Q6_K): quantize_act_blk and the
+ * three block matmuls, bit-identical to ref.c's for every n, rows, cols and
+ * tiling (kernels.h).
+ *
+ * Exactness: per (row, token, block) the integer results (Q4_0 dot, Q4_K
+ * isum and msum, Q6_K isum) are exact int32, however the SIMD forms group
+ * the products; the float work per block is ref's, one unfused operation at
+ * a time in FORMAT.md 5's order, blocks in order.
+ *
+ * Tiles: a tile is R rows x T tokens (R * T <= 8 "combos"), and every vector
+ * of per-combo values has lane k = t * R + r. Per block, each combo's
+ * products go into its own 8 x int32 accumulator (the lane sum is the
+ * integer result); lane_sums turns the R * T accumulators into one vector
+ * with combo k's sum in lane k (an exact hadd tree), and the block's float
+ * update then runs for all combos in one vector: the d / dmin of the rows
+ * and the xs of the tokens are laid out in the same lanes. Each weight
+ * block is loaded and unpacked once per tile, i.e. once for T tokens; the
+ * activations are loaded once per row.
+ *
+ * Integer forms (q = the stored unsigned value, x = xq in [-127, 127]):
+ * - vpmaddubsw (u8 q x s8 x, int16 pair sums) takes the unsigned weights
+ *   directly: pairs <= 2 * 63 * 127 = 16002, no saturation.
+ * - Q4_K / Q6_K multiply the int16 pair sums by the sub-block scale with
+ *   vpmaddwd (scale broadcast as int16 over the sub-block's lanes), which
+ *   also widens to int32; with VNNI vpdpwssd does multiply, widen and add.
+ * - Offsets: Q4_0's q - 8 and Q6_K's q - 32 are applied as 8 * (sum of xq)
+ *   and 32 * sum_j sc_j * bsum_j from XB (the sums of 16 that
+ *   quantize_act_blk provides); Q4_K's mins likewise use XB.
+ * - Q4_0 with VNNI: vpdpbusd (u8 q x s8 x, 4 products per int32 lane).
+ * Bounds (int32 exact): Q4_K lanes <= 8 * 2 * 3810 * 63, Q6_K <= 8 * 2 *
+ * 16002 * 128 and the correction <= 32 * 16 * 128 * 2032. */
+
+enum { BT_MAXT = 8 }; /* tokens per tile at most (R = 1, T = 8) */
+
+/* acc + madd(p, s): the int16 products p times int16 scales s, pairs summed
+ * into int32 lanes. VNNI: one vpdpwssd (vnni = 1 VEX, 2 EVEX, as DPBUSD). */
+BLOCK __m256i scaled_acc(const int vnni, __m256i acc, __m256i p, __m256i s)
+{
+    if (vnni == 2) {
+        __asm__("%{evex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(p), "x"(s));
+        return acc;
+    }
+    if (vnni) {
+        __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(p), "x"(s));
+        return acc;
+    }
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+}
+
+/* a[k] for the NK = R * T combos of a tile -> lane k = the exact int32 sum
+ * of a[k]'s 8 lanes (lanes from NK on: 0 or don't care). */
+BLOCK __m256i lane_sums(const int NK, const __m256i a[8])
+{
+    if (NK == 8) {
+        /* hadd pairs within 128-bit halves: g0 = [a0..a3 low-half sums |
+         * a0..a3 high-half sums], g1 the same for a4..a7 */
+        const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]),
+                                             _mm256_hadd_epi32(a[2], a[3]));
+        const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]),
+                                             _mm256_hadd_epi32(a[6], a[7]));
+        return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20),
+                                _mm256_permute2x128_si256(g0, g1, 0x31));
+    }
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i g = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], NK > 1 ? a[1] : z),
+                                        _mm256_hadd_epi32(NK > 2 ? a[2] : z, NK > 3 ? a[3] : z));
+    return _mm256_zextsi128_si256(_mm_add_epi32(_mm256_castsi256_si128(g),
+                                                _mm256_extracti128_si256(g, 1)));
+}
+
+/* Lane k = v[k % R]: a per-row value (a block's d) for each of the tile's
+ * combos. */
+BLOCK __m256 lanes_of_rows(const int R, const float v[MAXR])
+{
+    return _mm256_setr_ps(v[0 % R], v[1 % R], v[2 % R], v[3 % R], v[4 % R], v[5 % R],
+                          v[6 % R], v[7 % R]);
+}
+
+/* Lane k = v[k / R] (0 from R * T on): a per-token value (xs) per combo. */
+BLOCK __m256 lanes_of_tokens(const int R, const int T, const float v[BT_MAXT])
+{
+#define BT_TOK(k) ((k) < R * T ? v[(k) / R] : 0.0f)
+    return _mm256_setr_ps(BT_TOK(0), BT_TOK(1), BT_TOK(2), BT_TOK(3), BT_TOK(4), BT_TOK(5),
+                          BT_TOK(6), BT_TOK(7));
+#undef BT_TOK
+}
+
+BLOCK __m256i lanes_of_tokens_i(const int R, const int T, const int32_t v[BT_MAXT])
+{
+#define BT_TOK(k) ((k) < R * T ? v[(k) / R] : 0)
+    return _mm256_setr_epi32(BT_TOK(0), BT_TOK(1), BT_TOK(2), BT_TOK(3), BT_TOK(4), BT_TOK(5),
+                             BT_TOK(6), BT_TOK(7));
+#undef BT_TOK
+}
+
+/* Q4_0 block b of R rows x T tokens: lane k = dot = sum_i (q_i - 8) * x_i
+ * over the block's 32 columns. Its blocks are small (20 bytes), so the
+ * per-block work around the products matters: with R even, one vector
+ * holds two rows, [row p | row p + R/2] (16 + 16 bytes of qs), against the
+ * token's x halves broadcast to both 128-bit halves; the int16 pair sums of
+ * the low and high nibbles are added (<= 4 * 15 * 127, exact), so a tile
+ * needs R * T / 2 vectors and a 3-hadd tree, then one permute to lane
+ * order t * R + r. */
+BLOCK __m256i q4_0_dots(const int vnni, const int R, const int T,
+                        const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
+                        const int16_t *const xb[BT_MAXT], uint32_t b)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256i sums;
+    if (R % 2 == 0) {
+        const int H = R / 2;
+        __m256i xlo[BT_MAXT], xhi[BT_MAXT], v[4];
+        UNROLL
+        for (int t = 0; t < T; t++) { /* columns 0..15 and 16..31, in both halves */
+            const int8_t *xt = x[t] + (size_t)b * CLB_Q4_0_COLS;
+            xlo[t] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)xt));
+            xhi[t] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(xt + 16)));
+        }
+        UNROLL
+        for (int p = 0; p < H; p++) {
+            const __m256i qs = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(
+                    w[p] + (size_t)b * CLB_Q4_0_BYTES + 4))),
+                _mm_loadu_si128((const __m128i *)(const void *)(w[p + H] + (size_t)b * CLB_Q4_0_BYTES + 4)), 1);
+            const __m256i lo = _mm256_and_si256(qs, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), m4);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                __m256i a;
+                if (vnni) {
+                    a = _mm256_setzero_si256();
+                    DPBUSD(vnni, a, lo, xlo[t]);
+                    DPBUSD(vnni, a, hi, xhi[t]);
+                } else {
+                    a = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]),
+                                                           _mm256_maddubs_epi16(hi, xhi[t])), ones);
+                }
+                v[t * H + p] = a;
+            }
+        }
+        /* low half lane j = vector j's row p, high half its row p + H */
+        const __m256i z = _mm256_setzero_si256();
+        const int NV = R * T / 2;
+        const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], NV > 1 ? v[1] : z),
+                                            _mm256_hadd_epi32(NV > 2 ? v[2] : z, NV > 3 ? v[3] : z));
+        if (H == 4) {
+            sums = s; /* R = 8, T = 1: already rows 0..7 */
+        } else {
+            /* combo k = (t, r) sits in lane t * H + r (r < H) or 4 + t * H + r - H */
+#define Q40_SRC(k) ((k) % R < H ? (k) / R * H + (k) % R : 4 + (k) / R * H + (k) % R - H)
+            sums = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(
+                Q40_SRC(0), Q40_SRC(1), Q40_SRC(2), Q40_SRC(3), Q40_SRC(4) & 7, Q40_SRC(5) & 7,
+                Q40_SRC(6) & 7, Q40_SRC(7) & 7));
+#undef Q40_SRC
+        }
+    } else {
+        __m256i acc[8];
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            /* qs[16] -> [low nibbles = columns 0..15 | high nibbles = 16..31] */
+            const __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(
+                w[r] + (size_t)b * CLB_Q4_0_BYTES + 4));
+            const __m256i q = _mm256_and_si256(
+                _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1), m4);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
+                    x[t] + (size_t)b * CLB_Q4_0_COLS));
+                __m256i a;
+                if (vnni) {
+                    a = _mm256_setzero_si256();
+                    DPBUSD(vnni, a, q, xv);
+                } else {
+                    a = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
+                }
+                acc[t * R + r] = a;
+            }
+        }
+        sums = lane_sums(R * T, acc);
+    }
+    /* sum (q - 8) x = sum q x - 8 * (sum of the block's 32 xq = XB 2b, 2b+1) */
+    int32_t off[BT_MAXT];
+    UNROLL
+    for (int t = 0; t < T; t++)
+        off[t] = 8 * ((int32_t)xb[t][2 * b] + xb[t][2 * b + 1]);
+    return _mm256_sub_epi32(sums, lanes_of_tokens_i(R, T, off));
+}
+
+/* A Q4_K block's 8 6-bit scales and mins (clb_q4k_scale_min, done on 32-bit
+ * words as llama.cpp does): *scb = [sc0..sc7 | sc0..sc7] int16 (both halves,
+ * for the per-sub-block broadcasts), *mdup = [m0 m0 m1 m1 .. m7 m7] int16
+ * (lined up with the block's 16 XB sums: sub-block j is XB 2j, 2j+1). */
+TGT static inline void q4k_scales_mins(const uint8_t *sc12, __m256i *scb, __m256i *mdup)
+{
+    uint32_t u[3];
+    memcpy(u, sc12, 12);
+    const uint32_t sc03 = u[0] & 0x3f3f3f3fu;
+    const uint32_t sc47 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    const uint32_t m03 = u[1] & 0x3f3f3f3fu;
+    const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    const __m128i sc = _mm_cvtepu8_epi16(_mm_setr_epi32((int)sc03, (int)sc47, 0, 0));
+    const __m128i m = _mm_cvtepu8_epi16(_mm_setr_epi32((int)m03, (int)m47, 0, 0));
+    *scb = _mm256_broadcastsi128_si256(sc);
+    *mdup = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(m, m)),
+                                    _mm_unpackhi_epi16(m, m), 1);
+}
+
+/* Q4_K block b of R rows x T tokens: lane k of *isum = sum_j sc_j * dot_j,
+ * of *msum = sum_j m_j * bsum_j. */
+BLOCK void q4k_sums(const int vnni, const int R, const int T, __m256i *isum, __m256i *msum,
+                    const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
+                    const int16_t *const xb[BT_MAXT], uint32_t b)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i acc[8], macc[8];
+    UNROLL
+    for (int k = 0; k < R * T; k++)
+        acc[k] = _mm256_setzero_si256();
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        const uint8_t *blk = w[r] + (size_t)b * CLB_Q4_K_BYTES;
+        __m256i scb, mdup;
+        q4k_scales_mins(blk + 8, &scb, &mdup);
+        /* qs bytes 32c..32c+32: low nibbles sub-block 2c (columns 64c..+32),
+         * high nibbles sub-block 2c + 1 (64c + 32..+32) */
+        UNROLL
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 20 + 32 * c));
+            const __m256i lo = _mm256_and_si256(q, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            /* int16 lane pattern (2j, 2j+1) picks sc_j into every int16 */
+            const __m256i slo = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
+            const __m256i shi = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                const int8_t *xc = x[t] + (size_t)b * CLB_QK_COLS + 64 * c;
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)xc);
+                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(xc + 32));
+                acc[t * R + r] = scaled_acc(vnni, acc[t * R + r], _mm256_maddubs_epi16(lo, x0), slo);
+                acc[t * R + r] = scaled_acc(vnni, acc[t * R + r], _mm256_maddubs_epi16(hi, x1), shi);
+            }
+        }
+        UNROLL
+        for (int t = 0; t < T; t++)
+            macc[t * R + r] = _mm256_madd_epi16(mdup, _mm256_loadu_si256(
+                (const __m256i *)(const void *)(xb[t] + (size_t)b * 16)));
+    }
+    *isum = lane_sums(R * T, acc);
+    *msum = lane_sums(R * T, macc);
+}
+
+/* Q6_K block b of R rows x T tokens: lane k = isum = sum_j sc_j * dot_j
+ * with dot_j over (q - 32) * x. The 6-bit q of columns 32i..32i+32 (i =
+ * 4h + s): low 4 bits from ql[64h + 32(s%2) ..] (low nibbles for s < 2,
+ * high for s >= 2), high 2 bits from qh[32h ..] bits 2s, 2s+1 (FORMAT.md
+ * 4). Byte shifts do not exist, so 16-bit shifts then masks that keep
+ * only bits of the same byte. */
+BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
+                       const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
+                       const int16_t *const xb[BT_MAXT], uint32_t b)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    __m256i acc[8];
+    UNROLL
+    for (int k = 0; k < R * T; k++)
+        acc[k] = _mm256_setzero_si256();
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        const uint8_t *blk = w[r] + (size_t)b * CLB_Q6_K_BYTES;
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 196));
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 4 + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 36 + 64 * h));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 132 + 32 * h));
+            UNROLL
+            for (int s = 0; s < 4; s++) {
+                const __m256i l4 = s == 0 ? _mm256_and_si256(ql0, m4)
+                                 : s == 1 ? _mm256_and_si256(ql1, m4)
+                                 : s == 2 ? _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4)
+                                          : _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
+                const __m256i h2 = s == 0 ? _mm256_slli_epi16(qh, 4)
+                                 : s == 1 ? _mm256_slli_epi16(qh, 2)
+                                 : s == 2 ? qh : _mm256_srli_epi16(qh, 2);
+                const __m256i q = _mm256_or_si256(l4, _mm256_and_si256(h2, m30));
+                /* [sc_2i x 8 | sc_2i+1 x 8] int16: the two 16-column
+                 * sub-blocks of these 32 columns */
+                const int i = 4 * h + s;
+                const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    sc8, _mm_set_epi64x((long long)(0x0101010101010101ull * (unsigned)(2 * i + 1)),
+                                        (long long)(0x0101010101010101ull * (unsigned)(2 * i)))));
+                UNROLL
+                for (int t = 0; t < T; t++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
+                        x[t] + (size_t)b * CLB_QK_COLS + 32 * i));
+                    acc[t * R + r] = scaled_acc(vnni, acc[t * R + r], _mm256_maddubs_epi16(q, xv), scv);
+                }
+            }
+        }
+        /* - 32 * sum_j sc_j * bsum_j (bsum_j = XB entry j of the block) */
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256(
+                (const __m256i *)(const void *)(xb[t] + (size_t)b * 16)));
+            acc[t * R + r] = _mm256_sub_epi32(acc[t * R + r], _mm256_slli_epi32(corr, 5));
+        }
+    }
+    return lane_sums(R * T, acc);
+}
+
+/* Y[t0 + t, r0 + r] = lane t * R + r of v. */
+BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t rows,
+                      uint32_t r0, uint32_t t0)
+{
+    if (T == 1 && R == 8) {
+        _mm256_storeu_ps(Y + (size_t)t0 * rows + r0, v);
+        return;
+    }
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    UNROLL
+    for (int t = 0; t < T; t++)
+        memcpy(Y + (size_t)(t0 + t) * rows + r0, l + t * R, (size_t)R * sizeof(float));
+}
+
+/* Bytes and columns of a block of dtype dt (a compile-time constant). */
+#define BT_BYTES(dt) ((dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES \
+                      : (dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES)
+#define BT_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_COLS : CLB_QK_COLS)
+
+/* Y[t0 .. t0 + T, r0 .. r0 + R) for blocks of dtype dt: per block the
+ * integer results of all combos (q4_0_dots, q4k_sums, q6k_sums), then ref's
+ * float update in lanes, blocks in order. With `prefetch`, the next R rows
+ * (the next tile's weights, contiguous) are requested into L2 at the pace
+ * this tile reads its own: one tile's rows are a few KiB, and the hardware
+ * prefetchers restart at every 4 KiB page (PREFETCH at i8_matmul). */
+BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T, float *Y,
+                    const uint8_t *W, const int8_t *XQ, const float *XS, const int16_t *XB,
+                    uint32_t rows, uint32_t nb, uint32_t r0, uint32_t t0, int prefetch)
+{
+    const uint32_t bytes = BT_BYTES(dt), B = BT_COLS(dt);
+    const size_t row_bytes = (size_t)nb * bytes;
+    const uint8_t *w[MAXR];
+    const int8_t *x[BT_MAXT];
+    const int16_t *xb[BT_MAXT];
+    const float *xs[BT_MAXT];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        w[r] = W + (size_t)(r0 + r) * row_bytes;
+    UNROLL
+    for (int t = 0; t < T; t++) {
+        x[t] = XQ + (size_t)(t0 + t) * nb * B;
+        xb[t] = XB + (size_t)(t0 + t) * nb * (B / 16);
+        xs[t] = XS + (size_t)(t0 + t) * nb;
+    }
+    const uint8_t *next = w[0] + (size_t)R * row_bytes;
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        if (prefetch)
+            for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
+                _mm_prefetch((const char *)(next + (size_t)b * R * bytes + o), _MM_HINT_T1);
+        float xsb[BT_MAXT], d[MAXR];
+        UNROLL
+        for (int t = 0; t < T; t++)
+            xsb[t] = xs[t][b];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            d[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 0);
+        const __m256 xsv = lanes_of_tokens(R, T, xsb), dv = lanes_of_rows(R, d);
+        if (dt == COLIBRI_DTYPE_Q4_0) {
+            /* acc += float(dot) * (d * xs) */
+            const __m256i dot = q4_0_dots(vnni, R, T, w, x, xb, b);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dv, xsv)));
+        } else if (dt == COLIBRI_DTYPE_Q4_K) {
+            /* acc += xs * (d * float(isum) - dmin * float(msum)) */
+            float dm[MAXR];
+            UNROLL
+            for (int r = 0; r < R; r++)
+                dm[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 4);
+            __m256i isum, msum;
+            q4k_sums(vnni, R, T, &isum, &msum, w, x, xb, b);
+            const __m256 dd = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(isum));
+            const __m256 mm = _mm256_mul_ps(lanes_of_rows(R, dm), _mm256_cvtepi32_ps(msum));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(xsv, _mm256_sub_ps(dd, mm)));
+        } else {
+            /* acc += xs * (d * float(isum)) */
+            const __m256i isum = q6k_sums(vnni, R, T, w, x, xb, b);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(xsv, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(isum))));
+        }
+    }
+    store_tile(R, T, acc, Y, rows, r0, t0);
+}
+
+/* Tile shapes. Decode (one token): BT_DEC_R rows a tile, lanes along rows.
+ * Several tokens: BT_R rows x BT_T tokens, each weight block unpacked once
+ * per BT_T tokens. */
+/* (Measured on Zen 4, test_kernels --bench: decode R = 8 beat R = 4 by
+ * 1.3-1.8x on Q4_0 and Q6_K; for prefill 4 x 2 beat 2 x 4 and 8 x 1 on Q4_0
+ * and Q4_K, 2 x 4 was within noise on Q6_K. A gather for the rows' d lanes
+ * was slower than the scalar loads: Q4_0 prefill 100 -> 78 GOPS.) */
+enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
+
+/* Y[n, rows] for blocks of dtype dt. Rows go in strips of R (whose weights,
+ * a few KiB, stay in L1 while every token of the call passes over them), so
+ * each weight is read from memory once per call; the activations (n x
+ * padded cols) come from L2. Rows past the last whole strip go one at a time
+ * (R = 1, 8 tokens a tile). Every tile computes each of its outputs with
+ * ref's operations in ref's order, so no tiling, here or by the caller,
+ * changes a bit. */
+BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t *W,
+                      const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
+                      uint32_t rows, uint32_t cols)
+{
+    const uint32_t nb = (cols + BT_COLS(dt) - 1) / BT_COLS(dt);
+    uint32_t r = 0;
+    if (n == 1) {
+        for (; r + BT_DEC_R <= rows; r += BT_DEC_R)
+            blk_tile(vnni, dt, BT_DEC_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 0,
+                     r + 2 * BT_DEC_R <= rows);
+    }
+    for (; r + BT_R <= rows; r += BT_R) {
+        const int prefetch = r + 2 * BT_R <= rows;
+        uint32_t t = 0;
+        for (; t + BT_T <= n; t += BT_T)
+            blk_tile(vnni, dt, BT_R, BT_T, Y, W, XQ, XS, XB, rows, nb, r, t, prefetch && t == 0);
+        for (; t < n; t++)
+            blk_tile(vnni, dt, BT_R, 1, Y, W, XQ, XS, XB, rows, nb, r, t, prefetch && t == 0);
+    }
+    for (; r < rows; r++) {
+        uint32_t t = 0;
+        for (; t + BT_MAXT <= n; t += BT_MAXT)
+            blk_tile(vnni, dt, 1, BT_MAXT, Y, W, XQ, XS, XB, rows, nb, r, t, 0);
+        for (; t < n; t++)
+            blk_tile(vnni, dt, 1, 1, Y, W, XQ, XS, XB, rows, nb, r, t, 0);
+    }
+}
+
+/* The three dtypes x three integer forms (0 plain AVX2, 1 VEX VNNI, 2 EVEX
+ * VNNI), each its own instance. */
+#define BT_ENTRY(name, vnni, dt)                                                        \
+    static __attribute__((noinline)) TGT void name(                                    \
+        float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,                  \
+        const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)                    \
+    {                                                                                   \
+        blk_matmul(vnni, dt, Y, W, XQ, XS, XB, n, rows, cols);                          \
+    }
+BT_ENTRY(avx2_matmul_q4_0, 0, COLIBRI_DTYPE_Q4_0)
+BT_ENTRY(avx2_matmul_q4_k, 0, COLIBRI_DTYPE_Q4_K)
+BT_ENTRY(avx2_matmul_q6_k, 0, COLIBRI_DTYPE_Q6_K)
+BT_ENTRY(avx2_vnni_matmul_q4_0, 1, COLIBRI_DTYPE_Q4_0)
+BT_ENTRY(avx2_vnni_matmul_q4_k, 1, COLIBRI_DTYPE_Q4_K)
+BT_ENTRY(avx2_vnni_matmul_q6_k, 1, COLIBRI_DTYPE_Q6_K)
+BT_ENTRY(avx2_evex_vnni_matmul_q4_0, 2, COLIBRI_DTYPE_Q4_0)
+BT_ENTRY(avx2_evex_vnni_matmul_q4_k, 2, COLIBRI_DTYPE_Q4_K)
+BT_ENTRY(avx2_evex_vnni_matmul_q6_k, 2, COLIBRI_DTYPE_Q6_K)
+#undef BT_ENTRY
+
+/* The sums of each 16 consecutive xq[0 .. len) (len a multiple of 32) into
+ * xb: vpsadbw sums 8 unsigned bytes exactly, so the bytes are biased by
+ * +128 (xor 0x80) and 16 * 128 taken off again. */
+TGT static void sums16(int16_t *xb, const int8_t *xq, size_t len)
+{
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (size_t c = 0; c < len; c += 32) {
+        const __m256i v = _mm256_sad_epu8(
+            _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(xq + c)), bias),
+            _mm256_setzero_si256());
+        /* 64-bit lanes: sums of bytes 0-7, 8-15 | 16-23, 24-31 */
+        const __m256i s = _mm256_add_epi64(v, _mm256_bsrli_epi128(v, 8));
+        xb[c / 16] = (int16_t)(_mm256_extract_epi32(s, 0) - 16 * 128);
+        xb[c / 16 + 1] = (int16_t)(_mm256_extract_epi32(s, 4) - 16 * 128);
+    }
+}
+
+/* ref's quantize_act_blk: the real columns as quantize_act_i8 with group
+ * `block` (avx2_quantize_act_i8 is bit-identical to ref's), zeros to the
+ * padded width, then the sums of 16. */
+TGT static void avx2_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const float *X,
+                                      uint32_t n, uint32_t cols, uint32_t block)
+{
+    const uint32_t nb = (cols + block - 1) / block;
+    const size_t padded = (size_t)nb * block;
+    for (uint32_t t = 0; t < n; t++) {
+        int8_t *xq = XQ + (size_t)t * padded;
+        avx2_quantize_act_i8(xq, XS + (size_t)t * nb, X + (size_t)t * cols, 1, cols, block);
+        memset(xq + cols, 0, padded - cols);
+        sums16(XB + (size_t)t * (padded / 16), xq, padded);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 
 static const colibri_kernels avx2_kernels = {
     "avx2",
@@ -884,10 +1376,10 @@ static const colibri_kernels avx2_kernels = {
     avx2_quantize_act_i8,
     avx2_matmul_i8,
     avx2_matmul_i16,
-    clb_ref_quantize_act_blk,
-    clb_ref_matmul_q4_0,
-    clb_ref_matmul_q4_k,
-    clb_ref_matmul_q6_k,
+    avx2_quantize_act_blk,
+    avx2_matmul_q4_0,
+    avx2_matmul_q4_k,
+    avx2_matmul_q6_k,
 };
 
 /* The same with vpdpbusd for the int8 dot products ("avx2-vnni"): VEX
@@ -904,10 +1396,10 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_quantize_act_i8,
     avx2_vnni_matmul_i8,
     avx2_matmul_i16,
-    clb_ref_quantize_act_blk,
-    clb_ref_matmul_q4_0,
-    clb_ref_matmul_q4_k,
-    clb_ref_matmul_q6_k,
+    avx2_quantize_act_blk,
+    avx2_vnni_matmul_q4_0,
+    avx2_vnni_matmul_q4_k,
+    avx2_vnni_matmul_q6_k,
 };
 
 static const colibri_kernels avx2_evex_vnni_kernels = {
@@ -916,10 +1408,10 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_quantize_act_i8,
     avx2_evex_vnni_matmul_i8,
     avx2_matmul_i16,
-    clb_ref_quantize_act_blk,
-    clb_ref_matmul_q4_0,
-    clb_ref_matmul_q4_k,
-    clb_ref_matmul_q6_k,
+    avx2_quantize_act_blk,
+    avx2_evex_vnni_matmul_q4_0,
+    avx2_evex_vnni_matmul_q4_k,
+    avx2_evex_vnni_matmul_q6_k,
 };
 
 /* 1: AVX-VNNI (VEX), 2: AVX512-VNNI with AVX512VL (EVEX; libgcc's

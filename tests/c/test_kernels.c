@@ -865,6 +865,123 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
     free(xs_out);
 }
 
+/* --bench, block types: each block kernel with its activations from
+ * quantize_act_blk. The weights rotate through copies filling BB_ROTATE
+ * bytes (more than any L3 of this class of machine), so each call reads its
+ * weights from memory as a model's layers do, not from a cache warm from
+ * the previous call. Figures: ms per call, GB/s of weight bytes read, and
+ * GOPS (2 per multiply-add). */
+#define BB_ROTATE (96u << 20)
+
+typedef struct {
+    unsigned dtype;
+    uint32_t n, rows, cols, copies;
+    size_t wbytes; /* one copy */
+    const uint8_t *w;
+    const int8_t *xq;
+    const float *xs;
+    const int16_t *xb;
+    float *y;
+} blk_bench_args;
+
+static void blk_bench_call(const colibri_kernels *k, const blk_bench_args *a, uint32_t i)
+{
+    const uint8_t *w = a->w + (size_t)(i % a->copies) * a->wbytes;
+    if (a->dtype == COLIBRI_DTYPE_Q4_0)
+        k->matmul_q4_0(a->y, w, a->xq, a->xs, a->xb, a->n, a->rows, a->cols);
+    else if (a->dtype == COLIBRI_DTYPE_Q4_K)
+        k->matmul_q4_k(a->y, w, a->xq, a->xs, a->xb, a->n, a->rows, a->cols);
+    else
+        k->matmul_q6_k(a->y, w, a->xq, a->xs, a->xb, a->n, a->rows, a->cols);
+}
+
+/* Seconds per call: best of several timed batches (as time_call). */
+static double blk_time_call(const colibri_kernels *k, const blk_bench_args *a)
+{
+    uint32_t i = 0;
+    blk_bench_call(k, a, i++);
+    double best = 1e30, total = 0;
+    for (int batch = 0; batch < 5 && total < 1.5; batch++) {
+        int reps = 0;
+        double t0 = now_s(), t1;
+        do {
+            blk_bench_call(k, a, i++);
+            reps++;
+            t1 = now_s();
+        } while (t1 - t0 < 0.1);
+        total += t1 - t0;
+        if ((t1 - t0) / reps < best)
+            best = (t1 - t0) / reps;
+    }
+    return best;
+}
+
+static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels **opt, int nopt,
+                             const char *filter)
+{
+    static const uint32_t shapes[][3] = {
+        {1, 2816, 1024}, {1, 1024, 2816}, {4, 2816, 1024}, {8, 2816, 1024},
+        {128, 2816, 1024}, {128, 1024, 2816},
+    };
+    static const char *names[] = {"matmul_q4_0", "matmul_q4_k", "matmul_q6_k"};
+    const uint32_t maxn = 128, maxc = 2816;
+    uint8_t *w = xmalloc(BB_ROTATE + (4u << 20));
+    float *x = xmalloc((size_t)maxn * maxc * sizeof(float));
+    int8_t *xq = xmalloc((size_t)maxn * 3072);
+    float *xs = xmalloc((size_t)maxn * 96 * sizeof(float));
+    int16_t *xb = xmalloc((size_t)maxn * 3072 / 16 * sizeof(int16_t));
+    float *y = xmalloc((size_t)maxn * 2816 * sizeof(float));
+    for (size_t i = 0; i < (size_t)maxn * maxc; i++)
+        x[i] = rng_sym();
+    printf("\n%-12s %-14s %8s %7s %7s", "block kernel", "n x rows x cols", "ref ms", "GB/s", "GOPS");
+    for (int i = 0; i < nopt; i++)
+        printf(" | %9s ms %7s %7s %6s", opt[i]->name, "GB/s", "GOPS", "x ref");
+    printf("\n");
+    for (size_t d = 0; d < LEN(BLK_DTYPES); d++) {
+        const unsigned dtype = BLK_DTYPES[d];
+        for (size_t sh = 0; sh < LEN(shapes); sh++) {
+            blk_bench_args a;
+            a.dtype = dtype;
+            a.n = shapes[sh][0];
+            a.rows = shapes[sh][1];
+            a.cols = shapes[sh][2];
+            char shape[32];
+            snprintf(shape, sizeof shape, "%ux%ux%u", a.n, a.rows, a.cols);
+            if (filter && !strstr(names[d], filter) && !strstr(shape, filter))
+                continue;
+            const uint32_t B = blk_cols_of(dtype), nb = (a.cols + B - 1) / B;
+            a.wbytes = (size_t)a.rows * nb * blk_bytes_of(dtype);
+            a.copies = (uint32_t)(BB_ROTATE / a.wbytes) + 1;
+            fill_blocks(w, dtype, (size_t)a.rows * nb);
+            for (uint32_t c = 1; c < a.copies; c++)
+                memcpy(w + (size_t)c * a.wbytes, w, a.wbytes);
+            ref->quantize_act_blk(xq, xs, xb, x, a.n, a.cols, B);
+            a.w = w;
+            a.xq = xq;
+            a.xs = xs;
+            a.xb = xb;
+            a.y = y;
+            const double ops = 2.0 * a.n * a.rows * a.cols;
+            double tr = blk_time_call(ref, &a);
+            printf("%-12s %-14s %8.3f %7.2f %7.2f", names[d], shape, tr * 1e3,
+                   (double)a.wbytes / tr * 1e-9, ops / tr * 1e-9);
+            for (int i = 0; i < nopt; i++) {
+                double tk = blk_time_call(opt[i], &a);
+                printf(" | %12.3f %7.2f %7.2f %6.1f", tk * 1e3, (double)a.wbytes / tk * 1e-9,
+                       ops / tk * 1e-9, tr / tk);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+    free(w);
+    free(x);
+    free(xq);
+    free(xs);
+    free(xb);
+    free(y);
+}
+
 int main(int argc, char **argv)
 {
     const colibri_kernels *ref = colibri_kernels_ref();
@@ -908,6 +1025,7 @@ int main(int argc, char **argv)
     }
     if (bench) {
         run_bench(ref, opt, nopt, filter);
+        run_bench_blocks(ref, opt, nopt, filter);
         return 0;
     }
     if (nopt == 0)
