@@ -29,12 +29,35 @@
 #endif
 
 #include "neon_a64_i8.h"
+#include "neon_blocks.h"
 
 void colibri_neon_dotprod_matmul_i8(float *Y, const int8_t *Q, const float *S,
                                     const int8_t *XQ, const float *XS, uint32_t n,
                                     uint32_t rows, uint32_t cols, uint32_t group)
 {
     a64_matmul_i8(Y, Q, S, XQ, XS, n, rows, cols, group);
+}
+
+void colibri_neon_dotprod_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    nb_matmul_q4_0(Y, W, XQ, XS, n, rows, cols);
+}
+
+void colibri_neon_dotprod_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols)
+{
+    nb_matmul_kq(0, Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+void colibri_neon_dotprod_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols)
+{
+    nb_matmul_kq(1, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 #else
