@@ -298,7 +298,7 @@ NB_INLINE void nb_q4_0_tile(const int V, const int T, float *Y, const uint8_t *W
 }
 
 /* Tiles of 4 rows x NB_TP tokens while NB_TP tokens are left, then single
- * tokens with 4 * NB_DV rows in flight (the last rows in a tile of 4). */
+ * tokens with 4 * NB_DV rows in flight (two tile shapes only: code size). */
 NB_INLINE void nb_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
                               const float *XS, uint32_t n, uint32_t rows, uint32_t cols)
 {
@@ -307,13 +307,9 @@ NB_INLINE void nb_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
     for (; t + NB_TP <= n; t += NB_TP)
         for (uint32_t r = 0; r < rows; r += 4)
             nb_q4_0_tile(1, NB_TP, Y, W, XQ, XS, nb, rows, r, t);
-    for (; t < n; t++) {
-        uint32_t r = 0;
-        for (; r + 4 * (NB_DV - 1) < rows && NB_DV > 1; r += 4 * NB_DV)
+    for (; t < n; t++)
+        for (uint32_t r = 0; r < rows; r += 4 * NB_DV)
             nb_q4_0_tile(NB_DV, 1, Y, W, XQ, XS, nb, rows, r, t);
-        for (; r < rows; r += 4)
-            nb_q4_0_tile(1, 1, Y, W, XQ, XS, nb, rows, r, t);
-    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -326,6 +322,26 @@ typedef struct {
     int32_t m[8];    /* Q4_K sub-block mins (0..63) */
     float d, dmin;   /* the block's float fields (dmin: Q4_K only) */
 } nb_kblock;
+
+/* Q4_K's 8 scales and 8 mins (clb_q4k_scale_min) from the 12 bytes
+ * s = a[4] b[4] c[4], bytewise for all j at once: j < 4: sc = a & 63,
+ * m = b & 63; j >= 4: sc = (c & 15) | (a >> 6) << 4, m = (c >> 4) | (b >> 6)
+ * << 4 (a, b, c indexed j - 4). */
+NB_INLINE void nb_q4_k_scales(nb_kblock *u, const uint8_t *s)
+{
+    static const uint8_t low_half[8] = {255, 255, 255, 255, 0, 0, 0, 0};
+    const uint8x8_t ab = vld1_u8(s);     /* a | b */
+    const uint8x8_t bc = vld1_u8(s + 4); /* b | c */
+    /* c & 15 | c >> 4: c is bc's high half and vext(bc, bc, 4)'s low half */
+    const uint8x8_t cn = vbsl_u8(vld1_u8(low_half), vand_u8(vext_u8(bc, bc, 4), vdup_n_u8(15)),
+                                 vshr_n_u8(bc, 4));
+    const uint16x8_t lo = vmovl_u8(vand_u8(ab, vdup_n_u8(63)));               /* sc0..3 m0..3 */
+    const uint16x8_t hi = vmovl_u8(vorr_u8(cn, vshl_n_u8(vshr_n_u8(ab, 6), 4))); /* sc4..7 m4..7 */
+    vst1q_s32(u->sc, vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(lo))));
+    vst1q_s32(u->sc + 4, vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(hi))));
+    vst1q_s32(u->m, vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(lo))));
+    vst1q_s32(u->m + 4, vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(hi))));
+}
 
 /* Q4_K {float d, dmin; uint8 scales[12]; uint8 qs[128]}: sub-block j's
  * 32 values are the low (j even) or high (j odd) nibbles of qs[32 (j/2)
@@ -341,12 +357,7 @@ NB_INLINE void nb_unpack_q4_k(nb_kblock *u, const uint8_t *blk)
         vst1q_u8((uint8_t *)u->q + 64 * k + 32, vshrq_n_u8(q0, 4));
         vst1q_u8((uint8_t *)u->q + 64 * k + 48, vshrq_n_u8(q1, 4));
     }
-    for (unsigned j = 0; j < 8; j++) {
-        uint8_t sc, m;
-        clb_q4k_scale_min(blk + 8, j, &sc, &m);
-        u->sc[j] = sc;
-        u->m[j] = m;
-    }
+    nb_q4_k_scales(u, blk + 8);
     u->d = clb_blk_f32(blk, 0);
     u->dmin = clb_blk_f32(blk, 4);
 }
@@ -470,21 +481,23 @@ NB_INLINE void nb_kq_tile(const int q6, const int V, const int T,
 /* Y[t0 .. t0+nt, r0 .. r0+NB_G) (the rows that exist), nt <= NB_TT: per
  * block, the group's rows unpacked once, then every token of the chunk in
  * tiles of 4 rows x NB_TP tokens, the last tokens one at a time with all
- * NB_G rows in flight. */
+ * NB_G rows in flight (rows past the matrix: copies of the last row,
+ * computed, not stored; two tile shapes only: code size). */
 NB_INLINE void nb_kq_chunk(const int q6, float *Y, const uint8_t *W, const int8_t *XQ,
                            const float *XS, const int16_t *XB, uint32_t nb,
                            uint32_t rows, uint32_t r0, uint32_t t0, uint32_t nt)
 {
     const size_t bytes = q6 ? CLB_Q6_K_BYTES : CLB_Q4_K_BYTES;
-    /* row groups of 4 that hold a real row; the rest are not computed */
+    /* row groups of 4 that hold a real row: the prefill tiles skip the
+     * others */
     const int nv = rows - r0 >= NB_G ? NB_G / 4 : (int)((rows - r0 + 3) / 4);
     nb_acc4 acc[NB_TT][NB_MAXV];
     for (uint32_t t = 0; t < nt; t++)
-        for (int v = 0; v < nv; v++)
+        for (int v = 0; v < NB_DV; v++)
             acc[t][v] = nb_acc_zero();
     for (uint32_t b = 0; b < nb; b++) {
         nb_kblock u[NB_G];
-        for (int i = 0; i < 4 * nv; i++) {
+        for (int i = 0; i < NB_G; i++) {
             const uint8_t *blk = W + ((size_t)nb_row(r0, i, rows) * nb + b) * bytes;
             if (q6)
                 nb_unpack_q6_k(&u[i], blk);
@@ -504,13 +517,8 @@ NB_INLINE void nb_kq_chunk(const int q6, float *Y, const uint8_t *W, const int8_
         for (; t + NB_TP <= nt; t += NB_TP)
             for (int v = 0; v < nv; v++)
                 nb_kq_tile(q6, 1, NB_TP, acc + t, v, u, x + t, xb + t, xs + t);
-        for (; t < nt; t++) {
-            if (nv == NB_DV)
-                nb_kq_tile(q6, NB_DV, 1, acc + t, 0, u, x + t, xb + t, xs + t);
-            else
-                for (int v = 0; v < nv; v++)
-                    nb_kq_tile(q6, 1, 1, acc + t, v, u, x + t, xb + t, xs + t);
-        }
+        for (; t < nt; t++)
+            nb_kq_tile(q6, NB_DV, 1, acc + t, 0, u, x + t, xb + t, xs + t);
     }
     for (uint32_t t = 0; t < nt; t++)
         for (int v = 0; v < nv; v++)
