@@ -30,6 +30,9 @@
  *   On AArch64 ("neon", and "neon-dotprod" whose SDOT form lives in
  *   neon_dotprod.c) the result is bit-identical to ref: each output's float
  *   operations are ref's, in ref's order (neon_a64_i8.h).
+ * - quantize_act_blk: bit-identical to ref (quantize_act_i8 per block).
+ * - matmul_q4_0, matmul_q4_k, matmul_q6_k: bit-identical to ref on both
+ *   ISAs, for any tiling (neon_blocks.h, shared with neon_dotprod.c).
  *
  * Blocking (float kernels, ARMv7 int8): dot-product form as in avx2.c: R
  * weight rows x T tokens, one 4-lane accumulator per pair; weights loaded

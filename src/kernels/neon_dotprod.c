@@ -1,6 +1,7 @@
 /*
- * neon_dotprod.c - the int8 matmul of the AArch64 "neon-dotprod" table
- * (neon.c): neon_a64_i8.h with SDOT for the integer dot products. Part of
+ * neon_dotprod.c - the int8 and block-type matmuls of the AArch64
+ * "neon-dotprod" table (neon.c): neon_a64_i8.h and neon_blocks.h with SDOT
+ * for the integer dot products. Part of
  * the "neon" kernel set (colibri/buildsteps/sources.py); compiles to nothing
  * off AArch64 or without COLIBRI_USE_NEON.
  *
@@ -13,8 +14,9 @@
  * CPU reports the extension (getauxval(AT_HWCAP) & HWCAP_ASIMDDP on
  * Linux): on other cores these instructions would be illegal.
  *
- * Results: bit-identical to ref.c's matmul_i8, as the plain "neon" form
- * (see neon_a64_i8.h).
+ * Results: bit-identical to ref.c's matmul_i8 and block matmuls (Q4_0,
+ * Q4_K, Q6_K), as the plain "neon" forms (see neon_a64_i8.h,
+ * neon_blocks.h).
  */
 #include "kernels.h"
 
