@@ -72,34 +72,42 @@ enum {
 /* ------------------------------------------------------------------------ */
 /* Exact integer dot products. */
 
-/* acc + the 16 products w[i] * x[i], spread over 4 int32 lanes.
- * Without SDOT the products of pairs are summed in int16 first: exact when
- * |w| <= 32 and |x| <= 127 (2 * 32 * 127 = 8128). */
-NB_INLINE int32x4_t nb_dot16(int32x4_t acc, int8x16_t w, int8x16_t x)
+/* p + the products of the high 8 int8 pairs of w and x, as int16. */
+NB_INLINE int16x8_t nb_mlal_high(int16x8_t p, int8x16_t w, int8x16_t x)
 {
-#ifdef __ARM_FEATURE_DOTPROD
-    return vdotq_s32(acc, w, x);
+#ifdef __aarch64__
+    return vmlal_high_s8(p, w, x); /* smlal2: no move of the high halves */
 #else
-    int16x8_t p = vmull_s8(vget_low_s8(w), vget_low_s8(x));
-    p = vmlal_s8(p, vget_high_s8(w), vget_high_s8(x));
-    return vpadalq_s16(acc, p);
+    return vmlal_s8(p, vget_high_s8(w), vget_high_s8(x));
 #endif
 }
 
-/* acc + the 32 products of (w0, w1) and (x0, x1). Without SDOT four
- * products per int16 lane: exact when |w| <= 32 and |x| <= 127 (4 * 32 *
- * 127 = 16256 < 32767): Q4_0 |q - 8| <= 8, Q4_K q <= 15. */
-NB_INLINE int32x4_t nb_dot32(int32x4_t acc, int8x16_t w0, int8x16_t w1,
-                             int8x16_t x0, int8x16_t x1)
+/* The 16 products w[i] * x[i], summed into 4 int32 lanes. Without SDOT
+ * the products of pairs are summed in int16 first: exact when |w| <= 32
+ * and |x| <= 127 (2 * 32 * 127 = 8128). */
+NB_INLINE int32x4_t nb_dot16(int8x16_t w, int8x16_t x)
 {
 #ifdef __ARM_FEATURE_DOTPROD
-    return vdotq_s32(vdotq_s32(acc, w0, x0), w1, x1);
+    return vdotq_s32(vdupq_n_s32(0), w, x);
+#else
+    int16x8_t p = vmull_s8(vget_low_s8(w), vget_low_s8(x));
+    return vpaddlq_s16(nb_mlal_high(p, w, x));
+#endif
+}
+
+/* The 32 products of (w0, w1) and (x0, x1), summed into 4 int32 lanes.
+ * Without SDOT four products per int16 lane: exact when |w| <= 32 and
+ * |x| <= 127 (4 * 32 * 127 = 16256 < 32767): Q4_0 |q - 8| <= 8, Q4_K
+ * q <= 15. */
+NB_INLINE int32x4_t nb_dot32(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x1)
+{
+#ifdef __ARM_FEATURE_DOTPROD
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, x0), w1, x1);
 #else
     int16x8_t p = vmull_s8(vget_low_s8(w0), vget_low_s8(x0));
-    p = vmlal_s8(p, vget_high_s8(w0), vget_high_s8(x0));
+    p = nb_mlal_high(p, w0, x0);
     p = vmlal_s8(p, vget_low_s8(w1), vget_low_s8(x1));
-    p = vmlal_s8(p, vget_high_s8(w1), vget_high_s8(x1));
-    return vpadalq_s16(acc, p);
+    return vpaddlq_s16(nb_mlal_high(p, w1, x1));
 #endif
 }
 
@@ -278,14 +286,13 @@ NB_INLINE void nb_q4_0_tile(const int V, const int T, float *Y, const uint8_t *W
         for (int t = 0; t < T; t++) {
             const int8x16_t x0 = vld1q_s8(x[t] + (size_t)b * CLB_Q4_0_COLS);
             const int8x16_t x1 = vld1q_s8(x[t] + (size_t)b * CLB_Q4_0_COLS + 16);
-            const int32x4_t z = vdupq_n_s32(0);
             NB_UNROLL
             for (int v = 0; v < V; v++) {
                 const int i = 4 * v;
-                const int32x4_t dots = nb_hsum4(nb_dot32(z, lo[i], hi[i], x0, x1),
-                                                nb_dot32(z, lo[i + 1], hi[i + 1], x0, x1),
-                                                nb_dot32(z, lo[i + 2], hi[i + 2], x0, x1),
-                                                nb_dot32(z, lo[i + 3], hi[i + 3], x0, x1));
+                const int32x4_t dots = nb_hsum4(nb_dot32(lo[i], hi[i], x0, x1),
+                                                nb_dot32(lo[i + 1], hi[i + 1], x0, x1),
+                                                nb_dot32(lo[i + 2], hi[i + 2], x0, x1),
+                                                nb_dot32(lo[i + 3], hi[i + 3], x0, x1));
                 acc[v][t] = nb_step_q4_0(acc[v][t], dots, d + i, xs[t][b]);
             }
         }
@@ -421,12 +428,11 @@ NB_INLINE void nb_kq_tile(const int q6, const int V, const int T,
 {
     u += 4 * v0;
     int32x4_t is[4 * NB_MAXV][NB_MAXT];
-    const int32x4_t z = vdupq_n_s32(0);
     NB_UNROLL
     for (int i = 0; i < 4 * V; i++)
         NB_UNROLL
         for (int t = 0; t < T; t++)
-            is[i][t] = z;
+            is[i][t] = vdupq_n_s32(0);
     if (q6) {
         for (int j = 0; j < 16; j++) {
             int8x16_t wv[4 * NB_MAXV];
@@ -438,7 +444,7 @@ NB_INLINE void nb_kq_tile(const int q6, const int V, const int T,
                 const int8x16_t xv = vld1q_s8(x[t] + 16 * j);
                 NB_UNROLL
                 for (int i = 0; i < 4 * V; i++)
-                    is[i][t] = vmlaq_n_s32(is[i][t], nb_dot16(z, wv[i], xv), u[i].sc[j]);
+                    is[i][t] = vmlaq_n_s32(is[i][t], nb_dot16(wv[i], xv), u[i].sc[j]);
             }
         }
     } else {
@@ -455,7 +461,7 @@ NB_INLINE void nb_kq_tile(const int q6, const int V, const int T,
                 const int8x16_t x1 = vld1q_s8(x[t] + 32 * j + 16);
                 NB_UNROLL
                 for (int i = 0; i < 4 * V; i++)
-                    is[i][t] = vmlaq_n_s32(is[i][t], nb_dot32(z, w0[i], w1[i], x0, x1),
+                    is[i][t] = vmlaq_n_s32(is[i][t], nb_dot32(w0[i], w1[i], x0, x1),
                                            u[i].sc[j]);
             }
         }
