@@ -30,6 +30,9 @@
  *   On AArch64 ("neon", and "neon-dotprod" whose SDOT form lives in
  *   neon_dotprod.c) the result is bit-identical to ref: each output's float
  *   operations are ref's, in ref's order (neon_a64_i8.h).
+ * - quantize_act_blk: bit-identical to ref (quantize_act_i8 per block).
+ * - matmul_q4_0, matmul_q4_k, matmul_q6_k: bit-identical to ref on both
+ *   ISAs, for any tiling (neon_blocks.h, shared with neon_dotprod.c).
  *
  * Blocking (float kernels, ARMv7 int8): dot-product form as in avx2.c: R
  * weight rows x T tokens, one 4-lane accumulator per pair; weights loaded
@@ -360,6 +363,63 @@ static void neon_quantize_act_i8(int8_t *XQ, float *XS, const float *X,
 }
 
 /* ------------------------------------------------------------------------ */
+/* quantize_act_blk: bit-identical to ref. */
+
+/* The sum of 16 int8 values (|sum| <= 2032), exact. */
+BLOCK int16_t sum16_s8(const int8_t *q)
+{
+    const int8x16_t v = vld1q_s8(q);
+#ifdef __aarch64__
+    return vaddlvq_s8(v);
+#else
+    const int64x2_t s = vpaddlq_s32(vpaddlq_s16(vpaddlq_s8(v)));
+    return (int16_t)(vgetq_lane_s64(s, 0) + vgetq_lane_s64(s, 1));
+#endif
+}
+
+/* Per token: the real columns exactly as quantize_act_i8 with group
+ * `block` (neon_quantize_act_i8, bit-identical to ref's), zeros up to the
+ * padded row nb * block, then XB = the sums of each 16 XQ values. */
+static void neon_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const float *X,
+                                  uint32_t n, uint32_t cols, uint32_t block)
+{
+    const uint32_t nb = (cols + block - 1) / block;
+    const size_t padded = (size_t)nb * block;
+    for (uint32_t t = 0; t < n; t++) {
+        int8_t *xq = XQ + (size_t)t * padded;
+        int16_t *xb = XB + (size_t)t * (padded / 16);
+        neon_quantize_act_i8(xq, XS + (size_t)t * nb, X + (size_t)t * cols, 1, cols, block);
+        memset(xq + cols, 0, padded - cols);
+        for (size_t s = 0; s < padded / 16; s++)
+            xb[s] = sum16_s8(xq + 16 * s);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Block-quantised weights (neon_blocks.h; SDOT forms in neon_dotprod.c). */
+
+#include "neon_blocks.h" /* without SDOT here: plain ARMv7-A / ARMv8-A */
+
+static void neon_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                             const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    nb_matmul_q4_0(Y, W, XQ, XS, n, rows, cols);
+}
+
+static void neon_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                             const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    nb_matmul_kq(0, Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+static void neon_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                             const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    nb_matmul_kq(1, Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+/* ------------------------------------------------------------------------ */
 #ifndef __aarch64__
 /* matmul_i8 on ARMv7: integer dot products, never dequantising the weights.
  *
@@ -552,10 +612,10 @@ static const colibri_kernels neon_kernels = {
     neon_quantize_act_i8,
     neon_matmul_i8,
     neon_matmul_i16,
-    clb_ref_quantize_act_blk,
-    clb_ref_matmul_q4_0,
-    clb_ref_matmul_q4_k,
-    clb_ref_matmul_q6_k,
+    neon_quantize_act_blk,
+    neon_matmul_q4_0,
+    neon_matmul_q4_k,
+    neon_matmul_q6_k,
 };
 
 #ifdef __aarch64__
@@ -567,10 +627,10 @@ static const colibri_kernels neon_dotprod_kernels = {
     neon_quantize_act_i8,
     colibri_neon_dotprod_matmul_i8, /* neon_dotprod.c */
     neon_matmul_i16,
-    clb_ref_quantize_act_blk,
-    clb_ref_matmul_q4_0,
-    clb_ref_matmul_q4_k,
-    clb_ref_matmul_q6_k,
+    neon_quantize_act_blk,
+    colibri_neon_dotprod_matmul_q4_0, /* neon_dotprod.c */
+    colibri_neon_dotprod_matmul_q4_k,
+    colibri_neon_dotprod_matmul_q6_k,
 };
 
 /* Whether this CPU executes SDOT (FEAT_DotProd, optional from ARMv8.2-A).

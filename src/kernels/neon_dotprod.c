@@ -1,6 +1,7 @@
 /*
- * neon_dotprod.c - the int8 matmul of the AArch64 "neon-dotprod" table
- * (neon.c): neon_a64_i8.h with SDOT for the integer dot products. Part of
+ * neon_dotprod.c - the int8 and block-type matmuls of the AArch64
+ * "neon-dotprod" table (neon.c): neon_a64_i8.h and neon_blocks.h with SDOT
+ * for the integer dot products. Part of
  * the "neon" kernel set (colibri/buildsteps/sources.py); compiles to nothing
  * off AArch64 or without COLIBRI_USE_NEON.
  *
@@ -13,8 +14,9 @@
  * CPU reports the extension (getauxval(AT_HWCAP) & HWCAP_ASIMDDP on
  * Linux): on other cores these instructions would be illegal.
  *
- * Results: bit-identical to ref.c's matmul_i8, as the plain "neon" form
- * (see neon_a64_i8.h).
+ * Results: bit-identical to ref.c's matmul_i8 and block matmuls (Q4_0,
+ * Q4_K, Q6_K), as the plain "neon" forms (see neon_a64_i8.h,
+ * neon_blocks.h).
  */
 #include "kernels.h"
 
@@ -29,12 +31,35 @@
 #endif
 
 #include "neon_a64_i8.h"
+#include "neon_blocks.h"
 
 void colibri_neon_dotprod_matmul_i8(float *Y, const int8_t *Q, const float *S,
                                     const int8_t *XQ, const float *XS, uint32_t n,
                                     uint32_t rows, uint32_t cols, uint32_t group)
 {
     a64_matmul_i8(Y, Q, S, XQ, XS, n, rows, cols, group);
+}
+
+void colibri_neon_dotprod_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    nb_matmul_q4_0(Y, W, XQ, XS, n, rows, cols);
+}
+
+void colibri_neon_dotprod_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols)
+{
+    nb_matmul_kq(0, Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+void colibri_neon_dotprod_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols)
+{
+    nb_matmul_kq(1, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 #else

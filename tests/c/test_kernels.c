@@ -729,9 +729,16 @@ typedef struct {
     float *y;
     int8_t *xq_out;
     float *xs_out;
+    /* block types: W blocks, activations of quantize_act_blk (cols is a
+     * multiple of 256 in every shape: no padding), XB output */
+    const uint8_t *wb;
+    const int8_t *bxq;
+    const float *bxs;
+    const int16_t *bxb;
+    int16_t *xb_out;
 } bench_args;
 
-enum { B_F32, B_I8, B_I16, B_QUANT };
+enum { B_F32, B_I8, B_I16, B_QUANT, B_Q4_0, B_Q4_K, B_Q6_K, B_QBLK };
 
 static void bench_call(const colibri_kernels *k, int what, const bench_args *a)
 {
@@ -745,8 +752,20 @@ static void bench_call(const colibri_kernels *k, int what, const bench_args *a)
     case B_I16:
         k->matmul_i16(a->y, a->q16, a->s, a->x, a->n, a->rows, a->cols);
         break;
-    default:
+    case B_QUANT:
         k->quantize_act_i8(a->xq_out, a->xs_out, a->x, a->n, a->cols, a->group);
+        break;
+    case B_Q4_0:
+        k->matmul_q4_0(a->y, a->wb, a->bxq, a->bxs, a->bxb, a->n, a->rows, a->cols);
+        break;
+    case B_Q4_K:
+        k->matmul_q4_k(a->y, a->wb, a->bxq, a->bxs, a->bxb, a->n, a->rows, a->cols);
+        break;
+    case B_Q6_K:
+        k->matmul_q6_k(a->y, a->wb, a->bxq, a->bxs, a->bxb, a->n, a->rows, a->cols);
+        break;
+    default:
+        k->quantize_act_blk(a->xq_out, a->xs_out, a->xb_out, a->x, a->n, a->cols, a->group);
         break;
     }
 }
@@ -799,6 +818,9 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
     float *y = xmalloc((size_t)maxn * 2816 * sizeof(float));
     int8_t *xq_out = xmalloc((size_t)maxn * maxc);
     float *xs_out = xmalloc((size_t)maxn * maxc * sizeof(float));
+    uint8_t *wb = xmalloc(maxrc); /* blocks take under a byte a weight */
+    int16_t *bxb = xmalloc((size_t)maxn * maxc / 16 * sizeof(int16_t));
+    int16_t *xb_out = xmalloc((size_t)maxn * maxc / 16 * sizeof(int16_t));
     for (size_t i = 0; i < maxrc; i++) {
         w[i] = rng_sym();
         s[i] = (1.0f + rng_sym()) / 127.0f;
@@ -813,16 +835,21 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
         printf(" %8s ms %8s G/s %6s", opt[i]->name, opt[i]->name, "x ref");
     printf("\n");
     static const char *names[] = {"matmul_f32", "matmul_i8 g32", "matmul_i8 g64",
-                                  "matmul_i16", "quantize g32"};
-    for (int which = 0; which < 5; which++) {
-        int what = which == 0 ? B_F32 : which <= 2 ? B_I8 : which == 3 ? B_I16 : B_QUANT;
+                                  "matmul_i16", "quantize g32", "matmul_q4_0",
+                                  "matmul_q4_k", "matmul_q6_k", "quantize blk256"};
+    static const int whats[] = {B_F32, B_I8, B_I8, B_I16, B_QUANT, B_Q4_0, B_Q4_K, B_Q6_K,
+                                B_QBLK};
+    static const unsigned blk_dtype[] = {0, 0, 0, 0, 0, COLIBRI_DTYPE_Q4_0,
+                                         COLIBRI_DTYPE_Q4_K, COLIBRI_DTYPE_Q6_K, 0};
+    for (int which = 0; which < (int)LEN(names); which++) {
+        int what = whats[which];
         for (size_t sh = 0; sh < LEN(shapes); sh++) {
             bench_args a;
             a.n = shapes[sh][0];
             a.rows = shapes[sh][1];
             a.cols = shapes[sh][2];
-            a.group = which == 2 ? 64 : 32;
-            if (what == B_QUANT && a.rows != 2816)
+            a.group = which == 2 ? 64 : what == B_QBLK ? 256 : 32;
+            if ((what == B_QUANT || what == B_QBLK) && a.rows != 2816)
                 continue; /* quantize depends on n x cols only */
             char shape[32];
             snprintf(shape, sizeof shape, "%ux%ux%u", a.n, a.rows, a.cols);
@@ -839,9 +866,19 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
             ref->quantize_act_i8(xq, xs, x, a.n, a.cols, a.group);
             a.xq = xq;
             a.xs = xs;
+            a.xb_out = xb_out;
+            if (blk_dtype[which]) { /* blocks and their activations */
+                const unsigned dt = blk_dtype[which];
+                fill_blocks(wb, dt, (size_t)a.rows * (a.cols / blk_cols_of(dt)));
+                ref->quantize_act_blk(xq, xs, bxb, x, a.n, a.cols, blk_cols_of(dt));
+                a.wb = wb;
+                a.bxq = xq;
+                a.bxs = xs;
+                a.bxb = bxb;
+            }
             /* GFLOPS for the float forms, GOPS (2 per multiply-add) for
              * int8; quantize: G elements/s. */
-            double ops = what == B_QUANT ? (double)a.n * a.cols
+            double ops = what == B_QUANT || what == B_QBLK ? (double)a.n * a.cols
                                          : 2.0 * a.n * a.rows * a.cols;
             double tr = time_call(ref, what, &a);
             printf("%-16s %-18s %10.3f %10.2f", names[which], shape, tr * 1e3, ops / tr * 1e-9);
@@ -863,6 +900,9 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
     free(y);
     free(xq_out);
     free(xs_out);
+    free(wb);
+    free(bxb);
+    free(xb_out);
 }
 
 /* --bench, block types: each block kernel with its activations from
