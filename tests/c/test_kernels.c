@@ -729,16 +729,11 @@ typedef struct {
     float *y;
     int8_t *xq_out;
     float *xs_out;
-    /* block types: W blocks, activations of quantize_act_blk (cols is a
-     * multiple of 256 in every shape: no padding), XB output */
-    const uint8_t *wb;
-    const int8_t *bxq;
-    const float *bxs;
-    const int16_t *bxb;
-    int16_t *xb_out;
+    int16_t *xb_out;  /* quantize_act_blk's sums of 16 (the block kernels
+                         themselves: run_bench_blocks) */
 } bench_args;
 
-enum { B_F32, B_I8, B_I16, B_QUANT, B_Q4_0, B_Q4_K, B_Q6_K, B_QBLK };
+enum { B_F32, B_I8, B_I16, B_QUANT, B_QBLK };
 
 static void bench_call(const colibri_kernels *k, int what, const bench_args *a)
 {
@@ -754,15 +749,6 @@ static void bench_call(const colibri_kernels *k, int what, const bench_args *a)
         break;
     case B_QUANT:
         k->quantize_act_i8(a->xq_out, a->xs_out, a->x, a->n, a->cols, a->group);
-        break;
-    case B_Q4_0:
-        k->matmul_q4_0(a->y, a->wb, a->bxq, a->bxs, a->bxb, a->n, a->rows, a->cols);
-        break;
-    case B_Q4_K:
-        k->matmul_q4_k(a->y, a->wb, a->bxq, a->bxs, a->bxb, a->n, a->rows, a->cols);
-        break;
-    case B_Q6_K:
-        k->matmul_q6_k(a->y, a->wb, a->bxq, a->bxs, a->bxb, a->n, a->rows, a->cols);
         break;
     default:
         k->quantize_act_blk(a->xq_out, a->xs_out, a->xb_out, a->x, a->n, a->cols, a->group);
@@ -818,8 +804,6 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
     float *y = xmalloc((size_t)maxn * 2816 * sizeof(float));
     int8_t *xq_out = xmalloc((size_t)maxn * maxc);
     float *xs_out = xmalloc((size_t)maxn * maxc * sizeof(float));
-    uint8_t *wb = xmalloc(maxrc); /* blocks take under a byte a weight */
-    int16_t *bxb = xmalloc((size_t)maxn * maxc / 16 * sizeof(int16_t));
     int16_t *xb_out = xmalloc((size_t)maxn * maxc / 16 * sizeof(int16_t));
     for (size_t i = 0; i < maxrc; i++) {
         w[i] = rng_sym();
@@ -835,12 +819,8 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
         printf(" %8s ms %8s G/s %6s", opt[i]->name, opt[i]->name, "x ref");
     printf("\n");
     static const char *names[] = {"matmul_f32", "matmul_i8 g32", "matmul_i8 g64",
-                                  "matmul_i16", "quantize g32", "matmul_q4_0",
-                                  "matmul_q4_k", "matmul_q6_k", "quantize blk256"};
-    static const int whats[] = {B_F32, B_I8, B_I8, B_I16, B_QUANT, B_Q4_0, B_Q4_K, B_Q6_K,
-                                B_QBLK};
-    static const unsigned blk_dtype[] = {0, 0, 0, 0, 0, COLIBRI_DTYPE_Q4_0,
-                                         COLIBRI_DTYPE_Q4_K, COLIBRI_DTYPE_Q6_K, 0};
+                                  "matmul_i16", "quantize g32", "quantize blk256"};
+    static const int whats[] = {B_F32, B_I8, B_I8, B_I16, B_QUANT, B_QBLK};
     for (int which = 0; which < (int)LEN(names); which++) {
         int what = whats[which];
         for (size_t sh = 0; sh < LEN(shapes); sh++) {
@@ -867,15 +847,6 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
             a.xq = xq;
             a.xs = xs;
             a.xb_out = xb_out;
-            if (blk_dtype[which]) { /* blocks and their activations */
-                const unsigned dt = blk_dtype[which];
-                fill_blocks(wb, dt, (size_t)a.rows * (a.cols / blk_cols_of(dt)));
-                ref->quantize_act_blk(xq, xs, bxb, x, a.n, a.cols, blk_cols_of(dt));
-                a.wb = wb;
-                a.bxq = xq;
-                a.bxs = xs;
-                a.bxb = bxb;
-            }
             /* GFLOPS for the float forms, GOPS (2 per multiply-add) for
              * int8; quantize: G elements/s. */
             double ops = what == B_QUANT || what == B_QBLK ? (double)a.n * a.cols
@@ -900,8 +871,6 @@ static void run_bench(const colibri_kernels *ref, const colibri_kernels **opt, i
     free(y);
     free(xq_out);
     free(xs_out);
-    free(wb);
-    free(bxb);
     free(xb_out);
 }
 
