@@ -137,3 +137,63 @@ def test_kv_misuse_stops_the_build_with_one_line(tmp_path):
     p = scons("kv=i4", f"build_dir={tmp_path}", check_rc=False)
     assert p.returncode != 0 and "kv=i4: give f32" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def _size_figures(text: str) -> dict:
+    """The model's figures `scons size` printed (size.txt)."""
+    import re
+    got = {"blob": int(re.search(r"flash: model blob (\d+) B", text).group(1))}
+    m = re.search(r"ram: arena (\d+) B \(.*\), KV cache (\w+)", text)
+    got["arena"], got["kv"] = int(m.group(1)), m.group(2)
+    m = re.search(r"KV cache +(\d+)  \((\d+) B per token x max_seq_len (\d+) x batch (\d+)", text)
+    got["kv_bytes"], got["kv_per_token"], got["seq"], got["batch"] = map(int, m.groups())
+    got["rest"] = int(re.search(r"rest of the arena +(\d+)", text).group(1))
+    for title in ("embedding", "attention", "router", "routed experts", "shared/dense FFN",
+                  "norms", "LM head"):
+        m = re.search(rf"^    {re.escape(title)} +(\d+) +(\d+)  ", text, re.M)
+        got[title] = (int(m.group(1)), int(m.group(2)))
+    got["pad"] = int(re.search(r"header\+table\+pad +(\d+)", text).group(1))
+    return got
+
+
+@pytest.mark.parametrize("kv", ["i8", "f32"])
+@pytest.mark.parametrize("name", KV_TARGETS)
+def test_size_report_figures_are_the_targets(name, kv, build):
+    """`scons size`'s model section against figures measured elsewhere: the
+    blob is the ELF's .colibri_model section and the arena its `arena`
+    symbol (pyelftools) and the runtime's colibri_arena_size_ex on the
+    target (the firmware's arena_needed); on Linux every weight part, the
+    KV cache per token and at max_seq_len and the padding are colibri-cli
+    --info's (colibri_get_weight_bytes, colibri_kv_size: C, on the target)."""
+    import re
+    from elftools.elf.elffile import ELFFile
+    t = TARGETS[name]
+    _need(t)
+    bdir = build("q4", kv) / name
+    got = _size_figures((bdir / "size.txt").read_text())
+    assert got["kv"] == kv
+    with open(bdir / "firmware.elf", "rb") as fh:
+        elf = ELFFile(fh)
+        assert got["blob"] == elf.get_section_by_name(".colibri_model")["sh_size"]
+        assert got["arena"] == elf.get_section_by_name(".symtab").get_symbol_by_name(
+            "arena")[0]["st_size"]
+    assert got["arena"] == int(_header(t, bdir / "firmware.elf").header["arena_needed"])
+    assert got["arena"] == got["kv_bytes"] + got["rest"]
+    if not t.is_linux:
+        return
+    r = emulate.run(t, bdir / "colibri-cli",
+                    ("--model", str(bdir / "firmware" / "model.bin"), "--info", "--kv", kv))
+    assert r.returncode == 0, r.stderr
+    info = r.stdout
+    titles = {"embedding": "embedding", "attention": "attention", "router": "router",
+              "routed experts": "routed_experts", "shared/dense FFN": "shared_dense_ffn",
+              "norms": "norms", "LM head": "lm_head"}
+    for title, key in titles.items():
+        m = re.search(rf"^weights_{key}: (\d+) bytes \((\d+) tensors", info, re.M)
+        assert got[title] == (int(m.group(1)), int(m.group(2))), title
+    m = re.search(rf"^kv_{kv}: (\d+) bytes per token, (\d+) at max_seq_len (\d+) x "
+                  rf"max_batch (\d+)", info, re.M)
+    assert (got["kv_per_token"], got["kv_bytes"], got["seq"], got["batch"]) == tuple(
+        map(int, m.groups()))
+    assert got["pad"] == int(re.search(r"^file_header_table_padding: (\d+)", info, re.M)[1])
+    assert got["rest"] == int(re.search(r"^arena_without_kv: (\d+)", info, re.M)[1])
