@@ -309,3 +309,35 @@ def readme_table(rows) -> str:
             out.append(f"| {name} | {pl.shape.max_seq_len} | {quant} | {_fmt(size)} | "
                        f"{_fmt(t32)} | {_fmt(t8)} | {_fmt(r32)} | {_fmt(r8)} |")
     return "\n".join(out)
+
+
+def readme_rows(config_paths, quants=QUANTS):
+    """(name, {quant: Planned}) for each config.json (the name: the file's
+    stem, e.g. models/configs/Qwen3-30B-A3B.json), every quant planned with
+    the converters' defaults (format.PRESET_* as they are now)."""
+    return [(Path(p).stem if Path(p).is_file() else Path(p).name,
+             {q: plan_from_config(p, q) for q in quants}) for p in config_paths]
+
+
+def main(argv=None) -> int:
+    """python -m colibri.memory --readme-table CONFIG.json ...: the README's
+    sizes table of real checkpoints from their config.json alone."""
+    import argparse
+    import sys
+    from .errors import ColibriError
+    ap = argparse.ArgumentParser(prog="python -m colibri.memory",
+                                 description="file size and resident bytes of checkpoints "
+                                             "from their config.json alone")
+    ap.add_argument("--readme-table", nargs="+", metavar="CONFIG", required=True,
+                    help="config.json files (or their directories), e.g. models/configs/*.json")
+    args = ap.parse_args(argv)
+    try:
+        print(readme_table(readme_rows(args.readme_table)))
+    except ColibriError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
