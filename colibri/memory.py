@@ -108,6 +108,22 @@ class Tables:
 TABLES_LP64 = Tables(plan=632, layer=464, expert=96, encdec=80, xattn=136)
 
 
+def tables_bound(pointer_bytes: int) -> Tables:
+    """Sizes no smaller than the structs' on a target with pointers of
+    pointer_bytes, when its compiler's own sizes are not at hand (the
+    firmware build measures them: buildsteps/blob.table_sizes_from_object).
+    8 (LP64): TABLES_LP64, exact on 64-bit Linux targets. 4 (ILP32: ARMv7,
+    PowerPC, Cortex-M): TABLES_LP64 too, an upper bound -- every member
+    type of these structs is the same size or smaller under ILP32 (pointers,
+    size_t) with the same or a smaller alignment (uint64_t: 8 on AAPCS and
+    PowerPC, 4 on i386), so each member's offset, and the padded size, can
+    only shrink (align_up(x', a') <= align_up(x, a) when x' <= x and a' | a);
+    COLIBRI_THREADS=0 shrinks clb_team to one byte."""
+    if pointer_bytes not in (4, 8):
+        raise ValueError(f"pointer_bytes = {pointer_bytes}: 4 or 8")
+    return TABLES_LP64
+
+
 def arena_bytes(shape: fmt.ModelShape, desc: fmt.Description | None = None,
                 kv: str = "f32", chunk_tokens: int = CHUNK_TOKENS,
                 tables: Tables = TABLES_LP64) -> int:
@@ -293,3 +309,35 @@ def readme_table(rows) -> str:
             out.append(f"| {name} | {pl.shape.max_seq_len} | {quant} | {_fmt(size)} | "
                        f"{_fmt(t32)} | {_fmt(t8)} | {_fmt(r32)} | {_fmt(r8)} |")
     return "\n".join(out)
+
+
+def readme_rows(config_paths, quants=QUANTS):
+    """(name, {quant: Planned}) for each config.json (the name: the file's
+    stem, e.g. models/configs/Qwen3-30B-A3B.json), every quant planned with
+    the converters' defaults (format.PRESET_* as they are now)."""
+    return [(Path(p).stem if Path(p).is_file() else Path(p).name,
+             {q: plan_from_config(p, q) for q in quants}) for p in config_paths]
+
+
+def main(argv=None) -> int:
+    """python -m colibri.memory --readme-table CONFIG.json ...: the README's
+    sizes table of real checkpoints from their config.json alone."""
+    import argparse
+    import sys
+    from .errors import ColibriError
+    ap = argparse.ArgumentParser(prog="python -m colibri.memory",
+                                 description="file size and resident bytes of checkpoints "
+                                             "from their config.json alone")
+    ap.add_argument("--readme-table", nargs="+", metavar="CONFIG", required=True,
+                    help="config.json files (or their directories), e.g. models/configs/*.json")
+    args = ap.parse_args(argv)
+    try:
+        print(readme_table(readme_rows(args.readme_table)))
+    except ColibriError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

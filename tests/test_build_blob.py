@@ -79,16 +79,85 @@ def test_embed_asm_gives_aligned_readonly_section_with_symbols(tiny, tmp_path):
         assert elf.get_section_by_name(".note.GNU-stack") is not None
 
 
-def test_arena_bound_grows_with_the_model():
-    small = blob.arena_bytes(testmodel.FW_TINY, 4)
+def test_arena_is_memory_formula_for_the_kv_type():
+    """One formula: the firmware's arena is colibri/memory.py's (held equal
+    to the C library by tests/test_memory.py) for a caller's arena, chunk
+    16, with the build's KV cache; an i8 cache makes it smaller by the
+    cache's difference, which colibri_kv_size's rule gives from the shape."""
+    from colibri import memory
+    s, t = testmodel.FW_TINY, memory.tables_bound(4)
+    f32, i8 = blob.arena_bytes(s, t), blob.arena_bytes(s, t, kv="i8")
+    assert f32 == memory.arena_bytes(s, None, "f32", 16, t)
+    assert i8 == memory.arena_bytes(s, None, "i8", 16, t)
+    slots = s.n_layers * s.max_batch * s.max_seq_len
+    up = lambda n: -(-n // 64) * 64   # noqa: E731
+    kv32 = 2 * up(slots * s.n_kv_heads * s.head_dim * 4)
+    kv8 = 2 * (up(slots * s.n_kv_heads * s.head_dim) + up(slots * s.n_kv_heads * 4))
+    assert f32 - i8 == kv32 - kv8 > 0
     import dataclasses
-    longer = dataclasses.replace(testmodel.FW_TINY, max_seq_len=64)
-    batched = dataclasses.replace(testmodel.FW_TINY, max_batch=4)
-    assert blob.arena_bytes(longer, 4) > small and blob.arena_bytes(batched, 4) > small
-    assert blob.arena_bytes(testmodel.FW_TINY, 8) > small  # pointer tables
-    # The KV cache alone (2 * layers * tokens * kv_dim floats) is inside it.
-    s = testmodel.FW_TINY
-    assert small > 2 * 4 * s.n_layers * s.max_seq_len * s.n_kv_heads * s.head_dim
+    longer = dataclasses.replace(s, max_seq_len=64)
+    assert blob.arena_bytes(longer, t, kv="i8") > i8
+    with pytest.raises(ValueError):
+        memory.tables_bound(2)
+
+
+def _compile_probe(cc, flags, out):
+    subprocess.run([cc, *flags, "-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
+                    *(f"-I{ROOT / d}" for d in ("src/include", "src", "src/kernels")),
+                    "-c", str(ROOT / "firmware/arena_tables.c"), "-o", str(out)], check=True)
+    return blob.table_sizes_from_object(out)
+
+
+def test_probe_measures_the_host_librarys_tables(tmp_path):
+    """firmware/arena_tables.c compiled by the host gcc gives the sizes the
+    host library reports (memory.TABLES_LP64 == colibri_abi_sizeof_table,
+    tests/test_memory.py) and the default chunk, read from its symbols."""
+    from colibri import memory
+    tables, chunk = _compile_probe("gcc", ["-O2"], tmp_path / "t.o")
+    assert tables == memory.TABLES_LP64 and chunk == blob.CHUNK_TOKENS
+    tables, chunk = _compile_probe("gcc", ["-DCOLIBRI_CHUNK_TOKENS=7"], tmp_path / "c.o")
+    assert chunk == 7
+
+
+def test_bound_covers_every_targets_struct_sizes(tmp_path):
+    """memory.tables_bound(pointer_bytes) is no smaller than what each
+    target's own compiler lays out (with threads, the larger clb_team), and
+    is exact on the 64-bit ones."""
+    import dataclasses
+    import shutil
+    import targets
+    from colibri import memory
+    seen = 0
+    for name, t in targets.load_all().items():
+        cc = t.prefix + "gcc" if t.prefix else "gcc"
+        if not shutil.which(cc):
+            continue
+        flags = [*t.arch_flags, *(f"-D{d}" for d in t.defines), "-DCOLIBRI_THREADS=1"]
+        got, _ = _compile_probe(cc, flags, tmp_path / f"{name}.o")
+        bound = memory.tables_bound(t.pointer_bytes)
+        pairs = list(zip(dataclasses.astuple(got), dataclasses.astuple(bound)))
+        assert all(g <= b for g, b in pairs), (name, got, bound)
+        if t.pointer_bytes == 8:
+            assert got == bound, name
+        else:
+            assert got.plan < bound.plan, name    # really laid out for 32 bits
+        seen += 1
+    assert seen >= 2
+
+
+def test_kv_i8_is_refused_for_an_encoder_decoder_and_an_unknown_type(tiny, tmp_path):
+    with pytest.raises(ColibriError, match="f32 .*or i8"):
+        blob.plan_inputs(tiny, kv="i4")
+    assert blob.plan_inputs(tiny, kv="i8").kv == "i8"
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from colibri.convert import ColibriExporter
+    from golden_switch import make_switch
+    sw = ColibriExporter(model=make_switch(seed=0), quant="int8", max_seq_len=8).export(
+        tmp_path / "switch.colibri")
+    assert blob.plan_inputs(sw, kv="f32").kv == "f32"
+    with pytest.raises(ColibriError, match="kv=i8: .*encoder-decoder"):
+        blob.plan_inputs(sw, kv="i8")
 
 
 def test_config_header_checks_prompts():

@@ -6,8 +6,10 @@
 - `embed_asm`: assembly that puts the blob in a read-only, 64-byte aligned
   `.colibri_model` section with start/end/size symbols (.incbin keeps the
   bytes out of the compiler: no giant C array to parse).
-- `arena_bytes`: the arena a model needs, from its header alone, as
-  colibri.h documents for colibri_arena_size (plus the pointer tables).
+- `arena_bytes`: the arena a model needs, from its header alone:
+  colibri/memory.py's arena formula with the target's struct sizes
+  (`table_sizes_from_object`: firmware/arena_tables.c compiled for the
+  target) and the KV cache type of the build (kv=f32|i8).
 - `config_header`: the firmware's generated header (arena size, model facts,
   the prompts, the sampling parameters), so the firmware needs no malloc.
 - `FirmwareInputs` / `plan_inputs`: what the firmware will be asked to do and
@@ -20,12 +22,12 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import format as cformat
+from .. import memory
 from ..errors import ColibriError
 from ..sampling import SampleParams
 
@@ -58,13 +60,17 @@ class FirmwareInputs:
     device_tokenizes  True: the firmware calls colibri_tokenize on `text`
     add_bos       text mode: the device puts bos first (the template does)
     sampling      SampleParams fields (temperature 0: greedy)
-    n_generate    tokens generated after each prompt"""
+    n_generate    tokens generated after each prompt
+    kv            the KV cache the firmware runs with: "f32" or "i8"
+                  (colibri_options.kv_dtype; the check's reference quantises
+                  its cache the same way)"""
     prompts: list[list[int]]
     text: str = ""
     device_tokenizes: bool = False
     add_bos: bool = False
     n_generate: int = 4
     sampling: dict = field(default_factory=lambda: asdict(SampleParams()))
+    kv: str = "f32"
 
     @property
     def params(self) -> SampleParams:
@@ -96,13 +102,29 @@ def _model_tokenizer(model):
     return None
 
 
+def check_kv(model, kv: str) -> None:
+    """The KV cache type `kv` must be one the runtime runs `model` with:
+    f32 or i8, and i8 only for a decoder-only model (colibri.h: an ENC_DEC
+    file with COLIBRI_KV_I8 is COLIBRI_E_UNSUPPORTED). Raises ColibriError."""
+    if kv not in memory.KV_TYPES:
+        raise ColibriError(f"kv={kv}: the KV cache is f32 (float32, the default) or i8 "
+                           "(8-bit with a float32 scale per head vector)")
+    if kv == "i8":
+        f = cformat.read_file(model, check_crc=False)
+        f.close()
+        if f.desc.has(cformat.Feat.ENC_DEC):
+            raise ColibriError(f"kv=i8: {model} is an encoder-decoder model, whose caches "
+                               "the runtime keeps in float32 only: leave out kv= (or kv=f32)")
+
+
 def plan_inputs(model, text: str = "", prompts=None, n_generate: int = None,
-                sampling: SampleParams | None = None) -> FirmwareInputs:
+                sampling: SampleParams | None = None, kv: str = "f32") -> FirmwareInputs:
     """The firmware's inputs for `model`: a text prompt (tokenised on the
     device when the file has a tokenizer, else fed as UTF-8 bytes) or the
-    token-id `prompts` (default DEFAULT_PROMPTS). Raises ColibriError saying
-    what to change."""
+    token-id `prompts` (default DEFAULT_PROMPTS), run with the KV cache
+    `kv`. Raises ColibriError saying what to change."""
     from ..tokenizer import F_TEMPLATE_BOS
+    check_kv(model, kv)
     n_generate = DEFAULT_GENERATE if n_generate is None else n_generate
     sp = sampling or SampleParams()
     try:
@@ -111,17 +133,17 @@ def plan_inputs(model, text: str = "", prompts=None, n_generate: int = None,
         raise ColibriError(f"sampling: {exc}") from None
     if not text:
         return FirmwareInputs([list(p) for p in (prompts or DEFAULT_PROMPTS)], "",
-                              n_generate=n_generate, sampling=asdict(sp))
+                              n_generate=n_generate, sampling=asdict(sp), kv=kv)
     tok = _model_tokenizer(model)
     if tok is None:
         ids = list(text.encode("utf-8"))
-        return FirmwareInputs([ids], text, n_generate=n_generate, sampling=asdict(sp))
+        return FirmwareInputs([ids], text, n_generate=n_generate, sampling=asdict(sp), kv=kv)
     bos = bool(tok.spec.flags & F_TEMPLATE_BOS) and tok.spec.bos_id >= 0
     ids = tok.encode(text, add_bos=bos)
     if not ids:
         raise ColibriError(f"prompt={text!r} has no tokens: give some text")
     return FirmwareInputs([ids], text, device_tokenizes=True, add_bos=bos,
-                          n_generate=n_generate, sampling=asdict(sp))
+                          n_generate=n_generate, sampling=asdict(sp), kv=kv)
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:
@@ -208,69 +230,44 @@ def embed_asm(blob_path: str, linux: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _a64(n: int) -> int:
-    return (n + 63) // 64 * 64
+def table_sizes_from_object(path: str | os.PathLike) -> tuple[memory.Tables, int]:
+    """(the arena's table sizes, COLIBRI_CHUNK_TOKENS) as the target's
+    compiler laid them out: the st_size of the array symbols of
+    firmware/arena_tables.c compiled with the library's flags. Raises
+    ColibriError naming a missing symbol (a stale or foreign object)."""
+    from elftools.elf.elffile import ELFFile
+    with open(path, "rb") as fh:
+        tab = ELFFile(fh).get_section_by_name(".symtab")
+        sizes = {}
+        for name in (*TABLE_SYMBOLS.values(), CHUNK_SYMBOL):
+            syms = tab.get_symbol_by_name(name) if tab is not None else None
+            if not syms:
+                raise ColibriError(f"{path}: no symbol {name}: rebuild it from "
+                                   "firmware/arena_tables.c")
+            sizes[name] = int(syms[0]["st_size"])
+    tables = memory.Tables(**{f: sizes[sym] for f, sym in TABLE_SYMBOLS.items()})
+    return tables, sizes[CHUNK_SYMBOL]
 
 
-def arena_bytes(shape: cformat.ModelShape, pointer_bytes: int,
-                chunk_tokens: int = CHUNK_TOKENS,
-                desc: cformat.Description | None = None) -> int:
-    """Bytes of arena the runtime needs for `shape`: the buffers src/plan.c
-    carves in clb_layout() (every one rounded up to 64 bytes), in the same
-    order, with the pointer tables (plan, per-layer and per-expert views)
-    bounded generously from the pointer size, plus 4 KB of slack. The
-    firmware checks the runtime's own colibri_arena_size against this at
-    start-up and stops (status 2) naming both numbers if the runtime ever
-    grows past it, so a drift is caught by the first run, not by memory
-    corruption. `desc`: the model's description (None: Mixtral); the
-    gate/up buffers serve the routed, shared and dense FFNs alike."""
-    s = shape
-    d = desc or cformat.Description()
-    L, E, K, h = s.n_layers, s.n_experts, s.top_k, s.hidden
-    S = s.max_seq_len
-    tokens = s.max_batch * S
-    C = min(chunk_tokens, tokens)
-    qdim, kvdim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-    inter = max(s.intermediate, d.shared_intermediate, d.dense_intermediate)
-    max_cols = max(h, qdim, inter)
-    max_groups = math.ceil(max_cols / s.group_size)
-    ptr = max(pointer_bytes, 4)
-    buffers = [
-        256 * ptr,                   # the plan
-        L * 96 * ptr,                # per-layer views (12 weights, 7 vectors)
-        L * E * 32 * ptr,            # per-expert views
-        S * (s.head_dim // 2) * 4,   # RoPE cos
-        S * (s.head_dim // 2) * 4,   # RoPE sin
-        L * tokens * kvdim * 4,      # K cache
-        L * tokens * kvdim * 4,      # V cache
-        tokens,                      # mask cache
-        C * 4, C * 4,                # token batch / position of chunk rows
-        C * 4 * h, C * 4 * h, C * 4 * h,            # x, xn, tmp
-        C * 4 * qdim, C * 4 * qdim,                 # q, attention output
-        C * 4 * kvdim, C * 4 * kvdim,               # k, v of the chunk
-        S * 4,                                      # attention scores
-        C * 4 * E, C * 4 * E,                       # router logits, probs
-        C * 2 * K, C * 4 * K,                       # selections and weights
-        E, E * 4, (E + 1) * 4,                      # chosen, counts, offsets
-        C * 4 * K,                                  # token lists
-        C * 4 * K * h,                              # per-selection outputs
-        C * 4 * h, C * 4 * h,                       # expert in/out
-        C * 4 * inter, C * 4 * inter,               # h1, h3
-        C * max_cols,                               # int8 activations
-        C * 4 * max_groups,                         # their scales
-    ]
-    if d.features & cformat.Feat.ENC_DEC:  # src/encdec.c clb_encdec_layout()
-        Ld = L - d.encoder_layers
-        buffers += [
-            64 * ptr,                     # the encoder-decoder state
-            L * 24 * ptr,                 # per-layer cross-attention views
-            tokens * h * 4,               # encoder output
-            tokens,                       # encoder mask
-            Ld * tokens * qdim * 4,       # cross-attention K
-            Ld * tokens * qdim * 4,       # cross-attention V
-            L * s.max_batch * E * 4,      # expert-capacity counts
-        ]
-    return sum(_a64(b) for b in buffers) + 4096
+# memory.Tables field -> the symbol of firmware/arena_tables.c sized by it.
+TABLE_SYMBOLS = {"plan": "colibri_sizeof_clb_plan", "layer": "colibri_sizeof_clb_layer",
+                 "expert": "colibri_sizeof_clb_expert", "encdec": "colibri_sizeof_clb_encdec",
+                 "xattn": "colibri_sizeof_clb_xattn"}
+CHUNK_SYMBOL = "colibri_chunk_tokens"
+
+
+def arena_bytes(shape: cformat.ModelShape, tables: memory.Tables,
+                desc: cformat.Description | None = None, kv: str = "f32",
+                chunk_tokens: int = CHUNK_TOKENS) -> int:
+    """The arena the firmware reserves: colibri/memory.py's copy of
+    clb_layout (held equal to the C library by tests/test_memory.py) for a
+    caller's arena (chunk_tokens rows) with the KV cache `kv` ("f32"/"i8").
+    `tables`: the target's struct sizes (table_sizes_from_object: then this
+    is exactly colibri_arena_size_ex on the target) or a bound
+    (memory.tables_bound(pointer_bytes)). The firmware still checks the
+    runtime's own colibri_arena_size_ex against it at start-up and stops
+    with status 2, naming both numbers, if the runtime ever needs more."""
+    return memory.arena_bytes(shape, desc, kv, chunk_tokens, tables)
 
 
 def _c_string(data: bytes) -> str:
@@ -288,10 +285,13 @@ def _c_float(v: float) -> str:
 
 def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
                   arena: int, prompts=DEFAULT_PROMPTS, n_generate: int = DEFAULT_GENERATE,
-                  inputs: FirmwareInputs | None = None) -> str:
+                  inputs: FirmwareInputs | None = None,
+                  chunk_tokens: int = CHUNK_TOKENS) -> str:
     """The firmware's generated configuration (firmware/app/main.c includes
-    it as fw_config.h). `inputs` (default: the token-id `prompts`, greedy)
-    adds the text prompt the device tokenises and the sampling parameters."""
+    it as fw_config.h). `inputs` (default: the token-id `prompts`, greedy,
+    f32 KV cache) adds the text prompt the device tokenises, the sampling
+    parameters and the KV cache type. chunk_tokens: the library's
+    COLIBRI_CHUNK_TOKENS."""
     inputs = inputs or FirmwareInputs([list(p) for p in prompts], n_generate=n_generate)
     prompts, n_generate = inputs.prompts, inputs.n_generate
     for p in prompts:
@@ -309,7 +309,7 @@ def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
                                f"max_seq_len {shape.max_seq_len}")
     # Rows of the logits buffer: a prefill runs in chunks of at most this
     # many tokens (the device's own tokenisation may differ in length).
-    max_rows = min(max(len(p) for p in prompts), CHUNK_TOKENS)
+    max_rows = min(max(len(p) for p in prompts), chunk_tokens)
     sp = inputs.params
     out = [
         "/* Generated by colibri/buildsteps/blob.py from the model header: do not edit. */",
@@ -318,7 +318,10 @@ def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
         "#include <stdint.h>",
         f'#define FW_TARGET "{target_name}"',
         f"#define FW_MODEL_BYTES {model_bytes}u",
-        f"#define FW_ARENA_BYTES {arena}u   /* colibri_arena_size bound, see blob.arena_bytes */",
+        f"#define FW_ARENA_BYTES {arena}u   /* colibri_arena_size_ex, see blob.arena_bytes */",
+        "/* The KV cache (colibri_options.kv_dtype): COLIBRI_KV_F32 or COLIBRI_KV_I8. */",
+        f"#define FW_KV_DTYPE COLIBRI_KV_{inputs.kv.upper()}",
+        f'#define FW_KV_NAME "{inputs.kv}"',
         f"#define FW_VOCAB {shape.vocab}u",
         f"#define FW_MAX_ROWS {max_rows}u   /* longest prompt: rows of the logits buffer */",
         f"#define FW_N_GENERATE {n_generate}u",
@@ -367,12 +370,16 @@ def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
 def prepare_firmware_inputs(model: str | os.PathLike, out_dir: str | os.PathLike,
                             target, prompts=DEFAULT_PROMPTS,
                             n_generate: int = DEFAULT_GENERATE, text: str = "",
-                            sampling: SampleParams | None = None) -> dict[str, Path]:
+                            sampling: SampleParams | None = None, kv: str = "f32",
+                            tables_object: str | os.PathLike | None = None
+                            ) -> dict[str, Path]:
     """Everything the firmware build generates from the model, in out_dir:
     model.bin (target byte order), model_blob.S, fw_config.h, fw_inputs.json
-    (plan_inputs: the prompt, expected ids, sampling). Returns their paths.
-    Each file is rewritten only when its content changes."""
-    inputs = plan_inputs(model, text, prompts, n_generate, sampling)
+    (plan_inputs: the prompt, expected ids, sampling, KV cache). Returns
+    their paths. Each file is rewritten only when its content changes.
+    tables_object: firmware/arena_tables.c compiled for the target (the
+    arena is then exact); None: memory.tables_bound(target.pointer_bytes)."""
+    inputs = plan_inputs(model, text, prompts, n_generate, sampling, kv)
     out = Path(out_dir)
     blob = blob_for_target(model, out / "model.bin", target.byte_order)
     f = cformat.read_file(blob)
@@ -381,9 +388,13 @@ def prepare_firmware_inputs(model: str | os.PathLike, out_dir: str | os.PathLike
     asm = out / "model_blob.S"
     _write_if_changed(asm, embed_asm(blob.as_posix(), target.is_linux).encode())
     hdr = out / "fw_config.h"
-    arena = arena_bytes(shape, target.pointer_bytes, desc=f.desc)
-    _write_if_changed(hdr, config_header(target.name, shape, size, arena,
-                                         inputs=inputs).encode())
+    if tables_object is None:
+        tables, chunk = memory.tables_bound(target.pointer_bytes), CHUNK_TOKENS
+    else:
+        tables, chunk = table_sizes_from_object(tables_object)
+    arena = arena_bytes(shape, tables, f.desc, inputs.kv, chunk)
+    _write_if_changed(hdr, config_header(target.name, shape, size, arena, inputs=inputs,
+                                         chunk_tokens=chunk).encode())
     js = out / INPUTS_JSON
     _write_if_changed(js, inputs.to_json().encode())
     return {"blob": blob, "asm": asm, "config": hdr, "inputs": js}

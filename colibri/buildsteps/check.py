@@ -77,13 +77,16 @@ def check_firmware(target, firmware, model, result: CheckResult,
     if not fw.done or not fw.prompts:
         result.failures.append(f"{where}: output ended before 'done'")
         return
+    inputs = _inputs(firmware)
+    if fw.header.get("kv", "f32") != inputs.kv:
+        result.failures.append(f"{where}: the firmware ran with a {fw.header.get('kv', 'f32')} "
+                               f"KV cache, its build asked for {inputs.kv} (fw_inputs.json)")
     if expect_kernels and fw.kernels != expect_kernels:
         result.failures.append(
             f"{where}: the runtime picked the kernels {fw.kernels or '(none reported)'!r}, "
             f"expected {expect_kernels!r} on this CPU (targets/{target.name.replace('-', '_')}"
             ".py cpu_kernels)")
     tol = golden.TOLERANCE[result.quant]
-    inputs = _inputs(firmware)
     params = inputs.params
     tok = n_text = None
     if inputs.device_tokenizes:
@@ -98,7 +101,7 @@ def check_firmware(target, firmware, model, result: CheckResult,
                 result.failures.append(bad)
                 continue
         # rows: the prompt, then one per generated token but the last.
-        want = golden.reference_rows(model, p.prompt, p.tokens[:-1])
+        want = golden.reference_rows(model, p.prompt, p.tokens[:-1], inputs.kv)
         n_pre = len(golden.decoder_prompt(model, p.prompt))
         cmp = golden.compare(p.rows, want, tol, what, n_pre)
         result.worst.append(cmp.message)
@@ -153,7 +156,7 @@ def check_target(target, firmware, model, cli=None, cli_model=None,
         from . import cli_check
         if cli_model is None:
             cli_model = Path(firmware).parent / "firmware" / "model.bin"
-        cli_check.check_cli(target, cli, cli_model, result)
+        cli_check.check_cli(target, cli, cli_model, result, kv=_inputs(firmware).kv)
         if expect_kernels:
             got, out = _cli_kernels(target, cli, cli_model)
             if got != expect_kernels:

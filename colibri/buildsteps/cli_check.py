@@ -12,8 +12,9 @@ import numpy as np
 from . import blob, emulate, golden
 
 
-def run_cli(target, cli, model, prompt, n_generate):
-    """Returns (rows [positions, vocab] float32, generated tokens, RunResult)."""
+def run_cli(target, cli, model, prompt, n_generate, kv: str = "f32"):
+    """Returns (rows [positions, vocab] float32, generated tokens, RunResult)
+    of colibri-cli with the KV cache `kv` (--kv f32|i8)."""
     fd, out = tempfile.mkstemp(suffix=".logits")
     os.close(fd)
     try:
@@ -21,7 +22,7 @@ def run_cli(target, cli, model, prompt, n_generate):
         enc = () if list(dec) == list(prompt) else (
             "--encoder-tokens", ",".join(map(str, prompt)))
         args = ("--model", str(model), *enc, "--tokens", ",".join(map(str, dec)),
-                "--generate", str(n_generate), "--logits-out", out)
+                "--generate", str(n_generate), "--logits-out", out, "--kv", kv)
         r = emulate.run(target, cli, args)
         rows = np.fromfile(out, dtype="<f4").astype(np.float32)
     finally:
@@ -34,14 +35,16 @@ def run_cli(target, cli, model, prompt, n_generate):
 
 
 def check_cli(target, cli, model, result, prompts=blob.DEFAULT_PROMPTS,
-              n_generate=blob.DEFAULT_GENERATE) -> None:
+              n_generate=blob.DEFAULT_GENERATE, kv: str = "f32") -> None:
     """Append failures to `result` (a check.CheckResult). `model` must be in
-    the target's byte order when the CLI cannot swap (static work buffer)."""
+    the target's byte order when the CLI cannot swap (static work buffer).
+    kv: the firmware's KV cache, which colibri-cli then uses too (so the two
+    stay bit-identical) and the reference quantises likewise."""
     tol = golden.TOLERANCE[result.quant]
     fw_prompts = result.firmware.prompts if result.firmware else []
     for i, prompt in enumerate(prompts):
         what = f"target {target.name}, colibri-cli, prompt {i} {list(prompt)}"
-        rows, tokens, r = run_cli(target, cli, model, prompt, n_generate)
+        rows, tokens, r = run_cli(target, cli, model, prompt, n_generate, kv)
         result.seconds_cli = getattr(result, "seconds_cli", 0.0) + r.seconds
         if r.returncode != 0:
             tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
@@ -51,7 +54,7 @@ def check_cli(target, cli, model, result, prompts=blob.DEFAULT_PROMPTS,
             result.failures.append(f"{what}: printed {len(tokens)} generated tokens, "
                                    f"expected {n_generate}")
             continue
-        want = golden.reference_rows(model, list(prompt), tokens[:-1])
+        want = golden.reference_rows(model, list(prompt), tokens[:-1], kv)
         if rows.size != want.size:
             result.failures.append(f"{what}: --logits-out holds {rows.size} values, "
                                    f"expected {want.shape}")

@@ -38,13 +38,14 @@ def decoder_prompt(model, prompt) -> list[int]:
     return list(prompt)
 
 
-def reference_rows(model, prompt, fed_tokens) -> np.ndarray:
+def reference_rows(model, prompt, fed_tokens, kv: str = "f32") -> np.ndarray:
     """Reference logits [len(prompt) + len(fed_tokens), vocab] for a prefill
     of `prompt` followed by one decode step per token of `fed_tokens`
     (teacher-forced with the tokens the target chose, so one argmax near a
     tie cannot derail the rest of the comparison). An encoder-decoder
     encodes `prompt` and prefills the decoder with its start token: [1 +
-    len(fed_tokens), vocab]."""
+    len(fed_tokens), vocab]. kv: the KV cache the target ran with ("i8":
+    the reference quantises its cache as the C runtime does)."""
     from .. import format as cformat
     cf = cformat.read_file(model)
     if cf.desc.has(cformat.Feat.ENC_DEC):
@@ -54,7 +55,7 @@ def reference_rows(model, prompt, fed_tokens) -> np.ndarray:
         rows = [ed.decode([[cf.desc.decoder_start]])[0]]
         rows += [ed.decode([[tok]])[0] for tok in fed_tokens]
         return np.concatenate(rows, axis=0).astype(np.float32)
-    ref = Reference(cf)
+    ref = Reference(cf, kv=kv)
     rows = [ref.forward(np.asarray([prompt], dtype=np.int64))[0]]
     for i, tok in enumerate(fed_tokens):
         rows.append(ref.forward(np.asarray([[tok]], dtype=np.int64), n_past=len(prompt) + i)[0])

@@ -14,6 +14,10 @@ Budgets (bytes, in a target's `budgets`):
 
 `measure` collects the numbers, `check_budgets` returns one actionable
 message per budget exceeded, `format_report` is what `scons size` prints.
+`model_memory` adds what the firmware's model holds (colibri/memory.py, the
+formulas held equal to the C library): in flash the model blob with its
+weights by part of the network, in RAM the static arena with its KV cache
+(per token and at max_seq_len), for the build's KV cache type.
 """
 from __future__ import annotations
 
@@ -50,6 +54,64 @@ class SizeReport:
     totals: dict[str, int] = field(default_factory=dict)  # budget name -> bytes
     boot_sections: list[Section] = field(default_factory=list)   # boot.elf, when measured
     boot_symbols: list[Symbol] = field(default_factory=list)
+    model: "ModelMemory | None" = None   # the embedded model's memory, when known
+
+
+@dataclass
+class ModelMemory:
+    """What the firmware's model holds (bytes): flash = the blob (the
+    .colibri file in the target's byte order: header, table, sections by
+    part), RAM = the arena (KV cache + the rest: tables, activations)."""
+    blob_bytes: int
+    parts: dict                    # memory.PARTS -> memory.Part
+    kv: str                        # "f32" or "i8"
+    arena_bytes: int               # what colibri_arena_size_ex returns on the target
+    kv_per_token: int              # one position of one sequence, all layers
+    kv_bytes: int                  # the cache as the arena holds it
+    max_seq_len: int
+    max_batch: int
+
+    @property
+    def header_table_padding(self) -> int:
+        return self.blob_bytes - sum(p.bytes for p in self.parts.values())
+
+    @property
+    def arena_without_kv(self) -> int:
+        return self.arena_bytes - self.kv_bytes
+
+
+def model_memory(blob_path: str | os.PathLike, kv: str, tables, chunk_tokens: int
+                 ) -> ModelMemory:
+    """The memory of the model file `blob_path` run with the KV cache `kv`
+    from a caller's arena of chunk_tokens rows, the structs of `tables`
+    (memory.Tables: the target's, blob.table_sizes_from_object)."""
+    from .. import format as cformat, memory
+    f = cformat.read_file(blob_path, check_crc=False)
+    try:
+        size = len(f._buf)
+        shape, desc, parts = f.shape, f.desc, memory.weight_parts(f.entries)
+    finally:
+        f.close()
+    per_token, total = memory.kv_bytes(shape, kv)
+    return ModelMemory(size, parts, kv, memory.arena_bytes(shape, desc, kv, chunk_tokens, tables),
+                       per_token, total, shape.max_seq_len, shape.max_batch)
+
+
+def format_model_memory(m: ModelMemory) -> list[str]:
+    from ..memory import PARTS, PART_TITLES, _dtype_names
+    lines = ["", "the firmware's model:",
+             f"  flash: model blob {m.blob_bytes} B ({_human(m.blob_bytes)})",
+             f"    {'part':<18}{'bytes':>12}  tensors  storage"]
+    for p in PARTS:
+        x = m.parts[p]
+        what = "desc, tokenizer" if p == "other" else _dtype_names(x.dtypes)
+        lines.append(f"    {PART_TITLES[p]:<18}{x.bytes:>12}  {x.tensors:>7}  {what}")
+    lines += [f"    {'header+table+pad':<18}{m.header_table_padding:>12}",
+              f"  ram: arena {m.arena_bytes} B ({_human(m.arena_bytes)}), KV cache {m.kv}",
+              f"    KV cache          {m.kv_bytes:>12}  ({m.kv_per_token} B per token x "
+              f"max_seq_len {m.max_seq_len} x batch {m.max_batch}, each piece 64-aligned)",
+              f"    rest of the arena {m.arena_without_kv:>12}  (tables, RoPE, activations)"]
+    return lines
 
 
 def _kind(name: str, flags: int, sh_type: str) -> str:
@@ -234,6 +296,8 @@ def format_report(report: SizeReport, target, n_symbols: int = 15, width: int = 
         flag = "  OVER BUDGET" if total > budget else ""
         lines.append(f"  {name:<15}[{bar}] {_human(total):>10} / {_human(budget):<10}"
                      f" {100 * frac:5.1f}%{flag}")
+    if report.model is not None:
+        lines += format_model_memory(report.model)
     lines += ["", f"{n_symbols} largest symbols of the firmware:"]
     for s in report.symbols[:n_symbols]:
         lines.append(f"  {s.size:>10}  {s.section:<16} {s.name}")

@@ -13,15 +13,16 @@
  * as `colibri generate` and colibri-cli do). It prints every logit row, the
  * chosen tokens, in text mode the text as the streaming detokenizer releases
  * it, and a checksum per prompt. Memory is all static: the arena is sized by
- * the build from the model header (FW_ARENA_BYTES), checked here against the
- * runtime's own colibri_arena_size before use. No malloc, no stdio.
+ * the build from the model header and the KV cache type (FW_ARENA_BYTES,
+ * FW_KV_DTYPE: scons kv=f32|i8), checked here against the runtime's own
+ * colibri_arena_size_ex before use. No malloc, no stdio.
  *
  * An encoder-decoder model (colibri_decoder_start >= 0) encodes each prompt
  * (colibri_encode) and prefills the decoder with its start token: the rows
  * are then the decoder's, 1 + FW_N_GENERATE - 1 of them.
  *
  * Output (parsed by colibri/buildsteps/emulate.py, one record per line):
- *   colibri-fw target=T model_bytes=N arena_bytes=A arena_needed=R
+ *   colibri-fw target=T model_bytes=N arena_bytes=A arena_needed=R kv=f32|i8
  *   kernels NAME                   the kernel table init picked (colibri_info)
  *   threads N                      workers per infer (fw_threads(); only
  *                                  printed when N > 1)
@@ -341,8 +342,10 @@ static int run_ids(void) {
 #endif
 
 int main(void) {
+    colibri_options opt = colibri_options_default();
+    opt.kv_dtype = FW_KV_DTYPE;
     size_t need = 0;
-    int rc = colibri_arena_size(colibri_model_blob, colibri_model_blob_size, &need);
+    int rc = colibri_arena_size_ex(colibri_model_blob, colibri_model_blob_size, &opt, &need);
 
     put("colibri-fw target=" FW_TARGET " model_bytes=");
     put_u32(colibri_model_blob_size);
@@ -350,7 +353,7 @@ int main(void) {
     put_u32((uint32_t)sizeof arena);
     put(" arena_needed=");
     put_u32((uint32_t)need);
-    put("\n");
+    put(" kv=" FW_KV_NAME "\n");
     /* Refuse a model corrupted in flash before anything parses it. */
     int bad = colibri_fw_model_check(colibri_model_blob, colibri_model_blob_size, NULL);
     if (bad) return bad;
@@ -358,9 +361,9 @@ int main(void) {
         /* colibri_arena_size has no model to keep a detail in; init refuses
          * the same blob with the same reason and writes it (e.g. an ENC_DEC
          * model on an encdec=0 build: "... (built with encdec=0)"). */
-        (void)colibri_init_from_memory(&model, colibri_model_blob,
-                                       colibri_model_blob_size, arena, sizeof arena);
-        return fail("colibri_arena_size", COLIBRI_CALL_INIT, rc);
+        (void)colibri_init_from_memory_ex(&model, colibri_model_blob,
+                                          colibri_model_blob_size, arena, sizeof arena, &opt);
+        return fail("colibri_arena_size_ex", COLIBRI_CALL_INIT, rc);
     }
     if (need > sizeof arena) {
         put("error: the runtime needs an arena of ");
@@ -370,9 +373,9 @@ int main(void) {
         put(" (FW_ARENA_BYTES): colibri/buildsteps/blob.py arena_bytes is short for this runtime\n");
         return 2;
     }
-    rc = colibri_init_from_memory(&model, colibri_model_blob, colibri_model_blob_size,
-                                  arena, sizeof arena);
-    if (rc) return fail("colibri_init_from_memory", COLIBRI_CALL_INIT, rc);
+    rc = colibri_init_from_memory_ex(&model, colibri_model_blob, colibri_model_blob_size,
+                                     arena, sizeof arena, &opt);
+    if (rc) return fail("colibri_init_from_memory_ex", COLIBRI_CALL_INIT, rc);
     /* Which kernels run is chosen at init from the CPU (AVX2, SDOT): say
      * which, so a test can tell the runs on different CPUs apart. */
     colibri_info info;
