@@ -42,9 +42,11 @@ def test_seeds_of_every_quantisation_load_and_infer(replay_exe, tmp_path):
             assert r.infer == -8 and "out of range" in r.detail, r
             continue
         assert (r.infer, r.decode, r.nonfinite) == (0, 0, 0), r
-    # Every quantisation is represented (f32, int8, mixed, big-endian).
+    # Every quantisation is represented (f32, int8, mixed, big-endian, the
+    # block types in both byte orders).
     kinds = {"f32", "int8", "mixed-a", "mixed-b", "be-f32", "be-int8", "v2-qwen2", "v2-qwen3",
-             "v2-olmoe", "v2-granite", "v2-encdec-int8", "v2-encdec-be-f32"}
+             "v2-olmoe", "v2-granite", "v2-encdec-int8", "v2-encdec-be-f32", "q4-mix",
+             "q4-blocks", "q4-blocks-be"}
     assert all(any(k in n for n in results) for k in kinds)
 
 
