@@ -82,7 +82,8 @@ class _Info(ctypes.Structure):
                 ("chunk_tokens", ctypes.c_uint32), ("kernels", ctypes.c_char_p),
                 ("load_mode", ctypes.c_char_p), ("huge_pages_advised", ctypes.c_uint8),
                 ("n_threads", ctypes.c_uint32), ("thread_flags", ctypes.c_uint32),
-                ("executor", ctypes.c_uint8)]
+                ("executor", ctypes.c_uint8), ("dtypes_attn", ctypes.c_uint16),
+                ("dtypes_expert", ctypes.c_uint16)]
 
 
 class _TokInfo(ctypes.Structure):

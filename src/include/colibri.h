@@ -124,6 +124,12 @@ typedef struct colibri_info {
     uint32_t thread_flags;        /* colibri_set_threads flags in use */
     uint8_t executor;             /* 1: the workers are the caller's
                                      (colibri_set_executor) */
+    /* Every dtype the attention (WQ, WK, WV, WO of layer 0) and the routed
+     * experts (W1, W3, W2 of every expert of the first layer with experts)
+     * use, as bits 1 << COLIBRI_DTYPE_*: a mix such as `--quant q4` keeps
+     * WV in Q6_K beside WQ's Q4_K, W2 in Q4_0 where its rows are narrow,
+     * which dtype_attn / dtype_expert (WQ's, W1's) alone do not show. */
+    uint16_t dtypes_attn, dtypes_expert;
 } colibri_info;
 
 /* The caller's workers, for an RTOS or bare metal (colibri_set_executor):
