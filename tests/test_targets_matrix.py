@@ -250,7 +250,7 @@ def test_check_fails_on_an_unexpected_kernel_table(matrix_build, matrix_models):
     assert any(f"colibri-cli --info on {on.cpu}" in f for f in result.failures)
 
 
-@pytest.mark.parametrize("build", ["int8", "f32"])
+@pytest.mark.parametrize("build", ["int8", "f32", "q4"])
 @pytest.mark.parametrize("name", [n for n in ("armv7", "x86_64") if n in TARGETS])
 def test_firmware_two_threads_same_bits(name, build, matrix_build):
     """The Linux firmware on 2 threads (COLIBRI_FW_THREADS=2: pthreads under
