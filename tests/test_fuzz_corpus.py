@@ -59,6 +59,24 @@ def test_committed_corpus_replays_clean_under_asan_ubsan(replay_exe):
     assert len({r.init for r in results}) >= 3   # several distinct init outcomes
 
 
+def test_committed_corpus_holds_every_block_type_in_both_byte_orders():
+    """The committed corpus (replayed above under the sanitizers) carries
+    valid files holding Q4_0, Q4_K and Q6_K, little- and big-endian, so the
+    replay reaches the block kernels and the blocks' swap without the seeds."""
+    from colibri import format as F
+    from colibri.errors import FormatError
+    seen = set()
+    for path in CORPUS.iterdir():
+        try:
+            cf = F.parse(path.read_bytes()[:-gen_seeds.TAIL])
+        except FormatError:
+            continue
+        seen |= {(cf.byte_order, F.DType(e.dtype)) for e in cf.entries}
+    for order in ("little", "big"):
+        for dt in (F.DType.Q4_0, F.DType.Q4_K, F.DType.Q6_K):
+            assert (order, dt) in seen, (order, dt.name)
+
+
 def test_regression_inputs_are_handled(replay_exe):
     """regress-* inputs once crashed the library (UB under UBSan). The NaN
     one (NaN int8 scales with valid CRCs) reached the activation quantiser;
