@@ -3,8 +3,8 @@ section) and `colibri verify FILE` (every CRC; names the sections that fail).
 
 Both open the file with format.read_file(check_crc=False): the structure
 (header CRC, table CRC, offsets, sizes) is always validated, but section CRCs
-are left to `verify`, so `info` on a file with a damaged section still shows
-what is in it.
+(and, behind them, the finiteness of every stored float) are left to
+`verify`, so `info` on a file with a damaged section still shows what is in it.
 """
 from __future__ import annotations
 
@@ -212,6 +212,14 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         problems = cf.verify()
         n = len(cf.entries)
+        if not problems:
+            # CRC-valid but NaN or infinite weights (a float32 value, an int8
+            # scale, a block's d or dmin): colibri_init and colibri-cli
+            # --verify refuse such a file, so verify does too.
+            try:
+                fmt._check_finite(cf)
+            except FormatError as exc:
+                problems = [str(exc)]
     finally:
         cf.close()
     if problems:

@@ -83,7 +83,8 @@ class _Info(ctypes.Structure):
                 ("load_mode", ctypes.c_char_p), ("huge_pages_advised", ctypes.c_uint8),
                 ("n_threads", ctypes.c_uint32), ("thread_flags", ctypes.c_uint32),
                 ("executor", ctypes.c_uint8), ("kv_dtype", ctypes.c_uint8),
-                ("kv_bytes_per_token", ctypes.c_uint64), ("kv_bytes", ctypes.c_uint64)]
+                ("kv_bytes_per_token", ctypes.c_uint64), ("kv_bytes", ctypes.c_uint64),
+                ("dtypes_attn", ctypes.c_uint16), ("dtypes_expert", ctypes.c_uint16)]
 
 
 class _Options(ctypes.Structure):

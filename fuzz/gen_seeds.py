@@ -11,8 +11,13 @@ group 4, 3 experts top-3, 5 heads over 1 KV head), a file carrying an
 optional section of an unknown kind, and format version 2 files whose
 descriptions cover every feature flag (biases, both q/k norms, clip_qkv,
 shared expert with and without gate, the multipliers, a dense layer), and
-encoder-decoder (ENC_DEC, RELU_FFN) files in both byte orders. Weights are seeded random numbers; the
-files are a few KB so the fuzzer runs thousands of executions a second.
+encoder-decoder (ENC_DEC, RELU_FFN) files in both byte orders, and the block
+types: `--quant q4`'s mix on narrow rows (Q4_0 with int8 fallbacks) and a
+file holding Q4_0, Q4_K and Q6_K in both byte orders (BLOCKS_Q4: K blocks on
+rows narrower than 256 columns, each row one padded block, so the file stays
+under the fuzzer's -max_len). Weights are seeded random numbers; the files
+are a few KB (the block ones about 16 KB) so the fuzzer runs thousands of
+executions a second.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from colibri import format as F  # noqa: E402
+from colibri import quant  # noqa: E402
 from colibri.format import DType, Kind, ModelShape  # noqa: E402
 
 # Control-tail flags (fuzz_init_infer.c FL_*).
@@ -68,14 +74,25 @@ V2_DESCRIPTIONS = {
                              residual_scale=0.5, logits_divisor=3.0),
 }
 
+# Every block type in one small file: the K types (256 columns a block) on
+# 16-column rows are one padded block a row, valid (FORMAT.md 4) though not
+# what the converter chooses, so the fuzzer reaches Q4_K and Q6_K in a file
+# of ~16 KB. ONE_LAYER keeps it small: one layer, two experts.
+BLOCKS_Q4 = {**F.PRESET_INT8, Kind.EMBED: DType.Q4_K, Kind.WQ: DType.Q4_K, Kind.WK: DType.Q6_K,
+             Kind.WV: DType.Q4_0, Kind.WO: DType.Q4_0, Kind.EXPERT_W1: DType.Q4_K,
+             Kind.EXPERT_W3: DType.Q6_K, Kind.EXPERT_W2: DType.Q4_0, Kind.LM_HEAD: DType.Q6_K}
+ONE_LAYER = dataclasses.replace(TINY, n_layers=1, n_experts=2)
+
 MIXED_B = {**F.PRESET_INT8, Kind.EMBED: DType.F32, Kind.ROUTER: DType.F32,
            Kind.LM_HEAD: DType.F32, **{k: DType.F32 for k in F.EXPERT_KINDS}}
 
 
 def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int = 0,
-                desc: F.Description | None = None) -> bytes:
+                desc: F.Description | None = None, exact_dtypes: bool = False) -> bytes:
     """A valid file with seeded weights (scaled so logits are O(1)); with
-    `desc`, the version 2 file of that description."""
+    `desc`, the version 2 file of that description. `exact_dtypes`: every
+    tensor in its preset dtype, without the writer's narrow-row fallback of
+    the K block types (format.fit_dtype)."""
     rng = np.random.default_rng(seed)
     tensors = []
     rd = None if desc is None else desc.resolved(shape)
@@ -94,8 +111,18 @@ def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int
         path = Path(d) / "m.colibri"
         with F.ColibriWriter(path, shape, preset, byte_order, desc) as wr:
             for kind, layer, expert, w in tensors:
-                wr.add(kind, layer, expert, w)
+                if exact_dtypes:
+                    dt = preset[kind]
+                    wr.add_encoded(kind, layer, expert, dt,
+                                   *quant.encode(w, dt, shape.group_size))
+                else:
+                    wr.add(kind, layer, expert, w)
         return path.read_bytes()
+
+
+def block_bytes(byte_order: str = "little", seed: int = 0) -> bytes:
+    """ONE_LAYER with BLOCKS_Q4: Q4_0, Q4_K and Q6_K in one file of ~16 KB."""
+    return model_bytes(ONE_LAYER, BLOCKS_Q4, byte_order, seed=seed, exact_dtypes=True)
 
 
 def with_unknown_section(raw: bytes) -> bytes:
@@ -163,6 +190,13 @@ def seeds() -> dict[str, bytes]:
         + tail(base | MASK, batch=1, seq=6, mask=0b0111111),
         "seed-v2-encdec-be-f32": model_bytes(ENCDEC, F.PRESET_F32, "big", seed=13,
                                              desc=ENCDEC_DESC) + tail(base | VIA_FILE, seq=5),
+        # The block types: --quant q4 on narrow rows (Q4_0, int8), and all
+        # three block types in both byte orders (the big-endian one through
+        # colibri_init, which swaps only the blocks' float32 fields).
+        "seed-q4-mix": model_bytes(TINY, F.PRESET_Q4, seed=14) + tail(base | MASK, batch=1,
+                                                                       mask=0b110),
+        "seed-q4-blocks": block_bytes(seed=15) + tail(base | REWIND, seq=6),
+        "seed-q4-blocks-be": block_bytes("big", seed=16) + tail(base | VIA_FILE, batch=1),
     }
     return out
 

@@ -12,12 +12,19 @@
 #   PROMPT="Python is" GENERATE=64 ./scripts/demo.sh
 #   GREEDY=1 ./scripts/demo.sh   # argmax instead of seeded sampling
 #   TEMPERATURE=1.0 TOP_K=0 SEED=5 ./scripts/demo.sh
+#   QUANT=q4 ./scripts/demo.sh   # the 4-bit mix (default int8; f32 too):
+#                                # hidden 128 rows give Q4_0, int8 fallbacks
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 target=${1:-armv7}
 prompt=${PROMPT:-The Python tutorial}
 generate=${GENERATE:-60}
+quant=${QUANT:-int8}
+case "$quant" in
+    f32|int8|q4) ;;
+    *) echo "QUANT=$quant: choose f32, int8 or q4 (colibri convert --quant)" >&2; exit 2 ;;
+esac
 # Seeded sampling (models/demo/eval.py's SAMPLE_*): the same text on every
 # target; greedy=1 overrides the temperature.
 sampling=(temperature="${TEMPERATURE:-0.8}" top_k="${TOP_K:-40}" seed="${SEED:-1}"
@@ -29,12 +36,12 @@ step "1/6 setup (installs only what is missing)"
 bash scripts/setup.sh
 export PATH="$root/.venv/bin:$PATH"
 out=build/demo
-model=$out/demo-int8.colibri
+model=$out/demo-$quant.colibri
 key=$out/dev-signing.key
 mkdir -p "$out"
 
-step "2/6 colibri convert models/demo/checkpoint -o $model --quant int8"
-colibri convert models/demo/checkpoint -o "$model" --quant int8
+step "2/6 colibri convert models/demo/checkpoint -o $model --quant $quant"
+colibri convert models/demo/checkpoint -o "$model" --quant "$quant"
 colibri info --brief "$model"
 
 step "3/6 scons target=$target model=$model (library, colibri-cli, firmware, size budgets)"

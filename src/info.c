@@ -87,6 +87,14 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
     out->dtype_router = p->layers[moe_layer].router.dtype;
     out->dtype_expert = p->layers[moe_layer].experts[0].w1.dtype;
     out->dtype_lm_head = p->lm_head.dtype;
+    const clb_layer *l0 = &p->layers[0];
+    out->dtypes_attn = (uint16_t)(1u << l0->wq.dtype | 1u << l0->wk.dtype |
+                                  1u << l0->wv.dtype | 1u << l0->wo.dtype);
+    const clb_layer *lm = &p->layers[moe_layer];
+    for (uint32_t e = 0; !lm->dense && e < v->shape.n_experts; e++)
+        out->dtypes_expert |= (uint16_t)(1u << lm->experts[e].w1.dtype |
+                                         1u << lm->experts[e].w3.dtype |
+                                         1u << lm->experts[e].w2.dtype);
     out->file_size = v->blob_size;
     out->arena_bytes = v->arena_size;
     out->chunk_tokens = p->chunk;

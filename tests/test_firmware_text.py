@@ -21,7 +21,10 @@ cortex-m bare metal under QEMU) the firmware's output must show:
   tolerance can move: a near-tie cannot make it flaky);
 - text equal to `tokenizers`' decode of the device's tokens.
 Then the check is shown to fail when the host expects another seed or other
-prompt ids (so it is not a test that cannot fail).
+prompt ids (so it is not a test that cannot fail). The same checkpoint
+converted with `--quant q4` (Q4_0 blocks on its 32-wide rows: what
+`QUANT=q4 ./scripts/demo.sh` runs) is checked the same way on x86_64 and on
+armv7 under qemu-arm, the demo's target (a second build, two targets only).
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
-from colibri.buildsteps import blob, check, emulate, toolchain  # noqa: E402
+from colibri.buildsteps import blob, check, emulate, golden, toolchain  # noqa: E402
 
 TARGETS = targets.load_all()
 SCONS = str(ROOT / ".venv" / "bin" / "scons")
@@ -75,6 +78,28 @@ def built(tiny):
     return out
 
 
+Q4_TARGETS = [n for n in ("x86_64", "armv7") if n in TARGETS]
+
+
+@pytest.fixture(scope="module")
+def built_q4(tiny):
+    """The tiny checkpoint with the 4-bit mix, built for Q4_TARGETS."""
+    from colibri.convert import ColibriExporter
+    _, _, d = tiny
+    model = ColibriExporter(d / "ck", quant="q4", max_seq_len=64).export(d / "tiny-q4.colibri")
+    assert golden.quantisation(model) == "q4"
+    out = d / "build-q4"
+    args = [f"{k}={v}" for k, v in SAMPLING.items()]
+    for name in Q4_TARGETS:
+        if toolchain.missing_tools(TARGETS[name]):
+            continue
+        p = subprocess.run([SCONS, "-Q", "-j2", f"target={name}", f"model={model}",
+                            f"prompt={PROMPT}", f"generate={GENERATE}", f"build_dir={out}",
+                            *args], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return model, out
+
+
 def _runnable(name):
     t = TARGETS[name]
     problem = toolchain.missing_emulator(t)
@@ -106,6 +131,24 @@ def test_device_tokenises_samples_and_prints_text_like_the_references(tiny, buil
     rows = p.rows[len(p.prompt) - 1:]
     assert any(int(rows[g][:hf.get_vocab_size()].argmax()) != tok
                for g, tok in enumerate(p.tokens)), "the firmware did not sample"
+
+
+@pytest.mark.parametrize("name", Q4_TARGETS)
+def test_q4_device_text_like_the_references(tiny, built_q4, name):
+    """The 4-bit file on the device: its ids are `tokenizers`' ids, its
+    logits within the q4 tolerance of the numpy reference, its sampled
+    tokens the reference sampler's, its text `tokenizers`' decode."""
+    hf, _, _ = tiny
+    model, out = built_q4
+    t = _runnable(name)
+    if not (out / name / "firmware.elf").exists():
+        pytest.skip(f"{name}: no toolchain")
+    result = check.CheckResult(name, golden.quantisation(model), bool(t.emulator), cpu=t.cpu)
+    check.check_firmware(t, out / name / "firmware.elf", model, result)
+    assert result.ok, result.summary()
+    p = result.firmware.prompts[0]
+    assert p.prompt == hf.encode(PROMPT).ids and len(p.tokens) == GENERATE
+    assert p.text.decode("utf-8") == hf.decode(p.tokens)
 
 
 def test_the_check_fails_when_the_host_expects_another_seed_or_other_ids(tiny, built, tmp_path):

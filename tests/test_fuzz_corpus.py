@@ -42,9 +42,11 @@ def test_seeds_of_every_quantisation_load_and_infer(replay_exe, tmp_path):
             assert r.infer == -8 and "out of range" in r.detail, r
             continue
         assert (r.infer, r.decode, r.nonfinite) == (0, 0, 0), r
-    # Every quantisation is represented (f32, int8, mixed, big-endian).
+    # Every quantisation is represented (f32, int8, mixed, big-endian, the
+    # block types in both byte orders).
     kinds = {"f32", "int8", "mixed-a", "mixed-b", "be-f32", "be-int8", "v2-qwen2", "v2-qwen3",
-             "v2-olmoe", "v2-granite", "v2-encdec-int8", "v2-encdec-be-f32"}
+             "v2-olmoe", "v2-granite", "v2-encdec-int8", "v2-encdec-be-f32", "q4-mix",
+             "q4-blocks", "q4-blocks-be"}
     assert all(any(k in n for n in results) for k in kinds)
 
 
@@ -55,6 +57,24 @@ def test_committed_corpus_replays_clean_under_asan_ubsan(replay_exe):
     # The corpus exercises the forward pass, not only the checks.
     assert sum(r.infer == 0 for r in results) >= 3, [r.init for r in results]
     assert len({r.init for r in results}) >= 3   # several distinct init outcomes
+
+
+def test_committed_corpus_holds_every_block_type_in_both_byte_orders():
+    """The committed corpus (replayed above under the sanitizers) carries
+    valid files holding Q4_0, Q4_K and Q6_K, little- and big-endian, so the
+    replay reaches the block kernels and the blocks' swap without the seeds."""
+    from colibri import format as F
+    from colibri.errors import FormatError
+    seen = set()
+    for path in CORPUS.iterdir():
+        try:
+            cf = F.parse(path.read_bytes()[:-gen_seeds.TAIL])
+        except FormatError:
+            continue
+        seen |= {(cf.byte_order, F.DType(e.dtype)) for e in cf.entries}
+    for order in ("little", "big"):
+        for dt in (F.DType.Q4_0, F.DType.Q4_K, F.DType.Q6_K):
+            assert (order, dt) in seen, (order, dt.name)
 
 
 def test_regression_inputs_are_handled(replay_exe):

@@ -680,3 +680,236 @@ def test_encoder_decoder_wrong_crc_in_each_section(replay_exe, encdec_file, tmp_
         assert got[i].init == CRC and f"tensor {i} (" in got[i].detail, (i, got[i])
         with pytest.raises(CRCError):
             F.parse(files[i])
+
+
+# ---- the block types (Q4_0, Q4_K, Q6_K), in both byte orders ------------------
+#
+# fuzz/gen_seeds.py's block file: ONE_LAYER (hidden 16, 2 experts) with
+# EMBED / WQ / EXPERT_W1 Q4_K, WK / EXPERT_W3 / LM_HEAD Q6_K, WV / WO /
+# EXPERT_W2 Q4_0 (each row one block: FORMAT.md 4 pads the last block), the
+# router int16, norms float32. Every case runs on the little- and the
+# big-endian file: both readers must give the same verdict either way.
+
+BYTE_ORDERS = {"little": "<", "big": ">"}
+
+
+def _replay_flags(bc: str) -> int:
+    """A big-endian file goes through colibri_init (a path: read, then the
+    blocks' float32 fields swapped), as a little-endian host loads it;
+    zero-copy would refuse it with COLIBRI_E_BYTE_ORDER before any check."""
+    return FLAGS | (replay.VIA_FILE if bc == ">" else 0)
+
+
+def _entry_set(raw: bytearray, bc: str, index: int, name: str, value) -> bytearray:
+    """Set one table field in the file's byte order, table and header CRCs fixed."""
+    from test_format import _fix_crcs
+    off = dict((n, o) for n, _, o in F.ENTRY_FIELDS)[name]
+    code = dict((n, c) for n, c, _ in F.ENTRY_FIELDS)[name]
+    struct.pack_into(bc + code, raw, 64 + 40 * index + off, value)
+    return _fix_crcs(raw, bc)
+
+
+def _section_crc_fixed(raw: bytearray, bc: str, index: int) -> bytearray:
+    """Recompute section `index`'s CRC (and the table's, the header's)."""
+    off = entry_off_bo(raw, bc, index, "offset")
+    size = entry_off_bo(raw, bc, index, "size")
+    return _entry_set(raw, bc, index, "crc", zlib.crc32(bytes(raw[off:off + size])))
+
+
+def entry_off_bo(raw, bc: str, i: int, name: str) -> int:
+    off = dict((n, o) for n, _, o in F.ENTRY_FIELDS)[name]
+    code = dict((n, c) for n, c, _ in F.ENTRY_FIELDS)[name]
+    return struct.unpack_from(bc + code, raw, 64 + 40 * i + off)[0]
+
+
+@pytest.fixture(scope="module", params=list(BYTE_ORDERS))
+def block_file(request) -> tuple[str, bytes]:
+    """(byte-order char, the block file in that order)."""
+    raw = gen_seeds.block_bytes(request.param, seed=30)
+    dtypes = {F.DType(e.dtype) for e in F.parse(raw).entries}
+    assert {F.DType.Q4_0, F.DType.Q4_K, F.DType.Q6_K} <= dtypes
+    return BYTE_ORDERS[request.param], raw
+
+
+def block_cases(bc: str, raw: bytes) -> list[Case]:
+    cf = F.parse(raw)
+    idx = {(F.Kind(e.kind), e.layer, e.expert): i for i, e in enumerate(cf.entries)}
+    NI = F.NO_INDEX
+    i_emb, i_lm = idx[(F.Kind.EMBED, NI, NI)], idx[(F.Kind.LM_HEAD, NI, NI)]
+    i_wv, i_w1 = idx[(F.Kind.WV, 0, NI)], idx[(F.Kind.EXPERT_W1, 0, 1)]
+    i_norm, i_ffn = idx[(F.Kind.ATTN_NORM, 0, NI)], idx[(F.Kind.FFN_NORM, 0, NI)]
+    i_router, i_final = idx[(F.Kind.ROUTER, 0, NI)], idx[(F.Kind.FINAL_NORM, NI, NI)]
+    emb, lm, wv, w1 = (cf.entries[i] for i in (i_emb, i_lm, i_wv, i_w1))
+    set_ = lambda i, name, v: (lambda r: _entry_set(r, bc, i, name, v))  # noqa: E731
+
+    def sizes(e, dtype):
+        return F.section_size(dtype, e.rows, e.cols, cf.shape.group_size)
+
+    cases = [
+        # A block section one block short, or one block long: the size no
+        # longer matches rows * ceil(cols / B) blocks.
+        Case("Q4_K size one block short", set_(i_emb, "size", emb.size - 148), BAD_FORMAT,
+             rf"tensor {i_emb} \(EMBED\): size {emb.size - 148}, dtype 4 \[17, 16\] needs {emb.size}",
+             rf"entry {i_emb} \(EMBED\): size = {emb.size - 148}, expected {emb.size}"),
+        Case("Q6_K size one block long", set_(i_lm, "size", lm.size + 212), BAD_FORMAT,
+             rf"tensor {i_lm} \(LM_HEAD\): size {lm.size + 212}, dtype 5 \[17, 16\] needs {lm.size}",
+             rf"entry {i_lm} \(LM_HEAD\): size = {lm.size + 212}, expected {lm.size}"),
+        # The dtype relabelled: the stored bytes have the other type's size.
+        Case("Q4_K relabelled Q4_0", set_(i_emb, "dtype", 3), BAD_FORMAT,
+             rf"tensor {i_emb} \(EMBED\): size {emb.size}, dtype 3 \[17, 16\] needs "
+             rf"{sizes(emb, 3)}", rf"size = {emb.size}, expected {sizes(emb, 3)}"),
+        Case("Q6_K relabelled Q4_K", set_(i_lm, "dtype", 4), BAD_FORMAT,
+             rf"tensor {i_lm} \(LM_HEAD\): size {lm.size}, dtype 4 \[17, 16\] needs "
+             rf"{sizes(lm, 4)}", rf"size = {lm.size}, expected {sizes(lm, 4)}"),
+        Case("Q4_0 relabelled I8_GROUP", set_(i_wv, "dtype", 1), BAD_FORMAT,
+             rf"tensor {i_wv} \(WV\): size {wv.size}, dtype 1 \[4, 16\] needs "
+             rf"{sizes(wv, 1)}", rf"size = {wv.size}, expected {sizes(wv, 1)}"),
+        Case("Q4_K relabelled F32", set_(i_w1, "dtype", 0), BAD_FORMAT,
+             rf"tensor {i_w1} \(EXPERT_W1\): size {w1.size}, dtype 0 \[8, 16\] "
+             rf"needs {sizes(w1, 0)}", rf"size = {w1.size}, expected {sizes(w1, 0)}"),
+        Case("dtype one past Q6_K", set_(i_emb, "dtype", 6), BAD_FORMAT,
+             rf"tensor {i_emb} \(EMBED\): unknown dtype 6", r"entry 0 \(EMBED\).*dtype"),
+        # A block type on a kind that does not allow one (norms, router).
+        Case("ATTN_NORM as Q4_0", set_(i_norm, "dtype", 3), BAD_FORMAT,
+             rf"tensor {i_norm} \(ATTN_NORM\): dtype 3 not allowed for this kind",
+             r"dtype Q4_0 is not allowed for ATTN_NORM"),
+        Case("FFN_NORM as Q4_K", set_(i_ffn, "dtype", 4), BAD_FORMAT,
+             rf"tensor {i_ffn} \(FFN_NORM\): dtype 4 not allowed for this kind",
+             r"dtype Q4_K is not allowed for FFN_NORM"),
+        Case("FINAL_NORM as Q6_K", set_(i_final, "dtype", 5), BAD_FORMAT,
+             rf"tensor {i_final} \(FINAL_NORM\): dtype 5 not allowed for this kind",
+             r"dtype Q6_K is not allowed for FINAL_NORM"),
+        Case("ROUTER as Q4_K", set_(i_router, "dtype", 4), BAD_FORMAT,
+             rf"tensor {i_router} \(ROUTER\): dtype 4 not allowed for this kind",
+             r"dtype Q4_K is not allowed for ROUTER"),
+        Case("ROUTER as Q4_0", set_(i_router, "dtype", 3), BAD_FORMAT,
+             rf"tensor {i_router} \(ROUTER\): dtype 3 not allowed for this kind",
+             r"dtype Q4_0 is not allowed for ROUTER"),
+        # A block's padding columns (16..31 of a 16-column Q4_0 row: the
+        # high nibbles of qs) hold other values: still valid (a reader never
+        # uses them), and the logits stay finite.
+        Case("padding nibbles of a Q4_0 block changed", lambda r: _section_crc_fixed(
+            _set_high_nibbles(r, wv.offset + 4, 16), bc, i_wv), 0, "", None),
+    ]
+    return cases
+
+
+def _set_high_nibbles(raw: bytearray, at: int, n: int) -> bytearray:
+    for k in range(at, at + n):
+        raw[k] |= 0xF0
+    return raw
+
+
+def test_block_hostile_cases_in_c_and_python(replay_exe, block_file, tmp_path):
+    """Wrong sizes for a block dtype, a block dtype relabelled, block types
+    on kinds that allow none (norms, router): the same refusal from
+    colibri_init_from_memory and colibri.format.parse, in either byte order;
+    the intact file (and one whose padding columns changed) loads, infers,
+    decodes and verifies with finite logits."""
+    bc, raw = block_file
+    cases = block_cases(bc, raw)
+    assert len({c.name for c in cases}) == len(cases)
+    files = {c.name: bytes(c.mutate(bytearray(raw))) for c in cases}
+    files["intact"] = raw
+    got = run_c(replay_exe, tmp_path, files, _replay_flags(bc))
+    r = got["intact"]
+    assert (r.init, r.infer, r.decode, r.verify, r.nonfinite) == (0, 0, 0, 0, 0), r
+    bad = []
+    for c in cases:
+        r = got[c.name]
+        if r.init != c.c_code or not re.search(c.c_detail, r.detail):
+            bad.append(f"C {c.name}: init {r.init} {r.detail!r}, want {c.c_code} /{c.c_detail}/")
+        if c.c_code == 0 and (r.infer, r.decode, r.verify, r.nonfinite) != (0, 0, 0, 0):
+            bad.append(f"C {c.name}: loads but infer {r.infer} decode {r.decode} "
+                       f"verify {r.verify} nonfinite {r.nonfinite}")
+        try:
+            F.parse(files[c.name])
+        except FormatError as exc:
+            if c.py is None or not re.search(c.py, str(exc)) or isinstance(exc, CRCError):
+                bad.append(f"Python {c.name}: {type(exc).__name__}: {exc}; want /{c.py}/")
+        else:
+            if c.py is not None:
+                bad.append(f"Python {c.name}: accepted, want /{c.py}/")
+    assert not bad, "\n".join(bad)
+
+
+def _block_floats(e: F.Entry) -> list[tuple[int, int]]:
+    """(float index as both readers count it, byte offset in the section) of
+    the float32 fields of the first and the last block of a block tensor:
+    d (and Q4_K's dmin at +4) of each block, block after block."""
+    nb = e.rows * F.blocks.n_blocks(e.cols, e.dtype)
+    per = 2 if e.dtype == F.DType.Q4_K else 1
+    size = F.blocks.BLOCK_BYTES[e.dtype]
+    picks = [(0, 0), (per * (nb - 1), size * (nb - 1))]
+    if per == 2:
+        picks.append((per * (nb - 1) + 1, size * (nb - 1) + 4))   # the last dmin
+    return picks
+
+
+def test_non_finite_block_scales_are_refused_in_c_and_python(replay_exe, block_file, tmp_path):
+    """NaN or infinity in a block's d (or a Q4_K block's dmin), first block
+    and last, with every CRC valid, in either byte order: C check_finite and
+    Python _check_finite both refuse the file, naming the tensor and the
+    same float of its scales (counted d, dmin, d, dmin, ... block by block)."""
+    bc, raw = block_file
+    cf = F.parse(raw)
+    files = {}
+    for i, e in enumerate(cf.entries):
+        if not F.blocks.is_block(e.dtype):
+            continue
+        for k, at in _block_floats(e):
+            for v in (float("nan"), float("inf")):
+                b = bytearray(raw)
+                struct.pack_into(bc + "f", b, e.offset + at, v)
+                files[(i, k, v)] = bytes(_section_crc_fixed(b, bc, i))
+    # EMBED, WQ, WK, WV, WO, LM_HEAD and three per expert.
+    assert len({i for i, _, _ in files}) == 6 + 3 * cf.shape.n_experts
+    got = run_c(replay_exe, tmp_path, files, _replay_flags(bc))
+    bad = []
+    for (i, k, v), data in files.items():
+        what = "NaN" if v != v else "infinite"
+        r = got[(i, k, v)]
+        want = rf"tensor {i} \(.*\): float {k} of its scales is {what}: the file holds non-finite"
+        if r.init != BAD_FORMAT or not re.search(want, r.detail):
+            bad.append(f"C {i} float {k} {what}: init {r.init} {r.detail!r}")
+        try:
+            F.parse(data)
+        except FormatError as exc:
+            if not re.search(rf"entry {i} \(.*\): float {k} of its scales is {what}: the file "
+                             "holds non-finite", str(exc)):
+                bad.append(f"Python {i} float {k} {what}: {exc}")
+        else:
+            bad.append(f"Python {i} float {k} {what}: accepted")
+    assert not bad, "\n".join(bad)
+
+
+def test_block_file_truncated_at_every_64_byte_boundary(replay_exe, block_file, tmp_path):
+    """Every cut of the block file (most fall inside a block section) is a
+    format error naming the truncation, in C and Python, before any CRC."""
+    bc, raw = block_file
+    cuts = {cut: raw[:cut] for cut in range(0, len(raw), 64)}
+    got = run_c(replay_exe, tmp_path, cuts, _replay_flags(bc))
+    for cut, r in got.items():
+        assert r.init == BAD_FORMAT, (cut, r)
+        assert "truncated" in r.detail or "shorter" in r.detail, (cut, r.detail)
+        with pytest.raises(FormatError) as exc:
+            F.parse(cuts[cut])
+        assert not isinstance(exc.value, CRCError), (cut, exc.value)
+
+
+def test_block_file_wrong_crc_in_each_section(replay_exe, block_file, tmp_path):
+    """A flipped byte in any section (block sections: in a block's packed
+    values, not its scales) is a CRC error naming the tensor, in C and Python."""
+    bc, raw = block_file
+    cf = F.parse(raw)
+    files = {}
+    for i, e in enumerate(cf.entries):
+        b = bytearray(raw)
+        b[e.offset + e.size // 2] ^= 0x20
+        files[i] = bytes(b)
+    got = run_c(replay_exe, tmp_path, files, _replay_flags(bc))
+    for i, e in enumerate(cf.entries):
+        assert got[i].init == CRC and got[i].verify == CRC, (i, got[i])
+        assert f"tensor {i} (" in got[i].detail and "crc" in got[i].detail, (i, got[i].detail)
+        with pytest.raises(CRCError, match=re.escape(e.label().split()[0])):
+            F.parse(files[i])

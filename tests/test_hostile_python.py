@@ -28,7 +28,8 @@ from colibri.errors import ColibriError, ConversionError, CRCError, FormatError 
 FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-# Small valid files: f32, int8 and big-endian int8 (a few KB each).
+# Small valid files: f32, int8 and big-endian int8 (a few KB each), the block
+# types Q4_0 / Q4_K / Q6_K in both byte orders (about 16 KB each).
 FILES = {
     "f32": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_F32),
     "int8": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_INT8, seed=1),
@@ -41,6 +42,8 @@ FILES = {
     # An encoder-decoder: ENC_DEC words, cross-attention and position-bias kinds.
     "v2-encdec": gen_seeds.model_bytes(gen_seeds.ENCDEC, F.PRESET_INT8, seed=5,
                                        desc=gen_seeds.ENCDEC_DESC),
+    "q4-blocks": gen_seeds.block_bytes(seed=6),
+    "be-q4-blocks": gen_seeds.block_bytes("big", seed=7),
 }
 
 
@@ -131,8 +134,10 @@ def test_parse_behind_the_crcs_only_raises_format_errors(m):
     except FormatError:
         return
     with np.errstate(all="ignore"):       # mutated weights may be inf/NaN
-        for t in cf.tensors():
-            assert t.values.shape == (t.rows, t.cols)
+        for t in cf.tensors():   # block tensors: [rows, nb] blocks
+            want = ((t.rows, F.blocks.n_blocks(t.cols, t.dtype)) if F.blocks.is_block(t.dtype)
+                    else (t.rows, t.cols))
+            assert t.values.shape == want
         for kind, layer, expert in F.tensor_order(cf.shape, cf.desc if cf.version > 1 else None):
             cf.dequantized(kind, layer, expert)
     assert cf.verify() == []

@@ -39,6 +39,76 @@ def test_info_reports_the_header(c_build, colibri_file, name, quant):
     assert int(info["arena_bytes"]) > 0
 
 
+DTYPE_NAMES = {cformat.DType.F32: "f32", cformat.DType.I8_GROUP: "i8_group",
+               cformat.DType.I16_ROW: "i16_row", cformat.DType.Q4_0: "q4_0",
+               cformat.DType.Q4_K: "q4_k", cformat.DType.Q6_K: "q6_k"}
+
+
+def _group_dtypes(cf, first, kinds, layer) -> str:
+    """What --info should print for a group, from the Python reader: the
+    dtype of `first`, then every other dtype of the group's tensors."""
+    want = cformat.DType(cf.entry(*first).dtype)
+    held = {cformat.DType(e.dtype) for e in cf.entries if e.kind in kinds and e.layer == layer}
+    return ",".join(DTYPE_NAMES[d] for d in [want] + sorted(held - {want}))
+
+
+@pytest.mark.parametrize("name", ["tiny", "k256"])
+def test_info_names_the_block_types_of_a_q4_file(c_build, colibri_file, name):
+    """--quant q4 mixes dtypes inside a group (WQ Q4_K with WV Q6_K; experts'
+    W1 Q4_K with W2 Q4_0; narrow rows Q4_0 and int8): --info lists every
+    dtype of the attention and the experts, the named tensor's first."""
+    path = colibri_file(name, "q4")
+    cf = cformat.read_file(path)
+    out = cli(c_build("host"), "--model", path, "--info").stdout
+    info = dict(re.findall(r"^(\w+): (.*)$", out, re.M))
+    attn = _group_dtypes(cf, (Kind.WQ, 0), {Kind.WQ, Kind.WK, Kind.WV, Kind.WO}, 0)
+    experts = _group_dtypes(cf, (Kind.EXPERT_W1, 0, 0),
+                            {Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2}, 0)
+    assert info["dtype_attention"] == attn and info["dtype_experts"] == experts, out
+    assert info["dtype_embed"] == DTYPE_NAMES[cformat.DType(cf.entry(Kind.EMBED).dtype)]
+    assert info["dtype_lm_head"] == DTYPE_NAMES[cformat.DType(cf.entry(Kind.LM_HEAD).dtype)]
+    if name == "k256":   # the test above is not vacuous: the groups are mixed
+        assert (attn, experts) == ("q4_k,q6_k", "q4_k,q4_0")
+        assert (info["dtype_embed"], info["dtype_lm_head"]) == ("q4_k", "q6_k")
+
+
+def test_verify_names_a_damaged_block_section(c_build, colibri_file, tmp_path):
+    """A flipped bit in a Q4_0 block's packed values, and a NaN block scale
+    with every CRC valid: --verify names the section in both, as
+    `colibri verify` (the Python reader) does."""
+    build = c_build("host")
+    path = colibri_file("k256", "q4")
+    assert "OK" in cli(build, "--model", path, "--verify").stdout
+    cf = cformat.read_file(path)
+    e = cf.entry(Kind.EXPERT_W2, 1, 3)
+    i = cf.entries.index(e)
+    assert cformat.DType(e.dtype) == cformat.DType.Q4_0
+    data = bytearray(path.read_bytes())
+    data[e.offset + 20 * 7 + 9] ^= 0x10              # block 7's qs, not its d
+    crc = tmp_path / "crc.colibri"
+    crc.write_bytes(bytes(data))
+    proc = cli(build, "--model", crc, "--verify", check=False)
+    assert proc.returncode == 1
+    assert re.search(rf"^FAIL section {i}: tensor {i} \(EXPERT_W2 layer 1 expert 3\): crc",
+                     proc.stdout, re.M), proc.stdout
+    # A NaN d in block 7, CRCs repaired: not corruption, a non-finite weight.
+    import struct
+    import zlib
+    from test_hostile_c import _section_crc_fixed
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<f", data, e.offset + 20 * 7, float("nan"))
+    nan = tmp_path / "nan.colibri"
+    nan.write_bytes(bytes(_section_crc_fixed(data, "<", i)))
+    assert zlib.crc32(bytes(nan.read_bytes()[e.offset:e.offset + e.size])) != e.crc
+    proc = cli(build, "--model", nan, "--verify", check=False)
+    assert proc.returncode == 1
+    assert re.search(rf"tensor {i} \(EXPERT_W2[^)]*\): float 7 of its scales is NaN",
+                     proc.stdout + proc.stderr), proc.stdout + proc.stderr
+    py = subprocess.run([sys.executable, "-m", "colibri.cli", "verify", str(nan)],
+                        capture_output=True, text=True)
+    assert py.returncode != 0 and "float 7 of its scales is NaN" in py.stdout + py.stderr
+
+
 def test_verify_passes_and_names_every_corrupted_section(c_build, colibri_file, tmp_path):
     build = c_build("host")
     path = colibri_file("wide", "int8")

@@ -28,13 +28,17 @@ COLIBRI_E_BYTE_ORDER = -6
 @pytest.fixture(scope="module")
 def tiny_files(colibri_file, tmp_path_factory):
     """tiny int8 (every dtype path: I16 embed/router, I8 experts) in both
-    byte orders, plus tiny f32 big-endian."""
+    byte orders, plus tiny f32 big-endian, and k256 with `--quant q4`
+    (Q4_K, Q6_K, Q4_0 blocks: a swap touches only their float32 fields) in
+    both byte orders."""
     d = tmp_path_factory.mktemp("byteorder")
     le = colibri_file("tiny", "int8")
+    q4 = colibri_file("k256", "q4")
     return {"le": le, "be": rewrite(le, d / "tiny-int8-be.colibri", byte_order="big"),
             "f32-le": colibri_file("tiny", "f32"),
             "f32-be": rewrite(colibri_file("tiny", "f32"), d / "tiny-f32-be.colibri",
-                              byte_order="big")}
+                              byte_order="big"),
+            "q4-le": q4, "q4-be": rewrite(q4, d / "k256-q4-be.colibri", byte_order="big")}
 
 
 def script(vocab=96):
@@ -52,7 +56,7 @@ def logits(build, path, tmp, memory=False):
                            run_driver(build, path, script(), tmp, memory=memory, vocab=96)])
 
 
-@pytest.mark.parametrize("kind", ["le", "f32-le"])
+@pytest.mark.parametrize("kind", ["le", "f32-le", "q4-le"])
 def test_big_endian_file_same_logits_on_x86(c_build, tiny_files, tmp_path, kind):
     other = tiny_files[kind.replace("le", "be")]
     for variant in ("host", "nommap"):
@@ -120,17 +124,20 @@ def test_static_workbuf_build_same_logits_and_no_allocator(c_build, tiny_files, 
     assert not undefined & forbidden, undefined & forbidden
 
 
+@pytest.mark.parametrize("model", ["int8", "q4"])
 @pytest.mark.parametrize("variant", CROSS_LINUX)
-def test_ref_build_bit_identical_under_qemu(c_build, tiny_files, tmp_path, variant):
+def test_ref_build_bit_identical_under_qemu(c_build, tiny_files, tmp_path, variant, model):
     """The scalar path with -ffp-contract=off gives the same bits on every
     target. On a big-endian target (PowerPC): the little-endian file is
     swapped at load (read, mmap off), the big-endian one used in place (also
-    zero-copy)."""
-    x86 = logits(c_build("ref"), tiny_files["le"], tmp_path / "x86")
+    zero-copy). q4: the block kernels, and the swap of the blocks' float32
+    fields (d, dmin) on a big-endian host."""
+    pre = "" if model == "int8" else "q4-"
+    x86 = logits(c_build("ref"), tiny_files[pre + "le"], tmp_path / "x86")
     target = c_build(variant)
-    runs = [("le", False)]
+    runs = [(pre + "le", False)]
     if TARGETS[variant].byte_order == "big":
-        runs += [("be", False), ("be", True)]
+        runs += [(pre + "be", False), (pre + "be", True)]
     for kind, memory in runs:
         got = logits(target, tiny_files[kind], tmp_path / f"{variant}-{kind}-{memory}",
                      memory=memory)

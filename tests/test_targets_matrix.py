@@ -24,6 +24,12 @@ Builds (each `scons target=all`, shared by the tests below):
   switch      tests/golden_switch.py's Switch Transformers (encoder-decoder:
               the firmware encodes each prompt, then decodes from the start
               token; capacity overflow, cross-attention), int8
+  q4          the golden "k256" Mixtral (tests/golden_configs.py: hidden 256,
+              intermediate 320) converted with `--quant q4`: Q4_K (embedding,
+              attention, experts' W1/W3), Q6_K (WV, LM head), Q4_0 (experts'
+              W2, 320 columns), int16 router; default kernels
+  ref-q4      the same file with the reference kernels only: the block
+              kernels bit-identical on every Linux target
 Each family model is a version 2 file: on ppc the firmware embeds it
 big-endian and uses it in place, on cortex-m from flash with a static arena.
 """
@@ -41,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
-from colibri.buildsteps import check, testmodel, toolchain  # noqa: E402
+from colibri.buildsteps import check, golden, testmodel, toolchain  # noqa: E402
 
 TARGETS = targets.load_all()
 SCONS = [str(ROOT / ".venv" / "bin" / "scons")]
@@ -59,6 +65,9 @@ def scons(*args, cwd=ROOT, env=None, check_rc=True):
     return p
 
 
+# The block types the q4 matrix model must hold.
+Q4_DTYPES = {3, 4, 5}     # format.DType.Q4_0, Q4_K, Q6_K
+
 FAMILY_BUILDS = {"qwen2_moe": ("qwen2_moe", "int8"),
                  "granitemoe_shared": ("granitemoe_shared", "f32"),
                  "ref-qwen3_moe": ("qwen3_moe", "f32")}
@@ -73,6 +82,24 @@ def _family_model(d: Path, family: str, quant: str) -> Path:
     from golden_families import make_family, save_family
     ck = save_family(make_family(family, seed=0), d / f"hf-{family}")
     return ColibriExporter(ck, quant=quant, max_seq_len=16).export(d / f"{family}-{quant}.colibri")
+
+
+def _q4_model(d: Path) -> Path:
+    """The golden "k256" Mixtral converted by the real converter with the
+    4-bit mix (`colibri convert --quant q4`), a 16-position cache; it must
+    hold all three block types (else the matrix would not test them)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from colibri import format as cformat
+    from colibri.convert import ColibriExporter
+    from golden_configs import save_mixtral
+    ck = save_mixtral("k256", d / "hf-k256", seed=0)
+    out = ColibriExporter(ck, quant="q4", max_seq_len=16).export(d / "k256-q4.colibri")
+    f = cformat.read_file(out)
+    held = {cformat.DType(e.dtype) for e in f.entries}
+    f.close()
+    assert Q4_DTYPES <= held, f"{out.name} holds {sorted(held)}"
+    return out
 
 
 def _switch_model(d: Path) -> Path:
@@ -98,7 +125,10 @@ def matrix_models(tmp_path_factory, colibri_file):
     models.update({b: (lambda f=f, q=q: _family_model(d, f, q))
                    for b, (f, q) in FAMILY_BUILDS.items()})
     models["switch"] = lambda: _switch_model(d)
-    return _Lazy(models)
+    models["q4"] = lambda: _q4_model(d)
+    lazy = _Lazy(models)
+    lazy["ref-q4"] = lambda: lazy["q4"]    # one file, two kernel builds
+    return lazy
 
 
 class _Lazy(dict):
@@ -141,7 +171,7 @@ def _need(target):
 
 
 @pytest.mark.parametrize("build", ["int8", "f32", "awkward", "qwen2_moe", "granitemoe_shared",
-                                   "switch"])
+                                   "switch", "q4"])
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_target_matches_reference(name, build, matrix_build, matrix_models):
     """Firmware (and colibri-cli on Linux) logits within the quantisation's
@@ -161,9 +191,25 @@ def test_target_matches_reference(name, build, matrix_build, matrix_models):
     assert int(fw.header["arena_needed"]) == int(fw.header["arena_bytes"])
     assert int(fw.header["model_bytes"]) == (bdir / "firmware" / "model.bin").stat().st_size
     assert len(fw.prompts) == 2 and all(len(p.tokens) == 4 for p in fw.prompts)
+    if golden.quantisation(matrix_models[build]) == "q4":
+        _assert_most_positions_exact(fw, matrix_models[build])
 
 
-@pytest.mark.parametrize("build", ["int8", "awkward"])
+def _assert_most_positions_exact(fw, model):
+    """The q4 tolerance (golden.TOLERANCE) admits one position moved by an
+    activation rounding flip; every other position must agree with the
+    reference to float rounding (a wrong block kernel moves them all)."""
+    errs = []
+    for p in fw.prompts:
+        want = golden.reference_rows(model, p.prompt, p.tokens[:-1])
+        scale = np.maximum(1.0, np.abs(want).max(axis=1))
+        errs += list(np.abs(p.rows.astype(np.float64) - want).max(axis=1) / scale)
+    errs = np.asarray(errs)
+    assert np.median(errs) <= 1e-5, f"median position error {np.median(errs):.2e}"
+    assert np.sum(errs > 1e-3) <= 2, f"{np.sum(errs > 1e-3)} of {len(errs)} positions over 1e-3"
+
+
+@pytest.mark.parametrize("build", ["int8", "awkward", "q4"])
 @pytest.mark.parametrize("name, cpu", OTHER_CPUS, ids=[f"{n}-{c}" for n, c in OTHER_CPUS])
 def test_other_cpus_pick_their_kernels_and_give_the_same_bits(name, cpu, build, matrix_build,
                                                               matrix_models):
@@ -172,7 +218,7 @@ def test_other_cpus_pick_their_kernels_and_give_the_same_bits(name, cpu, build, 
     SDOT) and passes the reference check. And the logits equal the pinned
     CPU's bit for bit: the tables of one target may differ only in exact
     instructions (kernels.h: the A64 int8 matmul is bit-identical to ref
-    with or without SDOT). int8 models, where the tables differ."""
+    with or without SDOT). int8 and 4-bit models, where the tables differ."""
     t = TARGETS[name]
     _need(t)
     bdir = matrix_build(build) / name
@@ -205,7 +251,7 @@ def test_check_fails_on_an_unexpected_kernel_table(matrix_build, matrix_models):
     assert any(f"colibri-cli --info on {on.cpu}" in f for f in result.failures)
 
 
-@pytest.mark.parametrize("build", ["int8", "f32"])
+@pytest.mark.parametrize("build", ["int8", "f32", "q4"])
 @pytest.mark.parametrize("name", [n for n in ("armv7", "x86_64") if n in TARGETS])
 def test_firmware_two_threads_same_bits(name, build, matrix_build):
     """The Linux firmware on 2 threads (COLIBRI_FW_THREADS=2: pthreads under
@@ -227,11 +273,13 @@ def test_firmware_two_threads_same_bits(name, build, matrix_build):
         assert a.rows.tobytes() == b.rows.tobytes()
 
 
-@pytest.mark.parametrize("build", ["ref", "ref-qwen3_moe"])
+@pytest.mark.parametrize("build", ["ref", "ref-qwen3_moe", "ref-q4"])
 def test_ref_kernels_bit_identical_across_targets(build, matrix_build):
     """With the reference kernels and -ffp-contract=off, every Linux target
     (x86_64, armv7, ppc, aarch64, riscv64) produces the same float bits for
-    every logit (DESIGN.md 7), Mixtral and a version 2 family alike."""
+    every logit (DESIGN.md 7), Mixtral and a version 2 family alike, and
+    the 4-bit blocks (Q4_0, Q4_K, Q6_K: integer sums, then float32 in the
+    order FORMAT.md 5 fixes; ppc uses the file big-endian in place)."""
     bdir = matrix_build(build)
     runs = {}
     for name in LINUX_REF_TARGETS:

@@ -6,6 +6,8 @@ DESIGN.md 7), as a bound on |target - reference| relative to the row's
 largest reference magnitude (at least 1):
   f32   1e-4  float32 sums in a different order (BLAS vs the C loops)
   int8  1e-3  as f32, plus activation quantisation flips at rounding ties
+  q4    3e-2  a block type in the file: one flip there moves a whole
+              position (TOLERANCE below says why)
 """
 from __future__ import annotations
 
@@ -13,17 +15,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import blocks
 from .. import format as cformat
 from ..reference import Reference
 
-TOLERANCE = {"f32": 1e-4, "int8": 1e-3}
+# Worst logit error relative to the row scale. "q4" (a file holding block
+# types): the block products are exact integer sums in both C and numpy, but
+# their activations are rounded to int8 over 256 columns, and an activation
+# that numpy computes exactly on a rounding tie (x.5) may land 1 ulp off it
+# in C (attention and norms differ by an ulp from BLAS's sums): one flipped
+# rounding moves every later logit of that position by up to ~1.5e-2 (seen on
+# the golden k256 model; tests/test_runtime_golden.py allows 3e-2 per row for
+# the same reason). The other positions stay within 1e-6.
+TOLERANCE = {"f32": 1e-4, "int8": 1e-3, "q4": 3e-2}
 
 
 def quantisation(model) -> str:
-    """"f32" if every tensor of the file is float32, else "int8"."""
+    """"f32" if every tensor of the file is float32, "q4" if any is a block
+    type (Q4_0, Q4_K, Q6_K), else "int8"."""
     f = cformat.read_file(model)
     try:
-        return "f32" if all(d == cformat.DType.F32 for d in f.dtypes.values()) else "int8"
+        dtypes = {e.dtype for e in f.entries if e.kind in cformat.Kind._value2member_map_}
+        if all(d == cformat.DType.F32 for d in dtypes):
+            return "f32"
+        return "q4" if any(blocks.is_block(d) for d in dtypes) else "int8"
     finally:
         f.close()
 

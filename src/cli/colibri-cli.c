@@ -250,6 +250,18 @@ static int print_memory(colibri_model *m, const colibri_info *in)
     return 0;
 }
 
+/* A group's dtypes for --info: the named tensor's dtype (WQ's, W1's) first,
+ * then any other the group uses (`mask`: bits 1 << COLIBRI_DTYPE_*), comma
+ * separated: "q4_k,q6_k" for --quant q4's attention (WV in Q6_K). */
+static const char *dtype_group(char *buf, size_t cap, unsigned first, unsigned mask)
+{
+    int n = snprintf(buf, cap, "%s", dtype_name(first));
+    for (unsigned d = 0; d < 16; d++)
+        if ((mask >> d & 1u) && d != first && n > 0 && (size_t)n < cap)
+            n += snprintf(buf + n, cap - (size_t)n, ",%s", dtype_name(d));
+    return buf;
+}
+
 static int do_info(colibri_model *m)
 {
     colibri_info in;
@@ -271,10 +283,13 @@ static int do_info(colibri_model *m)
            (double)s->rope_theta, (double)s->rms_eps, s->n_tensors);
     printf("unknown_sections: %u\nparameters: %llu\n", in.n_unknown_sections,
            (unsigned long long)in.n_params);
+    char attn[64], experts[64];
     printf("dtype_embed: %s\ndtype_attention: %s\ndtype_router: %s\n"
            "dtype_experts: %s\ndtype_lm_head: %s\n", dtype_name(in.dtype_embed),
-           dtype_name(in.dtype_attn), dtype_name(in.dtype_router),
-           dtype_name(in.dtype_expert), dtype_name(in.dtype_lm_head));
+           dtype_group(attn, sizeof attn, in.dtype_attn, in.dtypes_attn),
+           dtype_name(in.dtype_router),
+           dtype_group(experts, sizeof experts, in.dtype_expert, in.dtypes_expert),
+           dtype_name(in.dtype_lm_head));
     printf("arena_bytes: %llu\nchunk_tokens: %u\nkernels: %s\nload: %s\n"
            "huge_pages: %s\n", (unsigned long long)in.arena_bytes, in.chunk_tokens,
            in.kernels, in.load_mode, in.huge_pages_advised ? "advised" : "no");

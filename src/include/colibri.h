@@ -131,6 +131,12 @@ typedef struct colibri_info {
     uint64_t kv_bytes;            /* the whole cache in the arena: per token
                                      * max_batch * max_seq_len, each of the
                                      arena's pieces rounded up to 64 */
+    /* Every dtype the attention (WQ, WK, WV, WO of layer 0) and the routed
+     * experts (W1, W3, W2 of every expert of the first layer with experts)
+     * use, as bits 1 << COLIBRI_DTYPE_*: a mix such as `--quant q4` keeps
+     * WV in Q6_K beside WQ's Q4_K, W2 in Q4_0 where its rows are narrow,
+     * which dtype_attn / dtype_expert (WQ's, W1's) alone do not show. */
+    uint16_t dtypes_attn, dtypes_expert;
 } colibri_info;
 
 /* KV cache storage (colibri_options.kv_dtype, colibri_info.kv_dtype).
