@@ -156,7 +156,7 @@ def make_ggufs(hf_dir: Path, out_dir: Path) -> dict[str, Path]:
         tmp = files[t].with_suffix(".part")
         r = subprocess.run(["nice", "-n", "10", str(llama_tool("llama-quantize")),
                             str(files["f32"]), str(tmp), t, "1"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, errors="replace")
         if r.returncode:
             raise RuntimeError(f"llama-quantize {t} failed:\n{(r.stderr or r.stdout)[-2000:]}")
         (out_dir / f"quantize-{t.lower()}.log").write_text(r.stdout + r.stderr)
@@ -350,7 +350,7 @@ def llama_kl(gguf: Path, base: Path, n_ctx: int, threads: int) -> dict:
     cmd = ["nice", "-n", "10", str(llama_tool("llama-perplexity")), "-m", str(gguf),
            "--kl-divergence-base", str(base), "--kl-divergence", "-c", str(n_ctx),
            "-b", str(n_ctx), "-t", str(threads), "-ctk", "f32", "-ctv", "f32"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     text = r.stdout + r.stderr
     (gguf.parent / f"kl-{gguf.stem}.log").write_text(" ".join(cmd) + "\n" + text)
     out = {}

@@ -203,7 +203,7 @@ def prepare_q4(ms: models.ModelSet, with_gguf: bool) -> dict:
                 tmp = path.with_suffix(".part")
                 r = subprocess.run(["nice", "-n", "10", str(LLAMA_QUANTIZE), str(ms.gguf["f32"]),
                                     str(tmp), q.upper(), str(os.cpu_count() or 1)],
-                                   capture_output=True, text=True)
+                                   capture_output=True, text=True, errors="replace")
                 if r.returncode:
                     raise RuntimeError(f"llama-quantize {q}: {(r.stderr or r.stdout)[-1500:]}")
                 tmp.rename(path)
@@ -260,7 +260,7 @@ def run_llama_bench(flavour: str, gguf: Path, plan: dict) -> dict:
            "-t", ",".join(map(str, THREADS)), "-o", "json"]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     wall = time.perf_counter() - w0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
