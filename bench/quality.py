@@ -201,6 +201,8 @@ def colibri_tensor_bits(path: Path) -> dict:
     types: dict[str, int] = {}
     nbytes = nel = 0
     for e in cf.entries:
+        if e.kind not in fmt.Kind._value2member_map_:
+            continue   # the tokenizer section: not a tensor (GGUF keeps it in metadata)
         nbytes += e.size
         nel += e.rows * e.cols
         if e.rows > 1:
