@@ -507,6 +507,10 @@ def main(argv=None) -> int:
     library = colibri_library()
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True, cwd=ROOT).stdout.strip()
+    if subprocess.run(["git", "status", "--porcelain", "colibri", "src", "bench/quality.py",
+                       "bench/gguf_export.py"], capture_output=True, text=True,
+                      cwd=ROOT).stdout.strip():
+        git += " (uncommitted changes in colibri/, src/ or the bench)"
     version = (LLAMA_BIN.parent / ".done").read_text().strip() \
         if (LLAMA_BIN.parent / ".done").exists() else "?"
     env = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "git": git,
