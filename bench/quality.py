@@ -346,21 +346,25 @@ _LP = {  # llama-perplexity's summary lines -> our keys
 }
 
 
-def llama_kl(gguf: Path, base: Path, n_ctx: int, threads: int) -> dict:
+def llama_kl(gguf: Path, base: Path, n_ctx: int, threads: int, attempts: int = 4) -> dict:
     """`llama-perplexity --kl-divergence` of one GGUF against the base file
-    (float32 KV cache like Colibri's; one sequence of n_ctx per batch)."""
+    (float32 KV cache like Colibri's; one sequence of n_ctx per batch).
+    llama.cpp's logger writes from a thread it never joins (common/log.cpp
+    leaks it on purpose), so on a loaded machine the summary printed last is
+    sometimes lost although the run succeeded: then the run is repeated."""
     cmd = ["nice", "-n", "10", str(llama_tool("llama-perplexity")), "-m", str(gguf),
            "--kl-divergence-base", str(base), "--kl-divergence", "-c", str(n_ctx),
            "-b", str(n_ctx), "-t", str(threads), "-ctk", "f32", "-ctv", "f32"]
-    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-    text = r.stdout + r.stderr
-    (gguf.parent / f"kl-{gguf.stem}.log").write_text(" ".join(cmd) + "\n" + text)
-    out = {}
-    for k, pat in _LP.items():
-        m = re.search(pat, text)
-        if m:
-            out[k] = float(m.group(1))
-    if r.returncode or "kld_mean" not in out:
+    for attempt in range(1, attempts + 1):
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+        text = r.stdout + r.stderr
+        (gguf.parent / f"kl-{gguf.stem}.log").write_text(" ".join(cmd) + "\n" + text)
+        out = {k: float(m.group(1)) for k, pat in _LP.items() if (m := re.search(pat, text))}
+        if r.returncode == 0 and len(out) == len(_LP):
+            break
+        if r.returncode == 0 and attempt < attempts:
+            log(f"    llama-perplexity's summary was lost (attempt {attempt}): again")
+    if r.returncode or len(out) != len(_LP):
         return {"error": f"llama-perplexity exit {r.returncode}: " + text[-800:]}
     out["same_top"] /= 100.0
     ids, _, _ = read_base_file(base)
