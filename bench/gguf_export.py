@@ -64,8 +64,11 @@ class _Source:
         raise KeyError(f"layer {l}: no router (gate.weight)")
 
 
-def _plan(cfg: dict):
-    """[(gguf name, numpy shape, loader(src) -> float32 array, quantisable)]"""
+def _plan(cfg: dict, tied: bool = False):
+    """[(gguf name, numpy shape, loader(src) -> float32 array, quantisable)].
+    tied: the checkpoint has no lm_head (tie_word_embeddings): no output.weight,
+    llama.cpp then uses token_embd for the output, as convert_hf_to_gguf.py
+    writes such a model (and llama-quantize gives token_embd the output's type)."""
     D, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or D // H
@@ -90,8 +93,9 @@ def _plan(cfg: dict):
             (b + "ffn_down_exps.weight", (E, D, I), lambda s, l=l: s.experts(l, "w2", E, I), True),
             (b + "ffn_up_exps.weight", (E, I, D), lambda s, l=l: s.experts(l, "w3", E, I), True),
         ]
-    plan += [("output_norm.weight", (D,), lambda s: s.get("model.norm.weight"), False),
-             ("output.weight", (V, D), lambda s: s.get("lm_head.weight"), True)]
+    plan += [("output_norm.weight", (D,), lambda s: s.get("model.norm.weight"), False)]
+    if not tied:
+        plan += [("output.weight", (V, D), lambda s: s.get("lm_head.weight"), True)]
     return plan
 
 
@@ -129,7 +133,8 @@ def write_gguf(model_dir: Path, out: Path, kind: str = "f32") -> Path:
     D, H = cfg["hidden_size"], cfg["num_attention_heads"]
     hd = cfg.get("head_dim") or D // H
     src = _Source(Path(model_dir))
-    plan = _plan(cfg)
+    tied = bool(cfg.get("tie_word_embeddings")) and "lm_head.weight" not in src.ck
+    plan = _plan(cfg, tied)
     q8 = kind == "q8_0"
 
     w = gguf.GGUFWriter(str(out), "llama")

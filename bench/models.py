@@ -37,6 +37,10 @@ SMALL = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
              num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
              head_dim=64, num_local_experts=8, num_experts_per_tok=2,
              max_position_embeddings=512, rope_theta=1e6, rms_norm_eps=1e-5)
+# bench/quality.py's "mid" model: the small model's layer shapes (every width a
+# multiple of 256, so the K block types apply everywhere but the experts' W2 of
+# width 2816 = 11 x 256, also a multiple) with 2 layers: 0.21 B parameters.
+MID = dict(SMALL, num_hidden_layers=2)
 FFN = dict(vocab_size=32, hidden_size=1024, intermediate_size=2816,
            num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
            head_dim=8, num_local_experts=8, num_experts_per_tok=2,

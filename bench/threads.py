@@ -10,10 +10,14 @@ Engines (each loaded once, in its own process, then driven round after round):
                               the int8 table "avx2-vnni" where the CPU has VNNI)
   colibri int8 vnni=0         the same with COLIBRI_AVX2_NO_VNNI (`scons vnni=0`):
                               the int8 kernels an AVX2-only CPU (Zen 2/3) runs
+  colibri q4                  `colibri convert --quant q4` (the 4-bit mix: Q4_K, Q6_K;
+                              Q4_0 / int8 on rows not a multiple of 256)
   llama-cpp-python f32/q8_0   bench/threads_peer.py, n_threads = n_threads_batch = N
   llama-bench native/avx2     llama.cpp's own tool, built from the same sources
                               (scripts/build_llama_bench.sh): `-p 128 -n 32 -t 1,2`,
-                              default settings otherwise
+                              default settings otherwise; f32 and Q8_0 on both
+                              builds, Q4_K_M and Q4_0 (llama-quantize of the f32
+                              GGUF) on the native build: the peers of colibri q4
 
 Figures: prefill of 128 tokens, (a) last position's logits only (colibri_infer_ex
 COLIBRI_LOGITS_LAST; llama.cpp logits_all=False; llama-bench's pp128) and (b) every
@@ -62,6 +66,10 @@ PLANS = {  # model, prefill length, prefill reps per round, decode prompt + step
 }
 # Goals of issue 15, judged on the wall-time ratios (llama-bench has no CPU clock).
 GOAL_VS_PEER, GOAL_PREFILL_SCALING, GOAL_DECODE_SCALING = 1.2, 1.8, 1.5
+PRECISIONS = ("f32", "int8", "q4")  # --precisions: which Colibri files (and their peers) run
+LLAMA_QUANTIZE = ROOT / "build" / "bench" / "llama.cpp" / "native" / "bin" / "llama-quantize"
+Q4_PEERS = ("q4_k_m", "q4_0")       # llama-quantize types, native llama-bench only
+PEER_QUANTS = {"f32": ("f32",), "int8": ("q8_0",), "q4": Q4_PEERS}
 
 
 def log(msg: str) -> None:
@@ -70,8 +78,8 @@ def log(msg: str) -> None:
 
 # --- machine ----------------------------------------------------------------
 
-CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni", "avx_vnni",
-             "amx_int8")
+CPU_FLAGS = ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl",
+             "avx512_vnni", "avx_vnni", "amx_int8", "neon", "asimd", "asimddp")
 
 
 def cpu_description() -> dict:
@@ -159,18 +167,73 @@ def build_colibri(work: Path) -> dict:
     return out
 
 
-def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bool) -> list:
-    servers = [
-        Server("colibri f32", [progs["vnni"], ms.colibri["f32"], tokens], "colibri", "f32"),
-        Server("colibri int8", [progs["vnni"], ms.colibri["int8"], tokens], "colibri", "int8"),
-        Server("colibri int8 vnni=0", [progs["novnni"], ms.colibri["int8"], tokens],
-               "colibri", "int8"),
-    ]
+def _q4_sources_digest() -> str:
+    """The code a q4 file depends on (the 4-bit quantisers are still changing):
+    a new digest re-makes the cached q4 .colibri file."""
+    import hashlib
+    h = hashlib.sha256()
+    for rel in ("colibri/kquants.py", "colibri/blocks.py", "colibri/format.py",
+                "colibri/convert.py", "colibri/quant.py"):
+        p = ROOT / rel
+        h.update(p.read_bytes() if p.exists() else b"")
+    return h.hexdigest()[:16]
+
+
+def prepare_q4(ms: models.ModelSet, with_gguf: bool) -> dict:
+    """The 4-bit files of model set ms, next to its other artefacts:
+    {"colibri": model-q4.colibri, "q4_k_m": .gguf, "q4_0": .gguf} (GGUF ones
+    only when llama-quantize is built and the f32 GGUF exists). The GGUF files
+    are llama-quantize's of the f32 GGUF (default options)."""
+    from colibri import cli
+    out = {"colibri": ms.dir / "model-q4.colibri"}
+    stamp = ms.dir / ".q4-done"
+    digest = _q4_sources_digest()
+    if not (out["colibri"].exists() and stamp.exists() and stamp.read_text() == digest):
+        log(f"  colibri convert --quant q4 -> {out['colibri'].name}")
+        rc = cli.main(["convert", str(ms.hf), "-o", str(out["colibri"]), "--quant", "q4",
+                       "--max-seq-len", str(models.MAX_SEQ_LEN), "-q"])
+        if rc:
+            raise RuntimeError(f"colibri convert --quant q4 failed ({rc})")
+        stamp.write_text(digest)
+    if with_gguf and LLAMA_QUANTIZE.exists() and ms.gguf["f32"].exists():
+        for q in Q4_PEERS:
+            path = ms.dir / f"model-{q}.gguf"
+            if not path.exists():
+                log(f"  llama-quantize {q.upper()} -> {path.name}")
+                tmp = path.with_suffix(".part")
+                r = subprocess.run(["nice", "-n", "10", str(LLAMA_QUANTIZE), str(ms.gguf["f32"]),
+                                    str(tmp), q.upper(), str(os.cpu_count() or 1)],
+                                   capture_output=True, text=True, errors="replace")
+                if r.returncode:
+                    raise RuntimeError(f"llama-quantize {q}: {(r.stderr or r.stdout)[-1500:]}")
+                tmp.rename(path)
+            out[q] = path
+    elif with_gguf:
+        log(f"no {LLAMA_QUANTIZE} (scripts/build_llama_bench.sh builds it): no Q4 llama rows")
+    return out
+
+
+def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bool,
+                  precisions=PRECISIONS, q4: dict | None = None) -> list:
+    servers = []
+    if "f32" in precisions:
+        servers.append(Server("colibri f32", [progs["vnni"], ms.colibri["f32"], tokens],
+                              "colibri", "f32"))
+    if "int8" in precisions:
+        servers += [
+            Server("colibri int8", [progs["vnni"], ms.colibri["int8"], tokens], "colibri", "int8"),
+            Server("colibri int8 vnni=0", [progs["novnni"], ms.colibri["int8"], tokens],
+                   "colibri", "int8"),
+        ]
+    if "q4" in precisions and q4:
+        servers.append(Server("colibri q4", [progs["vnni"], q4["colibri"], tokens],
+                              "colibri", "q4"))
     if with_llama and all(p.exists() for p in ms.gguf.values()):
-        for q in ("f32", "q8_0"):
-            servers.append(Server(f"llama-cpp-python {q}",
-                                  [PY, "-m", "bench.threads_peer", ms.gguf[q], tokens],
-                                  "llama-cpp-python", q))
+        for q, prec in (("f32", "f32"), ("q8_0", "int8")):
+            if prec in precisions:
+                servers.append(Server(f"llama-cpp-python {q}",
+                                      [PY, "-m", "bench.threads_peer", ms.gguf[q], tokens],
+                                      "llama-cpp-python", q))
     return servers
 
 
@@ -197,7 +260,7 @@ def run_llama_bench(flavour: str, gguf: Path, plan: dict) -> dict:
            "-t", ",".join(map(str, THREADS)), "-o", "json"]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     wall = time.perf_counter() - w0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -272,6 +335,8 @@ def ratios(table: dict) -> list:
         ("colibri int8 vnni=0", "llama-bench avx2 q8_0"),
         ("colibri int8 vnni=0", "llama-cpp-python q8_0"),
         ("colibri f32", "llama-bench avx2 f32"),
+        ("colibri q4", "llama-bench native q4_k_m"),
+        ("colibri q4", "llama-bench native q4_0"),
     ]
     out = []
     for ours, peer in pairs:
@@ -314,7 +379,8 @@ def consistency(rounds: list) -> dict:
         tk = {t: toks(name, t) for t in per_t}
         pl = [(r.get("prefill_last", {}).get("argmax"), r.get("prefill_all", {}).get("argmax"))
               for r in per_t.values() if isinstance(r, dict)]
-        base = "colibri f32" if name.endswith("f32") else "colibri int8"
+        base = ("colibri f32" if name.endswith("f32") else
+                "colibri q4" if name.endswith(("q4", "q4_k_m", "q4_0")) else "colibri int8")
         b = toks(base, 1)
         out[name] = {
             "decode_tokens_equal_across_threads":
@@ -403,6 +469,10 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench",
                     help="generated models and builds (cached between runs)")
     ap.add_argument("--no-llama", action="store_true", help="Colibri rows only")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS),
+                    help="comma-separated subset of f32,int8,q4: the Colibri files that run, "
+                         "with their peers (f32: llama.cpp f32; int8: Q8_0; q4: llama-bench "
+                         "native Q4_K_M and Q4_0); default all")
     ap.add_argument("--report-only", action="store_true",
                     help="measure nothing: rewrite threads.md from threads.json")
     a = ap.parse_args(argv)
@@ -448,12 +518,20 @@ def main(argv=None) -> int:
         log("colibri.h has no colibri_set_threads/COLIBRI_LOGITS_LAST yet: Colibri rows "
             "at 1 thread, all-logits prefill only")
     import importlib.util
-    ms = models.prepare(plan["model"], a.work / "models", log=log,
-                        with_gguf=importlib.util.find_spec("gguf") is not None)
+    have_gguf = importlib.util.find_spec("gguf") is not None
+    ms = models.prepare(plan["model"], a.work / "models", log=log, with_gguf=have_gguf)
     tokens = token_file(a.work / f"tokens-threads-{plan['model']}.txt", ms.config()["vocab_size"])
+    precisions = tuple(p for p in a.precisions.split(",") if p)
+    for p in precisions:
+        if p not in PRECISIONS:
+            ap.error(f"--precisions: unknown {p!r} (f32, int8, q4)")
+    q4 = prepare_q4(ms, have_gguf and not a.no_llama) if "q4" in precisions else None
+    lb_files = {q: ms.gguf[q] for q, prec in (("f32", "f32"), ("q8_0", "int8"))
+                if prec in precisions and ms.gguf[q].exists()}
+    lb_q4 = {q: q4[q] for q in Q4_PEERS if q4 and q in q4}
 
     log("loading the engines")
-    servers = start_servers(ms, tokens, progs, with_llama)
+    servers = start_servers(ms, tokens, progs, with_llama, precisions, q4)
     kernels = {s.name: s.info.get("kernels") for s in servers if s.kind == "colibri"}
     rounds = []
     try:
@@ -462,11 +540,12 @@ def main(argv=None) -> int:
             for s in servers:
                 log(f"round {r + 1}/{plan['rounds']}: {s.name}")
                 rnd["servers"][s.name] = {t: run_server_round(s, plan, t) for t in THREADS}
-            for flavour in (lb if all(p.exists() for p in ms.gguf.values()) else ()):
-                for q in ("f32", "q8_0"):
+            for flavour in lb:
+                files = dict(lb_files, **(lb_q4 if flavour == "native" else {}))
+                for q, path in files.items():
                     log(f"round {r + 1}/{plan['rounds']}: llama-bench {flavour} {q}")
                     rnd["llama_bench"][f"llama-bench {flavour} {q}"] = run_llama_bench(
-                        flavour, ms.gguf[q], plan)
+                        flavour, path, plan)
             rounds.append(rnd)
     finally:
         for s in servers:
@@ -482,7 +561,10 @@ def main(argv=None) -> int:
     env["loadavg_end"] = os.getloadavg()
     res = {"mode": mode, "plan": plan, "env": env, "kernels": kernels,
            "threads_api": progs["have_threads"], "llama_bench_build": lb_build,
-           "command": "scripts/bench.sh --threads" + (" --quick" if a.quick else ""),
+           "command": "scripts/bench.sh --threads" + (" --quick" if a.quick else "")
+                      + (f" --precisions {a.precisions}" if precisions != PRECISIONS else "")
+                      + (f" --rounds {a.rounds}" if a.rounds else ""),
+           "precisions": precisions,
            "table": table, "ratios": ratios(table), "consistency": consistency(rounds),
            "load_s": {s.name: s.load_s for s in servers}, "rounds": rounds,
            "wall_s": time.perf_counter() - t_start}

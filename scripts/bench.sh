@@ -6,6 +6,11 @@
 #                               1 and 2 threads vs llama.cpp, ~15 min; first
 #                               builds llama-bench, scripts/build_llama_bench.sh)
 #   scripts/bench.sh --threads --quick   the same on the tiny model (~1 min)
+#                               (--precisions q4: Colibri q4 vs llama-bench Q4_K_M/Q4_0 only)
+#   scripts/bench.sh --quality  quality at equal bits (bench/quality.py: KL divergence,
+#                               top-1, bpb, bits per weight of Colibri int8/q4 vs
+#                               llama.cpp Q8_0/Q4_K_M/Q4_0; builds llama-quantize and
+#                               llama-perplexity first; ~10 min; extra args to quality.py)
 # Extra arguments go to bench/run.py (see `--help`).
 #
 # Installs the bench-only Python packages into .venv, idempotently and without
@@ -35,6 +40,14 @@ pipq() { "$py" -m pip install -q "$@" 2>&1 | grep -v -e '^WARNING: Location' -e 
 if ! have gguf "$GGUF_VERSION" || ! have matplotlib "$MATPLOTLIB_VERSION"; then
     say "installing gguf $GGUF_VERSION, matplotlib $MATPLOTLIB_VERSION"
     pipq "gguf==$GGUF_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
+fi
+# The quality benchmark needs gguf and llama.cpp's own tools, not llama-cpp-python.
+if [ "${1:-}" = --quality ]; then
+    shift
+    # llama-quantize and llama-perplexity: the native build (same sources).
+    LLAMA_CPP_PYTHON_VERSION=$LLAMA_CPP_PYTHON_VERSION bash scripts/build_llama_bench.sh \
+        "$LLAMA_CPP_PYTHON_VERSION" native
+    exec nice -n 10 "$py" bench/quality.py "$@"
 fi
 if ! have llama_cpp_python "$LLAMA_CPP_PYTHON_VERSION"; then
     say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source (CPU only; several minutes)"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own `llama-bench` from THE SAME sources as the pinned
 # llama-cpp-python of scripts/bench.sh (the llama.cpp vendored in its sdist),
-# twice, into build/bench/llama.cpp/ (ignored by git):
+# twice, into build/bench/llama.cpp/ (ignored by git). The native flavour also
+# builds `llama-quantize` (Q4_K_M / Q4_0 files) and `llama-perplexity`
+# (--kl-divergence), the peers of bench/quality.py; the same sdist's
+# vendor/llama.cpp holds convert_hf_to_gguf.py and gguf-py:
 #
 #   native/  cmake defaults, as llama.cpp's README tells its users to build it
 #            (`cmake -B build && cmake --build build --config Release`):
@@ -22,10 +25,18 @@ flavours=("$@"); [ ${#flavours[@]} -gt 0 ] || flavours=(native avx2)
 out="$root/build/bench/llama.cpp"
 jobs=${BENCH_BUILD_JOBS:-2}
 say() { printf '[llama-bench] %s\n' "$*"; }
+# The programs each flavour builds (llama-bench first: the thread benchmark).
+targets_of() {
+    case $1 in
+        native) echo llama-bench llama-quantize llama-perplexity ;;
+        *) echo llama-bench ;;
+    esac
+}
 
 need_build=0
 for flavour in "${flavours[@]}"; do
     [ "$(cat "$out/$flavour/.done" 2>/dev/null || true)" = "$version" ] || need_build=1
+    for t in $(targets_of "$flavour"); do [ -x "$out/$flavour/bin/$t" ] || need_build=1; done
 done
 [ "$need_build" = 0 ] && { say "llama-bench $version present in $out/{${flavours[*]}}"; exit 0; }
 
@@ -52,16 +63,28 @@ common=(-DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DGGML_METAL=OFF
 build_one() {  # flavour, extra cmake args...
     local flavour=$1; shift
     local dir="$out/$flavour"
-    [ "$(cat "$dir/.done" 2>/dev/null || true)" = "$version" ] && return 0
-    say "building $flavour (cmake $*; 5-15 minutes on 2 cores)"
-    rm -rf "$dir"
-    cmake -S "$llama" -B "$dir" "${common[@]}" "$@" > "$out/$flavour.cmake.log" 2>&1 \
-        || { say "cmake failed: see $out/$flavour.cmake.log"; exit 1; }
-    cmake --build "$dir" --target llama-bench -j "$jobs" > "$out/$flavour.build.log" 2>&1 \
+    local targets t missing=0
+    targets=$(targets_of "$flavour")
+    for t in $targets; do [ -x "$dir/bin/$t" ] || missing=1; done
+    [ "$(cat "$dir/.done" 2>/dev/null || true)" = "$version" ] && [ "$missing" = 0 ] && return 0
+    if [ "$(cat "$dir/.done" 2>/dev/null || true)" = "$version" ]; then
+        # A build of this version lacking a target (made before the target was
+        # added here): build the missing ones into the same tree, no rebuild.
+        say "adding $targets to $flavour"
+    else
+        say "building $flavour (cmake $*; 5-15 minutes on 2 cores)"
+        rm -rf "$dir"
+        cmake -S "$llama" -B "$dir" "${common[@]}" "$@" > "$out/$flavour.cmake.log" 2>&1 \
+            || { say "cmake failed: see $out/$flavour.cmake.log"; exit 1; }
+    fi
+    # shellcheck disable=SC2086  # $targets: one word per target
+    cmake --build "$dir" --target $targets -j "$jobs" > "$out/$flavour.build.log" 2>&1 \
         || { say "build failed: see $out/$flavour.build.log"; exit 1; }
-    [ -x "$dir/bin/llama-bench" ] || { say "no $dir/bin/llama-bench after the build"; exit 1; }
+    for t in $targets; do
+        [ -x "$dir/bin/$t" ] || { say "no $dir/bin/$t after the build"; exit 1; }
+    done
     echo "$version" > "$dir/.done"
-    say "$dir/bin/llama-bench"
+    for t in $targets; do say "$dir/bin/$t"; done
 }
 avx2_args=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
     -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF \
