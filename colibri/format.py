@@ -239,15 +239,18 @@ PRESET_INT8.update({
 PRESET_Q4 = dict(PRESET_INT8)
 # Measured by bench/sensitivity.py (KL removed per extra bit, one kind at a
 # time): WV, WK and WO gain 10-20x more per bit from Q6_K than the experts,
-# and are small; the LM head next. With them in Q6_K the bench "small"
-# Mixtral is 4.78 bpw, llama.cpp's Q4_K_M of it 4.97 (whose Q6_K on
-# ffn_down in half the layers would cost us +0.29 bpw).
+# WQ 5x, and all four are small; the LM head next. With them in Q6_K the
+# bench "small" Mixtral is about 4.8 bpw, llama.cpp's Q4_K_M of it 4.97
+# (whose Q6_K on ffn_down in half the layers would cost us +0.29 bpw).
+# bench/quality.py, WQ Q4_K -> Q6_K: KL 0.0111 -> 0.0104 on k256 (5.10
+# bpw), 0.0153 -> 0.0151 on "mid" (5.00 bpw).
 PRESET_Q4.update({
     Kind.EMBED: DType.Q4_K,
     Kind.LM_HEAD: DType.Q6_K,
-    **{k: DType.Q4_K for k in (Kind.WQ, *EXPERT_KINDS, Kind.XWQ, *SHARED_KINDS,
+    **{k: DType.Q4_K for k in (*EXPERT_KINDS, *SHARED_KINDS,
                                *DENSE_KINDS)},
-    **{k: DType.Q6_K for k in (Kind.WK, Kind.WV, Kind.WO, Kind.XWK, Kind.XWV, Kind.XWO)},
+    **{k: DType.Q6_K for k in (Kind.WQ, Kind.WK, Kind.WV, Kind.WO, Kind.XWQ, Kind.XWK,
+                               Kind.XWV, Kind.XWO)},
 })
 
 # A K block is 256 columns: on a row of another width most of a block would
