@@ -13,8 +13,9 @@ import pytest
 
 from conftest import GOLDEN_NAMES, Q4_NAMES
 from greedy import assert_argmax_agrees
-from test_runtime_support import (c_build, golden_calls, reference_logits,  # noqa: F401
-                                  relative_row_error, run_driver, valid_rows)
+from test_runtime_support import (assert_quantised_rows, c_build, golden_calls,  # noqa: F401
+                                  reference_logits, relative_row_error, run_driver,
+                                  valid_rows)
 
 F32_ATOL = 1e-4
 INT8_RTOL = 1e-3
@@ -61,15 +62,16 @@ def test_int8_logits_match_reference_of_same_file(c_build, colibri_file, referen
     float rounding (1e-5), every row within 3e-2, greedy tokens agree on 95%
     of rows. (Measured: 0 rows over 1e-3 on tiny and awkward; on wide 1 of 48
     and 3 (ref) / 28 (AVX2) of 124, worst 1.1e-2.)"""
+    _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, name,
+                                 "int8", batch)
+
+
+def _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, name, quant,
+                                 batch):
     for variant in ("ref", "host"):
         got, want = _compare(c_build, colibri_file, reference, tmp_path / variant,
-                             name, "int8", batch, variant)
-        rel = relative_row_error(got, want)
-        print(f"{name} batch {batch} {variant}: rows {len(rel)}, over 1e-3: "
-              f"{int(np.sum(rel > INT8_RTOL))}, worst {rel.max():.3g}")
-        assert np.median(rel) <= 1e-5, f"{variant} kernels: median row {np.median(rel):.3g}"
-        assert rel.max() <= 3e-2, f"{variant} kernels: worst row {rel.max():.3g}"
-        assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.95
+                             name, quant, batch, variant)
+        assert_quantised_rows(got, want, f"{name} {quant} batch {batch} {variant} kernels")
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -86,15 +88,8 @@ def test_q4_logits_match_reference_of_same_file(c_build, colibri_file, reference
     want_types = ({cformat.DType.Q4_0} if name == "tiny" else
                   {cformat.DType.Q4_K, cformat.DType.Q6_K, cformat.DType.Q4_0})
     assert want_types <= dtypes, f"{name} q4 file holds {sorted(dtypes)}"
-    for variant in ("ref", "host"):
-        got, want = _compare(c_build, colibri_file, reference, tmp_path / variant,
-                             name, "q4", batch, variant)
-        rel = relative_row_error(got, want)
-        print(f"{name} q4 batch {batch} {variant}: rows {len(rel)}, over 1e-3: "
-              f"{int(np.sum(rel > INT8_RTOL))}, worst {rel.max():.3g}")
-        assert np.median(rel) <= 1e-5, f"{variant} kernels: median row {np.median(rel):.3g}"
-        assert rel.max() <= 3e-2, f"{variant} kernels: worst row {rel.max():.3g}"
-        assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.95
+    _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, name, "q4",
+                                 batch)
 
 
 def test_chunking_and_rewind_do_not_change_logits(c_build, colibri_file, reference,
