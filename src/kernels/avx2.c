@@ -911,6 +911,15 @@ TGT static void avx2_evex_vnni_matmul_i8(float *Y, const int8_t *Q, const float 
 
 enum { BT_MAXT = 8 }; /* tokens per tile at most (R = 1, T = 8) */
 
+/* How far past the next tile blk_tile's prefetches run ahead, in bytes. A
+ * tile reads all its R rows in step, so "the next tile" alone is one tile's
+ * time ahead: for a decode tile of 8 short rows (8 x 592 bytes for 1024
+ * Q4_K columns) too little to hide the memory latency. Measured on Zen 4
+ * (test_kernels --bench 1x, weights from memory): +4 KiB took Q4_K decode
+ * from 12 to 16.5 GB/s and Q6_K from 16 to 18.5; +0 / 2 KiB were worse, 6
+ * KiB equal; prefill unchanged. */
+enum { BT_PF_AHEAD = 4096 };
+
 /* acc + madd(p, s): the int16 products p times int16 scales s, pairs summed
  * into int32 lanes. VNNI: one vpdpwssd (vnni = 1 VEX, 2 EVEX, as DPBUSD). */
 BLOCK __m256i scaled_acc(const int vnni, __m256i acc, __m256i p, __m256i s)
@@ -1210,9 +1219,10 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 
 /* Y[t0 .. t0 + T, r0 .. r0 + R) for blocks of dtype dt: per block the
  * integer results of all combos (q4_0_dots, q4k_sums, q6k_sums), then ref's
- * float update in lanes, blocks in order. With `prefetch`, the next R rows
- * (the next tile's weights, contiguous) are requested into L2 at the pace
- * this tile reads its own: one tile's rows are a few KiB, and the hardware
+ * float update in lanes, blocks in order. With `prefetch`, the R rows' worth
+ * of bytes from BT_PF_AHEAD past this tile (the next tile's weights onward,
+ * contiguous; none past W's end) are requested into L2 at the pace this
+ * tile reads its own: one tile's rows are a few KiB, and the hardware
  * prefetchers restart at every 4 KiB page (PREFETCH at i8_matmul). */
 BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T, float *Y,
                     const uint8_t *W, const int8_t *XQ, const float *XS, const int16_t *XB,
@@ -1233,12 +1243,13 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         xb[t] = XB + (size_t)(t0 + t) * nb * (B / 16);
         xs[t] = XS + (size_t)(t0 + t) * nb;
     }
-    const uint8_t *next = w[0] + (size_t)R * row_bytes;
+    /* prefetch stream: byte offsets into W, stopping at W's end */
+    const size_t pf = (size_t)(r0 + R) * row_bytes + BT_PF_AHEAD, w_bytes = (size_t)rows * row_bytes;
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        if (prefetch)
+        if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
-                _mm_prefetch((const char *)(next + (size_t)b * R * bytes + o), _MM_HINT_T1);
+                _mm_prefetch((const char *)(W + pf + (size_t)b * R * bytes + o), _MM_HINT_T1);
         float xsb[BT_MAXT], d[MAXR];
         UNROLL
         for (int t = 0; t < T; t++)
@@ -1295,8 +1306,7 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
     uint32_t r = 0;
     if (n == 1) {
         for (; r + BT_DEC_R <= rows; r += BT_DEC_R)
-            blk_tile(vnni, dt, BT_DEC_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 0,
-                     r + 2 * BT_DEC_R <= rows);
+            blk_tile(vnni, dt, BT_DEC_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 0, 1);
     }
     for (; r + BT_R <= rows; r += BT_R) {
         const int prefetch = r + 2 * BT_R <= rows;
