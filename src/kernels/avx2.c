@@ -1164,6 +1164,10 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
     for (int r = 0; r < R; r++) {
         const uint8_t *blk = w[r] + (size_t)b * CLB_Q6_K_BYTES;
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 196));
+        /* sc0..7 and sc8..15 as int16, in both halves: each 32-column
+         * scale pair below is then one in-lane shuffle */
+        const __m256i sclo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));
+        const __m256i schi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)));
         UNROLL
         for (int h = 0; h < 2; h++) {
             const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 4 + 64 * h));
@@ -1182,9 +1186,11 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
                 /* [sc_2i x 8 | sc_2i+1 x 8] int16: the two 16-column
                  * sub-blocks of these 32 columns */
                 const int i = 4 * h + s;
-                const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                    sc8, _mm_set_epi64x((long long)(0x0101010101010101ull * (unsigned)(2 * i + 1)),
-                                        (long long)(0x0101010101010101ull * (unsigned)(2 * i)))));
+                const int k = (2 * i) % 8; /* int16 lane of sc_2i in sclo / schi */
+                const __m256i scv = _mm256_shuffle_epi8(
+                    h == 0 ? sclo : schi,
+                    _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 * (2 * k + 1) + 2 * k)),
+                                      _mm_set1_epi16((short)(0x0100 * (2 * k + 3) + 2 * k + 2))));
                 UNROLL
                 for (int t = 0; t < T; t++) {
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
