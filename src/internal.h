@@ -208,8 +208,13 @@ void clb_linear2(const clb_plan *p, const clb_weight *wa, const clb_weight *wb,
  * (decode) writes Y in place, CLB_TILE_ROWS_1 rows a tile; several tokens
  * go through a [CLB_TILE_TOKENS, CLB_TILE_ROWS_N] block on the worker's
  * stack (8 KiB). Fixed numbers: the tiles never depend on the thread count
- * (threads.h), so neither do the bits. */
-#define CLB_TILE_ROWS_1 64u
+ * (threads.h), so neither do the bits. Decode tiles are long because a
+ * kernel call is where its software prefetch stops (it never reaches past
+ * its own rows): 64 rows (37 KiB of Q4_K at 1024 columns) restarted the
+ * memory stream cold so often that the small bench model decoded at ~15 ms
+ * a token against ~10.5 ms with 256 (Zen 4, one thread); 256 still gives a
+ * 1024-row matrix 4 tiles for the threads to share. */
+#define CLB_TILE_ROWS_1 256u
 #define CLB_TILE_ROWS_N 16u
 #define CLB_TILE_TOKENS 128u
 

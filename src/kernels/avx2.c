@@ -911,6 +911,15 @@ TGT static void avx2_evex_vnni_matmul_i8(float *Y, const int8_t *Q, const float 
 
 enum { BT_MAXT = 8 }; /* tokens per tile at most (R = 1, T = 8) */
 
+/* How far past the next tile blk_tile's prefetches run ahead, in bytes. A
+ * tile reads all its R rows in step, so "the next tile" alone is one tile's
+ * time ahead: for a decode tile of 8 short rows (8 x 592 bytes for 1024
+ * Q4_K columns) too little to hide the memory latency. Measured on Zen 4
+ * (test_kernels --bench 1x, weights from memory): +4 KiB took Q4_K decode
+ * from 12 to 16.5 GB/s and Q6_K from 16 to 18.5; +0 / 2 KiB were worse, 6
+ * KiB equal; prefill unchanged. */
+enum { BT_PF_AHEAD = 4096 };
+
 /* acc + madd(p, s): the int16 products p times int16 scales s, pairs summed
  * into int32 lanes. VNNI: one vpdpwssd (vnni = 1 VEX, 2 EVEX, as DPBUSD). */
 BLOCK __m256i scaled_acc(const int vnni, __m256i acc, __m256i p, __m256i s)
@@ -1065,23 +1074,31 @@ BLOCK __m256i q4_0_dots(const int vnni, const int R, const int T,
     return _mm256_sub_epi32(sums, lanes_of_tokens_i(R, T, off));
 }
 
-/* A Q4_K block's 8 6-bit scales and mins (clb_q4k_scale_min, done on 32-bit
- * words as llama.cpp does): *scb = [sc0..sc7 | sc0..sc7] int16 (both halves,
- * for the per-sub-block broadcasts), *mdup = [m0 m0 m1 m1 .. m7 m7] int16
- * (lined up with the block's 16 XB sums: sub-block j is XB 2j, 2j+1). */
+/* A Q4_K block's 8 6-bit scales and mins (clb_q4k_scale_min): *scb = [sc0..sc7
+ * | sc0..sc7] int16 (both halves, for the per-sub-block broadcasts), *mdup =
+ * [m0 m0 m1 m1 .. m7 m7] int16 (lined up with the block's 16 XB sums:
+ * sub-block j is XB 2j, 2j+1). In bytes, with s = scales[0..11] (a 16-byte
+ * load from the block's offset 8; bytes 12..15 are qs, unused):
+ *   lanes 0-3   sc0..3 = s[0..3] & 63
+ *   lanes 4-7   sc4..7 = (s[8..11] & 15) | (s[0..3] >> 6) << 4
+ *   lanes 8-11  m0..3  = s[4..7] & 63
+ *   lanes 12-15 m4..7  = (s[8..11] >> 4) | (s[4..7] >> 6) << 4
+ * i.e. a = s[0..3, 8..11, 4..7, 8..11], b = s[-, 0..3, -, 4..7]; vector
+ * ops instead of the scalar word arithmetic (~12 fewer instructions a
+ * row-block; 16-bit shifts, then masks keeping bits of the same byte). */
 TGT static inline void q4k_scales_mins(const uint8_t *sc12, __m256i *scb, __m256i *mdup)
 {
-    uint32_t u[3];
-    memcpy(u, sc12, 12);
-    const uint32_t sc03 = u[0] & 0x3f3f3f3fu;
-    const uint32_t sc47 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-    const uint32_t m03 = u[1] & 0x3f3f3f3fu;
-    const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-    const __m128i sc = _mm_cvtepu8_epi16(_mm_setr_epi32((int)sc03, (int)sc47, 0, 0));
-    const __m128i m = _mm_cvtepu8_epi16(_mm_setr_epi32((int)m03, (int)m47, 0, 0));
-    *scb = _mm256_broadcastsi128_si256(sc);
-    *mdup = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(m, m)),
-                                    _mm_unpackhi_epi16(m, m), 1);
+    const __m128i s = _mm_loadu_si128((const __m128i *)(const void *)sc12);
+    const __m128i a = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i b = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i lo = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                          15, 15, 15, 15));
+    const __m128i top = _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30));
+    const __m128i scm = _mm_or_si128(_mm_or_si128(lo, hi), top); /* [sc0..7 | m0..7] u8 */
+    *scb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+    *mdup = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+        scm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
 }
 
 /* Q4_K block b of R rows x T tokens: lane k of *isum = sum_j sc_j * dot_j,
@@ -1147,6 +1164,10 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
     for (int r = 0; r < R; r++) {
         const uint8_t *blk = w[r] + (size_t)b * CLB_Q6_K_BYTES;
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 196));
+        /* sc0..7 and sc8..15 as int16, in both halves: each 32-column
+         * scale pair below is then one in-lane shuffle */
+        const __m256i sclo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));
+        const __m256i schi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)));
         UNROLL
         for (int h = 0; h < 2; h++) {
             const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 4 + 64 * h));
@@ -1165,9 +1186,11 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
                 /* [sc_2i x 8 | sc_2i+1 x 8] int16: the two 16-column
                  * sub-blocks of these 32 columns */
                 const int i = 4 * h + s;
-                const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                    sc8, _mm_set_epi64x((long long)(0x0101010101010101ull * (unsigned)(2 * i + 1)),
-                                        (long long)(0x0101010101010101ull * (unsigned)(2 * i)))));
+                const int k = (2 * i) % 8; /* int16 lane of sc_2i in sclo / schi */
+                const __m256i scv = _mm256_shuffle_epi8(
+                    h == 0 ? sclo : schi,
+                    _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 * (2 * k + 1) + 2 * k)),
+                                      _mm_set1_epi16((short)(0x0100 * (2 * k + 3) + 2 * k + 2))));
                 UNROLL
                 for (int t = 0; t < T; t++) {
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
@@ -1186,6 +1209,22 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
         }
     }
     return lane_sums(R * T, acc);
+}
+
+/* The d (offset 0) and dmin (offset 4) of block offset o of 8 Q4_K rows w[0..7]
+ * -> *dv = [d of rows 0..7], *dmv = [dmin of rows 0..7]: one 8-byte load a
+ * row and 8 shuffles, instead of 16 scalar loads and 14 inserts. */
+BLOCK void rows8_d_dmin(const uint8_t *const w[MAXR], size_t o, __m256 *dv, __m256 *dmv)
+{
+#define BT_DDM(r) _mm_loadl_epi64((const __m128i *)(const void *)(w[r] + o)) /* [d dmin 0 0] */
+    /* [d0 dm0 d1 dm1 | d4 dm4 d5 dm5] and [d2 dm2 d3 dm3 | d6 dm6 d7 dm7] */
+    const __m256 a = _mm256_castsi256_ps(_mm256_setr_m128i(_mm_unpacklo_epi64(BT_DDM(0), BT_DDM(1)),
+                                                           _mm_unpacklo_epi64(BT_DDM(4), BT_DDM(5))));
+    const __m256 c = _mm256_castsi256_ps(_mm256_setr_m128i(_mm_unpacklo_epi64(BT_DDM(2), BT_DDM(3)),
+                                                           _mm_unpacklo_epi64(BT_DDM(6), BT_DDM(7))));
+#undef BT_DDM
+    *dv = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+    *dmv = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
 /* Y[t0 + t, r0 + r] = lane t * R + r of v. */
@@ -1210,9 +1249,10 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 
 /* Y[t0 .. t0 + T, r0 .. r0 + R) for blocks of dtype dt: per block the
  * integer results of all combos (q4_0_dots, q4k_sums, q6k_sums), then ref's
- * float update in lanes, blocks in order. With `prefetch`, the next R rows
- * (the next tile's weights, contiguous) are requested into L2 at the pace
- * this tile reads its own: one tile's rows are a few KiB, and the hardware
+ * float update in lanes, blocks in order. With `prefetch`, the R rows' worth
+ * of bytes from BT_PF_AHEAD past this tile (the next tile's weights onward,
+ * contiguous; none past W's end) are requested into L2 at the pace this
+ * tile reads its own: one tile's rows are a few KiB, and the hardware
  * prefetchers restart at every 4 KiB page (PREFETCH at i8_matmul). */
 BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T, float *Y,
                     const uint8_t *W, const int8_t *XQ, const float *XS, const int16_t *XB,
@@ -1233,34 +1273,44 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         xb[t] = XB + (size_t)(t0 + t) * nb * (B / 16);
         xs[t] = XS + (size_t)(t0 + t) * nb;
     }
-    const uint8_t *next = w[0] + (size_t)R * row_bytes;
+    /* prefetch stream: byte offsets into W, stopping at W's end */
+    const size_t pf = (size_t)(r0 + R) * row_bytes + BT_PF_AHEAD, w_bytes = (size_t)rows * row_bytes;
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        if (prefetch)
+        if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
-                _mm_prefetch((const char *)(next + (size_t)b * R * bytes + o), _MM_HINT_T1);
+                _mm_prefetch((const char *)(W + pf + (size_t)b * R * bytes + o), _MM_HINT_T1);
         float xsb[BT_MAXT], d[MAXR];
         UNROLL
         for (int t = 0; t < T; t++)
             xsb[t] = xs[t][b];
-        UNROLL
-        for (int r = 0; r < R; r++)
-            d[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 0);
-        const __m256 xsv = lanes_of_tokens(R, T, xsb), dv = lanes_of_rows(R, d);
+        __m256 dv, dmv = _mm256_setzero_ps();
+        if (dt == COLIBRI_DTYPE_Q4_K && R == 8 && T == 1) {
+            rows8_d_dmin(w, (size_t)b * bytes, &dv, &dmv);
+        } else {
+            UNROLL
+            for (int r = 0; r < R; r++)
+                d[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 0);
+            dv = lanes_of_rows(R, d);
+            if (dt == COLIBRI_DTYPE_Q4_K) {
+                float dm[MAXR];
+                UNROLL
+                for (int r = 0; r < R; r++)
+                    dm[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 4);
+                dmv = lanes_of_rows(R, dm);
+            }
+        }
+        const __m256 xsv = lanes_of_tokens(R, T, xsb);
         if (dt == COLIBRI_DTYPE_Q4_0) {
             /* acc += float(dot) * (d * xs) */
             const __m256i dot = q4_0_dots(vnni, R, T, w, x, xb, b);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dv, xsv)));
         } else if (dt == COLIBRI_DTYPE_Q4_K) {
             /* acc += xs * (d * float(isum) - dmin * float(msum)) */
-            float dm[MAXR];
-            UNROLL
-            for (int r = 0; r < R; r++)
-                dm[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 4);
             __m256i isum, msum;
             q4k_sums(vnni, R, T, &isum, &msum, w, x, xb, b);
             const __m256 dd = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(isum));
-            const __m256 mm = _mm256_mul_ps(lanes_of_rows(R, dm), _mm256_cvtepi32_ps(msum));
+            const __m256 mm = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(msum));
             acc = _mm256_add_ps(acc, _mm256_mul_ps(xsv, _mm256_sub_ps(dd, mm)));
         } else {
             /* acc += xs * (d * float(isum)) */
@@ -1295,8 +1345,7 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
     uint32_t r = 0;
     if (n == 1) {
         for (; r + BT_DEC_R <= rows; r += BT_DEC_R)
-            blk_tile(vnni, dt, BT_DEC_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 0,
-                     r + 2 * BT_DEC_R <= rows);
+            blk_tile(vnni, dt, BT_DEC_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 0, 1);
     }
     for (; r + BT_R <= rows; r += BT_R) {
         const int prefetch = r + 2 * BT_R <= rows;
