@@ -61,9 +61,9 @@ def test_save_load_and_convert(k256, tmp_path):
     plain = ColibriExporter(model, quant="q4").export(tmp_path / "plain.colibri")
     weighted = ColibriExporter(model, quant="q4", imatrix=path).export(tmp_path / "w.colibri")
     a, b = fmt.read_file(plain), fmt.read_file(weighted)
-    wq_a, wq_b = a.tensor(Kind.WQ, 0), b.tensor(Kind.WQ, 0)
-    assert wq_a.dtype == wq_b.dtype == fmt.DType.Q4_K
-    assert wq_a.values.tobytes() != wq_b.values.tobytes()
+    w1_a, w1_b = a.tensor(Kind.EXPERT_W1, 0, 0), b.tensor(Kind.EXPERT_W1, 0, 0)
+    assert w1_a.dtype == w1_b.dtype == fmt.DType.Q4_K
+    assert w1_a.values.tobytes() != w1_b.values.tobytes()
 
 
 def test_load_rejects_other_files(tmp_path):

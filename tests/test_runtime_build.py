@@ -72,6 +72,7 @@ def documented_arena_data_bytes(s: cformat.ModelShape, chunk: int = 16) -> int:
     q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
     mc = max(s.hidden, q, s.intermediate)
     ng = -(-mc // s.group_size)
+    padded = -(-mc // 256) * 256        # block weights' activations: whole K blocks
     T = s.max_batch * s.max_seq_len
     parts = [4 * s.max_seq_len * (s.head_dim // 2)] * 2              # RoPE cos, sin
     parts += [4 * s.n_layers * T * kv] * 2 + [T]                    # KV cache, mask
@@ -82,7 +83,7 @@ def documented_arena_data_bytes(s: cformat.ModelShape, chunk: int = 16) -> int:
     parts += [s.n_experts, 4 * s.n_experts, 4 * (s.n_experts + 1)]
     parts += [4 * C * s.top_k, 4 * C * s.top_k * s.hidden]          # lists, outputs
     parts += [4 * C * s.hidden] * 2 + [4 * C * s.intermediate] * 2
-    parts += [C * mc, 4 * C * ng]
+    parts += [C * padded, 4 * C * max(ng, padded // 32), 2 * C * padded // 16]
     return sum(align64(p) for p in parts)
 
 

@@ -131,5 +131,5 @@ def test_cortex_m_firmware_says_why_in_one_line(switch_file, tmp_path):
                         f"build_dir={tmp_path}", "run"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode != 0, p.stdout[-2000:]
-    line = ("error: colibri_arena_size: not supported by this build (-12): " + DETAIL)
+    line = ("error: colibri_arena_size_ex: not supported by this build (-12): " + DETAIL)
     assert line in p.stdout + p.stderr, p.stdout[-2000:] + p.stderr[-2000:]

@@ -295,12 +295,17 @@ int colibri_init_from_memory(colibri_model *m, const void *blob, size_t size,
  *   scratch    4*C * (5*hidden + 2*n_heads*head_dim + 2*n_kv_heads*head_dim
  *                     + 2*intermediate + 2*n_experts + top_k*(hidden + 2) + 2)
  *              + 2*C*top_k (selected experts)
- *              + C*max_cols + 4*C*ceil(max_cols/group_size)   (int8 activations)
+ *              + C*padded + 4*C*max(ceil(max_cols/group_size), padded/32)
+ *              + 2*C*padded/16   (int8 activations of I8_GROUP and block
+ *                weights: values, scales, sums of 16)
  *              + 4*max_seq_len (attention scores)
  *              + n_experts + 4*n_experts + 4*(n_experts+1) (top-k flags,
  *                counts, offsets)
  *   tables     the plan, per-layer and per-expert tensor views (pointers)
- * where max_cols = max(hidden, n_heads*head_dim, intermediate).
+ * where max_cols = max(hidden, n_heads*head_dim, intermediate) and padded
+ * = max_cols rounded up to a multiple of 256 (a K block). With the i8 KV
+ * cache of colibri_arena_size_ex, the KV term is 2 * n_layers * max_batch *
+ * max_seq_len * n_kv_heads * (head_dim + 4).
  * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC, _ARG, _NO_MEMORY (the
  * size does not fit in size_t). */
 int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes);
