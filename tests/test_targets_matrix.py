@@ -196,17 +196,23 @@ def test_target_matches_reference(name, build, matrix_build, matrix_models):
 
 
 def _assert_most_positions_exact(fw, model):
-    """The q4 tolerance (golden.TOLERANCE) admits one position moved by an
-    activation rounding flip; every other position must agree with the
-    reference to float rounding (a wrong block kernel moves them all)."""
-    errs = []
+    """The q4 tolerance (golden.TOLERANCE) admits an activation rounding
+    flip: the position where numpy and C round a tie differently moves, and
+    so do the later positions of its prompt (they attend to it). Every
+    other position must agree with the reference to float rounding: each
+    prompt's first position, and every position of all prompts but one (a
+    wrong block kernel moves them all)."""
+    per_prompt = []
     for p in fw.prompts:
         want = golden.reference_rows(model, p.prompt, p.tokens[:-1])
         scale = np.maximum(1.0, np.abs(want).max(axis=1))
-        errs += list(np.abs(p.rows.astype(np.float64) - want).max(axis=1) / scale)
-    errs = np.asarray(errs)
+        per_prompt.append(np.abs(p.rows.astype(np.float64) - want).max(axis=1) / scale)
+    errs = np.concatenate(per_prompt)
     assert np.median(errs) <= 1e-5, f"median position error {np.median(errs):.2e}"
-    assert np.sum(errs > 1e-3) <= 2, f"{np.sum(errs > 1e-3)} of {len(errs)} positions over 1e-3"
+    assert all(e[0] <= 1e-3 for e in per_prompt), \
+        f"first positions {[float(e[0]) for e in per_prompt]}: over 1e-3"
+    moved = [i for i, e in enumerate(per_prompt) if np.any(e > 1e-3)]
+    assert len(moved) <= 1, f"prompts {moved} have positions over 1e-3"
 
 
 @pytest.mark.parametrize("build", ["int8", "awkward", "q4"])
