@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,9 @@ def test_cli_info_reports_the_same_figures(c_build, colibri_file):
 def test_plan_from_config_equals_the_converted_file(tmp_path, quant):
     ckpt = ROOT / "models" / "demo" / "checkpoint"
     out = tmp_path / f"demo-{quant}.colibri"
-    subprocess.run(["colibri", "convert", str(ckpt), "-o", str(out), "--quant", quant,
+    # The CLI through this interpreter: scripts/test.sh does not put .venv/bin
+    # on PATH.
+    subprocess.run([sys.executable, "-m", "colibri.cli", "convert", str(ckpt), "-o", str(out), "--quant", quant,
                     "--no-tokenizer"], check=True, capture_output=True)
     cf = fmt.read_file(out)
     pl = memory.plan_from_config(ckpt, quant)
