@@ -65,7 +65,9 @@ def test_scons_image_and_ota_goals(firmware, tmp_path):
     policy = I.Policy(target=t.name, installed_counter=6)
     img = I.verify_image((elf.parent / "firmware.img").read_bytes(), pub, policy)
     assert (img.version, img.security_counter) == (I.Version(2, 3, 4, 5), 6)
-    assert bytes(img.payload) == elf.read_bytes()
+    # The image carries the ELF without its debug sections (SConstruct).
+    shipped = (elf.parent / "firmware.stripped.elf").read_bytes()
+    assert bytes(img.payload) == shipped and len(shipped) < elf.stat().st_size
     assert img.model.sha256 == hashlib.sha256(model_bin.read_bytes()).digest()
     pkg = ota.verify_package((elf.parent / "firmware.ota").read_bytes(), pub, policy)
     assert pkg.version == img.version and len(pkg.images) == 1
@@ -163,3 +165,34 @@ def test_bare_metal_binary_payload(firmware, tmp_path, capsys):
     base = min(int(x.split()[3], 16) for x in segments.splitlines()
                if x.strip().startswith("LOAD") and int(x.split()[4], 16) > 0)
     assert img.model.offset == addr - base
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    """The demo model as ./scripts/demo.sh converts it (int8, its tokenizer)."""
+    from colibri.convert import ColibriExporter
+    out = tmp_path_factory.mktemp("demo-model") / "demo-int8.colibri"
+    return ColibriExporter(ROOT / "models" / "demo" / "checkpoint", quant="int8").export(out)
+
+
+# Last in the module: it rebuilds the fixture's firmware with the demo model in
+# the same build directory (a relink, not a second build of the library), so
+# it must run after the tests above that read the fixture's firmware.
+def test_the_demo_builds_and_signs_into_every_targets_slot(firmware, demo_model, tmp_path):
+    """Steps 3 and 6 of `./scripts/demo.sh T` for every target (emulation
+    left to the tests above): the demo model embedded, the size budgets
+    checked, the firmware signed into an image its target's slot holds. The
+    x86_64 demo once stopped here, its image 224 KB over the 4 MiB slot."""
+    t, elf, _ = firmware
+    key = tmp_path / "dev.key"
+    keys.generate(key)
+    build = elf.parent.parent
+    r = subprocess.run([str(SCONS), "-Q", "-j2", f"target={t.name}", f"build_dir={build}",
+                        f"model={demo_model}", "prompt=The Python tutorial", "generate=60",
+                        str(elf.parent / "size.txt"), "image", "version=0.1.0", f"key={key}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    img = I.verify_image((elf.parent / "firmware.img").read_bytes(),
+                         keys.load_public(Path(str(key) + ".pub")), I.Policy(target=t.name))
+    assert img.model.sha256 == hashlib.sha256(demo_model.read_bytes()).digest()
+    assert len((elf.parent / "firmware.img").read_bytes()) <= t.budgets["image"]

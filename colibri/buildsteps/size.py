@@ -6,8 +6,10 @@ Budgets (bytes, in a target's `budgets`):
                   (code, rodata, the .colibri_model blob, the .data image)
   firmware_ram    firmware.elf: writable allocated sections (data, bss: the
                   arena and the logits buffer live in bss)
-  image           the packed image (firmware.bin, objcopy -O binary): what
-                  the flash slot must hold, padding between sections included
+  image           what the target's flash slot holds: bare metal the raw
+                  firmware.bin (objcopy -O binary, padding between sections
+                  included), Linux the firmware.stripped.elf the signed
+                  image carries (the ELF without its debug sections)
   bootloader      boot.elf (firmware/boot/, `scons target=cortex-m boot`):
                   every allocated section with file contents; measured only
                   when the boot goal builds it
