@@ -249,28 +249,11 @@ def run_c(exe, tmp_path, named: dict[str, bytes], flags: int = FLAGS) -> dict[st
     return dict(zip(named, res))
 
 
-def test_every_hostile_case_of_test_format_has_a_c_expectation():
-    assert set(C_EXPECT) == set(HOSTILE)
-
-
-def test_test_format_hostile_table_in_c(replay_exe, base_file, tmp_path):
-    files = {name: bytes(HOSTILE[name][0](bytearray(base_file))) for name in C_EXPECT}
-    got = run_c(replay_exe, tmp_path, files)
-    bad = []
-    for name, (code, pattern) in C_EXPECT.items():
-        r = got[name]
-        import re
-        if r.init != code or not re.search(pattern, r.detail):
-            bad.append(f"{name}: init {r.init} {r.detail!r}, want {code} /{pattern}/")
-    assert not bad, "\n".join(bad)
-
-
-def test_extra_hostile_cases_in_c_and_python(replay_exe, base_file, tmp_path):
-    import re
-    cases = extra_cases(base_file)
-    assert len({c.name for c in cases}) == len(cases)
-    files = {c.name: bytes(c.mutate(bytearray(base_file))) for c in cases}
-    got = run_c(replay_exe, tmp_path, files)
+def case_failures(cases: list[Case], files: dict, got: dict) -> list[str]:
+    """What each case's C verdict (the replay result `got[name]`) and Python
+    verdict (colibri.format.parse of `files[name]`) got wrong, one line each.
+    A case that C loads must also infer, decode and verify; a case whose `py`
+    is None must parse in Python."""
     bad = []
     for c in cases:
         r = got[c.name]
@@ -288,27 +271,80 @@ def test_extra_hostile_cases_in_c_and_python(replay_exe, base_file, tmp_path):
         else:
             if c.py is not None:
                 bad.append(f"Python {c.name}: accepted, want /{c.py}/")
+    return bad
+
+
+def check_cases(exe, tmp_path, raw: bytes, cases: list[Case], flags: int = FLAGS) -> None:
+    """Run every case (and the intact file, which must load, infer, decode and
+    verify) through C and Python; fail listing every wrong verdict."""
+    assert len({c.name for c in cases}) == len(cases)
+    files = {c.name: bytes(c.mutate(bytearray(raw))) for c in cases}
+    files["intact"] = raw
+    got = run_c(exe, tmp_path, files, flags)
+    r = got["intact"]
+    assert (r.init, r.infer, r.decode, r.verify, r.nonfinite) == (0, 0, 0, 0, 0), r
+    bad = case_failures(cases, files, got)
     assert not bad, "\n".join(bad)
+
+
+def check_truncations(exe, tmp_path, raw: bytes, flags: int = FLAGS) -> None:
+    """Every cut of `raw` at a 64-byte boundary is a format error naming the
+    truncation, in C and in Python, before any CRC is looked at."""
+    cuts = {cut: raw[:cut] for cut in range(0, len(raw), 64)}
+    got = run_c(exe, tmp_path, cuts, flags)
+    for cut, r in got.items():
+        assert r.init == BAD_FORMAT, (cut, r)
+        assert "truncated" in r.detail or "shorter" in r.detail, (cut, r.detail)
+        with pytest.raises(FormatError) as exc:
+            F.parse(cuts[cut])
+        assert not isinstance(exc.value, CRCError), (cut, exc.value)
+    assert len(cuts) == (len(raw) + 63) // 64
+
+
+def check_crc_in_each_section(exe, tmp_path, raw: bytes, flags: int = FLAGS) -> None:
+    """A flipped byte in the middle of section i (for block sections: in a
+    block's packed values, not its scales) is COLIBRI_E_CRC naming tensor i,
+    colibri_verify says the same, and Python raises CRCError naming it."""
+    cf = F.parse(raw)
+    files = {}
+    for i, e in enumerate(cf.entries):
+        b = bytearray(raw)
+        b[e.offset + e.size // 2] ^= 0x20
+        files[i] = bytes(b)
+    got = run_c(exe, tmp_path, files, flags)
+    for i, e in enumerate(cf.entries):
+        r = got[i]
+        assert r.init == CRC and r.verify == CRC, (i, r)
+        assert f"tensor {i} (" in r.detail and "crc" in r.detail, (i, r.detail)
+        with pytest.raises(CRCError, match=f"CRC mismatch in {re.escape(e.label())}"):
+            F.parse(files[i])
+
+
+def test_every_hostile_case_of_test_format_has_a_c_expectation():
+    assert set(C_EXPECT) == set(HOSTILE)
+
+
+def test_test_format_hostile_table_in_c(replay_exe, base_file, tmp_path):
+    files = {name: bytes(HOSTILE[name][0](bytearray(base_file))) for name in C_EXPECT}
+    got = run_c(replay_exe, tmp_path, files)
+    bad = []
+    for name, (code, pattern) in C_EXPECT.items():
+        r = got[name]
+        import re
+        if r.init != code or not re.search(pattern, r.detail):
+            bad.append(f"{name}: init {r.init} {r.detail!r}, want {code} /{pattern}/")
+    assert not bad, "\n".join(bad)
+
+
+def test_extra_hostile_cases_in_c_and_python(replay_exe, base_file, tmp_path):
+    check_cases(replay_exe, tmp_path, base_file, extra_cases(base_file))
 
 
 def test_wrong_crc_in_each_section(replay_exe, base_file, tmp_path):
     """A flipped byte in section i gives COLIBRI_E_CRC naming tensor i, and
     colibri_verify reports it; Python raises CRCError naming the tensor."""
-    cf = F.parse(base_file)
-    files = {}
-    for i, e in enumerate(cf.entries):
-        raw = bytearray(base_file)
-        raw[e.offset + e.size // 2] ^= 0x20
-        files[i] = bytes(raw)
-    got = run_c(replay_exe, tmp_path, files)
-    for i, e in enumerate(cf.entries):
-        r = got[i]
-        label = e.label().replace("(", r"\(").replace(")", r"\)")
-        assert r.init == CRC and r.verify == CRC, (i, r)
-        assert f"tensor {i} (" in r.detail and "crc" in r.detail, (i, r.detail)
-        with pytest.raises(CRCError, match=f"CRC mismatch in {label}"):
-            F.parse(files[i])
-    assert len(files) == len(F.tensor_order(SHAPE))
+    check_crc_in_each_section(replay_exe, tmp_path, base_file)
+    assert len(F.parse(base_file).entries) == len(F.tensor_order(SHAPE))
 
 
 @pytest.mark.parametrize("quant", ["f32", "int8"])
@@ -316,16 +352,7 @@ def test_truncated_at_every_64_byte_boundary(replay_exe, tmp_path, quant):
     """Every cut of a (small) file is a format error naming the truncation,
     before any CRC; Python refuses every cut too."""
     preset = F.PRESET_F32 if quant == "f32" else F.PRESET_INT8
-    raw = gen_seeds.model_bytes(gen_seeds.TINY, preset)
-    cuts = {cut: raw[:cut] for cut in range(0, len(raw), 64)}
-    got = run_c(replay_exe, tmp_path, cuts)
-    for cut, r in got.items():
-        assert r.init == BAD_FORMAT, (cut, r)
-        assert "truncated" in r.detail or "shorter" in r.detail, (cut, r.detail)
-        with pytest.raises(FormatError) as exc:
-            F.parse(cuts[cut])
-        assert not isinstance(exc.value, CRCError), (cut, exc.value)
-    assert len(cuts) == len(raw) // 64
+    check_truncations(replay_exe, tmp_path, gen_seeds.model_bytes(gen_seeds.TINY, preset))
 
 
 def _with_optional_entry(raw: bytes, dtype: int, rows: int, cols: int, payload: bytes) -> bytes:
@@ -533,56 +560,17 @@ def test_version_2_hostile_cases_in_c_and_python(replay_exe, v2_file, tmp_path):
     """Every check of the description and of the kinds it brings, in C
     (colibri_init_from_memory and colibri_verify through the replay harness)
     and in Python: the same refusal, each naming its field."""
-    import re
-    cases = v2_cases(v2_file)
-    assert len({c.name for c in cases}) == len(cases)
-    files = {c.name: bytes(c.mutate(bytearray(v2_file))) for c in cases}
-    files["intact"] = v2_file
-    got = run_c(replay_exe, tmp_path, files)
-    r = got["intact"]
-    assert (r.init, r.infer, r.decode, r.verify, r.nonfinite) == (0, 0, 0, 0, 0), r
-    bad = []
-    for c in cases:
-        r = got[c.name]
-        if r.init != c.c_code or not re.search(c.c_detail, r.detail):
-            bad.append(f"C {c.name}: init {r.init} {r.detail!r}, want {c.c_code} /{c.c_detail}/")
-        try:
-            F.parse(files[c.name])
-        except FormatError as exc:
-            if not re.search(c.py, str(exc)) or isinstance(exc, CRCError) != c.py_crc:
-                bad.append(f"Python {c.name}: {type(exc).__name__}: {exc}; want /{c.py}/")
-        else:
-            bad.append(f"Python {c.name}: accepted, want /{c.py}/")
-    assert not bad, "\n".join(bad)
+    check_cases(replay_exe, tmp_path, v2_file, v2_cases(v2_file))
 
 
 def test_version_2_wrong_crc_in_each_section(replay_exe, v2_file, tmp_path):
     """A flipped byte in any section of a version 2 file, the DESC included,
     is a CRC error naming it, in C and in Python."""
-    cf = F.parse(v2_file)
-    files = {}
-    for i, e in enumerate(cf.entries):
-        raw = bytearray(v2_file)
-        raw[e.offset + e.size // 2] ^= 0x20
-        files[i] = bytes(raw)
-    got = run_c(replay_exe, tmp_path, files)
-    for i, e in enumerate(cf.entries):
-        r = got[i]
-        assert r.init == CRC and r.verify == CRC, (i, r)
-        assert f"tensor {i} (" in r.detail and "crc" in r.detail, (i, r.detail)
-        with pytest.raises(CRCError, match=re.escape(e.label().split()[0])):
-            F.parse(files[i])
+    check_crc_in_each_section(replay_exe, tmp_path, v2_file)
 
 
 def test_version_2_truncated_at_every_64_byte_boundary(replay_exe, v2_file, tmp_path):
-    cuts = {cut: v2_file[:cut] for cut in range(0, len(v2_file), 64)}
-    got = run_c(replay_exe, tmp_path, cuts)
-    for cut, r in got.items():
-        assert r.init == BAD_FORMAT, (cut, r)
-        assert "truncated" in r.detail or "shorter" in r.detail, (cut, r.detail)
-        with pytest.raises(FormatError) as exc:
-            F.parse(cuts[cut])
-        assert not isinstance(exc.value, CRCError), (cut, exc.value)
+    check_truncations(replay_exe, tmp_path, v2_file)
 
 
 # ---- encoder-decoder files (ENC_DEC): DESC words, flags, kinds 28-35 ----------
@@ -646,40 +634,11 @@ def test_encoder_decoder_hostile_cases_in_c_and_python(replay_exe, encdec_file, 
     """Every check ENC_DEC adds (its DESC words, its flag combinations, the
     order, shapes and dtypes of kinds 28-35), in C and in Python; the intact
     file loads, encodes, decodes and verifies."""
-    import re
-    cases = encdec_cases(encdec_file)
-    files = {c.name: bytes(c.mutate(bytearray(encdec_file))) for c in cases}
-    files["intact"] = encdec_file
-    got = run_c(replay_exe, tmp_path, files)
-    r = got["intact"]
-    assert (r.init, r.infer, r.decode, r.verify, r.nonfinite) == (0, 0, 0, 0, 0), r
-    bad = []
-    for c in cases:
-        r = got[c.name]
-        if r.init != c.c_code or not re.search(c.c_detail, r.detail):
-            bad.append(f"C {c.name}: init {r.init} {r.detail!r}, want {c.c_code} /{c.c_detail}/")
-        try:
-            F.parse(files[c.name])
-        except FormatError as exc:
-            if not re.search(c.py, str(exc)) or isinstance(exc, CRCError) != c.py_crc:
-                bad.append(f"Python {c.name}: {type(exc).__name__}: {exc}; want /{c.py}/")
-        else:
-            bad.append(f"Python {c.name}: accepted, want /{c.py}/")
-    assert not bad, "\n".join(bad)
+    check_cases(replay_exe, tmp_path, encdec_file, encdec_cases(encdec_file))
 
 
 def test_encoder_decoder_wrong_crc_in_each_section(replay_exe, encdec_file, tmp_path):
-    cf = F.parse(encdec_file)
-    files = {}
-    for i, e in enumerate(cf.entries):
-        raw = bytearray(encdec_file)
-        raw[e.offset + e.size // 2] ^= 0x20
-        files[i] = bytes(raw)
-    got = run_c(replay_exe, tmp_path, files)
-    for i, e in enumerate(cf.entries):
-        assert got[i].init == CRC and f"tensor {i} (" in got[i].detail, (i, got[i])
-        with pytest.raises(CRCError):
-            F.parse(files[i])
+    check_crc_in_each_section(replay_exe, tmp_path, encdec_file)
 
 
 # ---- the block types (Q4_0, Q4_K, Q6_K), in both byte orders ------------------
@@ -807,30 +766,7 @@ def test_block_hostile_cases_in_c_and_python(replay_exe, block_file, tmp_path):
     the intact file (and one whose padding columns changed) loads, infers,
     decodes and verifies with finite logits."""
     bc, raw = block_file
-    cases = block_cases(bc, raw)
-    assert len({c.name for c in cases}) == len(cases)
-    files = {c.name: bytes(c.mutate(bytearray(raw))) for c in cases}
-    files["intact"] = raw
-    got = run_c(replay_exe, tmp_path, files, _replay_flags(bc))
-    r = got["intact"]
-    assert (r.init, r.infer, r.decode, r.verify, r.nonfinite) == (0, 0, 0, 0, 0), r
-    bad = []
-    for c in cases:
-        r = got[c.name]
-        if r.init != c.c_code or not re.search(c.c_detail, r.detail):
-            bad.append(f"C {c.name}: init {r.init} {r.detail!r}, want {c.c_code} /{c.c_detail}/")
-        if c.c_code == 0 and (r.infer, r.decode, r.verify, r.nonfinite) != (0, 0, 0, 0):
-            bad.append(f"C {c.name}: loads but infer {r.infer} decode {r.decode} "
-                       f"verify {r.verify} nonfinite {r.nonfinite}")
-        try:
-            F.parse(files[c.name])
-        except FormatError as exc:
-            if c.py is None or not re.search(c.py, str(exc)) or isinstance(exc, CRCError):
-                bad.append(f"Python {c.name}: {type(exc).__name__}: {exc}; want /{c.py}/")
-        else:
-            if c.py is not None:
-                bad.append(f"Python {c.name}: accepted, want /{c.py}/")
-    assert not bad, "\n".join(bad)
+    check_cases(replay_exe, tmp_path, raw, block_cases(bc, raw), _replay_flags(bc))
 
 
 def _block_floats(e: F.Entry) -> list[tuple[int, int]]:
@@ -887,29 +823,11 @@ def test_block_file_truncated_at_every_64_byte_boundary(replay_exe, block_file, 
     """Every cut of the block file (most fall inside a block section) is a
     format error naming the truncation, in C and Python, before any CRC."""
     bc, raw = block_file
-    cuts = {cut: raw[:cut] for cut in range(0, len(raw), 64)}
-    got = run_c(replay_exe, tmp_path, cuts, _replay_flags(bc))
-    for cut, r in got.items():
-        assert r.init == BAD_FORMAT, (cut, r)
-        assert "truncated" in r.detail or "shorter" in r.detail, (cut, r.detail)
-        with pytest.raises(FormatError) as exc:
-            F.parse(cuts[cut])
-        assert not isinstance(exc.value, CRCError), (cut, exc.value)
+    check_truncations(replay_exe, tmp_path, raw, _replay_flags(bc))
 
 
 def test_block_file_wrong_crc_in_each_section(replay_exe, block_file, tmp_path):
     """A flipped byte in any section (block sections: in a block's packed
     values, not its scales) is a CRC error naming the tensor, in C and Python."""
     bc, raw = block_file
-    cf = F.parse(raw)
-    files = {}
-    for i, e in enumerate(cf.entries):
-        b = bytearray(raw)
-        b[e.offset + e.size // 2] ^= 0x20
-        files[i] = bytes(b)
-    got = run_c(replay_exe, tmp_path, files, _replay_flags(bc))
-    for i, e in enumerate(cf.entries):
-        assert got[i].init == CRC and got[i].verify == CRC, (i, got[i])
-        assert f"tensor {i} (" in got[i].detail and "crc" in got[i].detail, (i, got[i].detail)
-        with pytest.raises(CRCError, match=re.escape(e.label().split()[0])):
-            F.parse(files[i])
+    check_crc_in_each_section(replay_exe, tmp_path, raw, _replay_flags(bc))
