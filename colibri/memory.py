@@ -16,7 +16,8 @@ network, the arena with its KV cache, and the total.
   colibri_arena_size_ex).
 - `plan_from_config(dir)`: the shape, description and table entries a
   conversion would write, from config.json alone (no weights), for the
-  README's sizes of real checkpoints; `report(...)` prints them.
+  documented sizes of real checkpoints (docs/QUANTISATION.md, "Memory");
+  `report(...)` prints them.
 """
 from __future__ import annotations
 
@@ -296,7 +297,7 @@ def report_lines(shape, desc, entries, file_size: int, kv_this: str | None = Non
 
 
 def readme_table(rows) -> str:
-    """rows: (name, Planned per quant) -> the README table (markdown)."""
+    """rows: (name, Planned per quant) -> the documented table (markdown)."""
     out = ["| model | max_seq_len | quant | file | KV/token f32 | KV/token i8 | "
            "resident, kv f32 | resident, kv i8 |", "|---|---|---|---|---|---|---|---|"]
     for name, by_quant in rows:
@@ -320,8 +321,9 @@ def readme_rows(config_paths, quants=QUANTS):
 
 
 def main(argv=None) -> int:
-    """python -m colibri.memory --readme-table CONFIG.json ...: the README's
-    sizes table of real checkpoints from their config.json alone."""
+    """python -m colibri.memory --readme-table CONFIG.json ...: the sizes
+    table of real checkpoints (docs/QUANTISATION.md) from their config.json
+    alone."""
     import argparse
     import sys
     from .errors import ColibriError

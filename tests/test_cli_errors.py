@@ -25,11 +25,11 @@ import pytest
 from colibri import format as cformat
 from colibri.buildsteps import testmodel
 from colibri.format import Kind
+from docs_text import doc_lines
 from test_runtime_support import c_build  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 SCONS = str(ROOT / ".venv" / "bin" / "scons")
-README = ROOT / "README.md"
 
 # The fixes the messages name (one of them per row).
 CONVERT = "colibri convert HF_DIR -o FILE.colibri"
@@ -247,8 +247,8 @@ def test_an_intact_file_verifies_with_status_0(files, c_build):
 
 
 def test_verify_statuses_agree_in_code_help_and_readme(c_build):
-    """`colibri verify --help`, `colibri-cli --help` and the README state the
-    statuses the rows above check."""
+    """`colibri verify --help`, `colibri-cli --help` and the docs (the command
+    tables of docs/CLI.md) state the statuses the rows above check."""
     help_text = subprocess.run([sys.executable, "-m", "colibri.cli", "verify", "--help"],
                                capture_output=True, text=True).stdout
     help_text = " ".join(help_text.split())
@@ -257,8 +257,10 @@ def test_verify_statuses_agree_in_code_help_and_readme(c_build):
     cli_help = subprocess.run([str(c_build("host").cli), "--help"], capture_output=True,
                               text=True).stdout
     assert "exit status 0 intact, 1 damaged, 2 cannot read" in cli_help
-    readme = README.read_text()
-    row = next(line for line in readme.splitlines() if line.startswith("| `colibri verify"))
+    lines = doc_lines()
+    row = next((line for line in lines if line.startswith("| `colibri verify")), None)
+    assert row, "no `| colibri verify` row in README.md / docs/ (docs/CLI.md)"
     assert "exit 1" in row and "exit 2" in row and "damaged" in row, row
-    cli_row = next(line for line in readme.splitlines() if line.startswith("| `--verify`"))
+    cli_row = next((line for line in lines if line.startswith("| `--verify`")), None)
+    assert cli_row, "no `| --verify` row in README.md / docs/ (docs/CLI.md)"
     assert "exit 1" in cli_row and "exit 2" in cli_row, cli_row
