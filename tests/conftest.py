@@ -111,3 +111,13 @@ def reference(colibri_file):
             cache[key] = Reference(colibri_file(name, quant))
         return cache[key]
     return get
+
+
+@pytest.fixture(scope="session")
+def shared_builds(tmp_path_factory):
+    """SCons builds sharing their compiled libraries (tests/shared_builds.py):
+    shared_builds.build(out_dir, "target=all", "model=M", ...)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import targets
+    from shared_builds import SharedBuilds
+    return SharedBuilds(tmp_path_factory.mktemp("shared-builds"), list(targets.load_all()))

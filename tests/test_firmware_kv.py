@@ -65,8 +65,9 @@ def models(tmp_path_factory, hf_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory, models):
-    """(model, kv) -> build directory with every target of KV_TARGETS."""
+def build(tmp_path_factory, models, shared_builds):
+    """(model, kv) -> build directory with every target of KV_TARGETS (the
+    libraries compiled once: tests/shared_builds.py)."""
     root = tmp_path_factory.mktemp("kv-build")
     done = {}
 
@@ -76,8 +77,8 @@ def build(tmp_path_factory, models):
             out = root / f"{model}-{kv}"
             for name in KV_TARGETS:
                 if not toolchain.missing_tools(TARGETS[name]):
-                    scons("-j2", f"target={name}", f"model={models[model]}", f"kv={kv}",
-                          f"build_dir={out}")
+                    shared_builds.build(out, f"target={name}", f"model={models[model]}",
+                                        f"kv={kv}", timeout=900)
             done[key] = out
         return done[key]
     return get

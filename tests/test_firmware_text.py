@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,7 +43,6 @@ import targets  # noqa: E402
 from colibri.buildsteps import blob, check, emulate, golden, toolchain  # noqa: E402
 
 TARGETS = targets.load_all()
-SCONS = str(ROOT / ".venv" / "bin" / "scons")
 # Prose, a contraction, digits, a newline-free CJK word: several merges and
 # a multi-byte UTF-8 sequence the device must tokenise like `tokenizers`.
 PROMPT = "The Python tutorial doesn't cover 3.11's 日本"
@@ -67,14 +65,12 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def built(tiny):
+def built(tiny, shared_builds):
     hf, model, d = tiny
     out = d / "build"
     args = [f"{k}={v}" for k, v in SAMPLING.items()]
-    p = subprocess.run([SCONS, "-Q", "-j2", "target=all", f"model={model}", f"prompt={PROMPT}",
-                        f"generate={GENERATE}", f"build_dir={out}", *args],
-                       cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    shared_builds.build(out, "target=all", f"model={model}", f"prompt={PROMPT}",
+                        f"generate={GENERATE}", *args)
     return out
 
 
@@ -82,7 +78,7 @@ Q4_TARGETS = [n for n in ("x86_64", "armv7") if n in TARGETS]
 
 
 @pytest.fixture(scope="module")
-def built_q4(tiny):
+def built_q4(tiny, shared_builds):
     """The tiny checkpoint with the 4-bit mix, built for Q4_TARGETS."""
     from colibri.convert import ColibriExporter
     _, _, d = tiny
@@ -93,10 +89,8 @@ def built_q4(tiny):
     for name in Q4_TARGETS:
         if toolchain.missing_tools(TARGETS[name]):
             continue
-        p = subprocess.run([SCONS, "-Q", "-j2", f"target={name}", f"model={model}",
-                            f"prompt={PROMPT}", f"generate={GENERATE}", f"build_dir={out}",
-                            *args], cwd=ROOT, capture_output=True, text=True, timeout=1200)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        shared_builds.build(out, f"target={name}", f"model={model}", f"prompt={PROMPT}",
+                            f"generate={GENERATE}", *args, timeout=1200)
     return model, out
 
 

@@ -35,32 +35,27 @@ def test_every_target_has_an_image_id():
 
 
 @pytest.fixture(scope="module", params=TARGETS)
-def firmware(request, tmp_path_factory):
+def firmware(request, tmp_path_factory, shared_builds):
     t = targets.get(request.param)
     tools = [t.tool("gcc"), *t.emulator[:1]]
     missing = [x for x in tools if shutil.which(x) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed")
     build = tmp_path_factory.mktemp(f"fwbuild-{t.name}")
+    shared_builds.build(build, f"target={t.name}", timeout=600)
     elf = build / t.name / "firmware.elf"
-    r = subprocess.run([str(SCONS), "-Q", "-j2", f"target={t.name}", f"build_dir={build}",
-                        str(elf), str(build / t.name / "firmware.bin")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return t, elf, build / t.name / "firmware" / "model.bin"
 
 
-def test_scons_image_and_ota_goals(firmware, tmp_path):
+def test_scons_image_and_ota_goals(firmware, tmp_path, shared_builds):
     """`scons target=X image|ota version=... key=...` through the real
-    SConstruct: the signed files verify for that target and carry the ELF."""
+    SConstruct: the signed files verify for that target and carry the
+    stripped ELF."""
     t, elf, model_bin = firmware
     key = tmp_path / "k"
     keys.generate(key)
-    build = elf.parent.parent
-    r = subprocess.run([str(SCONS), "-Q", f"target={t.name}", f"build_dir={build}", "image",
-                        "ota", "version=2.3.4+5", f"key={key}", "security_counter=6"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    shared_builds.build(elf.parent.parent, f"target={t.name}", "image", "ota",
+                        "version=2.3.4+5", f"key={key}", "security_counter=6", timeout=600)
     pub = keys.load_public(Path(str(key) + ".pub"))
     policy = I.Policy(target=t.name, installed_counter=6)
     img = I.verify_image((elf.parent / "firmware.img").read_bytes(), pub, policy)
@@ -175,24 +170,21 @@ def demo_model(tmp_path_factory):
     return ColibriExporter(ROOT / "models" / "demo" / "checkpoint", quant="int8").export(out)
 
 
-# Last in the module: it rebuilds the fixture's firmware with the demo model in
-# the same build directory (a relink, not a second build of the library), so
-# it must run after the tests above that read the fixture's firmware.
-def test_the_demo_builds_and_signs_into_every_targets_slot(firmware, demo_model, tmp_path):
+def test_the_demo_builds_and_signs_into_every_targets_slot(firmware, demo_model, tmp_path,
+                                                          shared_builds):
     """Steps 3 and 6 of `./scripts/demo.sh T` for every target (emulation
     left to the tests above): the demo model embedded, the size budgets
     checked, the firmware signed into an image its target's slot holds. The
     x86_64 demo once stopped here, its image 224 KB over the 4 MiB slot."""
-    t, elf, _ = firmware
+    t = firmware[0]
     key = tmp_path / "dev.key"
     keys.generate(key)
-    build = elf.parent.parent
-    r = subprocess.run([str(SCONS), "-Q", "-j2", f"target={t.name}", f"build_dir={build}",
-                        f"model={demo_model}", "prompt=The Python tutorial", "generate=60",
-                        str(elf.parent / "size.txt"), "image", "version=0.1.0", f"key={key}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    img = I.verify_image((elf.parent / "firmware.img").read_bytes(),
+    size_txt = shared_builds.work_dir() / t.name / "size.txt"     # the budgets' check
+    shared_builds.build(tmp_path, f"target={t.name}", f"model={demo_model}",
+                        "prompt=The Python tutorial", "generate=60", str(size_txt), "image",
+                        "version=0.1.0", f"key={key}", timeout=600)
+    out = tmp_path / t.name
+    img = I.verify_image((out / "firmware.img").read_bytes(),
                          keys.load_public(Path(str(key) + ".pub")), I.Policy(target=t.name))
     assert img.model.sha256 == hashlib.sha256(demo_model.read_bytes()).digest()
-    assert len((elf.parent / "firmware.img").read_bytes()) <= t.budgets["image"]
+    assert len((out / "firmware.img").read_bytes()) <= t.budgets["image"]

@@ -7,7 +7,8 @@ the dot-product extension) and compared with the numpy reference
 `scons target=X check` uses; the firmware must report the kernel table the
 target expects on each CPU.
 
-Builds (each `scons target=all`, shared by the tests below):
+Builds (each `scons target=all`, shared by the tests below; the builds of one
+kernel configuration share their compiled libraries: tests/shared_builds.py):
   int8        fw-tiny int8 model (colibri.buildsteps.testmodel), default kernels
   f32         fw-tiny f32 model, default kernels
   awkward     the converter's "awkward" golden model (hidden 60, 5 heads,
@@ -35,8 +36,6 @@ big-endian and uses it in place, on cortex-m from flash with a static arena.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -50,20 +49,9 @@ import targets  # noqa: E402
 from colibri.buildsteps import check, golden, testmodel, toolchain  # noqa: E402
 
 TARGETS = targets.load_all()
-SCONS = [str(ROOT / ".venv" / "bin" / "scons")]
 LINUX_REF_TARGETS = [n for n, t in TARGETS.items() if t.is_linux]
 # (target, CPU) for the CPUs a target lists besides the one its emulator pins.
 OTHER_CPUS = [(n, cpu) for n, t in TARGETS.items() for cpu in list(t.cpu_kernels)[1:]]
-
-
-def scons(*args, cwd=ROOT, env=None, check_rc=True):
-    p = subprocess.run([*SCONS, "-Q", *args], cwd=cwd, capture_output=True, text=True,
-                       env=env, timeout=600)
-    if check_rc and p.returncode != 0:
-        raise AssertionError(f"scons {' '.join(args)} failed ({p.returncode}):\n"
-                             f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    return p
-
 
 # The block types the q4 matrix model must hold.
 Q4_DTYPES = {3, 4, 5}     # format.DType.Q4_0, Q4_K, Q6_K
@@ -142,20 +130,23 @@ class _Lazy(dict):
 
 
 @pytest.fixture(scope="session")
-def matrix_build(tmp_path_factory, matrix_models):
-    """build name -> build directory, built on first use."""
+def matrix_build(tmp_path_factory, matrix_models, shared_builds):
+    """build name -> build directory, built on first use. The builds of one
+    kernel configuration share their compiled libraries (shared_builds):
+    a new model is a relink, not a compilation of six targets."""
     root = tmp_path_factory.mktemp("matrix-build")
     done = {}
 
     def get(name):
         if name not in done:
-            extra = ["avx2=0", "neon=0"] if name.startswith("ref") else []
+            ref = name.startswith("ref")
+            extra = ["avx2=0", "neon=0"] if ref else []
             out = root / name
             available = [n for n, t in TARGETS.items() if not toolchain.missing_tools(t)]
             target = "all" if len(available) == len(TARGETS) else None
             for t in ([target] if target else available):
-                scons("-j2", f"target={t}", f"model={matrix_models[name]}",
-                      f"build_dir={out}", *extra)
+                shared_builds.build(out, f"target={t}", f"model={matrix_models[name]}", *extra,
+                                    config="ref-kernels" if ref else "default", timeout=600)
             done[name] = out
         return done[name]
     return get
@@ -309,15 +300,18 @@ def test_ref_kernels_bit_identical_across_targets(build, matrix_build):
 
 
 @pytest.mark.parametrize("name", [n for n in ("cortex-m", "aarch64") if n in TARGETS])
-def test_scons_check_runs_the_matrix_and_reports(name, matrix_build, matrix_models):
+def test_scons_check_runs_the_matrix_and_reports(name, matrix_build, matrix_models,
+                                                 shared_builds, tmp_path):
     """`scons target=X check` on an up-to-date build runs the emulator on
     every CPU of the target and prints PASS with the CPU, the kernel table
     and the worst position per prompt."""
-    bdir = matrix_build("int8")
+    matrix_build("int8")
     t = TARGETS[name]
     _need(t)
-    p = scons(f"target={name}", f"model={matrix_models['int8']}",
-              f"build_dir={bdir.parent / 'int8'}", "check")
+    # In the work directory the int8 build was made in (up to date but for
+    # the model, which a later build may have swapped: a relink).
+    p = shared_builds.build(tmp_path, f"target={name}", f"model={matrix_models['int8']}",
+                            "check", timeout=600)
     assert p.stdout.count(f"target {name}: PASS") == len(t.cpu_kernels)
     for cpu, table in t.cpu_kernels.items():
         assert f"cpu {cpu}, kernels {table}," in p.stdout
