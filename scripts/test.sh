@@ -13,4 +13,5 @@ bash scripts/setup.sh
 jobs=${COLIBRI_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
 [ "$jobs" -gt 4 ] && jobs=4
 [ "$jobs" -lt 2 ] && jobs=0
-exec .venv/bin/python -m pytest -n "$jobs" "$@"
+# --durations: the slowest tests, so a run shows where the suite's time goes.
+exec .venv/bin/python -m pytest -n "$jobs" --durations=25 "$@"
