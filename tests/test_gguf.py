@@ -275,7 +275,7 @@ def test_types_without_a_colibri_twin_are_requantised(models, tmp_path):
     assert "Q5_0 -> Q6_K" in ex.notes[0]
     err = _logits_vs_transformers(models["k256"][0], tmp_path / "q5.colibri")
     FIGURES["k256 Q5_0 experts -> Q6_K"] = err
-    assert err <= 0.05
+    assert err <= 0.1    # measured 0.046: Q5_0's rounding, then Q6_K's
 
 
 def test_cli_convert_and_info(models, tmp_path):
@@ -293,6 +293,35 @@ def test_cli_convert_and_info(models, tmp_path):
     r = subprocess.run(run + ["convert", str(path), "-o", str(out), "--expert-map", "a=w1"],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--expert-map" in r.stderr
+
+
+def _same_as_gguf_py(path):
+    """GGUFFile's metadata and tensor directory equal gguf-py GGUFReader's."""
+    mine = gguf_in.GGUFFile(path)
+    r = gguf.GGUFReader(path)
+    theirs = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    assert set(mine.fields) == set(theirs)
+    for k, v in theirs.items():
+        got = mine.fields[k][1]
+        if isinstance(v, float) or (isinstance(v, list) and v and isinstance(v[0], float)):
+            assert np.array_equal(np.float32(got), np.float32(v)), k
+        else:
+            assert got == v, k
+    assert [t.name for t in r.tensors] == list(mine.tensors)
+    for t in r.tensors:
+        m = mine.tensors[t.name]
+        assert (m.type_name, m.shape, m.start, m.nbytes) == (
+            t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), t.data_offset,
+            t.n_bytes), t.name
+
+
+def test_header_parser_agrees_with_gguf_py(models, q4_k_m_file, tmp_path):
+    for name in ("mixtral", "qwen3_moe", "k256"):
+        for path in models[name][2].values():
+            _same_as_gguf_py(path)
+    _same_as_gguf_py(q4_k_m_file)
+    _same_as_gguf_py(GF.write_gguf(tmp_path / "w.gguf", q8=True))
+    _same_as_gguf_py(_vocab_dir() / "ggml-vocab-llama-spm.gguf")
 
 
 # --- refusals (GGUF files written directly; no llama.cpp needed) -------------
@@ -326,7 +355,7 @@ def test_unsupported_pre_tokenizer_is_a_warning_by_name(tmp_path):
 # ggml-vocab files of a kind Colibri has (byte-level BPE with the GPT-2,
 # Qwen2 or Llama-3 regex; SentencePiece BPE).
 VOCABS = ("gpt-2", "mpt", "qwen2", "llama-bpe", "llama-spm", "phi-3")
-REFUSED = ("refact", "starcoder", "deepseek-coder", "falcon", "command-r")
+REFUSED = ("refact", "starcoder", "deepseek-coder", "falcon", "command-r", "gpt-neox")
 
 
 def _vocab_dir():
