@@ -163,6 +163,11 @@ class GGUFExporter:
         if how == COPY and dt != DType.F32:
             got, values, scales = gguf_in.to_exact(raw, t, src.count)
             assert got == dt, (got, dt)
+            fields = [scales] if scales is not None else [values[f] for f in ("d", "dmin")
+                                                          if f in values.dtype.names]
+            if not all(np.all(np.isfinite(f)) for f in fields):
+                raise ConversionError(f"{self.path}: tensor {t.name!r} has NaN or infinite "
+                                      "block scales; the file is corrupt")
         else:
             w = gguf_in.to_float(raw, t, src.count)
             if not np.all(np.isfinite(w)):

@@ -74,6 +74,8 @@ def tokenizer_json(g, model: str) -> tuple[dict, dict]:
     if n > tk.MAX_VOCAB:
         raise tk.TokenizerError(f"{n} tokens: more than {tk.MAX_VOCAB}")
     types = g.array("tokenizer.ggml.token_type") or [NORMAL] * n
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
+        raise tk.TokenizerError("tokenizer.ggml.token_type holds something other than integers")
     if len(types) != n:
         raise tk.TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for "
                                 f"{n} tokens")
@@ -133,9 +135,10 @@ def _byte_level(g, vocab: dict) -> dict:
 
 def _sentencepiece(g, tokens, types, vocab: dict) -> dict:
     scores = g.array("tokenizer.ggml.scores")
-    if scores is None or len(scores) != len(tokens):
+    if scores is None or len(scores) != len(tokens) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in scores):
         raise tk.TokenizerError("a llama (SentencePiece) tokenizer needs tokenizer.ggml.scores, "
-                                "one per token")
+                                "one number per token")
     merges = sp_merges(vocab, [float(s) for s in scores])
     prefix = g.value("tokenizer.ggml.add_space_prefix")
     prefix = True if prefix is None else bool(prefix)
