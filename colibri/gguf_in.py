@@ -30,6 +30,7 @@ requantised, and the converter prints the measured error of that step.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,10 +203,23 @@ class GGUFFile:
             with open(self.path, "rb") as f:
                 if f.read(4) != GGUF_MAGIC:
                     raise ConversionError(f"{self.path}: not a GGUF file (no GGUF magic)")
-                head = f.read(HEADER_LIMIT)
-        except OSError as exc:
-            raise ConversionError(f"cannot read {self.path}: {exc.strerror or exc}") from None
-        cur = _Cursor(memoryview(head), self.path)
+                # Mapped, not read: only the header's pages are touched.
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise ConversionError(f"cannot read {self.path}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+        view = memoryview(mm)
+        try:
+            self._parse(view[4:4 + HEADER_LIMIT], gguf)
+        finally:
+            view.release()
+            try:
+                mm.close()
+            except BufferError:  # a view still referenced by a traceback: the GC closes it
+                pass
+
+    def _parse(self, head: memoryview, gguf) -> None:
+        cur = _Cursor(head, self.path)
         version = cur.u32()
         if version in (2 << 24, 3 << 24):
             raise ConversionError(f"{self.path}: a big-endian GGUF file; colibri reads "

@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -39,6 +40,14 @@ def llama_cpp() -> tuple[Path | None, str]:
     if env:
         return None, f"COLIBRI_LLAMA_CPP={env} has no convert_hf_to_gguf.py"
     SRC.mkdir(parents=True, exist_ok=True)
+    with open(SRC / ".fetch.lock", "w") as lock:   # pytest-xdist workers fetch once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (tree / "convert_hf_to_gguf.py").is_file():
+            return tree, ""
+        return _fetch(tree)
+
+
+def _fetch(tree: Path) -> tuple[Path | None, str]:
     sdist = SRC / f"llama_cpp_python-{VERSION}.tar.gz"
     if not sdist.is_file():
         r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",

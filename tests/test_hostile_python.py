@@ -399,7 +399,8 @@ def gguf_mutations(draw):
     data = bytearray(GGUF)
     header = EMB + 2000
     for _ in range(draw(st.integers(1, 4))):
-        at = draw(st.integers(0, draw(st.sampled_from([64, header, len(data)])) - 1))
+        bound = draw(st.sampled_from([64, header, len(data)]))
+        at = draw(st.integers(0, max(1, min(bound, len(data))) - 1))
         op = draw(st.sampled_from(["byte", "u32", "u64", "cut", "insert"]))
         if op == "byte":
             data[at] = draw(st.integers(0, 255))
