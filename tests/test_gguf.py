@@ -246,6 +246,19 @@ def test_q4_k_m_gguf_imports_exactly(models, q4_k_m_file, tmp_path):
     assert {"Q4_K", "Q6_K"} <= kept
 
 
+def test_q4_0_gguf_imports_exactly(models, tmp_path):
+    """Q4_0 (llama.cpp's quantize_q4_0) -> Colibri's Q4_0, bit for bit."""
+    import llama_quants as LQ
+    if LQ.load()[0] is None:
+        pytest.skip(LQ.load()[1])
+    path = tmp_path / "k256.q4_0.gguf"
+    GF.requantize(models["k256"][2]["f32"], path,
+                  lambda name, shape: None if len(shape) < 2 or "gate_inp" in name else "Q4_0")
+    out = tmp_path / "q4_0.colibri"
+    ex = _export(path, out)
+    _check_bit_exact(path, out, ex, {("Q4_0", "Q4_0")})
+
+
 def test_c_runtime_runs_the_q4_k_m_import(models, q4_k_m_file, c_build, tmp_path):
     """The C runtime on the import (attn_v and ffn_down Q4_K in layer 0,
     Q6_K in layer 1: one kind, two block types) equals the numpy reference
