@@ -30,7 +30,6 @@ from typing import Callable
 
 import numpy as np
 
-from . import families
 from . import format as fmt
 from . import gguf_in, hf, quant
 from .errors import ColibriError, ConversionError

@@ -538,10 +538,3 @@ def to_exact(raw: bytes, t: GTensor, rows: int):
     for f in blocks.BLOCK_DTYPES[dt].names:
         out[f] = src[f].astype(np.float32) if f in ("d", "dmin") else src[f]
     return dt, out, None
-
-
-def permute_encoded(values: np.ndarray, scales: np.ndarray | None, perm: np.ndarray):
-    """Rows (of floats, int8 with per-row group scales, or blocks) reordered."""
-    if values.shape[0] == 1 and values.ndim == 2 and perm.size != 1:  # a bias vector
-        return values[:, perm], scales
-    return values[perm], (scales[perm] if scales is not None else None)

@@ -121,8 +121,9 @@ GGUF_COMMON_CONFIG = {
 
 # GGUF tensor names (llama.cpp's gguf-py TENSOR_NAMES) per .colibri kind:
 # per layer after "blk.L.", then the global ones. Routed experts are one
-# 3-D tensor per matrix [E, rows, cols] (GGUF's ne reversed), or gate and up
-# merged into ffn_gate_up_exps [E, 2I, H] (--fuse-gate-up-exps).
+# 3-D tensor per matrix [E, rows, cols] (GGUF's ne reversed); a file made
+# with convert_hf_to_gguf.py --fuse-gate-up-exps (ffn_gate_up_exps) is
+# refused as an unexpected tensor.
 GGUF_LAYER_TENSORS = {
     Kind.ATTN_NORM: "attn_norm.weight",
     Kind.WQ: "attn_q.weight",
@@ -148,7 +149,6 @@ GGUF_LAYER_TENSORS = {
     Kind.DENSE_W3: "ffn_up.weight",
     Kind.DENSE_W2: "ffn_down.weight",
 }
-GGUF_FUSED_GATE_UP = "ffn_gate_up_exps.weight"
 GGUF_GLOBAL_TENSORS = {
     Kind.EMBED: "token_embd.weight",
     Kind.FINAL_NORM: "output_norm.weight",
