@@ -121,9 +121,9 @@ GGUF_COMMON_CONFIG = {
 
 # GGUF tensor names (llama.cpp's gguf-py TENSOR_NAMES) per .colibri kind:
 # per layer after "blk.L.", then the global ones. Routed experts are one
-# 3-D tensor per matrix [E, rows, cols] (GGUF's ne reversed); a file made
-# with convert_hf_to_gguf.py --fuse-gate-up-exps (ffn_gate_up_exps) is
-# refused as an unexpected tensor.
+# 3-D tensor per matrix [E, rows, cols] (GGUF's ne reversed). (The pinned
+# convert_hf_to_gguf.py's --fuse-gate-up-exps, ffn_gate_up_exps, exists for
+# none of these architectures; such a tensor is refused as unexpected.)
 GGUF_LAYER_TENSORS = {
     Kind.ATTN_NORM: "attn_norm.weight",
     Kind.WQ: "attn_q.weight",
