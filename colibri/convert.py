@@ -527,19 +527,24 @@ PROGRESS_BYTES = 64 * 1024 * 1024
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "convert", help="convert a Hugging Face MoE checkpoint to .colibri",
+        "convert", help="convert a Hugging Face MoE checkpoint or a GGUF file to .colibri",
         description="Convert a Hugging Face MoE checkpoint directory (Mixtral, Qwen2-MoE, "
                     "Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared, Switch Transformers; "
                     "config.json + "
-                    "safetensors, single or sharded, bf16/f16/f32) to a .colibri file.")
-    p.add_argument("model_dir", metavar="HF_DIR", help="checkpoint directory")
+                    "safetensors, single or sharded, bf16/f16/f32), or a llama.cpp GGUF file "
+                    "of those decoder families (architectures llama with experts, qwen2moe, "
+                    "qwen3moe, olmoe, granitemoe), to a .colibri file.")
+    p.add_argument("model_dir", metavar="HF_DIR|FILE.gguf",
+                   help="checkpoint directory or GGUF file")
     p.add_argument("-o", "--output", required=True, metavar="OUT.colibri")
-    p.add_argument("--quant", choices=tuple(PRESETS), default="int8",
+    p.add_argument("--quant", choices=tuple(PRESETS), default=None,
                    help="preset: int8 = router int16, experts/attention int8, embedding "
                         "int16, lm_head int8; q4 = the 4-bit mix (docs/FORMAT.md 4: "
                         "Q4_K, Q6_K for attention keys/values/output and the LM head; rows not a "
                         "multiple of 256 wide Q4_0 / int8); f32 = exact "
-                        "(default: %(default)s)")
+                        "(default: int8 for a checkpoint; for a GGUF file, keep its own "
+                        "types: F32/F16/BF16, Q8_0, Q4_0, Q4_K, Q6_K without a second "
+                        "rounding, other types requantised with the measured error printed)")
     for option in QUANT_CHOICES:
         p.add_argument("--" + option.replace("_", "-"), dest=option,
                        choices=tuple(QUANT_CHOICES[option][0]), help="override the preset")
@@ -582,6 +587,12 @@ def _run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"colibri convert: {line}", file=sys.stderr, flush=True)
 
+    from . import gguf_in
+    if gguf_in.is_gguf(args.model_dir):
+        return _run_gguf(args, start, progress)
+    if args.quant is None:
+        args.quant = "int8"
+
     imatrix = args.imatrix
     if args.calibration:
         from . import imatrix as im
@@ -609,6 +620,36 @@ def _run(args: argparse.Namespace) -> int:
     size = out.stat().st_size
     print(f"wrote {out}: {size} bytes ({size / 2**20:.1f} MiB), "
           f"{len(fmt.tensor_order(exporter.shape, exporter.desc))} tensors, "
+          f"{'a tokenizer, ' if exporter.tokenizer is not None else ''}"
+          f"{time.monotonic() - start:.1f} s")
+    return 0
+
+
+def _run_gguf(args: argparse.Namespace, start: float, progress) -> int:
+    """`colibri convert FILE.gguf` (colibri/convert_gguf.py)."""
+    from .convert_gguf import GGUFExporter
+    for flag, value in (("--expert-map", args.expert_map), ("--calibration", args.calibration),
+                        ("--imatrix", args.imatrix)):
+        if value:
+            raise ConversionError(f"{flag} is for Hugging Face checkpoints; a GGUF file's "
+                                  "tensors are named by llama.cpp and already quantised")
+    exporter = GGUFExporter(
+        args.model_dir, quant=args.quant, quantize_router=args.router,
+        quantize_experts=args.experts, quantize_attention=args.attention,
+        quantize_embedding=args.embedding, quantize_lm_head=args.lm_head,
+        num_experts=args.num_experts, top_k=args.top_k, max_seq_len=args.max_seq_len,
+        max_batch=args.max_batch, group_size=args.group_size, byte_order=args.byte_order,
+        output=args.output, tokenizer=not args.no_tokenizer)
+    if not args.quiet and Path(args.model_dir).stat().st_size >= PROGRESS_BYTES:
+        exporter.progress = progress
+    out = exporter.export()
+    for note in exporter.notes:
+        progress(note)
+    kept = sum(n for (_, _, how), n in exporter.summary().items() if how == "copy")
+    size = out.stat().st_size
+    print(f"wrote {out}: {size} bytes ({size / 2**20:.1f} MiB) from {exporter.family.title} "
+          f"GGUF, {len(fmt.tensor_order(exporter.shape, exporter.desc))} tensors "
+          f"({kept} of {len(exporter.steps)} with the GGUF's own values), "
           f"{'a tokenizer, ' if exporter.tokenizer is not None else ''}"
           f"{time.monotonic() - start:.1f} s")
     return 0

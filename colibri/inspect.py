@@ -150,8 +150,58 @@ def describe_config(path: str, quants=memory.QUANTS, max_seq_len: int | None = N
     return "\n".join(lines)
 
 
+HOW = {"copy": "kept exactly", "quantise": "quantised from float",
+       "requantise": "requantised (second rounding)"}
+
+
+def describe_gguf(path: str, quant: str | None = None, sections: bool = True) -> str:
+    """`colibri info FILE.gguf`: what `colibri convert FILE.gguf [--quant Q]`
+    would write (family, shapes, per GGUF tensor its type, the storage type
+    and whether the values are kept), from the metadata alone."""
+    from .convert_gguf import GGUFExporter
+    ex = GGUFExporter(path, quant=quant)
+    s, d = ex.shape, ex.desc
+    feats = "+".join(f.name.lower() for f in fmt.Feat if d.features & f) or "none"
+    tok = "none"
+    if ex.tokenizer is not None:
+        from . import tokenizer as tk
+        tok = (f"{'byte-level' if ex.tokenizer.model == tk.MODEL_BYTE_LEVEL else 'SentencePiece'}"
+               f" BPE, {len(ex.tokenizer.pieces)} ids, {len(ex.tokenizer.merges)} merges")
+    lines = [f"file          {path} (GGUF, architecture {ex.gguf.arch})",
+             f"family        {ex.family.title}",
+             f"model         {s.n_layers} layers, hidden {s.hidden}, vocab {s.vocab}",
+             f"attention     {s.n_heads} heads, {s.n_kv_heads} kv heads, head_dim {s.head_dim}, "
+             f"rope_theta {s.rope_theta:g}, rms_eps {s.rms_eps:g}",
+             f"experts       {s.n_experts} experts, top_k {s.top_k}, intermediate {s.intermediate}",
+             f"computes      {feats}",
+             f"scales        embed {d.embed_scale:g}, attention {d.attn_scale:g}, residual "
+             f"{d.residual_scale:g}, logits / {d.logits_divisor:g}",
+             f"tokenizer     {tok}",
+             f"--quant       {quant or 'none: keep the GGUF types'}", ""]
+    total = 0
+    per_tensor: OrderedDict[str, list] = OrderedDict()
+    for st, (dt, how) in zip(ex.steps, ex.choices):
+        rows, cols = fmt.expected_shape(s, st.kind, d)
+        total += fmt.align64(fmt.section_size(dt, rows, cols, s.group_size))
+        t = st.source.tensor
+        row = per_tensor.setdefault(t.name, [t, set()])
+        row[1].add((dt.name, how))
+    summary = ex.summary()
+    for (src, dst, how), n in sorted(summary.items()):
+        lines.append(f"{n:>6} tensors {src:<6} -> {dst:<9} {HOW[how]}")
+    lines.append(f"about {_mib(total)} of .colibri sections")
+    if sections:
+        lines.append("")
+        lines.append(f"{'GGUF tensor':<34} {'shape':<18} {'type':<7} stored as")
+        for name, (t, outs) in per_tensor.items():
+            stored = ", ".join(f"{dt} ({HOW[how]})" for dt, how in sorted(outs))
+            lines.append(f"{name:<34} {str(list(t.shape)):<18} {t.type_name:<7} {stored}")
+    return "\n".join(lines)
+
+
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("info", help="print a .colibri file's metadata and sizes",
+    p = subparsers.add_parser("info", help="print a .colibri file's metadata and sizes "
+                              "(or what converting a GGUF file would do)",
                               description="Print the model shape, the storage type and "
                               "size per kind, the total, and (unless --brief) one line "
                               "per section. Section CRCs are not checked: use verify.")
@@ -162,7 +212,8 @@ def add_parser(subparsers) -> None:
                    "print the file size and resident memory a conversion would have, for "
                    "each --quant, without the weights")
     p.add_argument("--quant", choices=memory.QUANTS, action="append",
-                   help="with --config: only this preset (repeatable; default all)")
+                   help="with --config: only this preset (repeatable; default all); with "
+                   "FILE.gguf: what convert --quant Q would store (default: keep)")
     p.add_argument("--max-seq-len", type=int, help="with --config: as colibri convert's")
     p.add_argument("--max-batch", type=int, default=1, help="with --config: as colibri "
                    "convert's")
@@ -186,6 +237,18 @@ def _info(args: argparse.Namespace) -> int:
     if args.config is not None:
         print(describe_config(args.config, tuple(args.quant or memory.QUANTS),
                               args.max_seq_len, args.max_batch), flush=True)
+        return 0
+    from . import gguf_in
+    if gguf_in.is_gguf(args.file):
+        if args.quant and len(args.quant) > 1:
+            raise ColibriError("colibri info FILE.gguf: give at most one --quant (what "
+                               "colibri convert --quant Q would do)")
+        text = describe_gguf(args.file, args.quant[0] if args.quant else None,
+                             sections=not args.brief)
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     cf = fmt.read_file(args.file, check_crc=False)
     try:

@@ -305,3 +305,123 @@ def test_colibri_error_is_the_only_escape_hatch():
     """FormatError and ConversionError are ColibriErrors: the CLI turns them
     into one line. (Guards the assumption the properties above rest on.)"""
     assert issubclass(FormatError, ColibriError) and issubclass(ConversionError, ColibriError)
+
+
+# --- GGUF files (colibri/gguf_in.py, colibri/convert_gguf.py) -----------------
+
+sys.path.insert(0, str(ROOT / "tests"))
+import gguf_fixtures  # noqa: E402
+
+_GGUF_DIR = Path(tempfile.mkdtemp(prefix="colibri-hostile-gguf-"))
+# A tiny Mixtral-as-`llama` GGUF (F32 and Q8_0 tensors, a byte-level
+# tokenizer), about 110 KB.
+GGUF = gguf_fixtures.write_gguf(_GGUF_DIR / "tiny.gguf", q8=True).read_bytes()
+
+
+def convert_gguf(raw: bytes, name: str = "m") -> None:
+    """The whole `colibri convert FILE.gguf` path, and `colibri info`'s."""
+    from colibri.convert_gguf import GGUFExporter
+    from colibri.inspect import describe_gguf
+    path = _GGUF_DIR / f"{name}.gguf"
+    path.write_bytes(raw)
+    describe_gguf(str(path))
+    GGUFExporter(path).export(_GGUF_DIR / f"{name}.colibri")
+
+
+def test_the_gguf_seed_converts():
+    convert_gguf(GGUF)
+    F.read_file(_GGUF_DIR / "m.colibri")
+
+
+def _tensor_info_at(raw: bytes, name: bytes) -> int:
+    """Offset of tensor `name`'s n_dims field in the directory."""
+    i = raw.index(struct.pack("<Q", len(name)) + name)
+    return i + 8 + len(name)
+
+
+def _set(raw: bytes, at: int, fmt: str, v) -> bytes:
+    b = bytearray(raw)
+    b[at:at + struct.calcsize(fmt)] = struct.pack(fmt, v)
+    return bytes(b)
+
+
+FIRST_KEY = 24                                  # after magic, version, counts
+EMB = _tensor_info_at(GGUF, b"token_embd.weight")
+MALFORMED_GGUF = {
+    "cut in the header": (lambda: GGUF[:300], r"malformed GGUF header"),
+    "cut in the tensor data": (lambda: GGUF[:-100], r"beyond the end of the file"),
+    "only the magic": (lambda: GGUF[:4], r"malformed GGUF header"),
+    "version 4": (lambda: _set(GGUF, 4, "<I", 4), r"GGUF version 4"),
+    "big-endian": (lambda: _set(GGUF, 4, ">I", 3), r"big-endian GGUF"),
+    "2^64-1 metadata entries": (lambda: _set(GGUF, 16, "<Q", 2**64 - 1),
+                                r"18446744073709551615 metadata entries"),
+    "2^40 tensors": (lambda: _set(GGUF, 8, "<Q", 2**40), r"1099511627776 tensors"),
+    "key length 2^63": (lambda: _set(GGUF, FIRST_KEY, "<Q", 2**63), r"a string of"),
+    "unknown value type": (
+        lambda: _set(GGUF, FIRST_KEY + 8 + len("general.architecture"), "<I", 99),
+        r"unknown value type 99"),
+    "tensor with 7 dimensions": (lambda: _set(GGUF, EMB, "<I", 7), r"with 7 dimensions"),
+    "tensor dimension 0": (lambda: _set(GGUF, EMB + 4, "<Q", 0), r"malformed shape \[0, 40\]"),
+    "overflowing shape": (lambda: _set(GGUF, EMB + 4, "<Q", 2**63),
+                          r"malformed shape \[9223372036854775808"),
+    "unknown GGML type": (lambda: _set(GGUF, EMB + 20, "<I", 99), r"unknown GGML type 99"),
+    "data offset past the end": (lambda: _set(GGUF, EMB + 24, "<Q", 2**40),
+                                 r"'token_embd.weight': its data .* beyond the end"),
+    "shape that disagrees with the metadata": (
+        lambda: _set(GGUF, EMB + 12, "<Q", 39),
+        r"'output.weight' has shape \[40, 32\], expected \[39, 32\]"),
+    "not GGUF": (lambda: b"GGML" + GGUF[4:], r"not a GGUF file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_GGUF))
+def test_malformed_gguf(case):
+    make, pattern = MALFORMED_GGUF[case]
+    with pytest.raises(ConversionError, match=pattern):
+        convert_gguf(make(), "malformed")
+
+
+def test_malformed_gguf_is_one_cli_line(tmp_path):
+    import subprocess
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(GGUF[:300])
+    for cmd in (["convert", str(path), "-o", str(tmp_path / "o.colibri")], ["info", str(path)]):
+        r = subprocess.run([sys.executable, "-m", "colibri.cli", *cmd], capture_output=True,
+                           text=True, cwd=ROOT)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "malformed GGUF header" in r.stderr and "Traceback" not in r.stderr
+
+
+@st.composite
+def gguf_mutations(draw):
+    """Overwrites (bytes, u32/u64 values), a cut or an insert, biased
+    towards the header (metadata and tensor directory)."""
+    data = bytearray(GGUF)
+    header = EMB + 2000
+    for _ in range(draw(st.integers(1, 4))):
+        bound = draw(st.sampled_from([64, header, len(data)]))
+        at = draw(st.integers(0, max(1, min(bound, len(data))) - 1))
+        op = draw(st.sampled_from(["byte", "u32", "u64", "cut", "insert"]))
+        if op == "byte":
+            data[at] = draw(st.integers(0, 255))
+        elif op in ("u32", "u64"):
+            n = 4 if op == "u32" else 8
+            v = draw(st.sampled_from([0, 1, 3, 7, 12, 99, 2**31, 2**32 - 1, 2**63, 2**64 - 1]))
+            data[at:at + n] = v.to_bytes(8, "little")[:n][:len(data[at:at + n])]
+        elif op == "cut":
+            del data[at:]
+            if not data:
+                data = bytearray(b"G")
+        else:
+            data[at:at] = draw(st.binary(min_size=1, max_size=16))
+    return bytes(data)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(gguf_mutations())
+def test_mutated_gguf_only_raises_conversion_errors(raw):
+    try:
+        convert_gguf(raw, "fuzz")
+    except ColibriError:
+        pass

@@ -48,6 +48,26 @@ class ExpertLayout:
 
 
 @dataclass(frozen=True)
+class GGUFNames:
+    """How llama.cpp's GGUF files of a family say what its config.json says
+    (colibri/gguf_in.py reads them). `arch` is `general.architecture`;
+    `config` maps config.json keys to metadata keys after "ARCH." (the
+    keys every family shares are GGUF_COMMON_CONFIG); `implied` are the
+    config.json fields the architecture fixes in llama.cpp (e.g. whether
+    top-k is renormalised: llama.cpp's graph decides it by architecture, so
+    the file means that, whatever the original config said). `permuted_qk`:
+    convert_hf_to_gguf.py permuted the rows of Q and K (LlamaModel.permute)
+    for llama.cpp's interleaved RoPE; the reader undoes it. `selected_by`:
+    for two families of one architecture, the metadata key whose presence
+    (with a value > 0) picks this one."""
+    arch: str
+    config: dict
+    implied: dict = field(default_factory=dict)
+    permuted_qk: bool = False
+    selected_by: str | None = None
+
+
+@dataclass(frozen=True)
 class Family:
     name: str                         # module name, e.g. "qwen2_moe"
     title: str                        # "Qwen2-MoE"
@@ -65,6 +85,7 @@ class Family:
     dense: tuple = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
     notes: str = ""                   # what Colibri needs for it (README)
     extra: dict = field(default_factory=dict)
+    gguf: GGUFNames | None = None     # its GGUF files (colibri/gguf_in.py)
 
 
 # Per-layer tensors every family names the same way (llama lineage).
@@ -84,12 +105,78 @@ LAYER_TENSORS = {
 }
 
 
+# GGUF metadata keys (after "ARCH.") of the config.json fields every family
+# has (llama.cpp's LLM_KV_* names, gguf-py constants.Keys).
+GGUF_COMMON_CONFIG = {
+    "hidden_size": "embedding_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "max_position_embeddings": "context_length",
+    "rope_theta": "rope.freq_base",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "num_experts_per_tok": "expert_used_count",
+    "head_dim": "attention.key_length",
+}
+
+# GGUF tensor names (llama.cpp's gguf-py TENSOR_NAMES) per .colibri kind:
+# per layer after "blk.L.", then the global ones. Routed experts are one
+# 3-D tensor per matrix [E, rows, cols] (GGUF's ne reversed). (The pinned
+# convert_hf_to_gguf.py's --fuse-gate-up-exps, ffn_gate_up_exps, exists for
+# none of these architectures; such a tensor is refused as unexpected.)
+GGUF_LAYER_TENSORS = {
+    Kind.ATTN_NORM: "attn_norm.weight",
+    Kind.WQ: "attn_q.weight",
+    Kind.WK: "attn_k.weight",
+    Kind.WV: "attn_v.weight",
+    Kind.WO: "attn_output.weight",
+    Kind.BQ: "attn_q.bias",
+    Kind.BK: "attn_k.bias",
+    Kind.BV: "attn_v.bias",
+    Kind.BO: "attn_output.bias",
+    Kind.Q_NORM: "attn_q_norm.weight",
+    Kind.K_NORM: "attn_k_norm.weight",
+    Kind.FFN_NORM: "ffn_norm.weight",
+    Kind.ROUTER: "ffn_gate_inp.weight",
+    Kind.EXPERT_W1: "ffn_gate_exps.weight",
+    Kind.EXPERT_W3: "ffn_up_exps.weight",
+    Kind.EXPERT_W2: "ffn_down_exps.weight",
+    Kind.SHARED_W1: "ffn_gate_shexp.weight",
+    Kind.SHARED_W3: "ffn_up_shexp.weight",
+    Kind.SHARED_W2: "ffn_down_shexp.weight",
+    Kind.SHARED_GATE: "ffn_gate_inp_shexp.weight",
+    Kind.DENSE_W1: "ffn_gate.weight",
+    Kind.DENSE_W3: "ffn_up.weight",
+    Kind.DENSE_W2: "ffn_down.weight",
+}
+GGUF_GLOBAL_TENSORS = {
+    Kind.EMBED: "token_embd.weight",
+    Kind.FINAL_NORM: "output_norm.weight",
+    Kind.LM_HEAD: "output.weight",
+}
+
+
 def load(name: str) -> Family:
     return importlib.import_module(f"{__name__}.{name}").FAMILY
 
 
 def all_families() -> list[Family]:
     return [load(n) for n in FAMILIES]
+
+
+def pick_gguf(arch: str, has_key) -> Family:
+    """The family of a GGUF file's `general.architecture` (`has_key(name)`:
+    whether the file has metadata key ARCH.name with a value > 0)."""
+    fams = [f for f in all_families() if f.gguf is not None and f.gguf.arch == arch]
+    for f in fams:
+        if f.gguf.selected_by and has_key(f.gguf.selected_by):
+            return f
+    for f in fams:
+        if not f.gguf.selected_by:
+            return f
+    archs = sorted({f.gguf.arch for f in all_families() if f.gguf is not None})
+    raise ConversionError(f"unsupported GGUF architecture {arch!r}: colibri converts the MoE "
+                          f"architectures {', '.join(archs)} (with experts)")
 
 
 def supported() -> str:

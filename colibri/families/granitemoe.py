@@ -9,7 +9,15 @@ fused: `input_linear` [E, 2I, H] (gate rows, then up) and `output_linear`
 [E, H, I].
 """
 from ..format import Description, Feat
-from . import ExpertLayout, Family, flag, number
+from . import ExpertLayout, Family, GGUFNames, flag, number
+
+# GraniteMoE's config.json fields in its GGUF files (the four multipliers
+# are llama.cpp's embedding/residual/attention/logit scales).
+GRANITE_GGUF_CONFIG = {
+    "num_local_experts": "expert_count", "intermediate_size": "feed_forward_length",
+    "embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
+    "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale",
+}
 
 GRANITE_LAYOUTS = (
     ExpertLayout(router="block_sparse_moe.router.layer.weight",
@@ -45,4 +53,5 @@ FAMILY = Family(
     experts_keys=("num_local_experts",), intermediate_key="intermediate_size",
     layouts=GRANITE_LAYOUTS, describe=describe,
     notes="embedding, attention, residual and logits multipliers; fused experts",
+    gguf=GGUFNames(arch="granitemoe", config=GRANITE_GGUF_CONFIG, permuted_qk=True),
 )

@@ -5,7 +5,8 @@ up) and `shared_mlp.output_linear` [H, S]. A size of 0 means no shared
 expert (plain GraniteMoE).
 """
 from . import Family, Fused, count
-from .granitemoe import GRANITE_LAYOUTS
+from . import GGUFNames
+from .granitemoe import GRANITE_GGUF_CONFIG, GRANITE_LAYOUTS
 from .granitemoe import describe as granite_describe
 
 
@@ -22,4 +23,8 @@ FAMILY = Family(
     shared=(Fused("shared_mlp.input_linear.weight", 0), Fused("shared_mlp.input_linear.weight", 1),
             "shared_mlp.output_linear.weight"),
     notes="GraniteMoE plus an ungated shared expert",
+    # llama.cpp files it as granitemoe with a shared expert width.
+    gguf=GGUFNames(arch="granitemoe", config={
+        **GRANITE_GGUF_CONFIG, "shared_intermediate_size": "expert_shared_feed_forward_length"},
+        permuted_qk=True, selected_by="expert_shared_feed_forward_length"),
 )

@@ -7,7 +7,7 @@ transformers 5 holds them in memory (`mlp.experts.gate_up_proj` [E, 2I, H],
 `mlp.experts.down_proj` [E, H, I]).
 """
 from ..format import Description, Feat
-from . import ExpertLayout, Family
+from . import ExpertLayout, Family, GGUFNames
 
 
 def describe(cfg: dict) -> Description:
@@ -34,4 +34,9 @@ FAMILY = Family(
     describe=describe,
     notes="version 1 file; sliding_window caps max_seq_len",
     extra={"sliding_window": True},
+    # llama.cpp files Mixtral as `llama` with experts (a dense Llama has no
+    # expert_count and is refused by name).
+    gguf=GGUFNames(arch="llama", config={"num_local_experts": "expert_count",
+                                         "intermediate_size": "feed_forward_length"},
+                   permuted_qk=True),
 )

@@ -7,7 +7,7 @@ RMSNorm over the whole q and k projections (`q_norm` [heads * head_dim],
 """
 from ..errors import ConversionError
 from ..format import Description, Feat
-from . import Family, count, flag, number
+from . import Family, GGUFNames, count, flag, number
 from .qwen2_moe import QWEN_LAYOUTS
 
 
@@ -37,4 +37,10 @@ FAMILY = Family(
     experts_keys=("num_experts", "num_local_experts"), intermediate_key="intermediate_size",
     layouts=QWEN_LAYOUTS, describe=describe,
     notes="q/k RMSNorm over the whole projection, optional clip_qkv, top-k not renormalised",
+    # llama.cpp's olmoe never renormalises top-k; clip_qkv travels as
+    # attention.clamp_kqv when the converter wrote it.
+    gguf=GGUFNames(arch="olmoe", config={"num_experts": "expert_count",
+                                         "intermediate_size": "feed_forward_length",
+                                         "clip_qkv": "attention.clamp_kqv"},
+                   implied={"norm_topk_prob": False}),
 )

@@ -9,7 +9,7 @@ or off the `decoder_sparse_step` are a dense SwiGLU of `intermediate_size`.
 """
 from ..errors import ConversionError
 from ..format import Description, Feat
-from . import ExpertLayout, Family, count, flag, refuse_sliding_window, sparse_layers_rule
+from . import ExpertLayout, Family, GGUFNames, count, flag, refuse_sliding_window, sparse_layers_rule
 
 QWEN_LAYOUTS = (
     ExpertLayout(router="mlp.gate.weight", marker="mlp.experts.gate_up_proj",
@@ -49,4 +49,10 @@ FAMILY = Family(
             "mlp.shared_expert.down_proj.weight"),
     shared_gate="mlp.shared_expert_gate.weight",
     notes="q/k/v biases, gated shared expert, top-k kept as softmax gave it, dense layers",
+    # llama.cpp's qwen2moe never renormalises top-k and has no dense layers.
+    gguf=GGUFNames(arch="qwen2moe", config={
+        "num_experts": "expert_count", "moe_intermediate_size": "expert_feed_forward_length",
+        "shared_expert_intermediate_size": "expert_shared_feed_forward_length",
+        "intermediate_size": "feed_forward_length"},
+        implied={"norm_topk_prob": False}),
 )

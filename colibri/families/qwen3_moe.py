@@ -7,7 +7,7 @@ released models); dense layers as Qwen2-MoE; no shared expert.
 """
 from ..errors import ConversionError
 from ..format import Description, Feat
-from . import Family, count, flag, refuse_sliding_window, sparse_layers_rule
+from . import Family, GGUFNames, count, flag, refuse_sliding_window, sparse_layers_rule
 from .qwen2_moe import QWEN_LAYOUTS
 
 
@@ -36,4 +36,9 @@ FAMILY = Family(
     experts_keys=("num_experts", "num_local_experts"), intermediate_key="moe_intermediate_size",
     layouts=QWEN_LAYOUTS, describe=describe,
     notes="per-head q/k RMSNorm, free head_dim, optional attention_bias, dense layers",
+    # llama.cpp's qwen3moe always renormalises top-k.
+    gguf=GGUFNames(arch="qwen3moe", config={
+        "num_experts": "expert_count", "moe_intermediate_size": "expert_feed_forward_length",
+        "intermediate_size": "feed_forward_length"},
+        implied={"norm_topk_prob": True}),
 )
