@@ -77,6 +77,15 @@ def _run(cmd: list[str], timeout: int = 300) -> str:
     return res.stdout
 
 
+def _cpu_has_avx512_vnni() -> bool:
+    """AVX-512 F/BW/VL/DQ + AVX512-VNNI: where avx512.c's "avx512-vnni" runs."""
+    try:
+        words = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= words
+
+
 def _cpu_has_vnni() -> bool:
     """AVX-VNNI, or AVX512-VNNI with AVX512VL: where avx2.c picks "avx2-vnni"."""
     try:
@@ -106,9 +115,33 @@ def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
         extra += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
     exe = tmp_path / "test_kernels"
     _build(cc, exe, extra)
-    out = _run([str(exe), "--require", table, "--exact-i8", table])
+    args = ["--require", table, "--exact-i8", table]
+    # the plain AVX2 form is checked too wherever a VNNI form is picked
+    if table != "avx2":
+        args += ["--exact-i8", "avx2"]
+    out = _run([str(exe), *args])
     assert f"{table} " in out and " 0 failures" in out
     assert "bit-identical to ref" in out
+    # avx512.c's table runs alongside (not with vnni=0: the AVX2-only stand-in)
+    assert ("avx512-vnni " in out) == (_cpu_has_avx512_vnni() and table != "avx2")
+
+
+def test_avx512_matches_ref(tmp_path: Path) -> None:
+    """The "avx512-vnni" table (src/kernels/avx512.c) held to ref bit for bit
+    on matmul_i8 and the block kernels, and its absence reported where the
+    CPU lacks AVX-512 VNNI."""
+    if not _cpu_has_avx2_fma():
+        pytest.skip("this CPU has no AVX2+FMA: no x86 kernel table can run here")
+    exe = tmp_path / "test_kernels"
+    _build("gcc", exe, ["-DCOLIBRI_USE_AVX2"])
+    if not _cpu_has_avx512_vnni():
+        res = subprocess.run([str(exe), "--require", "avx512-vnni"], capture_output=True,
+                             text=True)
+        assert res.returncode == 1 and "not available" in res.stderr
+        pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ + VNNI: avx512-vnni not picked "
+                    "(its absence checked)")
+    out = _run([str(exe), "--require", "avx512-vnni", "--exact-i8", "avx512-vnni"])
+    assert "avx512-vnni " in out and " 0 failures" in out
 
 
 @pytest.fixture(scope="module")

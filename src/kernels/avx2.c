@@ -1480,6 +1480,23 @@ static int cpu_vnni_form(void)
 #endif
 }
 
+/* The table of integer form `form` (0 plain, 1 VEX VNNI, 2 EVEX VNNI) with
+ * no CPU check: avx512.c's table forwards the forms it does not replace to
+ * form 2, and only exists on CPUs that have it. */
+const colibri_kernels *clb_avx2_form_table(int form);
+const colibri_kernels *clb_avx2_form_table(int form)
+{
+    return form == 2 ? &avx2_evex_vnni_kernels : form == 1 ? &avx2_vnni_kernels : &avx2_kernels;
+}
+
+const colibri_kernels *colibri_kernels_avx2_plain(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return NULL;
+    return &avx2_kernels;
+}
+
 const colibri_kernels *colibri_kernels_avx2(void)
 {
     __builtin_cpu_init();
@@ -1498,6 +1515,11 @@ const colibri_kernels *colibri_kernels_avx2(void)
 #else /* not built with COLIBRI_USE_AVX2, or not x86 */
 
 const colibri_kernels *colibri_kernels_avx2(void)
+{
+    return NULL;
+}
+
+const colibri_kernels *colibri_kernels_avx2_plain(void)
 {
     return NULL;
 }

@@ -36,7 +36,8 @@ extern "C" {
 #endif
 
 typedef struct colibri_kernels {
-    const char *name; /* "ref", "avx2", "avx2-vnni", "neon", "neon-dotprod" */
+    const char *name; /* "ref", "avx2", "avx2-vnni", "avx512-vnni", "neon",
+                          "neon-dotprod" */
 
     /* Y[n, rows] = X[n, cols] * W^T, W float32 [rows, cols]. */
     void (*matmul_f32)(float *Y, const float *W, const float *X,
@@ -146,6 +147,14 @@ const colibri_kernels *colibri_kernels_ref(void);
  * "avx2-vnni" when the CPU also has AVX-VNNI or AVX512-VNNI + AVX512VL (not
  * with COLIBRI_AVX2_NO_VNNI, scons vnni=0), else "avx2". */
 const colibri_kernels *colibri_kernels_avx2(void);
+/* The plain "avx2" table (no vpdpbusd) on any AVX2+FMA CPU, VNNI or not:
+ * what COLIBRI_KERNELS=avx2 forces (clb_pick_kernels). NULL as above. */
+const colibri_kernels *colibri_kernels_avx2_plain(void);
+/* NULL unless built with COLIBRI_USE_AVX2 (avx512.c; not with
+ * COLIBRI_AVX2_NO_VNNI) and the CPU has AVX-512 F/BW/VL/DQ and AVX512-VNNI
+ * with the OS saving their state: "avx512-vnni" (decode int8 and f32 forms
+ * in 512-bit vectors, the rest avx2.c's EVEX-VNNI forms). */
+const colibri_kernels *colibri_kernels_avx512(void);
 /* NULL unless built with COLIBRI_USE_NEON (neon.c). On AArch64 Linux the
  * "neon-dotprod" table when the CPU reports the dot-product extension
  * (getauxval(AT_HWCAP) & HWCAP_ASIMDDP), else "neon". */

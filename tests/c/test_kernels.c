@@ -7,7 +7,7 @@
  * Build (tests/test_kernels.py does this):
  *   cc -std=c11 -O2 -ffp-contract=off -Isrc/kernels
  *      [-DCOLIBRI_USE_AVX2 | -DCOLIBRI_USE_NEON] tests/c/test_kernels.c
- *      src/kernels/ref.c src/kernels/avx2.c src/kernels/neon.c
+ *      src/kernels/ref.c src/kernels/avx2.c src/kernels/avx512.c src/kernels/neon.c
  *      src/kernels/neon_dotprod.c -lm
  * Usage:
  *   test_kernels [--require NAME]... [--exact-i8 NAME]...
@@ -680,6 +680,14 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
             test_matmul_i8(ref, k, big[i][0], big[i][1], big[i][2], GROUPS[g], (int)(g % 3));
         test_quantize(ref, k, big[i][0], big[i][2], 32);
     }
+    /* Decode shapes (few tokens, the converter's group 32) over several
+     * 256-column chunks, with and without a remainder of whole and short
+     * groups, and row blocks whose next block is prefetched or missing
+     * (avx512.c's decode form). */
+    static const uint32_t dec[][3] = {{1, 37, 512}, {2, 9, 1100}, {5, 12, 2816}, {1, 65, 1056}};
+    for (size_t i = 0; i < LEN(dec); i++)
+        for (int mode = 0; mode < 3; mode++)
+            test_matmul_i8(ref, k, dec[i][0], dec[i][1], dec[i][2], 32, mode);
     /* Long groups: the int32 sums over many 32-column steps. */
     for (int mode = 0; mode < 3; mode++)
         test_matmul_i8(ref, k, 3, 5, 4099, 4096, mode);
@@ -688,7 +696,7 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
     /* Tiling invariance (threads): decode and GEMM forms, whole and partial
      * groups, a group over several 32-column steps, the converter's shape. */
     if (i8_must_be_exact(k)) {
-        static const uint32_t tiled[][4] = {{24, 40, 96, 32}, {17, 33, 100, 33},
+        static const uint32_t tiled[][4] = {{24, 40, 96, 32}, {6, 37, 1056, 32}, {17, 33, 100, 33},
                                             {20, 29, 1100, 64}, {9, 48, 257, 7}};
         for (size_t i = 0; i < LEN(tiled); i++)
             test_matmul_i8_tiles(k, tiled[i][0], tiled[i][1], tiled[i][2], tiled[i][3]);
@@ -994,7 +1002,7 @@ static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels *
 int main(int argc, char **argv)
 {
     const colibri_kernels *ref = colibri_kernels_ref();
-    const colibri_kernels *opt[2];
+    const colibri_kernels *opt[4];
     enum { MAX_REQ = 8 };
     const char *required[MAX_REQ];
     int nreq = 0;
@@ -1002,6 +1010,11 @@ int main(int argc, char **argv)
     const char *filter = NULL;
     if (colibri_kernels_avx2())
         opt[nopt++] = colibri_kernels_avx2();
+    /* the plain AVX2 form too where the CPU picks a VNNI one */
+    if (colibri_kernels_avx2_plain() && colibri_kernels_avx2_plain() != colibri_kernels_avx2())
+        opt[nopt++] = colibri_kernels_avx2_plain();
+    if (colibri_kernels_avx512())
+        opt[nopt++] = colibri_kernels_avx512();
     if (colibri_kernels_neon())
         opt[nopt++] = colibri_kernels_neon();
 
