@@ -34,6 +34,8 @@
     defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
 #include <immintrin.h>
+#include <math.h>
+#include <string.h>
 
 #define TGT512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define BLOCK512 static inline __attribute__((always_inline)) TGT512
@@ -315,6 +317,159 @@ TGT512 static void z_matmul_i8(float *Y, const int8_t *Q, const float *S, const 
 }
 
 /* ------------------------------------------------------------------------ */
+/* attend: ref.c's clb_ref_attend (the flash-attention schedule), its float
+ * operations lane by lane in the same order, so the same bits. Scores and
+ * exps of a block of 16 positions go in one zmm (lane = position); the
+ * output update runs along head_dim (lane = c % 16).                     */
+
+/* Mask of the first k (0..16) lanes. */
+BLOCK512 __mmask16 lanes16(uint32_t k)
+{
+    return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1u);
+}
+
+/* clb_att_exp for 16 lanes: the same operations (kernels.h). */
+BLOCK512 __m512 att_exp16(__m512 x)
+{
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(CLB_EXP_MIN), _CMP_GE_OQ);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512 big = _mm512_set1_ps(12582912.0f);
+    __m512 n = _mm512_mul_ps(x, _mm512_set1_ps(CLB_EXP_LOG2E));
+    n = _mm512_sub_ps(_mm512_add_ps(n, big), big);
+    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(CLB_EXP_LN2_HI)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(CLB_EXP_LN2_LO)));
+    __m512 p = _mm512_set1_ps(CLB_EXP_C7);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C6));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C5));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C4));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C3));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C2));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+    /* out-of-range lanes hold garbage in n: their exponent is not used */
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(
+        _mm512_cvtps_epi32(_mm512_maskz_mov_ps(ok, n)), _mm512_set1_epi32(127)), 23);
+    const __m512 v = _mm512_maskz_mul_ps(ok, p, _mm512_castsi512_ps(e));
+    return _mm512_mask_mov_ps(v, nan, x);
+}
+
+/* The scores of the block's positions `keep` (lane bits; others 0):
+ * lane i = ref's att_score of position b + i. K is gathered along c, 16
+ * positions a lane each, so every lane sums its products in c order, as
+ * ref does; int8 K gathers the 4 bytes c .. c + 3 of each row at once
+ * (whole rows only: d % 4 == 0, else ref's loop per position). */
+BLOCK512 __m512 att_scores16(const clb_att_args *a, uint32_t b, __mmask16 keep)
+{
+    const uint32_t d = a->d;
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                              11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)a->ld));
+    __m512 acc = _mm512_setzero_ps();
+    if (a->K) {
+        const float *base = a->K + (size_t)b * a->ld;
+        for (uint32_t c = 0; c < d; c++) {
+            const __m512 k = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, rows, base + c, 4);
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(a->q[c]), k));
+        }
+        return _mm512_mul_ps(acc, _mm512_set1_ps(a->scale));
+    }
+    const __m512i srows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                               11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32((int)a->lds));
+    const __m512 ks = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, srows,
+                                               a->Ks + (size_t)b * a->lds, 4);
+    if (d % 4 == 0) {
+        const int8_t *base = a->Kq + (size_t)b * a->ld;
+        for (uint32_t c = 0; c < d; c += 4) {
+            const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keep, rows,
+                                                          base + c, 1);
+            UNROLL
+            for (int j = 0; j < 4; j++) {
+                const __m512 k = _mm512_cvtepi32_ps(_mm512_srai_epi32(
+                    _mm512_slli_epi32(w, 24 - 8 * j), 24));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(a->q[c + (uint32_t)j]), k));
+            }
+        }
+    } else {
+        float s[16] = {0};
+        for (uint32_t i = 0; i < 16; i++) {
+            if (!(keep >> i & 1u))
+                continue;
+            const int8_t *k = a->Kq + (size_t)(b + i) * a->ld;
+            float dot = 0.0f;
+            for (uint32_t c = 0; c < d; c++)
+                dot = dot + a->q[c] * (float)k[c];
+            s[i] = dot;
+        }
+        acc = _mm512_loadu_ps(s);
+    }
+    return _mm512_mul_ps(_mm512_mul_ps(acc, ks), _mm512_set1_ps(a->scale));
+}
+
+TGT512 static void z_attend(float *out, const clb_att_args *a)
+{
+    const uint32_t d = a->d;
+    float m = -INFINITY, l = 0.0f;
+    int any = 0;
+    memset(out, 0, (size_t)d * sizeof(float));
+    for (uint32_t b = 0; b < a->n; b += CLB_ATT_BLOCK) {
+        const uint32_t nb = a->n - b < CLB_ATT_BLOCK ? a->n - b : CLB_ATT_BLOCK;
+        uint32_t keep = 0; /* lane bits of the unmasked positions */
+        for (uint32_t i = 0; i < nb; i++)
+            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
+        if (!keep)
+            continue;
+        float s[CLB_ATT_BLOCK];
+        _mm512_storeu_ps(s, att_scores16(a, b, (__mmask16)keep));
+        float mb = -INFINITY; /* ref's max, in position order */
+        int live = 0;
+        for (uint32_t i = 0; i < nb; i++)
+            if (keep >> i & 1u) {
+                mb = !live || s[i] > mb ? s[i] : mb;
+                live = 1;
+            }
+        if (!live)
+            continue;
+        const float mn = !any || mb > m ? mb : m;
+        const float alpha = any ? clb_att_exp(m - mn) : 0.0f;
+        const __m512 pv = _mm512_maskz_mov_ps((__mmask16)keep,
+            att_exp16(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(mn))));
+        float pr[CLB_ATT_BLOCK];
+        _mm512_storeu_ps(pr, pv);
+        l = l * alpha + hsum16(pv);
+        const __m512 al = _mm512_set1_ps(alpha);
+        for (uint32_t c = 0; c < d; c += 16) {
+            const __mmask16 mk = lanes16(d - c);
+            __m512 o = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, out + c), al);
+            for (uint32_t i = 0; i < nb; i++) {
+                if (!(keep >> i & 1u))
+                    continue;
+                const size_t at = (size_t)(b + i) * a->ld + c;
+                __m512 v, w;
+                if (a->V) {
+                    v = _mm512_maskz_loadu_ps(mk, a->V + at);
+                    w = _mm512_set1_ps(pr[i]);
+                } else {
+                    v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, a->Vq + at)));
+                    w = _mm512_set1_ps(pr[i] * a->Vs[(size_t)(b + i) * a->lds]);
+                }
+                o = _mm512_add_ps(o, _mm512_mul_ps(w, v));
+            }
+            _mm512_mask_storeu_ps(out + c, mk, o);
+        }
+        m = mn;
+        any = 1;
+    }
+    if (!any)
+        return;
+    const __m512 lv = _mm512_set1_ps(l);
+    for (uint32_t c = 0; c < d; c += 16) {
+        const __mmask16 mk = lanes16(d - c);
+        _mm512_mask_storeu_ps(out + c, mk, _mm512_div_ps(_mm512_maskz_loadu_ps(mk, out + c), lv));
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* The forms shared with avx2.c's EVEX-VNNI table.                          */
 
 static void z_quantize_act_i8(int8_t *XQ, float *XS, const float *X, uint32_t n,
@@ -363,6 +518,7 @@ static const colibri_kernels avx512_vnni_kernels = {
     z_matmul_q4_0,
     z_matmul_q4_k,
     z_matmul_q6_k,
+    z_attend,
 };
 
 const colibri_kernels *colibri_kernels_avx512(void)
