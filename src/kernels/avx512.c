@@ -10,7 +10,7 @@
  * the stand-in for an AVX2-only CPU must not pick this table either).
  *
  * What is 512-bit here, and why (profile of the small bench Mixtral's
- * decode on Zen 4, bench/results/FINDINGS.md section 9): a decode token
+ * decode on Zen 4, bench/results/FINDINGS.md section 7): a decode token
  * streams every weight once, and the AVX2 int8 form spent 4 instructions
  * (load, vpabsb, vpsignb, vpdpbusd) per 32 weight bytes plus a hadd tree and
  * a dependent float add per group and 4 rows; the core, not the memory, was
@@ -22,11 +22,15 @@
  *   activations), a per-token value computed once per call and subtracted
  *   from the exact int32 group dots. Bit-identical to ref (kernels.h): the
  *   group dots are exact int32, the float work per group ref's, in order.
- * - matmul_f32, one token: 8 rows x 16 columns per FMA step.
- * Everything else (prefill GEMMs, quantisation, int16, the block types) is
- * avx2.c's EVEX-VNNI table, called through its pointers: those forms are
- * not limited by the vector width on the shapes we run (prefill already
- * leads llama.cpp), and sharing them keeps one implementation to verify.
+ * - attend (ref.c's flash-attention schedule, bit for bit): 16 positions'
+ *   scores and exps in one zmm.
+ * Everything else (float matmuls, prefill GEMMs, quantisation, int16, the
+ * block types) is avx2.c's EVEX-VNNI table, called through its pointers:
+ * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
+ * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
+ * prefill forms already lead llama.cpp, and with float matmuls shared this
+ * table differs from "avx2-vnni" only where both equal ref bit for bit
+ * (matmul_i8, attend), so their logits are the same bits.
  */
 #include "kernels.h"
 
@@ -50,14 +54,8 @@ static const colibri_kernels *base(void)
     return clb_avx2_form_table(2);
 }
 
-/* ------------------------------------------------------------------------ */
-/* matmul_f32, one token: Y[r] = W[r, :] . x, 8 rows at a time.             */
-
-/* Bytes of weights requested ahead of the rows being read (the next block
- * of rows): the hardware prefetchers stop at 4 KiB pages, and a block of
- * rows reads several pages in step (PREFETCH at avx2.c's i8_matmul). */
-
-/* Sum of the 16 lanes (any order: F32 results agree with ref to rounding). */
+/* Sum of the 16 lanes: lane j + j+8, then + j+4, + j+2, + j+1 (the
+ * halving tree of ref.c's attend). */
 BLOCK512 float hsum16(__m512 v)
 {
     __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -65,55 +63,6 @@ BLOCK512 float hsum16(__m512 v)
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
-}
-
-/* y[r0 .. r0 + R) for one token; the next R rows prefetched into L2 at the
- * pace these are read (one line per row per 16 columns). */
-BLOCK512 void f32_rows(const int R, float *y, const float *W, const float *x,
-                       uint32_t cols, uint32_t r0, int prefetch)
-{
-    const float *w[8];
-    __m512 acc[8];
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        w[r] = W + (size_t)(r0 + r) * cols;
-        acc[r] = _mm512_setzero_ps();
-    }
-    const size_t next = (size_t)R * cols;
-    uint32_t c = 0;
-    for (; c + 16 <= cols; c += 16) {
-        const __m512 xv = _mm512_loadu_ps(x + c);
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            if (prefetch)
-                _mm_prefetch((const char *)(w[r] + next + c), _MM_HINT_T1);
-            acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + c), xv, acc[r]);
-        }
-    }
-    if (c < cols) { /* masked loads never touch the masked-out elements */
-        const __mmask16 m = (__mmask16)((1u << (cols - c)) - 1u);
-        const __m512 xv = _mm512_maskz_loadu_ps(m, x + c);
-        UNROLL
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w[r] + c), xv, acc[r]);
-    }
-    UNROLL
-    for (int r = 0; r < R; r++)
-        y[r0 + r] = hsum16(acc[r]);
-}
-
-TGT512 static void z_matmul_f32(float *Y, const float *W, const float *X, uint32_t n,
-                                uint32_t rows, uint32_t cols)
-{
-    if (n != 1) { /* prefill: avx2.c's L1 strips (memory-friendly already) */
-        base()->matmul_f32(Y, W, X, n, rows, cols);
-        return;
-    }
-    uint32_t r = 0;
-    for (; r + 8 <= rows; r += 8)
-        f32_rows(8, Y, W, X, cols, r, r + 16 <= rows);
-    for (; r < rows; r++)
-        f32_rows(1, Y, W, X, cols, r, 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -506,6 +455,12 @@ static void z_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ, const fl
                           const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
     base()->matmul_q6_k(Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+static void z_matmul_f32(float *Y, const float *W, const float *X, uint32_t n,
+                         uint32_t rows, uint32_t cols)
+{
+    base()->matmul_f32(Y, W, X, n, rows, cols);
 }
 
 static const colibri_kernels avx512_vnni_kernels = {
