@@ -312,19 +312,81 @@ static float att_tree16(float v[16])
     return v[0];
 }
 
-static float att_score(const clb_att_args *a, uint32_t i)
+/* s[i] = the scores of positions b .. b + nb (masked ones too: they are
+ * in the cache, and ignored after), 4 positions side by side: each one's
+ * sum still runs in c order, the 4 chains just overlap (the one-chain loop
+ * was latency-bound: an add's latency per column). */
+static void att_scores(const clb_att_args *a, uint32_t b, uint32_t nb, float *s)
 {
-    float dot = 0.0f;
-    if (a->K) {
-        const float *k = a->K + (size_t)i * a->ld;
-        for (uint32_t c = 0; c < a->d; c++)
-            dot = dot + a->q[c] * k[c];
-        return dot * a->scale;
+    const uint32_t d = a->d;
+    uint32_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+        if (a->K) {
+            const float *k = a->K + (size_t)(b + i) * a->ld;
+            for (uint32_t c = 0; c < d; c++) {
+                const float qc = a->q[c];
+                d0 = d0 + qc * k[c];
+                d1 = d1 + qc * k[a->ld + c];
+                d2 = d2 + qc * k[2 * a->ld + c];
+                d3 = d3 + qc * k[3 * a->ld + c];
+            }
+        } else {
+            const int8_t *k = a->Kq + (size_t)(b + i) * a->ld;
+            for (uint32_t c = 0; c < d; c++) {
+                const float qc = a->q[c];
+                d0 = d0 + qc * (float)k[c];
+                d1 = d1 + qc * (float)k[a->ld + c];
+                d2 = d2 + qc * (float)k[2 * a->ld + c];
+                d3 = d3 + qc * (float)k[3 * a->ld + c];
+            }
+        }
+        s[i] = d0;
+        s[i + 1] = d1;
+        s[i + 2] = d2;
+        s[i + 3] = d3;
     }
-    const int8_t *k = a->Kq + (size_t)i * a->ld;
-    for (uint32_t c = 0; c < a->d; c++)
-        dot = dot + a->q[c] * (float)k[c];
-    return dot * a->Ks[(size_t)i * a->lds] * a->scale;
+    for (; i < nb; i++) {
+        float dot = 0.0f;
+        if (a->K) {
+            const float *k = a->K + (size_t)(b + i) * a->ld;
+            for (uint32_t c = 0; c < d; c++)
+                dot = dot + a->q[c] * k[c];
+        } else {
+            const int8_t *k = a->Kq + (size_t)(b + i) * a->ld;
+            for (uint32_t c = 0; c < d; c++)
+                dot = dot + a->q[c] * (float)k[c];
+        }
+        s[i] = dot;
+    }
+    for (i = 0; i < nb; i++)
+        s[i] = a->K ? s[i] * a->scale : s[i] * a->Ks[(size_t)(b + i) * a->lds] * a->scale;
+}
+
+/* o[0 .. d) = o * alpha, then + w_i * v_i for the block's positions in
+ * order (element-wise: restrict lets the compiler use vectors, which
+ * changes no bit). */
+static void att_values(float *restrict o, const clb_att_args *a, uint32_t b, uint32_t nb,
+                       const float *pr, float alpha)
+{
+    const uint32_t d = a->d;
+    for (uint32_t c = 0; c < d; c++)
+        o[c] = o[c] * alpha;
+    for (uint32_t i = 0; i < nb; i++) {
+        if (!a->mask[b + i])
+            continue;
+        if (a->V) {
+            const float *restrict v = a->V + (size_t)(b + i) * a->ld;
+            const float w = pr[i];
+            for (uint32_t c = 0; c < d; c++)
+                o[c] = o[c] + w * v[c];
+        } else {
+            const int8_t *restrict v = a->Vq + (size_t)(b + i) * a->ld;
+            const float w = pr[i] * a->Vs[(size_t)(b + i) * a->lds];
+            for (uint32_t c = 0; c < d; c++)
+                o[c] = o[c] + w * (float)v[c];
+        }
+    }
 }
 
 void clb_ref_attend(float *out, const clb_att_args *a)
@@ -340,13 +402,16 @@ void clb_ref_attend(float *out, const clb_att_args *a)
         float mb = -INFINITY;
         int live = 0;
         for (uint32_t i = 0; i < nb; i++)
+            live |= a->mask[b + i] != 0;
+        if (!live)
+            continue;
+        att_scores(a, b, nb, s);
+        live = 0;
+        for (uint32_t i = 0; i < nb; i++)
             if (a->mask[b + i]) {
-                s[i] = att_score(a, b + i);
                 mb = !live || s[i] > mb ? s[i] : mb;
                 live = 1;
             }
-        if (!live)
-            continue;
         const float mn = !any || mb > m ? mb : m;
         const float alpha = any ? clb_att_exp(m - mn) : 0.0f;
         for (uint32_t i = 0; i < nb; i++)
@@ -355,22 +420,7 @@ void clb_ref_attend(float *out, const clb_att_args *a)
         float ps[16];
         memcpy(ps, pr, sizeof ps);
         l = l * alpha + att_tree16(ps);
-        for (uint32_t c = 0; c < d; c++)
-            out[c] = out[c] * alpha;
-        for (uint32_t i = 0; i < nb; i++) {
-            if (!a->mask[b + i])
-                continue;
-            if (a->V) {
-                const float *v = a->V + (size_t)(b + i) * a->ld;
-                for (uint32_t c = 0; c < d; c++)
-                    out[c] = out[c] + pr[i] * v[c];
-            } else {
-                const int8_t *v = a->Vq + (size_t)(b + i) * a->ld;
-                const float w = pr[i] * a->Vs[(size_t)(b + i) * a->lds];
-                for (uint32_t c = 0; c < d; c++)
-                    out[c] = out[c] + w * (float)v[c];
-            }
-        }
+        att_values(out, a, b, nb, pr, alpha);
         m = mn;
         any = 1;
     }
