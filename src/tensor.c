@@ -347,10 +347,7 @@ static void att_head(void *ctx, uint32_t h, uint32_t worker)
     a.n = j->pos + 1;
     a.d = d;
     a.scale = p->d.attn_scale;
-    if (p->k->attend)
-        p->k->attend(j->out + (size_t)h * d, &a);
-    else /* a table without its own form (kernels.h) */
-        clb_ref_attend(j->out + (size_t)h * d, &a);
+    p->k->attend(j->out + (size_t)h * d, &a);
 }
 
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,

@@ -110,8 +110,8 @@ typedef struct colibri_kernels {
     /* out[d] = softmax over the unmasked positions of (scale * q.k_i),
      * applied to the v_i: the flash-attention schedule of clb_ref_attend
      * (ref.c), whose float operations and order are the truth; every table
-     * that has this member is bit-identical to it. All positions masked:
-     * out = 0. NULL in a table (the NEON ones): the caller uses ref's. */
+     * that has this member is bit-identical to it (avx2 and NEON tables
+     * list ref's own). All positions masked: out = 0. */
     void (*attend)(float *out, const clb_att_args *a);
 } colibri_kernels;
 
