@@ -95,10 +95,23 @@ def _cpu_has_vnni() -> bool:
     return "avx_vnni" in words or {"avx512_vnni", "avx512vl"} <= words
 
 
+_GCC_EXE: list = []
+
+
+def _gcc_exe(tmp_path_factory) -> Path:
+    """test_kernels built once with gcc and the x86 kernels (shared by the
+    gcc variant and the AVX-512 test: one build, ~40 s of compiling)."""
+    if not _GCC_EXE:
+        exe = tmp_path_factory.mktemp("x86") / "test_kernels"
+        _build("gcc", exe, ["-DCOLIBRI_USE_AVX2"])
+        _GCC_EXE.append(exe)
+    return _GCC_EXE[0]
+
+
 # "no-vnni": COLIBRI_AVX2_NO_VNNI (scons vnni=0) keeps the plain AVX2 table,
 # as an AVX2-only CPU runs it, even on a VNNI CPU.
 @pytest.mark.parametrize("variant", ["gcc", "clang", "gcc-asan-ubsan", "gcc-no-vnni"])
-def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
+def test_avx2_matches_ref(tmp_path: Path, tmp_path_factory, variant: str) -> None:
     if not _cpu_has_avx2_fma():
         pytest.skip("this CPU has no AVX2+FMA: the avx2 table cannot run here")
     cc = "clang" if variant == "clang" else "gcc"
@@ -113,8 +126,11 @@ def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
         # -O1: the always-inlined register blocks make an -O2 sanitizer build
         # slow to compile, and -O1 keeps every load and store checked.
         extra += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
-    exe = tmp_path / "test_kernels"
-    _build(cc, exe, extra)
+    if variant == "gcc":
+        exe = _gcc_exe(tmp_path_factory)
+    else:
+        exe = tmp_path / "test_kernels"
+        _build(cc, exe, extra)
     args = ["--require", table, "--exact-i8", table]
     # the plain AVX2 form is checked too wherever a VNNI form is picked
     if table != "avx2":
@@ -126,14 +142,13 @@ def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
     assert ("avx512-vnni " in out) == (_cpu_has_avx512_vnni() and table != "avx2")
 
 
-def test_avx512_matches_ref(tmp_path: Path) -> None:
+def test_avx512_matches_ref(tmp_path_factory) -> None:
     """The "avx512-vnni" table (src/kernels/avx512.c) held to ref bit for bit
-    on matmul_i8 and the block kernels, and its absence reported where the
-    CPU lacks AVX-512 VNNI."""
+    on matmul_i8, the block kernels and attend, and its absence reported
+    where the CPU lacks AVX-512 VNNI."""
     if not _cpu_has_avx2_fma():
         pytest.skip("this CPU has no AVX2+FMA: no x86 kernel table can run here")
-    exe = tmp_path / "test_kernels"
-    _build("gcc", exe, ["-DCOLIBRI_USE_AVX2"])
+    exe = _gcc_exe(tmp_path_factory)
     if not _cpu_has_avx512_vnni():
         res = subprocess.run([str(exe), "--require", "avx512-vnni"], capture_output=True,
                              text=True)
