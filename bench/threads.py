@@ -116,10 +116,12 @@ def git_revisions() -> dict:
 class Server:
     """One engine process speaking the threads_bench command protocol."""
 
-    def __init__(self, name: str, cmd: list, kind: str, precision: str):
+    def __init__(self, name: str, cmd: list, kind: str, precision: str, env: dict | None = None):
         self.name, self.kind, self.precision = name, kind, precision
+        self.model = Path(cmd[1]) if len(cmd) > 1 else None
         self.proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                     env=dict(os.environ, **(env or {})))
         hello = self._read()
         if not hello.get("ready"):
             raise RuntimeError(f"{name}: did not start: {hello}")
@@ -165,6 +167,73 @@ def build_colibri(work: Path) -> dict:
                                             work / f"threads_bench_{flavour}",
                                             extra_cflags=extra)
     return out
+
+
+def build_bandwidth(work: Path) -> Path:
+    """bench/c/bandwidth.c, the read-bandwidth probe (issue 28)."""
+    out = work / "bandwidth"
+    src = ROOT / "bench" / "c" / "bandwidth.c"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["gcc", "-std=c11", "-O2", "-pthread", str(src), "-o", str(out)],
+                       check=True)
+    return out
+
+
+BW_MIB = 512  # per thread: far past any L3 of the machines we run on
+
+
+def run_bandwidth(probe: Path) -> dict:
+    """{threads: GB/s} read bandwidth from 1 and N (= max THREADS) cores."""
+    out = {}
+    for t in sorted({1, max(THREADS)}):
+        r = subprocess.run([str(probe), str(BW_MIB // t), "4", str(t)], capture_output=True,
+                           text=True)
+        out[str(t)] = json.loads(r.stdout).get("read_gb_s") if r.returncode == 0 else None
+    return out
+
+
+def decode_bytes_colibri(path: Path) -> int:
+    """Weight bytes one decode token reads from a .colibri file: every tensor
+    section but the embedding (one row of it), the experts' at top_k /
+    num_experts (the routed share, on average over tokens)."""
+    from colibri import format as cformat
+    f = cformat.read_file(path, check_crc=False)
+    k, e = f.shape.top_k, f.shape.n_experts
+    total = 0.0
+    for en in f.entries:
+        name = cformat.Kind(en.kind).name
+        if name == "EMBED":
+            total += en.size / max(en.rows, 1)
+        elif name.startswith("EXPERT_"):
+            total += en.size * k / e
+        else:
+            total += en.size
+    return int(total)
+
+
+def decode_bytes_gguf(path: Path) -> int | None:
+    """The same for a GGUF file (gguf-py): token_embd one row, *_exps tensors
+    at expert_used_count / expert_count."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    r = GGUFReader(str(path))
+    def field(suffix):
+        for name, f in r.fields.items():
+            if name.endswith(suffix):
+                return int(f.parts[f.data[0]][0])
+        return None
+    k, e = field(".expert_used_count"), field(".expert_count")
+    total = 0.0
+    for t in r.tensors:
+        if t.name == "token_embd.weight":
+            total += t.n_bytes / max(int(t.shape[-1]), 1)
+        elif "_exps" in t.name and k and e:
+            total += t.n_bytes * k / e
+        else:
+            total += t.n_bytes
+    return int(total)
 
 
 def _q4_sources_digest() -> str:
@@ -228,6 +297,12 @@ def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bo
     if "q4" in precisions and q4:
         servers.append(Server("colibri q4", [progs["vnni"], q4["colibri"], tokens],
                               "colibri", "q4"))
+    # On an AVX-512 VNNI CPU the default table is avx512-vnni: the AVX2 VNNI
+    # table beside it (COLIBRI_KERNELS forces it) shows what the 512-bit forms add.
+    if "int8" in precisions and cpu_description()["flags"].get("avx512_vnni"):
+        servers.append(Server("colibri int8 avx2-vnni",
+                              [progs["vnni"], ms.colibri["int8"], tokens], "colibri", "int8",
+                              env={"COLIBRI_KERNELS": "avx2-vnni"}))
     if with_llama and all(p.exists() for p in ms.gguf.values()):
         for q, prec in (("f32", "f32"), ("q8_0", "int8")):
             if prec in precisions:
@@ -335,6 +410,7 @@ def ratios(table: dict) -> list:
         ("colibri int8 vnni=0", "llama-bench avx2 q8_0"),
         ("colibri int8 vnni=0", "llama-cpp-python q8_0"),
         ("colibri f32", "llama-bench avx2 f32"),
+        ("colibri int8", "colibri int8 avx2-vnni"),
         ("colibri q4", "llama-bench native q4_k_m"),
         ("colibri q4", "llama-bench native q4_0"),
     ]
@@ -445,6 +521,29 @@ def markdown(res: dict) -> str:
         met = "" if goal is None else ("yes" if rw >= goal else "**no**")
         L.append(f"| {label} | {t} | {m.replace('_', ' ')} | {_f(rw, 2)} | {_f(rc, 2)} | "
                  f"{'' if goal is None else f'≥ {goal}'} | {met} |")
+    bw = res.get("bandwidth_gb_s")
+    if bw:
+        L += ["", "## Decode against the memory's read bandwidth (issue 28)", "",
+              "Read bandwidth (bench/c/bandwidth.c, 4-stream AVX2 loads, best of 4 passes "
+              "each round, in the same run as the engines): " + "; ".join(
+                  f"{t} core{'s' if t != '1' else ''}: median {_f(v['median'])} GB/s "
+                  f"(rounds: {', '.join(_f(x) for x in v['rounds'])})" for t, v in bw.items()),
+              "", "Bytes a token: the weights a decode step reads (the file's tensor sizes, "
+              "experts at top_k / num_experts, one embedding row). Fraction: decode tokens/s "
+              "x bytes a token / the bandwidth of as many cores as threads.", "",
+              "| engine | MB a token | threads | decode tok/s | GB/s | fraction of bandwidth |",
+              "|---|---:|---:|---:|---:|---:|"]
+        for eng, nbytes in res.get("decode_bytes_per_token", {}).items():
+            if not nbytes:
+                continue
+            for t in THREADS:
+                d = fig(table, eng, t, "decode")
+                b = (bw.get(str(t)) or {}).get("median")
+                if d is None:
+                    continue
+                gbs = d * nbytes / 1e9
+                L.append(f"| {eng} | {nbytes / 1e6:.0f} | {t} | {_f(d)} | {_f(gbs)} | "
+                         f"{_f(100 * gbs / b, 0) + ' %' if b else '—'} |")
     L += ["", "## Consistency", ""]
     for eng, c in res["consistency"].items():
         L.append(f"- {eng}: " + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in c.items()))
@@ -460,6 +559,7 @@ def markdown(res: dict) -> str:
 # --- main -------------------------------------------------------------------
 
 def main(argv=None) -> int:
+    global Q4_PEERS
     ap = argparse.ArgumentParser(prog="bench/threads.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny model, few steps")
@@ -473,6 +573,9 @@ def main(argv=None) -> int:
                     help="comma-separated subset of f32,int8,q4: the Colibri files that run, "
                          "with their peers (f32: llama.cpp f32; int8: Q8_0; q4: llama-bench "
                          "native Q4_K_M and Q4_0); default all")
+    ap.add_argument("--q4-peers", default=",".join(Q4_PEERS),
+                    help="llama-quantize types run as the peers of colibri q4 (default "
+                         "q4_k_m,q4_0)")
     ap.add_argument("--report-only", action="store_true",
                     help="measure nothing: rewrite threads.md from threads.json")
     a = ap.parse_args(argv)
@@ -525,11 +628,13 @@ def main(argv=None) -> int:
     for p in precisions:
         if p not in PRECISIONS:
             ap.error(f"--precisions: unknown {p!r} (f32, int8, q4)")
+    Q4_PEERS = tuple(q for q in a.q4_peers.split(",") if q)
     q4 = prepare_q4(ms, have_gguf and not a.no_llama) if "q4" in precisions else None
     lb_files = {q: ms.gguf[q] for q, prec in (("f32", "f32"), ("q8_0", "int8"))
                 if prec in precisions and ms.gguf[q].exists()}
     lb_q4 = {q: q4[q] for q in Q4_PEERS if q4 and q in q4}
 
+    probe = build_bandwidth(a.work)
     log("loading the engines")
     servers = start_servers(ms, tokens, progs, with_llama, precisions, q4)
     kernels = {s.name: s.info.get("kernels") for s in servers if s.kind == "colibri"}
@@ -537,6 +642,8 @@ def main(argv=None) -> int:
     try:
         for r in range(plan["rounds"]):
             rnd = {"servers": {}, "llama_bench": {}}
+            log(f"round {r + 1}/{plan['rounds']}: read bandwidth probe")
+            rnd["bandwidth_gb_s"] = run_bandwidth(probe)
             for s in servers:
                 log(f"round {r + 1}/{plan['rounds']}: {s.name}")
                 rnd["servers"][s.name] = {t: run_server_round(s, plan, t) for t in THREADS}
@@ -559,6 +666,13 @@ def main(argv=None) -> int:
             lb_build[name.split()[1]] = (f"build {row.get('build_commit')} "
                                          f"({row.get('build_number')}), {row.get('backends')}")
     env["loadavg_end"] = os.getloadavg()
+    bw_rounds = {t: [rnd["bandwidth_gb_s"].get(t) for rnd in rounds] for t in rounds[0]["bandwidth_gb_s"]}
+    bandwidth = {t: {"rounds": v, "median": _median([x for x in v if x])} for t, v in bw_rounds.items()}
+    bytes_tok = {s.name: decode_bytes_colibri(s.model) for s in servers
+                 if s.kind == "colibri" and s.model}
+    for name, path in {**{f"llama-bench {f} {q}": p for f in lb for q, p in lb_files.items()},
+                       **{f"llama-bench native {q}": p for q, p in lb_q4.items()}}.items():
+        bytes_tok[name] = decode_bytes_gguf(path)
     res = {"mode": mode, "plan": plan, "env": env, "kernels": kernels,
            "threads_api": progs["have_threads"], "llama_bench_build": lb_build,
            "command": "scripts/bench.sh --threads" + (" --quick" if a.quick else "")
@@ -566,6 +680,7 @@ def main(argv=None) -> int:
                       + (f" --rounds {a.rounds}" if a.rounds else ""),
            "precisions": precisions,
            "table": table, "ratios": ratios(table), "consistency": consistency(rounds),
+           "bandwidth_gb_s": bandwidth, "decode_bytes_per_token": bytes_tok,
            "load_s": {s.name: s.load_s for s in servers}, "rounds": rounds,
            "wall_s": time.perf_counter() - t_start}
     (out_dir / "threads.json").write_text(json.dumps(res, indent=1) + "\n")

@@ -9,6 +9,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdlib.h> /* getenv (x86 hosts: forced_x86_kernels) */
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
@@ -345,12 +346,36 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
     }
 }
 
+#if !defined(COLIBRI_KERNELS_REF_ONLY) && defined(COLIBRI_USE_AVX2)
+/* COLIBRI_KERNELS=NAME forces the x86 table NAME ("ref", "avx2",
+ * "avx2-vnni", "avx512-vnni") where this CPU can run it, so one build
+ * measures and tests each table on a CPU that has several; an unknown or
+ * unavailable name leaves the default choice (colibri_model_info reports
+ * which table runs). Read at init only (x86 hosts, which have getenv). */
+static const colibri_kernels *forced_x86_kernels(void)
+{
+    const char *want = getenv("COLIBRI_KERNELS");
+    if (!want || !*want)
+        return NULL;
+    const colibri_kernels *cand[] = {colibri_kernels_ref(), colibri_kernels_avx2_plain(),
+                                     colibri_kernels_avx2(), colibri_kernels_avx512()};
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
+        if (cand[i] && strcmp(cand[i]->name, want) == 0)
+            return cand[i];
+    return NULL;
+}
+#endif
+
 const colibri_kernels *clb_pick_kernels(void)
 {
     const colibri_kernels *k = NULL;
 #ifndef COLIBRI_KERNELS_REF_ONLY
 #ifdef COLIBRI_USE_AVX2
-    k = colibri_kernels_avx2();
+    k = forced_x86_kernels();
+    if (!k)
+        k = colibri_kernels_avx512();
+    if (!k)
+        k = colibri_kernels_avx2();
 #endif
 #ifdef COLIBRI_USE_NEON
     if (!k)

@@ -308,10 +308,12 @@ void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos)
 }
 
 /* One query's attention, head by head as a parallel region: each head
- * reads the cache and writes its own head_dim slice of out, its scores in
- * the worker's scratch [pos + 1] (worker 0 and serial teams: p->scores).
- * The cache is float32 (K, V) or int8 with one scale per head vector (Kq,
- * Ks, Vq, Vs: COLIBRI_KV_I8), dequantised in the loops below. */
+ * reads the cache and writes its own head_dim slice of out through the
+ * table's attend (kernels.h: the flash-attention schedule of ref.c's
+ * clb_ref_attend, one pass over K and V, no score buffer), so a head's bits
+ * do not depend on which worker runs it. The cache is float32 (K, V) or
+ * int8 with one scale per head vector (Kq, Ks, Vq, Vs: COLIBRI_KV_I8), read
+ * as stored. */
 typedef struct att_job {
     const clb_plan *p;
     const float *K, *V;       /* f32 cache: [S, kvdim] of the sequence in
@@ -324,78 +326,28 @@ typedef struct att_job {
     uint32_t pos, group;
 } att_job;
 
-/* q . k of key position i for KV head kvh: float32 sum in c order; the
- * 8-bit key's scale multiplies the finished sum (scale * sum q[c] k8[c]). */
-static float key_dot(const att_job *j, const float *qh, uint32_t i, uint32_t kvh)
-{
-    uint32_t d = j->p->s.head_dim;
-    size_t at = (size_t)i * j->p->kvdim + (size_t)kvh * d;
-    float dot = 0.0f;
-    if (j->K) {
-        const float *kj = j->K + at;
-        for (uint32_t c = 0; c < d; c++)
-            dot += qh[c] * kj[c];
-        return dot;
-    }
-    const int8_t *kj = j->Kq + at;
-    for (uint32_t c = 0; c < d; c++)
-        dot += qh[c] * (float)kj[c];
-    return dot * j->Ks[(size_t)i * j->p->s.n_kv_heads + kvh];
-}
-
-/* o[d] += w * v of key position i for KV head kvh (8-bit: (w * scale) *
- * float(v8[c])). */
-static void add_value(const att_job *j, float w, uint32_t i, uint32_t kvh, float *o)
-{
-    uint32_t d = j->p->s.head_dim;
-    size_t at = (size_t)i * j->p->kvdim + (size_t)kvh * d;
-    if (j->V) {
-        const float *vj = j->V + at;
-        for (uint32_t c = 0; c < d; c++)
-            o[c] += w * vj[c];
-        return;
-    }
-    const int8_t *vj = j->Vq + at;
-    float ws = w * j->Vs[(size_t)i * j->p->s.n_kv_heads + kvh];
-    for (uint32_t c = 0; c < d; c++)
-        o[c] += ws * (float)vj[c];
-}
-
 static void att_head(void *ctx, uint32_t h, uint32_t worker)
 {
+    (void)worker;
     const att_job *j = (const att_job *)ctx;
     const clb_plan *p = j->p;
-    uint32_t d = p->s.head_dim, pos = j->pos;
-    float *sc = worker ? clb_team_scratch(clb_team_of(p), worker) : p->scores;
-    const float *qh = j->q + (size_t)h * d;
-    uint32_t kvh = h / j->group;
-    float *o = j->out + (size_t)h * d;
-    const uint8_t *mask = j->mask;
-    float mx = -INFINITY;
-    int any = 0;
-    for (uint32_t i = 0; i <= pos; i++) {
-        if (!mask[i])
-            continue;
-        sc[i] = key_dot(j, qh, i, kvh) * p->d.attn_scale;
-        if (!any || sc[i] > mx)
-            mx = sc[i];
-        any = 1;
-    }
-    memset(o, 0, d * sizeof(float));
-    if (!any) /* padding before any real token: zero output, no NaN */
-        return;
-    float sum = 0.0f;
-    for (uint32_t i = 0; i <= pos; i++) {
-        if (!mask[i])
-            continue;
-        sc[i] = expf(sc[i] - mx);
-        sum += sc[i];
-    }
-    for (uint32_t i = 0; i <= pos; i++) {
-        if (!mask[i])
-            continue;
-        add_value(j, sc[i] / sum, i, kvh, o);
-    }
+    const uint32_t d = p->s.head_dim, kvh = h / j->group;
+    const size_t off = (size_t)kvh * d;
+    clb_att_args a;
+    a.q = j->q + (size_t)h * d;
+    a.K = j->K ? j->K + off : NULL;
+    a.V = j->V ? j->V + off : NULL;
+    a.Kq = j->Kq ? j->Kq + off : NULL;
+    a.Vq = j->Vq ? j->Vq + off : NULL;
+    a.Ks = j->Ks ? j->Ks + kvh : NULL;
+    a.Vs = j->Vs ? j->Vs + kvh : NULL;
+    a.mask = j->mask;
+    a.ld = p->kvdim;
+    a.lds = p->s.n_kv_heads;
+    a.n = j->pos + 1;
+    a.d = d;
+    a.scale = p->d.attn_scale;
+    p->k->attend(j->out + (size_t)h * d, &a);
 }
 
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
@@ -438,11 +390,5 @@ void clb_attention(const clb_plan *p, uint32_t layer, uint32_t b,
     j.out = out;
     j.pos = pos;
     j.group = (uint32_t)p->s.n_heads / p->s.n_kv_heads;
-    clb_team *team = clb_team_of(p);
-    if (clb_team_scratch(team, 1)) {
-        clb_parallel(team, p->s.n_heads, att_head, &j);
-    } else { /* no scratch for other workers: the caller, head by head */
-        for (uint32_t h = 0; h < p->s.n_heads; h++)
-            att_head(&j, h, 0);
-    }
+    clb_parallel(clb_team_of(p), p->s.n_heads, att_head, &j);
 }

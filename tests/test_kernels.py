@@ -77,6 +77,15 @@ def _run(cmd: list[str], timeout: int = 300) -> str:
     return res.stdout
 
 
+def _cpu_has_avx512_vnni() -> bool:
+    """AVX-512 F/BW/VL/DQ + AVX512-VNNI: where avx512.c's "avx512-vnni" runs."""
+    try:
+        words = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= words
+
+
 def _cpu_has_vnni() -> bool:
     """AVX-VNNI, or AVX512-VNNI with AVX512VL: where avx2.c picks "avx2-vnni"."""
     try:
@@ -86,10 +95,23 @@ def _cpu_has_vnni() -> bool:
     return "avx_vnni" in words or {"avx512_vnni", "avx512vl"} <= words
 
 
+_GCC_EXE: list = []
+
+
+def _gcc_exe(tmp_path_factory) -> Path:
+    """test_kernels built once with gcc and the x86 kernels (shared by the
+    gcc variant and the AVX-512 test: one build, ~40 s of compiling)."""
+    if not _GCC_EXE:
+        exe = tmp_path_factory.mktemp("x86") / "test_kernels"
+        _build("gcc", exe, ["-DCOLIBRI_USE_AVX2"])
+        _GCC_EXE.append(exe)
+    return _GCC_EXE[0]
+
+
 # "no-vnni": COLIBRI_AVX2_NO_VNNI (scons vnni=0) keeps the plain AVX2 table,
 # as an AVX2-only CPU runs it, even on a VNNI CPU.
 @pytest.mark.parametrize("variant", ["gcc", "clang", "gcc-asan-ubsan", "gcc-no-vnni"])
-def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
+def test_avx2_matches_ref(tmp_path: Path, tmp_path_factory, variant: str) -> None:
     if not _cpu_has_avx2_fma():
         pytest.skip("this CPU has no AVX2+FMA: the avx2 table cannot run here")
     cc = "clang" if variant == "clang" else "gcc"
@@ -104,11 +126,37 @@ def test_avx2_matches_ref(tmp_path: Path, variant: str) -> None:
         # -O1: the always-inlined register blocks make an -O2 sanitizer build
         # slow to compile, and -O1 keeps every load and store checked.
         extra += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
-    exe = tmp_path / "test_kernels"
-    _build(cc, exe, extra)
-    out = _run([str(exe), "--require", table, "--exact-i8", table])
+    if variant == "gcc":
+        exe = _gcc_exe(tmp_path_factory)
+    else:
+        exe = tmp_path / "test_kernels"
+        _build(cc, exe, extra)
+    args = ["--require", table, "--exact-i8", table]
+    # the plain AVX2 form is checked too wherever a VNNI form is picked
+    if table != "avx2":
+        args += ["--exact-i8", "avx2"]
+    out = _run([str(exe), *args])
     assert f"{table} " in out and " 0 failures" in out
     assert "bit-identical to ref" in out
+    # avx512.c's table runs alongside (not with vnni=0: the AVX2-only stand-in)
+    assert ("avx512-vnni " in out) == (_cpu_has_avx512_vnni() and table != "avx2")
+
+
+def test_avx512_matches_ref(tmp_path_factory) -> None:
+    """The "avx512-vnni" table (src/kernels/avx512.c) held to ref bit for bit
+    on matmul_i8, the block kernels and attend, and its absence reported
+    where the CPU lacks AVX-512 VNNI."""
+    if not _cpu_has_avx2_fma():
+        pytest.skip("this CPU has no AVX2+FMA: no x86 kernel table can run here")
+    exe = _gcc_exe(tmp_path_factory)
+    if not _cpu_has_avx512_vnni():
+        res = subprocess.run([str(exe), "--require", "avx512-vnni"], capture_output=True,
+                             text=True)
+        assert res.returncode == 1 and "not available" in res.stderr
+        pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ + VNNI: avx512-vnni not picked "
+                    "(its absence checked)")
+    out = _run([str(exe), "--require", "avx512-vnni", "--exact-i8", "avx512-vnni"])
+    assert "avx512-vnni " in out and " 0 failures" in out
 
 
 @pytest.fixture(scope="module")

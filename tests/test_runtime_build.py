@@ -3,6 +3,7 @@ cross compilers (-Werror) including the NEON kernels, the arena size
 formula documented in colibri.h, and the COLIBRI_DEBUG kernel dumps."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -142,21 +143,33 @@ def _cpu_flags() -> set:
 
 def test_kernel_selection_at_init(c_build, colibri_file):
     """avx2 when linked and the CPU has AVX2+FMA, avx2-vnni when it also has
-    AVX-VNNI or AVX512-VNNI (+VL) unless built with COLIBRI_AVX2_NO_VNNI
+    AVX-VNNI or AVX512-VNNI (+VL), avx512-vnni when it has AVX-512
+    F/BW/VL/DQ + VNNI, neither VNNI table when built with COLIBRI_AVX2_NO_VNNI
     (scons vnni=0); the ref-only build (which defines
-    COLIBRI_KERNELS_REF_ONLY) always ref."""
-    def kernels(variant):
+    COLIBRI_KERNELS_REF_ONLY) always ref. COLIBRI_KERNELS=NAME forces a table
+    the CPU can run; an unknown or unavailable name keeps the default."""
+    def kernels(variant, force=None):
+        env = dict(os.environ, COLIBRI_KERNELS=force) if force else None
         out = subprocess.run([str(c_build(variant).cli), "--model",
                               str(colibri_file("tiny", "f32")), "--info"],
-                             capture_output=True, text=True, check=True).stdout
+                             capture_output=True, text=True, check=True, env=env).stdout
         return re.search(r"^kernels: ([\w-]+)$", out, re.M).group(1)
     assert kernels("ref") == "ref"
+    assert kernels("ref", "avx2") == "ref"
     flags = _cpu_flags()
     has_avx2 = {"avx2", "fma"} <= flags
     has_vnni = "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
+    has_avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags
     plain = "avx2" if "avx2" in cbuild.host_kernels() and has_avx2 else "ref"
-    assert kernels("host") == (plain + "-vnni" if plain == "avx2" and has_vnni else plain)
+    vnni = plain + "-vnni" if plain == "avx2" and has_vnni else plain
+    default = "avx512-vnni" if plain == "avx2" and has_avx512 else vnni
+    assert kernels("host") == default
     assert kernels("novnni") == plain
+    assert kernels("host", "ref") == "ref"
+    assert kernels("host", "avx2") == plain
+    assert kernels("host", "avx2-vnni") == (vnni if vnni != plain else default)
+    assert kernels("host", "no-such-table") == default
+    assert kernels("novnni", "avx512-vnni") == plain
 
 
 def test_int8_logits_same_bits_with_and_without_vnni(c_build, colibri_file, tmp_path):

@@ -44,7 +44,7 @@ class KernelSet(NamedTuple):
 # ARMv7. neon.c needs NEON enabled by the target's arch flags on ARMv7
 # (targets/armv7.py: -mfpu=neon); every AArch64 core has it.
 KERNELS = {
-    "avx2": KernelSet(("src/kernels/avx2.c",), (), "COLIBRI_USE_AVX2"),
+    "avx2": KernelSet(("src/kernels/avx2.c", "src/kernels/avx512.c"), (), "COLIBRI_USE_AVX2"),
     "neon": KernelSet(("src/kernels/neon.c", "src/kernels/neon_dotprod.c"), (),
                       "COLIBRI_USE_NEON"),
 }

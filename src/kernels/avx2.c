@@ -1429,6 +1429,7 @@ static const colibri_kernels avx2_kernels = {
     avx2_matmul_q4_0,
     avx2_matmul_q4_k,
     avx2_matmul_q6_k,
+    clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
 };
 
 /* The same with vpdpbusd for the int8 dot products ("avx2-vnni"): VEX
@@ -1449,6 +1450,7 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_vnni_matmul_q4_0,
     avx2_vnni_matmul_q4_k,
     avx2_vnni_matmul_q6_k,
+    clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
 };
 
 static const colibri_kernels avx2_evex_vnni_kernels = {
@@ -1461,6 +1463,7 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_evex_vnni_matmul_q4_0,
     avx2_evex_vnni_matmul_q4_k,
     avx2_evex_vnni_matmul_q6_k,
+    clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
 };
 
 /* 1: AVX-VNNI (VEX), 2: AVX512-VNNI with AVX512VL (EVEX; libgcc's
@@ -1478,6 +1481,23 @@ static int cpu_vnni_form(void)
         return 2;
     return 0;
 #endif
+}
+
+/* The table of integer form `form` (0 plain, 1 VEX VNNI, 2 EVEX VNNI) with
+ * no CPU check: avx512.c's table forwards the forms it does not replace to
+ * form 2, and only exists on CPUs that have it. */
+const colibri_kernels *clb_avx2_form_table(int form);
+const colibri_kernels *clb_avx2_form_table(int form)
+{
+    return form == 2 ? &avx2_evex_vnni_kernels : form == 1 ? &avx2_vnni_kernels : &avx2_kernels;
+}
+
+const colibri_kernels *colibri_kernels_avx2_plain(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return NULL;
+    return &avx2_kernels;
 }
 
 const colibri_kernels *colibri_kernels_avx2(void)
@@ -1498,6 +1518,11 @@ const colibri_kernels *colibri_kernels_avx2(void)
 #else /* not built with COLIBRI_USE_AVX2, or not x86 */
 
 const colibri_kernels *colibri_kernels_avx2(void)
+{
+    return NULL;
+}
+
+const colibri_kernels *colibri_kernels_avx2_plain(void)
 {
     return NULL;
 }

@@ -35,8 +35,27 @@
 extern "C" {
 #endif
 
+/* One query head's attention over a KV cache (clb_attention): the cached
+ * positions 0 .. n-1 of one KV head, float32 (K, V) or int8 with one scale
+ * per position (Kq, Ks, Vq, Vs: COLIBRI_KV_I8). Row i of K starts at
+ * K + i * ld (Kq + i * ld), its scale at Ks[i * lds]. */
+typedef struct clb_att_args {
+    const float *q;          /* [d] */
+    const float *K, *V;      /* f32 cache, or NULL */
+    const int8_t *Kq, *Vq;   /* i8 cache (when K is NULL) */
+    const float *Ks, *Vs;
+    const uint8_t *mask;     /* [n]: 0 = not attended */
+    size_t ld, lds;
+    uint32_t n, d;
+    float scale;             /* score = scale * q.k */
+} clb_att_args;
+
+/* Positions per block of the attention schedule (ref.c clb_ref_attend). */
+#define CLB_ATT_BLOCK 16u
+
 typedef struct colibri_kernels {
-    const char *name; /* "ref", "avx2", "avx2-vnni", "neon", "neon-dotprod" */
+    const char *name; /* "ref", "avx2", "avx2-vnni", "avx512-vnni", "neon",
+                          "neon-dotprod" */
 
     /* Y[n, rows] = X[n, cols] * W^T, W float32 [rows, cols]. */
     void (*matmul_f32)(float *Y, const float *W, const float *X,
@@ -87,6 +106,13 @@ typedef struct colibri_kernels {
     void (*matmul_q6_k)(float *Y, const uint8_t *W, const int8_t *XQ,
                         const float *XS, const int16_t *XB, uint32_t n,
                         uint32_t rows, uint32_t cols);
+
+    /* out[d] = softmax over the unmasked positions of (scale * q.k_i),
+     * applied to the v_i: the flash-attention schedule of clb_ref_attend
+     * (ref.c), whose float operations and order are the truth; every table
+     * that has this member is bit-identical to it (avx2 and NEON tables
+     * list ref's own). All positions masked: out = 0. */
+    void (*attend)(float *out, const clb_att_args *a);
 } colibri_kernels;
 
 /* ref.c's block kernels, named so that a table without its own form of
@@ -103,6 +129,48 @@ void clb_ref_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,
 void clb_ref_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
                          const float *XS, const int16_t *XB, uint32_t n,
                          uint32_t rows, uint32_t cols);
+
+void clb_ref_attend(float *out, const clb_att_args *a);
+
+/* The attention's exp: exp(x) for x <= 0 in plain float operations
+ * (Cody-Waite reduction by ln 2, a degree-6 polynomial, 2^n by the
+ * exponent bits), so SIMD forms can repeat it lane by lane bit for bit;
+ * relative error ~2e-7. Below -87 (where 2^n would leave the normal
+ * range) it returns 0, as it does for -inf; NaN gives NaN. */
+#define CLB_EXP_MIN (-87.0f)
+#define CLB_EXP_LOG2E 1.44269504088896341f
+#define CLB_EXP_LN2_HI 0.693359375f
+#define CLB_EXP_LN2_LO (-2.12194440e-4f)
+#define CLB_EXP_C2 5.0000001201e-1f
+#define CLB_EXP_C3 1.6666665459e-1f
+#define CLB_EXP_C4 4.1665795894e-2f
+#define CLB_EXP_C5 8.3334519073e-3f
+#define CLB_EXP_C6 1.3981999507e-3f
+#define CLB_EXP_C7 1.9875691500e-4f
+static inline float clb_att_exp(float x)
+{
+    if (!(x >= CLB_EXP_MIN)) /* NaN falls through to here too */
+        return x != x ? x : 0.0f;
+    float n = x * CLB_EXP_LOG2E;
+    /* round half to even, as the SIMD forms' roundscale / cvtps do */
+    float r0 = n + 12582912.0f; /* 1.5 * 2^23: the fraction bits drop out */
+    n = r0 - 12582912.0f;
+    float r = x - n * CLB_EXP_LN2_HI;
+    r = r - n * CLB_EXP_LN2_LO;
+    float p = CLB_EXP_C7;
+    p = p * r + CLB_EXP_C6;
+    p = p * r + CLB_EXP_C5;
+    p = p * r + CLB_EXP_C4;
+    p = p * r + CLB_EXP_C3;
+    p = p * r + CLB_EXP_C2;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = (int32_t)n + 127;
+    uint32_t bits = (uint32_t)e << 23;
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return p * two_n;
+}
 
 /* Block geometry (FORMAT.md 4, colibri_format.h). */
 #define CLB_Q4_0_COLS ((uint32_t)COLIBRI_Q4_0_COLS)
@@ -146,6 +214,14 @@ const colibri_kernels *colibri_kernels_ref(void);
  * "avx2-vnni" when the CPU also has AVX-VNNI or AVX512-VNNI + AVX512VL (not
  * with COLIBRI_AVX2_NO_VNNI, scons vnni=0), else "avx2". */
 const colibri_kernels *colibri_kernels_avx2(void);
+/* The plain "avx2" table (no vpdpbusd) on any AVX2+FMA CPU, VNNI or not:
+ * what COLIBRI_KERNELS=avx2 forces (clb_pick_kernels). NULL as above. */
+const colibri_kernels *colibri_kernels_avx2_plain(void);
+/* NULL unless built with COLIBRI_USE_AVX2 (avx512.c; not with
+ * COLIBRI_AVX2_NO_VNNI) and the CPU has AVX-512 F/BW/VL/DQ and AVX512-VNNI
+ * with the OS saving their state: "avx512-vnni" (decode int8 and f32 forms
+ * in 512-bit vectors, the rest avx2.c's EVEX-VNNI forms). */
+const colibri_kernels *colibri_kernels_avx512(void);
 /* NULL unless built with COLIBRI_USE_NEON (neon.c). On AArch64 Linux the
  * "neon-dotprod" table when the CPU reports the dot-product extension
  * (getauxval(AT_HWCAP) & HWCAP_ASIMDDP), else "neon". */

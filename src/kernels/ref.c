@@ -280,6 +280,156 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* Attention (kernels.h attend): the flash-attention schedule.
+ *
+ * Positions go in blocks of CLB_ATT_BLOCK (16). Per block: the unmasked
+ * positions' scores s_i = (q.k_i [* ks_i]) * scale; the block's max m_b;
+ * the running max m' = max(m, m_b); alpha = exp(m - m') (0 for the first
+ * block); l = l * alpha + the sum of p_i = exp(s_i - m') (masked
+ * positions p = 0) and o = o * alpha + sum_i p_i v_i; at the end out = o / l.
+ * One pass over K and V, no buffer of n scores: the work per position is
+ * a dot, an exp and an axpy, each in a fixed order that a SIMD form repeats
+ * bit for bit (avx512.c):
+ * - q.k: the products q[c] * k[c] (int8: float(k8[c])) summed in c order,
+ *   int8 times the key's scale after, then times scale: the order of the
+ *   previous one-score-at-a-time loop, which the golden tests' int8 files
+ *   are sensitive to (a 16-lane order flipped an int8 activation rounding
+ *   on "wide": rows off by 1e-2 from the second token on). A SIMD form
+ *   puts 16 positions in lanes (gathering K along c) to keep it.
+ * - sum of p: lane j += lane j + 8, j + 4, j + 2, j + 1 (a halving tree)
+ *   over the block's 16 positions.
+ * - o: element by element, positions in order: o[c] = o[c] + p_i * v_i[c]
+ *   (int8: (p_i * vs_i) * float(v8[c])).
+ * Unfused multiply-adds throughout (-ffp-contract=off). */
+
+/* 16 lanes -> lane 0 by the halving tree. */
+static float att_tree16(float v[16])
+{
+    for (unsigned w = 8; w >= 1; w /= 2)
+        for (unsigned j = 0; j < w; j++)
+            v[j] = v[j] + v[j + w];
+    return v[0];
+}
+
+/* s[i] = the scores of positions b .. b + nb (masked ones too: they are
+ * in the cache, and ignored after), 4 positions side by side: each one's
+ * sum still runs in c order, the 4 chains just overlap (the one-chain loop
+ * was latency-bound: an add's latency per column). */
+static void att_scores(const clb_att_args *a, uint32_t b, uint32_t nb, float *s)
+{
+    const uint32_t d = a->d;
+    uint32_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+        if (a->K) {
+            const float *k = a->K + (size_t)(b + i) * a->ld;
+            for (uint32_t c = 0; c < d; c++) {
+                const float qc = a->q[c];
+                d0 = d0 + qc * k[c];
+                d1 = d1 + qc * k[a->ld + c];
+                d2 = d2 + qc * k[2 * a->ld + c];
+                d3 = d3 + qc * k[3 * a->ld + c];
+            }
+        } else {
+            const int8_t *k = a->Kq + (size_t)(b + i) * a->ld;
+            for (uint32_t c = 0; c < d; c++) {
+                const float qc = a->q[c];
+                d0 = d0 + qc * (float)k[c];
+                d1 = d1 + qc * (float)k[a->ld + c];
+                d2 = d2 + qc * (float)k[2 * a->ld + c];
+                d3 = d3 + qc * (float)k[3 * a->ld + c];
+            }
+        }
+        s[i] = d0;
+        s[i + 1] = d1;
+        s[i + 2] = d2;
+        s[i + 3] = d3;
+    }
+    for (; i < nb; i++) {
+        float dot = 0.0f;
+        if (a->K) {
+            const float *k = a->K + (size_t)(b + i) * a->ld;
+            for (uint32_t c = 0; c < d; c++)
+                dot = dot + a->q[c] * k[c];
+        } else {
+            const int8_t *k = a->Kq + (size_t)(b + i) * a->ld;
+            for (uint32_t c = 0; c < d; c++)
+                dot = dot + a->q[c] * (float)k[c];
+        }
+        s[i] = dot;
+    }
+    for (i = 0; i < nb; i++)
+        s[i] = a->K ? s[i] * a->scale : s[i] * a->Ks[(size_t)(b + i) * a->lds] * a->scale;
+}
+
+/* o[0 .. d) = o * alpha, then + w_i * v_i for the block's positions in
+ * order (element-wise: restrict lets the compiler use vectors, which
+ * changes no bit). */
+static void att_values(float *restrict o, const clb_att_args *a, uint32_t b, uint32_t nb,
+                       const float *pr, float alpha)
+{
+    const uint32_t d = a->d;
+    for (uint32_t c = 0; c < d; c++)
+        o[c] = o[c] * alpha;
+    for (uint32_t i = 0; i < nb; i++) {
+        if (!a->mask[b + i])
+            continue;
+        if (a->V) {
+            const float *restrict v = a->V + (size_t)(b + i) * a->ld;
+            const float w = pr[i];
+            for (uint32_t c = 0; c < d; c++)
+                o[c] = o[c] + w * v[c];
+        } else {
+            const int8_t *restrict v = a->Vq + (size_t)(b + i) * a->ld;
+            const float w = pr[i] * a->Vs[(size_t)(b + i) * a->lds];
+            for (uint32_t c = 0; c < d; c++)
+                o[c] = o[c] + w * (float)v[c];
+        }
+    }
+}
+
+void clb_ref_attend(float *out, const clb_att_args *a)
+{
+    const uint32_t d = a->d;
+    float m = -INFINITY, l = 0.0f;
+    int any = 0;
+    for (uint32_t c = 0; c < d; c++)
+        out[c] = 0.0f;
+    for (uint32_t b = 0; b < a->n; b += CLB_ATT_BLOCK) {
+        const uint32_t nb = a->n - b < CLB_ATT_BLOCK ? a->n - b : CLB_ATT_BLOCK;
+        float s[CLB_ATT_BLOCK], pr[CLB_ATT_BLOCK] = {0};
+        float mb = -INFINITY;
+        int live = 0;
+        for (uint32_t i = 0; i < nb; i++)
+            live |= a->mask[b + i] != 0;
+        if (!live)
+            continue;
+        att_scores(a, b, nb, s);
+        live = 0;
+        for (uint32_t i = 0; i < nb; i++)
+            if (a->mask[b + i]) {
+                mb = !live || s[i] > mb ? s[i] : mb;
+                live = 1;
+            }
+        const float mn = !any || mb > m ? mb : m;
+        const float alpha = any ? clb_att_exp(m - mn) : 0.0f;
+        for (uint32_t i = 0; i < nb; i++)
+            if (a->mask[b + i])
+                pr[i] = clb_att_exp(s[i] - mn);
+        float ps[16];
+        memcpy(ps, pr, sizeof ps);
+        l = l * alpha + att_tree16(ps);
+        att_values(out, a, b, nb, pr, alpha);
+        m = mn;
+        any = 1;
+    }
+    if (!any) /* padding before any real token: zero output, no NaN */
+        return;
+    for (uint32_t c = 0; c < d; c++)
+        out[c] = out[c] / l;
+}
+
 static const colibri_kernels ref_kernels = {
     "ref",
     ref_matmul_f32,
@@ -290,6 +440,7 @@ static const colibri_kernels ref_kernels = {
     clb_ref_matmul_q4_0,
     clb_ref_matmul_q4_k,
     clb_ref_matmul_q6_k,
+    clb_ref_attend,
 };
 
 const colibri_kernels *colibri_kernels_ref(void)

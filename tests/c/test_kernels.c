@@ -7,7 +7,7 @@
  * Build (tests/test_kernels.py does this):
  *   cc -std=c11 -O2 -ffp-contract=off -Isrc/kernels
  *      [-DCOLIBRI_USE_AVX2 | -DCOLIBRI_USE_NEON] tests/c/test_kernels.c
- *      src/kernels/ref.c src/kernels/avx2.c src/kernels/neon.c
+ *      src/kernels/ref.c src/kernels/avx2.c src/kernels/avx512.c src/kernels/neon.c
  *      src/kernels/neon_dotprod.c -lm
  * Usage:
  *   test_kernels [--require NAME]... [--exact-i8 NAME]...
@@ -652,6 +652,109 @@ static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels 
     }
 }
 
+/* ---- attention (attend) ---------------------------------------------------
+ * ref's clb_ref_attend against softmax attention in double precision (it
+ * is the truth, so it must be right: relative 1e-5 of sum |p v|), and every
+ * table's attend against ref bit for bit (kernels.h). f32 and int8 caches
+ * with row strides wider than d, masks with holes and whole masked blocks
+ * (and all masked: zeros), scores spread over ~30 so exps underflow. */
+static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8, int holes)
+{
+    const size_t ld = (size_t)d + 3, lds = 2;
+    buf Q = buf_new(d, sizeof(float), 1);
+    buf KF = buf_new((size_t)n * ld, sizeof(float), 0), VF = buf_new((size_t)n * ld, sizeof(float), 1);
+    buf K8 = buf_new((size_t)n * ld, 1, 1), V8 = buf_new((size_t)n * ld, 1, 0);
+    buf KS = buf_new((size_t)n * lds, sizeof(float), 0), VS = buf_new((size_t)n * lds, sizeof(float), 1);
+    buf M = buf_new(n, 1, 0), O1 = buf_new(d, sizeof(float), 0), O2 = buf_new(d, sizeof(float), 1);
+    float *q = Q.p, *kf = KF.p, *vf = VF.p, *ks = KS.p, *vs = VS.p, *o1 = O1.p, *o2 = O2.p;
+    int8_t *k8 = K8.p, *v8 = V8.p;
+    uint8_t *mask = M.p;
+    for (uint32_t c = 0; c < d; c++)
+        q[c] = 4.0f * rng_sym();
+    for (size_t i = 0; i < (size_t)n * ld; i++) {
+        kf[i] = rng_sym();
+        vf[i] = rng_sym();
+        k8[i] = (int8_t)(int32_t)(rng_below(255) - 127);
+        v8[i] = (int8_t)(int32_t)(rng_below(255) - 127);
+    }
+    for (size_t i = 0; i < (size_t)n * lds; i++) {
+        ks[i] = (0.5f + rng_sym()) / 127.0f;
+        vs[i] = (0.5f + rng_sym()) / 127.0f;
+    }
+    for (uint32_t i = 0; i < n; i++) /* holes 2: all masked */
+        mask[i] = holes == 2 ? 0 : holes ? (uint8_t)(rng_below(3) != 0 && (i / 16) % 3 != 1) : 1;
+    clb_att_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    if (i8) {
+        a.Kq = k8; a.Vq = v8; a.Ks = ks; a.Vs = vs;
+    } else {
+        a.K = kf; a.V = vf;
+    }
+    a.mask = mask;
+    a.ld = ld;
+    a.lds = lds;
+    a.n = n;
+    a.d = d;
+    a.scale = 1.0f / sqrtf((float)d);
+    clb_ref_attend(o1, &a);
+    if (k == NULL) { /* ref against double-precision softmax */
+        double mx = -1e300, sum = 0.0;
+        double *sc = malloc(sizeof(double) * n);
+        for (uint32_t i = 0; i < n; i++) {
+            double dot = 0.0;
+            for (uint32_t c = 0; c < d; c++)
+                dot += (double)q[c] * (i8 ? (double)k8[i * ld + c] * ks[i * lds] : kf[i * ld + c]);
+            sc[i] = dot * a.scale;
+            if (mask[i] && sc[i] > mx)
+                mx = sc[i];
+        }
+        for (uint32_t i = 0; i < n; i++)
+            if (mask[i])
+                sum += exp(sc[i] - mx);
+        for (uint32_t c = 0; c < d; c++) {
+            double o = 0.0, mag = 0.0;
+            for (uint32_t i = 0; i < n; i++) {
+                if (!mask[i])
+                    continue;
+                double v = i8 ? (double)v8[i * ld + c] * vs[i * lds] : vf[i * ld + c];
+                o += exp(sc[i] - mx) / sum * v;
+                mag += fabs(exp(sc[i] - mx) / sum * v);
+            }
+            n_checks++;
+            if (!(fabs(o - o1[c]) <= 1e-5 * mag + 1e-30) && !(holes == 2 && o1[c] == 0.0f)) {
+                FAIL("ref attend n=%u d=%u i8=%d holes=%d: out[%u] = %.9g, softmax %.9g",
+                     n, d, i8, holes, c, o1[c], o);
+                break;
+            }
+        }
+        free(sc);
+    } else if (k->attend) {
+        k->attend(o2, &a);
+        n_checks++;
+        if (memcmp(o1, o2, d * sizeof(float)) != 0) {
+            uint32_t c = 0;
+            while (memcmp(o1 + c, o2 + c, sizeof(float)) == 0)
+                c++;
+            FAIL("%s attend n=%u d=%u i8=%d holes=%d: out[%u] = %.9g, ref %.9g", k->name, n, d,
+                 i8, holes, c, o2[c], o1[c]);
+        }
+    }
+    buf_free(&Q); buf_free(&KF); buf_free(&VF); buf_free(&K8); buf_free(&V8);
+    buf_free(&KS); buf_free(&VS); buf_free(&M); buf_free(&O1); buf_free(&O2);
+}
+
+static void test_attend_all(const colibri_kernels *k)
+{
+    static const uint32_t AN[] = {1, 2, 15, 16, 17, 33, 100, 300};
+    static const uint32_t AD[] = {1, 8, 17, 32, 64, 80, 128};
+    for (size_t a = 0; a < LEN(AN); a++)
+        for (size_t b = 0; b < LEN(AD); b++)
+            for (int i8 = 0; i8 < 2; i8++)
+                for (int holes = 0; holes < 3; holes++)
+                    test_attend(k, AN[a], AD[b], i8, holes);
+}
+
 static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
 {
     long f0 = n_failures, c0 = n_checks;
@@ -680,6 +783,14 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
             test_matmul_i8(ref, k, big[i][0], big[i][1], big[i][2], GROUPS[g], (int)(g % 3));
         test_quantize(ref, k, big[i][0], big[i][2], 32);
     }
+    /* Decode shapes (few tokens, the converter's group 32) over several
+     * 256-column chunks, with and without a remainder of whole and short
+     * groups, and row blocks whose next block is prefetched or missing
+     * (avx512.c's decode form). */
+    static const uint32_t dec[][3] = {{1, 37, 512}, {2, 9, 1100}, {5, 12, 2816}, {1, 65, 1056}};
+    for (size_t i = 0; i < LEN(dec); i++)
+        for (int mode = 0; mode < 3; mode++)
+            test_matmul_i8(ref, k, dec[i][0], dec[i][1], dec[i][2], 32, mode);
     /* Long groups: the int32 sums over many 32-column steps. */
     for (int mode = 0; mode < 3; mode++)
         test_matmul_i8(ref, k, 3, 5, 4099, 4096, mode);
@@ -688,7 +799,7 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
     /* Tiling invariance (threads): decode and GEMM forms, whole and partial
      * groups, a group over several 32-column steps, the converter's shape. */
     if (i8_must_be_exact(k)) {
-        static const uint32_t tiled[][4] = {{24, 40, 96, 32}, {17, 33, 100, 33},
+        static const uint32_t tiled[][4] = {{24, 40, 96, 32}, {6, 37, 1056, 32}, {17, 33, 100, 33},
                                             {20, 29, 1100, 64}, {9, 48, 257, 7}};
         for (size_t i = 0; i < LEN(tiled); i++)
             test_matmul_i8_tiles(k, tiled[i][0], tiled[i][1], tiled[i][2], tiled[i][3]);
@@ -702,6 +813,7 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
         test_matmul_i16(ref, k, chunked[i][0], chunked[i][1], chunked[i][2]);
     }
     test_table_blocks(ref, k);
+    test_attend_all(k);
     printf("%-5s %ld checks, %ld failures%s\n", k->name, n_checks - c0, n_failures - f0,
            i8_must_be_exact(k) ? " (matmul_i8 bit-identical to ref)" : "");
 }
@@ -994,7 +1106,7 @@ static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels *
 int main(int argc, char **argv)
 {
     const colibri_kernels *ref = colibri_kernels_ref();
-    const colibri_kernels *opt[2];
+    const colibri_kernels *opt[4];
     enum { MAX_REQ = 8 };
     const char *required[MAX_REQ];
     int nreq = 0;
@@ -1002,6 +1114,11 @@ int main(int argc, char **argv)
     const char *filter = NULL;
     if (colibri_kernels_avx2())
         opt[nopt++] = colibri_kernels_avx2();
+    /* the plain AVX2 form too where the CPU picks a VNNI one */
+    if (colibri_kernels_avx2_plain() && colibri_kernels_avx2_plain() != colibri_kernels_avx2())
+        opt[nopt++] = colibri_kernels_avx2_plain();
+    if (colibri_kernels_avx512())
+        opt[nopt++] = colibri_kernels_avx512();
     if (colibri_kernels_neon())
         opt[nopt++] = colibri_kernels_neon();
 
@@ -1037,6 +1154,7 @@ int main(int argc, char **argv)
         run_bench_blocks(ref, opt, nopt, filter);
         return 0;
     }
+    test_attend_all(NULL); /* ref's attend against softmax in double */
     if (nopt == 0)
         printf("no optimised kernel table in this build: nothing to compare\n");
     for (int i = 0; i < nopt; i++)
