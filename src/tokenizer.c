@@ -149,6 +149,7 @@ static int char_byte(uint32_t cp)
 
 /* ---- character classes (Unicode 16.0, as tokenizers' Oniguruma) -------- */
 
+#ifndef COLIBRI_TOK_GC_GROUPS
 /* General_Category index of cp (colibri/unicode_tables.py GC_NAMES). */
 static unsigned gc_of(uint32_t cp)
 {
@@ -160,19 +161,42 @@ static unsigned gc_of(uint32_t cp)
     return colibri_gc_runs[lo] & 31u;
 }
 
+/* cp's category is in the mask (bit g = category g). */
+static int gc_in(uint32_t mask, uint32_t cp) { return (mask >> gc_of(cp)) & 1u; }
+#else
+/* The small table: the group of cp, as the mask of its categories (every
+ * mask a program may hold here is a union of groups: check_prog). */
+static const uint32_t GROUP_MASK[8] = {
+    0x1u, 0x3Eu, 0x1C0u, 0xE00u, 0x7F000u, 0x780000u, 0x3800000u, 0x3C000000u };
+
+static uint32_t group_mask(uint32_t cp)
+{
+    const uint8_t *r = colibri_gc_group_runs;
+    uint32_t lo = 0, hi = COLIBRI_GC_GROUP_RUNS_N;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint32_t v = (uint32_t)r[3 * mid] << 16 | (uint32_t)r[3 * mid + 1] << 8 | r[3 * mid + 2];
+        if ((v >> 3) <= cp) lo = mid; else hi = mid;
+    }
+    return GROUP_MASK[r[3 * lo + 2] & 7u];
+}
+
+static int gc_in(uint32_t mask, uint32_t cp) { return (mask & group_mask(cp)) != 0; }
+#endif
+
 #define GC_L_MASK 0x3Eu          /* Lu Ll Lt Lm Lo */
 #define GC_N_MASK 0xE00u         /* Nd Nl No */
 
 static int is_L(uint32_t c)
 {
     if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
-    return (GC_L_MASK >> gc_of(c)) & 1u;
+    return gc_in(GC_L_MASK, c);
 }
 
 static int is_N(uint32_t c)
 {
     if (c < 0x80) return c >= '0' && c <= '9';
-    return (GC_N_MASK >> gc_of(c)) & 1u;
+    return gc_in(GC_N_MASK, c);
 }
 
 /* \s: Unicode White_Space (not C's isspace, not Python's str.isspace). */
@@ -296,6 +320,22 @@ static int valid_item(uint32_t a, uint32_t b)
     return kind == 0 ? b < (1u << 30) : kind <= 3 && b == 0;
 }
 
+/* Can this build match the item? (The small table knows groups only.) */
+static int item_in_build(uint32_t a, uint32_t b)
+{
+#ifdef COLIBRI_TOK_GC_GROUPS
+    static const uint32_t groups[8] = {
+        0x1u, 0x3Eu, 0x1C0u, 0xE00u, 0x7F000u, 0x780000u, 0x3800000u, 0x3C000000u };
+    if ((a & ITEM_PROP) && (a & 0xFFu) == 0)
+        for (unsigned g = 0; g < 8; g++)
+            if ((b & groups[g]) && (b & groups[g]) != groups[g]) return 0;
+    if ((a & ITEM_PROP) && (a & 0xFFu) == 2) return 0;   /* word: needs Nd, Pc */
+#else
+    (void)a; (void)b;
+#endif
+    return 1;
+}
+
 /* One instruction's own fields (not its jump targets). */
 static int valid_insn(prog_t g, uint32_t pc)
 {
@@ -344,6 +384,24 @@ static int check_prog(prog_t g, uint32_t n)
     return 1;
 }
 
+/* Every class item and assertion of a (checked) program is one this build
+ * can match: with the small Unicode table, categories only in whole groups
+ * (no \\p{Lu}, \\d), no word class or \\b. */
+static int prog_in_build(prog_t g, uint32_t n)
+{
+    for (uint32_t pc = 0; pc < n; pc += insn_len(g, pc, n)) {
+        uint32_t at = (PW(g, pc) & 0xFFu) == OP_SPAN ? pc + 3 : pc, w = PW(g, at);
+        if ((w & 0xFFu) == OP_CLASS) {
+            for (uint32_t k = 0; k < (w >> 16); k++)
+                if (!item_in_build(PW(g, at + 1 + 2 * k), PW(g, at + 2 + 2 * k))) return 0;
+        }
+#ifdef COLIBRI_TOK_GC_GROUPS
+        if ((w & 0xFFu) == OP_ASSERT && ((w >> 8) == A_WORDB || (w >> 8) == A_NWORDB)) return 0;
+#endif
+    }
+    return 1;
+}
+
 /* The steps table: n_steps, then per step {behavior | invert << 8, offset,
  * words, 0}; every program inside the blob and valid. */
 static int check_pretok(tokp *t)
@@ -360,6 +418,7 @@ static int check_pretok(tokp *t)
             return COLIBRI_E_TOK_FORMAT;
         prog_t g = { t->pretok_prog + 4u * off, t->be };
         if (!check_prog(g, len)) return COLIBRI_E_TOK_FORMAT;
+        if (!prog_in_build(g, len)) return COLIBRI_E_UNSUPPORTED;
     }
     t->n_steps = steps;
     return COLIBRI_OK;
@@ -648,7 +707,7 @@ static size_t prev_pos(const run_t *r, size_t lo, size_t pos)
 
 static int is_word_cp(uint32_t c)   /* L M Nd Pc (\b; not emitted by the compiler) */
 {
-    return (0x13FEu >> gc_of(c)) & 1u;
+    return gc_in(0x13FEu, c);
 }
 
 static int item_match(uint32_t a, uint32_t b, uint32_t cp)
@@ -658,7 +717,7 @@ static int item_match(uint32_t a, uint32_t b, uint32_t cp)
         r = (a & ~ITEM_NEG) <= cp && cp <= b;
     } else {
         switch (a & 0xFFu) {
-        case 0: r = (b >> gc_of(cp)) & 1u; break;
+        case 0: r = gc_in(b, cp); break;
         case 1: r = is_S(cp); break;
         case 2: r = is_word_cp(cp); break;
         default: r = cp != '\n'; break;

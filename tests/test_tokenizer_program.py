@@ -226,3 +226,54 @@ def test_version_1_sections_stay_version_1():
     assert struct.unpack_from("<H", T.pack_section(T.spec_from_json(tj)), 4)[0] == 1
     assert struct.unpack_from("<H", T.pack_section(T.spec_from_json(tj, builtin=False)),
                               4)[0] == 2
+
+
+@pytest.fixture(scope="session")
+def groups_driver(tmp_path_factory):
+    """tokenize_driver built as Cortex-M builds the tokenizer: with the small
+    Unicode table (-DCOLIBRI_TOK_GC_GROUPS: 8 category groups), on the host."""
+    import subprocess
+    from colibri.buildsteps import sources
+    from test_runtime_support import TESTS_C
+    out = tmp_path_factory.mktemp("groups") / "tokenize_driver"
+    root = TESTS_C.parent.parent
+    subprocess.run(["gcc", "-std=c11", "-O1", "-ffp-contract=off", "-DCOLIBRI_TOK_GC_GROUPS",
+                    "-DCOLIBRI_KERNELS_REF_ONLY", "-DCOLIBRI_ENABLE_MMAP=1", "-Isrc/include",
+                    "-Isrc", "-Isrc/kernels", str(TESTS_C / "tokenize_driver.c"),
+                    *sources.LIBRARY, "-lm", "-lpthread", "-o", str(out)],
+                   cwd=root, check=True, timeout=600)
+
+    class B:
+        runner = ()
+    return B(), out
+
+
+@pytest.mark.parametrize("kind", ["bl-deepseek-llm", "bl-starcoder", "bl-qwen35",
+                                  "bl-behaviours", "bl-gpt2-300/program", "bl-qwen2-32k"])
+def test_small_unicode_table_build_gives_the_same_ids(groups_driver, program_tok, trained,
+                                                      strings, kind, tmp_path):
+    """The Cortex-M table (category groups) classifies \\p{L} \\p{N} \\p{M} \\p{P}
+    \\p{S} exactly: the same ids as tokenizers (bl-qwen2-32k: the built-in
+    Qwen2 matcher, a version 1 section)."""
+    if kind in tf.KINDS:
+        hf = trained(kind)
+        sec = T.pack_section(T.spec_from_json(json.loads(hf.to_str())))
+    else:
+        hf, _, sec, _ = program_tok(kind)
+    _check_c(groups_driver, hf, sec, strings[:3000], tmp_path)
+
+
+def test_small_unicode_table_build_refuses_finer_categories(groups_driver, tmp_path):
+    """\\d is \\p{Nd}, finer than the N group: that build says unsupported
+    (COLIBRI_E_UNSUPPORTED at init), it does not guess."""
+    import subprocess
+    tj = {"model": {"type": "BPE", "vocab": {T.BYTE_TO_CHAR[b]: b for b in range(256)},
+                    "merges": []},
+          "pre_tokenizer": {"type": "Sequence", "pretokenizers": [tf._split(r"\d+"), tf._BL]},
+          "decoder": {"type": "ByteLevel"}}
+    p = tmp_path / "s.bin"
+    p.write_bytes(T.pack_section(T.spec_from_json(tj)))
+    _, exe = groups_driver
+    proc = subprocess.run([str(exe), "section", str(p), str(p), str(p) + ".o"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 11 and "error -12 " in proc.stdout, proc.stdout
