@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import json
 import struct
+import unicodedata
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,8 @@ F_SP_PREPEND_FIRST = 1 << 5     # ... only before the run at the start of the te
 F_SP_STRIP = 1 << 6             # decoding drops one leading space
 F_SP_PREPEND_UNLESS = 1 << 7    # ... but not before a run that starts with ▁ (Metaspace)
 F_TEMPLATE_BOS = 1 << 8         # the post-processor puts bos first (add_special_tokens)
-KNOWN_FLAGS = (1 << 9) - 1
+F_NFC = 1 << 9                  # version 2: each text run is NFC-normalised first
+KNOWN_FLAGS = (1 << 10) - 1
 
 # Per-id flags (one byte per id).
 ID_ADDED = 1 << 0               # an added token: matched in the raw text
@@ -281,6 +283,9 @@ def _parse_normalizer(norm) -> tuple[bool, int]:
     """-> (SentencePiece-style, flags). None, or Prepend(▁)+Replace(' ', ▁)."""
     if norm is None:
         return False, 0
+    if _type(norm) == "NFC" or (_type(norm) == "Sequence" and [
+            _type(n) for n in norm.get("normalizers") or []] == ["NFC"]):
+        return False, F_NFC
     items = norm.get("normalizers") if _type(norm) == "Sequence" else [norm]
     if not isinstance(items, list):
         raise UnsupportedTokenizer("normalizer Sequence without a list")
@@ -637,7 +642,7 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
              n_sorted=len(sorted_ids), section_size=cur, reserved0=off_pretok,
              reserved1=len(pre_words), reserved2=0, **layout)
     out = bytearray(cur)
-    version = SECTION_VERSION_PROGRAM if pre_words else SECTION_VERSION
+    version = SECTION_VERSION_PROGRAM if pre_words or spec.flags & F_NFC else SECTION_VERSION
     struct.pack_into(bc + _HEADER_FMT, out, 0, SECTION_MAGIC, version, 0xFEFF,
                      *(h[f] for f in _HEADER_FIELDS))
     if pre_words:
@@ -687,7 +692,8 @@ def parse_section(data: bytes) -> TokenizerSpec:
     if h["pretok"] not in (PRETOK_NONE, PRETOK_GPT2, PRETOK_QWEN2, PRETOK_LLAMA3) and not has_prog:
         raise _bad(f"pre-tokenizer {h['pretok']}")
     if h["flags"] & ~KNOWN_FLAGS or h["reserved2"] or (not has_prog and (
-            h["reserved0"] or h["reserved1"])):
+            h["reserved0"] or h["reserved1"])) or (
+            h["flags"] & F_NFC and version != SECTION_VERSION_PROGRAM):
         raise _bad(f"flags 0x{h['flags']:x} or reserved fields not valid")
     n = h["n_vocab"]
     if not 1 <= n <= MAX_VOCAB:
@@ -954,6 +960,8 @@ class Tokenizer:
                 ids.append(tid)
                 first = False
                 continue
+            if s.flags & F_NFC:
+                seg = unicodedata.normalize("NFC", seg)
             if self.byte_level:
                 if s.flags & F_ADD_PREFIX_SPACE and not seg.startswith(" "):
                     seg = " " + seg

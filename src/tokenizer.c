@@ -62,7 +62,8 @@ const char *colibri_tok_strerror(int code)
 #define F_SP_STRIP (1u << 6)
 #define F_SP_PREPEND_UNLESS (1u << 7)
 #define F_TEMPLATE_BOS (1u << 8)
-#define KNOWN_FLAGS 0x1FFu
+#define F_NFC (1u << 9)             /* version 2: text runs are NFC-normalised */
+#define KNOWN_FLAGS 0x3FFu
 #define ID_ADDED 1u
 #define ID_SPECIAL 2u
 #define ID_BYTE 4u
@@ -450,6 +451,7 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
         (h[0] != M_BYTE_LEVEL && h[0] != M_SENTENCEPIECE) ||
         h[1] > PRETOK_PROGRAM || (h[1] == PRETOK_PROGRAM && !has_prog) ||
         (h[2] & ~KNOWN_FLAGS) || (!has_prog && (h[19] || h[20])) || h[21] ||
+        ((h[2] & F_NFC) && version != 2) ||
         h[3] < 1 || h[3] > MAX_VOCAB)
         return COLIBRI_E_TOK_FORMAT;
     uint32_t n = h[3];
@@ -468,6 +470,9 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
     t->piece_off = s + h[9]; t->strings = s + h[10]; t->id_flags = s + h[12];
     t->sorted = s + h[13]; t->merges = s + h[15]; t->added = s + h[16];
     t->byte_ids = s + h[17];
+#ifdef COLIBRI_NO_TOK_NORM
+    if (h[2] & F_NFC) return COLIBRI_E_UNSUPPORTED;   /* built without NFC tables */
+#endif
     if (has_prog) {
         if (h[19] % 4 || h[19] < HDR || (uint64_t)h[19] + 4ull * h[20] > size)
             return COLIBRI_E_TOK_FORMAT;
@@ -1114,9 +1119,178 @@ static void split_steps(const tokp *t, const run_t *r, uint32_t k, size_t a, siz
     if (f.have) piece_out(t, r, k, f.s, f.e, o);
 }
 
+/* ---- NFC (tokenizers' NFC normaliser; tables: scripts/gen_unicode_norm.py) ----
+ * A text run is cut into segments at code points nothing composes across (a
+ * starter that is not the second of a composition); each segment (at most
+ * NORM_SEG code points decomposed) is decomposed, put in canonical order and
+ * recomposed on the stack. When every segment comes out as it went in (most
+ * text is NFC already) the run is used in place, whatever its length;
+ * otherwise its normal form is written to a stack buffer of
+ * COLIBRI_TOK_NORM_BUF bytes, and a run whose normal form is longer is
+ * COLIBRI_E_TOK_NORM. */
+#ifndef COLIBRI_NO_TOK_NORM
+#include "unicode_norm.h"
+#define NORM_SEG 64u
+#define HANGUL_S 0xAC00u
+#define HANGUL_L 0x1100u
+#define HANGUL_V 0x1161u
+#define HANGUL_T 0x11A7u
+
+static unsigned ccc_of(uint32_t cp)
+{
+    if (cp < 0x300) return 0;
+    uint32_t lo = 0, hi = COLIBRI_CCC_N;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, e = colibri_ccc[mid] >> 8;
+        if (e == cp) return colibri_ccc[mid] & 0xFFu;
+        if (e < cp) lo = mid + 1; else hi = mid;
+    }
+    return 0;
+}
+
+static int no_cut_before(uint32_t cp)
+{
+    if (cp < 0x300) return 0;
+    uint32_t lo = 0, hi = COLIBRI_NOCUT_N;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (cp < colibri_nocut[2 * mid]) hi = mid;
+        else if (cp > colibri_nocut[2 * mid + 1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
+/* Index of cp's canonical decomposition pair, or -1. */
+static long decomp_at(uint32_t cp)
+{
+    if (cp < 0xC0) return -1;
+    uint32_t lo = 0, hi = COLIBRI_DECOMP_N;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, e = colibri_decomp[3 * mid];
+        if (e == cp) return (long)mid;
+        if (e < cp) lo = mid + 1; else hi = mid;
+    }
+    return -1;
+}
+
+/* Append cp's full canonical decomposition to d[*n] (0 when it overflows). */
+static int decompose(uint32_t cp, uint32_t *d, unsigned *n)
+{
+    if (cp >= HANGUL_S && cp < HANGUL_S + 11172u) {
+        uint32_t s = cp - HANGUL_S, t = s % 28u;
+        if (*n + 3 > NORM_SEG) return 0;
+        d[(*n)++] = HANGUL_L + s / 588u;
+        d[(*n)++] = HANGUL_V + (s % 588u) / 28u;
+        if (t) d[(*n)++] = HANGUL_T + t;
+        return 1;
+    }
+    long k = decomp_at(cp);
+    if (k < 0) {
+        if (*n >= NORM_SEG) return 0;
+        d[(*n)++] = cp;
+        return 1;
+    }
+    uint32_t a = colibri_decomp[3 * k + 1], b = colibri_decomp[3 * k + 2];
+    if (!decompose(a, d, n)) return 0;      /* depth <= 4 in Unicode's data */
+    return b ? decompose(b, d, n) : 1;
+}
+
+/* The primary composite of (a, b), or 0. */
+static uint32_t compose(uint32_t a, uint32_t b)
+{
+    if (a >= HANGUL_L && a < HANGUL_L + 19u && b >= HANGUL_V && b < HANGUL_V + 21u)
+        return HANGUL_S + ((a - HANGUL_L) * 21u + (b - HANGUL_V)) * 28u;
+    if (a >= HANGUL_S && a < HANGUL_S + 11172u && (a - HANGUL_S) % 28u == 0 &&
+        b > HANGUL_T && b < HANGUL_T + 28u)
+        return a + (b - HANGUL_T);
+    uint32_t lo = 0, hi = COLIBRI_COMPOSE_N;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, k = colibri_compose[mid];
+        uint32_t ea = colibri_decomp[3 * k + 1], eb = colibri_decomp[3 * k + 2];
+        if (ea == a && eb == b) return colibri_decomp[3 * k];
+        if (ea < a || (ea == a && eb < b)) lo = mid + 1; else hi = mid;
+    }
+    return 0;
+}
+
+/* NFC of d[0..n) in place (canonical order, then UAX #15 composition);
+ * returns the new length. */
+static unsigned nfc_segment(uint32_t *d, unsigned n)
+{
+    for (unsigned i = 1; i < n; i++) {           /* stable sort of non-starters */
+        unsigned c = ccc_of(d[i]);
+        if (!c) continue;
+        for (unsigned j = i; j > 0 && ccc_of(d[j - 1]) > c; j--) {
+            uint32_t x = d[j]; d[j] = d[j - 1]; d[j - 1] = x;
+        }
+    }
+    if (n < 2) return n;
+    unsigned starter = 0, out = 1, last = ccc_of(d[0]) ? 256u : 0u;
+    for (unsigned i = 1; i < n; i++) {
+        uint32_t ch = d[i];
+        unsigned c = ccc_of(ch);
+        uint32_t comp = last != 256u ? compose(d[starter], ch) : 0;
+        if (comp && (last < c || last == 0) && !(last == 0 && out - 1 != starter)) {
+            d[starter] = comp;
+            continue;
+        }
+        if (c == 0) { starter = out; last = 0; }
+        else last = c;
+        d[out++] = ch;
+    }
+    return out;
+}
+
+typedef struct { uint8_t *buf; size_t cap, n; int same, err; } norm_out;
+
+/* NFC of the run p[0..n): o->same when it is already NFC (use p in place),
+ * else its bytes in o->buf (o->err: a segment or the whole too long). */
+static void nfc_run(const uint8_t *p, size_t n, norm_out *o)
+{
+    uint32_t raw[NORM_SEG], d[NORM_SEG];
+    size_t i = 0;
+    o->n = 0; o->same = 1; o->err = 0;
+    while (i < n && !o->err) {
+        unsigned nr = 0, nd = 0;
+        do {                                     /* one segment */
+            uint32_t cp; int bad;
+            size_t k = u8_next(p + i, n - i, &cp, &bad);
+            if (nr == NORM_SEG || !decompose(cp, d, &nd)) { o->err = COLIBRI_E_TOK_NORM; return; }
+            raw[nr++] = cp;
+            i += k;
+            if (i < n) {
+                uint32_t nx; int b2;
+                (void)u8_next(p + i, n - i, &nx, &b2);
+                if (!no_cut_before(nx)) break;
+            }
+        } while (i < n);
+        nd = nfc_segment(d, nd);
+        if (nd != nr || memcmp(d, raw, nd * sizeof *d)) o->same = 0;
+        for (unsigned k = 0; k < nd; k++) {
+            uint8_t u[4];
+            size_t m = u8_put(d[k], u);
+            if (o->n + m <= o->cap) memcpy(o->buf + o->n, u, m);
+            o->n += m;
+        }
+    }
+    if (!o->same && o->n > o->cap) o->err = COLIBRI_E_TOK_NORM;
+}
+#endif
+
 /* One text run between added tokens: normalise, pre-tokenize, BPE. */
 static void emit_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t *o)
 {
+#ifndef COLIBRI_NO_TOK_NORM
+    uint8_t nbuf[COLIBRI_TOK_NORM_BUF];
+    if (t->flags & F_NFC) {
+        norm_out no = { nbuf, sizeof nbuf, 0, 1, 0 };
+        nfc_run(p, n, &no);
+        if (no.err) { o->err = no.err; return; }
+        if (!no.same) { p = nbuf; n = no.n; }
+        if (!n) return;
+    }
+#endif
     run_t r = { p, n, 0, 0 };
     if (t->model == M_BYTE_LEVEL) {
         if ((t->flags & F_ADD_PREFIX_SPACE) && p[0] != ' ') { r.virt = 1; r.vcp = ' '; }
@@ -1448,7 +1622,7 @@ int colibri_detokenize(const colibri_tokenizer *t, const int32_t *ids, size_t n,
 
 const char *colibri_tok_strerror(int code)
 {
-    /* The texts live in colibri_strerror (info.c), which knows -30..-35. */
+    /* The texts live in colibri_strerror (info.c), which knows -30..-36. */
     return colibri_strerror(code);
 }
 #endif

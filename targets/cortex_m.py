@@ -35,7 +35,8 @@ TARGET = Target(
     # of the library's flash for a check of a model that is small anyway.
     # The tokenizer's small Unicode table (8 category groups, 6.9 KiB instead
     # of 16 KiB): regex programs naming \\p{Lu} or \\d are refused here.
-    defines=("COLIBRI_CRC32_SLICE8=0", "COLIBRI_TOK_GC_GROUPS"),
+    # No NFC tables either (32 KiB): an NFC tokenizer is COLIBRI_E_UNSUPPORTED.
+    defines=("COLIBRI_CRC32_SLICE8=0", "COLIBRI_TOK_GC_GROUPS", "COLIBRI_NO_TOK_NORM"),
     ldscript="firmware/cortex_m/mps2_an386.ld",
     startup=("firmware/cortex_m/startup.c", "firmware/cortex_m/semihost.c"),
     link_flags=("-nostartfiles", "--specs=nano.specs", "-Wl,--gc-sections"),

@@ -230,6 +230,9 @@ PROGRAM_PRETOKS = {
         _split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), _BL]},
     "bl-qwen35": {"type": "Sequence", "pretokenizers": [_split(QWEN35_PATTERN), _BL]},
+    "bl-qwen2-nfc": {"type": "Sequence", "pretokenizers": [
+        _split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), _BL]},
     "bl-deepseek-llm": {"type": "Sequence", "pretokenizers": [
         *(_split(p) for p in DEEPSEEK_LLM_SPLITS), _BL]},
     "bl-deepseek-coder": {"type": "Sequence", "pretokenizers": [
@@ -251,6 +254,8 @@ PROGRAM_PRETOKS = {
         {"type": "WhitespaceSplit"}, _BL]},
 }
 PROGRAM_KINDS = tuple(PROGRAM_PRETOKS)
+# Their normalisers (the rest have none): Qwen2 / Qwen3.5 ship NFC.
+NORMALIZERS = {"bl-qwen35": {"type": "NFC"}, "bl-qwen2-nfc": {"type": "NFC"}}
 
 
 def train_program_kind(kind: str, text: str, vocab: int = 3000):
@@ -262,6 +267,7 @@ def train_program_kind(kind: str, text: str, vocab: int = 3000):
     tok.pre_tokenizer = pre_tokenizers.PreTokenizer.custom if False else None
     tj = json.loads(tok.to_str())
     tj["pre_tokenizer"] = PROGRAM_PRETOKS[kind]
+    tj["normalizer"] = NORMALIZERS.get(kind)
     tok = Tokenizer.from_str(json.dumps(tj))
     tok.decoder = decoders.ByteLevel()
     tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,

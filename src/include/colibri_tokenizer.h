@@ -50,9 +50,13 @@ enum {
                                      much is needed (see each function) */
     COLIBRI_E_TOK_UTF8 = -33,     /* text is not valid UTF-8 (STRICT_UTF8) */
     COLIBRI_E_TOK_NO_BOS = -34,   /* ADD_BOS asked, the tokenizer has no bos */
-    COLIBRI_E_TOK_REGEX = -35     /* the text needs more pre-tokenizer regex
+    COLIBRI_E_TOK_REGEX = -35,    /* the text needs more pre-tokenizer regex
                                      backtracking than COLIBRI_TOK_RX_STACK
                                      entries (rebuild with a larger one) */
+    COLIBRI_E_TOK_NORM = -36      /* NFC: a text run (between added tokens)
+                                     that is not NFC already has a normal form
+                                     longer than COLIBRI_TOK_NORM_BUF bytes, or
+                                     more than 64 combining marks in a row */
 };
 
 /* colibri_tokenize flags. */
@@ -70,6 +74,10 @@ enum {
 #define COLIBRI_TOK_SCRATCH 128     /* int32 on the stack for one word */
 #endif
 #define COLIBRI_DETOK_HOLD 64       /* bytes a stream may hold back */
+#ifndef COLIBRI_TOK_NORM_BUF
+#define COLIBRI_TOK_NORM_BUF 2048   /* bytes on the stack for the NFC form of a
+                                       text run that is not NFC already */
+#endif
 #ifndef COLIBRI_TOK_RX_STACK
 #define COLIBRI_TOK_RX_STACK 64     /* backtrack entries of the regex matcher
                                        (16 bytes each, on the stack); real
