@@ -316,29 +316,43 @@ def test_nfc_python_and_c_equal_tokenizers(driver, program_tok, kind, tmp_path):
 
 
 def test_nfc_of_every_code_point_equals_tokenizers(driver, tmp_path):
-    """The C tables (scripts/gen_unicode_norm.py) against `tokenizers`' NFC:
-    every code point alone, and after 'a' and before U+0301 (composition
-    both ways), through a tokenizer whose pieces are single bytes."""
+    """The C tables (scripts/gen_unicode_norm.py, Python's Unicode 14.0) and
+    the Python encoder against `tokenizers`' NFC: every code point from U+00A0
+    alone, and between 'a' and U+0301 (composition across it), through a
+    tokenizer whose pieces are single bytes. The one known divergence:
+    `tokenizers`' normalisation data is older than Unicode 11, so combining
+    marks assigned since (51 code points: U+07FD, U+0899..) are to it
+    unassigned starters that block composition; each such code point must be
+    a combining mark that Unicode 3.2 did not have, and only between 'a' and
+    U+0301. C and Python agree on every code point."""
+    import unicodedata as ud
     from tokenizers import Tokenizer
     tj = {"version": "1.0", "added_tokens": [], "normalizer": {"type": "NFC"},
-          "post_processor": None, "decoder": {"type": "ByteLevel"},
-          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
-                            "trim_offsets": False, "use_regex": False},
+          "post_processor": None,
+          "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                      "use_regex": True},
+          "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+              {"type": "Split", "pattern": {"String": "\n"}, "behavior": "Isolated",
+               "invert": False}, tf._BL]},
           "model": {"type": "BPE", "vocab": {T.BYTE_TO_CHAR[b]: b for b in range(256)},
                     "merges": []}}
-    tj_json = json.dumps(tj)
-    try:
-        hf = Tokenizer.from_str(tj_json)
-    except Exception:   # older tokenizers refuse ByteLevel without its regex here
-        pytest.skip("tokenizers cannot build the byte tokenizer")
-    spec = T.spec_from_json(tj, builtin=False)
+    hf = Tokenizer.from_str(json.dumps(tj))
+    spec = T.spec_from_json(tj)
+    tok = T.Tokenizer(spec)
     cps = [c for c in range(0xA0, 0x30000) if not 0xD800 <= c < 0xE000]
-    chunks = ["".join(f"{p}{chr(c)}{q}\n" for c in cps[k:k + 4000])
-              for k in range(0, len(cps), 4000) for p, q in (("", ""), ("a", "\u0301"))]
-    want = [hf.encode(s, add_special_tokens=False).ids for s in chunks]
+    texts = [f"{p}{chr(c)}{q}" for c in cps for p, q in (("", ""), ("a", "\u0301"))]
+    ours = [tok.encode(s) for s in texts]
+    diverge = [s for s, g in zip(texts, ours) if g != hf.encode(s).ids]
+    for s in diverge:
+        c = s[1]
+        assert s[0] == "a" and ud.combining(c) and ud.ucd_3_2_0.category(c) == "Cn", s
+    assert len(diverge) <= 60
     p = tmp_path / "s.bin"
     p.write_bytes(T.pack_section(spec))
-    reqs = [("T", 2, 8 * len(s.encode()) + 64, s.encode()) for s in chunks]
-    got = run(driver("host"), "section", p, reqs, tmp_path / "t")
-    bad = [k for k, (w, (rc, _, g)) in enumerate(zip(want, got)) if rc != 0 or g != w]
-    assert not bad, f"{len(bad)} of {len(chunks)} chunks differ"
+    # chunks whose NFC form fits COLIBRI_TOK_NORM_BUF (2048 bytes)
+    chunks = ["\n".join(texts[k:k + 150]) for k in range(0, len(texts), 150)]
+    got = run(driver("host"), "section", p, [("T", 2, 8 * len(c.encode()) + 64, c.encode())
+                                             for c in chunks], tmp_path / "t")
+    for k, (rc, _, g) in enumerate(got):
+        want = tok.encode(chunks[k])
+        assert rc == 0 and g == want, k
