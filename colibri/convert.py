@@ -622,6 +622,8 @@ def _run(args: argparse.Namespace) -> int:
           f"{len(fmt.tensor_order(exporter.shape, exporter.desc))} tensors, "
           f"{'a tokenizer, ' if exporter.tokenizer is not None else ''}"
           f"{time.monotonic() - start:.1f} s")
+    if exporter.tokenizer is not None and exporter.tokenizer.what:
+        print(f"tokenizer: {exporter.tokenizer.what}")
     return 0
 
 

@@ -24,21 +24,22 @@ tokenizer (src/tokenizer.c) implements the same steps over the same section.
 """
 from __future__ import annotations
 
-import bisect
 import heapq
 import json
 import struct
+import unicodedata
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import unicode_tables
+from . import tokregex
 from .errors import ColibriError, FormatError
 
 # --- the section (docs/FORMAT.md section 7) ---------------------------------
 KIND_TOKENIZER = 0x0100         # table kind; optional, never CRITICAL
 SECTION_MAGIC = b"CTOK"
-SECTION_VERSION = 1
+SECTION_VERSION = 1             # written when the pre-tokenizer is one of pretok 0..3
+SECTION_VERSION_PROGRAM = 2     # ... else: the Split steps' programs are stored
 SECTION_HEADER_SIZE = 96
 
 MODEL_BYTE_LEVEL = 1            # byte-level BPE
@@ -48,6 +49,9 @@ PRETOK_NONE = 0                 # the whole (normalised) text is one word
 PRETOK_GPT2 = 1                 # GPT-2 regex (ByteLevel use_regex=true)
 PRETOK_QWEN2 = 2                # Qwen2 regex: digits one by one
 PRETOK_LLAMA3 = 3               # Llama-3 regex: digits in runs of up to 3
+PRETOK_PROGRAM = 4              # version 2: Split steps with stored regex programs
+PRETOK_NAMES = {PRETOK_NONE: "none", PRETOK_GPT2: "GPT-2 regex", PRETOK_QWEN2: "Qwen2 regex",
+                PRETOK_LLAMA3: "Llama-3 regex"}
 
 # Section header flags.
 F_ADD_PREFIX_SPACE = 1 << 0     # byte-level: a space before text not starting with one
@@ -59,7 +63,8 @@ F_SP_PREPEND_FIRST = 1 << 5     # ... only before the run at the start of the te
 F_SP_STRIP = 1 << 6             # decoding drops one leading space
 F_SP_PREPEND_UNLESS = 1 << 7    # ... but not before a run that starts with ▁ (Metaspace)
 F_TEMPLATE_BOS = 1 << 8         # the post-processor puts bos first (add_special_tokens)
-KNOWN_FLAGS = (1 << 9) - 1
+F_NFC = 1 << 9                  # version 2: each text run is NFC-normalised first
+KNOWN_FLAGS = (1 << 10) - 1
 
 # Per-id flags (one byte per id).
 ID_ADDED = 1 << 0               # an added token: matched in the raw text
@@ -119,23 +124,18 @@ WHITE_SPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u
 
 
 # \p{L} and \p{N} as `tokenizers`' Oniguruma has them (Unicode 16.0; Python
-# 3.11's unicodedata is 14.0): generated tables, the same as the C tokenizer's.
-_L_FIRST = [a for a, _ in unicode_tables.LETTER_RANGES]
-_N_FIRST = [a for a, _ in unicode_tables.NUMBER_RANGES]
-
-
-def _in(c: str, firsts: list[int], ranges) -> bool:
-    cp = ord(c)
-    k = bisect.bisect_right(firsts, cp) - 1
-    return k >= 0 and cp <= ranges[k][1]
+# 3.11's unicodedata is 14.0): the generated General_Category table, the same
+# as the C tokenizer's.
+_L_MASK = tokregex.GC_MASKS["L"]
+_N_MASK = tokregex.GC_MASKS["N"]
 
 
 def _is_l(c: str) -> bool:
-    return _in(c, _L_FIRST, unicode_tables.LETTER_RANGES)
+    return bool(_L_MASK >> tokregex.gc_of(ord(c)) & 1)
 
 
 def _is_n(c: str) -> bool:
-    return _in(c, _N_FIRST, unicode_tables.NUMBER_RANGES)
+    return bool(_N_MASK >> tokregex.gc_of(ord(c)) & 1)
 
 
 def _is_s(c: str) -> bool:
@@ -264,6 +264,9 @@ class TokenizerSpec:
     bos_id: int = -1
     eos_id: int = -1
     added: list[int] = field(default_factory=list)   # ids, in tokenizer.json order
+    # pretok PRETOK_PROGRAM: [(behavior, invert, program words)] applied in order
+    steps: list = field(default_factory=list)
+    what: str = ""          # one line for the converter: the components stored
 
 
 def _req(obj, key, what):
@@ -280,6 +283,9 @@ def _parse_normalizer(norm) -> tuple[bool, int]:
     """-> (SentencePiece-style, flags). None, or Prepend(▁)+Replace(' ', ▁)."""
     if norm is None:
         return False, 0
+    if _type(norm) == "NFC" or (_type(norm) == "Sequence" and [
+            _type(n) for n in norm.get("normalizers") or []] == ["NFC"]):
+        return False, F_NFC
     items = norm.get("normalizers") if _type(norm) == "Sequence" else [norm]
     if not isinstance(items, list):
         raise UnsupportedTokenizer("normalizer Sequence without a list")
@@ -299,35 +305,69 @@ def _parse_normalizer(norm) -> tuple[bool, int]:
     return True, F_SP_PREPEND if prepend else 0
 
 
-def _parse_pretok(pre, sp_norm: bool) -> tuple[int, int, int]:
-    """-> (model kind the pre-tokenizer implies, pretok, flags)."""
+def _flatten(pre) -> list:
+    if _type(pre) == "Sequence":
+        items = pre.get("pretokenizers")
+        if not isinstance(items, list):
+            raise UnsupportedTokenizer("pre-tokenizer Sequence without a list")
+        return [x for p in items for x in _flatten(p)]
+    return [pre]
+
+
+def _split_step(p) -> tuple[int, bool, list[int], str]:
+    """One pre-tokenizer component -> (behavior, invert, program, name)."""
+    t = _type(p)
+    R = tokregex
+    try:
+        if t == "Split":
+            pat = p.get("pattern", {})
+            beh = R.BEHAVIORS.get(p.get("behavior"))
+            if beh is None:
+                raise UnsupportedTokenizer(f"Split behavior {p.get('behavior')!r}")
+            if isinstance(pat, dict) and isinstance(pat.get("Regex"), str):
+                return beh, bool(p.get("invert")), R.compile_regex(pat["Regex"]), "Split"
+            if isinstance(pat, dict) and isinstance(pat.get("String"), str):
+                return beh, bool(p.get("invert")), R.compile_literal(pat["String"]), "Split"
+            raise UnsupportedTokenizer(f"Split pattern {json.dumps(pat)[:60]}")
+        if t == "Digits":
+            beh = R.B_ISOLATED if p.get("individual_digits") else R.B_CONTIGUOUS
+            return beh, False, R.single_class(R.N_ITEMS), "Digits"
+        if t == "Punctuation":
+            beh = R.BEHAVIORS.get(p.get("behavior", "Isolated"))
+            if beh is None:
+                raise UnsupportedTokenizer(f"Punctuation behavior {p.get('behavior')!r}")
+            return beh, False, R.single_class(R.PUNCT_ITEMS), "Punctuation"
+        if t == "WhitespaceSplit":
+            return R.B_REMOVED, False, R.single_class(R.SPACE_ITEMS), "WhitespaceSplit"
+        if t == "ByteLevel":
+            return R.B_ISOLATED, False, R.compile_regex(GPT2_PATTERN), "ByteLevel regex"
+    except R.UnsupportedRegex as exc:
+        raise UnsupportedTokenizer(f"pre-tokenizer {t}: {exc}") from None
+    raise UnsupportedTokenizer(f"pre-tokenizer {t}: only Split, Digits, Punctuation, "
+                               "WhitespaceSplit, ByteLevel and Metaspace are supported")
+
+
+def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, int, list, str]:
+    """-> (model kind the pre-tokenizer implies, pretok, flags, steps, name).
+    builtin: the GPT-2 / Qwen2 / Llama-3 regexes as pretok 1..3 (a version 1
+    section, as older readers read it); else as stored programs."""
     if pre is None:
-        return (MODEL_SENTENCEPIECE if sp_norm else 0), PRETOK_NONE, 0
+        return (MODEL_SENTENCEPIECE if sp_norm else 0), PRETOK_NONE, 0, [], "none"
     t = _type(pre)
-    if t == "ByteLevel":
-        if not pre.get("use_regex", True):
-            raise UnsupportedTokenizer("ByteLevel pre-tokenizer without a regex and without "
-                                       "a Split before it")
+    if t == "ByteLevel" and pre.get("use_regex", True) and builtin:
         return MODEL_BYTE_LEVEL, PRETOK_GPT2, (F_ADD_PREFIX_SPACE
-                                               if pre.get("add_prefix_space") else 0)
-    if t == "Sequence":
+                                               if pre.get("add_prefix_space") else 0), [], \
+            "ByteLevel (GPT-2 regex)"
+    if t == "Sequence" and builtin:
         items = pre.get("pretokenizers")
         if (isinstance(items, list) and len(items) == 2 and _type(items[0]) == "Split"
-                and _type(items[1]) == "ByteLevel"):
-            split, bl = items
-            pat = split.get("pattern", {})
-            pattern = pat.get("Regex") if isinstance(pat, dict) else None
-            if pattern not in SPLIT_PATTERNS:
-                raise UnsupportedTokenizer(f"Split pre-tokenizer regex {pattern!r}: only the "
-                                           "GPT-2, Qwen2 and Llama-3 regexes are supported")
-            if split.get("behavior") != "Isolated" or split.get("invert"):
-                raise UnsupportedTokenizer("Split pre-tokenizer other than Isolated, not inverted")
-            if bl.get("use_regex", True):
-                raise UnsupportedTokenizer("Split followed by ByteLevel with its own regex")
-            return MODEL_BYTE_LEVEL, SPLIT_PATTERNS[pattern], (
-                F_ADD_PREFIX_SPACE if bl.get("add_prefix_space") else 0)
-        raise UnsupportedTokenizer(f"pre-tokenizer Sequence of "
-                                   f"{[_type(p) for p in items or []]}")
+                and _type(items[1]) == "ByteLevel" and not items[1].get("use_regex", True)
+                and isinstance(items[0].get("pattern"), dict)
+                and items[0]["pattern"].get("Regex") in SPLIT_PATTERNS
+                and items[0].get("behavior") == "Isolated" and not items[0].get("invert")):
+            pid = SPLIT_PATTERNS[items[0]["pattern"]["Regex"]]
+            return MODEL_BYTE_LEVEL, pid, (F_ADD_PREFIX_SPACE if items[1].get("add_prefix_space")
+                                           else 0), [], f"Split ({PRETOK_NAMES[pid]}) + ByteLevel"
     if t == "Metaspace":
         if pre.get("replacement") != SP_SPACE or pre.get("split", True):
             raise UnsupportedTokenizer("Metaspace pre-tokenizer other than replacement '▁', "
@@ -338,9 +378,40 @@ def _parse_pretok(pre, sp_norm: bool) -> tuple[int, int, int]:
                  "never": 0}.get(scheme)
         if flags is None:
             raise UnsupportedTokenizer(f"Metaspace prepend_scheme {scheme!r}")
-        return MODEL_SENTENCEPIECE, PRETOK_NONE, flags
-    raise UnsupportedTokenizer(f"pre-tokenizer {t}: only ByteLevel, Split+ByteLevel and "
-                               "Metaspace are supported")
+        return MODEL_SENTENCEPIECE, PRETOK_NONE, flags, [], f"Metaspace ({scheme})"
+    # The general case: Split steps, ending with ByteLevel (the byte mapping).
+    comps = _flatten(pre)
+    known = ("Split", "Digits", "Punctuation", "WhitespaceSplit", "ByteLevel", "Metaspace")
+    for c in comps:
+        if _type(c) not in known:
+            raise UnsupportedTokenizer(f"pre-tokenizer {_type(c)}: only Split, Digits, "
+                                       "Punctuation, WhitespaceSplit, ByteLevel and Metaspace "
+                                       "are supported")
+    if not comps or _type(comps[-1]) != "ByteLevel":
+        raise UnsupportedTokenizer(f"pre-tokenizer {[_type(c) for c in comps]}: a byte-level "
+                                   "tokenizer ending with ByteLevel is supported")
+    for c in comps[:-1]:
+        if _type(c) in ("ByteLevel", "Metaspace"):
+            raise UnsupportedTokenizer(f"pre-tokenizer {_type(c)} before other pre-tokenizers")
+    bl = comps[-1]
+    flags = 0
+    if bl.get("add_prefix_space"):
+        if len(comps) > 1:
+            raise UnsupportedTokenizer("ByteLevel add_prefix_space after other pre-tokenizers "
+                                       "(a space before every piece)")
+        flags = F_ADD_PREFIX_SPACE
+    steps, names = [], []
+    for c in (comps if bl.get("use_regex", True) else comps[:-1]):
+        beh, inv, prog, name = _split_step(c)
+        steps.append((beh, inv, prog))
+        names.append(name)
+    if not steps:
+        raise UnsupportedTokenizer("ByteLevel pre-tokenizer without a regex and without "
+                                   "a Split before it")
+    if len(steps) > 8:
+        raise UnsupportedTokenizer(f"pre-tokenizer of {len(steps)} steps (at most 8)")
+    return MODEL_BYTE_LEVEL, PRETOK_PROGRAM, flags, steps, (
+        " + ".join(names) + " + ByteLevel" + (" (stored regex programs)"))
 
 
 def _parse_decoder(dec, model: int) -> int:
@@ -378,7 +449,7 @@ def _merge_pair(m) -> tuple[str, str]:
     raise TokenizerError(f"tokenizer.json: merge {m!r} is not two pieces")
 
 
-def spec_from_json(tj: dict, config: dict | None = None) -> TokenizerSpec:
+def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -> TokenizerSpec:
     """Parse a tokenizer.json object (and optionally config.json for bos/eos
     ids) into a TokenizerSpec; raises UnsupportedTokenizer / TokenizerError."""
     if not isinstance(tj, dict):
@@ -392,7 +463,7 @@ def spec_from_json(tj: dict, config: dict | None = None) -> TokenizerSpec:
     if model.get("dropout") not in (None, 0, 0.0):
         raise UnsupportedTokenizer("BPE dropout (not deterministic)")
     sp_norm, flags = _parse_normalizer(tj.get("normalizer"))
-    kind, pretok, pflags = _parse_pretok(tj.get("pre_tokenizer"), sp_norm)
+    kind, pretok, pflags, steps, pre_name = _parse_pretok(tj.get("pre_tokenizer"), sp_norm, builtin)
     if kind == 0:
         raise UnsupportedTokenizer("no normaliser and no pre-tokenizer")
     if kind == MODEL_BYTE_LEVEL and sp_norm:
@@ -486,8 +557,11 @@ def spec_from_json(tj: dict, config: dict | None = None) -> TokenizerSpec:
                 bos_id = v
             if key == "eos_token_id":
                 eos_id = v
+    what = (f"{'byte-level' if kind == MODEL_BYTE_LEVEL else 'SentencePiece-style'} BPE, "
+            f"{n} ids, normalizer {_type(tj.get('normalizer')) if tj.get('normalizer') else 'none'}"
+            f", pre-tokenizer {pre_name}")
     return TokenizerSpec(kind, pretok, flags, pieces, id_flags, merges, unk_id, bos_id,
-                         eos_id, added_ids)
+                         eos_id, added_ids, steps, what)
 
 
 def spec_from_dir(model_dir: str | Path) -> TokenizerSpec | None:
@@ -558,15 +632,21 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
                        ("off_byte_ids", 4 * 256)):
         layout[name] = cur
         cur = _a8(cur + size)
+    pre_words = tokregex.pack_steps(spec.steps) if spec.pretok == PRETOK_PROGRAM else []
+    off_pretok = cur if pre_words else 0
+    cur = _a8(cur + 4 * len(pre_words))
     h = dict(model=spec.model, pretok=spec.pretok, flags=spec.flags, n_vocab=n,
              n_merges=len(merges), n_added=len(spec.added),
              unk_id=spec.unk_id & 0xFFFFFFFF, bos_id=spec.bos_id & 0xFFFFFFFF,
              eos_id=spec.eos_id & 0xFFFFFFFF, n_string_bytes=len(blob),
-             n_sorted=len(sorted_ids), section_size=cur, reserved0=0, reserved1=0,
-             reserved2=0, **layout)
+             n_sorted=len(sorted_ids), section_size=cur, reserved0=off_pretok,
+             reserved1=len(pre_words), reserved2=0, **layout)
     out = bytearray(cur)
-    struct.pack_into(bc + _HEADER_FMT, out, 0, SECTION_MAGIC, SECTION_VERSION, 0xFEFF,
+    version = SECTION_VERSION_PROGRAM if pre_words or spec.flags & F_NFC else SECTION_VERSION
+    struct.pack_into(bc + _HEADER_FMT, out, 0, SECTION_MAGIC, version, 0xFEFF,
                      *(h[f] for f in _HEADER_FIELDS))
+    if pre_words:
+        struct.pack_into(f"{bc}{len(pre_words)}I", out, off_pretok, *pre_words)
     struct.pack_into(f"{bc}{n + 1}I", out, layout["off_pieces"], *offs)
     out[layout["off_strings"]:layout["off_strings"] + len(blob)] = blob
     out[layout["off_id_flags"]:layout["off_id_flags"] + n] = bytes(spec.id_flags)
@@ -600,16 +680,20 @@ def parse_section(data: bytes) -> TokenizerSpec:
     vals = struct.unpack_from(bc + _HEADER_FMT, data, 0)
     version = vals[1]
     h = dict(zip(_HEADER_FIELDS, vals[3:]))
-    if version != SECTION_VERSION:
-        raise _bad(f"section version {version}, this reader reads {SECTION_VERSION}")
+    if version not in (SECTION_VERSION, SECTION_VERSION_PROGRAM):
+        raise _bad(f"section version {version}, this reader reads {SECTION_VERSION} and "
+                   f"{SECTION_VERSION_PROGRAM}")
     size = len(data)
     if h["section_size"] != size:
         raise _bad(f"section_size {h['section_size']}, the table says {size}")
     if h["model"] not in (MODEL_BYTE_LEVEL, MODEL_SENTENCEPIECE):
         raise _bad(f"model kind {h['model']}")
-    if h["pretok"] not in (PRETOK_NONE, PRETOK_GPT2, PRETOK_QWEN2, PRETOK_LLAMA3):
+    has_prog = version == SECTION_VERSION_PROGRAM and h["pretok"] == PRETOK_PROGRAM
+    if h["pretok"] not in (PRETOK_NONE, PRETOK_GPT2, PRETOK_QWEN2, PRETOK_LLAMA3) and not has_prog:
         raise _bad(f"pre-tokenizer {h['pretok']}")
-    if h["flags"] & ~KNOWN_FLAGS or h["reserved0"] or h["reserved1"] or h["reserved2"]:
+    if h["flags"] & ~KNOWN_FLAGS or h["reserved2"] or (not has_prog and (
+            h["reserved0"] or h["reserved1"])) or (
+            h["flags"] & F_NFC and version != SECTION_VERSION_PROGRAM):
         raise _bad(f"flags 0x{h['flags']:x} or reserved fields not valid")
     n = h["n_vocab"]
     if not 1 <= n <= MAX_VOCAB:
@@ -685,8 +769,47 @@ def parse_section(data: bytes) -> TokenizerSpec:
     for v, what in zip(signed, ("unk_id", "bos_id", "eos_id")):
         if not -1 <= v < n:
             raise _bad(f"{what} {v}")
+    steps = []
+    if has_prog:
+        off, nw = h["reserved0"], h["reserved1"]
+        if off % 4 or off < SECTION_HEADER_SIZE or nw < 1 or off + 4 * nw > size:
+            raise _bad("the pre-tokenizer program does not fit in the section")
+        words = list(struct.unpack_from(f"{bc}{nw}I", data, off))
+        steps = _check_steps(words)
     return TokenizerSpec(h["model"], h["pretok"], h["flags"], pieces, id_flags,
-                         merges_by_rank, *signed, added=added)
+                         merges_by_rank, *signed, added=added, steps=steps)
+
+
+def _check_steps(words: list[int]):
+    """The checks src/tokenizer.c check_pretok makes (a program the C reader
+    refuses is refused here too)."""
+    R = tokregex
+    n = words[0]
+    if not 1 <= n <= 8 or len(words) < 1 + 4 * n:
+        raise _bad(f"{n} pre-tokenizer steps")
+    for k in range(n):
+        mode, off, ln, zero = words[1 + 4 * k:5 + 4 * k]
+        if mode & 0xFF > R.B_CONTIGUOUS or mode >> 8 > 1 or zero or off < 1 + 4 * n or \
+                off + ln > len(words) or not 1 <= ln <= R.MAX_PROGRAM_WORDS:
+            raise _bad(f"pre-tokenizer step {k}")
+        prog = words[off:off + ln]
+        starts, pc = set(), 0
+        try:
+            while pc < ln:
+                starts.add(pc)
+                last = pc
+                pc += R.insn_len(prog, pc)
+        except (IndexError, KeyError):
+            raise _bad(f"pre-tokenizer step {k}: not a program") from None
+        if pc != ln or prog[last] & 0xFF != R.OP_MATCH:
+            raise _bad(f"pre-tokenizer step {k}: not a program")
+        for pc in starts:
+            op = prog[pc] & 0xFF
+            targets = (prog[pc + 1:pc + 3] if op == R.OP_SPLIT else
+                       prog[pc + 1:pc + 2] if op in (R.OP_JMP, R.OP_LOOK) else [])
+            if any(x <= pc or x not in starts for x in targets):
+                raise _bad(f"pre-tokenizer step {k}: a jump that is not forward")
+    return R.unpack_steps(words)
 
 
 # --- the tokenizer ----------------------------------------------------------
@@ -837,10 +960,14 @@ class Tokenizer:
                 ids.append(tid)
                 first = False
                 continue
+            if s.flags & F_NFC:
+                seg = unicodedata.normalize("NFC", seg)
             if self.byte_level:
                 if s.flags & F_ADD_PREFIX_SPACE and not seg.startswith(" "):
                     seg = " " + seg
-                for w in pre_tokenize(s.pretok, seg):
+                words = (tokregex.pre_tokenize_steps(s.steps, seg)
+                         if s.pretok == PRETOK_PROGRAM else pre_tokenize(s.pretok, seg))
+                for w in words:
                     ids += self._bpe("".join(BYTE_TO_CHAR[b] for b in w.encode("utf-8")))
             else:
                 seg = seg.replace(" ", SP_SPACE)

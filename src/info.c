@@ -5,7 +5,7 @@
  */
 #include "internal.h"
 #include "support.h"
-#include "colibri_tokenizer.h" /* the tokenizer's codes -30..-34 */
+#include "colibri_tokenizer.h" /* the tokenizer's codes -30..-36 */
 
 #include <string.h>
 
@@ -44,6 +44,12 @@ const char *colibri_strerror(int code)
     case COLIBRI_E_TOK_BUFFER: return "output buffer too small (the count needed is returned)";
     case COLIBRI_E_TOK_UTF8: return "text is not valid UTF-8";
     case COLIBRI_E_TOK_NO_BOS: return "the tokenizer has no bos token";
+    case COLIBRI_E_TOK_REGEX:
+        return "the text needs more regex backtracking than COLIBRI_TOK_RX_STACK allows "
+               "(split the text, or rebuild with a larger COLIBRI_TOK_RX_STACK)";
+    case COLIBRI_E_TOK_NORM:
+        return "the text is not in NFC and its normal form is longer than "
+               "COLIBRI_TOK_NORM_BUF bytes (normalise it first, or split it)";
 #endif
     default: return "unknown error code";
     }

@@ -62,12 +62,16 @@ const char *colibri_tok_strerror(int code)
 #define F_SP_STRIP (1u << 6)
 #define F_SP_PREPEND_UNLESS (1u << 7)
 #define F_TEMPLATE_BOS (1u << 8)
-#define KNOWN_FLAGS 0x1FFu
+#define F_NFC (1u << 9)             /* version 2: text runs are NFC-normalised */
+#define KNOWN_FLAGS 0x3FFu
 #define ID_ADDED 1u
 #define ID_SPECIAL 2u
 #define ID_BYTE 4u
 #define ID_IN_VOCAB 8u
 #define MAX_VOCAB (1u << 22)
+#define PRETOK_PROGRAM 4u
+#define MAX_STEPS 8u
+#define MAX_PROG_WORDS 4096u
 
 typedef struct colibri_tokenizer_private_ tokp;
 
@@ -146,28 +150,54 @@ static int char_byte(uint32_t cp)
 
 /* ---- character classes (Unicode 16.0, as tokenizers' Oniguruma) -------- */
 
-static int in_ranges(const uint32_t *r, uint32_t n, uint32_t cp)
+#ifndef COLIBRI_TOK_GC_GROUPS
+/* General_Category index of cp (colibri/unicode_tables.py GC_NAMES). */
+static unsigned gc_of(uint32_t cp)
 {
-    uint32_t lo = 0, hi = n;
-    while (lo < hi) {
+    uint32_t lo = 0, hi = COLIBRI_GC_RUNS_N;   /* last run starting <= cp */
+    while (hi - lo > 1) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (cp < r[2 * mid]) hi = mid;
-        else if (cp > r[2 * mid + 1]) lo = mid + 1;
-        else return 1;
+        if ((colibri_gc_runs[mid] >> 5) <= cp) lo = mid; else hi = mid;
     }
-    return 0;
+    return colibri_gc_runs[lo] & 31u;
 }
+
+/* cp's category is in the mask (bit g = category g). */
+static int gc_in(uint32_t mask, uint32_t cp) { return (mask >> gc_of(cp)) & 1u; }
+#else
+/* The small table: the group of cp, as the mask of its categories (every
+ * mask a program may hold here is a union of groups: check_prog). */
+static const uint32_t GROUP_MASK[8] = {
+    0x1u, 0x3Eu, 0x1C0u, 0xE00u, 0x7F000u, 0x780000u, 0x3800000u, 0x3C000000u };
+
+static uint32_t group_mask(uint32_t cp)
+{
+    const uint8_t *r = colibri_gc_group_runs;
+    uint32_t lo = 0, hi = COLIBRI_GC_GROUP_RUNS_N;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint32_t v = (uint32_t)r[3 * mid] << 16 | (uint32_t)r[3 * mid + 1] << 8 | r[3 * mid + 2];
+        if ((v >> 3) <= cp) lo = mid; else hi = mid;
+    }
+    return GROUP_MASK[r[3 * lo + 2] & 7u];
+}
+
+static int gc_in(uint32_t mask, uint32_t cp) { return (mask & group_mask(cp)) != 0; }
+#endif
+
+#define GC_L_MASK 0x3Eu          /* Lu Ll Lt Lm Lo */
+#define GC_N_MASK 0xE00u         /* Nd Nl No */
 
 static int is_L(uint32_t c)
 {
     if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
-    return in_ranges(colibri_letter_ranges, COLIBRI_LETTER_N, c);
+    return gc_in(GC_L_MASK, c);
 }
 
 static int is_N(uint32_t c)
 {
     if (c < 0x80) return c >= '0' && c <= '9';
-    return in_ranges(colibri_number_ranges, COLIBRI_NUMBER_N, c);
+    return gc_in(GC_N_MASK, c);
 }
 
 /* \s: Unicode White_Space (not C's isspace, not Python's str.isspace). */
@@ -240,6 +270,161 @@ static int valid_utf8(const uint8_t *p, uint32_t n)
 
 static int is_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); }
 
+/* ---- the pre-tokenizer program (FORMAT.md 7.2, colibri/tokregex.py) --- */
+
+enum { OP_CHAR = 1, OP_CLASS, OP_SPAN, OP_SPLIT, OP_JMP, OP_LOOK, OP_LOOKEND, OP_ASSERT,
+       OP_MATCH };
+enum { A_BOL, A_EOL, A_BOS, A_EOS, A_WORDB, A_NWORDB, A_EOSNL };
+#define ITEM_PROP 0x80000000u
+#define ITEM_NEG 0x40000000u
+#define CL_NEG 1u
+#define CL_AND 2u
+#define B_REMOVED 0u
+#define B_ISOLATED 1u
+#define B_MERGED_PREV 2u
+#define B_MERGED_NEXT 3u
+#define B_CONTIGUOUS 4u
+
+typedef struct { const uint8_t *w; int be; } prog_t;   /* one step's program */
+
+static uint32_t PW(prog_t g, uint32_t i) { return ld32(g.w + 4u * i, g.be); }
+
+/* Words of the instruction at pc; 0 when it does not fit in n words or is
+ * not an instruction. */
+static uint32_t insn_len(prog_t g, uint32_t pc, uint32_t n)
+{
+    if (pc >= n) return 0;
+    uint32_t w = PW(g, pc), op = w & 0xFFu, len;
+    switch (op) {
+    case OP_CHAR: case OP_LOOKEND: case OP_ASSERT: case OP_MATCH: len = 1; break;
+    case OP_JMP: case OP_LOOK: len = 2; break;
+    case OP_SPLIT: len = 3; break;
+    case OP_CLASS: len = 1u + 2u * (w >> 16); break;
+    case OP_SPAN: {
+        uint32_t inner = insn_len(g, pc + 3, n);
+        if (!inner || pc + 3 >= n) return 0;
+        uint32_t iop = PW(g, pc + 3) & 0xFFu;
+        if (iop != OP_CHAR && iop != OP_CLASS) return 0;
+        len = 3u + inner;
+        break;
+    }
+    default: return 0;
+    }
+    return (uint64_t)pc + len <= n ? len : 0;
+}
+
+static int valid_item(uint32_t a, uint32_t b)
+{
+    if (!(a & ITEM_PROP)) return (a & ~ITEM_NEG) <= 0x10FFFFu && b <= 0x10FFFFu;
+    uint32_t kind = a & 0xFFu;
+    if (a & ~(ITEM_PROP | ITEM_NEG | 0xFFu)) return 0;
+    return kind == 0 ? b < (1u << 30) : kind <= 3 && b == 0;
+}
+
+/* Can this build match the item? (The small table knows groups only.) */
+static int item_in_build(uint32_t a, uint32_t b)
+{
+#ifdef COLIBRI_TOK_GC_GROUPS
+    static const uint32_t groups[8] = {
+        0x1u, 0x3Eu, 0x1C0u, 0xE00u, 0x7F000u, 0x780000u, 0x3800000u, 0x3C000000u };
+    if ((a & ITEM_PROP) && (a & 0xFFu) == 0)
+        for (unsigned g = 0; g < 8; g++)
+            if ((b & groups[g]) && (b & groups[g]) != groups[g]) return 0;
+    if ((a & ITEM_PROP) && (a & 0xFFu) == 2) return 0;   /* word: needs Nd, Pc */
+#else
+    (void)a; (void)b;
+#endif
+    return 1;
+}
+
+/* One instruction's own fields (not its jump targets). */
+static int valid_insn(prog_t g, uint32_t pc)
+{
+    uint32_t w = PW(g, pc), op = w & 0xFFu;
+    if (op == OP_CHAR) return (w >> 8) <= 0x10FFFFu;
+    if (op == OP_CLASS) {
+        if ((w >> 8 & 0xFFu) & ~3u) return 0;
+        for (uint32_t k = 0; k < (w >> 16); k++)
+            if (!valid_item(PW(g, pc + 1 + 2 * k), PW(g, pc + 2 + 2 * k))) return 0;
+        return 1;
+    }
+    if (op == OP_SPAN)
+        return (w >> 8) <= 1u && PW(g, pc + 1) <= PW(g, pc + 2) && valid_insn(g, pc + 3);
+    if (op == OP_ASSERT) return (w >> 8) <= A_EOSNL;
+    if (op == OP_LOOK) return (w >> 8) <= 1u;
+    return (w >> 8) == 0;
+}
+
+/* A program: instructions tiling [0, n), each valid, the last MATCH, every
+ * jump forward to an instruction start (so every path ends: no loops but
+ * SPAN's, which consume a character per step). */
+static int check_prog(prog_t g, uint32_t n)
+{
+    uint8_t start[MAX_PROG_WORDS / 8];
+    if (n < 1 || n > MAX_PROG_WORDS) return 0;
+    memset(start, 0, sizeof start);
+    uint32_t pc = 0, last = 0;
+    while (pc < n) {
+        uint32_t len = insn_len(g, pc, n);
+        if (!len || !valid_insn(g, pc)) return 0;
+        start[pc / 8] |= (uint8_t)(1u << (pc % 8));
+        last = pc;
+        pc += len;
+    }
+    if ((PW(g, last) & 0xFFu) != OP_MATCH) return 0;
+#define IS_START(x) ((x) < n && (start[(x) / 8] >> ((x) % 8) & 1u))
+    for (pc = 0; pc < n; pc += insn_len(g, pc, n)) {
+        uint32_t op = PW(g, pc) & 0xFFu;
+        if (op == OP_SPLIT && !(PW(g, pc + 1) > pc && IS_START(PW(g, pc + 1)) &&
+                                PW(g, pc + 2) > pc && IS_START(PW(g, pc + 2))))
+            return 0;
+        if ((op == OP_JMP || op == OP_LOOK) && !(PW(g, pc + 1) > pc && IS_START(PW(g, pc + 1))))
+            return 0;
+    }
+#undef IS_START
+    return 1;
+}
+
+/* Every class item and assertion of a (checked) program is one this build
+ * can match: with the small Unicode table, categories only in whole groups
+ * (no \\p{Lu}, \\d), no word class or \\b. */
+static int prog_in_build(prog_t g, uint32_t n)
+{
+    for (uint32_t pc = 0; pc < n; pc += insn_len(g, pc, n)) {
+        uint32_t at = (PW(g, pc) & 0xFFu) == OP_SPAN ? pc + 3 : pc, w = PW(g, at);
+        if ((w & 0xFFu) == OP_CLASS) {
+            for (uint32_t k = 0; k < (w >> 16); k++)
+                if (!item_in_build(PW(g, at + 1 + 2 * k), PW(g, at + 2 + 2 * k))) return 0;
+        }
+#ifdef COLIBRI_TOK_GC_GROUPS
+        if ((w & 0xFFu) == OP_ASSERT && ((w >> 8) == A_WORDB || (w >> 8) == A_NWORDB)) return 0;
+#endif
+    }
+    return 1;
+}
+
+/* The steps table: n_steps, then per step {behavior | invert << 8, offset,
+ * words, 0}; every program inside the blob and valid. */
+static int check_pretok(tokp *t)
+{
+    prog_t b = { t->pretok_prog, t->be };
+    uint32_t n = t->n_pretok_words;
+    if (n < 1) return COLIBRI_E_TOK_FORMAT;
+    uint32_t steps = PW(b, 0);
+    if (steps < 1 || steps > MAX_STEPS || n < 1 + 4 * steps) return COLIBRI_E_TOK_FORMAT;
+    for (uint32_t k = 0; k < steps; k++) {
+        uint32_t mode = PW(b, 1 + 4 * k), off = PW(b, 2 + 4 * k), len = PW(b, 3 + 4 * k);
+        if ((mode & 0xFFu) > B_CONTIGUOUS || (mode >> 8) > 1u || PW(b, 4 + 4 * k) ||
+            off < 1 + 4 * steps || off > n || len > n - off)
+            return COLIBRI_E_TOK_FORMAT;
+        prog_t g = { t->pretok_prog + 4u * off, t->be };
+        if (!check_prog(g, len)) return COLIBRI_E_TOK_FORMAT;
+        if (!prog_in_build(g, len)) return COLIBRI_E_UNSUPPORTED;
+    }
+    t->n_steps = steps;
+    return COLIBRI_OK;
+}
+
 int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *section,
                                         size_t size)
 {
@@ -259,8 +444,14 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
     /* h: model pretok flags n_vocab n_merges n_added unk bos eos off_pieces
      * off_strings n_string_bytes off_id_flags off_sorted n_sorted off_merges
      * off_added off_byte_ids section_size reserved[3] */
-    if (version != 1 || h[18] != size || (h[0] != M_BYTE_LEVEL && h[0] != M_SENTENCEPIECE) ||
-        h[1] > 3 || (h[2] & ~KNOWN_FLAGS) || h[19] || h[20] || h[21] ||
+    /* Version 1: reserved[3] are 0. Version 2 (pretok 4): reserved[0..1]
+     * are off_pretok and n_pretok_words, the Split steps' programs. */
+    int has_prog = version == 2 && h[1] == PRETOK_PROGRAM;
+    if ((version != 1 && version != 2) || h[18] != size ||
+        (h[0] != M_BYTE_LEVEL && h[0] != M_SENTENCEPIECE) ||
+        h[1] > PRETOK_PROGRAM || (h[1] == PRETOK_PROGRAM && !has_prog) ||
+        (h[2] & ~KNOWN_FLAGS) || (!has_prog && (h[19] || h[20])) || h[21] ||
+        ((h[2] & F_NFC) && version != 2) ||
         h[3] < 1 || h[3] > MAX_VOCAB)
         return COLIBRI_E_TOK_FORMAT;
     uint32_t n = h[3];
@@ -279,6 +470,17 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
     t->piece_off = s + h[9]; t->strings = s + h[10]; t->id_flags = s + h[12];
     t->sorted = s + h[13]; t->merges = s + h[15]; t->added = s + h[16];
     t->byte_ids = s + h[17];
+#ifdef COLIBRI_NO_TOK_NORM
+    if (h[2] & F_NFC) return COLIBRI_E_UNSUPPORTED;   /* built without NFC tables */
+#endif
+    if (has_prog) {
+        if (h[19] % 4 || h[19] < HDR || (uint64_t)h[19] + 4ull * h[20] > size)
+            return COLIBRI_E_TOK_FORMAT;
+        t->pretok_prog = s + h[19];
+        t->n_pretok_words = h[20];
+        int rc = check_pretok(t);
+        if (rc) return rc;
+    }
     if (ld32(t->piece_off, be) != 0 || ld32(t->piece_off + 4u * n, be) != h[11])
         return COLIBRI_E_TOK_FORMAT;
     uint32_t n_in_vocab = 0;
@@ -484,6 +686,170 @@ static size_t match_qwen(const run_t *r, size_t i, unsigned digits)
     return ws_tail(r, i);
 }
 
+/* ---- the regex matcher (colibri/tokregex.py match_at, step for step) ---- */
+
+/* The position before pos (> lo) in the run: UTF-8 read backwards as u8_next
+ * reads it forwards. A byte that is not a continuation byte always starts a
+ * code point (or a U+FFFD subpart), so decoding forward from the nearest such
+ * byte (at most 4 back), or from the piece start lo, finds the boundary; four
+ * continuation bytes in a row end with a lone one. */
+static size_t prev_pos(const run_t *r, size_t lo, size_t pos)
+{
+    size_t v = (size_t)r->virt;
+    if (pos == v) return 0;              /* the virtual character */
+    size_t o = pos - v, lob = lo > v ? lo - v : 0, q = o - 1;
+    unsigned k = 1;
+    while (q > lob && k < 4 && (r->p[q] & 0xC0u) == 0x80u) { q--; k++; }
+    if (q > lob && (r->p[q] & 0xC0u) == 0x80u) return pos - 1;
+    size_t last = q;
+    while (q < o) {
+        uint32_t cp; int bad;
+        last = q;
+        q += u8_next(r->p + q, r->n - q, &cp, &bad);
+    }
+    return last + v;
+}
+
+static int is_word_cp(uint32_t c)   /* L M Nd Pc (\b; not emitted by the compiler) */
+{
+    return gc_in(0x13FEu, c);
+}
+
+static int item_match(uint32_t a, uint32_t b, uint32_t cp)
+{
+    int r;
+    if (!(a & ITEM_PROP)) {
+        r = (a & ~ITEM_NEG) <= cp && cp <= b;
+    } else {
+        switch (a & 0xFFu) {
+        case 0: r = gc_in(b, cp); break;
+        case 1: r = is_S(cp); break;
+        case 2: r = is_word_cp(cp); break;
+        default: r = cp != '\n'; break;
+        }
+    }
+    return r != ((a & ITEM_NEG) != 0);
+}
+
+/* The CHAR or CLASS instruction at pc against cp. */
+static int one_match(prog_t g, uint32_t pc, uint32_t cp)
+{
+    uint32_t w = PW(g, pc);
+    if ((w & 0xFFu) == OP_CHAR) return (w >> 8) == cp;
+    uint32_t flags = w >> 8 & 0xFFu, n = w >> 16, k;
+    int any = 0;
+    for (k = 0; k < n; k++) {
+        int m = item_match(PW(g, pc + 1 + 2 * k), PW(g, pc + 2 + 2 * k), cp);
+        if ((flags & CL_AND) ? !m : m) break;
+    }
+    any = (flags & CL_AND) ? k == n : k < n;
+    return any != ((flags & CL_NEG) != 0);
+}
+
+static uint32_t one_len(prog_t g, uint32_t pc)
+{
+    uint32_t w = PW(g, pc);
+    return (w & 0xFFu) == OP_CHAR ? 1u : 1u + 2u * (w >> 16);
+}
+
+static int rx_assert(const run_t *r, uint32_t kind, size_t lo, size_t hi, size_t i)
+{
+    size_t nx;
+    switch (kind) {
+    case A_BOL: return i == lo || cp_at(r, prev_pos(r, lo, i), &nx) == '\n';
+    case A_EOL: return i == hi || cp_at(r, i, &nx) == '\n';
+    case A_BOS: return i == lo;
+    case A_EOS: return i == hi;
+    case A_EOSNL:
+        if (i == hi) return 1;
+        return cp_at(r, i, &nx) == '\n' && nx == hi;
+    default: {
+        int before = i > lo && is_word_cp(cp_at(r, prev_pos(r, lo, i), &nx));
+        int after = i < hi && is_word_cp(cp_at(r, i, &nx));
+        return (before != after) == (kind == A_WORDB);
+    }
+    }
+}
+
+enum { E_ALT, E_GREEDY, E_LAZY, E_LOOK };
+typedef struct { size_t pos, aux; uint32_t kind, pc; } rx_ent;
+
+/* End of the match of program g at i within the piece [lo, hi) of r; -1 no
+ * match; -2 the backtrack stack is full. */
+static long long rx_match(prog_t g, const run_t *r, size_t lo, size_t hi, size_t i)
+{
+    rx_ent st[COLIBRI_TOK_RX_STACK];
+    unsigned sp = 0;
+    uint32_t pc = 0;
+    size_t pos = i, nx;
+#define PUSH(K, PC, POS, AUX) do { if (sp == COLIBRI_TOK_RX_STACK) return -2; \
+        st[sp].kind = (K); st[sp].pc = (PC); st[sp].pos = (POS); st[sp].aux = (AUX); sp++; } while (0)
+    for (;;) {
+        uint32_t w = PW(g, pc), op = w & 0xFFu;
+        int ok = 1;
+        switch (op) {
+        case OP_CHAR: case OP_CLASS:
+            if (pos < hi && one_match(g, pc, cp_at(r, pos, &nx))) { pos = nx; pc += one_len(g, pc); }
+            else ok = 0;
+            break;
+        case OP_SPAN: {
+            uint32_t mn = PW(g, pc + 1), mx = PW(g, pc + 2), item = pc + 3, k = 0;
+            uint32_t next = item + one_len(g, item);
+            while (k < mn && pos < hi && one_match(g, item, cp_at(r, pos, &nx))) { pos = nx; k++; }
+            if (k < mn) { ok = 0; break; }
+            if (w >> 8 & 1u) {       /* greedy: all it can, then give back */
+                size_t start = pos;
+                while (k < mx && pos < hi && one_match(g, item, cp_at(r, pos, &nx))) { pos = nx; k++; }
+                if (pos > start) PUSH(E_GREEDY, pc, pos, start);
+            } else if (k < mx) {
+                PUSH(E_LAZY, pc, pos, k);
+            }
+            pc = next;
+            break;
+        }
+        case OP_SPLIT: PUSH(E_ALT, PW(g, pc + 2), pos, 0); pc = PW(g, pc + 1); break;
+        case OP_JMP: pc = PW(g, pc + 1); break;
+        case OP_LOOK: PUSH(E_LOOK, pc, pos, 0); pc += 2; break;
+        case OP_LOOKEND:
+            while (sp && st[sp - 1].kind != E_LOOK) sp--;
+            if (!sp) return -1;          /* a LOOKEND outside a look-ahead */
+            sp--;
+            if (PW(g, st[sp].pc) >> 8 & 1u) ok = 0;   /* (?!...) matched */
+            else { pos = st[sp].pos; pc = PW(g, st[sp].pc + 1); }
+            break;
+        case OP_ASSERT:
+            if (rx_assert(r, w >> 8, lo, hi, pos)) pc++; else ok = 0;
+            break;
+        default: /* OP_MATCH (check_prog allows nothing else) */
+            return (long long)pos;
+        }
+        if (ok) continue;
+        for (;;) {                      /* backtrack */
+            if (!sp) return -1;
+            rx_ent e = st[--sp];
+            if (e.kind == E_ALT) { pc = e.pc; pos = e.pos; break; }
+            if (e.kind == E_GREEDY) {
+                pos = prev_pos(r, lo, e.pos);
+                if (pos > e.aux) PUSH(E_GREEDY, e.pc, pos, e.aux);
+                pc = e.pc + 3 + one_len(g, e.pc + 3);
+                break;
+            }
+            if (e.kind == E_LAZY) {
+                uint32_t item = e.pc + 3;
+                if (e.pos < hi && one_match(g, item, cp_at(r, e.pos, &nx))) {
+                    if (e.aux + 1 < PW(g, e.pc + 2)) PUSH(E_LAZY, e.pc, nx, e.aux + 1);
+                    pc = item + one_len(g, item);
+                    pos = nx;
+                    break;
+                }
+                continue;
+            }
+            if (PW(g, e.pc) >> 8 & 1u) { pc = PW(g, e.pc + 1); pos = e.pos; break; }
+        }
+    }
+#undef PUSH
+}
+
 /* ---- BPE over one word ------------------------------------------------- */
 
 /* A word: a run range [a, b) whose characters the BPE model sees as:
@@ -646,6 +1012,7 @@ typedef struct {
     int32_t *ids;
     size_t cap, n;
     int overflow;
+    int err;           /* COLIBRI_E_TOK_REGEX: the matcher's stack was full */
 } out_t;
 
 static void emit_id(out_t *o, int32_t id)
@@ -677,13 +1044,258 @@ static void emit_word(const tokp *t, const run_t *r, size_t a, size_t b, out_t *
     for (size_t i = 0; i < k; i++) emit_id(o, scratch[i]);
 }
 
+/* ---- Split steps (tokenizers' NormalizedString::split) ----------------
+ * Step k cuts the piece [a, b) into segments (regex matches and the text
+ * between them, is_match flipped by `invert`), folds them into pieces by the
+ * step's behaviour as they stream by (one pending piece), and hands each
+ * piece to step k + 1; after the last step a piece is a word. Recursion
+ * depth = number of steps (<= 8). */
+typedef struct {
+    size_t s, e;
+    int have, match;   /* a pending piece; its last segment was a match */
+    int prev_match;    /* the previous segment was a match */
+} fold_t;
+
+static void split_steps(const tokp *t, const run_t *r, uint32_t k, size_t a, size_t b,
+                        out_t *o);
+
+static void piece_out(const tokp *t, const run_t *r, uint32_t k, size_t s, size_t e, out_t *o)
+{
+    if (s < e) split_steps(t, r, k + 1, s, e, o);
+}
+
+static void fold_seg(const tokp *t, const run_t *r, uint32_t k, unsigned beh, fold_t *f,
+                     size_t s, size_t e, int m, out_t *o)
+{
+    switch (beh) {
+    case B_ISOLATED: piece_out(t, r, k, s, e, o); break;
+    case B_REMOVED: if (!m) piece_out(t, r, k, s, e, o); break;
+    case B_CONTIGUOUS:
+    case B_MERGED_PREV: {
+        int join = beh == B_CONTIGUOUS ? m == f->prev_match : (m && !f->prev_match);
+        if (join && f->have) f->e = e;
+        else {
+            if (f->have) piece_out(t, r, k, f->s, f->e, o);
+            f->s = s; f->e = e; f->have = 1;
+        }
+        break;
+    }
+    default: /* merged with next: a match takes the non-match after it */
+        if (f->have && f->match && !m) {
+            piece_out(t, r, k, f->s, e, o);
+            f->have = 0;
+        } else {
+            if (f->have) piece_out(t, r, k, f->s, f->e, o);
+            if (m) { f->s = s; f->e = e; f->have = 1; f->match = 1; }
+            else piece_out(t, r, k, s, e, o);
+        }
+        break;
+    }
+    f->prev_match = m;
+}
+
+static void split_steps(const tokp *t, const run_t *r, uint32_t k, size_t a, size_t b,
+                        out_t *o)
+{
+    if (o->err) return;
+    if (k == t->n_steps) { emit_word(t, r, a, b, o); return; }
+    prog_t blob = { t->pretok_prog, t->be };
+    uint32_t mode = PW(blob, 1 + 4 * k);
+    prog_t g = { t->pretok_prog + 4u * PW(blob, 2 + 4 * k), t->be };
+    unsigned beh = mode & 0xFFu;
+    int inv = (mode >> 8) & 1;
+    fold_t f = { 0, 0, 0, 0, 0 };
+    size_t i = a, prev = a, nx;
+    while (i < b) {
+        long long e = rx_match(g, r, a, b, i);
+        if (e == -2) { o->err = COLIBRI_E_TOK_REGEX; return; }
+        if (e < 0) { (void)cp_at(r, i, &nx); i = nx; continue; }
+        if (i > prev) fold_seg(t, r, k, beh, &f, prev, i, inv, o);
+        fold_seg(t, r, k, beh, &f, i, (size_t)e, !inv, o);
+        prev = i = (size_t)e;
+        if (o->err) return;
+    }
+    if (prev < b) fold_seg(t, r, k, beh, &f, prev, b, inv, o);
+    if (f.have) piece_out(t, r, k, f.s, f.e, o);
+}
+
+/* ---- NFC (tokenizers' NFC normaliser; tables: scripts/gen_unicode_norm.py) ----
+ * A text run is cut into segments at code points nothing composes across (a
+ * starter that is not the second of a composition); each segment (at most
+ * NORM_SEG code points decomposed) is decomposed, put in canonical order and
+ * recomposed on the stack. When every segment comes out as it went in (most
+ * text is NFC already) the run is used in place, whatever its length;
+ * otherwise its normal form is written to a stack buffer of
+ * COLIBRI_TOK_NORM_BUF bytes, and a run whose normal form is longer is
+ * COLIBRI_E_TOK_NORM. */
+#ifndef COLIBRI_NO_TOK_NORM
+#include "unicode_norm.h"
+#define NORM_SEG 64u
+#define HANGUL_S 0xAC00u
+#define HANGUL_L 0x1100u
+#define HANGUL_V 0x1161u
+#define HANGUL_T 0x11A7u
+
+static unsigned ccc_of(uint32_t cp)
+{
+    if (cp < 0x300) return 0;
+    uint32_t lo = 0, hi = COLIBRI_CCC_N;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, e = colibri_ccc[mid] >> 8;
+        if (e == cp) return colibri_ccc[mid] & 0xFFu;
+        if (e < cp) lo = mid + 1; else hi = mid;
+    }
+    return 0;
+}
+
+static int no_cut_before(uint32_t cp)
+{
+    if (cp < 0x300) return 0;
+    uint32_t lo = 0, hi = COLIBRI_NOCUT_N;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (cp < colibri_nocut[2 * mid]) hi = mid;
+        else if (cp > colibri_nocut[2 * mid + 1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
+/* Index of cp's canonical decomposition pair, or -1. */
+static long decomp_at(uint32_t cp)
+{
+    if (cp < 0xC0) return -1;
+    uint32_t lo = 0, hi = COLIBRI_DECOMP_N;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, e = colibri_decomp[3 * mid];
+        if (e == cp) return (long)mid;
+        if (e < cp) lo = mid + 1; else hi = mid;
+    }
+    return -1;
+}
+
+/* Append cp's full canonical decomposition to d[*n] (0 when it overflows). */
+static int decompose(uint32_t cp, uint32_t *d, unsigned *n)
+{
+    if (cp >= HANGUL_S && cp < HANGUL_S + 11172u) {
+        uint32_t s = cp - HANGUL_S, t = s % 28u;
+        if (*n + 3 > NORM_SEG) return 0;
+        d[(*n)++] = HANGUL_L + s / 588u;
+        d[(*n)++] = HANGUL_V + (s % 588u) / 28u;
+        if (t) d[(*n)++] = HANGUL_T + t;
+        return 1;
+    }
+    long k = decomp_at(cp);
+    if (k < 0) {
+        if (*n >= NORM_SEG) return 0;
+        d[(*n)++] = cp;
+        return 1;
+    }
+    uint32_t a = colibri_decomp[3 * k + 1], b = colibri_decomp[3 * k + 2];
+    if (!decompose(a, d, n)) return 0;      /* depth <= 4 in Unicode's data */
+    return b ? decompose(b, d, n) : 1;
+}
+
+/* The primary composite of (a, b), or 0. */
+static uint32_t compose(uint32_t a, uint32_t b)
+{
+    if (a >= HANGUL_L && a < HANGUL_L + 19u && b >= HANGUL_V && b < HANGUL_V + 21u)
+        return HANGUL_S + ((a - HANGUL_L) * 21u + (b - HANGUL_V)) * 28u;
+    if (a >= HANGUL_S && a < HANGUL_S + 11172u && (a - HANGUL_S) % 28u == 0 &&
+        b > HANGUL_T && b < HANGUL_T + 28u)
+        return a + (b - HANGUL_T);
+    uint32_t lo = 0, hi = COLIBRI_COMPOSE_N;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, k = colibri_compose[mid];
+        uint32_t ea = colibri_decomp[3 * k + 1], eb = colibri_decomp[3 * k + 2];
+        if (ea == a && eb == b) return colibri_decomp[3 * k];
+        if (ea < a || (ea == a && eb < b)) lo = mid + 1; else hi = mid;
+    }
+    return 0;
+}
+
+/* NFC of d[0..n) in place (canonical order, then UAX #15 composition);
+ * returns the new length. */
+static unsigned nfc_segment(uint32_t *d, unsigned n)
+{
+    for (unsigned i = 1; i < n; i++) {           /* stable sort of non-starters */
+        unsigned c = ccc_of(d[i]);
+        if (!c) continue;
+        for (unsigned j = i; j > 0 && ccc_of(d[j - 1]) > c; j--) {
+            uint32_t x = d[j]; d[j] = d[j - 1]; d[j - 1] = x;
+        }
+    }
+    if (n < 2) return n;
+    unsigned starter = 0, out = 1, last = ccc_of(d[0]) ? 256u : 0u;
+    for (unsigned i = 1; i < n; i++) {
+        uint32_t ch = d[i];
+        unsigned c = ccc_of(ch);
+        uint32_t comp = last != 256u ? compose(d[starter], ch) : 0;
+        if (comp && (last < c || last == 0) && !(last == 0 && out - 1 != starter)) {
+            d[starter] = comp;
+            continue;
+        }
+        if (c == 0) { starter = out; last = 0; }
+        else last = c;
+        d[out++] = ch;
+    }
+    return out;
+}
+
+typedef struct { uint8_t *buf; size_t cap, n; int same, err; } norm_out;
+
+/* NFC of the run p[0..n): o->same when it is already NFC (use p in place),
+ * else its bytes in o->buf (o->err: a segment or the whole too long). */
+static void nfc_run(const uint8_t *p, size_t n, norm_out *o)
+{
+    uint32_t raw[NORM_SEG], d[NORM_SEG];
+    size_t i = 0;
+    o->n = 0; o->same = 1; o->err = 0;
+    while (i < n && !o->err) {
+        unsigned nr = 0, nd = 0;
+        do {                                     /* one segment */
+            uint32_t cp; int bad;
+            size_t k = u8_next(p + i, n - i, &cp, &bad);
+            if (nr == NORM_SEG || !decompose(cp, d, &nd)) { o->err = COLIBRI_E_TOK_NORM; return; }
+            raw[nr++] = cp;
+            i += k;
+            if (i < n) {
+                uint32_t nx; int b2;
+                (void)u8_next(p + i, n - i, &nx, &b2);
+                if (!no_cut_before(nx)) break;
+            }
+        } while (i < n);
+        nd = nfc_segment(d, nd);
+        if (nd != nr || memcmp(d, raw, nd * sizeof *d)) o->same = 0;
+        for (unsigned k = 0; k < nd; k++) {
+            uint8_t u[4];
+            size_t m = u8_put(d[k], u);
+            if (o->n + m <= o->cap) memcpy(o->buf + o->n, u, m);
+            o->n += m;
+        }
+    }
+    if (!o->same && o->n > o->cap) o->err = COLIBRI_E_TOK_NORM;
+}
+#endif
+
 /* One text run between added tokens: normalise, pre-tokenize, BPE. */
 static void emit_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t *o)
 {
+#ifndef COLIBRI_NO_TOK_NORM
+    uint8_t nbuf[COLIBRI_TOK_NORM_BUF];
+    if (t->flags & F_NFC) {
+        norm_out no = { nbuf, sizeof nbuf, 0, 1, 0 };
+        nfc_run(p, n, &no);
+        if (no.err) { o->err = no.err; return; }
+        if (!no.same) { p = nbuf; n = no.n; }
+        if (!n) return;
+    }
+#endif
     run_t r = { p, n, 0, 0 };
     if (t->model == M_BYTE_LEVEL) {
         if ((t->flags & F_ADD_PREFIX_SPACE) && p[0] != ' ') { r.virt = 1; r.vcp = ' '; }
         size_t i = 0, end = run_end(&r);
+        if (t->pretok == PRETOK_PROGRAM) { split_steps(t, &r, 0, 0, end, o); return; }
         while (i < end) {
             size_t j = t->pretok == 1 ? match_gpt2(&r, i)
                      : t->pretok == 0 ? end
@@ -720,7 +1332,7 @@ int colibri_tokenize(const colibri_tokenizer *tk, const char *text, size_t len,
             i += k;
         }
     }
-    out_t o = { ids, cap, 0, 0 };
+    out_t o = { ids, cap, 0, 0, 0 };
     if (flags & COLIBRI_TOK_ADD_BOS) {
         if (t->bos_id < 0) return COLIBRI_E_TOK_NO_BOS;
         emit_id(&o, t->bos_id);
@@ -754,6 +1366,7 @@ int colibri_tokenize(const colibri_tokenizer *tk, const char *text, size_t len,
     }
     if (start < len) emit_run(t, s + start, len - start, first, &o);
     *n_ids = o.n;
+    if (o.err) { *n_ids = 0; return o.err; }
     return o.overflow ? COLIBRI_E_TOK_BUFFER : COLIBRI_OK;
 }
 
@@ -1009,7 +1622,7 @@ int colibri_detokenize(const colibri_tokenizer *t, const int32_t *ids, size_t n,
 
 const char *colibri_tok_strerror(int code)
 {
-    /* The texts live in colibri_strerror (info.c), which knows -30..-34. */
+    /* The texts live in colibri_strerror (info.c), which knows -30..-36. */
     return colibri_strerror(code);
 }
 #endif

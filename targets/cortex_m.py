@@ -33,7 +33,10 @@ TARGET = Target(
     ),
     # The byte-table CRC (1 KiB) instead of slicing-by-8 (8 KiB): a fifth
     # of the library's flash for a check of a model that is small anyway.
-    defines=("COLIBRI_CRC32_SLICE8=0",),
+    # The tokenizer's small Unicode table (8 category groups, 6.9 KiB instead
+    # of 16 KiB): regex programs naming \\p{Lu} or \\d are refused here.
+    # No NFC tables either (32 KiB): an NFC tokenizer is COLIBRI_E_UNSUPPORTED.
+    defines=("COLIBRI_CRC32_SLICE8=0", "COLIBRI_TOK_GC_GROUPS", "COLIBRI_NO_TOK_NORM"),
     ldscript="firmware/cortex_m/mps2_an386.ld",
     startup=("firmware/cortex_m/startup.c", "firmware/cortex_m/semihost.c"),
     link_flags=("-nostartfiles", "--specs=nano.specs", "-Wl,--gc-sections"),

@@ -21,6 +21,10 @@ TARGET = Target(
     cpu_kernels={"7400": "ref"},
     ram_bytes=32 << 20,
     flash_bytes=8 << 20,
+    # The tokenizer's NFC tables (32 KiB) stay out of the firmware library's
+    # budget: an NFC tokenizer is COLIBRI_E_UNSUPPORTED in this build (the host
+    # library colibri.cbuild makes, and libcolibri.so, have them).
+    defines=("COLIBRI_NO_TOK_NORM",),
     budgets=dict(
         runtime=128 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)

@@ -26,6 +26,10 @@ TARGET = Target(
     emulator_package="",
     ram_bytes=64 << 20,
     flash_bytes=16 << 20,
+    # The tokenizer's NFC tables (32 KiB) stay out of the firmware library's
+    # budget: an NFC tokenizer is COLIBRI_E_UNSUPPORTED in this build (the host
+    # library colibri.cbuild makes, and libcolibri.so, have them).
+    defines=("COLIBRI_NO_TOK_NORM",),
     budgets=dict(
         # libcolibri.a text+rodata+data. 256 KiB since the block types: the
         # host carries three x86 tables (AVX2, VEX and EVEX VNNI), each with

@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
-@pytest.mark.parametrize("kind", ["bl-gpt2-300", "sp-300"])
+@pytest.mark.parametrize("kind", ["bl-gpt2-300", "sp-300", "bl-deepseek-coder"])
 def test_fuzz_tokenizer_short_run_is_clean(trained, tmp_path, kind):
+    """bl-deepseek-coder (300 pieces): a version 2 section with five stored
+    regex programs, so hostile sections mutate programs and hostile text
+    runs through the matcher."""
     exe = tmp_path / "fuzz_tokenizer"
     lib = [s for s in sources.LIBRARY]
     subprocess.run(["clang", "-std=c11", "-g", "-O1", "-ffp-contract=off",
@@ -30,7 +33,9 @@ def test_fuzz_tokenizer_short_run_is_clean(trained, tmp_path, kind):
                     "-Isrc/include", "-Isrc", "-Isrc/kernels", "-DCOLIBRI_KERNELS_REF_ONLY",
                     "-DCOLIBRI_ENABLE_MMAP=1", "fuzz/fuzz_tokenizer.c", *lib, "-lm",
                     "-o", str(exe)], cwd=ROOT, check=True, timeout=600)
-    sec = T.pack_section(T.spec_from_json(json.loads(trained(kind).to_str())),
+    hf = (tf.train_program_kind(kind, tf.corpus_text(1_000_000), vocab=300)
+          if kind in tf.PROGRAM_KINDS else trained(kind))
+    sec = T.pack_section(T.spec_from_json(json.loads(hf.to_str())),
                          "big" if kind.startswith("sp") else "little")
     (tmp_path / "good.bin").write_bytes(sec)
     seeds = tmp_path / "seeds"

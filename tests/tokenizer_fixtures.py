@@ -203,3 +203,80 @@ def damage_section(section: bytes, rng: random.Random, trial: int) -> bytearray:
         i = rng.randrange(0, SECTION_HEADER_SIZE - 4, 4)
         b[i:i + 4] = rng.getrandbits(32).to_bytes(4, "little")
     return b
+
+
+# --- pre-tokenizers stored as programs (issue 25) ----------------------------
+# The regexes of real tokenizer.json files (as llama.cpp's src/llama-vocab.cpp
+# lists them next to the tokenizer.json originals), written with escapes so
+# that no editor normalises the characters of their ranges.
+QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                  r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+DEEPSEEK_LLM_SPLITS = ['[\r\n]', '\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+', '\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+', '\\s+$', '[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+', '\\p{N}+']
+DEEPSEEK_CODER_SPLITS = ['[\r\n]', '\\s?\\p{L}+', '\\s?\\p{P}+', '[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+']   # then Digits(individual_digits=true)
+DEEPSEEK3_SPLITS = ['\\p{N}{1,3}', '[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+', '[!"#$%&\'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+']
+
+
+def _split(pattern: str, behavior: str = "Isolated", invert: bool = False) -> dict:
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": behavior,
+            "invert": invert}
+
+
+_BL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+_BL_RX = dict(_BL, use_regex=True)
+
+# kind -> the tokenizer.json pre_tokenizer of a byte-level BPE trained here.
+PROGRAM_PRETOKS = {
+    "bl-llama3": {"type": "Sequence", "pretokenizers": [
+        _split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), _BL]},
+    "bl-qwen35": {"type": "Sequence", "pretokenizers": [_split(QWEN35_PATTERN), _BL]},
+    "bl-qwen2-nfc": {"type": "Sequence", "pretokenizers": [
+        _split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), _BL]},
+    "bl-deepseek-llm": {"type": "Sequence", "pretokenizers": [
+        *(_split(p) for p in DEEPSEEK_LLM_SPLITS), _BL]},
+    "bl-deepseek-coder": {"type": "Sequence", "pretokenizers": [
+        *(_split(p) for p in DEEPSEEK_CODER_SPLITS),
+        {"type": "Digits", "individual_digits": True}, _BL]},
+    "bl-deepseek3": {"type": "Sequence", "pretokenizers": [
+        *(_split(p) for p in DEEPSEEK3_SPLITS), _BL]},
+    "bl-starcoder": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, _BL_RX]},
+    # every Split behaviour, invert, String patterns, Punctuation, Digits runs
+    "bl-behaviours": {"type": "Sequence", "pretokenizers": [
+        _split(r"\n+", "MergedWithPrevious"),
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithNext",
+         "invert": False},
+        {"type": "Punctuation", "behavior": "Contiguous"},
+        {"type": "Digits", "individual_digits": False},
+        _split(r"[A-Z]+", "Isolated", invert=True),
+        _split(r"\s*?x{2,3}?|\t", "Removed"),
+        {"type": "WhitespaceSplit"}, _BL]},
+}
+PROGRAM_KINDS = tuple(PROGRAM_PRETOKS)
+# Their normalisers (the rest have none): Qwen2 / Qwen3.5 ship NFC.
+NORMALIZERS = {"bl-qwen35": {"type": "NFC"}, "bl-qwen2-nfc": {"type": "NFC"}}
+
+
+def train_program_kind(kind: str, text: str, vocab: int = 3000):
+    """A byte-level BPE with one of PROGRAM_PRETOKS, trained on text (the
+    pre-tokenizer is set through JSON, the form real files have); Llama-3's
+    with ignore_merges as its tokenizer.json has it."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.PreTokenizer.custom if False else None
+    tj = json.loads(tok.to_str())
+    tj["pre_tokenizer"] = PROGRAM_PRETOKS[kind]
+    tj["normalizer"] = NORMALIZERS.get(kind)
+    tok = Tokenizer.from_str(json.dumps(tj))
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                             show_progress=False)
+    tok.train_from_iterator(_lines(text), tr)
+    tok.add_tokens([AddedToken(ADDED_PLAIN, normalized=False)])
+    if kind == "bl-llama3":
+        tj = json.loads(tok.to_str())
+        tj["model"]["ignore_merges"] = True
+        tok = Tokenizer.from_str(json.dumps(tj))
+    return tok

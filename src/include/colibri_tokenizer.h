@@ -49,7 +49,14 @@ enum {
     COLIBRI_E_TOK_BUFFER = -32,   /* output buffer too small: *n says how
                                      much is needed (see each function) */
     COLIBRI_E_TOK_UTF8 = -33,     /* text is not valid UTF-8 (STRICT_UTF8) */
-    COLIBRI_E_TOK_NO_BOS = -34    /* ADD_BOS asked, the tokenizer has no bos */
+    COLIBRI_E_TOK_NO_BOS = -34,   /* ADD_BOS asked, the tokenizer has no bos */
+    COLIBRI_E_TOK_REGEX = -35,    /* the text needs more pre-tokenizer regex
+                                     backtracking than COLIBRI_TOK_RX_STACK
+                                     entries (rebuild with a larger one) */
+    COLIBRI_E_TOK_NORM = -36      /* NFC: a text run (between added tokens)
+                                     that is not NFC already has a normal form
+                                     longer than COLIBRI_TOK_NORM_BUF bytes, or
+                                     more than 64 combining marks in a row */
 };
 
 /* colibri_tokenize flags. */
@@ -67,6 +74,15 @@ enum {
 #define COLIBRI_TOK_SCRATCH 128     /* int32 on the stack for one word */
 #endif
 #define COLIBRI_DETOK_HOLD 64       /* bytes a stream may hold back */
+#ifndef COLIBRI_TOK_NORM_BUF
+#define COLIBRI_TOK_NORM_BUF 2048   /* bytes on the stack for the NFC form of a
+                                       text run that is not NFC already */
+#endif
+#ifndef COLIBRI_TOK_RX_STACK
+#define COLIBRI_TOK_RX_STACK 64     /* backtrack entries of the regex matcher
+                                       (16 bytes each, on the stack); real
+                                       pre-tokenizer regexes use fewer than 12 */
+#endif
 
 /* The tokenizer: PRIVATE fields, filled by colibri_tokenizer_init*. */
 typedef struct colibri_tokenizer {
@@ -79,6 +95,9 @@ typedef struct colibri_tokenizer {
         int32_t unk_id, bos_id, eos_id;
         const uint8_t *piece_off, *strings, *id_flags, *sorted, *merges,
                       *added, *byte_ids;
+        const uint8_t *pretok_prog;  /* version 2, pretok 4: the steps and
+                                        their regex programs (FORMAT.md 7.2) */
+        uint32_t n_pretok_words, n_steps;
     } priv_;
 } colibri_tokenizer;
 
@@ -86,7 +105,8 @@ typedef struct colibri_tokenizer_info {
     uint32_t n_vocab;       /* ids are 0 .. n_vocab-1 */
     int32_t bos_id, eos_id; /* -1: none */
     uint8_t model;          /* 1 byte-level BPE, 2 SentencePiece-style BPE */
-    uint8_t pretok;         /* 0 none, 1 GPT-2, 2 Qwen2, 3 Llama-3 regex */
+    uint8_t pretok;         /* 0 none, 1 GPT-2, 2 Qwen2, 3 Llama-3 regex,
+                               4 a stored program of Split steps */
     uint8_t template_bos;   /* 1: the checkpoint's template puts bos first
                                (pass COLIBRI_TOK_ADD_BOS to do as it does) */
 } colibri_tokenizer_info;
