@@ -366,7 +366,12 @@ static void att_head(void *ctx, uint32_t h, uint32_t worker)
     const att_job *j = (const att_job *)ctx;
     const clb_plan *p = j->p;
     uint32_t d = p->s.head_dim, pos = j->pos;
-    float *sc = worker ? clb_team_scratch(clb_team_of(p), worker) : p->scores;
+    /* Worker w > 0 has its own scores (att runs heads in parallel only when
+     * the team has scratch, see below); worker 0 and serial teams use
+     * p->scores. Tested for NULL so no build can dereference a missing one. */
+    float *sc = worker ? clb_team_scratch(clb_team_of(p), worker) : NULL;
+    if (!sc)
+        sc = p->scores;
     const float *qh = j->q + (size_t)h * d;
     uint32_t kvh = h / j->group;
     float *o = j->out + (size_t)h * d;
