@@ -86,14 +86,17 @@ def test_a_planted_defect_fails_the_analysis(tmp_path):
     by_defect = {fn: sorted(t for t, f in planted if f == fn)
                  for fn in ("clb_planted_null", "clb_planted_oob")}
     print("caught by:", by_defect)
-    # every tool sees the null dereference
-    assert by_defect["clb_planted_null"] == sorted(tools), by_defect
+    # the null dereference: cppcheck and clang. gcc -fanalyzer finds it in a
+    # small file but not appended to format.c: its exploration budget is
+    # spent on the validator first (no -Wanalyzer-too-complex by default),
+    # which is why three analysers run, not one
+    want = sorted({"cppcheck", "clang-analyzer"} & set(tools))
+    assert set(want) <= set(by_defect["clb_planted_null"]), by_defect
     # the out-of-bounds read: cppcheck (arrayIndexOutOfBounds) and gcc
     # (the loop's last iteration is undefined); clang's default checkers
     # do not model array bounds
     want = sorted({"cppcheck", "gcc-analyzer"} & set(tools))
-    assert by_defect["clb_planted_oob"] == want or set(want) <= set(by_defect["clb_planted_oob"]), \
-        by_defect
+    assert set(want) <= set(by_defect["clb_planted_oob"]), by_defect
     # and nothing else in format.c is new: the planted lines alone fail the check
     others = [f for f in v.new if f.function not in by_defect]
     assert not others, others
