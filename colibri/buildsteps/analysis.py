@@ -292,7 +292,8 @@ def _cppcheck(unit: Unit, root: Path, gen: Path, loc: _Locator, workdir: Path) -
     if cfg.cc.startswith("arm-none-eabi"):
         cmd[1:1] = ["-D__arm__", "-D__ARM_ARCH_7EM__", "-D__thumb__"]
     elif cfg.cc.startswith("aarch64"):
-        cmd[1:1] = ["-D__aarch64__", "-D__ARM_NEON"]
+        # neon_dotprod.c's `#pragma GCC target` defines the feature macro
+        cmd[1:1] = ["-D__aarch64__", "-D__ARM_NEON", "-D__ARM_FEATURE_DOTPROD"]
     else:
         cmd[1:1] = ["-D__x86_64__", "-D__GNUC__=12"]
     r = _run(cmd, root)
