@@ -98,7 +98,7 @@ void colibri_sha256(const uint8_t *data, size_t n, uint8_t out[COLIBRI_SHA256_SI
     /* The tail, the 0x80 marker and the 64-bit big-endian bit length: one or
      * two more blocks. */
     uint8_t tail[128];
-    size_t rest = n - 64u * full;
+    size_t rest = n % 64u; /* = n - 64 * full, in [0, 64): tail holds it */
     memset(tail, 0, sizeof tail);
     if (rest) memcpy(tail, data + 64u * full, rest);
     tail[rest] = 0x80;

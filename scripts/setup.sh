@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine (run as root or with sudo):
 #   1. Debian packages: host compiler, sanitizer runtimes, valgrind, the cross
-#      compilers and QEMU emulators for every target (DESIGN.md section 6).
+#      compilers and QEMU emulators for every target (DESIGN.md section 6),
+#      the static analysers (cppcheck with its MISRA addon, Frama-C's EVA;
+#      clang --analyze and gcc -fanalyzer come with the compilers).
 #   2. A virtual environment at .venv/ with the colibri package (editable) and
 #      everything the tests need, torch pinned to the CPU wheel.
 # A second run checks what is there and finishes in seconds.
@@ -22,6 +24,7 @@ apt_packages=(
     qemu-user qemu-system-arm
     python3-venv
     python3.11-doc
+    cppcheck frama-c-base
 )
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -104,6 +104,8 @@ int clb_encdec_bind(clb_plan *p, unsigned kind, unsigned layer, const clb_weight
 {
     clb_encdec *ed = p->ed;
     clb_xattn *X = layer == COLIBRI_NO_LAYER ? NULL : &ed->x[layer];
+    if (!X && kind >= COLIBRI_KIND_XATTN_NORM && kind <= COLIBRI_KIND_XWO)
+        return 1; /* format.c: cross-attention tensors name their layer */
     switch (kind) {
     case COLIBRI_KIND_ENC_POS_BIAS: ed->enc_bias = (const float *)w->q; return 1;
     case COLIBRI_KIND_DEC_POS_BIAS: ed->dec_bias = (const float *)w->q; return 1;

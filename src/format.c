@@ -265,20 +265,27 @@ uint64_t clb_section_size(unsigned dtype, uint32_t rows, uint32_t cols,
                              uint32_t group, uint64_t *scales_at, int *ovf)
 {
     uint64_t n = (uint64_t)rows * cols; /* < 2^64: two 32-bit factors */
-    uint64_t ngroups = ((uint64_t)cols + group - 1) / group;
     switch (dtype) {
     case COLIBRI_DTYPE_F32:
         *scales_at = 0;
         return cmul(n, 4, ovf);
-    case COLIBRI_DTYPE_I8_GROUP:
+    case COLIBRI_DTYPE_I8_GROUP: {
+        /* group >= 1 in a checked header; 0 is no size, never a division */
+        uint64_t ngroups = group ? ((uint64_t)cols + group - 1) / group : 0;
+        *ovf |= !group;
         *scales_at = calign64(n, ovf);
         return cadd(*scales_at, cmul(cmul(rows, ngroups, ovf), 4, ovf), ovf);
+    }
     case COLIBRI_DTYPE_I16_ROW:
         *scales_at = calign64(cmul(n, 2, ovf), ovf);
         return cadd(*scales_at, cmul(rows, 4, ovf), ovf);
     default: { /* block types: rows * ceil(cols / B) blocks, scales inside */
         uint64_t B = clb_block_cols(dtype);
         *scales_at = 0;
+        if (!B) { /* not a dtype of FORMAT.md 4 (callers check it first): no size */
+            *ovf = 1;
+            return 0;
+        }
         return cmul(cmul(rows, (cols + B - 1) / B, ovf), clb_block_bytes(dtype), ovf);
     }
     }

@@ -274,6 +274,21 @@ clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
     return w;
 }
 
+/* The entries without a layer (FORMAT.md 3): EMBED, FINAL_NORM, LM_HEAD and
+ * an ENC_DEC file's position biases and encoder final norm. */
+static void bind_model_wide(clb_plan *p, unsigned kind, const clb_weight *w)
+{
+    if (kind == COLIBRI_KIND_EMBED)
+        p->embed = *w;
+    else if (kind == COLIBRI_KIND_FINAL_NORM)
+        p->final_norm = (const float *)w->q;
+    else if (kind == COLIBRI_KIND_LM_HEAD)
+        p->lm_head = *w;
+    else if (p->ed && (kind == COLIBRI_KIND_ENC_POS_BIAS || kind == COLIBRI_KIND_DEC_POS_BIAS ||
+                       kind == COLIBRI_KIND_ENC_FINAL_NORM))
+        (void)clb_encdec_bind(p, kind, COLIBRI_NO_LAYER, w);
+}
+
 /* Point every tensor view of the plan into a validated blob, and compute the
  * RoPE tables in double precision (then rounded to float) so every libm
  * gives the same table. */
@@ -293,15 +308,19 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
         if (kind == COLIBRI_KIND_DESC)
             continue; /* read into p->d, never byte-swapped */
         clb_weight w = clb_weight_of(blob, en, be, s->group_size);
-        clb_layer *L = l == COLIBRI_NO_LAYER ? NULL : (clb_layer *)&p->layers[l];
-        clb_expert *X = L && e != COLIBRI_NO_EXPERT ? (clb_expert *)&L->experts[e] : NULL;
+        if (l == COLIBRI_NO_LAYER) { /* format.c: only model-wide kinds have no layer */
+            bind_model_wide(p, kind, &w);
+            continue;
+        }
+        clb_layer *L = (clb_layer *)&p->layers[l];
+        /* NULL for a layer's own tensors; format.c gives every expert
+         * matrix its expert, the cases below test it all the same */
+        clb_expert *X = e != COLIBRI_NO_EXPERT ? (clb_expert *)&L->experts[e] : NULL;
         const float *vec = (const float *)w.q; /* [1, n] F32 kinds */
-        if (L)
-            L->dense = (uint8_t)clb_desc_dense(&p->d, l);
+        L->dense = (uint8_t)clb_desc_dense(&p->d, l);
         if (p->ed && clb_encdec_bind(p, kind, l, &w))
             continue;
         switch (kind) {
-        case COLIBRI_KIND_EMBED: p->embed = w; break;
         case COLIBRI_KIND_ATTN_NORM: L->attn_norm = (const float *)w.q; break;
         case COLIBRI_KIND_WQ: L->wq = w; break;
         case COLIBRI_KIND_WK: L->wk = w; break;
@@ -309,10 +328,9 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
         case COLIBRI_KIND_WO: L->wo = w; break;
         case COLIBRI_KIND_FFN_NORM: L->ffn_norm = (const float *)w.q; break;
         case COLIBRI_KIND_ROUTER: L->router = w; break;
-        case COLIBRI_KIND_EXPERT_W1: X->w1 = w; break;
-        case COLIBRI_KIND_EXPERT_W3: X->w3 = w; break;
-        case COLIBRI_KIND_EXPERT_W2: X->w2 = w; break;
-        case COLIBRI_KIND_FINAL_NORM: p->final_norm = (const float *)w.q; break;
+        case COLIBRI_KIND_EXPERT_W1: if (X) X->w1 = w; break;
+        case COLIBRI_KIND_EXPERT_W3: if (X) X->w3 = w; break;
+        case COLIBRI_KIND_EXPERT_W2: if (X) X->w2 = w; break;
         case COLIBRI_KIND_BQ: L->bq = vec; break;
         case COLIBRI_KIND_BK: L->bk = vec; break;
         case COLIBRI_KIND_BV: L->bv = vec; break;
@@ -326,7 +344,7 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
         case COLIBRI_KIND_DENSE_W1: L->ffn.w1 = w; break;
         case COLIBRI_KIND_DENSE_W3: L->ffn.w3 = w; break;
         case COLIBRI_KIND_DENSE_W2: L->ffn.w2 = w; break;
-        default: p->lm_head = w; break;
+        default: break; /* LM_HEAD and the model-wide kinds have no layer */
         }
     }
     /* RoPE as transformers computes it: exponent 2i/d, inv_freq = 1 /

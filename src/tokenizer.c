@@ -486,7 +486,9 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
     uint32_t n_in_vocab = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t o0 = ld32(t->piece_off + 4u * i, be), o1 = ld32(t->piece_off + 4u * i + 4, be);
-        if (o1 < o0) return COLIBRI_E_TOK_FORMAT;
+        /* o1 <= h[11] before reading: the last offset (== h[11]) is only
+         * known to bound them all once every pair has been seen */
+        if (o1 < o0 || o1 > h[11]) return COLIBRI_E_TOK_FORMAT;
         uint8_t f = t->id_flags[i];
         if (f & ~0x0Fu || !valid_utf8(t->strings + o0, o1 - o0)) return COLIBRI_E_TOK_FORMAT;
         if (f & ID_BYTE) { /* decoding reads the two hex digits of <0xNN> */

@@ -114,7 +114,7 @@ int boot_verify_image(const uint8_t *b, uint32_t len, const boot_policy *p, boot
         if (prot != prot_size) return BOOT_R_MALFORMED;
     }
     uint64_t upos = pend + prot;
-    uint32_t unprot;
+    uint32_t unprot = 0; /* set by read_area when it returns BOOT_OK */
     if ((rc = read_area(b, n, upos, COLIBRI_IMG_TLV_INFO_MAGIC, &unprot))) return rc;
     const uint8_t *u = b + upos;
     if (!tiles(u, unprot)) return BOOT_R_MALFORMED;
