@@ -26,7 +26,7 @@ PY=${PY:-$ROOT/.venv/bin/python}
 SOURCES="src/format.c src/load.c src/plan.c src/forward.c src/tensor.c src/moe.c src/encdec.c src/threads.c src/info.c src/detail.c src/tokenizer.c src/sample.c src/crc32.c src/kernels/ref.c"
 DEFS=""
 case "${KERNELS:-host}-$(uname -m)" in
-    host-x86_64|host-amd64) SOURCES="$SOURCES src/kernels/avx2.c"; DEFS="-DCOLIBRI_USE_AVX2" ;;
+    host-x86_64|host-amd64) SOURCES="$SOURCES src/kernels/avx2.c src/kernels/avx512.c"; DEFS="-DCOLIBRI_USE_AVX2" ;;
     ref-*) DEFS="-DCOLIBRI_KERNELS_REF_ONLY" ;;
 esac
 

@@ -200,7 +200,8 @@ def test_c_backtrack_stack_full_is_an_error_not_a_wrong_answer(driver, tmp_path)
     pat = r"\p{L}?" * 70 + "x"
     tj = {"version": "1.0", "added_tokens": [], "normalizer": None, "post_processor": None,
           "pre_tokenizer": {"type": "Sequence", "pretokenizers": [tf._split(pat), tf._BL]},
-          "decoder": {"type": "ByteLevel"},
+          "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                      "use_regex": True},
           "model": {"type": "BPE", "vocab": {T.BYTE_TO_CHAR[b]: b for b in range(256)},
                     "merges": []}}
     hf = Tokenizer.from_str(json.dumps(tj))
