@@ -36,7 +36,7 @@ build() {
     # -ffp-contract=off as in every colibri build.
     (cd "$ROOT" && $CC -std=c11 -g -O1 -ffp-contract=off -fno-omit-frame-pointer \
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-        -Isrc/include -Isrc -Isrc/kernels $DEFS -DCOLIBRI_ENABLE_MMAP=1 \
+        -Isrc/include -Isrc -Isrc/kernels $DEFS -DCOLIBRI_KERNELS_PLAIN -DCOLIBRI_ENABLE_MMAP=1 \
         fuzz/fuzz_init_infer.c $SOURCES -lm -o "$OUT/fuzz_init_infer")
     if [ ! -d "$OUT/seeds" ]; then
         "$PY" "$ROOT/fuzz/gen_seeds.py" "$OUT/seeds" >/dev/null

@@ -42,8 +42,15 @@
 #include <string.h>
 
 #define TGT512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+/* COLIBRI_KERNELS_PLAIN: ordinary functions and loops for sanitizer builds
+ * (avx2.c says why). */
+#ifdef COLIBRI_KERNELS_PLAIN
+#define BLOCK512 static TGT512
+#define UNROLL
+#else
 #define BLOCK512 static inline __attribute__((always_inline)) TGT512
 #define UNROLL _Pragma("GCC unroll 16")
+#endif
 
 /* avx2.c's table with EVEX vpdpbusd (form 2): the forms this file does not
  * replace. Declared here, not in kernels.h: only this file needs it. */
