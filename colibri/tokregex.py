@@ -605,15 +605,41 @@ def _one(prog: list[int], pc: int, cp: int) -> bool:
     return class_match(prog, pc, cp)
 
 
-def match_at(prog: list[int], t: str, lo: int, hi: int, i: int) -> int:
+# Not an instruction: match_at's stand-in for a state its memo knows fails.
+_OP_FAILED = 0xFF
+# Steps after which match_at starts again with its memo of failed states
+# (a pattern like (\p{L}?){70}x backtracks exponentially without one).
+MEMO_AFTER_STEPS = 4096
+
+
+def match_at(prog: list[int], t: str, lo: int, hi: int, i: int,
+             memo: bool = False) -> int:
     """End of the match of prog at position i of t[lo:hi] (the regex sees
     only that slice), or -1. A backtracking machine; the stack entries are
     (kind, pc, pos, aux): 0 alternative, 1 greedy span, 2 lazy span,
-    3 look-ahead marker."""
+    3 look-ahead marker.
+
+    memo: remember each (pc, pos) reached outside a look-ahead and fail on
+    a second arrival. Backtracking explores in priority order and stops at
+    the first match, so a state reached again has already failed from there;
+    the answer is the same, in polynomial time. (Inside a look-ahead what
+    follows LOOKEND depends on where the look-ahead began, so those states
+    are not remembered.) Runs that take more than MEMO_AFTER_STEPS steps
+    start again with it, so ordinary text pays nothing."""
     stack: list[tuple[int, int, int, int]] = []
     pc, pos = 0, i
+    seen: set[tuple[int, int]] = set()
+    looks = steps = 0
     while True:
-        w = prog[pc]
+        steps += 1
+        if not memo and steps > MEMO_AFTER_STEPS:
+            return match_at(prog, t, lo, hi, i, memo=True)
+        if memo and looks == 0:
+            if (pc, pos) in seen:
+                pc = -1          # fail: this state has failed before
+            else:
+                seen.add((pc, pos))
+        w = prog[pc] if pc >= 0 else _OP_FAILED
         op = w & 0xFF
         ok = True
         if op == OP_CHAR or op == OP_CLASS:
@@ -650,11 +676,13 @@ def match_at(prog: list[int], t: str, lo: int, hi: int, i: int) -> int:
             pc = prog[pc + 1]
         elif op == OP_LOOK:
             stack.append((3, pc, pos, 0))
+            looks += 1
             pc += 2
         elif op == OP_LOOKEND:
             while stack[-1][0] != 3:
                 stack.pop()
             _, lpc, lpos, _ = stack.pop()
+            looks -= 1
             if prog[lpc] >> 8 & 1:   # negative look-ahead matched: fail
                 ok = False
             else:
@@ -666,6 +694,8 @@ def match_at(prog: list[int], t: str, lo: int, hi: int, i: int) -> int:
                 ok = False
         elif op == OP_MATCH:
             return pos
+        elif op == _OP_FAILED:
+            ok = False
         if ok:
             continue
         # backtrack
@@ -692,6 +722,7 @@ def match_at(prog: list[int], t: str, lo: int, hi: int, i: int) -> int:
                     break
                 continue
             # kind 3: the look-ahead body failed
+            looks -= 1
             if prog[bpc] >> 8 & 1:
                 pc, pos = prog[bpc + 1], bpos
                 break
