@@ -128,10 +128,26 @@ def tool_available(variant: str) -> str | None:
     return None
 
 
+def session_shared_dir(tmp_path_factory, name: str) -> Path:
+    """A directory every pytest-xdist worker of this run shares (the run's
+    base temporary directory, which holds each worker's own), or one of
+    this process's when there are no workers."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    d = base / name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 @pytest.fixture(scope="session")
 def c_build(tmp_path_factory):
-    """Factory: c_build(variant) -> Build (compiled once per session)."""
-    root = tmp_path_factory.mktemp("cbuild")
+    """Factory: c_build(variant) -> Build, compiled once per test run: the
+    xdist workers share one build directory per variant (the first to ask
+    builds it, under a lock; the others wait and reuse it, as cbuild's
+    stamp finds nothing changed). Nothing writes into a build after it."""
+    import fcntl
+    root = session_shared_dir(tmp_path_factory, "cbuild")
     cache: dict[str, Build] = {}
 
     def get(variant: str) -> Build:
@@ -145,12 +161,17 @@ def c_build(tmp_path_factory):
         if kw.get("kernels") is None:
             kw["kernels"] = cbuild.host_kernels()
         out = root / variant
-        info = cbuild.build(out, **kw)
-        programs = {}
-        for name, (sources, ldflags) in PROGRAMS.items():
-            programs[name] = cbuild.build_program(
-                info, [TESTS_C / s for s in sources], out / name,
-                extra_ldflags=ldflags)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(root / f"{variant}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            info = cbuild.build(out, **kw)
+            programs = {}
+            for name, (sources, ldflags) in PROGRAMS.items():
+                programs[name] = out / name
+                if not programs[name].exists():   # whole or not at all
+                    tmp = cbuild.build_program(info, [TESTS_C / s for s in sources],
+                                               out / f"{name}.tmp", extra_ldflags=ldflags)
+                    os.replace(tmp, programs[name])
         cache[variant] = Build(variant, info, programs, runner)
         return cache[variant]
     return get
