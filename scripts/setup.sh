@@ -24,7 +24,7 @@ apt_packages=(
     qemu-user qemu-system-arm
     python3-venv
     python3.11-doc
-    cppcheck frama-c-base
+    cppcheck
 )
 missing=()
 for p in "${apt_packages[@]}"; do
