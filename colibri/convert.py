@@ -82,6 +82,26 @@ QUANT_CHOICES = {
 PRESETS = {"f32": fmt.PRESET_F32, "int8": fmt.PRESET_INT8, "q4": fmt.PRESET_Q4}
 
 
+def output_path(out) -> Path:
+    """The output file an export writes, checked before any work: given,
+    and in a directory that exists."""
+    if out is None:
+        raise ConversionError("no output file: pass output= or -o OUT.colibri")
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise ConversionError(f"output directory {out.parent} does not exist")
+    return out
+
+
+def tokenizer_sections(spec, byte_order: str) -> list:
+    """The optional sections of an export: the tokenizer, packed in the
+    file's byte order, when there is one."""
+    if spec is None:
+        return []
+    from . import tokenizer as tk
+    return [(tk.KIND_TOKENIZER, tk.pack_section(spec, byte_order))]
+
+
 @dataclass(frozen=True)
 class Source:
     """Where one .colibri tensor comes from: elements [first, first + count)
@@ -389,20 +409,11 @@ class ColibriExporter:
     def export(self, output: str | os.PathLike | None = None) -> Path:
         """Write the .colibri file; returns its path. The file appears only when
         complete (the writer writes OUT.partial and renames it)."""
-        out = output if output is not None else self.output
-        if out is None:
-            raise ConversionError("no output file: pass output= or -o OUT.colibri")
-        out = Path(out)
-        if not out.parent.is_dir():
-            raise ConversionError(f"output directory {out.parent} does not exist")
+        out = output_path(output if output is not None else self.output)
         steps = self.plan()
         start = time.monotonic()
         try:
-            optional = []
-            if self.tokenizer is not None:
-                from . import tokenizer as tk
-                optional.append((tk.KIND_TOKENIZER,
-                                 tk.pack_section(self.tokenizer, self.byte_order)))
+            optional = tokenizer_sections(self.tokenizer, self.byte_order)
             with fmt.ColibriWriter(out, self.shape, self.dtypes, self.byte_order,
                                    self.desc, optional_sections=optional) as w:
                 for i, st in enumerate(steps):

@@ -32,6 +32,7 @@ import numpy as np
 
 from . import format as fmt
 from . import gguf_in, hf, quant
+from .convert import output_path, tokenizer_sections
 from .errors import ColibriError, ConversionError
 from .format import DType, Kind
 
@@ -188,20 +189,11 @@ class GGUFExporter:
         return np.ascontiguousarray(values), scales
 
     def export(self, output: str | os.PathLike | None = None) -> Path:
-        out = output if output is not None else self.output
-        if out is None:
-            raise ConversionError("no output file: pass output= or -o OUT.colibri")
-        out = Path(out)
-        if not out.parent.is_dir():
-            raise ConversionError(f"output directory {out.parent} does not exist")
+        out = output_path(output if output is not None else self.output)
         start = time.monotonic()
         errors: dict = defaultdict(list)
         try:
-            optional = []
-            if self.tokenizer is not None:
-                from . import tokenizer as tk
-                optional.append((tk.KIND_TOKENIZER,
-                                 tk.pack_section(self.tokenizer, self.byte_order)))
+            optional = tokenizer_sections(self.tokenizer, self.byte_order)
             with fmt.ColibriWriter(out, self.shape, fmt.PRESET_F32, self.byte_order,
                                    self.desc, optional_sections=optional) as w:
                 for i, (st, (dt, how)) in enumerate(zip(self.steps, self.choices)):
