@@ -65,6 +65,7 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
                          f"{d.encoder_layers}-{cf.shape.n_layers - 1} decoder; expert capacity "
                          f"{d.expert_capacity}; decoder start token {d.decoder_start}; "
                          f"lm_scale {d.lm_scale:g}")
+    lines.append(f"tokenizer     {_tokenizer_line(cf)}")
     # Weights only: the description and optional sections (the tokenizer)
     # are bytes, not parameters.
     params = sum(e.rows * e.cols for e in cf.entries
@@ -102,6 +103,19 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
             lines.append(f"{e.label():<32} {dt:<9} {f'[{e.rows}, {e.cols}]':<14} "
                          f"{e.offset:>12} {e.size:>12}   0x{e.crc:08x}")
     return "\n".join(lines)
+
+
+def _tokenizer_line(cf: fmt.ColibriFile) -> str:
+    """What the file's tokenizer section holds, or why it cannot be read
+    (info describes a damaged file as far as it can)."""
+    from . import tokenizer as tk
+    entries = [e for e in cf.entries if e.kind == KIND_TOKENIZER]
+    if not entries:
+        return "none (the runtime takes token ids)"
+    try:
+        return tk.describe(tk.parse_section(bytes(cf.section(entries[0]))))
+    except ColibriError as exc:
+        return f"unreadable section: {exc}"
 
 
 def _c_arena(cf: fmt.ColibriFile):
@@ -162,11 +176,8 @@ def describe_gguf(path: str, quant: str | None = None, sections: bool = True) ->
     ex = GGUFExporter(path, quant=quant)
     s, d = ex.shape, ex.desc
     feats = "+".join(f.name.lower() for f in fmt.Feat if d.features & f) or "none"
-    tok = "none"
-    if ex.tokenizer is not None:
-        from . import tokenizer as tk
-        tok = (f"{'byte-level' if ex.tokenizer.model == tk.MODEL_BYTE_LEVEL else 'SentencePiece'}"
-               f" BPE, {len(ex.tokenizer.pieces)} ids, {len(ex.tokenizer.merges)} merges")
+    from . import tokenizer as tk
+    tok = "none" if ex.tokenizer is None else tk.describe(ex.tokenizer)
     lines = [f"file          {path} (GGUF, architecture {ex.gguf.arch})",
              f"family        {ex.family.title}",
              f"model         {s.n_layers} layers, hidden {s.hidden}, vocab {s.vocab}",

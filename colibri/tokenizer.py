@@ -269,6 +269,25 @@ class TokenizerSpec:
     what: str = ""          # one line for the converter: the components stored
 
 
+def describe(spec: TokenizerSpec) -> str:
+    """One line for `colibri info`: the model, ids, merges, normaliser,
+    pre-tokenizer and special ids of a section."""
+    model = "byte-level" if spec.model == MODEL_BYTE_LEVEL else "SentencePiece"
+    parts = [f"{model} BPE, {len(spec.pieces)} ids, {len(spec.merges)} merges"]
+    if spec.flags & F_NFC:
+        parts.append("NFC")
+    if spec.pretok == PRETOK_PROGRAM:
+        parts.append(f"{len(spec.steps)} stored pre-tokenizer step"
+                     f"{'s' if len(spec.steps) != 1 else ''}")
+    elif spec.pretok != PRETOK_NONE:
+        parts.append(PRETOK_NAMES.get(spec.pretok, f"pre-tokenizer {spec.pretok}"))
+    if spec.added:
+        parts.append(f"{len(spec.added)} added tokens")
+    parts += [f"{name} {i}" for name, i in (("bos", spec.bos_id), ("eos", spec.eos_id),
+                                             ("unk", spec.unk_id)) if i >= 0]
+    return ", ".join(parts)
+
+
 def _req(obj, key, what):
     if not isinstance(obj, dict) or key not in obj:
         raise TokenizerError(f"tokenizer.json: {what} has no {key!r}")

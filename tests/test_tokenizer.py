@@ -303,3 +303,30 @@ def test_the_unicode_tables_are_unicode_16_as_tokenizers_has_it():
             s = "".join(chr(c) + "\0" for c in cps[k:k + 50_000])
             hf |= {ord(p) for p, _ in split.pre_tokenize_str(s) if len(p) == 1 and p != "\0"}
         assert ours_set == hf
+
+
+@pytest.mark.parametrize("kind", ["sp-300", "bl-qwen2-nfc"])
+def test_info_describes_the_stored_tokenizer(tmp_path, trained, kind):
+    """`colibri info FILE.colibri` says which tokenizer the file carries,
+    with the counts tokenizers itself reports (ids, merges) and the NFC
+    normaliser a Qwen2 file ships; a file without one says so."""
+    hf = (tf.train_program_kind(kind, tf.corpus_text(1_000_000), vocab=300)
+          if kind in tf.PROGRAM_KINDS else trained(kind))
+    tj = json.loads(hf.to_str())
+    d = _checkpoint(tmp_path / "ck", hf)
+    out = ColibriExporter(d, quant="f32").export(tmp_path / "m.colibri")
+    proc = subprocess.run([sys.executable, "-m", "colibri.cli", "info", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("tokenizer "))
+    model = "SentencePiece" if kind.startswith("sp") else "byte-level"
+    assert f"{model} BPE, {hf.get_vocab_size()} ids, {len(tj['model']['merges'])} merges" \
+        in line, line
+    assert ("NFC" in line) == (kind == "bl-qwen2-nfc"), line
+    if kind == "bl-qwen2-nfc":      # Qwen2's Split regex is the built-in one
+        assert "Qwen2 regex" in line, line
+    bare = ColibriExporter(_checkpoint(tmp_path / "ck0", None), quant="f32").export(
+        tmp_path / "bare.colibri")
+    proc = subprocess.run([sys.executable, "-m", "colibri.cli", "info", str(bare)],
+                          capture_output=True, text=True, timeout=300)
+    assert "tokenizer     none" in proc.stdout, proc.stdout
