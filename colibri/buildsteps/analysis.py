@@ -259,19 +259,26 @@ _ERR = re.compile(r"^(.+?):(\d+):\d+: (?:fatal )?error: (.*)$")
 _CLANG = re.compile(r"^(.+?):(\d+):\d+: warning: (.*) \[([\w.]+)\]$")
 
 
+def _diagnostics(tool: str, pattern: re.Pattern, stderr: str, loc: _Locator) -> list[Finding]:
+    """The findings in a compiler's diagnostics: `pattern` matches one line
+    with groups (file, line, message, rule)."""
+    out = []
+    for text in stderr.splitlines():
+        m = pattern.match(text)
+        if m:
+            f = loc.rel(m.group(1))
+            line = int(m.group(2))
+            out.append(Finding(tool, m.group(4), f, loc.function(f, line), line, m.group(3)))
+    return out
+
+
 def _gcc_analyzer(unit: Unit, root: Path, gen: Path, loc: _Locator) -> list[Finding]:
     cfg = unit.config
     cmd = [cfg.cc, *_cflags(cfg, root, gen), "-O2", "-Wall", "-Wextra", "-ffp-contract=off",
            "-fanalyzer", "-fdiagnostics-plain-output", "-c", str(root / unit.source),
            "-o", os.devnull]
     r = _run(cmd, root)
-    out = []
-    for text in r.stderr.splitlines():
-        m = _GCC.match(text)
-        if m:
-            f = loc.rel(m.group(1))
-            out.append(Finding("gcc-analyzer", m.group(4), f, loc.function(f, int(m.group(2))),
-                               int(m.group(2)), m.group(3)))
+    out = _diagnostics("gcc-analyzer", _GCC, r.stderr, loc)
     if r.returncode and not out:
         raise RuntimeError(f"{cfg.name}: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     return out
@@ -321,13 +328,7 @@ def _clang_analyzer(unit: Unit, root: Path, gen: Path, loc: _Locator) -> list[Fi
     cmd = ["clang", "--analyze", *flags, "-Wno-unknown-warning-option",
            "-Wno-unused-command-line-argument", str(root / unit.source), "-o", os.devnull]
     r = _run(cmd, root)
-    out = []
-    for text in r.stderr.splitlines():
-        m = _CLANG.match(text)
-        if m:
-            f = loc.rel(m.group(1))
-            out.append(Finding("clang-analyzer", m.group(4), f,
-                               loc.function(f, int(m.group(2))), int(m.group(2)), m.group(3)))
+    out = _diagnostics("clang-analyzer", _CLANG, r.stderr, loc)
     if r.returncode:
         raise RuntimeError(f"{cfg.name}: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     return out
