@@ -11,6 +11,8 @@ runtime is made of.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -55,6 +57,22 @@ def tool_for(cc: str, tool: str) -> str:
     return tool
 
 
+@contextlib.contextmanager
+def build_lock(directory: Path):
+    """Hold an exclusive lock on directory/.lock while building there:
+    several test sessions, or the xdist workers of one, may ask for the
+    same build at once; the first builds it, the others then find it
+    current."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _run(cmd: list[str]) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -69,12 +87,12 @@ def _flags(*, cflags, defines, kernels, sanitize, static_workbuf, mmap, debug):
     if sanitize:
         flags += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer",
                   "-fno-sanitize-recover=all"]
+    flags += [f"-I{ROOT / d}" for d in INCLUDE_DIRS]
     defs = list(defines)
     if sanitize:
         # The SIMD kernels as plain loops: same accesses, 30x less compile
         # time under the sanitizers (src/kernels/avx2.c).
         defs.append("COLIBRI_KERNELS_PLAIN")
-    flags += [f"-I{ROOT / d}" for d in INCLUDE_DIRS]
     defs.append(f"COLIBRI_ENABLE_MMAP={1 if mmap else 0}")
     if static_workbuf:
         defs.append("COLIBRI_STATIC_WORKBUF")

@@ -605,8 +605,6 @@ def _one(prog: list[int], pc: int, cp: int) -> bool:
     return class_match(prog, pc, cp)
 
 
-# Not an instruction: match_at's stand-in for a state its memo knows fails.
-_OP_FAILED = 0xFF
 # Steps after which match_at starts again with its memo of failed states
 # (a pattern like (\p{L}?){70}x backtracks exponentially without one).
 MEMO_AFTER_STEPS = 4096
@@ -634,15 +632,16 @@ def match_at(prog: list[int], t: str, lo: int, hi: int, i: int,
         steps += 1
         if not memo and steps > MEMO_AFTER_STEPS:
             return match_at(prog, t, lo, hi, i, memo=True)
+        revisit = False
         if memo and looks == 0:
-            if (pc, pos) in seen:
-                pc = -1          # fail: this state has failed before
-            else:
-                seen.add((pc, pos))
-        w = prog[pc] if pc >= 0 else _OP_FAILED
+            revisit = (pc, pos) in seen
+            seen.add((pc, pos))
+        w = prog[pc]
         op = w & 0xFF
         ok = True
-        if op == OP_CHAR or op == OP_CLASS:
+        if revisit:              # this state has failed before
+            ok = False
+        elif op == OP_CHAR or op == OP_CLASS:
             if pos < hi and _one(prog, pc, ord(t[pos])):
                 pos += 1
                 pc += insn_len(prog, pc)
@@ -694,8 +693,6 @@ def match_at(prog: list[int], t: str, lo: int, hi: int, i: int,
                 ok = False
         elif op == OP_MATCH:
             return pos
-        elif op == _OP_FAILED:
-            ok = False
         if ok:
             continue
         # backtrack

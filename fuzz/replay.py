@@ -8,8 +8,6 @@ build/fuzz-replay/ (cached across test sessions by cbuild's stamp).
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -24,6 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from colibri import cbuild  # noqa: E402
+from colibri.cbuild import build_lock  # noqa: E402,F401  (soak/ imports it from here)
 
 TAIL = 16
 # Control-tail flags, as in fuzz_init_infer.c.
@@ -38,19 +37,6 @@ SAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
 
 def compiler() -> str:
     return "clang" if shutil.which("clang") else "gcc"
-
-
-@contextlib.contextmanager
-def build_lock(directory: Path):
-    """Hold an exclusive lock on directory/.lock: the builds live in the
-    shared build/ tree, and several test sessions may run at once."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def build_library(out: Path | None = None) -> dict:

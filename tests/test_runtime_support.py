@@ -146,7 +146,6 @@ def c_build(tmp_path_factory):
     xdist workers share one build directory per variant (the first to ask
     builds it, under a lock; the others wait and reuse it, as cbuild's
     stamp finds nothing changed). Nothing writes into a build after it."""
-    import fcntl
     root = session_shared_dir(tmp_path_factory, "cbuild")
     cache: dict[str, Build] = {}
 
@@ -161,9 +160,7 @@ def c_build(tmp_path_factory):
         if kw.get("kernels") is None:
             kw["kernels"] = cbuild.host_kernels()
         out = root / variant
-        out.mkdir(parents=True, exist_ok=True)
-        with open(root / f"{variant}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with cbuild.build_lock(out):
             info = cbuild.build(out, **kw)
             programs = {}
             for name, (sources, ldflags) in PROGRAMS.items():
