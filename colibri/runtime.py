@@ -90,7 +90,48 @@ class _Info(ctypes.Structure):
 class _Options(ctypes.Structure):
     """colibri_options (colibri.h): size first, so the library knows which
     fields this binding filled."""
-    _fields_ = [("size", ctypes.c_uint32), ("kv_dtype", ctypes.c_uint32)]
+    _fields_ = [("size", ctypes.c_uint32), ("kv_dtype", ctypes.c_uint32),
+                ("expert_slots", ctypes.c_uint32), ("slot_policy", ctypes.c_uint32),
+                ("ram_bytes", ctypes.c_uint64)]
+
+
+class _StreamStats(ctypes.Structure):
+    """colibri_stream_stats (colibri.h)."""
+    _fields_ = [("slots", ctypes.c_uint32), ("policy", ctypes.c_uint32)] + \
+               [(n, ctypes.c_uint64) for n in ("slot_bytes", "resident_bytes", "hits",
+                                               "misses", "evictions", "bytes_read",
+                                               "read_ns", "errors")]
+
+
+# colibri_reader.read: (user, offset, dst, n) -> 0 or negative
+_READ_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+                            ctypes.c_size_t)
+
+
+class _Reader(ctypes.Structure):
+    _fields_ = [("read", _READ_FN), ("user", ctypes.c_void_p), ("size", ctypes.c_uint64)]
+
+
+SLOT_POLICIES = {"freq": 0, "lru": 1}          # COLIBRI_SLOTS_FREQ, COLIBRI_SLOTS_LRU
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(value) -> int:
+    """Bytes from an int or a string such as "512M", "2G", "1.5G" (powers
+    of 1024), as colibri-cli --ram takes them."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    else:
+        text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+        unit = text[-1:] if text[-1:] in ("K", "M", "G") else ""
+        try:
+            n = int(float(text[:len(text) - len(unit)]) * _SIZE_UNITS[unit])
+        except ValueError:
+            n = -1
+    if n <= 0:
+        raise errors.ArgumentError(-7, "bad argument", f"ram={value!r}: a size in bytes, "
+                                   "or with K, M or G (512M, 2G)", "init", "")
+    return n
 
 
 PART_NAMES = ("embed", "attn", "router", "experts", "ffn", "norms", "lm_head", "other")
@@ -105,11 +146,20 @@ class _WeightBytes(ctypes.Structure):
 KV_DTYPES = {"f32": 0, "i8": 1}                # COLIBRI_KV_F32, COLIBRI_KV_I8
 
 
-def _options(kv: str) -> "_Options":
+def _options(kv: str, ram=None, slots: int | None = None,
+             policy: str = "freq") -> "_Options":
     if kv not in KV_DTYPES:
         raise errors.ArgumentError(-7, "bad argument", f"kv={kv!r}: choose f32 or i8",
                                    "init", "")
-    return _Options(size=ctypes.sizeof(_Options), kv_dtype=KV_DTYPES[kv])
+    if policy not in SLOT_POLICIES:
+        raise errors.ArgumentError(-7, "bad argument",
+                                   f"policy={policy!r}: choose freq or lru", "init", "")
+    if slots is not None and (not isinstance(slots, int) or slots < 1):
+        raise errors.ArgumentError(-7, "bad argument", f"slots={slots!r}: a count >= 1",
+                                   "init", "")
+    return _Options(size=ctypes.sizeof(_Options), kv_dtype=KV_DTYPES[kv],
+                    expert_slots=slots or 0, slot_policy=SLOT_POLICIES[policy],
+                    ram_bytes=parse_size(ram) if ram is not None else 0)
 
 
 class _TokInfo(ctypes.Structure):
@@ -215,6 +265,12 @@ class Library:
                 ("colibri_arena_size_ex", i, [vp, sz, ctypes.POINTER(_Options),
                                               ctypes.POINTER(sz)]),
                 ("colibri_get_weight_bytes", i, [vp, ctypes.POINTER(_WeightBytes)]),
+                ("colibri_init_stream", i, [vp, ctypes.POINTER(_Reader), vp, sz,
+                                            ctypes.POINTER(_Options)]),
+                ("colibri_stream_arena_size", i, [ctypes.POINTER(_Reader),
+                                                  ctypes.POINTER(_Options), psz,
+                                                  ctypes.POINTER(u32)]),
+                ("colibri_get_stream_stats", i, [vp, ctypes.POINTER(_StreamStats), i]),
                 ("colibri_infer", i, [vp, vp, vp, u32, u32, u32, vp]),
                 ("colibri_infer_ex", i, [vp, vp, vp, u32, u32, u32, u32, vp]),
                 ("colibri_set_threads", i, [vp, u32, u32]),
@@ -405,14 +461,28 @@ class Model:
     kv       the KV cache: "f32" (default: float32) or "i8" (int8 with one
              float32 scale per head vector, colibri_options.kv_dtype; about
              a quarter of the bytes; decoder-only files).
+    ram      a memory budget (bytes, or "512M", "2G"): the routed experts
+             stay in the file (a path) and are read into as many expert
+             slots as the budget holds (colibri.h, "Experts from storage");
+             a budget that holds the whole model loads it all-resident.
+    slots    that many expert slots instead (a path, or a reader).
+    policy   which expert a full slot cache gives up: "freq" (default) or
+             "lru". The logits are the same bits for every budget, slot
+             count and policy.
+    reader   instead of source, a function read(offset, n) -> bytes over a
+             file of reader_size bytes: colibri_init_stream with the
+             caller's reader (bare metal's flash driver, or a test's),
+             with slots or ram.
 
     One instance is not for concurrent use (the C instance is not
     thread-safe); calls on one Model from several Python threads are
     serialised by a lock, and close() waits for a running infer.
     """
 
-    def __init__(self, source, *, arena: int | None = None, library=None,
-                 threads: int = 1, spin: bool = False, kv: str = "f32"):
+    def __init__(self, source=None, *, arena: int | None = None, library=None,
+                 threads: int = 1, spin: bool = False, kv: str = "f32", ram=None,
+                 slots: int | None = None, policy: str = "freq", reader=None,
+                 reader_size: int | None = None):
         self._lib = load_library(library)
         self._lock = threading.Lock()
         self._m = None
@@ -421,8 +491,17 @@ class Model:
         lib = self._lib.lib
         m = ctypes.create_string_buffer(self._lib.sizeof_model)
         self._blob = self._arena = None
-        opt = _options(kv)
-        if isinstance(source, (str, os.PathLike)) and arena is None:
+        opt = _options(kv, ram, slots, policy)
+        streamed = ram is not None or slots is not None
+        self._reader = None
+        if reader is not None:
+            self._where = "<reader>"
+            rc = self._init_reader(m, reader, reader_size, arena, opt)
+        elif streamed and not isinstance(source, (str, os.PathLike)):
+            raise errors.ArgumentError(-7, self._lib.strerror(-7), "ram= and slots= stream "
+                                       "experts from a file: give its path (or a reader)",
+                                       "init", self._where)
+        elif isinstance(source, (str, os.PathLike)) and (arena is None or streamed):
             rc = lib.colibri_init_ex(m, os.fsencode(os.fspath(source)), ctypes.byref(opt))
         else:
             self._blob = _as_bytes(source)
@@ -457,6 +536,49 @@ class Model:
         s = self.info.shape
         self.vocab, self.max_batch, self.max_seq_len = s.vocab, s.max_batch, s.max_seq_len
 
+    def _init_reader(self, m, reader, size, arena, opt) -> int:
+        """colibri_init_stream through a Python read(offset, n) -> bytes."""
+        if size is None or int(size) <= 0:
+            raise errors.ArgumentError(-7, self._lib.strerror(-7), "a reader needs "
+                                       "reader_size, the file's bytes", "init", self._where)
+
+        def read(_user, offset, dst, n):
+            try:
+                data = reader(int(offset), int(n))
+            except Exception:   # the library reports COLIBRI_E_IO
+                return -1
+            if data is None or len(data) != n:
+                return -1
+            ctypes.memmove(dst, bytes(data), n)
+            return 0
+
+        # kept for the instance's life: the library calls it during infer
+        self._reader = (_READ_FN(read), _Reader())
+        self._reader[1].read, self._reader[1].size = self._reader[0], int(size)
+        arena_ptr, arena_n = None, 0
+        if arena is not None:
+            self._arena = _aligned_empty(int(arena))
+            arena_ptr, arena_n = self._arena.ctypes.data, int(arena)
+        return self._lib.lib.colibri_init_stream(m, ctypes.byref(self._reader[1]), arena_ptr,
+                                                 arena_n, ctypes.byref(opt))
+
+    def stream_stats(self, reset: bool = False) -> dict:
+        """What the expert slots did (colibri_get_stream_stats): slots,
+        policy, slot_bytes, resident_bytes, hits, misses, evictions,
+        bytes_read, read_ns, errors; slots 0 for an all-resident model.
+        reset: clear the counters afterwards."""
+        with self._lock:
+            if self._m is None:
+                raise self._closed_error()
+            st = _StreamStats()
+            rc = self._lib.lib.colibri_get_stream_stats(self._m, ctypes.byref(st), int(reset))
+            if rc:
+                raise self._lib.error(rc, CALL_INIT, "", self._where)
+            out = {name: int(getattr(st, name)) for name, _ in _StreamStats._fields_}
+            out["policy"] = {v: k for k, v in SLOT_POLICIES.items()}.get(out["policy"],
+                                                                          out["policy"])
+            return out
+
     # -- lifetime ---------------------------------------------------------------
     def close(self) -> None:
         """Free the instance (colibri_free). Idempotent; later calls raise
@@ -466,6 +588,7 @@ class Model:
                 self._lib.lib.colibri_free(self._m)
                 self._m = None
                 self._blob = self._arena = None
+                self._reader = None   # the library no longer calls it
                 self._tok = None      # pointed into the model's memory
 
     @property

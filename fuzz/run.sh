@@ -23,7 +23,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT="$ROOT/build/fuzz${KERNELS:+-$KERNELS}"
 CC=${CC:-clang}
 PY=${PY:-$ROOT/.venv/bin/python}
-SOURCES="src/format.c src/load.c src/plan.c src/forward.c src/tensor.c src/moe.c src/encdec.c src/threads.c src/info.c src/detail.c src/tokenizer.c src/sample.c src/crc32.c src/kernels/ref.c"
+SOURCES="src/format.c src/load.c src/plan.c src/forward.c src/tensor.c src/moe.c src/stream.c src/encdec.c src/threads.c src/info.c src/detail.c src/tokenizer.c src/sample.c src/crc32.c src/kernels/ref.c"
 DEFS=""
 case "${KERNELS:-host}-$(uname -m)" in
     host-x86_64|host-amd64) SOURCES="$SOURCES src/kernels/avx2.c src/kernels/avx512.c"; DEFS="-DCOLIBRI_USE_AVX2" ;;

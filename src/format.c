@@ -645,7 +645,7 @@ int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
  * finite: a CRC-valid file can still carry NaN or infinity (crafted, or
  * written by a buggy tool), which would turn every logit into NaN. Run after
  * the section's CRC matched, so corruption is reported as a CRC error. */
-static int check_finite(const uint8_t *b, const uint8_t *en, uint32_t group,
+static int check_finite(const uint8_t *sec, const uint8_t *en, uint32_t group,
                         int be, uint32_t index, char *detail)
 {
     unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
@@ -654,7 +654,6 @@ static int check_finite(const uint8_t *b, const uint8_t *en, uint32_t group,
     unsigned dtype = en[COLIBRI_ENT_DTYPE];
     uint64_t rows = rd32(en + COLIBRI_ENT_ROWS, be);
     uint64_t cols = rd32(en + COLIBRI_ENT_COLS, be);
-    const uint8_t *sec = b + rd64(en + COLIBRI_ENT_OFFSET, be);
     uint64_t first = 0, count = 0; /* float32 values: byte offset, count */
     if (dtype == COLIBRI_DTYPE_F32) {
         count = rows * cols;
@@ -853,25 +852,8 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         return COLIBRI_OK;
     for (uint32_t i = 0; i < s->n_tensors; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
-        uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, be);
-        uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, be);
-        uint32_t want_crc = rd32(en + COLIBRI_ENT_CRC, be);
-        uint32_t got_crc = colibri_crc32(0, b + off, sz);
-        if (want_crc != got_crc) {
-            unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
-            char label[64];
-            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): crc %x != computed %x",
-                       (unsigned)i, entry_label(label, sizeof label, kind,
-                                      rd16(en + COLIBRI_ENT_LAYER, be),
-                                      rd16(en + COLIBRI_ENT_EXPERT, be)),
-                       (unsigned)want_crc, (unsigned)got_crc);
-            if (!cb)
-                return COLIBRI_E_CRC;
-            cb(user, (int)i, detail);
-            ++*nbad;
-            continue;
-        }
-        int rc = check_finite(b, en, s->group_size, be, i, detail);
+        int rc = clb_check_section(b + rd64(en + COLIBRI_ENT_OFFSET, be), en, i,
+                                   s->group_size, be, detail);
         if (rc != COLIBRI_OK) {
             if (!cb)
                 return rc;
@@ -880,6 +862,43 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         }
     }
     return COLIBRI_OK;
+}
+
+int clb_check_section(const uint8_t *sec, const uint8_t *en, uint32_t index,
+                      uint32_t group, int be, char *detail)
+{
+    uint32_t want_crc = rd32(en + COLIBRI_ENT_CRC, be);
+    uint32_t got_crc = colibri_crc32(0, sec, rd64(en + COLIBRI_ENT_SIZE, be));
+    if (want_crc != got_crc) {
+        char label[64];
+        clb_detail(detail, DETAIL_CAP, "tensor %u (%s): crc %x != computed %x",
+                   (unsigned)index, entry_label(label, sizeof label,
+                                  rd16(en + COLIBRI_ENT_KIND, be),
+                                  rd16(en + COLIBRI_ENT_LAYER, be),
+                                  rd16(en + COLIBRI_ENT_EXPERT, be)),
+                   (unsigned)want_crc, (unsigned)got_crc);
+        return COLIBRI_E_CRC;
+    }
+    return check_finite(sec, en, group, be, index, detail);
+}
+
+uint64_t clb_prefix_bytes(const uint8_t *hdr, const colibri_shape *s, int be)
+{
+    uint64_t table_end = COLIBRI_TABLE_OFFSET + (uint64_t)s->n_tensors * COLIBRI_ENTRY_SIZE;
+    if (rd16(hdr + COLIBRI_HDR_VERSION, be) < 2)
+        return table_end;
+    uint64_t at = (table_end + 63) & ~(uint64_t)63;
+    return at + 4 * desc_cols(s, rd32(hdr + COLIBRI_HDR_FLAGS, be));
+}
+
+int clb_validate_prefix(const uint8_t *b, size_t size, colibri_shape *s,
+                        int *be, clb_desc *d, char *detail)
+{
+    uint32_t n_unknown;
+    int rc = clb_check_header(b, size, s, be, detail, NULL, NULL, NULL);
+    if (rc == COLIBRI_OK)
+        rc = check_table(b, size, s, *be, 0, detail, NULL, NULL, NULL, &n_unknown, d);
+    return rc;
 }
 
 /* The whole of FORMAT.md 3 on bytes as stored. */

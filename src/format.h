@@ -86,6 +86,23 @@ int clb_validate(const uint8_t *b, size_t size, colibri_shape *s, int *be,
                  clb_desc *d, char *detail, bad_cb cb, void *user,
                  uint32_t *nbad);
 
+/* The bytes of a file before its first section after the DESC: header,
+ * table and (version 2) the DESC section, from a header that passed
+ * clb_check_header. What a streamed instance reads first. */
+uint64_t clb_prefix_bytes(const uint8_t *hdr, const colibri_shape *s, int be);
+
+/* clb_validate without the sections' CRCs and floats, on a buffer holding
+ * only the file's first clb_prefix_bytes bytes (size is the whole file's:
+ * offsets and sizes are checked against it). */
+int clb_validate_prefix(const uint8_t *b, size_t size, colibri_shape *s,
+                        int *be, clb_desc *d, char *detail);
+
+/* One section's CRC, then its floats (every float32 value or scale finite),
+ * at `sec` wherever the section now lies; en is its table entry, index its
+ * number for the detail. COLIBRI_OK, _CRC, _BAD_FORMAT. */
+int clb_check_section(const uint8_t *sec, const uint8_t *en, uint32_t index,
+                      uint32_t group, int be, char *detail);
+
 /* Section size of a dtype (FORMAT.md 4), overflow-checked (*ovf sticky);
  * where the scales start within the section in *scales_at. */
 uint64_t clb_section_size(unsigned dtype, uint32_t rows, uint32_t cols,

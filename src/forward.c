@@ -124,8 +124,9 @@ static void lm_head(const clb_plan *p, uint32_t n, uint32_t last_pos,
             logits[i] /= p->d.logits_div;
 }
 
-static void forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
-                          uint32_t last_pos, float *logits)
+/* COLIBRI_OK, or a streamed expert's read error (detail set). */
+static int forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
+                         uint32_t last_pos, float *logits, char *detail)
 {
     const colibri_shape *s = &p->s;
     uint32_t h = s->hidden;
@@ -147,11 +148,15 @@ static void forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         clb_rmsnorm(p->xn, p->x, L->ffn_norm, n, h, s->rms_eps);
         if (L->dense)
             clb_swiglu(p, &L->ffn, p->xn, n, p->tmp, "dense.w1w3", "dense.w2");
-        else
-            clb_moe(p, L, p->xn, n, p->tmp);
+        else {
+            int rc = clb_moe(p, L, p->xn, n, p->tmp, detail);
+            if (rc)
+                return rc;
+        }
         residual(p->x, p->tmp, nh, p->d.residual_scale);
     }
     lm_head(p, n, last_pos, logits);
+    return COLIBRI_OK;
 }
 
 int colibri_infer(colibri_model *m, const int32_t *input_ids,
@@ -233,14 +238,24 @@ int colibri_infer_ex(colibri_model *m, const int32_t *input_ids,
             p->tok_b[i] = (uint32_t)((start + i) / seq);
             p->tok_pos[i] = n_past + (uint32_t)((start + i) % seq);
         }
+        int rc = COLIBRI_OK;
         if (p->ed) /* ALL rows; LAST with seq 1 is the same layout */
             clb_encdec_decode_chunk(p, input_ids + start, n,
                                     logits + start * s->vocab);
         else if (logits_mode == COLIBRI_LOGITS_LAST)
-            forward_chunk(p, input_ids + start, n, n_past + seq - 1, logits);
+            rc = forward_chunk(p, input_ids + start, n, n_past + seq - 1, logits,
+                               v->detail);
         else
-            forward_chunk(p, input_ids + start, n, UINT32_MAX,
-                          logits + start * s->vocab);
+            rc = forward_chunk(p, input_ids + start, n, UINT32_MAX,
+                               logits + start * s->vocab, v->detail);
+        if (rc) {
+            /* A streamed expert failed mid-call: the cache positions from
+             * n_past on may hold this call's keys in some layers, so only
+             * the n_past before it remain (colibri.h). */
+            if (v->cached_len > n_past)
+                v->cached_len = n_past;
+            return rc;
+        }
     }
     v->cached_len = n_past + seq;
     v->cached_batch = batch;

@@ -4,6 +4,7 @@
  * router as the runtime uses it, and the build's switches.
  */
 #include "internal.h"
+#include "stream.h"
 #include "support.h"
 #include "colibri_tokenizer.h" /* the tokenizer's codes -30..-36 */
 
@@ -78,7 +79,8 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
     const struct colibri_model_private_ *v = &m->priv_;
     if (v->magic != CLB_MODEL_MAGIC)
         return COLIBRI_E_NOT_INIT;
-    static const char *const modes[] = { "?", "mmap", "read", "memory", "shared" };
+    static const char *const modes[] = { "?", "mmap", "read", "memory", "shared",
+                                         "stream" };
     const clb_plan *p = (const clb_plan *)v->plan;
     memset(out, 0, sizeof *out);
     out->shape = v->shape;
@@ -101,7 +103,8 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
         out->dtypes_expert |= (uint16_t)(1u << lm->experts[e].w1.dtype |
                                          1u << lm->experts[e].w3.dtype |
                                          1u << lm->experts[e].w2.dtype);
-    out->file_size = v->blob_size;
+    /* a streamed instance's blob is its resident image, not the file */
+    out->file_size = p->stream ? p->stream->file_size : v->blob_size;
     out->arena_bytes = v->arena_size;
     out->chunk_tokens = p->chunk;
     out->kv_dtype = p->kv_dtype;
@@ -113,7 +116,7 @@ int colibri_get_info(const colibri_model *m, colibri_info *out)
     out->thread_flags = p->team.flags;
     out->executor = p->team.ex.run != NULL;
 #endif
-    out->load_mode = modes[v->load_mode <= CLB_LOAD_SHARED ? v->load_mode : 0];
+    out->load_mode = modes[v->load_mode <= CLB_LOAD_STREAM ? v->load_mode : 0];
     out->huge_pages_advised = v->huge != NULL;
     const uint8_t *tab = v->blob + COLIBRI_TABLE_OFFSET;
     for (uint32_t i = 0; i < v->shape.n_tensors; i++) {

@@ -29,7 +29,7 @@
 /* priv_.magic of an initialised instance ("CLBR"), and priv_.load_mode. */
 #define CLB_MODEL_MAGIC 0x434C4252u
 enum { CLB_LOAD_MMAP = 1, CLB_LOAD_READ = 2, CLB_LOAD_MEMORY = 3,
-       CLB_LOAD_SHARED = 4 };
+       CLB_LOAD_SHARED = 4, CLB_LOAD_STREAM = 5 };
 
 /* Tokens processed together (a prefill groups each chunk's tokens by expert,
  * so each expert's weights stream once per chunk). A caller-supplied arena
@@ -134,6 +134,13 @@ typedef struct clb_plan {
 
     /* ENC_DEC files only (encdec.h), else NULL: the encoder-decoder state. */
     struct clb_encdec *ed;
+
+    /* Streamed instances only (stream.h), else NULL: the expert slots, and
+     * how moe.c gets an expert into one (a pointer, so that builds which
+     * never stream do not link stream.c). */
+    struct clb_stream *stream;
+    int (*acquire)(const struct clb_plan *p, uint32_t layer, uint32_t expert,
+                   int probe, const clb_expert **ex, char *detail);
 } clb_plan;
 
 /* --- plan.c --------------------------------------------------------------- */
@@ -141,6 +148,9 @@ typedef struct clb_plan {
 /* Hands out 64-byte aligned pieces of an arena; with base NULL it only
  * counts (ovf sticky on overflow). */
 typedef struct { uint8_t *base; uint64_t off; int ovf; } carver;
+
+/* The next 64-byte aligned piece of `bytes` (NULL while only counting). */
+void *clb_carve(carver *c, uint64_t bytes);
 
 /* Lay out the arena for shape s processing up to chunk_limit tokens
  * together. With c->base NULL, *pp is NULL and only c->off matters. */
@@ -157,21 +167,44 @@ int clb_arena_bytes(const colibri_shape *s, const clb_desc *d,
 uint64_t clb_kv_bytes_per_token(const colibri_shape *s, unsigned kv_dtype);
 uint64_t clb_kv_bytes(const colibri_shape *s, unsigned kv_dtype);
 
-/* The options a caller passed (NULL: defaults) checked and read into
- * *kv_dtype; detail says what is wrong. COLIBRI_OK, _ARG, _UNSUPPORTED. */
-int clb_read_options(const colibri_options *opt, unsigned *kv_dtype,
-                     char *detail);
+/* The options a caller passed (NULL: defaults), checked; fields past the
+ * caller's opt->size take their defaults. */
+typedef struct clb_opts {
+    unsigned kv_dtype;   /* COLIBRI_KV_* */
+    uint32_t slots;      /* expert_slots (0: none asked) */
+    uint32_t policy;     /* COLIBRI_SLOTS_* */
+    uint64_t ram;        /* ram_bytes (0: no budget) */
+} clb_opts;
+
+/* Read and check *opt into *o; detail says what is wrong. COLIBRI_OK,
+ * _ARG, _UNSUPPORTED. */
+int clb_read_options(const colibri_options *opt, clb_opts *o, char *detail);
 
 /* COLIBRI_E_UNSUPPORTED (detail set) when description d cannot use the
  * cache type kv_dtype (an 8-bit cache of an ENC_DEC file). */
 int clb_kv_supported(const clb_desc *d, unsigned kv_dtype, char *detail);
 
-/* The view of table entry `en` of a validated blob (data in host order). */
+/* The view of table entry `en` whose section lies at `sec` (NULL: shape
+ * and dtype only), and of entry `en` of a validated blob (data in host
+ * order) at its file offset. */
+clb_weight clb_weight_at(const uint8_t *sec, const uint8_t *en, int be,
+                         uint32_t group);
 clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
                          uint32_t group);
 
-/* Point every tensor view of the plan into a validated, host-order blob and
- * compute the RoPE tables. */
+/* Swap one section's data at `sec` (its entry `en`, in the file's byte
+ * order be) into the other byte order, in place: values by their width,
+ * float32 scales by 4, blocks' float fields; DESC and unknown kinds are
+ * left as stored. */
+void clb_swap_section(uint8_t *sec, const uint8_t *en, int be, uint32_t group);
+
+/* The table offset of a section that is not in the blob: a streamed
+ * instance's experts (stream.c rewrites its resident copy of the table). */
+#define CLB_NOT_RESIDENT UINT64_MAX
+
+/* Point every tensor view of the plan into a validated, host-order blob
+ * (sections at their table offsets; CLB_NOT_RESIDENT: a view with shape
+ * and dtype but no data) and compute the RoPE tables. */
 void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
                     const colibri_kernels *k);
 
@@ -248,9 +281,11 @@ void clb_debug_dump(const char *what, const char *role, const void *data,
 /* --- moe.c ----------------------------------------------------------------- */
 
 /* Y[n, hidden] = sparse MoE of X[n, hidden] (already normalised) for the
- * layer: router, softmax, top-k, per-expert grouped SwiGLU, weighted sum. */
-void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
-             uint32_t n, float *Y);
+ * layer: router, softmax, top-k, per-expert grouped SwiGLU, weighted sum.
+ * COLIBRI_OK, or (streamed instances only) the error of reading an expert,
+ * with detail set. */
+int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
+            uint32_t n, float *Y, char *detail);
 
 /* p[0..n) = softmax(v[0..n)) in float32 (max-subtracted). */
 void clb_softmax(float *p, const float *v, uint32_t n);

@@ -3,8 +3,9 @@
  * into huge-page memory), byte-swapping a file of the other byte order into
  * memory the instance owns, zero-copy use of a blob (flash), sharing another
  * instance's weights, giving the instance its arena and plan, and releasing
- * it all. The only file of the runtime that allocates or makes system calls
- * (none at all in COLIBRI_STATIC_WORKBUF builds).
+ * it all; opening a streamed instance (stream.c builds it) and the file
+ * reader of its experts. The only file of the runtime that allocates or
+ * makes system calls (none at all in COLIBRI_STATIC_WORKBUF builds).
  */
 #if !defined(COLIBRI_STATIC_WORKBUF) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L /* open, fstat, mmap */
@@ -12,10 +13,14 @@
 #if !defined(COLIBRI_STATIC_WORKBUF) && defined(__linux__) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE (alloc_blob) */
 #endif
+#if !defined(COLIBRI_STATIC_WORKBUF) && defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* O_DIRECT (the streamed experts' file reader) */
+#endif
 
 #include "encdec.h"
 #include "format.h"
 #include "internal.h"
+#include "stream.h"
 
 #include <string.h>
 
@@ -23,8 +28,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #if COLIBRI_ENABLE_MMAP
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #endif
 #if COLIBRI_ENABLE_MMAP || defined(__linux__)
@@ -84,51 +91,86 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
     const uint8_t *tab = b + COLIBRI_TABLE_OFFSET;
     for (uint32_t i = 0; i < s->n_tensors; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
-        unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
-        if (kind < 1 || kind > COLIBRI_KIND_MAX || kind == COLIBRI_KIND_DESC)
-            continue; /* unknown layout: never used; DESC: read as stored */
-        clb_weight w = clb_weight_of(b, en, be, s->group_size);
-        uint8_t *q = (uint8_t *)w.q;
-        if (clb_block_cols(w.dtype)) {
-            /* Blocks: only their leading float32 fields (d, Q4_K's dmin). */
-            uint64_t nblk = (uint64_t)w.rows * ((w.cols + clb_block_cols(w.dtype) - 1) /
-                                                clb_block_cols(w.dtype));
-            unsigned nf = w.dtype == COLIBRI_DTYPE_Q4_K ? 2 : 1;
-            for (uint64_t k = 0; k < nblk; k++)
-                for (unsigned f = 0; f < nf; f++) {
-                    uint8_t *x = q + k * clb_block_bytes(w.dtype) + 4 * f, t0 = x[0], t1 = x[1];
-                    x[0] = x[3];
-                    x[1] = x[2];
-                    x[2] = t1;
-                    x[3] = t0;
-                }
-            continue;
-        }
-        uint64_t n = (uint64_t)w.rows * w.cols, n_scales = 0;
-        unsigned width = w.dtype == COLIBRI_DTYPE_F32 ? 4
-                       : w.dtype == COLIBRI_DTYPE_I16_ROW ? 2 : 1;
-        if (w.dtype == COLIBRI_DTYPE_I8_GROUP)
-            n_scales = (uint64_t)w.rows * ((w.cols + s->group_size - 1) / s->group_size);
-        else if (w.dtype == COLIBRI_DTYPE_I16_ROW)
-            n_scales = w.rows;
-        for (uint64_t v = 0; width > 1 && v < n; v++) {
-            uint8_t *x = q + v * width;
-            for (unsigned a = 0, z = width - 1; a < z; a++, z--) {
-                uint8_t t = x[a];
-                x[a] = x[z];
-                x[z] = t;
-            }
-        }
-        uint8_t *sc = (uint8_t *)w.scales;
-        for (uint64_t v = 0; v < n_scales; v++) {
-            uint8_t *x = sc + v * 4, t0 = x[0], t1 = x[1];
-            x[0] = x[3];
-            x[1] = x[2];
-            x[2] = t1;
-            x[3] = t0;
-        }
+        clb_swap_section(b + rd64(en + COLIBRI_ENT_OFFSET, be), en, be, s->group_size);
     }
 }
+#endif
+
+#ifndef COLIBRI_STATIC_WORKBUF
+/* The library's own reader of a streamed instance's file: pread, and for
+ * expert reads (block-aligned offset and buffer) O_DIRECT where the file
+ * system takes it, so experts do not also fill the page cache a memory
+ * budget charges for (a cgroup counts it). Time inside it goes to ns. */
+#define CLB_DIRECT_ALIGN 4096u
+typedef struct file_reader {
+    int fd, fd_direct;   /* fd_direct -1: none (or refused) */
+    uint64_t ns;
+} file_reader;
+
+static void close_file_reader(void *user)
+{
+#if COLIBRI_ENABLE_MMAP
+    file_reader *r = (file_reader *)user;
+    if (!r)
+        return;
+    close(r->fd);
+    if (r->fd_direct >= 0)
+        close(r->fd_direct);
+    free(r);
+#else
+    (void)user;
+#endif
+}
+
+#if COLIBRI_ENABLE_MMAP
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    if (clock_gettime(CLOCK_MONOTONIC, &t) != 0)
+        return 0;
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* n bytes at off with fd, or up to the end of the file when at_least is
+ * below n (an aligned read's last block); -1 on error or a short file. */
+static int pread_all(int fd, uint64_t off, uint8_t *dst, size_t n, size_t at_least)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, dst + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return got >= at_least ? 0 : -1;
+}
+
+static int file_read(void *user, uint64_t off, void *dst, size_t n)
+{
+    file_reader *r = (file_reader *)user;
+    uint64_t t0 = now_ns();
+    int rc = -1;
+    if (r->fd_direct >= 0 && off % CLB_DIRECT_ALIGN == 0 &&
+        (uintptr_t)dst % CLB_DIRECT_ALIGN == 0) {
+        /* whole blocks: the slot has room for the rounded-up length
+         * (clb_slot_stride) */
+        size_t len = (n + CLB_DIRECT_ALIGN - 1) / CLB_DIRECT_ALIGN * CLB_DIRECT_ALIGN;
+        rc = pread_all(r->fd_direct, off, (uint8_t *)dst, len, n);
+        if (rc != 0 && errno == EINVAL) { /* the file system refuses it */
+            close(r->fd_direct);
+            r->fd_direct = -1;
+        }
+    }
+    if (rc != 0)
+        rc = pread_all(r->fd, off, (uint8_t *)dst, n, n);
+    r->ns += now_ns() - t0;
+    return rc;
+}
+#endif
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -152,6 +194,7 @@ static void release(colibri_model *m)
 #endif
     free(v->owned_blob);
     free(v->owned_arena);
+    close_file_reader(v->file_reader);
 #endif
     char keep[DETAIL_CAP];
     memcpy(keep, v->detail, DETAIL_CAP);
@@ -258,10 +301,16 @@ int colibri_init_from_memory_ex(colibri_model *m, const void *blob, size_t size,
         return COLIBRI_E_ARG;
     memset(&m->priv_, 0, sizeof m->priv_);
     struct colibri_model_private_ *v = &m->priv_;
-    unsigned kv;
-    int orc = clb_read_options(opt, &kv, v->detail);
+    clb_opts o;
+    int orc = clb_read_options(opt, &o, v->detail);
     if (orc)
         return orc;
+    unsigned kv = o.kv_dtype;
+    if (o.slots || o.ram) {
+        clb_detail(v->detail, DETAIL_CAP, "expert_slots and ram_bytes stream "
+                   "experts from a file: use colibri_init_ex or colibri_init_stream");
+        return COLIBRI_E_ARG;
+    }
     if (!blob) {
         clb_detail(v->detail, DETAIL_CAP, "blob is NULL");
         return COLIBRI_E_ARG;
@@ -395,6 +444,328 @@ static int make_host_order(colibri_model *m, int be)
 }
 #endif /* !COLIBRI_STATIC_WORKBUF */
 
+/* ------------------------------------------------------------------------ */
+/* Streamed instances (stream.c builds them)                                */
+/* ------------------------------------------------------------------------ */
+
+/* Read the file's header and check it: *s, *be and the prefix length. */
+static int read_header(const colibri_reader *rd, uint8_t *hdr, colibri_shape *s,
+                       int *be, uint64_t *prefix, char *detail)
+{
+    if (!rd || !rd->read) {
+        clb_detail(detail, DETAIL_CAP, "the reader or its read function is NULL");
+        return COLIBRI_E_ARG;
+    }
+    if (rd->size < COLIBRI_HEADER_SIZE) {
+        clb_detail(detail, DETAIL_CAP, "file is %llu bytes, shorter than the "
+                   "%u-byte header (truncated?)", (unsigned long long)rd->size,
+                   (unsigned)COLIBRI_HEADER_SIZE);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    if (rd->read(rd->user, 0, hdr, COLIBRI_HEADER_SIZE) != 0) {
+        clb_detail(detail, DETAIL_CAP, "reading the header failed");
+        return COLIBRI_E_IO;
+    }
+    size_t size = rd->size > (uint64_t)SIZE_MAX ? SIZE_MAX : (size_t)rd->size;
+    int rc = clb_check_header(hdr, size, s, be, detail, NULL, NULL, NULL);
+    if (rc)
+        return rc;
+    *prefix = clb_prefix_bytes(hdr, s, *be);
+    if (*prefix > rd->size) {
+        clb_detail(detail, DETAIL_CAP, "the table and description end at %llu, "
+                   "beyond the file size %llu (truncated?)",
+                   (unsigned long long)*prefix, (unsigned long long)rd->size);
+        return COLIBRI_E_BAD_FORMAT;
+    }
+    return COLIBRI_OK;
+}
+
+/* The slot count of options o for geometry g: asked for, or what the
+ * budget (ram, else a caller arena of arena_size) holds. */
+static int slots_of(const clb_stream_geom *g, const clb_opts *o, uint32_t align,
+                    size_t arena_size, uint32_t *out, char *detail)
+{
+    uint64_t budget = o->ram ? o->ram : arena_size;
+    if (o->slots) {
+        if (o->slots > g->n_streamed) {
+            clb_detail(detail, DETAIL_CAP, "%u expert slots, the file has %u "
+                       "experts", (unsigned)o->slots, (unsigned)g->n_streamed);
+            return COLIBRI_E_ARG;
+        }
+        *out = o->slots;
+        return COLIBRI_OK;
+    }
+    if (!budget) {
+        clb_detail(detail, DETAIL_CAP, "streamed experts need expert_slots or "
+                   "ram_bytes (or a caller arena to fill)");
+        return COLIBRI_E_ARG;
+    }
+    uint64_t least;
+    *out = clb_stream_slots_for(g, budget, align, COLIBRI_CHUNK_TOKENS_OWNED,
+                                o->kv_dtype, &least);
+    if (*out == 0) {
+        clb_detail(detail, DETAIL_CAP, "a budget of %llu bytes holds no expert "
+                   "slot: the resident part and one slot need %llu",
+                   (unsigned long long)budget, (unsigned long long)least);
+        return COLIBRI_E_NO_MEMORY;
+    }
+    return COLIBRI_OK;
+}
+
+/* Open a streamed instance through rd (align: the reader's, 1 or
+ * CLB_DIRECT_ALIGN), into the caller's arena or an allocated one. */
+static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t align,
+                       void *arena, size_t arena_size, const clb_opts *o)
+{
+    struct colibri_model_private_ *v = &m->priv_;
+    uint8_t hdr[COLIBRI_HEADER_SIZE];
+    uint64_t prefix;
+    int be;
+    int rc = read_header(rd, hdr, &v->shape, &be, &prefix, v->detail);
+    if (rc)
+        return rc;
+    /* The prefix goes where the image starts: the caller's arena, or a
+     * temporary buffer until the arena's size is known. */
+    uint8_t *pre = (uint8_t *)arena;
+    void *pre_base = NULL;
+    (void)pre_base; /* static builds: never allocated */
+    if (arena) {
+        if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) {
+            clb_detail(v->detail, DETAIL_CAP, "arena is not %u-byte aligned",
+                       (unsigned)COLIBRI_ARENA_ALIGN);
+            return COLIBRI_E_ALIGN;
+        }
+        if (arena_size < prefix) {
+            clb_detail(v->detail, DETAIL_CAP, "arena of %llu bytes, the table "
+                       "alone needs %llu", (unsigned long long)arena_size,
+                       (unsigned long long)prefix);
+            return COLIBRI_E_ARENA_TOO_SMALL;
+        }
+    } else {
+#ifdef COLIBRI_STATIC_WORKBUF
+        clb_detail(v->detail, DETAIL_CAP, "static work-buffer build: the caller "
+                   "must supply the arena");
+        return COLIBRI_E_ARG;
+#else
+        pre = prefix <= SIZE_MAX - 64 ? (uint8_t *)alloc64((size_t)prefix, &pre_base) : NULL;
+        if (!pre) {
+            clb_detail(v->detail, DETAIL_CAP, "cannot allocate %llu bytes for the "
+                       "table", (unsigned long long)prefix);
+            return COLIBRI_E_NO_MEMORY;
+        }
+#endif
+    }
+    clb_stream_geom g;
+    uint32_t slots = 0;
+    size_t need = 0;
+    uint32_t chunk = COLIBRI_CHUNK_TOKENS_OWNED;
+    if (rd->read(rd->user, 0, pre, (size_t)prefix) != 0) {
+        clb_detail(v->detail, DETAIL_CAP, "reading the table failed");
+        rc = COLIBRI_E_IO;
+    }
+    if (rc == COLIBRI_OK)
+        rc = clb_stream_geometry(pre, rd->size, &g, v->detail);
+    if (rc == COLIBRI_OK)
+        rc = clb_kv_supported(&g.d, o->kv_dtype, v->detail);
+    if (rc == COLIBRI_OK)
+        rc = slots_of(&g, o, align, arena_size, &slots, v->detail);
+    if (rc == COLIBRI_OK)
+        rc = clb_stream_arena_bytes(&g, slots, align, chunk, o->kv_dtype, &need);
+    if (rc == COLIBRI_OK && arena && arena_size < need) {
+        /* as attach_arena: a smaller caller arena gets the small chunk */
+        chunk = COLIBRI_CHUNK_TOKENS;
+        rc = clb_stream_arena_bytes(&g, slots, align, chunk, o->kv_dtype, &need);
+        if (rc == COLIBRI_OK && arena_size < need) {
+            clb_detail(v->detail, DETAIL_CAP, "arena of %llu bytes, %u expert "
+                       "slots need %llu", (unsigned long long)arena_size,
+                       (unsigned)slots, (unsigned long long)need);
+            rc = COLIBRI_E_ARENA_TOO_SMALL;
+        }
+    }
+    if (rc == COLIBRI_OK && !arena) {
+#ifndef COLIBRI_STATIC_WORKBUF
+        /* aligned for the reader's direct reads (slots are aligned inside) */
+        arena = alloc64(need, &v->owned_arena);
+        if (!arena) {
+            clb_detail(v->detail, DETAIL_CAP, "cannot allocate an arena of %llu "
+                       "bytes", (unsigned long long)need);
+            rc = COLIBRI_E_NO_MEMORY;
+        } else {
+            memcpy(arena, pre, (size_t)prefix);
+            arena_size = need;
+        }
+#endif
+    }
+#ifndef COLIBRI_STATIC_WORKBUF
+    free(pre_base);
+#endif
+    if (rc)
+        return rc;
+    memset((uint8_t *)arena + prefix, 0, need - (size_t)prefix);
+    clb_plan *p;
+    rc = clb_stream_build((uint8_t *)arena, &g, rd, align, slots, o->policy, chunk,
+                          o->kv_dtype, &p, v->detail);
+    if (rc)
+        return rc;
+    v->blob = (const uint8_t *)arena; /* the image: header, table, resident */
+    v->blob_size = (size_t)g.image_bytes;
+    v->file_big_endian = (uint8_t)g.be;
+    v->byte_swapped = (uint8_t)(g.be != host_is_big_endian());
+    v->load_mode = CLB_LOAD_STREAM;
+    v->arena = arena;
+    v->arena_size = arena_size;
+    v->plan = p;
+    v->kernels = p->k;
+    v->kv_dtype = (uint8_t)o->kv_dtype;
+    v->magic = CLB_MODEL_MAGIC;
+    return COLIBRI_OK;
+}
+
+int colibri_init_stream(colibri_model *m, const colibri_reader *rd, void *arena,
+                        size_t arena_size, const colibri_options *opt)
+{
+    if (!m)
+        return COLIBRI_E_ARG;
+    memset(&m->priv_, 0, sizeof m->priv_);
+    clb_opts o;
+    int rc = clb_read_options(opt, &o, m->priv_.detail);
+    if (rc == COLIBRI_OK)
+        rc = stream_open(m, rd, 1, arena, arena ? arena_size : 0, &o);
+    if (rc)
+        release(m);
+    return rc;
+}
+
+int colibri_stream_arena_size(const colibri_reader *rd, const colibri_options *opt,
+                              size_t *out_bytes, uint32_t *out_slots)
+{
+    char detail[DETAIL_CAP];
+    clb_opts o;
+    if (!out_bytes)
+        return COLIBRI_E_ARG;
+    int rc = clb_read_options(opt, &o, detail);
+    if (rc)
+        return rc;
+#ifdef COLIBRI_STATIC_WORKBUF
+    (void)rd;
+    (void)out_slots;
+    return COLIBRI_E_UNSUPPORTED; /* it would need memory for the table */
+#else
+    uint8_t hdr[COLIBRI_HEADER_SIZE];
+    colibri_shape s;
+    int be;
+    uint64_t prefix;
+    rc = read_header(rd, hdr, &s, &be, &prefix, detail);
+    if (rc)
+        return rc;
+    void *base = NULL;
+    uint8_t *pre = prefix <= SIZE_MAX - 64 ? (uint8_t *)alloc64((size_t)prefix, &base) : NULL;
+    if (!pre)
+        return COLIBRI_E_NO_MEMORY;
+    clb_stream_geom g;
+    uint32_t slots = 0;
+    rc = rd->read(rd->user, 0, pre, (size_t)prefix) != 0 ? COLIBRI_E_IO : COLIBRI_OK;
+    if (rc == COLIBRI_OK)
+        rc = clb_stream_geometry(pre, rd->size, &g, detail);
+    if (rc == COLIBRI_OK)
+        rc = slots_of(&g, &o, 1, 0, &slots, detail);
+    if (rc == COLIBRI_OK)
+        rc = clb_stream_arena_bytes(&g, slots, 1, COLIBRI_CHUNK_TOKENS_OWNED,
+                                    o.kv_dtype, out_bytes);
+    if (rc == COLIBRI_OK && out_slots)
+        *out_slots = slots;
+    free(base);
+    return rc;
+#endif
+}
+
+#if !defined(COLIBRI_STATIC_WORKBUF) && COLIBRI_ENABLE_MMAP
+/* 1 if a budget of o->ram holds the all-resident instance of rd's file:
+ * the file and the arena colibri_init would allocate. */
+static int fits_resident(const colibri_reader *rd, const clb_opts *o)
+{
+    char detail[DETAIL_CAP];
+    uint8_t hdr[COLIBRI_HEADER_SIZE];
+    colibri_shape s;
+    int be, fits = 0;
+    uint64_t prefix;
+    if (rd->size >= o->ram || read_header(rd, hdr, &s, &be, &prefix, detail))
+        return 0;
+    void *base = NULL;
+    uint8_t *pre = prefix <= SIZE_MAX - 64 ? (uint8_t *)alloc64((size_t)prefix, &base) : NULL;
+    clb_desc d;
+    size_t arena = 0;
+    if (pre && rd->read(rd->user, 0, pre, (size_t)prefix) == 0 &&
+        clb_validate_prefix(pre, (size_t)rd->size, &s, &be, &d, detail) == COLIBRI_OK &&
+        clb_arena_bytes(&s, &d, COLIBRI_CHUNK_TOKENS_OWNED, o->kv_dtype, &arena) ==
+            COLIBRI_OK)
+        fits = arena <= o->ram - rd->size;
+    free(base);
+    return fits;
+}
+#endif
+
+#ifndef COLIBRI_STATIC_WORKBUF
+/* colibri_init_ex with expert_slots or ram_bytes: stream `path` through the
+ * library's own reader, or CLB_FITS_RESIDENT when the budget holds the
+ * all-resident instance (file and arena), which loads faster and reads
+ * nothing during infer. */
+#define CLB_FITS_RESIDENT 1
+static int open_streamed_file(colibri_model *m, const char *path, const clb_opts *o)
+{
+    struct colibri_model_private_ *v = &m->priv_;
+#if COLIBRI_ENABLE_MMAP
+    file_reader *r = (file_reader *)calloc(1, sizeof *r);
+    if (!r) {
+        clb_detail(v->detail, DETAIL_CAP, "out of memory");
+        return COLIBRI_E_NO_MEMORY;
+    }
+    r->fd_direct = -1;
+    r->fd = open(path, O_RDONLY);
+    struct stat st;
+    if (r->fd < 0 || fstat(r->fd, &st) != 0 || st.st_size < 0) {
+        if (r->fd >= 0)
+            close(r->fd);
+        free(r);
+        clb_detail(v->detail, DETAIL_CAP, "cannot open %s", path);
+        return COLIBRI_E_IO;
+    }
+    colibri_reader rd = { file_read, r, (uint64_t)st.st_size };
+    if (o->ram && !o->slots && fits_resident(&rd, o)) {
+        close_file_reader(r);
+        return CLB_FITS_RESIDENT;
+    }
+    uint32_t align = 1;
+#ifdef O_DIRECT
+    r->fd_direct = open(path, O_RDONLY | O_DIRECT);
+    if (r->fd_direct >= 0)
+        align = CLB_DIRECT_ALIGN;
+#endif
+    v->file_reader = r;
+    int rc = stream_open(m, &rd, align, NULL, 0, o);
+    if (rc == COLIBRI_OK) {
+        clb_plan *p = (clb_plan *)v->plan;
+        p->stream->read_ns = &r->ns;
+        r->ns = 0;
+#ifdef POSIX_FADV_DONTNEED
+        /* the resident sections are copied: their pages need not stay */
+        (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_DONTNEED);
+#endif
+    }
+    if (rc)
+        release(m);
+    return rc;
+#else
+    (void)path;
+    (void)o;
+    clb_detail(v->detail, DETAIL_CAP, "this build reads files without POSIX "
+               "calls (COLIBRI_ENABLE_MMAP=0): stream with colibri_init_stream "
+               "and a reader");
+    return COLIBRI_E_UNSUPPORTED;
+#endif
+}
+#endif
+
 int colibri_init(colibri_model *m, const char *path)
 {
     return colibri_init_ex(m, path, NULL);
@@ -406,10 +777,11 @@ int colibri_init_ex(colibri_model *m, const char *path,
     if (!m)
         return COLIBRI_E_ARG;
     memset(&m->priv_, 0, sizeof m->priv_);
-    unsigned kv;
-    int orc = clb_read_options(opt, &kv, m->priv_.detail);
+    clb_opts o;
+    int orc = clb_read_options(opt, &o, m->priv_.detail);
     if (orc)
         return orc;
+    unsigned kv = o.kv_dtype;
 #ifdef COLIBRI_STATIC_WORKBUF
     (void)path;
     (void)kv;
@@ -421,6 +793,12 @@ int colibri_init_ex(colibri_model *m, const char *path,
     if (!path) {
         clb_detail(v->detail, DETAIL_CAP, "path is NULL");
         return COLIBRI_E_ARG;
+    }
+    if (o.slots || o.ram) {
+        int src = open_streamed_file(m, path, &o);
+        if (src != CLB_FITS_RESIDENT)
+            return src;
+        memset(&m->priv_, 0, sizeof m->priv_); /* the budget holds it all */
     }
     int rc = load_file(m, path);
     int be = 0;
@@ -450,10 +828,16 @@ int colibri_share_ex(colibri_model *m, const colibri_model *owner, void *arena,
     if (!m || !owner || m == owner)
         return COLIBRI_E_ARG;
     memset(&m->priv_, 0, sizeof m->priv_);
-    unsigned kv;
-    int orc = clb_read_options(opt, &kv, m->priv_.detail);
+    clb_opts so;
+    int orc = clb_read_options(opt, &so, m->priv_.detail);
     if (orc)
         return orc;
+    unsigned kv = so.kv_dtype;
+    if (so.slots || so.ram) {
+        clb_detail(m->priv_.detail, DETAIL_CAP, "a shared instance uses its owner's "
+                   "weights: expert_slots and ram_bytes are for colibri_init_ex");
+        return COLIBRI_E_ARG;
+    }
     if (owner->priv_.magic != CLB_MODEL_MAGIC) {
         clb_detail(m->priv_.detail, DETAIL_CAP, "the owner model is not "
                    "initialised");
@@ -461,6 +845,12 @@ int colibri_share_ex(colibri_model *m, const colibri_model *owner, void *arena,
     }
     const struct colibri_model_private_ *o = &owner->priv_;
     struct colibri_model_private_ *v = &m->priv_;
+    if (o->load_mode == CLB_LOAD_STREAM) {
+        /* the slots are the owner's mutable state, its arena's */
+        clb_detail(v->detail, DETAIL_CAP, "a streamed instance's experts cannot be "
+                   "shared: open a second streamed instance");
+        return COLIBRI_E_UNSUPPORTED;
+    }
     v->blob = o->blob;
     v->blob_size = o->blob_size;
     v->shape = o->shape;

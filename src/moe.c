@@ -116,24 +116,58 @@ void clb_swiglu(const clb_plan *p, const clb_expert *ex, const float *X,
     clb_linear(p, &ex->w2, p->h1, n, Y, what2);
 }
 
-void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
-             uint32_t n, float *Y)
+/* Expert e over the rows routed to it: its outputs land in p->yslot
+ * [n, K, hidden] at (row, slot). */
+static void run_expert(const clb_plan *p, const clb_expert *ex, uint32_t e,
+                       const float *X)
+{
+    uint32_t h = p->s.hidden, K = p->s.top_k;
+    uint32_t a = p->offsets[e], m = p->offsets[e + 1] - a;
+    for (uint32_t i = 0; i < m; i++)
+        memcpy(p->xe + (size_t)i * h, X + (size_t)(p->tok_list[a + i] / K) * h,
+               h * sizeof(float));
+    clb_swiglu(p, ex, p->xe, m, p->ye, "expert.w1w3", "expert.w2");
+    for (uint32_t i = 0; i < m; i++)
+        memcpy(p->yslot + (size_t)p->tok_list[a + i] * h,
+               p->ye + (size_t)i * h, h * sizeof(float));
+}
+
+/* A streamed instance's experts (stream.c): those a slot holds first, then
+ * the others, each read into a slot just before it runs. Each expert writes
+ * only its own (row, slot) outputs, so the order changes no bit. */
+static int run_streamed(const clb_plan *p, uint32_t l, const float *X, char *detail)
+{
+    for (int probe = 1; probe >= 0; probe--) {
+        for (uint32_t e = 0; e < p->s.n_experts; e++) {
+            if (p->offsets[e + 1] == p->offsets[e] || p->chosen[e] == 2)
+                continue;
+            const clb_expert *ex;
+            int rc = p->acquire(p, l, e, probe, &ex, detail);
+            if (rc < 0)
+                return rc;
+            if (rc == 0)
+                continue;
+            run_expert(p, ex, e, X);
+            p->chosen[e] = 2; /* done this layer */
+        }
+    }
+    return COLIBRI_OK;
+}
+
+int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
+            uint32_t n, float *Y, char *detail)
 {
     uint32_t h = p->s.hidden, K = p->s.top_k;
     route(p, layer, X, n);
-    /* Each expert runs once over the rows routed to it; its outputs land in
-     * p->yslot [n, K, hidden] at (row, slot). */
-    for (uint32_t e = 0; e < p->s.n_experts; e++) {
-        uint32_t a = p->offsets[e], m = p->offsets[e + 1] - a;
-        if (m == 0)
-            continue;
-        for (uint32_t i = 0; i < m; i++)
-            memcpy(p->xe + (size_t)i * h, X + (size_t)(p->tok_list[a + i] / K) * h,
-                   h * sizeof(float));
-        clb_swiglu(p, &layer->experts[e], p->xe, m, p->ye, "expert.w1w3", "expert.w2");
-        for (uint32_t i = 0; i < m; i++)
-            memcpy(p->yslot + (size_t)p->tok_list[a + i] * h,
-                   p->ye + (size_t)i * h, h * sizeof(float));
+    if (p->stream) {
+        memset(p->chosen, 0, p->s.n_experts);
+        int rc = run_streamed(p, (uint32_t)(layer - p->layers), X, detail);
+        if (rc)
+            return rc;
+    } else {
+        for (uint32_t e = 0; e < p->s.n_experts; e++)
+            if (p->offsets[e + 1] != p->offsets[e])
+                run_expert(p, &layer->experts[e], e, X);
     }
     /* y = sum_j w_j * expert_j(x) in selection order: a fixed order whatever
      * the chunking or the thread, and the order the reference uses. */
@@ -151,7 +185,7 @@ void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
      * by sigmoid(gate . x) where the file has a gate (Qwen2-MoE), as is
      * (GraniteMoeShared). Gate logits [n] reuse router_logits, free now. */
     if (layer->shared.w1.rows == 0)
-        return;
+        return COLIBRI_OK;
     clb_swiglu(p, &layer->shared, X, n, p->ye, "shared.w1w3", "shared.w2");
     float *g = p->router_logits;
     if (layer->shared_gate.rows)
@@ -168,4 +202,5 @@ void clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
                 y[c] = y[c] + ys[c];
         }
     }
+    return COLIBRI_OK;
 }

@@ -16,12 +16,13 @@
 /* Arena layout                                                             */
 /* ------------------------------------------------------------------------ */
 
-static void *carve(carver *c, uint64_t bytes)
+void *clb_carve(carver *c, uint64_t bytes)
 {
     uint64_t at = c->off;
     c->off = calign64(cadd(at, bytes, &c->ovf), &c->ovf);
     return c->base && !c->ovf ? c->base + at : NULL;
 }
+#define carve clb_carve
 
 static uint64_t cm(carver *c, uint64_t a, uint64_t b)
 {
@@ -182,10 +183,18 @@ colibri_options colibri_options_default(void)
     return o;
 }
 
-int clb_read_options(const colibri_options *opt, unsigned *kv_dtype,
-                     char *detail)
+/* Whether the caller's struct (opt->size bytes) holds the field at
+ * offset `at` of `width` bytes: fields past it take their defaults. */
+static int has_field(const colibri_options *opt, size_t at, size_t width)
 {
-    *kv_dtype = COLIBRI_KV_F32;
+    return opt->size >= at + width;
+}
+
+int clb_read_options(const colibri_options *opt, clb_opts *o, char *detail)
+{
+    memset(o, 0, sizeof *o);
+    o->kv_dtype = COLIBRI_KV_F32;
+    o->policy = COLIBRI_SLOTS_FREQ;
     if (!opt)
         return COLIBRI_OK;
     if (opt->size < 8u) {
@@ -207,7 +216,18 @@ int clb_read_options(const colibri_options *opt, unsigned *kv_dtype,
                    "COLIBRI_KV_I8 1)", (unsigned)opt->kv_dtype);
         return COLIBRI_E_ARG;
     }
-    *kv_dtype = opt->kv_dtype;
+    o->kv_dtype = opt->kv_dtype;
+    if (has_field(opt, offsetof(colibri_options, expert_slots), 4))
+        o->slots = opt->expert_slots;
+    if (has_field(opt, offsetof(colibri_options, slot_policy), 4))
+        o->policy = opt->slot_policy;
+    if (has_field(opt, offsetof(colibri_options, ram_bytes), 8))
+        o->ram = opt->ram_bytes;
+    if (o->policy != COLIBRI_SLOTS_FREQ && o->policy != COLIBRI_SLOTS_LRU) {
+        clb_detail(detail, DETAIL_CAP, "slot_policy %u (COLIBRI_SLOTS_FREQ 0 or "
+                   "COLIBRI_SLOTS_LRU 1)", (unsigned)o->policy);
+        return COLIBRI_E_ARG;
+    }
     return COLIBRI_OK;
 }
 
@@ -233,7 +253,9 @@ int colibri_arena_size_ex(const void *blob, size_t size,
     if (!blob || !out_bytes)
         return COLIBRI_E_ARG;
     clb_desc d;
-    int rc = clb_read_options(opt, &kv, detail);
+    clb_opts o;
+    int rc = clb_read_options(opt, &o, detail);
+    kv = o.kv_dtype;
     if (rc == COLIBRI_OK)
         rc = clb_check_header((const uint8_t *)blob, size, &s, &be, detail, NULL,
                               NULL, NULL);
@@ -255,8 +277,8 @@ int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes)
 /* The plan: weight views and init-time tables                              */
 /* ------------------------------------------------------------------------ */
 
-clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
-                            uint32_t group)
+clb_weight clb_weight_at(const uint8_t *sec, const uint8_t *en, int be,
+                         uint32_t group)
 {
     clb_weight w;
     int ovf = 0;
@@ -264,14 +286,66 @@ clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
     w.dtype = en[COLIBRI_ENT_DTYPE];
     w.rows = rd32(en + COLIBRI_ENT_ROWS, be);
     w.cols = rd32(en + COLIBRI_ENT_COLS, be);
-    const uint8_t *base = blob + rd64(en + COLIBRI_ENT_OFFSET, be);
     (void)clb_section_size(w.dtype, w.rows, w.cols, group, &scales_at, &ovf);
-    w.q = base;
+    w.q = sec;
     /* F32 and the block types (scales inside the blocks) have no scales
      * array. */
-    w.scales = w.dtype == COLIBRI_DTYPE_I8_GROUP || w.dtype == COLIBRI_DTYPE_I16_ROW
-                   ? (const float *)(base + scales_at) : NULL;
+    w.scales = sec && (w.dtype == COLIBRI_DTYPE_I8_GROUP || w.dtype == COLIBRI_DTYPE_I16_ROW)
+                   ? (const float *)(sec + scales_at) : NULL;
     return w;
+}
+
+clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
+                         uint32_t group)
+{
+    return clb_weight_at(blob + rd64(en + COLIBRI_ENT_OFFSET, be), en, be, group);
+}
+
+void clb_swap_section(uint8_t *sec, const uint8_t *en, int be, uint32_t group)
+{
+    unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
+    if (kind < 1 || kind > COLIBRI_KIND_MAX || kind == COLIBRI_KIND_DESC)
+        return; /* unknown layout: never used; DESC: read as stored */
+    clb_weight w = clb_weight_at(sec, en, be, group);
+    uint8_t *q = sec;
+    if (clb_block_cols(w.dtype)) {
+        /* Blocks: only their leading float32 fields (d, Q4_K's dmin). */
+        uint64_t nblk = (uint64_t)w.rows * ((w.cols + clb_block_cols(w.dtype) - 1) /
+                                            clb_block_cols(w.dtype));
+        unsigned nf = w.dtype == COLIBRI_DTYPE_Q4_K ? 2 : 1;
+        for (uint64_t k = 0; k < nblk; k++)
+            for (unsigned f = 0; f < nf; f++) {
+                uint8_t *x = q + k * clb_block_bytes(w.dtype) + 4 * f, t0 = x[0], t1 = x[1];
+                x[0] = x[3];
+                x[1] = x[2];
+                x[2] = t1;
+                x[3] = t0;
+            }
+        return;
+    }
+    uint64_t n = (uint64_t)w.rows * w.cols, n_scales = 0;
+    unsigned width = w.dtype == COLIBRI_DTYPE_F32 ? 4
+                   : w.dtype == COLIBRI_DTYPE_I16_ROW ? 2 : 1;
+    if (w.dtype == COLIBRI_DTYPE_I8_GROUP)
+        n_scales = (uint64_t)w.rows * ((w.cols + group - 1) / group);
+    else if (w.dtype == COLIBRI_DTYPE_I16_ROW)
+        n_scales = w.rows;
+    for (uint64_t v = 0; width > 1 && v < n; v++) {
+        uint8_t *x = q + v * width;
+        for (unsigned a = 0, z = width - 1; a < z; a++, z--) {
+            uint8_t t = x[a];
+            x[a] = x[z];
+            x[z] = t;
+        }
+    }
+    uint8_t *sc = (uint8_t *)w.scales;
+    for (uint64_t v = 0; v < n_scales; v++) {
+        uint8_t *x = sc + v * 4, t0 = x[0], t1 = x[1];
+        x[0] = x[3];
+        x[1] = x[2];
+        x[2] = t1;
+        x[3] = t0;
+    }
 }
 
 /* The entries without a layer (FORMAT.md 3): EMBED, FINAL_NORM, LM_HEAD and
@@ -293,7 +367,7 @@ static void bind_model_wide(clb_plan *p, unsigned kind, const clb_weight *w)
  * RoPE tables in double precision (then rounded to float) so every libm
  * gives the same table. */
 void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
-                       const colibri_kernels *k)
+                    const colibri_kernels *k)
 {
     const colibri_shape *s = &p->s;
     const uint8_t *tab = blob + COLIBRI_TABLE_OFFSET;
@@ -307,7 +381,11 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
             continue; /* unknown, non-critical: not used */
         if (kind == COLIBRI_KIND_DESC)
             continue; /* read into p->d, never byte-swapped */
-        clb_weight w = clb_weight_of(blob, en, be, s->group_size);
+        /* A streamed instance's experts are not in the blob (stream.c):
+         * their views get shape and dtype only. */
+        uint64_t where = rd64(en + COLIBRI_ENT_OFFSET, be);
+        clb_weight w = clb_weight_at(where == CLB_NOT_RESIDENT ? NULL : blob + where,
+                                     en, be, s->group_size);
         if (l == COLIBRI_NO_LAYER) { /* format.c: only model-wide kinds have no layer */
             bind_model_wide(p, kind, &w);
             continue;

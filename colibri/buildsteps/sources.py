@@ -16,6 +16,7 @@ LIBRARY = (
     "src/forward.c",   # colibri_infer: argument checks, the layer loop
     "src/tensor.c",    # embedding, RMSNorm, linear, RoPE, attention
     "src/moe.c",       # router, top-k, experts
+    "src/stream.c",    # experts from storage: resident image, slots, policy
     "src/encdec.c",    # encoder-decoder (ENC_DEC): colibri_encode, decoder steps
     "src/info.c",      # strerror, get_info, router weights, build flags
     "src/detail.c",    # the error-detail formatter

@@ -59,6 +59,14 @@ static const char *usage_text =
     "                      decode tokens/s on stderr)\n"
     "  --kv f32|i8         the KV cache: float32 (default) or 8-bit with a scale\n"
     "                      per head vector (about a quarter of the bytes)\n"
+    "  --ram SIZE          a memory budget (bytes, or with K, M, G: 512M, 2G):\n"
+    "                      the routed experts stay in the file and are read\n"
+    "                      into as many expert slots as the budget holds;\n"
+    "                      a budget that holds the whole model loads it all\n"
+    "  --slots N           N expert slots (instead of --ram's count)\n"
+    "  --policy freq|lru   which expert a full slot cache gives up: the least\n"
+    "                      often chosen (default) or the least recently used\n"
+    "                      (the logits are the same bits either way)\n"
     "  --threads N         compute each infer on N threads (colibri_set_threads;\n"
     "                      the logits are the same bits for every N)\n"
     "  --spin              with --threads: workers spin, never park (no system\n"
@@ -74,6 +82,7 @@ static const char *usage_text =
     "  --help              this text\n";
 
 static const char *model_path; /* NULL until --model */
+static colibri_options options; /* --kv, --ram, --slots, --policy */
 
 /* What the user can do about an error code returned by `call` (-1 means a
  * bad file from init, too much input from infer: colibri.h). */
@@ -89,7 +98,10 @@ static const char *advice(int rc, colibri_call call)
     case COLIBRI_E_CRC: return "copy or convert the file again";
     case COLIBRI_E_VERSION: return "upgrade colibri";
     case COLIBRI_E_IO: return "check the path and permissions";
-    case COLIBRI_E_NO_MEMORY: return "free memory or use a smaller model";
+    case COLIBRI_E_NO_MEMORY:
+        return options.ram_bytes ? "raise --ram to at least the size above"
+                                 : "free memory, use a smaller model, or stream its "
+                                   "experts with --ram";
     case COLIBRI_E_BYTE_ORDER:
         return "convert with `colibri convert --byte-order` for this host";
     case COLIBRI_E_TOKEN: return "use token ids below the model's vocab";
@@ -159,7 +171,6 @@ static int read_file(const char *path, void **base, uint8_t **data, size_t *size
  * library cannot allocate) the file read here plus an arena of the size the
  * header asks for. */
 static void *file_base, *arena_base;
-static colibri_options options; /* --kv */
 
 static int load(colibri_model *m)
 {
@@ -242,6 +253,12 @@ static int print_memory(colibri_model *m, const colibri_info *in)
     uint64_t rest = in->arena_bytes - in->kv_bytes;
     printf("kv_cache: %s\n", in->kv_dtype == COLIBRI_KV_I8 ? "i8" : "f32");
     printf("arena_without_kv: %llu bytes\n", (unsigned long long)rest);
+    if (!strcmp(in->load_mode, "stream")) {
+        /* the arena holds it all: resident sections, slots, KV cache */
+        printf("resident_total: %llu bytes (the arena: resident weights, expert "
+               "slots, kv cache)\n", (unsigned long long)in->arena_bytes);
+        return 0;
+    }
     for (unsigned k = 0; k < 2; k++)
         printf("resident_total_kv_%s: %llu bytes (file %llu + arena %llu)%s\n",
                k ? "i8" : "f32", (unsigned long long)(in->file_size + rest + all[k]),
@@ -260,6 +277,49 @@ static const char *dtype_group(char *buf, size_t cap, unsigned first, unsigned m
         if ((mask >> d & 1u) && d != first && n > 0 && (size_t)n < cap)
             n += snprintf(buf + n, cap - (size_t)n, ",%s", dtype_name(d));
     return buf;
+}
+
+/* "512M" -> 536870912: bytes with an optional K, M or G (powers of 1024). */
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double unit = 1.0;
+    if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') unit = 1048576.0, end++;
+    else if (*end == 'G' || *end == 'g') unit = 1073741824.0, end++;
+    if (end == s || *end || errno || !(v > 0) || v * unit > 1.8e19)
+        return -1;
+    *out = (uint64_t)(v * unit);
+    return 0;
+}
+
+/* A streamed instance's slots and what they did (nothing for an
+ * all-resident one): --info's lines, or one line after a run. */
+static void print_stream(colibri_model *m, FILE *to, int info)
+{
+    colibri_stream_stats st;
+    if (colibri_get_stream_stats(m, &st, 0) || st.slots == 0) {
+        if (info)
+            fprintf(to, "expert_slots: 0 (every weight resident)\n");
+        return;
+    }
+    if (info) {
+        fprintf(to, "expert_slots: %u of %llu bytes (policy %s)\n", (unsigned)st.slots,
+                (unsigned long long)st.slot_bytes,
+                st.policy == COLIBRI_SLOTS_LRU ? "lru" : "freq");
+        fprintf(to, "resident_weights: %llu bytes (every section but the routed "
+                "experts)\n", (unsigned long long)st.resident_bytes);
+        return;
+    }
+    uint64_t uses = st.hits + st.misses;
+    fprintf(to, "experts: %u slots, %llu uses, %llu hits (%.1f%%), %llu read "
+            "(%.1f MB, %.1f ms in reads)\n", (unsigned)st.slots,
+            (unsigned long long)uses, (unsigned long long)st.hits,
+            uses ? 100.0 * (double)st.hits / (double)uses : 0.0,
+            (unsigned long long)st.misses, (double)st.bytes_read / 1e6,
+            (double)st.read_ns / 1e6);
 }
 
 static int do_info(colibri_model *m)
@@ -295,6 +355,7 @@ static int do_info(colibri_model *m)
            in.kernels, in.load_mode, in.huge_pages_advised ? "advised" : "no");
     printf("threads: %u%s\n", (unsigned)in.n_threads,
            in.thread_flags & COLIBRI_THREADS_SPIN ? " (spin)" : "");
+    print_stream(m, stdout, 1);
     return print_memory(m, &in);
 }
 
@@ -782,6 +843,19 @@ int main(int argc, char **argv)
             if (!strcmp(k, "f32")) options.kv_dtype = COLIBRI_KV_F32;
             else if (!strcmp(k, "i8")) options.kv_dtype = COLIBRI_KV_I8;
             else return usage_error("--kv takes f32 or i8");
+        } else if (!strcmp(a, "--ram") && has_val) {
+            if (parse_size(argv[++i], &options.ram_bytes))
+                return usage_error("--ram takes a size: bytes, or 512M, 2G");
+        } else if (!strcmp(a, "--slots") && has_val) {
+            long v;
+            if (parse_count(argv[++i], &v) || v > 0x7fffffffL)
+                return usage_error("--slots needs a count >= 1");
+            options.expert_slots = (uint32_t)v;
+        } else if (!strcmp(a, "--policy") && has_val) {
+            const char *k = argv[++i];
+            if (!strcmp(k, "freq")) options.slot_policy = COLIBRI_SLOTS_FREQ;
+            else if (!strcmp(k, "lru")) options.slot_policy = COLIBRI_SLOTS_LRU;
+            else return usage_error("--policy takes freq or lru");
         } else if (!strcmp(a, "--spin")) {
             spin = 1;
         } else if (!strcmp(a, "--bench") && has_val) {
@@ -847,6 +921,8 @@ int main(int argc, char **argv)
         if (status == 0)
             status = do_tokens(&m, ids, (uint32_t)n, generate, logits_out);
     }
+    if (rc == 0 && !info)
+        print_stream(&m, stderr, 0);
     unload(&m);
     free(ids);
     return status;

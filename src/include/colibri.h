@@ -116,7 +116,8 @@ typedef struct colibri_info {
     size_t arena_bytes;           /* this instance's arena (given or allocated) */
     uint32_t chunk_tokens;        /* tokens processed together */
     const char *kernels;          /* "ref", "avx2", "avx2-vnni", "neon", "neon-dotprod" */
-    const char *load_mode;        /* "mmap", "read", "memory", "shared" */
+    const char *load_mode;        /* "mmap", "read", "memory", "shared",
+                                     "stream" */
     uint8_t huge_pages_advised;   /* 1 if the model's own copy (read or
                                      swapped) lies in a MADV_HUGEPAGE region */
     uint32_t n_threads;           /* workers computing an infer, caller
@@ -166,7 +167,25 @@ typedef struct colibri_info {
 typedef struct colibri_options {
     uint32_t size;      /* sizeof(colibri_options) of the caller's header */
     uint32_t kv_dtype;  /* COLIBRI_KV_F32 (default) or COLIBRI_KV_I8 */
+    /* Streamed experts (colibri_init_ex, colibri_init_stream; "Experts from
+     * storage" below). Both 0 (the default): every weight resident. */
+    uint32_t expert_slots; /* routed-expert slots, 1 .. n_layers*n_experts;
+                              0: as many as ram_bytes allows */
+    uint32_t slot_policy;  /* COLIBRI_SLOTS_FREQ (default) or _LRU */
+    uint64_t ram_bytes;    /* budget for everything the instance holds
+                              (resident weights, arena, KV cache, slots);
+                              0: no budget */
 } colibri_options;
+
+/* Which expert a full slot cache gives up (colibri_options.slot_policy).
+ * Neither changes a bit of the logits, only what is read.
+ *   COLIBRI_SLOTS_FREQ  the expert chosen least often so far (counts since
+ *                       init, halved when one reaches 2^16 so the past
+ *                       fades), the least recently used among equals: hot
+ *                       experts stay, one-off visitors leave first.
+ *   COLIBRI_SLOTS_LRU   the least recently used. */
+#define COLIBRI_SLOTS_FREQ 0u
+#define COLIBRI_SLOTS_LRU 1u
 
 /* The defaults (size set, kv_dtype COLIBRI_KV_F32): what the functions
  * without _ex use. Pure function. */
@@ -208,7 +227,8 @@ typedef struct colibri_executor {
 typedef struct colibri_model {
     struct colibri_model_private_ {
         uint32_t magic;            /* set while initialised */
-        uint8_t  load_mode;        /* 1 mmap, 2 read, 3 memory, 4 shared */
+        uint8_t  load_mode;        /* 1 mmap, 2 read, 3 memory, 4 shared,
+                                      5 stream */
         uint8_t  file_big_endian, byte_swapped, kv_dtype;
         const uint8_t *blob;       /* the file; tensor data in host order */
         size_t blob_size;
@@ -217,6 +237,8 @@ typedef struct colibri_model {
         size_t map_size;
         void *huge;                /* anonymous huge-page region holding */
         size_t huge_size;          /* the read or swapped copy, or NULL */
+        void *file_reader;         /* a streamed instance's own reader of
+                                      its path (open files), or NULL */
         void *arena;
         size_t arena_size;
         void *owned_arena;         /* malloc'd arena to free, or NULL */
@@ -506,6 +528,94 @@ unsigned colibri_build_flags(void);
 size_t colibri_abi_sizeof_model(void);
 size_t colibri_abi_sizeof_info(void);
 int colibri_abi_api_version(void);
+
+/* --- Experts from storage (streamed) ---------------------------------------
+ * A model larger than the memory it may use runs with its routed experts
+ * (EXPERT_W1/W3/W2, FORMAT.md 3: one expert's sections are contiguous) left
+ * in storage. Everything else stays resident: the header, the table, the
+ * embedding, attention, norms, routers, shared and dense FFNs, the LM head
+ * (their CRCs checked at init), the arena and the KV cache. The experts live
+ * in a fixed number of slots, allocated at init: when a token routes to an
+ * expert that no slot holds, colibri_infer reads the expert into a slot
+ * (one read of its contiguous sections), checks each section's CRC and its
+ * floats, and gives up the slot slot_policy names when all are full.
+ * Logits are bit-identical to the all-resident instance of the same file,
+ * for every number of slots, policy and thread count (the same bytes reach
+ * the same kernels; experts already in a slot run first, which changes only
+ * the order in which experts are computed, never a sum).
+ *
+ * What a streamed colibri_infer may do, beyond the all-resident promise (no
+ * allocation): call the reader, on the calling thread, between the
+ * parallel regions, for each expert it lacks (the library's file reader:
+ * pread, and clock_gettime to time it). A read that fails or an expert whose
+ * CRC or floats are wrong makes the call return COLIBRI_E_IO or
+ * COLIBRI_E_CRC / COLIBRI_E_BAD_FORMAT (the detail names the expert):
+ * never wrong logits. The slot is emptied, the instance stays usable and
+ * its KV cache keeps the n_past tokens before the call (a later call may
+ * continue from n_past). */
+
+/* Where the file is: read n bytes at byte `offset` of the file into dst
+ * (n >= 1, offset + n <= size); return 0, or a negative value on failure
+ * (reported as COLIBRI_E_IO). Called during colibri_init_stream (header,
+ * table, resident sections) and during colibri_infer (experts), never
+ * concurrently for one instance. On bare metal: a QSPI or SD card driver.
+ * Plain data, copied by the library; user must outlive the instance. */
+typedef struct colibri_reader {
+    int (*read)(void *user, uint64_t offset, void *dst, size_t n);
+    void *user;
+    uint64_t size;   /* the file's size in bytes */
+} colibri_reader;
+
+/* Bytes of arena colibri_init_stream needs for the file `rd` reads with
+ * `opt` (opt->expert_slots >= 1, or opt->ram_bytes to derive them from; the
+ * slot count used is written to *out_slots, may be NULL). Reads the header,
+ * the table and the DESC section, and validates them. The arena holds the
+ * plan and buffers of colibri_arena_size (its owned-chunk form), the
+ * resident sections packed 64-byte aligned, the per-expert table
+ * (n_layers * n_experts entries) and the slots (each the largest expert's
+ * sections, rounded up to 64).
+ * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC (header or table), _IO,
+ * _ARG (rd or out NULL, no slots and no budget, expert_slots above
+ * n_layers * n_experts), _NO_MEMORY (the budget holds no slot: the detail
+ * says the least budget), _UNSUPPORTED (an ENC_DEC file). */
+int colibri_stream_arena_size(const colibri_reader *rd,
+                              const colibri_options *opt, size_t *out_bytes,
+                              uint32_t *out_slots);
+
+/* Open a model whose experts stay in storage, through the caller's reader.
+ * `arena`: COLIBRI_ARENA_ALIGN aligned, at least colibri_stream_arena_size
+ * bytes, owned by the caller and outliving the model; NULL: allocated (not
+ * in COLIBRI_STATIC_WORKBUF builds). opt: as for colibri_stream_arena_size.
+ * colibri_init_ex with expert_slots or ram_bytes set does the same with the
+ * library's own reader of `path` (then the budget decides: when it holds
+ * the all-resident instance, file and arena, colibri_init_ex loads it
+ * all-resident instead). Files in either byte order (sections swapped as
+ * they are read). colibri_share of a streamed instance: COLIBRI_E_UNSUPPORTED.
+ * Returns what colibri_stream_arena_size returns, plus _ALIGN,
+ * _ARENA_TOO_SMALL, _CRC (a resident section), _NO_MEMORY. */
+int colibri_init_stream(colibri_model *m, const colibri_reader *rd,
+                        void *arena, size_t arena_size,
+                        const colibri_options *opt);
+
+/* What the expert slots did since init (or the last reset). Plain data. */
+typedef struct colibri_stream_stats {
+    uint32_t slots;          /* slots of the instance (0: all resident) */
+    uint32_t policy;         /* COLIBRI_SLOTS_* */
+    uint64_t slot_bytes;     /* bytes one slot holds */
+    uint64_t resident_bytes; /* weights kept resident (packed sections) */
+    uint64_t hits;           /* expert uses served from a slot */
+    uint64_t misses;         /* expert uses that read the expert */
+    uint64_t evictions;      /* misses that gave up an occupied slot */
+    uint64_t bytes_read;     /* by the reader during colibri_infer */
+    uint64_t read_ns;        /* time inside the library's own file reader
+                                (0 with a caller's reader) */
+    uint64_t errors;         /* failed reads and damaged experts */
+} colibri_stream_stats;
+
+/* Fill `out` (zeros and slots 0 for an all-resident instance); reset 1
+ * clears the counters afterwards. Returns 0, COLIBRI_E_ARG, _NOT_INIT. */
+int colibri_get_stream_stats(colibri_model *m, colibri_stream_stats *out,
+                             int reset);
 
 /* --- Encoder-decoder models (ENC_DEC files: Switch Transformers) ----------
  * An encoder-decoder runs in two calls:

@@ -1,0 +1,400 @@
+/*
+ * stream.c - experts from storage: the resident image of a streamed file,
+ * the arena it needs, the expert slots, their eviction policy and the
+ * checks of every expert read (stream.h). Allocates nothing and makes no
+ * system call itself: every byte is in the caller's (or load.c's) arena,
+ * every read goes through the instance's colibri_reader.
+ */
+#include "stream.h"
+
+#include "format.h"
+
+#include <string.h>
+
+/* The file's byte order, for the rewritten offsets of the image's table. */
+static void wr64(uint8_t *p, uint64_t v, int be)
+{
+    for (unsigned i = 0; i < 8; i++)
+        p[be ? 7 - i : i] = (uint8_t)(v >> (8 * i));
+}
+
+static int is_expert_matrix(unsigned kind, unsigned expert)
+{
+    return expert != COLIBRI_NO_EXPERT &&
+           (kind == COLIBRI_KIND_EXPERT_W1 || kind == COLIBRI_KIND_EXPERT_W3 ||
+            kind == COLIBRI_KIND_EXPERT_W2);
+}
+
+static uint64_t up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Geometry and layout                                                      */
+/* ------------------------------------------------------------------------ */
+
+int clb_stream_geometry(const uint8_t *prefix, uint64_t size, clb_stream_geom *g,
+                        char *detail)
+{
+    memset(g, 0, sizeof *g);
+    if (size > (uint64_t)SIZE_MAX) {
+        clb_detail(detail, DETAIL_CAP, "a file of %llu bytes is larger than this "
+                   "build's address space can describe", (unsigned long long)size);
+        return COLIBRI_E_UNSUPPORTED;
+    }
+    int rc = clb_validate_prefix(prefix, (size_t)size, &g->s, &g->be, &g->d, detail);
+    if (rc)
+        return rc;
+    if (g->d.features & COLIBRI_FEAT_ENC_DEC) {
+        clb_detail(detail, DETAIL_CAP, "streamed experts are for decoder-only "
+                   "models; load this encoder-decoder file all-resident");
+        return COLIBRI_E_UNSUPPORTED;
+    }
+    g->file_size = size;
+    g->prefix_bytes = clb_prefix_bytes(prefix, &g->s, g->be);
+    const uint8_t *tab = prefix + COLIBRI_TABLE_OFFSET;
+    unsigned per = (g->d.features & COLIBRI_FEAT_RELU_FFN) ? 2u : 3u;
+    uint64_t pos = up(g->prefix_bytes, 64);
+    for (uint32_t i = 0; i < g->s.n_tensors; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        unsigned kind = rd16(en + COLIBRI_ENT_KIND, g->be);
+        unsigned expert = rd16(en + COLIBRI_ENT_EXPERT, g->be);
+        uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, g->be);
+        if (kind == COLIBRI_KIND_DESC)
+            continue; /* inside the prefix */
+        if (!is_expert_matrix(kind, expert)) {
+            pos = up(pos + sz, 64);
+            g->resident_bytes += up(sz, 64);
+            continue;
+        }
+        if (kind != COLIBRI_KIND_EXPERT_W1)
+            continue; /* measured with its W1 (validated order: W1 [W3] W2) */
+        const uint8_t *last = en + (size_t)(per - 1) * COLIBRI_ENTRY_SIZE;
+        uint64_t span = rd64(last + COLIBRI_ENT_OFFSET, g->be) +
+                        rd64(last + COLIBRI_ENT_SIZE, g->be) -
+                        rd64(en + COLIBRI_ENT_OFFSET, g->be);
+        if (span > g->max_span)
+            g->max_span = span;
+        g->n_streamed++;
+    }
+    if (g->max_span > UINT32_MAX || g->n_streamed == 0) {
+        clb_detail(detail, DETAIL_CAP, g->n_streamed ? "an expert of %llu bytes is "
+                   "larger than a slot can be (4 GiB)" : "this file has no routed "
+                   "experts to stream%.0llu", (unsigned long long)g->max_span);
+        return COLIBRI_E_UNSUPPORTED;
+    }
+    g->image_bytes = pos;
+    return COLIBRI_OK;
+}
+
+uint64_t clb_slot_stride(const clb_stream_geom *g, uint32_t align)
+{
+    /* An aligned reader reads whole blocks around the expert: up to one
+     * block before it and the rest of the last one. */
+    if (align <= 64)
+        return up(g->max_span, 64);
+    return up(g->max_span, align) + align;
+}
+
+/* The layout of stream.h, counting (c->base NULL) or carving. */
+static void stream_layout(carver *c, const clb_stream_geom *g, uint32_t n_slots,
+                          uint32_t align, uint32_t chunk_limit, unsigned kv_dtype,
+                          clb_stream **st, clb_plan **p, uint8_t **slot_mem)
+{
+    int ovf = 0;
+    uint64_t n_exp = (uint64_t)g->s.n_layers * g->s.n_experts;
+    (void)clb_carve(c, g->image_bytes);
+    *st = (clb_stream *)clb_carve(c, sizeof(clb_stream));
+    clb_stream_expert *ex = (clb_stream_expert *)clb_carve(
+        c, cmul(n_exp, sizeof(clb_stream_expert), &ovf));
+    clb_slot *sl = (clb_slot *)clb_carve(c, cmul(n_slots, sizeof(clb_slot), &ovf));
+    clb_layout(c, &g->s, &g->d, chunk_limit, kv_dtype, p);
+    uint64_t stride = clb_slot_stride(g, align);
+    uint8_t *mem = (uint8_t *)clb_carve(
+        c, cadd(cmul(n_slots, stride, &ovf), align > 64 ? align : 0, &ovf));
+    if (ovf)
+        c->ovf = 1;
+    if (*st) {
+        (*st)->experts = ex;
+        (*st)->slots = sl;
+    }
+    if (mem && align > 64)
+        mem += (align - (uintptr_t)mem % align) % align;
+    *slot_mem = mem;
+}
+
+int clb_stream_arena_bytes(const clb_stream_geom *g, uint32_t n_slots,
+                           uint32_t align, uint32_t chunk_limit, unsigned kv_dtype,
+                           size_t *out)
+{
+    carver c = { NULL, 0, 0 };
+    clb_stream *st;
+    clb_plan *p;
+    uint8_t *mem;
+    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem);
+    if (c.ovf || c.off > (uint64_t)SIZE_MAX)
+        return COLIBRI_E_NO_MEMORY;
+    *out = (size_t)c.off;
+    return COLIBRI_OK;
+}
+
+uint32_t clb_stream_slots_for(const clb_stream_geom *g, uint64_t ram, uint32_t align,
+                              uint32_t chunk_limit, unsigned kv_dtype,
+                              uint64_t *least)
+{
+    size_t one = SIZE_MAX, two = SIZE_MAX;
+    (void)clb_stream_arena_bytes(g, 1, align, chunk_limit, kv_dtype, &one);
+    (void)clb_stream_arena_bytes(g, 2, align, chunk_limit, kv_dtype, &two);
+    *least = one;
+    if (ram < one || two <= one)
+        return 0;
+    uint64_t per = two - one; /* a slot and its table entry */
+    uint64_t n = 1 + (ram - one) / per;
+    if (n > g->n_streamed)
+        n = g->n_streamed;
+    /* The table entries' rounding to 64 can make the linear estimate one
+     * slot too many: step down until it fits. */
+    size_t need;
+    while (n > 1 && (clb_stream_arena_bytes(g, (uint32_t)n, align, chunk_limit,
+                                            kv_dtype, &need) ||
+                     need > ram))
+        n--;
+    return (uint32_t)n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Slots                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* COLIBRI_SLOTS_FREQ's count of one more use; at 2^16 every count halves,
+ * so a routing that changes (a new topic) moves the hot set along. */
+static void count_use(clb_stream *st, clb_stream_expert *x)
+{
+    if (++x->uses < 65536u)
+        return;
+    for (uint32_t i = 0; i < st->n_exp; i++)
+        st->experts[i].uses /= 2;
+}
+
+/* The slot the next expert goes into: an empty one while there is one
+ * (at the start, or after a failed read), else the one the policy gives
+ * up. */
+static uint32_t victim(const clb_stream *st)
+{
+    uint32_t best = 0;
+    for (uint32_t s = 0; s < st->n_slots; s++) {
+        const clb_slot *a = &st->slots[s], *b = &st->slots[best];
+        if (a->expert < 0)
+            return s;
+        if (s == 0)
+            continue;
+        if (st->policy == COLIBRI_SLOTS_FREQ) {
+            uint32_t ua = st->experts[a->expert].uses, ub = st->experts[b->expert].uses;
+            if (ua != ub) {
+                if (ua < ub)
+                    best = s;
+                continue;
+            }
+        }
+        if (a->last_use < b->last_use)
+            best = s;
+    }
+    return best;
+}
+
+/* Read expert x into slot memory `mem` and check it: one read of its
+ * contiguous sections (whole blocks around it for an aligned reader), then
+ * each section's CRC and floats, then the host byte order. *data receives
+ * where its first section landed. */
+static int read_expert(clb_stream *st, const clb_stream_expert *x, uint32_t idx,
+                       uint8_t *mem, const uint8_t **data, char *detail)
+{
+    uint64_t a = x->off, end = x->off + x->span, b = end;
+    if (st->align > 1) {
+        a -= a % st->align;
+        b = up(end, st->align);
+        if (b > st->file_size)
+            b = st->file_size; /* the reader rounds the last block itself */
+    }
+    uint32_t layer = idx / st->n_experts, expert = idx % st->n_experts;
+    if (st->rd.read(st->rd.user, a, mem, (size_t)(b - a)) != 0) {
+        clb_detail(detail, DETAIL_CAP, "reading expert %u of layer %u (%llu bytes "
+                   "at offset %llu) failed", (unsigned)expert, (unsigned)layer,
+                   (unsigned long long)(b - a), (unsigned long long)a);
+        return COLIBRI_E_IO;
+    }
+    st->st.bytes_read += b - a;
+    uint8_t *first = mem + (x->off - a);
+    for (uint32_t j = 0; j < x->n_mats; j++) {
+        const uint8_t *en = st->table + (size_t)(x->entry + j) * COLIBRI_ENTRY_SIZE;
+        uint8_t *sec = first + x->rel[j];
+        int rc = clb_check_section(sec, en, x->entry + j, st->group, st->be, detail);
+        if (rc)
+            return rc;
+        if (st->be != host_is_big_endian())
+            clb_swap_section(sec, en, st->be, st->group);
+    }
+    *data = first;
+    return COLIBRI_OK;
+}
+
+/* clb_plan.acquire of a streamed instance (internal.h): 1 with *ex the
+ * expert's views in its slot; 0 when probing an expert no slot holds; or
+ * an error of reading it (the slot is left empty). */
+static int stream_acquire(const clb_plan *p, uint32_t layer, uint32_t expert,
+                          int probe, const clb_expert **ex, char *detail)
+{
+    clb_stream *st = p->stream;
+    uint32_t idx = layer * st->n_experts + expert;
+    clb_stream_expert *x = &st->experts[idx];
+    st->tick++;
+    if (x->slot >= 0) {
+        clb_slot *s = &st->slots[x->slot];
+        s->last_use = st->tick;
+        count_use(st, x);
+        st->st.hits++;
+        *ex = &s->views;
+        return 1;
+    }
+    if (probe)
+        return 0;
+    st->st.misses++;
+    count_use(st, x);
+    uint32_t si = victim(st);
+    clb_slot *s = &st->slots[si];
+    if (s->expert >= 0) {
+        st->experts[s->expert].slot = -1;
+        st->st.evictions++;
+    }
+    s->expert = -1; /* until the read and its checks succeed */
+    const uint8_t *data;
+    int rc = read_expert(st, x, idx, s->mem, &data, detail);
+    if (rc) {
+        st->st.errors++;
+        return rc;
+    }
+    /* The expert's own views: its entries' shapes and dtypes, its slot's
+     * bytes (the plan's views of it carry no data). */
+    const clb_expert *meta = &p->layers[layer].experts[expert];
+    s->views = *meta;
+    clb_weight *w[3] = { &s->views.w1, x->n_mats == 3 ? &s->views.w3 : &s->views.w2,
+                         &s->views.w2 };
+    for (uint32_t j = 0; j < x->n_mats; j++) {
+        const uint8_t *en = st->table + (size_t)(x->entry + j) * COLIBRI_ENTRY_SIZE;
+        *w[j] = clb_weight_at(data + x->rel[j], en, st->be, st->group);
+    }
+    s->expert = (int32_t)idx;
+    s->last_use = st->tick;
+    x->slot = (int32_t)si;
+    *ex = &s->views;
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Building an instance                                                     */
+/* ------------------------------------------------------------------------ */
+
+int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_reader *rd,
+                     uint32_t align, uint32_t n_slots, uint32_t policy,
+                     uint32_t chunk_limit, unsigned kv_dtype, clb_plan **plan,
+                     char *detail)
+{
+    carver c = { arena, 0, 0 };
+    clb_stream *st;
+    clb_plan *p;
+    uint8_t *mem;
+    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem);
+    st->rd = *rd;
+    st->align = align;
+    st->n_slots = n_slots;
+    st->policy = policy;
+    st->stride = clb_slot_stride(g, align);
+    st->file_size = g->file_size;
+    st->group = g->s.group_size;
+    st->be = g->be;
+    st->n_experts = g->s.n_experts;
+    st->n_exp = (uint32_t)g->s.n_layers * g->s.n_experts;
+    st->table = arena + COLIBRI_TABLE_OFFSET;
+    st->st.slots = n_slots;
+    st->st.policy = policy;
+    st->st.slot_bytes = st->stride;
+    st->st.resident_bytes = g->resident_bytes;
+    for (uint32_t i = 0; i < st->n_exp; i++)
+        st->experts[i].slot = -1;
+    for (uint32_t s = 0; s < n_slots; s++) {
+        st->slots[s].mem = mem + (size_t)s * st->stride;
+        st->slots[s].expert = -1;
+    }
+    /* The resident sections into the image, each checked where it lands;
+     * the experts into the expert table. Table entries are rewritten after
+     * their offset is read. */
+    uint8_t *tab = arena + COLIBRI_TABLE_OFFSET;
+    unsigned per = (g->d.features & COLIBRI_FEAT_RELU_FFN) ? 2u : 3u;
+    uint64_t pos = up(g->prefix_bytes, 64);
+    int host_be = host_is_big_endian();
+    for (uint32_t i = 0; i < g->s.n_tensors; i++) {
+        uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        unsigned kind = rd16(en + COLIBRI_ENT_KIND, g->be);
+        unsigned layer = rd16(en + COLIBRI_ENT_LAYER, g->be);
+        unsigned expert = rd16(en + COLIBRI_ENT_EXPERT, g->be);
+        uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
+        uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, g->be);
+        if (kind == COLIBRI_KIND_DESC)
+            continue;
+        if (is_expert_matrix(kind, expert)) {
+            clb_stream_expert *x = &st->experts[layer * g->s.n_experts + expert];
+            if (kind == COLIBRI_KIND_EXPERT_W1) {
+                x->off = off;
+                x->entry = i;
+                x->n_mats = (uint8_t)per;
+            }
+            uint32_t j = kind == COLIBRI_KIND_EXPERT_W1 ? 0
+                       : kind == COLIBRI_KIND_EXPERT_W3 || per == 2 ? 1 : 2;
+            x->rel[j] = (uint32_t)(off - x->off);
+            x->span = off + sz - x->off;
+            wr64(en + COLIBRI_ENT_OFFSET, CLB_NOT_RESIDENT, g->be);
+            continue;
+        }
+        if (sz && rd->read(rd->user, off, arena + pos, (size_t)sz) != 0) {
+            clb_detail(detail, DETAIL_CAP, "reading tensor %u (%llu bytes at offset "
+                       "%llu) failed", (unsigned)i, (unsigned long long)sz,
+                       (unsigned long long)off);
+            return COLIBRI_E_IO;
+        }
+        int rc = clb_check_section(arena + pos, en, i, g->s.group_size, g->be, detail);
+        if (rc)
+            return rc;
+        if (g->be != host_be)
+            clb_swap_section(arena + pos, en, g->be, g->s.group_size);
+        wr64(en + COLIBRI_ENT_OFFSET, pos, g->be);
+        pos = up(pos + sz, 64);
+    }
+    clb_build_plan(p, arena, g->be, clb_pick_kernels());
+    p->stream = st;
+    p->acquire = stream_acquire;
+    *plan = p;
+    return COLIBRI_OK;
+}
+
+int colibri_get_stream_stats(colibri_model *m, colibri_stream_stats *out, int reset)
+{
+    if (!m || !out)
+        return COLIBRI_E_ARG;
+    if (m->priv_.magic != CLB_MODEL_MAGIC)
+        return COLIBRI_E_NOT_INIT;
+    clb_stream *st = ((clb_plan *)m->priv_.plan)->stream;
+    memset(out, 0, sizeof *out);
+    if (!st)
+        return COLIBRI_OK;
+    *out = st->st;
+    if (st->read_ns)
+        out->read_ns = *st->read_ns;
+    if (reset) {
+        st->st.hits = st->st.misses = st->st.evictions = 0;
+        st->st.bytes_read = st->st.errors = 0;
+        if (st->read_ns)
+            *st->read_ns = 0;
+    }
+    return COLIBRI_OK;
+}

@@ -1,0 +1,107 @@
+/*
+ * stream.h - experts from storage (colibri.h, "Experts from storage"): the
+ * resident image of a streamed file, the expert slots and their policy.
+ * Private to the runtime; stream.c implements it, load.c opens instances
+ * with it, moe.c reaches it through clb_plan.acquire only.
+ *
+ * A streamed instance's memory is one arena, laid out as
+ *   [image: the file's prefix (header, table, DESC) then every resident
+ *    section packed 64-byte aligned, the table's offsets rewritten to match
+ *    and the experts' set to CLB_NOT_RESIDENT]
+ *   [clb_stream, its expert table [L*E], its slot table [N]]
+ *   [the plan and buffers of an all-resident instance (plan.c's layout)]
+ *   [N slots, each `stride` bytes, aligned to the reader's alignment]
+ * so that colibri_stream_arena_size, the budget and the build agree on one
+ * number, and bare metal can hand the whole of it over as a static array.
+ */
+#ifndef COLIBRI_STREAM_H
+#define COLIBRI_STREAM_H
+
+#include "internal.h"
+
+/* What the prefix of a file says about streaming it (clb_stream_geometry). */
+typedef struct clb_stream_geom {
+    colibri_shape s;
+    clb_desc d;
+    int be;                  /* the file's byte order */
+    uint64_t file_size;
+    uint64_t prefix_bytes;   /* header, table, DESC (clb_prefix_bytes) */
+    uint64_t image_bytes;    /* prefix + resident sections, packed */
+    uint64_t resident_bytes; /* the resident sections alone */
+    uint64_t max_span;       /* the largest expert's sections, first to last */
+    uint32_t n_streamed;     /* experts in the file (routed, all layers) */
+} clb_stream_geom;
+
+/* One routed expert of the file. */
+typedef struct clb_stream_expert {
+    uint64_t off;      /* file offset of its first section */
+    uint64_t span;     /* bytes from there to the end of its last section */
+    uint32_t entry;    /* table index of its first section; the others follow */
+    uint32_t rel[3];   /* each section's offset from off (W1, [W3,] W2) */
+    uint32_t uses;     /* COLIBRI_SLOTS_FREQ's count */
+    int32_t slot;      /* the slot holding it, or -1 */
+    uint8_t n_mats;    /* 3 (SwiGLU) or 2 (RELU_FFN) */
+} clb_stream_expert;
+
+/* One slot: memory for one expert, and the views into it while full. */
+typedef struct clb_slot {
+    uint8_t *mem;       /* stride bytes, aligned to the reader's alignment */
+    int32_t expert;     /* layer * n_experts + expert, or -1 (empty) */
+    uint64_t last_use;  /* the stream's tick at its last use */
+    clb_expert views;   /* the expert's matrices in mem */
+} clb_slot;
+
+typedef struct clb_stream {
+    colibri_reader rd;
+    uint32_t align;        /* the reader's offset/length/address alignment
+                              (1, or 4096 for the library's O_DIRECT file) */
+    uint32_t n_slots, policy;
+    uint64_t stride;       /* bytes per slot */
+    uint64_t tick;
+    uint64_t *read_ns;     /* where the library's file reader adds its time,
+                              or NULL */
+    const uint8_t *table;  /* the image's table (file byte order) */
+    uint64_t file_size;
+    uint32_t group;
+    int be;
+    uint32_t n_experts;         /* per layer (E) */
+    uint32_t n_exp;             /* L * E */
+    clb_stream_expert *experts; /* [L*E]; entries of dense layers unused */
+    clb_slot *slots;            /* [n_slots] */
+    colibri_stream_stats st;
+} clb_stream;
+
+/* Check a file's prefix (its first g->prefix_bytes bytes at `prefix`, the
+ * whole file size_t `size`) and measure it for streaming: structure as
+ * clb_validate_prefix, then the resident and streamed parts. ENC_DEC files:
+ * COLIBRI_E_UNSUPPORTED. */
+int clb_stream_geometry(const uint8_t *prefix, uint64_t size, clb_stream_geom *g,
+                        char *detail);
+
+/* Bytes of one slot for a reader of alignment `align` (1 or a power of 2). */
+uint64_t clb_slot_stride(const clb_stream_geom *g, uint32_t align);
+
+/* The whole arena of a streamed instance with n_slots slots (the layout
+ * above; chunk_limit as plan.c's), COLIBRI_E_NO_MEMORY past size_t. */
+int clb_stream_arena_bytes(const clb_stream_geom *g, uint32_t n_slots,
+                           uint32_t align, uint32_t chunk_limit, unsigned kv_dtype,
+                           size_t *out);
+
+/* The most slots a budget of `ram` bytes holds (capped at the file's
+ * experts); 0 if not even one. *least gets the budget one slot needs. */
+uint32_t clb_stream_slots_for(const clb_stream_geom *g, uint64_t ram, uint32_t align,
+                              uint32_t chunk_limit, unsigned kv_dtype,
+                              uint64_t *least);
+
+/* Build a streamed instance in `arena` (at least clb_stream_arena_bytes,
+ * 64-byte aligned, zeroed except its first g->prefix_bytes, which hold the
+ * file's prefix already): read the resident sections through rd, check
+ * each one's CRC and floats, swap them to the host order, rewrite the
+ * image's table, build the plan. *plan and *image receive the plan and the
+ * image (the instance's blob, *image_bytes long). */
+int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_reader *rd,
+                     uint32_t align, uint32_t n_slots, uint32_t policy,
+                     uint32_t chunk_limit, unsigned kv_dtype, clb_plan **plan,
+                     char *detail);
+
+#endif /* COLIBRI_STREAM_H */
