@@ -593,6 +593,9 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
         } else {
             memcpy(arena, pre, (size_t)prefix);
             arena_size = need;
+            /* the description reads its layer words where the prefix now is */
+            if (g.d.layers)
+                g.d.layers = (const uint8_t *)arena + (g.d.layers - pre);
         }
 #endif
     }
@@ -737,7 +740,11 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
     }
     uint32_t align = 1;
 #ifdef O_DIRECT
-    r->fd_direct = open(path, O_RDONLY | O_DIRECT);
+    /* COLIBRI_STREAM_BUFFERED=1: through the page cache instead (to
+     * measure one against the other; bench/stream.py) */
+    const char *buffered = getenv("COLIBRI_STREAM_BUFFERED");
+    if (!(buffered && buffered[0] == '1'))
+        r->fd_direct = open(path, O_RDONLY | O_DIRECT);
     if (r->fd_direct >= 0)
         align = CLB_DIRECT_ALIGN;
 #endif

@@ -1,0 +1,257 @@
+"""Experts from storage (colibri.h, "Experts from storage"; docs/STREAMING.md).
+
+A streamed instance keeps every section but the routed experts resident and
+reads an expert into one of N slots when a token routes to it. Its logits
+must be the all-resident instance's bits for every slot count (down to one
+slot for the whole model), policy, thread count, storage type, byte order
+and feature of a description. The judge is the all-resident C instance of
+the same file, which the golden tests hold to the numpy reference and to
+transformers. A damaged expert is an error at the step that reads it, never
+wrong logits, and the instance stays usable; a failing reader is
+COLIBRI_E_IO; a budget gives the slots it holds; what cannot stream is
+refused by name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+
+import numpy as np
+import pytest
+
+from colibri import errors, runtime
+from colibri import format as F
+from feature_models import DESCRIPTIONS, SHAPE, write_model
+from test_runtime_support import c_build  # noqa: F401
+
+# name -> description; None is Mixtral's (a version 1 file).
+MODELS = dict(DESCRIPTIONS, mixtral=None)
+PRESETS = {"f32": None, "int8": F.PRESET_INT8, "q4": F.PRESET_Q4}
+# the block types need 256 columns (a K block): hidden 256, like golden "k256"
+Q4_SHAPE = dataclasses.replace(SHAPE, hidden=256, intermediate=64)
+# experts that outweigh the arena, as in the models budgets are for
+WIDE_SHAPE = dataclasses.replace(SHAPE, intermediate=512)
+
+
+@pytest.fixture(scope="module")
+def so(c_build):
+    return c_build("host").so
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    cache = {}
+
+    def get(name, quant="f32", byte_order="little", wide=False):
+        key = (name, quant, byte_order, wide)
+        if key not in cache:
+            shape = WIDE_SHAPE if wide else Q4_SHAPE if quant == "q4" else SHAPE
+            cache[key] = write_model(root / f"{name}-{quant}-{byte_order}-{wide}.colibri",
+                                     MODELS[name], shape=shape, dtypes=PRESETS[quant],
+                                     byte_order=byte_order, seed=len(name) + 7)
+        return cache[key]
+    return get
+
+
+def routed_experts(path) -> int:
+    cf = F.read_file(path)
+    return len({(e.layer, e.expert) for e in cf.entries if e.kind == F.Kind.EXPERT_W1})
+
+
+def session(m: runtime.Model, vocab: int) -> np.ndarray:
+    """A prefill of two sequences, then decode steps fed back greedily, then
+    a rewind: every path of infer that reaches the experts. All logits,
+    concatenated."""
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, vocab, size=(2, 9))
+    out = [m.infer(prompt)]
+    nxt = np.argmax(out[-1][:, -1], axis=-1)[:, None]
+    for step in range(6):
+        out.append(m.infer(nxt, n_past=9 + step))
+        nxt = np.argmax(out[-1][:, -1], axis=-1)[:, None]
+    out.append(m.infer(prompt[:, :4], n_past=5))  # rewind into the cache
+    return np.concatenate([o.reshape(-1) for o in out])
+
+
+@pytest.mark.parametrize("quant", sorted(PRESETS))
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_logits_equal_all_resident(so, model, name, quant):
+    path = model(name, quant)
+    with runtime.Model(path, library=so) as m:
+        want = session(m, m.vocab)
+        n_layers = m.info.shape.n_layers
+    total = routed_experts(path)
+    for slots in sorted({1, n_layers, total - 1, total}):
+        for policy in ("freq", "lru"):
+            for threads in (1, 3):
+                with runtime.Model(path, library=so, slots=slots, policy=policy,
+                                   threads=threads) as m:
+                    assert m.info.load_mode == "stream"
+                    got = session(m, m.vocab)
+                    st = m.stream_stats()
+                assert np.array_equal(got, want), (slots, policy, threads)
+                assert st["slots"] == slots and st["errors"] == 0
+                assert st["misses"] >= 1 and st["bytes_read"] >= st["misses"]
+                if slots == total:  # every expert read once at most
+                    assert st["evictions"] == 0 and st["misses"] <= total
+
+
+def test_big_endian_file_streams_to_the_same_bits(so, model):
+    """Resident sections and each expert are swapped as they are read."""
+    path = model("qwen2", "int8", "big")
+    with runtime.Model(path, library=so) as m:
+        assert m.info.byte_swapped
+        want = session(m, m.vocab)
+    with runtime.Model(path, library=so, slots=2) as m:
+        assert m.info.load_mode == "stream" and m.info.byte_swapped
+        assert np.array_equal(session(m, m.vocab), want)
+
+
+def test_a_callers_reader_streams_to_the_same_bits(so, model):
+    """colibri_init_stream with the caller's reader (bare metal's flash
+    driver): the same bits, and only the reader is asked for bytes."""
+    path = model("olmoe", "int8")
+    data = path.read_bytes()
+    asked = []
+
+    def read(offset, n):
+        asked.append((offset, n))
+        return data[offset:offset + n]
+
+    with runtime.Model(path, library=so) as m:
+        want = session(m, m.vocab)
+    with runtime.Model(reader=read, reader_size=len(data), library=so, slots=3) as m:
+        assert m.info.load_mode == "stream"
+        assert np.array_equal(session(m, m.vocab), want)
+        # one read per expert brought in: the expert's sections, contiguous
+        st = m.stream_stats()
+    cf = F.read_file(path)
+    spans = {}
+    for e in cf.entries:
+        if e.kind in (F.Kind.EXPERT_W1, F.Kind.EXPERT_W3, F.Kind.EXPERT_W2):
+            a, b = spans.get((e.layer, e.expert), (e.offset, 0))
+            spans[(e.layer, e.expert)] = (min(a, e.offset), max(b, e.offset + e.size))
+    expert_reads = [r for r in asked if (r[0], r[0] + r[1]) in set(spans.values())]
+    assert len(expert_reads) == st["misses"] and st["read_ns"] == 0
+
+
+def damaged(path, tmp_path, layer, expert, kind=F.Kind.EXPERT_W2):
+    cf = F.read_file(path)
+    e = next(x for x in cf.entries if x.kind == kind and x.layer == layer
+             and x.expert == expert)
+    b = bytearray(path.read_bytes())
+    b[e.offset + e.size // 2] ^= 0x40
+    out = tmp_path / "damaged.colibri"
+    out.write_bytes(bytes(b))
+    return out
+
+
+def test_damaged_expert_is_an_error_at_the_step_that_reads_it(so, model, tmp_path):
+    path = model("mixtral", "int8")
+    bad = damaged(path, tmp_path, layer=SHAPE.n_layers - 1, expert=2)
+    with pytest.raises(errors.RuntimeCRCError, match="EXPERT_W2 layer 2 expert 2"):
+        runtime.Model(bad, library=so)          # all-resident: every CRC at init
+    good = runtime.Model(path, library=so)
+    m = runtime.Model(bad, library=so, slots=2)
+    outcomes = {}
+    for t in range(SHAPE.vocab):                # each token alone, position 0
+        try:
+            got = m.infer([[t]])
+        except errors.RuntimeCRCError as exc:
+            assert "EXPERT_W2 layer 2 expert 2" in str(exc)
+            outcomes[t] = "crc"
+            continue
+        assert np.array_equal(got, good.infer([[t]]))   # never wrong logits
+        outcomes[t] = "ok"
+    assert set(outcomes.values()) == {"ok", "crc"}, outcomes
+    assert m.stream_stats()["errors"] == list(outcomes.values()).count("crc")
+    # The cache keeps the n_past tokens before a failed call: continue there.
+    first = next(t for t, o in outcomes.items() if o == "ok")
+    m.infer([[first]])
+    good.infer([[first]])
+    tried = 0
+    for t in range(SHAPE.vocab):
+        try:
+            got = m.infer([[t]], n_past=1)
+        except errors.RuntimeCRCError:
+            tried += 1
+            continue
+        assert np.array_equal(got, good.infer([[t]], n_past=1))
+    assert tried >= 1
+    m.close()
+    good.close()
+
+
+def test_a_failing_read_is_an_io_error_and_the_instance_recovers(so, model):
+    path = model("granite", "int8")
+    data = path.read_bytes()
+    broken = {"on": False}
+
+    def read(offset, n):
+        if broken["on"]:
+            raise OSError("flash not ready")
+        return data[offset:offset + n]
+
+    with runtime.Model(path, library=so) as ref:
+        want = ref.infer([[1, 2, 3]])
+    with runtime.Model(reader=read, reader_size=len(data), library=so, slots=1) as m:
+        broken["on"] = True
+        with pytest.raises(errors.RuntimeIOError, match="reading expert"):
+            m.infer([[1, 2, 3]])
+        broken["on"] = False
+        assert np.array_equal(m.infer([[1, 2, 3]]), want)
+        assert m.stream_stats()["errors"] == 1
+
+
+def test_a_budget_gives_the_slots_it_holds(so, model):
+    path = model("qwen3", "int8", wide=True)
+    size = path.stat().st_size
+    with runtime.Model(path, library=so) as m:
+        resident_arena = m.info.arena_bytes
+    with runtime.Model(path, library=so, slots=1) as m:
+        one = m.info.arena_bytes
+        slot = m.stream_stats()["slot_bytes"]
+    budget = one + 3 * slot + 4096
+    assert budget < size + resident_arena
+    with runtime.Model(path, library=so, ram=budget) as m:
+        st = m.stream_stats()
+        assert m.info.load_mode == "stream" and st["slots"] >= 3
+        assert m.info.arena_bytes <= budget       # everything it holds is the arena
+    with pytest.raises(errors.OutOfMemoryError, match="holds no expert slot"):
+        runtime.Model(path, library=so, ram=one // 2)
+    # A budget that holds the file and the all-resident arena: all-resident.
+    with runtime.Model(path, library=so, ram=size + resident_arena) as m:
+        assert m.info.load_mode != "stream" and m.stream_stats()["slots"] == 0
+
+
+def test_what_cannot_stream_is_refused(so, model):
+    path = model("mixtral", "f32")
+    with pytest.raises(errors.ArgumentError, match="file has"):
+        runtime.Model(path, library=so, slots=10_000)
+    with pytest.raises(errors.ArgumentError, match="give its path"):
+        runtime.Model(path.read_bytes(), library=so, slots=2)
+    with pytest.raises(errors.ArgumentError, match="policy"):
+        runtime.Model(path, library=so, slots=2, policy="random")
+    with pytest.raises(errors.ArgumentError, match="ram="):
+        runtime.Model(path, library=so, ram="lots")
+
+
+def test_cli_streams_and_reports_its_slots(c_build, model, tmp_path):
+    cli = c_build("host").cli
+    path = model("olmoe", "int8")
+    args = [str(cli), "--model", str(path), "--tokens", "1,2,3,4", "--generate", "5"]
+    a = subprocess.run(args + ["--logits-out", str(tmp_path / "a.bin")],
+                       capture_output=True, text=True, check=True)
+    b = subprocess.run(args + ["--slots", "2", "--policy", "lru",
+                               "--logits-out", str(tmp_path / "b.bin")],
+                       capture_output=True, text=True, check=True)
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+    assert "experts: 2 slots" in b.stderr and "experts:" not in a.stderr
+    info = subprocess.run([str(cli), "--model", str(path), "--slots", "2", "--info"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "load: stream" in info and "expert_slots: 2 of" in info
+    bad = subprocess.run([str(cli), "--model", str(path), "--ram", "1K", "--info"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1
+    assert "raise --ram" in bad.stderr
