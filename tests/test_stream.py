@@ -255,3 +255,30 @@ def test_cli_streams_and_reports_its_slots(c_build, model, tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1
     assert "raise --ram" in bad.stderr
+
+
+def test_streaming_under_asan_ubsan(c_build, model, tmp_path):
+    """The library's own reader and an allocated arena (colibri_init_ex with
+    --slots): every path of a streamed instance under AddressSanitizer and
+    UBSan, which report as a non-zero exit; the same bits as all-resident."""
+    cli = c_build("asan").cli
+    for path in (model("qwen2", "int8"), model("mixtral", "q4"),
+                 model("olmoe", "int8", "big")):
+        base = [str(cli), "--model", str(path), "--tokens", "1,2,3,4,5", "--generate", "4"]
+        runs = {"resident": [], "one": ["--slots", "1"],
+                "lru": ["--slots", "2", "--policy", "lru", "--threads", "2"]}
+        outs = {}
+        for key, extra in runs.items():
+            out = tmp_path / f"{path.stem}-{key}.bin"
+            r = subprocess.run(base + extra + ["--logits-out", str(out)],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0 and "runtime error" not in r.stderr, r.stderr
+            outs[key] = out.read_bytes()
+        assert outs["one"] == outs["resident"] == outs["lru"], path
+    bad = damaged(model("qwen2", "int8"), tmp_path, layer=0, expert=1,
+                  kind=F.Kind.EXPERT_W1)
+    r = subprocess.run([str(cli), "--model", str(bad), "--slots", "1", "--tokens",
+                        ",".join(map(str, range(40)))], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1 and "AddressSanitizer" not in r.stderr
+    assert "EXPERT_W1 layer 0 expert 1" in r.stderr and "runtime error" not in r.stderr
