@@ -22,6 +22,12 @@
  * that refusal is tested elsewhere): init then gets a too-small arena and
  * must say so.
  *
+ * Every input also opens a streamed instance (colibri_init_stream, one or
+ * two expert slots, a reader over the same bytes) and holds it to the
+ * all-resident one: where both run the same call in one chunk, the logits
+ * must be the same bits, and a file the all-resident path accepts must
+ * stream (a contradiction aborts: a crash to libFuzzer and to the replay).
+ *
  * Built two ways: with clang -fsanitize=fuzzer (fuzz/run.sh) and with a
  * plain main() (fuzz/replay_main.c) that replays files, for the test suite.
  */
@@ -142,6 +148,72 @@ static int load(colibri_model *m, const uint8_t *blob, size_t size, int via_file
     return rc;
 }
 
+typedef struct { const uint8_t *b; size_t n; } mem_file;
+
+static int mem_read(void *user, uint64_t off, void *dst, size_t n)
+{
+    const mem_file *f = (const mem_file *)user;
+    if (off > f->n || n > f->n - off)
+        abort(); /* the library asked past the file's end */
+    memcpy(dst, f->b + off, n);
+    return 0;
+}
+
+/* The streamed instance of blob, one or two slots. With want (the
+ * all-resident instance ran ids [batch, seq] in one chunk): the same call
+ * must give the same bits. Without (the resident path refused the file,
+ * e.g. a damaged expert, or did not run): a few tokens from the tail,
+ * which may stop at the damage but must not misbehave. */
+static void stream_check(const uint8_t *blob, size_t size, const uint8_t *tail,
+                         int resident_rc, const int32_t *ids, const uint8_t *mask,
+                         uint32_t batch, uint32_t seq, const float *want, size_t n_logits)
+{
+    mem_file f = { blob, size };
+    colibri_reader rd = { mem_read, &f, size };
+    colibri_options o = colibri_options_default();
+    o.expert_slots = 1 + (tail[1] & 1u);
+    size_t need = 0;
+    int rc = colibri_stream_arena_size(&rd, &o, &need, NULL);
+    if (rc == COLIBRI_E_ARG) { /* fewer experts than slots */
+        o.expert_slots = 1;
+        rc = colibri_stream_arena_size(&rd, &o, &need, NULL);
+    }
+    if (rc || need > ARENA_CAP) {
+        /* what the resident path loads must stream, unless it cannot
+         * (an encoder-decoder, no routed expert) */
+        if (resident_rc == COLIBRI_OK && rc && rc != COLIBRI_E_UNSUPPORTED)
+            abort();
+        return;
+    }
+    void *arena = aligned_alloc(64, (need + 63) / 64 * 64);
+    colibri_model m;
+    rc = colibri_init_stream(&m, &rd, arena, need, &o);
+    if (rc != COLIBRI_OK && resident_rc == COLIBRI_OK)
+        abort();
+    colibri_info info;
+    if (rc == COLIBRI_OK && colibri_get_info(&m, &info) == COLIBRI_OK) {
+        int32_t own[4];
+        float *got;
+        if (want) {
+            got = (float *)malloc(n_logits * sizeof(float));
+            int irc = colibri_infer(&m, ids, mask, batch, seq, 0, got);
+            if (irc != COLIBRI_OK || memcmp(got, want, n_logits * sizeof(float)) != 0)
+                abort();
+        } else {
+            uint32_t n = info.shape.max_seq_len < 4 ? info.shape.max_seq_len : 4;
+            for (uint32_t i = 0; i < n; i++)
+                own[i] = (int32_t)(tail[4 + i] % info.shape.vocab);
+            got = (size_t)n * info.shape.vocab <= LOGITS_CAP
+                      ? (float *)malloc((size_t)n * info.shape.vocab * sizeof(float)) : NULL;
+            if (got)
+                (void)colibri_infer(&m, own, NULL, 1, n, 0, got);
+        }
+        free(got);
+    }
+    colibri_free(&m);
+    free(arena);
+}
+
 int fuzz_one(const uint8_t *data, size_t size, fuzz_result *r)
 {
     memset(r, 0, sizeof *r);
@@ -210,6 +282,11 @@ int fuzz_one(const uint8_t *data, size_t size, fuzz_result *r)
                     if (!(logits[i] - logits[i] == 0.0f))
                         r->nonfinite = 1;
             }
+            /* one chunk in both (COLIBRI_CHUNK_TOKENS): the same bits */
+            if (r->infer_rc == COLIBRI_OK && nt <= 16)
+                stream_check(blob, msize, tail, r->init_rc, ids,
+                             (flags & FL_MASK) ? mask : NULL, batch, seq, logits,
+                             nt * s->vocab);
             if (r->infer_rc == COLIBRI_OK && (flags & FL_DECODE)) {
                 /* One decode step per sequence, continuing or rewinding. */
                 uint32_t n_past = (flags & FL_REWIND) ? seq / 2 : seq;
@@ -222,6 +299,8 @@ int fuzz_one(const uint8_t *data, size_t size, fuzz_result *r)
             free(logits);
         }
         colibri_free(&m);
+    } else {
+        stream_check(blob, msize, tail, r->init_rc, NULL, NULL, 0, 0, NULL, 0);
     }
     if (flags & FL_VERIFY) {
         size_t total = 0;
