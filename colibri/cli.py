@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "colibri.convert",   # convert
     "colibri.imatrix",   # imatrix
     "colibri.inspect",   # info, verify
+    "colibri.stream_plan",  # plan
     "colibri.run",       # run
     "colibri.generate",  # tokenize, generate
     "colibri.fw_cli",    # fw keygen|pack|ota|verify|info|flash-init|install|boot|...

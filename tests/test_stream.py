@@ -282,3 +282,29 @@ def test_streaming_under_asan_ubsan(c_build, model, tmp_path):
                        timeout=300)
     assert r.returncode == 1 and "AddressSanitizer" not in r.stderr
     assert "EXPERT_W1 layer 0 expert 1" in r.stderr and "runtime error" not in r.stderr
+
+
+def test_colibri_plan_reports_what_the_runtime_holds(so, model, capsys, monkeypatch):
+    """`colibri plan`: the slots and arena of the streamed instance, and the
+    uniform-routing reads from the file's own expert sizes."""
+    from colibri import cli
+    monkeypatch.setenv("COLIBRI_LIBRARY", str(so))
+    path = model("mixtral", "int8", wide=True)
+    with runtime.Model(path, library=so, slots=1) as m:
+        budget = m.info.arena_bytes + 2 * m.stream_stats()["slot_bytes"]
+    with runtime.Model(path, library=so, ram=budget) as m:
+        st, arena = m.stream_stats(), m.info.arena_bytes
+    assert cli.main(["plan", str(path), "--ram", str(budget), "--tokens", "1,2,3",
+                     "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"expert slots: {st['slots']} of" in out
+    assert f"arena (all the instance holds): {arena / 1e6:,.1f} MB" in out
+    cf = F.read_file(path)
+    sizes = {}
+    for e in cf.entries:
+        if e.kind in (F.Kind.EXPERT_W1, F.Kind.EXPERT_W3, F.Kind.EXPERT_W2):
+            sizes[(e.layer, e.expert)] = sizes.get((e.layer, e.expert), 0) + e.size
+    miss = 1 - st["slots"] / len(sizes)
+    reads = SHAPE.n_layers * SHAPE.top_k * miss
+    assert f"({reads:.1f} experts)" in out
+    assert out.count("measured, 3 tokens + 3 greedy steps") == 2

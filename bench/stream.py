@@ -1,0 +1,219 @@
+"""Experts from storage inside a memory limit, side by side with llama.cpp.
+
+Each run is one process in a cgroup v1 memory group of LIMIT bytes (no
+swap: anonymous memory over the limit is an OOM kill), after the page cache
+is dropped (a cold start, as a device after boot):
+
+  colibri mmap    colibri-cli, all-resident, the file mapped (today's default
+                  on a file bigger than memory: the page cache thrashes)
+  colibri ram     colibri-cli --ram LIMIT-HEADROOM: the routed experts read
+                  into as many slots as the budget holds (docs/STREAMING.md)
+  llama.cpp       llama-bench, the same shapes as a Q8_0 GGUF, mmap (its
+                  default), the same limit
+
+First token: wall time of a process that loads the model and runs a
+4-token prompt to its first logits (colibri-cli --tokens .. --generate 1,
+llama-bench -p 4 -n 0). Decode: tokens/s of N greedy steps after a 4-token
+prompt (colibri-cli --generate N+1, stderr; llama-bench -n N). Colibri's
+hit rate and MB read per token come from its `experts:` line. Wall and CPU
+time (user + system of the process) are both printed.
+
+    python -m bench.stream [--model small] [--limits 256M,384M,512M,1G] [--steps 8]
+
+Writes bench/results/stream-<cpu>.{json,md}. Needs root (cgroups, the drop
+of the page cache); a machine without the memory controller is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CGROUP = Path("/sys/fs/cgroup/memory")
+LLAMA_BIN = ROOT / "build" / "bench" / "llama.cpp" / "native" / "bin"
+HEADROOM = 24 << 20   # the process itself: binary, libc, stacks, page tables
+PROMPT = "1,2,3,4"
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+class Group:
+    """A cgroup v1 memory group with a limit; run() starts a command in it."""
+
+    def __init__(self, name: str, limit: int):
+        self.dir = CGROUP / name
+        self.dir.mkdir(exist_ok=True)
+        (self.dir / "memory.limit_in_bytes").write_text(str(limit))
+        self.limit = limit
+
+    def run(self, cmd: list[str], env=None, timeout=1800) -> dict:
+        (self.dir / "memory.max_usage_in_bytes").write_text("0")
+        drop_caches()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        wrapped = ["sh", "-c", f'echo $$ > {self.dir}/cgroup.procs && exec "$@"', "sh", *cmd]
+        p = subprocess.run(wrapped, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **(env or {})})
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        peak = int((self.dir / "memory.max_usage_in_bytes").read_text())
+        return {"rc": p.returncode, "wall_s": wall, "cpu_s": cpu, "peak": peak,
+                "stdout": p.stdout, "stderr": p.stderr}
+
+    def remove(self) -> None:
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
+
+
+def colibri_decode(stderr: str) -> dict:
+    out = {}
+    m = re.search(r"decode: (\d+) steps, ([\d.]+) tokens/s", stderr)
+    if m:
+        out["decode_tps"] = float(m[2])
+    m = re.search(r"experts: (\d+) slots, (\d+) uses, (\d+) hits \(([\d.]+)%\), (\d+) read "
+                  r"\(([\d.]+) MB, ([\d.]+) ms in reads\)", stderr)
+    if m:
+        out.update(slots=int(m[1]), hit_rate=float(m[4]) / 100, reads=int(m[5]),
+                   mb_read=float(m[6]), read_ms=float(m[7]))
+    return out
+
+
+def llama_tps(stdout: str) -> float | None:
+    try:
+        rows = json.loads(stdout)
+    except json.JSONDecodeError:
+        return None
+    return rows[0]["avg_ts"] if rows else None
+
+
+def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int) -> list[dict]:
+    llama = [str(LLAMA_BIN / "llama-bench"), "-m", str(gguf), "-t", "1", "-r", "1",
+             "--no-warmup", "-o", "json"]
+    lenv = {"LD_LIBRARY_PATH": str(LLAMA_BIN)}
+    rows = []
+    for limit in limits:
+        g = Group(f"colibri-bench-{limit >> 20}M", limit)
+        ram = ["--ram", str(limit - HEADROOM)]
+        engines = {
+            "colibri mmap": ([], {}),
+            "colibri ram": (ram, {}),
+            "colibri ram (page cache)": (ram, {"COLIBRI_STREAM_BUFFERED": "1"}),
+        }
+        for name, (extra, env) in engines.items():
+            base = [str(cli), "--model", str(model), "--tokens", PROMPT] + extra
+            first = g.run(base + ["--generate", "1"], env)
+            dec = g.run(base + ["--generate", str(steps + 1)], env)
+            row = {"limit": limit, "engine": name, "first_token_s": first["wall_s"],
+                   "first_rc": first["rc"], "rc": dec["rc"], "wall_s": dec["wall_s"],
+                   "cpu_s": dec["cpu_s"], "peak": dec["peak"], **colibri_decode(dec["stderr"])}
+            if dec["rc"]:
+                row["error"] = (dec["stderr"].strip().splitlines() or ["killed"])[-1][:200]
+            if "mb_read" in row:
+                row["mb_per_token"] = row["mb_read"] / (steps + 1 + 1)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items()}), flush=True)
+        first = g.run(llama + ["-p", "4", "-n", "0"], lenv)
+        dec = g.run(llama + ["-p", "0", "-n", str(steps)], lenv)
+        row = {"limit": limit, "engine": "llama.cpp Q8_0 mmap", "first_token_s": first["wall_s"],
+               "first_rc": first["rc"], "rc": dec["rc"], "wall_s": dec["wall_s"],
+               "cpu_s": dec["cpu_s"], "peak": dec["peak"], "decode_tps": llama_tps(dec["stdout"])}
+        if dec["rc"]:
+            row["error"] = (dec["stderr"].strip().splitlines() or ["killed"])[-1][:200]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        g.remove()
+    return rows
+
+
+def report(rows: list[dict], meta: dict) -> str:
+    lines = [f"# Experts from storage inside a memory limit ({meta['cpu']})", "",
+             f"Model: {meta['model']} ({meta['model_bytes'] / 1e6:.0f} MB .colibri, "
+             f"{meta['gguf_bytes'] / 1e6:.0f} MB GGUF), 1 thread, cold page cache, "
+             f"disk {meta['disk_mb_s']:.0f} MB/s (O_DIRECT, 8 MB reads), "
+             f"{meta['steps']} decode steps. `python -m bench.stream`.", "",
+             "| limit | engine | first token s | decode tok/s | vs llama.cpp | wall s | CPU s "
+             "| peak MB | slots | hit rate | MB read/token |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    peer = {r["limit"]: r.get("decode_tps") for r in rows if r["engine"].startswith("llama")}
+    for r in rows:
+        tps = r.get("decode_tps")
+        ratio = f"{tps / peer[r['limit']]:.1f}x" if tps and peer.get(r["limit"]) else "-"
+        err = f" ({r['error']})" if r.get("error") else ""
+        hit = f"{r['hit_rate']:.0%}" if "hit_rate" in r else "-"
+        mb = f"{r['mb_per_token']:.0f}" if "mb_per_token" in r else "-"
+        tps_text = f"{tps:.2f}" if tps else "-"
+        lines.append(
+            f"| {r['limit'] >> 20} MiB | {r['engine']}{err} | {r['first_token_s']:.2f} | "
+            f"{tps_text} | {ratio} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"{r['peak'] / 2**20:.0f} | {r.get('slots', '-')} | {hit} | {mb} |")
+    return "\n".join(lines) + "\n"
+
+
+def disk_speed(path: Path) -> float:
+    drop_caches()
+    p = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M", "count=48", "iflag=direct"],
+                       capture_output=True, text=True)
+    m = re.search(r"([\d.]+) s, ", p.stderr)
+    return 48 * 8 * 2**20 / float(m[1]) / 1e6 if m else 0.0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--limits", default="256M,384M,512M,1G")
+    ap.add_argument("--steps", type=int, default=8)
+    a = ap.parse_args(argv)
+    if not (CGROUP / "memory.limit_in_bytes").exists() or os.geteuid() != 0:
+        print("bench.stream: needs root and the cgroup v1 memory controller at "
+              f"{CGROUP}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))
+    from bench import models
+    from colibri import cbuild
+    ms = models.prepare(a.model, ROOT / "build" / "bench" / "models")
+    cli = Path(cbuild.build(ROOT / "build" / "bench" / "stream-cli",
+                            kernels=cbuild.host_kernels())["cli"])
+    model, gguf = ms.colibri["int8"], ms.gguf["q8_0"]
+    limits = [parse_size(x) for x in a.limits.split(",")]
+    meta = {"cpu": cpu_name(), "model": a.model, "model_bytes": model.stat().st_size,
+            "gguf_bytes": gguf.stat().st_size, "disk_mb_s": disk_speed(model),
+            "steps": a.steps, "load": os.getloadavg()[0]}
+    rows = run_all(model, gguf, cli, limits, a.steps)
+    flags = Path("/proc/cpuinfo").read_text()
+    tag = re.sub(r"\W+", "-", meta["cpu"]).strip("-").lower()[:24] + (
+        "-avx512" if " avx512f" in flags else "-avx2")
+    out = ROOT / "bench" / "results" / f"stream-{tag}"
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    md = report(rows, meta)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
