@@ -24,13 +24,18 @@
  *   group dots are exact int32, the float work per group ref's, in order.
  * - attend (ref.c's flash-attention schedule, bit for bit): 16 positions'
  *   scores and exps in one zmm.
- * Everything else (float matmuls, prefill GEMMs, quantisation, int16, the
- * block types) is avx2.c's EVEX-VNNI table, called through its pointers:
+ * - matmul_q4_k and matmul_q6_k for one token (decode): 8 rows a tile in
+ *   the 32 zmm registers, bit-identical to ref (see "Block types, decode
+ *   form" below).
+ * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0,
+ * the block types' several-token forms) is avx2.c's EVEX-VNNI table, called
+ * through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
  * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
  * prefill forms already lead llama.cpp, and with float matmuls shared this
  * table differs from "avx2-vnni" only where both equal ref bit for bit
- * (matmul_i8, attend), so their logits are the same bits.
+ * (matmul_i8, attend, the Q4_K / Q6_K decode forms), so their logits are
+ * the same bits.
  */
 #include "kernels.h"
 
