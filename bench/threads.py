@@ -12,6 +12,9 @@ Engines (each loaded once, in its own process, then driven round after round):
                               the int8 kernels an AVX2-only CPU (Zen 2/3) runs
   colibri q4                  `colibri convert --quant q4` (the 4-bit mix: Q4_K, Q6_K;
                               Q4_0 / int8 on rows not a multiple of 256)
+  colibri int8/q4 avx2-vnni   on an AVX-512 VNNI CPU: the same files with the AVX2 VNNI
+                              table forced (COLIBRI_KERNELS), beside the default
+                              avx512-vnni: what the 512-bit forms add
   llama-cpp-python f32/q8_0   bench/threads_peer.py, n_threads = n_threads_batch = N
   llama-bench native/avx2     llama.cpp's own tool, built from the same sources
                               (scripts/build_llama_bench.sh): `-p 128 -n 32 -t 1,2`,
@@ -303,6 +306,9 @@ def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bo
         servers.append(Server("colibri int8 avx2-vnni",
                               [progs["vnni"], ms.colibri["int8"], tokens], "colibri", "int8",
                               env={"COLIBRI_KERNELS": "avx2-vnni"}))
+    if "q4" in precisions and q4 and cpu_description()["flags"].get("avx512_vnni"):
+        servers.append(Server("colibri q4 avx2-vnni", [progs["vnni"], q4["colibri"], tokens],
+                              "colibri", "q4", env={"COLIBRI_KERNELS": "avx2-vnni"}))
     if with_llama and all(p.exists() for p in ms.gguf.values()):
         for q, prec in (("f32", "f32"), ("q8_0", "int8")):
             if prec in precisions:
@@ -413,6 +419,7 @@ def ratios(table: dict) -> list:
         ("colibri int8", "colibri int8 avx2-vnni"),
         ("colibri q4", "llama-bench native q4_k_m"),
         ("colibri q4", "llama-bench native q4_0"),
+        ("colibri q4", "colibri q4 avx2-vnni"),
     ]
     out = []
     for ours, peer in pairs:
@@ -456,7 +463,7 @@ def consistency(rounds: list) -> dict:
         pl = [(r.get("prefill_last", {}).get("argmax"), r.get("prefill_all", {}).get("argmax"))
               for r in per_t.values() if isinstance(r, dict)]
         base = ("colibri f32" if name.endswith("f32") else
-                "colibri q4" if name.endswith(("q4", "q4_k_m", "q4_0")) else "colibri int8")
+                "colibri q4" if " q4" in name else "colibri int8")
         b = toks(base, 1)
         out[name] = {
             "decode_tokens_equal_across_threads":

@@ -24,13 +24,18 @@
  *   group dots are exact int32, the float work per group ref's, in order.
  * - attend (ref.c's flash-attention schedule, bit for bit): 16 positions'
  *   scores and exps in one zmm.
- * Everything else (float matmuls, prefill GEMMs, quantisation, int16, the
- * block types) is avx2.c's EVEX-VNNI table, called through its pointers:
+ * - matmul_q4_k and matmul_q6_k for one token (decode): 8 rows a tile in
+ *   the 32 zmm registers, bit-identical to ref (see "Block types, decode
+ *   form" below).
+ * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0,
+ * the block types' several-token forms) is avx2.c's EVEX-VNNI table, called
+ * through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
  * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
  * prefill forms already lead llama.cpp, and with float matmuls shared this
  * table differs from "avx2-vnni" only where both equal ref bit for bit
- * (matmul_i8, attend), so their logits are the same bits.
+ * (matmul_i8, attend, the Q4_K / Q6_K decode forms), so their logits are
+ * the same bits.
  */
 #include "kernels.h"
 
@@ -431,6 +436,278 @@ TGT512 static void z_attend(float *out, const clb_att_args *a)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Block types, decode form (one token): matmul_q4_k and matmul_q6_k, 8
+ * rows a tile, bit-identical to ref.c (kernels.h; FORMAT.md 5).
+ *
+ * Why (perf of the small bench model's q4 decode on Zen 4, FINDINGS.md 8):
+ * avx2.c's tiles of 8 rows ran out of its 16 ymm registers (the 8 rows'
+ * accumulators and mins sums spilled to the stack every block), decoded
+ * each row's 6-bit Q4_K scales alone, and ran its prefetch as a loop of its
+ * own per block. Here, with 32 zmm registers:
+ * - the integer work per row and block is ref's exact int32 isum (and Q4_K
+ *   msum), formed 64 columns a vector: vpmaddubsw (unsigned q x signed xq,
+ *   int16 pairs) then vpdpwssd by the sub-block scales (int16), which also
+ *   widens to int32 and accumulates;
+ * - the 8 rows' accumulators reduce to one ymm (lane = row) by an exact
+ *   tree, and the block's float update runs for the 8 rows at once in
+ *   ref's order (unfused, d * float(isum) first, then the rest);
+ * - Q4_K scales and mins are decoded for 4 rows in one zmm (a 128-bit lane
+ *   a row), Q4_K's msum for 4 rows in one vpmaddwd;
+ * - the prefetches are straight-line (a fixed count per block) and a call
+ *   starts with a burst over its first tile and the prefetch distance, so
+ *   the first rows of a call do not wait on one miss after another.
+ * Zen 4 runs a 512-bit operation at the cost of two 256-bit ones, so the
+ * gain here is fewer operations per block, not the width.
+ * Several tokens (prefill), and rows past the last whole tile, use avx2.c's
+ * forms: every tiling gives ref's bits, so the mix changes none. */
+
+enum { ZB_R = 8 };          /* rows a decode tile */
+/* Bytes past the next tile that the stream prefetch runs ahead (as
+ * avx2.c's BT_PF_AHEAD). */
+enum { ZB_PF_AHEAD = 4096 };
+
+/* 16 bytes repeated in the four 128-bit lanes. */
+#define ZB_LANES(...) _mm512_broadcast_i32x4(_mm_setr_epi8(__VA_ARGS__))
+
+/* [a x 16 | b x 16] int16 vpshufb pattern: byte a (b) of each 128-bit lane
+ * zero-extended to int16, in the low (high) 256 bits. */
+BLOCK512 __m512i pick16x2(int a, int b)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(0x8000 | a))),
+                              _mm256_set1_epi16((short)(0x8000 | b)), 1);
+}
+
+/* 8 rows' 16-lane int32 accumulators -> lane r of a ymm = the exact sum
+ * of a[r]'s lanes (pair32 / pair64 above, then the 128-bit lanes). */
+BLOCK512 __m256i rowsums8(const __m512i a[8])
+{
+    const __m512i q0 = pair64(pair32(a[0], a[1]), pair32(a[2], a[3])); /* [r0..r3] a lane */
+    const __m512i q1 = pair64(pair32(a[4], a[5]), pair32(a[6], a[7])); /* [r4..r7] a lane */
+    const __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(q0, q1, 0x44),
+                                       _mm512_shuffle_i64x2(q0, q1, 0xEE));
+    /* c = [q0 lanes 0+2, 1+3 | q1 lanes 0+2, 1+3] */
+    const __m512i d = _mm512_shuffle_i64x2(c, c, 0xD8); /* lanes 0, 2, 1, 3 */
+    return _mm256_add_epi32(_mm512_castsi512_si256(d), _mm512_extracti64x4_epi64(d, 1));
+}
+
+/* Lane k of the result = the 16 bytes at p[k] + o (4 rows, k = 0..3). */
+BLOCK512 __m512i rows4_16(const uint8_t *const p[4], size_t o)
+{
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(p[0] + o)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[1] + o)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[2] + o)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[3] + o)), 3);
+}
+
+/* The float32 at byte 4f of each of 8 rows' 16-byte lanes (rows 0-3 in
+ * lo, 4-7 in hi, as rows4_16 loads them) -> ymm, lane = row. */
+BLOCK512 __m256 rows8_f32(__m512i lo, __m512i hi, int f)
+{
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0),
+                                         _mm512_set1_epi32(f));
+    return _mm512_castps512_ps256(_mm512_permutex2var_ps(_mm512_castsi512_ps(lo), idx,
+                                                         _mm512_castsi512_ps(hi)));
+}
+
+/* Lane k (row k of 4) of the result: 128-bit lane k broadcast to all four. */
+BLOCK512 __m512i lane_bcast(__m512i v, int k)
+{
+    return _mm512_permutexvar_epi64(_mm512_add_epi64(_mm512_setr_epi64(0, 1, 0, 1, 0, 1, 0, 1),
+                                                     _mm512_set1_epi64(2 * k)), v);
+}
+
+/* Prefetch the `lines` 64-byte lines from p into L2, unless they reach
+ * past end (the stream stops at the call's last row). */
+BLOCK512 void zb_prefetch(const uint8_t *p, const uint8_t *end, int lines)
+{
+    if (p + 64 * lines > end)
+        return;
+    UNROLL
+    for (int l = 0; l < lines; l++)
+        _mm_prefetch((const char *)(p + 64 * l), _MM_HINT_T1);
+}
+
+/* The call's first tile and the prefetch distance, all at once. */
+BLOCK512 void zb_prefetch_start(const uint8_t *W, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)(W + o), _MM_HINT_T1);
+}
+
+/* Q4_K: 4 rows' scales and mins of a block (clb_q4k_scale_min), one row a
+ * 128-bit lane: [sc0..sc7 | m0..m7] u8; the vector form of avx2.c's
+ * q4k_scales_mins, s = the 16 bytes at the block's offset 8. */
+BLOCK512 __m512i q4k_scm4(const uint8_t *const p[4], size_t o)
+{
+    const __m512i s = rows4_16(p, o + 8);
+    const __m512i a = _mm512_shuffle_epi8(s, ZB_LANES(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m512i b = _mm512_shuffle_epi8(s, ZB_LANES(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m512i lo = _mm512_and_si512(a, ZB_LANES(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    /* lo | (a >> 4 & mask) | (b >> 2 & 0x30): ternary logic A | (B & C) */
+    const __m512i t = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi16(a, 4),
+                                                ZB_LANES(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15), 0xF8);
+    return _mm512_ternarylogic_epi32(t, _mm512_srli_epi16(b, 2), _mm512_set1_epi8(0x30), 0xF8);
+}
+
+/* Q4_K: the exact msum = sum_j m_j * bsum_j of 4 rows (scm from q4k_scm4)
+ * against bs = [bsum_0..7] int16 in every lane -> every int32 of lane k =
+ * row k's msum. */
+BLOCK512 __m512i q4k_msum4(__m512i scm, __m512i bs)
+{
+    const __m512i mn = _mm512_shuffle_epi8(scm, ZB_LANES(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13,
+                                                         -128, 14, -128, 15, -128));
+    __m512i m = _mm512_madd_epi16(mn, bs);
+    m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, _MM_PERM_BADC));
+    return _mm512_add_epi32(m, _mm512_shuffle_epi32(m, _MM_PERM_CDAB));
+}
+
+/* One row's isum of a Q4_K block (qs at q) as 16 int32 lanes, the 8
+ * sub-blocks' scales from br (the row's scm lane in all four lanes).
+ * Vector qs[0..63]: low nibbles = sub-blocks 0 | 2 (columns 0..31 |
+ * 64..95), high nibbles 1 | 3; qs[64..127] the same for 4..7; xv holds the
+ * activations in that order (q4k_tile). */
+BLOCK512 __m512i q4k_row(const uint8_t *q, __m512i br, const __m512i xv[4])
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i q0 = _mm512_loadu_si512((const void *)q);
+    const __m512i q1 = _mm512_loadu_si512((const void *)(q + 64));
+    __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                      _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xv[0]),
+                                      _mm512_shuffle_epi8(br, pick16x2(0, 2)));
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), xv[1]),
+                              _mm512_shuffle_epi8(br, pick16x2(1, 3)));
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xv[2]),
+                              _mm512_shuffle_epi8(br, pick16x2(4, 6)));
+    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), xv[3]),
+                               _mm512_shuffle_epi8(br, pick16x2(5, 7)));
+}
+
+/* y[0 .. 8) for one token: rows w[0..7] of nb Q4_K blocks. Per block: acc
+ * += xs * (d * float(isum) - dmin * float(msum)), 8 rows in lanes. */
+BLOCK512 void q4k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
+                       const int16_t *xb, uint32_t nb, const uint8_t *pf, const uint8_t *pf_end)
+{
+    enum { BYTES = CLB_Q4_K_BYTES, PF_LINES = (ZB_R * CLB_Q4_K_BYTES + 63) / 64 };
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        zb_prefetch(pf + (size_t)b * ZB_R * BYTES, pf_end, PF_LINES);
+        const size_t o = (size_t)b * BYTES;
+        const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
+        const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
+        const __m512i x2 = _mm512_loadu_si512((const void *)(x + 128)), x3 = _mm512_loadu_si512((const void *)(x + 192));
+        /* [x 0..31 | 64..95], [32..63 | 96..127], the same + 128 */
+        const __m512i xv[4] = {_mm512_shuffle_i64x2(x0, x1, 0x44), _mm512_shuffle_i64x2(x0, x1, 0xEE),
+                               _mm512_shuffle_i64x2(x2, x3, 0x44), _mm512_shuffle_i64x2(x2, x3, 0xEE)};
+        /* bsum_j = XB 2j + XB 2j+1, int16 in every lane */
+        const __m512i bs = _mm512_broadcast_i32x4(_mm256_cvtepi32_epi16(_mm256_madd_epi16(
+            _mm256_loadu_si256((const __m256i *)(const void *)(xb + (size_t)b * 16)), _mm256_set1_epi16(1))));
+        const __m512i scm[2] = {q4k_scm4(w, o), q4k_scm4(w + 4, o)};
+        __m512i a[ZB_R];
+        UNROLL
+        for (int r = 0; r < ZB_R; r++)
+            a[r] = q4k_row(w[r] + o + 20, lane_bcast(scm[r / 4], r % 4), xv);
+        const __m256i isum = rowsums8(a);
+        const __m512i m0 = q4k_msum4(scm[0], bs), m1 = q4k_msum4(scm[1], bs);
+        const __m256i msum = _mm512_castsi512_si256(_mm512_permutex2var_epi32(
+            m0, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0), m1));
+        const __m512i h0 = rows4_16(w, o), h1 = rows4_16(w + 4, o); /* [d dmin ..] a row */
+        const __m256 dd = _mm256_mul_ps(rows8_f32(h0, h1, 0), _mm256_cvtepi32_ps(isum));
+        const __m256 mm = _mm256_mul_ps(rows8_f32(h0, h1, 1), _mm256_cvtepi32_ps(msum));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xs[b]), _mm256_sub_ps(dd, mm)));
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
+/* One row's isum of a Q6_K block as 16 int32 lanes. Per half h (128
+ * columns): ql[64h .. 64h+63] low nibbles = columns 0..63 of the half (s =
+ * 0 | 1), high nibbles 64..127 (s = 2 | 3); qh[32h ..] in both 256-bit
+ * halves, shifted so that bits 2s, 2s+1 land on bits 4, 5 (16-bit shifts:
+ * 4 | 2 to the left, 0 | 2 to the right; the mask keeps the bits of the
+ * same byte). The int16 pair sums of 128-bit lane i are sub-block 8h + i
+ * (+ 4), scaled by vpermw from sc. Then - 32 * sum_j sc_j bsum_j, as the
+ * int16 pairs (32 sc_j) x (- bsum_j) (nxb). */
+BLOCK512 __m512i q6k_row(const uint8_t *blk, const __m512i xv[4], __m512i nxb)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i sl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    /* int16 lane p -> p / 8: the 128-bit lane's sub-block (+ 8h, + 4) */
+    const __m512i lane = _mm512_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001, 0x20002, 0x20002,
+                                           0x20002, 0x20002, 0x30003, 0x30003, 0x30003, 0x30003);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 196)));
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5)), nxb);
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        const __m512i ql = _mm512_loadu_si512((const void *)(blk + 4 + 64 * h));
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 132 + 32 * h)));
+        /* (A & C) | B: the nibble from A, bits 4, 5 from B */
+        const __m512i v01 = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi16(qh, sl), m30), m4, 0xEC);
+        const __m512i v23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4),
+                                                      _mm512_and_si512(_mm512_srlv_epi16(qh, sr), m30), m4, 0xEC);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(v01, xv[2 * h]),
+                                  _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h))), sc));
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(v23, xv[2 * h + 1]),
+                                  _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h + 4))), sc));
+    }
+    return acc;
+}
+
+/* y[0 .. 8) for one token: rows w[0..7] of nb Q6_K blocks. Per block:
+ * acc += xs * (d * float(isum)), 8 rows in lanes. */
+BLOCK512 void q6k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
+                       const int16_t *xb, uint32_t nb, const uint8_t *pf, const uint8_t *pf_end)
+{
+    enum { BYTES = CLB_Q6_K_BYTES, PF_LINES = (ZB_R * CLB_Q6_K_BYTES + 63) / 64 };
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        zb_prefetch(pf + (size_t)b * ZB_R * BYTES, pf_end, PF_LINES);
+        const size_t o = (size_t)b * BYTES;
+        const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
+        const __m512i xv[4] = {_mm512_loadu_si512((const void *)x), _mm512_loadu_si512((const void *)(x + 64)),
+                               _mm512_loadu_si512((const void *)(x + 128)),
+                               _mm512_loadu_si512((const void *)(x + 192))};
+        const __m512i nxb = _mm512_castsi256_si512(_mm256_sub_epi16(
+            _mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)(const void *)(xb + (size_t)b * 16))));
+        __m512i a[ZB_R];
+        UNROLL
+        for (int r = 0; r < ZB_R; r++)
+            a[r] = q6k_row(w[r] + o, xv, nxb);
+        const __m256i isum = rowsums8(a);
+        const __m256 d = rows8_f32(rows4_16(w, o), rows4_16(w + 4, o), 0);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xs[b]),
+                                               _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum))));
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
+/* Y[1, rows] for block dtype dt (Q4_K or Q6_K): whole tiles of 8 rows
+ * here; returns the rows done (the caller's avx2.c form takes the rest). */
+BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
+                            const float *XS, const int16_t *XB, uint32_t rows, uint32_t cols)
+{
+    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    const size_t row_bytes = (size_t)nb * bytes, tile = ZB_R * row_bytes;
+    const uint32_t tiles = rows / ZB_R;
+    const uint8_t *end = W + (size_t)tiles * tile;
+    zb_prefetch_start(W, tile + ZB_PF_AHEAD < (size_t)tiles * tile ? tile + ZB_PF_AHEAD : (size_t)tiles * tile);
+    for (uint32_t t = 0; t < tiles; t++) {
+        const uint8_t *w[ZB_R];
+        UNROLL
+        for (int r = 0; r < ZB_R; r++)
+            w[r] = W + (size_t)t * tile + (size_t)r * row_bytes;
+        /* the stream: the bytes from ZB_PF_AHEAD past the next tile on */
+        const uint8_t *pf = W + (size_t)(t + 1) * tile + ZB_PF_AHEAD;
+        if (dt == COLIBRI_DTYPE_Q4_K)
+            q4k_tile(Y + (size_t)t * ZB_R, w, XQ, XS, XB, nb, pf, end);
+        else
+            q6k_tile(Y + (size_t)t * ZB_R, w, XQ, XS, XB, nb, pf, end);
+    }
+    return tiles * ZB_R;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The forms shared with avx2.c's EVEX-VNNI table.                          */
 
 static void z_quantize_act_i8(int8_t *XQ, float *XS, const float *X, uint32_t n,
@@ -457,16 +734,24 @@ static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
     base()->matmul_q4_0(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
-static void z_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
-                          const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+/* One token: the decode form above for whole tiles of 8 rows, avx2.c's
+ * for the rest of the rows and for several tokens. */
+TGT512 static void z_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                                 const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    base()->matmul_q4_k(Y, W, XQ, XS, XB, n, rows, cols);
+    const uint32_t done = n == 1 ? zb_decode(COLIBRI_DTYPE_Q4_K, Y, W, XQ, XS, XB, rows, cols) : 0;
+    if (done < rows)
+        base()->matmul_q4_k(Y + done, W + (size_t)done * ((cols + CLB_QK_COLS - 1) / CLB_QK_COLS) * CLB_Q4_K_BYTES,
+                            XQ, XS, XB, n, rows - done, cols);
 }
 
-static void z_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
-                          const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+TGT512 static void z_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                                 const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    base()->matmul_q6_k(Y, W, XQ, XS, XB, n, rows, cols);
+    const uint32_t done = n == 1 ? zb_decode(COLIBRI_DTYPE_Q6_K, Y, W, XQ, XS, XB, rows, cols) : 0;
+    if (done < rows)
+        base()->matmul_q6_k(Y + done, W + (size_t)done * ((cols + CLB_QK_COLS - 1) / CLB_QK_COLS) * CLB_Q6_K_BYTES,
+                            XQ, XS, XB, n, rows - done, cols);
 }
 
 static void z_matmul_f32(float *Y, const float *W, const float *X, uint32_t n,

@@ -647,6 +647,9 @@ static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels 
                 for (size_t c = 0; c < LEN(BLK_COLS); c++)
                     test_blocks(ref, k, BLK_DTYPES[d], NS[a], BLK_ROWS[b], BLK_COLS[c]);
         test_blocks(ref, k, BLK_DTYPES[d], 40, 97, 2048);
+        /* one token at a model's shape: avx512-vnni's decode tiles over
+         * many rows (its prefetch stream) and 11-block rows, plus a tail */
+        test_blocks(ref, k, BLK_DTYPES[d], 1, 267, 2816);
         test_blocks_tiles(k, BLK_DTYPES[d], 24, 40, 512);
         test_blocks_tiles(k, BLK_DTYPES[d], 17, 33, 300);
     }
