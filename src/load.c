@@ -613,7 +613,7 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
     v->blob = (const uint8_t *)arena; /* the image: header, table, resident */
     v->blob_size = (size_t)g.image_bytes;
     v->file_big_endian = (uint8_t)g.be;
-    v->byte_swapped = (uint8_t)(g.be != host_is_big_endian());
+    v->byte_swapped = g.be != host_is_big_endian() ? 1u : 0u;
     v->load_mode = CLB_LOAD_STREAM;
     v->arena = arena;
     v->arena_size = arena_size;
@@ -663,8 +663,10 @@ int colibri_stream_arena_size(const colibri_reader *rd, const colibri_options *o
         return rc;
     void *base = NULL;
     uint8_t *pre = prefix <= SIZE_MAX - 64 ? (uint8_t *)alloc64((size_t)prefix, &base) : NULL;
-    if (!pre)
+    if (!pre) {
+        free(base);
         return COLIBRI_E_NO_MEMORY;
+    }
     clb_stream_geom g;
     uint32_t slots = 0;
     rc = rd->read(rd->user, 0, pre, (size_t)prefix) != 0 ? COLIBRI_E_IO : COLIBRI_OK;

@@ -304,7 +304,7 @@ clb_weight clb_weight_of(const uint8_t *blob, const uint8_t *en, int be,
 void clb_swap_section(uint8_t *sec, const uint8_t *en, int be, uint32_t group)
 {
     unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
-    if (kind < 1 || kind > COLIBRI_KIND_MAX || kind == COLIBRI_KIND_DESC)
+    if (!sec || kind < 1 || kind > COLIBRI_KIND_MAX || kind == COLIBRI_KIND_DESC)
         return; /* unknown layout: never used; DESC: read as stored */
     clb_weight w = clb_weight_at(sec, en, be, group);
     uint8_t *q = sec;
@@ -339,7 +339,7 @@ void clb_swap_section(uint8_t *sec, const uint8_t *en, int be, uint32_t group)
         }
     }
     uint8_t *sc = (uint8_t *)w.scales;
-    for (uint64_t v = 0; v < n_scales; v++) {
+    for (uint64_t v = 0; sc && v < n_scales; v++) {
         uint8_t *x = sc + v * 4, t0 = x[0], t1 = x[1];
         x[0] = x[3];
         x[1] = x[2];

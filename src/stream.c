@@ -268,11 +268,11 @@ static int stream_acquire(const clb_plan *p, uint32_t layer, uint32_t expert,
         st->st.evictions++;
     }
     s->expert = -1; /* until the read and its checks succeed */
-    const uint8_t *data;
+    const uint8_t *data = NULL;
     int rc = read_expert(st, x, idx, s->mem, &data, detail);
-    if (rc) {
+    if (rc || !data) {
         st->st.errors++;
-        return rc;
+        return rc ? rc : COLIBRI_E_IO;
     }
     /* The expert's own views: its entries' shapes and dtypes, its slot's
      * bytes (the plan's views of it carry no data). */
@@ -305,6 +305,10 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     clb_plan *p;
     uint8_t *mem;
     stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem);
+    if (!st || !p || !mem || c.ovf) { /* the caller sized the arena with the same layout */
+        clb_detail(detail, DETAIL_CAP, "the streamed layout does not fit the arena");
+        return COLIBRI_E_NO_MEMORY;
+    }
     st->rd = *rd;
     st->align = align;
     st->n_slots = n_slots;
