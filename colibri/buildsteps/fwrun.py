@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ColibriError
-from ..sampling import SampleParams
+from ..text.sampling import SampleParams
 from . import emulate
 
 
