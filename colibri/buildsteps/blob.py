@@ -26,9 +26,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..errors import ColibriError
 from ..file import format as cformat
 from ..model import memory
-from ..errors import ColibriError
 from ..text.sampling import SampleParams
 
 SECTION = ".colibri_model"

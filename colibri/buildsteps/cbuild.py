@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import sources as _sources
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 
 # The canonical source lists live in colibri/buildsteps/sources.py (shared with

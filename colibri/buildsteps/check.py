@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ColibriError
 from . import blob, emulate, golden
+from ..errors import ColibriError
 
 
 @dataclass

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import emulate
 from ..errors import ColibriError
 from ..text.sampling import SampleParams
-from . import emulate
 
 
 def sampling_from_args(args: dict) -> SampleParams:

@@ -26,9 +26,9 @@ import io
 import struct
 from dataclasses import dataclass, field
 
-from ..file import format as fmt
 from . import keys
 from ..errors import ColibriError, FormatError
+from ..file import format as fmt
 
 # --- Header (IMAGE.md 2): MCUboot's struct image_header ----------------------
 MAGIC = 0x96F3B83D            # ih_magic, little-endian: bytes 3d b8 f3 96

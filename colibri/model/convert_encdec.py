@@ -28,12 +28,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..file import format as fmt
 from . import hf
-from ..errors import ColibriError, ConversionError
 from .families import switch_transformers as st
-from ..file.format import Feat, Kind
 from .reference_encdec import canonical_name, position_bias_table
+from ..errors import ColibriError, ConversionError
+from ..file import format as fmt
+from ..file.format import Feat, Kind
 
 # Switch has no max_position_embeddings (relative positions): the KV cache
 # and the encoder input default to this many positions.

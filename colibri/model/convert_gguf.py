@@ -30,12 +30,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..file import format as fmt
 from . import gguf_in, hf
-from ..file import storage
 from .export import (PRESETS, QUANT_CHOICES, dtype_for, output_path, shape_and_desc,
                      tokenizer_sections)
 from ..errors import ColibriError, ConversionError
+from ..file import format as fmt
+from ..file import storage
 from ..file.format import DType, Kind
 
 # How a tensor gets its stored values.

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..file import blocks
 from . import families
 from .families.common import (GGUF_COMMON_CONFIG, GGUF_GLOBAL_TENSORS, GGUF_LAYER_TENSORS,
                               Family)
-from ..file import format as fmt
 from ..errors import ConversionError
+from ..file import blocks
+from ..file import format as fmt
 from ..file.format import DType, Kind
 
 GGUF_MAGIC = b"GGUF"

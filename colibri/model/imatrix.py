@@ -15,9 +15,9 @@ quantised without importance.
     colibri imatrix HF_DIR --text calib.txt -o model.imatrix.npz
     colibri convert HF_DIR --quant q4 --imatrix model.imatrix.npz -o model.colibri
 
-Measuring one from a checkpoint converts it first: that, and the `colibri
-imatrix` command, are in colibri/model/convert.py (`from_checkpoint`), which
-imports this module to read the file back.
+Measuring one from a checkpoint converts it first: that
+(`imatrix_from_checkpoint`) and the `colibri imatrix` command are in
+colibri/model/convert.py, which imports this module to read the file back.
 """
 from __future__ import annotations
 

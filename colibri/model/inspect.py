@@ -13,9 +13,9 @@ import os
 import sys
 from collections import OrderedDict
 
-from ..file import format as fmt
 from . import memory
 from ..errors import ColibriError, FileReadError, FormatError, VersionError
+from ..file import format as fmt
 from ..file.format import DType, Kind
 from ..text.tokenizer import KIND_TOKENIZER
 

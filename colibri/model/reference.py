@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ColibriError
 from ..file import blocks
 from ..file import format as cformat
-from ..errors import ColibriError
 from ..file.format import DENSE_KINDS, SHARED_KINDS, DType, Feat, Kind
 from ..file.quant import quantize_activations_i8
 

@@ -38,9 +38,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..file import blocks
-from ..errors import ColibriError
 from .reference import matmul_f32, rmsnorm, softmax  # noqa: F401 (softmax re-exported)
+from ..errors import ColibriError
+from ..file import blocks
 
 F32 = np.float32
 

@@ -8,8 +8,8 @@ which are the renormalised top-k softmax probabilities. Experts are stored
 fused: `input_linear` [E, 2I, H] (gate rows, then up) and `output_linear`
 [E, H, I].
 """
-from ...file.format import Description, Feat
 from .common import ExpertLayout, Family, GGUFNames, flag, number
+from ...file.format import Description, Feat
 
 # GraniteMoE's config.json fields in its GGUF files (the four multipliers
 # are llama.cpp's embedding/residual/attention/logit scales).

@@ -6,8 +6,8 @@ names through `--expert-map`) under `block_sparse_moe` or `mlp`, or fused as
 transformers 5 holds them in memory (`mlp.experts.gate_up_proj` [E, 2I, H],
 `mlp.experts.down_proj` [E, H, I]).
 """
-from ...file.format import Description, Feat
 from .common import ExpertLayout, Family, GGUFNames
+from ...file.format import Description, Feat
 
 
 def describe(cfg: dict) -> Description:

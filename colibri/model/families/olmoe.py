@@ -5,10 +5,10 @@ RMSNorm over the whole q and k projections (`q_norm` [heads * head_dim],
 +-clip_qkv; top-k probabilities used as the softmax gives them
 (`norm_topk_prob` false); biases on every projection with `attention_bias`.
 """
-from ...errors import ConversionError
-from ...file.format import Description, Feat
 from .common import Family, GGUFNames, count, flag, number
 from .qwen2_moe import QWEN_LAYOUTS
+from ...errors import ConversionError
+from ...file.format import Description, Feat
 
 
 def describe(cfg: dict) -> Description:

@@ -7,10 +7,10 @@ width `moe_intermediate_size`; top-k probabilities renormalised only with
 `norm_topk_prob` (false in the released models); layers in `mlp_only_layers`
 or off the `decoder_sparse_step` are a dense SwiGLU of `intermediate_size`.
 """
-from ...errors import ConversionError
-from ...file.format import Description, Feat
 from .common import (ExpertLayout, Family, GGUFNames, count, flag, refuse_sliding_window,
                      sparse_layers_rule)
+from ...errors import ConversionError
+from ...file.format import Description, Feat
 
 QWEN_LAYOUTS = (
     ExpertLayout(router="mlp.gate.weight", marker="mlp.experts.gate_up_proj",

@@ -5,10 +5,10 @@ RoPE; `head_dim` independent of hidden / heads; biases on every projection
 with `attention_bias`; top-k renormalised with `norm_topk_prob` (true in the
 released models); dense layers as Qwen2-MoE; no shared expert.
 """
-from ...errors import ConversionError
-from ...file.format import Description, Feat
 from .common import Family, GGUFNames, count, flag, refuse_sliding_window, sparse_layers_rule
 from .qwen2_moe import QWEN_LAYOUTS
+from ...errors import ConversionError
+from ...file.format import Description, Feat
 
 
 def describe(cfg: dict) -> Description:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import ConversionError
-from ..reference_encdec import EncDecShape, EncDecWeights, DenseMatrix, position_bias_table
 from .common import count, flag, number
+from ..reference_encdec import EncDecShape, EncDecWeights, DenseMatrix, position_bias_table
+from ...errors import ConversionError
 
 TITLE = "Switch Transformers"
 ARCHITECTURES = ("SwitchTransformersForConditionalGeneration",)
