@@ -424,6 +424,14 @@ DEFAULT_TOKENS = 32768
 MAX_WINDOW = 512
 
 
+def _calibration_text(path) -> bytes:
+    """The bytes of a calibration text file (`--calibration`, `--text`)."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConversionError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
 def imatrix_from_checkpoint(model_dir, text: bytes, max_tokens: int = DEFAULT_TOKENS,
                             progress=None) -> dict[im.Key, tuple[np.ndarray, int]]:
     """The importance matrix of a Hugging Face checkpoint on calibration
@@ -530,11 +538,7 @@ def _run(args: argparse.Namespace) -> int:
 
     imatrix = args.imatrix
     if args.calibration:
-        try:
-            text = Path(args.calibration).read_bytes()
-        except OSError as exc:
-            raise ConversionError(f"cannot read {args.calibration}: "
-                                  f"{exc.strerror or exc}") from None
+        text = _calibration_text(args.calibration)
         imatrix = imatrix_from_checkpoint(args.model_dir, text,
                                           args.calibration_tokens or DEFAULT_TOKENS,
                                      progress=None if args.quiet else progress)
@@ -609,10 +613,7 @@ def add_imatrix_parser(subparsers) -> None:
 
 def _run_imatrix(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    try:
-        text = Path(args.text).read_bytes()
-    except OSError as exc:
-        raise ColibriError(f"cannot read {args.text}: {exc.strerror or exc}") from None
+    text = _calibration_text(args.text)
     say = lambda line: print(f"colibri imatrix: {line}", file=sys.stderr, flush=True)
     matrix = imatrix_from_checkpoint(args.model_dir, text, args.tokens, progress=say)
     im.save(args.output, matrix)
