@@ -176,7 +176,8 @@ class Library:
         except AttributeError:
             raise errors.LibraryNotFoundError(
                 f"{self.path} has no colibri_abi_* functions (src/shared_abi.c): it is not "
-                "a libcolibri.so of this version; rebuild it (python -m colibri.buildsteps.cbuild)") from None
+                "a libcolibri.so of this version; rebuild it "
+                "(python -m colibri.buildsteps.cbuild)") from None
         if api != API_VERSION or sizeof_info != ctypes.sizeof(_Info):
             raise errors.LibraryNotFoundError(
                 f"{self.path}: API version {api}, sizeof(colibri_info) {sizeof_info}; this "
@@ -196,7 +197,8 @@ class Library:
         except AttributeError:
             raise errors.LibraryNotFoundError(
                 f"{self.path} has no colibri_abi_sizeof_tokenizer (src/shared_abi.c): it "
-                "predates the tokenizer; rebuild it (python -m colibri.buildsteps.cbuild)") from None
+                "predates the tokenizer; rebuild it (python -m colibri.buildsteps.cbuild)"
+            ) from None
         want = (ctypes.sizeof(_TokInfo), ctypes.sizeof(_SampleParams))
         if text_sizes != want:
             raise errors.LibraryNotFoundError(
@@ -556,7 +558,8 @@ class Model:
         lib = self._lib.lib
         if not hasattr(lib, "colibri_encode") or lib.colibri_encode.argtypes is None:
             raise errors.LibraryNotFoundError(
-                f"{self._lib.path} has no colibri_encode: rebuild it (python -m colibri.buildsteps.cbuild)")
+                f"{self._lib.path} has no colibri_encode: rebuild it "
+                "(python -m colibri.buildsteps.cbuild)")
         out = np.empty((b, s, self.info.shape.hidden), dtype=np.float32)
         with self._lock:
             m = self._m

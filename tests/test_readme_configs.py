@@ -67,5 +67,6 @@ def test_readme_table_lists_every_config_and_quant():
     documented = set(doc_lines())
     stale = [r for r in p.stdout.splitlines() if r.startswith("| ") and r not in documented]
     assert not stale, ("the sizes table in README.md / docs/ (docs/QUANTISATION.md) differs "
-                       "from `python -m colibri.model.memory --readme-table models/configs/*.json`; "
+                       "from `python -m colibri.model.memory --readme-table "
+                       "models/configs/*.json`; "
                        "rows not found:\n" + "\n".join(stale))

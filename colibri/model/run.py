@@ -95,7 +95,8 @@ def choose_engine(requested: str | None) -> tuple[str, str]:
     except ColibriError as exc:
         if requested == "c":
             raise
-        return "reference", f"reference (numpy, colibri.model.reference; C runtime not used: {exc})"
+        return "reference", (f"reference (numpy, colibri.model.reference; C runtime not "
+                             f"used: {exc})")
     return "c", f"c (libcolibri through colibri.runtime: {lib.path})"
 
 
