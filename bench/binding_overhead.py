@@ -4,7 +4,7 @@ call, for a one-token decode step: measured side by side, printed as ratios.
     .venv/bin/python -m bench.binding_overhead [--model F.colibri] [--steps N]
                                                [--rounds R] [--json OUT]
 
-Both sides call the same libcolibri.so (built by colibri.cbuild into
+Both sides call the same libcolibri.so (built by colibri.buildsteps.cbuild into
 build/bench/binding/, the host kernels, the x86_64 target's default of
 reading the file into memory): the direct side is bench/c/so_decode.c, which
 dlopens the library like ctypes does and times each colibri_infer call in C;
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri import cbuild
+from colibri.buildsteps import cbuild
 from colibri.runtime import Model
 
 ROOT = Path(__file__).resolve().parent.parent

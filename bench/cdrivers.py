@@ -12,7 +12,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from colibri import cbuild
+from colibri.buildsteps import cbuild
 
 ROOT = Path(__file__).resolve().parent.parent
 C_DIR = ROOT / "bench" / "c"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri import hf
+from colibri.model import hf
 
 
 def permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -1,8 +1,8 @@
 """GGUF imports judged by llama.cpp itself: for each GGUF file, llama.cpp's
 logits (libllama of the pinned build, bench/c/llama_logits.c) against the
 logits of `colibri convert FILE.gguf` (the file's own types kept) run by
-the C runtime (libcolibri.so, `python -m colibri.cbuild`) and the numpy
-reference (colibri/reference.py), on the same token ids.
+the C runtime (libcolibri.so, `python -m colibri.buildsteps.cbuild`) and the numpy
+reference (colibri/model/reference.py), on the same token ids.
 
     python bench/gguf_vs_llama.py FILE.gguf [FILE.gguf ...] [--tokens N]
 
@@ -57,8 +57,8 @@ def llama_logits(exe: Path, gguf: Path, ids: list[int], vocab: int) -> np.ndarra
 def compare(exe: Path, gguf: Path, n: int, seed: int = 0) -> tuple[dict, str]:
     """{engine: (max |diff| / max |logit|, argmax agreement)} and the types."""
     from colibri import runtime
-    from colibri.convert_gguf import GGUFExporter
-    from colibri.reference import Reference
+    from colibri.model.convert_gguf import GGUFExporter
+    from colibri.model.reference import Reference
     with tempfile.TemporaryDirectory() as d:
         ex = GGUFExporter(gguf, tokenizer=False)
         out = ex.export(Path(d) / "m.colibri")

@@ -13,7 +13,7 @@ run as one prefill; and the golden configs (tests/golden_configs.py,
 generated with transformers; random tokens, max_seq_len positions, f32 and
 int8 files). Figures are measurements, nothing is asserted. Both caches run
 through libcolibri.so (colibri.runtime, the build of `python -m
-colibri.cbuild`).
+colibri.buildsteps.cbuild`).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def measure(path: Path, seqs, seq_len, lengths=None) -> dict:
 def golden_files(tmp: Path) -> list[Path]:
     sys.path.insert(0, str(ROOT / "tests"))
     from golden_configs import GOLDEN_CONFIGS, make_mixtral
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     out = []
     for name in ("tiny", "awkward", "wide", "k256"):
         ckpt = tmp / name
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    from colibri import format as cformat
+    from colibri.file import format as cformat
     results = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri import format as cfmt
-from colibri.format import DType, Kind
+from colibri.file import format as cfmt
+from colibri.file.format import DType, Kind
 
 from .cdrivers import ROOT, run_json
 
@@ -122,7 +122,7 @@ def decode_weight_bytes(path: Path) -> dict:
 def ffn_routing(model: Path, tokens: list[int]) -> np.ndarray:
     """Experts [s, top_k] the numpy reference picks for each prefill token of
     the one-layer ffn model (the same routing Colibri computes)."""
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     ref = Reference(model)
     ref.forward(np.asarray(tokens)[None])
     return ref.routing()[0].experts[0]

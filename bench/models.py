@@ -149,7 +149,7 @@ class ModelSet:
 
 def prepare(name: str, base: Path, seed: int = 0, log=print, with_gguf: bool = True) -> ModelSet:
     """Generate (or reuse) every artefact of model `name`."""
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     from . import gguf_export
 
     ms = ModelSet(name, base)

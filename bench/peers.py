@@ -6,7 +6,7 @@ same as process CPU time (prefill_cpu_s, decode_cpu_s) and tokens (the
 greedy tokens: the prompt's next token, then one per step).
 
 Engines, all single-threaded (the caller also sets OMP/OPENBLAS/MKL threads 1):
-  reference     colibri.reference.Reference on a .colibri file (numpy)
+  reference     colibri.model.reference.Reference on a .colibri file (numpy)
   transformers  MixtralForCausalLM from the HF directory, torch 1 thread
   llama         llama-cpp-python on a GGUF file, n_threads = n_threads_batch = 1
 
@@ -36,7 +36,7 @@ class Engine:
 
 class ReferenceEngine(Engine):
     def __init__(self, path):
-        from colibri.reference import Reference
+        from colibri.model.reference import Reference
         self.ref = Reference(path)
 
     def start(self, tokens):

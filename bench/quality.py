@@ -22,7 +22,7 @@ scripts/build_llama_bench.sh); the .colibri files by `colibri convert --quant
 f32|int8|q4` (re-made on every run: the quantisers are still changing).
 
 How identical tokens are guaranteed: the reference logits (the C runtime on the f32
-.colibri file, checked against the numpy reference colibri/reference.py) are written
+.colibri file, checked against the numpy reference colibri/model/reference.py) are written
 as a `llama-perplexity --kl-divergence-base` file in llama.cpp's own format
 (tools/perplexity/perplexity.cpp: "_logits_", n_ctx, n_vocab, n_chunk, the token ids,
 then per chunk the second half's log-probabilities as uint16 over [max-16, max]).
@@ -125,7 +125,7 @@ def token_chunks(name: str, vocab: int, n_ctx: int, n_chunk: int | None):
 
 
 def checkpoint_parameters(hf_dir: Path) -> int:
-    from colibri import hf
+    from colibri.model import hf
     return int(sum(t.numel for t in hf.Checkpoint(hf_dir).tensors.values()))
 
 
@@ -196,7 +196,7 @@ def make_colibri(hf_dir: Path, out_dir: Path, n_ctx: int) -> dict[str, Path]:
 
 
 def colibri_tensor_bits(path: Path) -> dict:
-    from colibri import format as fmt
+    from colibri.file import format as fmt
     cf = fmt.read_file(path, check_crc=False)
     types: dict[str, int] = {}
     nbytes = nel = 0
@@ -214,7 +214,7 @@ def colibri_tensor_bits(path: Path) -> dict:
 
 def colibri_library() -> Path:
     """libcolibri.so for this host (the default kernels), built once."""
-    from colibri import cbuild
+    from colibri.buildsteps import cbuild
     info = cbuild.build(ROOT / "build" / "bench" / "quality" / "lib",
                         kernels=cbuild.host_kernels(), mmap=False, cli=False, shared=True)
     return info["so"]
@@ -229,8 +229,8 @@ def colibri_logits(path: Path, ids: np.ndarray, library: Path, threads: int) -> 
 
 def numpy_reference_check(path: Path, ids: np.ndarray, c_logits: np.ndarray) -> float:
     """Max |C f32 - numpy reference| over the first chunk (the reference of the
-    reference: colibri/reference.py is independent of the C runtime)."""
-    from colibri.reference import Reference
+    reference: colibri/model/reference.py is independent of the C runtime)."""
+    from colibri.model.reference import Reference
     ref = Reference(path).forward(ids[:1].astype(np.int64), mask=None, n_past=0)
     return float(np.max(np.abs(ref[0] - c_logits[0])))
 

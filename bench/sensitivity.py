@@ -4,7 +4,7 @@ importance matrix buys, and what a mix costs in bits per weight.
 For a model (the demo model models/demo/checkpoint, or a random Mixtral
 with rows of 256-multiples so the K types apply), it converts a float32
 .colibri file and, per configuration, a quantised one, runs both through the
-numpy reference (colibri/reference.py) on evaluation tokens and prints the
+numpy reference (colibri/model/reference.py) on evaluation tokens and prints the
 mean KL divergence KL(f32 || quantised) of the next-token distributions (and
 bits per byte on the demo model's held-out windows, models/demo/eval_windows.bin).
 
@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "models" / "demo"))
 
-from colibri import format as fmt  # noqa: E402
-from colibri import imatrix as im  # noqa: E402
-from colibri.convert import ColibriExporter  # noqa: E402
-from colibri.format import DType, Kind  # noqa: E402
-from colibri.reference import Reference  # noqa: E402
+from colibri.file import format as fmt  # noqa: E402
+from colibri.model import imatrix as im  # noqa: E402
+from colibri.model.convert import ColibriExporter  # noqa: E402
+from colibri.file.format import DType, Kind  # noqa: E402
+from colibri.model.reference import Reference  # noqa: E402
 
 DEMO = ROOT / "models" / "demo" / "checkpoint"
 # A random Mixtral whose matrices are all 256-multiples wide (K blocks).
@@ -77,7 +77,7 @@ def calibration_windows(name: str, mdir: Path, f32: Path) -> list[np.ndarray]:
     random model: other random tokens than eval_tokens'."""
     if name == "demo":
         import prepare_corpus as corpus
-        from colibri.tokenizer import Tokenizer
+        from colibri.text.tokenizer import Tokenizer
         train, _ = corpus.split()
         ids = np.asarray(Tokenizer.from_file(f32).encode(corpus.join(train)[:400_000]))
         return im.token_windows(ids, 256, 32768)

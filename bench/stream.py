@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         return 2
     sys.path.insert(0, str(ROOT))
     from bench import models
-    from colibri import cbuild
+    from colibri.buildsteps import cbuild
     ms = models.prepare(a.model, ROOT / "build" / "bench" / "models")
     cli = Path(cbuild.build(ROOT / "build" / "bench" / "stream-cli",
                             kernels=cbuild.host_kernels())["cli"])

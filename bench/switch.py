@@ -9,7 +9,7 @@ Prints one table: per engine the median encode time of an N-token input
 token), wall and CPU, and the ratio to transformers. Colibri computes the
 cross-attention K/V in colibri_encode; transformers and the numpy reference
 in their first decoder step (counted in the decode figures). Colibri runs through
-colibri.runtime (libcolibri.so: python -m colibri.cbuild first), f32 and
+colibri.runtime (libcolibri.so: python -m colibri.buildsteps.cbuild first), f32 and
 int8 files converted from the same loaded model. Nothing is asserted: these
 are measurements.
 """
@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    from colibri.convert import ColibriExporter
-    from colibri.reference_encdec import from_file
+    from colibri.model.convert import ColibriExporter
+    from colibri.model.reference_encdec import from_file
     from colibri.runtime import Model
 
     torch.set_num_threads(1)

@@ -157,7 +157,7 @@ def build_colibri(work: Path) -> dict:
     """{"vnni": program, "novnni": program, "have_threads": bool}: the thread
     driver linked against the host library as the x86_64 target builds it
     (file read, not mapped), and against the same with VNNI disabled."""
-    from colibri import cbuild
+    from colibri.buildsteps import cbuild
     header = (ROOT / "src" / "include" / "colibri.h").read_text()
     have_threads = "colibri_set_threads" in header and "COLIBRI_LOGITS_LAST" in header
     extra = ["-DBENCH_HAVE_THREADS"] if have_threads else []
@@ -199,7 +199,7 @@ def decode_bytes_colibri(path: Path) -> int:
     """Weight bytes one decode token reads from a .colibri file: every tensor
     section but the embedding (one row of it), the experts' at top_k /
     num_experts (the routed share, on average over tokens)."""
-    from colibri import format as cformat
+    from colibri.file import format as cformat
     f = cformat.read_file(path, check_crc=False)
     k, e = f.shape.top_k, f.shape.n_experts
     total = 0.0
@@ -244,8 +244,8 @@ def _q4_sources_digest() -> str:
     a new digest re-makes the cached q4 .colibri file."""
     import hashlib
     h = hashlib.sha256()
-    for rel in ("colibri/kquants.py", "colibri/blocks.py", "colibri/format.py",
-                "colibri/convert.py", "colibri/quant.py"):
+    for rel in ("colibri/file/kquants.py", "colibri/file/blocks.py", "colibri/file/format.py",
+                "colibri/model/convert.py", "colibri/file/quant.py"):
         p = ROOT / rel
         h.update(p.read_bytes() if p.exists() else b"")
     return h.hexdigest()[:16]

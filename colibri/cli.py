@@ -13,13 +13,12 @@ from .errors import ColibriError
 
 # Modules that contribute subcommands, in the order `colibri -h` lists them.
 SUBCOMMAND_MODULES = (
-    "colibri.convert",   # convert
-    "colibri.imatrix",   # imatrix
-    "colibri.inspect",   # info, verify
-    "colibri.stream_plan",  # plan
-    "colibri.run",       # run
-    "colibri.generate",  # tokenize, generate
-    "colibri.fw_cli",    # fw keygen|pack|ota|verify|info|flash-init|install|boot|...
+    "colibri.model.convert",   # convert, imatrix
+    "colibri.model.inspect",   # info, verify
+    "colibri.model.stream_plan",  # plan
+    "colibri.model.run",       # run
+    "colibri.model.generate",  # tokenize, generate
+    "colibri.device.fw_cli",   # fw keygen|pack|ota|verify|info|flash-init|install|boot|...
 )
 
 

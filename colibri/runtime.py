@@ -7,7 +7,7 @@
         step = m.infer([[nxt]], n_past=3)            # one decode step, KV cache
 
 No compiler is needed at install time: the shared library is built with the
-rest of the C runtime (`python -m colibri.cbuild` writes build/x86_64/
+rest of the C runtime (`python -m colibri.buildsteps.cbuild` writes build/x86_64/
 libcolibri.so beside libcolibri.a; `scons target=T` writes build/T/
 libcolibri.so for every Linux target) and loaded with ctypes.
 
@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from . import errors
-from .format import DType, ModelShape
+from .file.format import DType, ModelShape
 
 ROOT = Path(__file__).resolve().parent.parent
 API_VERSION = 1          # COLIBRI_API_VERSION this module is written for
@@ -226,12 +226,13 @@ class Library:
         except AttributeError:
             raise errors.LibraryNotFoundError(
                 f"{self.path} has no colibri_abi_* functions (src/shared_abi.c): it is not "
-                "a libcolibri.so of this version; rebuild it (python -m colibri.cbuild)") from None
+                "a libcolibri.so of this version; rebuild it "
+                "(python -m colibri.buildsteps.cbuild)") from None
         if api != API_VERSION or sizeof_info != ctypes.sizeof(_Info):
             raise errors.LibraryNotFoundError(
                 f"{self.path}: API version {api}, sizeof(colibri_info) {sizeof_info}; this "
                 f"binding expects {API_VERSION} and {ctypes.sizeof(_Info)}: rebuild the "
-                "library from this checkout (python -m colibri.cbuild)")
+                "library from this checkout (python -m colibri.buildsteps.cbuild)")
         # The tokenizer and sampler structs: colibri_tokenizer and
         # colibri_detok are opaque buffers of the library's sizes; the two
         # mirrored field by field must match it exactly.
@@ -246,13 +247,14 @@ class Library:
         except AttributeError:
             raise errors.LibraryNotFoundError(
                 f"{self.path} has no colibri_abi_sizeof_tokenizer (src/shared_abi.c): it "
-                "predates the tokenizer; rebuild it (python -m colibri.cbuild)") from None
+                "predates the tokenizer; rebuild it (python -m colibri.buildsteps.cbuild)"
+            ) from None
         want = (ctypes.sizeof(_TokInfo), ctypes.sizeof(_SampleParams))
         if text_sizes != want:
             raise errors.LibraryNotFoundError(
                 f"{self.path}: sizeof(colibri_tokenizer_info), sizeof(colibri_sample_params) "
                 f"= {text_sizes}; this binding expects {want}: rebuild the library from "
-                "this checkout (python -m colibri.cbuild)")
+                "this checkout (python -m colibri.buildsteps.cbuild)")
         vp, sz, u32, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_int
         psz = ctypes.POINTER(sz)
         for name, res, args in (
@@ -352,7 +354,7 @@ def find_library(path: str | os.PathLike | None = None) -> Path:
     how, p = candidates[0]
     raise errors.LibraryNotFoundError(
         f"libcolibri.so not found ({how}: {p}); build it with "
-        "`python -m colibri.cbuild` (or `scons`), or give its path "
+        "`python -m colibri.buildsteps.cbuild` (or `scons`), or give its path "
         "(Model(..., library=PATH) or COLIBRI_LIBRARY=PATH)")
 
 
@@ -679,7 +681,8 @@ class Model:
         lib = self._lib.lib
         if not hasattr(lib, "colibri_encode") or lib.colibri_encode.argtypes is None:
             raise errors.LibraryNotFoundError(
-                f"{self._lib.path} has no colibri_encode: rebuild it (python -m colibri.cbuild)")
+                f"{self._lib.path} has no colibri_encode: rebuild it "
+                "(python -m colibri.buildsteps.cbuild)")
         out = np.empty((b, s, self.info.shape.hidden), dtype=np.float32)
         with self._lock:
             m = self._m

@@ -33,9 +33,9 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from colibri import format as F  # noqa: E402
-from colibri import quant  # noqa: E402
-from colibri.format import DType, Kind, ModelShape  # noqa: E402
+from colibri.file import format as F  # noqa: E402
+from colibri.file import storage  # noqa: E402
+from colibri.file.format import DType, Kind, ModelShape  # noqa: E402
 
 # Control-tail flags (fuzz_init_infer.c FL_*).
 FIX_CRCS, MASK, RAW_IDS, DECODE, VIA_FILE, VERIFY, REWIND, NULL_MASK_DECODE = (
@@ -114,7 +114,7 @@ def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int
                 if exact_dtypes:
                     dt = preset[kind]
                     wr.add_encoded(kind, layer, expert, dt,
-                                   *quant.encode(w, dt, shape.group_size))
+                                   *storage.encode(w, dt, shape.group_size))
                 else:
                     wr.add(kind, layer, expert, w)
         return path.read_bytes()

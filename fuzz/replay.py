@@ -2,7 +2,7 @@
 the test suite's way to replay the committed corpus and to feed hand-made
 hostile files to the C loader under AddressSanitizer + UBSan.
 
-The library is built by colibri.cbuild with clang (gcc when clang is
+The library is built by colibri.buildsteps.cbuild with clang (gcc when clang is
 missing) and -fsanitize=address,undefined -fno-sanitize-recover=all, into
 build/fuzz-replay/ (cached across test sessions by cbuild's stamp).
 """
@@ -21,8 +21,8 @@ ROOT = FUZZ.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from colibri import cbuild  # noqa: E402
-from colibri.cbuild import build_lock  # noqa: E402,F401  (soak/ imports it from here)
+from colibri.buildsteps import cbuild  # noqa: E402
+from colibri.buildsteps.cbuild import build_lock  # noqa: E402,F401  (soak/ imports it from here)
 
 TAIL = 16
 # Control-tail flags, as in fuzz_init_infer.c.

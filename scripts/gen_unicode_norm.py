@@ -1,6 +1,6 @@
 """Generate the NFC tables of the tokenizer's normaliser: src/unicode_norm.h.
 
-From Python's own unicodedata (the data colibri/tokenizer.py's NFC uses, so
+From Python's own unicodedata (the data colibri/text/tokenizer.py's NFC uses, so
 Python and C normalise alike; `tokenizers` agrees with it on NFC of every code
 point, tests/test_tokenizer_norm.py): canonical combining classes, the
 canonical decomposition pairs (each code point with a canonical decomposition

@@ -1,5 +1,5 @@
 """Generate the Unicode General_Category table of the tokenizer's pre-tokenizer
-regexes: colibri/unicode_tables.py and src/unicode_tables.h.
+regexes: colibri/text/unicode_tables.py and src/unicode_tables.h.
 
 The regexes' \\p{L}, \\p{N}, \\p{M}, \\p{P}, \\p{Lu}, ... are matched by
 Oniguruma inside Hugging Face `tokenizers` 0.23, whose Unicode data is
@@ -27,7 +27,7 @@ from pathlib import Path
 import unicodedata2 as ud
 
 ROOT = Path(__file__).resolve().parents[1]
-PY_OUT = ROOT / "colibri" / "unicode_tables.py"
+PY_OUT = ROOT / "colibri" / "text" / "unicode_tables.py"
 C_OUT = ROOT / "src" / "unicode_tables.h"
 
 # Category index = position here (5 bits). Cn (unassigned) is 0.
@@ -73,7 +73,7 @@ def main() -> None:
     py.append(")")
     PY_OUT.write_text("\n".join(py) + "\n")
     c = [f"/* {head}", " * General_Category runs: first_code_point << 5 | category index",
-         " * (colibri/unicode_tables.py GC_NAMES: 0 Cn, 1 Lu, ...), searched by",
+         " * (colibri/text/unicode_tables.py GC_NAMES: 0 Cn, 1 Lu, ...), searched by",
          " * binary search in tokenizer.c. */",
          "#ifndef COLIBRI_UNICODE_TABLES_H", "#define COLIBRI_UNICODE_TABLES_H",
          "#include <stdint.h>", "#ifndef COLIBRI_TOK_GC_GROUPS",

@@ -29,7 +29,7 @@ ROOT = SOAK.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from colibri import cbuild  # noqa: E402
+from colibri.buildsteps import cbuild  # noqa: E402
 sys.path.insert(0, str(ROOT / "fuzz"))
 from replay import build_lock  # noqa: E402  (one lock helper for shared build/)
 from colibri.buildsteps import testmodel  # noqa: E402

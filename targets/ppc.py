@@ -23,7 +23,7 @@ TARGET = Target(
     flash_bytes=8 << 20,
     # The tokenizer's NFC tables (32 KiB) stay out of the firmware library's
     # budget: an NFC tokenizer is COLIBRI_E_UNSUPPORTED in this build (the host
-    # library colibri.cbuild makes, and libcolibri.so, have them).
+    # library colibri.buildsteps.cbuild makes, and libcolibri.so, have them).
     defines=("COLIBRI_NO_TOK_NORM",),
     budgets=dict(
         # libcolibri.a text+rodata+data (`scons size`): 135.7 KiB since the

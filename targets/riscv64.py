@@ -35,7 +35,7 @@ TARGET = Target(
     flash_bytes=16 << 20,
     # The tokenizer's NFC tables (32 KiB) stay out of the firmware library's
     # budget: an NFC tokenizer is COLIBRI_E_UNSUPPORTED in this build (the host
-    # library colibri.cbuild makes, and libcolibri.so, have them).
+    # library colibri.buildsteps.cbuild makes, and libcolibri.so, have them).
     defines=("COLIBRI_NO_TOK_NORM",),
     budgets=dict(
         runtime=128 << 10,        # libcolibri.a: text+rodata+data (`scons target=riscv64 size`)

@@ -8,10 +8,10 @@ Factory fixtures (session-scoped; call them with arguments):
 - `hf_checkpoint(name)` -> Path of a directory holding that model saved with
   `save_pretrained` (config.json + model.safetensors, float32).
 - `colibri_file(name, quant)` -> Path of that checkpoint converted by the real
-  converter (`colibri.convert.ColibriExporter`) with quant "f32" or "int8",
+  converter (`colibri.model.convert.ColibriExporter`) with quant "f32" or "int8",
   max_seq_len GOLDEN_MAX_SEQ, max_batch GOLDEN_MAX_BATCH, group size 32 (the
   format's default).
-- `reference(name, quant)` -> a colibri.reference.Reference over that file.
+- `reference(name, quant)` -> a colibri.model.reference.Reference over that file.
   Shared: it holds a KV cache, so every forward with n_past=0 starts afresh;
   don't rely on a cache another test left behind.
 
@@ -89,7 +89,7 @@ def colibri_file(tmp_path_factory, hf_checkpoint):
             raise KeyError(f"unknown quant {quant!r}; known: {', '.join(QUANTS)}")
         key = (name, quant)
         if key not in cache:
-            from colibri.convert import ColibriExporter
+            from colibri.model.convert import ColibriExporter
             out = root / f"{name}-{quant}.colibri"
             ColibriExporter(hf_checkpoint(name), quant=quant,
                             max_seq_len=GOLDEN_MAX_SEQ,
@@ -102,7 +102,7 @@ def colibri_file(tmp_path_factory, hf_checkpoint):
 @pytest.fixture(scope="session")
 def reference(colibri_file):
     """Factory: reference(name, quant) -> cached Reference over colibri_file."""
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     cache = {}
 
     def get(name: str, quant: str = "f32"):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri import format as F
-from colibri.format import Description, Feat, Kind
+from colibri.file import format as F
+from colibri.file.format import Description, Feat, Kind
 
 SHAPE = F.ModelShape(vocab=67, hidden=44, intermediate=26, max_seq_len=64, n_layers=3,
                      n_heads=4, n_kv_heads=1, head_dim=10, n_experts=5, top_k=3,

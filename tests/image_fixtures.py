@@ -8,7 +8,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from colibri.buildsteps import testmodel
-from colibri.format import ModelShape
+from colibri.file.format import ModelShape
 
 TINY = ModelShape(vocab=8, hidden=4, intermediate=4, max_seq_len=4, n_layers=1, n_heads=1,
                   n_kv_heads=1, head_dim=4, n_experts=2, top_k=1, group_size=4)

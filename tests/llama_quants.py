@@ -1,5 +1,5 @@
 """llama.cpp's own quantisers (ggml-quants.c of the pinned llama-cpp-python
-sdist) as a judge for colibri/kquants.py: compiled on demand into a small
+sdist) as a judge for colibri/file/kquants.py: compiled on demand into a small
 shared library and called through ctypes.
 
 The sources are the ones scripts/build_llama_bench.sh unpacks

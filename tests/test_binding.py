@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colibri import cbuild, errors, runtime
-from colibri import format as cformat
+from colibri.buildsteps import cbuild
+from colibri import errors, runtime
+from colibri.file import format as cformat
 from colibri.buildsteps import testmodel
 from test_runtime_support import c_build, golden_calls, run_driver  # noqa: F401
 
@@ -223,7 +224,7 @@ def test_library_search_order(so, fw_tiny, tmp_path, monkeypatch):
     monkeypatch.delenv("COLIBRI_LIBRARY", raising=False)
     fake_root = tmp_path / "checkout"
     monkeypatch.setattr(runtime, "ROOT", fake_root)
-    with pytest.raises(errors.LibraryNotFoundError, match="python -m colibri.cbuild"):
+    with pytest.raises(errors.LibraryNotFoundError, match="python -m colibri.buildsteps.cbuild"):
         runtime.find_library()
     default = runtime.default_library_path()
     assert default.parent.parent == fake_root / "build"

@@ -17,10 +17,11 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("torch")
 
-from colibri import cbuild, errors, runtime  # noqa: E402
+from colibri.buildsteps import cbuild
+from colibri import errors, runtime  # noqa: E402
 from colibri.buildsteps import testmodel  # noqa: E402
-from colibri.convert import ColibriExporter  # noqa: E402
-from colibri.reference import Reference  # noqa: E402
+from colibri.model.convert import ColibriExporter  # noqa: E402
+from colibri.model.reference import Reference  # noqa: E402
 from greedy import assert_margins  # noqa: E402
 import tokenizer_fixtures as tf  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The block types (colibri/blocks.py, docs/FORMAT.md 4) against llama.cpp's
+"""The block types (colibri/file/blocks.py, docs/FORMAT.md 4) against llama.cpp's
 own reading of the same bytes: gguf-py (llama.cpp's Python package, pinned)
 dequantises GGUF Q4_0 / Q4_K / Q6_K blocks. A Colibri block whose float32
 scales are fp16 values is a GGUF block with the scales widened, so both
@@ -16,8 +16,8 @@ import pytest
 gguf = pytest.importorskip("gguf")
 from gguf import quants as gq  # noqa: E402
 
-from colibri import blocks as B  # noqa: E402
-from colibri import kquants  # noqa: E402
+from colibri.file import blocks as B  # noqa: E402
+from colibri.file import kquants  # noqa: E402
 
 GGML = {B.Q4_0: gguf.GGMLQuantizationType.Q4_0, B.Q4_K: gguf.GGMLQuantizationType.Q4_K,
         B.Q6_K: gguf.GGMLQuantizationType.Q6_K}

@@ -2,7 +2,7 @@
 
 - It boots the confirmed image, test-boots an update once, reverts it when it
   was not confirmed, and after each boot the flash holds exactly what the
-  Python agent (colibri/update_agent.py) leaves on a copy of the same flash:
+  Python agent (colibri/device/update_agent.py) leaves on a copy of the same flash:
   one semantics, two implementations.
 - The power is cut at every bootloader write (before, torn, after) of a test
   boot, a revert and a counter update; the next boot always runs a verified
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from colibri import image as I
-from colibri import keys, ota
-from colibri import update_agent as U
+from colibri.device import image as I
+from colibri.device import keys, ota
+from colibri.device import update_agent as U
 from colibri.buildsteps import bootloader as BL
 
 V = I.Version.parse

@@ -1,5 +1,5 @@
 """The bootloader's verifier (firmware/boot/boot_core.c) built for the host
-with AddressSanitizer and UBSan, against colibri.image.verify_image, on what
+with AddressSanitizer and UBSan, against colibri.device.image.verify_image, on what
 the QEMU tamper corpus cannot reach: images *correctly signed* by the trusted
 key whose header and protected TLVs are arbitrary (a buggy or compromised
 signer), so the parsing behind the signature check runs on hostile bytes too.
@@ -15,8 +15,8 @@ import subprocess
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from colibri import image as I
-from colibri import keys
+from colibri.device import image as I
+from colibri.device import keys
 from colibri.buildsteps import bootloader as BL
 
 DRIVER = r"""

@@ -14,10 +14,10 @@ from elftools.elf.elffile import ELFFile
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from colibri import format as cformat  # noqa: E402
+from colibri.file import format as cformat  # noqa: E402
 from colibri.buildsteps import blob, testmodel  # noqa: E402
 from colibri.errors import ColibriError, CRCError  # noqa: E402
-from colibri.reference import Reference  # noqa: E402
+from colibri.model.reference import Reference  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +80,11 @@ def test_embed_asm_gives_aligned_readonly_section_with_symbols(tiny, tmp_path):
 
 
 def test_arena_is_memory_formula_for_the_kv_type():
-    """One formula: the firmware's arena is colibri/memory.py's (held equal
+    """One formula: the firmware's arena is colibri/model/memory.py's (held equal
     to the C library by tests/test_memory.py) for a caller's arena, chunk
     16, with the build's KV cache; an i8 cache makes it smaller by the
     cache's difference, which colibri_kv_size's rule gives from the shape."""
-    from colibri import memory
+    from colibri.model import memory
     s, t = testmodel.FW_TINY, memory.tables_bound(4)
     f32, i8 = blob.arena_bytes(s, t), blob.arena_bytes(s, t, kv="i8")
     assert f32 == memory.arena_bytes(s, None, "f32", 16, t)
@@ -112,7 +112,7 @@ def test_probe_measures_the_host_librarys_tables(tmp_path):
     """firmware/arena_tables.c compiled by the host gcc gives the sizes the
     host library reports (memory.TABLES_LP64 == colibri_abi_sizeof_table,
     tests/test_memory.py) and the default chunk, read from its symbols."""
-    from colibri import memory
+    from colibri.model import memory
     tables, chunk = _compile_probe("gcc", ["-O2"], tmp_path / "t.o")
     assert tables == memory.TABLES_LP64 and chunk == blob.CHUNK_TOKENS
     tables, chunk = _compile_probe("gcc", ["-DCOLIBRI_CHUNK_TOKENS=7"], tmp_path / "c.o")
@@ -126,7 +126,7 @@ def test_bound_covers_every_targets_struct_sizes(tmp_path):
     import dataclasses
     import shutil
     import targets
-    from colibri import memory
+    from colibri.model import memory
     seen = 0
     for name, t in targets.load_all().items():
         cc = t.prefix + "gcc" if t.prefix else "gcc"
@@ -151,7 +151,7 @@ def test_kv_i8_is_refused_for_an_encoder_decoder_and_an_unknown_type(tiny, tmp_p
     assert blob.plan_inputs(tiny, kv="i8").kv == "i8"
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     from golden_switch import make_switch
     sw = ColibriExporter(model=make_switch(seed=0), quant="int8", max_seq_len=8).export(
         tmp_path / "switch.colibri")

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from colibri.buildsteps import fwrun  # noqa: E402
-from colibri.convert import ColibriExporter  # noqa: E402
+from colibri.model.convert import ColibriExporter  # noqa: E402
 from colibri.errors import ColibriError  # noqa: E402
-from colibri.reference import Reference  # noqa: E402
+from colibri.model.reference import Reference  # noqa: E402
 
 SCONS = str(ROOT / ".venv" / "bin" / "scons")
 PROMPT = "The Python tutorial"
@@ -65,7 +65,7 @@ def test_run_goal_prints_the_devices_sampled_text(demo_int8, tmp_path, target):
     """The demo as scripts/demo.sh runs it (seeded sampling). Judged by
     Hugging Face `tokenizers` (ids of the prompt, text of the tokens) and by
     the numpy reference sampler on the device's own logits (the firmware
-    prints every row): each token must be exactly what colibri/sampling.py
+    prints every row): each token must be exactly what colibri/text/sampling.py
     chooses from that row for the seed and step. The int8 logits themselves
     may differ from the numpy reference's by int8 rounding (RESULTS.md: up
     to 0.1), so against the reference each token need only be one the
@@ -73,7 +73,7 @@ def test_run_goal_prints_the_devices_sampled_text(demo_int8, tmp_path, target):
     import importlib.util
     from tokenizers import Tokenizer as HFTokenizer
     from colibri.buildsteps import emulate
-    from colibri.sampling import sample
+    from colibri.text.sampling import sample
     import targets
     spec = importlib.util.spec_from_file_location("demo_eval_r", ROOT / "models/demo/eval.py")
     demo_eval = importlib.util.module_from_spec(spec)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
-from colibri import format as cformat  # noqa: E402
+from colibri.file import format as cformat  # noqa: E402
 from colibri.buildsteps import testmodel  # noqa: E402
 
 SCONS = str(ROOT / ".venv" / "bin" / "scons")

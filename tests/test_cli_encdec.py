@@ -25,7 +25,7 @@ ENC = "5,9,33,2,17,40,8"
 
 @pytest.fixture(scope="module")
 def switch_file(tmp_path_factory):
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     out = tmp_path_factory.mktemp("switch_cli") / "switch.colibri"
     return ColibriExporter(model=make_switch(seed=1), quant="f32", max_seq_len=24,
                            max_batch=2).export(out)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from colibri import format as cformat
+from colibri.file import format as cformat
 from colibri.buildsteps import testmodel
-from colibri.format import Kind
+from colibri.file.format import Kind
 from docs_text import doc_lines
 from test_runtime_support import c_build  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""The Hugging Face -> .colibri converter (colibri/convert.py).
+"""The Hugging Face -> .colibri converter (colibri/model/convert.py).
 
 Checkpoints are real transformers MixtralForCausalLM saves (tests/golden_configs.py);
 the expected tensor values come from loading them with the safetensors library
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from colibri import cli
-from colibri import format as F
-from colibri.convert import ColibriExporter, parse_expert_map
+from colibri.file import format as F
+from colibri.model.convert import ColibriExporter, parse_expert_map
 from colibri.errors import ConversionError
-from colibri.format import DType, Kind
+from colibri.file.format import DType, Kind
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file, save_file  # noqa: E402

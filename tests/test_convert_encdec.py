@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colibri import format as F
+from colibri.file import format as F
 from golden_switch import make_switch, scenario
 
 torch = pytest.importorskip("torch")
@@ -20,7 +20,7 @@ RTOL = 1e-4
 @pytest.fixture(scope="module")
 def switch(tmp_path_factory):
     """(model, checkpoint dir, {quant: file}) with max_seq_len 24."""
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("switch")
@@ -48,13 +48,13 @@ def test_file_states_the_encoder_decoder(switch):
     assert F.Kind.XWQ not in {e.kind for e in cf.entries if e.layer < 4}
     q8 = F.read_file(files["int8"])
     assert q8.dtypes[F.Kind.XWQ] == q8.dtypes[F.Kind.EXPERT_W1] == F.DType.I8_GROUP
-    from colibri.inspect import describe
+    from colibri.model.inspect import describe
     assert ("enc-dec       layers 0-3 encoder, 4-6 decoder; expert capacity 2; decoder "
             "start token 0") in describe(cf, sections=False)
 
 
 def test_loaded_model_and_directory_give_the_same_file(switch, tmp_path):
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     model, _, files = switch
     got = ColibriExporter(model=model, tokenizer=None, quant="int8", max_seq_len=24,
                           max_batch=4).export(tmp_path / "m.colibri")
@@ -65,7 +65,7 @@ def test_expert_weight_mapping_names_renamed_experts(switch, tmp_path):
     """A checkpoint whose experts are called up/down converts with
     set_expert_weight_mapping({"up": "w1", "down": "w2"}) to the same file;
     without it the error names the missing tensors and the remedy."""
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     from colibri.errors import ConversionError
     model, _, files = switch
     renamed = make_switch(seed=0)
@@ -90,7 +90,7 @@ def test_expert_weight_mapping_names_renamed_experts(switch, tmp_path):
 
 
 def _run_reference(path, ids, mask, calls):
-    from colibri.reference_encdec import from_file
+    from colibri.model.reference_encdec import from_file
     ref = from_file(path)
     enc = ref.encode(ids, mask)
     return enc, [ref.decode(c) for c in calls]
@@ -110,7 +110,7 @@ def test_f32_file_reference_matches_transformers(switch):
 
 def test_decoder_only_reference_refuses_the_file(switch):
     from colibri.errors import ColibriError
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     with pytest.raises(ColibriError, match="reference_encdec.from_file"):
         Reference(switch[2]["f32"])
 
@@ -153,9 +153,9 @@ def test_tokenizer_object_goes_into_the_file(tmp_path):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     from colibri.errors import ConversionError
-    from colibri.tokenizer import Tokenizer as CTokenizer
+    from colibri.text.tokenizer import Tokenizer as CTokenizer
     from tokenizer_fixtures import corpus_text, train
 
     hf_tok = train("bl-gpt2-300", corpus_text(300_000))

@@ -119,7 +119,7 @@ def big_fused_checkpoint(tmp_path_factory):
 _CHILD = """
 import sys
 import numpy
-import colibri.cli, colibri.convert, colibri.format, colibri.hf
+import colibri.cli, colibri.model.convert, colibri.file.format, colibri.model.hf
 argv = sys.argv[1:]
 rc = colibri.cli.main(argv) if argv else 0
 with open("/proc/self/status") as f:
@@ -160,8 +160,9 @@ def test_conversion_peak_memory_follows_largest_tensor(big_checkpoint, tmp_path,
     assert extra < model_bytes / 3
 
     # The output is right: spot-check a few tensors against the bf16 source.
-    from colibri import format as F, hf
-    from colibri.format import Kind
+    from colibri.file import format as F
+    from colibri.model import hf
+    from colibri.file.format import Kind
     cf = F.read_file(out, check_crc=False)
     ck = hf.Checkpoint(src)
     for kind, layer, expert, name in [
@@ -187,8 +188,9 @@ def test_fused_expert_layout_streams_one_expert_at_a_time(big_fused_checkpoint, 
     print(f"\nfused {model_bytes / 1e6:.0f} MB bf16 -> int8: peak extra "
           f"{extra / 2**20:.1f} MiB = {extra / LARGEST_F32:.2f} x largest tensor")
     assert extra < 6 * LARGEST_F32 + 32 * 2**20, extra
-    from colibri import format as F, hf
-    from colibri.format import Kind
+    from colibri.file import format as F
+    from colibri.model import hf
+    from colibri.file.format import Kind
     cf = F.read_file(out, check_crc=False)
     ck = hf.Checkpoint(src)
     fused = hf.read_tensor(ck.info("model.layers.1.block_sparse_moe.input_linear.weight"),

@@ -69,7 +69,7 @@ def demo_hf():
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, test_windows):
     """{quant: Path} of the checkpoint converted by the real converter."""
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     root = tmp_path_factory.mktemp("demo")
     out = {}
     for quant in ("f32", "int8", "q4"):
@@ -153,7 +153,7 @@ def test_reference_q4_bpb_within_three_percent(converted, test_windows, results)
     """The 4-bit demo file (what `QUANT=q4 ./scripts/demo.sh` runs): Q4_0
     blocks, smaller than int8, and still the trained model's bits per byte
     (a wrong block layout or scale would cost far more than 3%)."""
-    from colibri import format as cformat
+    from colibri.file import format as cformat
     f = cformat.read_file(converted["q4"])
     held = {cformat.DType(e.dtype) for e in f.entries}
     f.close()
@@ -178,7 +178,7 @@ def test_the_file_carries_the_tokenizer_and_it_equals_tokenizers(converted):
     """The converted demo file's tokenizer section (read by colibri's own
     Python tokenizer) gives `tokenizers`' ids and text on the evaluation
     windows' text and the demo prompt."""
-    from colibri.tokenizer import Tokenizer
+    from colibri.text.tokenizer import Tokenizer
     ours = Tokenizer.from_file(converted["int8"])
     hf = demo_eval.tokenizer()
     texts = [bytes(w.astype(np.uint8)).decode("utf-8") for w in demo_eval.load_windows()]

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
-from colibri import format as cformat, memory  # noqa: E402
+from colibri.file import format as cformat
+from colibri.model import memory  # noqa: E402
 from colibri.buildsteps import check, emulate, golden, toolchain  # noqa: E402
 
 TARGETS = targets.load_all()
@@ -57,7 +58,7 @@ def models(tmp_path_factory, hf_checkpoint):
     so the 4-bit mix uses Q4_K and Q6_K) converted with --quant q4 and a
     16-position cache, small enough for the Cortex-M's 4 MB."""
     from colibri.buildsteps import testmodel
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     d = tmp_path_factory.mktemp("kv-models")
     q4 = ColibriExporter(hf_checkpoint("k256"), quant="q4", max_seq_len=16).export(
         d / "k256-q4.colibri")

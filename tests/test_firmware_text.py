@@ -56,7 +56,7 @@ def tiny(tmp_path_factory):
     pytest.importorskip("transformers")
     import tokenizer_fixtures as tf
     from test_tokenizer import _checkpoint
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     d = tmp_path_factory.mktemp("fw-text")
     hf = tf.train("bl-gpt2-300", tf.corpus_text(300_000))
     ck = _checkpoint(d / "ck", hf, vocab=320)
@@ -80,7 +80,7 @@ Q4_TARGETS = [n for n in ("x86_64", "armv7") if n in TARGETS]
 @pytest.fixture(scope="module")
 def built_q4(tiny, shared_builds):
     """The tiny checkpoint with the 4-bit mix, built for Q4_TARGETS."""
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     _, _, d = tiny
     model = ColibriExporter(d / "ck", quant="q4", max_seq_len=64).export(d / "tiny-q4.colibri")
     assert golden.quantisation(model) == "q4"

@@ -1,4 +1,4 @@
-"""The .colibri reader and writer (colibri/format.py) against docs/FORMAT.md:
+"""The .colibri reader and writer (colibri/file/format.py) against docs/FORMAT.md:
 round trips, byte order, layout rules, and a table of hostile files each of
 which must give its own clear error."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import zlib
 import numpy as np
 import pytest
 
-from colibri import format as F
-from colibri import quant as Q
+from colibri.file import format as F
+from colibri.file import quant as Q
 from colibri.errors import CRCError, FormatError
 
 SHAPE = F.ModelShape(vocab=83, hidden=60, intermediate=44, max_seq_len=64, n_layers=2,

@@ -63,7 +63,7 @@ def test_committed_corpus_holds_every_block_type_in_both_byte_orders():
     """The committed corpus (replayed above under the sanitizers) carries
     valid files holding Q4_0, Q4_K and Q6_K, little- and big-endian, so the
     replay reaches the block kernels and the blocks' swap without the seeds."""
-    from colibri import format as F
+    from colibri.file import format as F
     from colibri.errors import FormatError
     seen = set()
     for path in CORPUS.iterdir():

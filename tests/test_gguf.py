@@ -1,4 +1,4 @@
-"""GGUF files in (`colibri convert FILE.gguf`, colibri/gguf_in.py): the
+"""GGUF files in (`colibri convert FILE.gguf`, colibri/model/gguf_in.py): the
 judges are llama.cpp's own converter and quantisers, gguf-py's
 dequantisation and transformers.
 
@@ -34,9 +34,9 @@ import numpy as np
 import pytest
 
 import gguf_fixtures as GF
-from colibri import format as F
+from colibri.file import format as F
 from test_runtime_support import c_build  # noqa: F401  (session fixture)
-from colibri import gguf_in
+from colibri.model import gguf_in
 from colibri.errors import ConversionError
 
 torch = pytest.importorskip("torch")
@@ -131,7 +131,7 @@ def models(tmp_path_factory):
 
 
 def _logits_vs_transformers(model, path, seed=0, n=24):
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     toks = np.random.default_rng(seed).integers(0, model.config.vocab_size, size=(1, n))
     with torch.no_grad():
         want = model(torch.as_tensor(toks)).logits.float().numpy()
@@ -142,7 +142,7 @@ def _logits_vs_transformers(model, path, seed=0, n=24):
 
 
 def _export(path, out, **kw):
-    from colibri.convert_gguf import GGUFExporter
+    from colibri.model.convert_gguf import GGUFExporter
     ex = GGUFExporter(path, **kw)
     ex.export(out)
     return ex
@@ -153,7 +153,7 @@ def test_f32_gguf_is_the_checkpoint(name, models, tmp_path):
     """The GGUF import stores what the Hugging Face path stores (so every
     permutation, split, scale key and tie was undone), and its logits are
     transformers'."""
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     model, ck, files = models[name]
     ex = _export(files["f32"], tmp_path / "g.colibri")
     assert ex.family.name == name
@@ -264,7 +264,7 @@ def test_c_runtime_runs_the_q4_k_m_import(models, q4_k_m_file, c_build, tmp_path
     Q6_K in layer 1: one kind, two block types) equals the numpy reference
     of the same file (FORMAT.md 5; 8 tokens, before any rounding flip)."""
     from colibri import runtime
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     out = tmp_path / "q4.colibri"
     _export(q4_k_m_file, out)
     cf = F.read_file(out)
@@ -283,7 +283,7 @@ def test_other_targets_requantise_with_a_measured_note(models, q4_k_m_file, tmp_
     """--quant int8 of a Q4_K file rounds a second time: the exporter says
     so with the error it measured, which matches an independent
     measurement; --quant f32 stores gguf-py's exact values."""
-    from colibri import quant
+    from colibri.file import storage
     ex = _export(q4_k_m_file, tmp_path / "i8.colibri", quant="int8")
     assert ex.notes and ex.notes[0].startswith("requantised ")
     assert "Q4_K -> I8_GROUP" in ex.notes[0] and "relative RMS error" in ex.notes[0]
@@ -291,8 +291,8 @@ def test_other_targets_requantise_with_a_measured_note(models, q4_k_m_file, tmp_
               if how == "requantise" and s.source.tensor.type_name == "Q4_K")
     src = st.source
     w = _gguf_values(q4_k_m_file, src.tensor, src.first, src.count, src.heads)
-    v, s = quant.encode(w, F.DType.I8_GROUP, 32)
-    err = np.linalg.norm(quant.decode(v, s, F.DType.I8_GROUP, 32) - w) / np.linalg.norm(w)
+    v, s = storage.encode(w, F.DType.I8_GROUP, 32)
+    err = np.linalg.norm(storage.decode(v, s, F.DType.I8_GROUP, 32) - w) / np.linalg.norm(w)
     assert 0 < err < 0.02
     ex = _export(q4_k_m_file, tmp_path / "f.colibri", quant="f32")
     assert {how for (_, _, how) in ex.summary()} == {"copy"}
@@ -377,7 +377,7 @@ def test_refusals_name_what_is_unsupported(tmp_path):
         "extra": (dict(extra_tensor="blk.0.ffn_gate_up_exps.weight"),
                   "unexpected tensor(s): blk.0.ffn_gate_up_exps.weight"),
     }
-    from colibri.convert_gguf import GGUFExporter
+    from colibri.model.convert_gguf import GGUFExporter
     for name, (kw, msg) in cases.items():
         path = GF.write_gguf(tmp_path / f"{name}.gguf", **kw)
         with pytest.raises(ConversionError, match=msg.replace("(", r"\(").replace(")", r"\)")):
@@ -385,7 +385,7 @@ def test_refusals_name_what_is_unsupported(tmp_path):
 
 
 def test_unsupported_pre_tokenizer_is_a_warning_by_name(tmp_path):
-    from colibri.convert_gguf import GGUFExporter
+    from colibri.model.convert_gguf import GGUFExporter
     warned = []
     ex = GGUFExporter(GF.write_gguf(tmp_path / "r.gguf", pre="refact"), warn=warned.append)
     assert ex.tokenizer is None and len(warned) == 1 and "'refact'" in warned[0]
@@ -411,8 +411,8 @@ def _vocab_dir():
 
 @pytest.mark.parametrize("name", VOCABS)
 def test_gguf_tokenizer_ids_equal_llama_cpp(name):
-    from colibri import gguf_tokenizer as gt
-    from colibri import tokenizer as tk
+    from colibri.text import gguf_tokenizer as gt
+    from colibri.text import tokenizer as tk
     d = _vocab_dir()
     spec = gt.spec_from_gguf(gguf_in.GGUFFile(d / f"ggml-vocab-{name}.gguf"))
     # Through the section bytes, as the C runtime reads it.
@@ -427,8 +427,8 @@ def test_gguf_tokenizer_ids_equal_llama_cpp(name):
 
 @pytest.mark.parametrize("name", REFUSED)
 def test_other_pre_tokenizers_are_refused_by_name(name):
-    from colibri import gguf_tokenizer as gt
-    from colibri import tokenizer as tk
+    from colibri.text import gguf_tokenizer as gt
+    from colibri.text import tokenizer as tk
     g = gguf_in.GGUFFile(_vocab_dir() / f"ggml-vocab-{name}.gguf")
     with pytest.raises(tk.UnsupportedTokenizer, match=repr(g.value("tokenizer.ggml.pre"))):
         gt.spec_from_gguf(g)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colibri import format as F
+from colibri.file import format as F
 from golden_families import FAMILY_CONFIGS, make_family, save_family
 from test_runtime_support import Call, c_build, run_driver  # noqa: F401
 
@@ -46,7 +46,7 @@ def family(tmp_path_factory):
 
     def get(name):
         if name not in cache:
-            from colibri.convert import ColibriExporter
+            from colibri.model.convert import ColibriExporter
             model = make_family(name, seed=0)
             ck = save_family(model, root / name)
             files = {q: ColibriExporter(ck, quant=q, max_seq_len=64, max_batch=4)
@@ -89,7 +89,7 @@ def scenario(model, vocab, lengths, decode, seed):
 
 
 def reference_run(path, calls):
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     ref = Reference(path)
     return [ref.forward(c.tokens, c.mask, c.n_past) for c in calls]
 
@@ -152,7 +152,7 @@ def test_int8_c_error_within_5_percent_of_the_reference(name, family, c_build, t
 @pytest.mark.parametrize("name", NAMES)
 def test_converter_picks_the_family_and_writes_its_description(name, family):
     model, ck, files = family(name)
-    from colibri import hf
+    from colibri.model import hf
     cfg = hf.read_config(ck)
     assert cfg.family == name
     cf = F.read_file(files["f32"])
@@ -167,8 +167,8 @@ def test_fused_expert_checkpoint_converts_to_the_same_file(name, family, tmp_pat
     import json
     import shutil
 
-    from colibri import hf
-    from colibri.convert import ColibriExporter
+    from colibri.model import hf
+    from colibri.model.convert import ColibriExporter
     from test_hf import write_safetensors
     model, ck, files = family(name)
     cfg = json.loads((ck / "config.json").read_text())

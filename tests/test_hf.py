@@ -1,4 +1,4 @@
-"""colibri/hf.py: the torch-free safetensors and config.json reader.
+"""colibri/model/hf.py: the torch-free safetensors and config.json reader.
 
 Values are checked against the safetensors library (torch framework, which
 handles bf16) as the independent reference; malformed files must give errors
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colibri import hf
+from colibri.model import hf
 from colibri.errors import ConversionError
 
 # --- a minimal safetensors writer for tests (numpy cannot hold bf16) --------
@@ -224,7 +224,7 @@ def test_unsupported_architecture_by_name(tmp_path, arch):
     ("GraniteMoeSharedForCausalLM", "granitemoeshared", "granitemoe_shared"),
 ])
 def test_family_picked_by_architecture_or_model_type(arch, model_type, family):
-    from colibri import families
+    from colibri.model import families
     assert families.pick({"architectures": [arch]}).name == family
     assert families.pick({"model_type": model_type}).name == family
 

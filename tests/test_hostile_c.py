@@ -10,7 +10,7 @@ and at its maximum, offsets one past the end of the file, overlapping,
 misaligned and gapped sections, dimension products overflowing 32 and 64
 bits, top_k above the expert count, a wrong CRC in each section, and the
 file truncated at every 64-byte boundary. Those are also checked against the
-Python reader (colibri.format.parse). No case may crash or trip a sanitizer.
+Python reader (colibri.file.format.parse). No case may crash or trip a sanitizer.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "fuzz"))
 
 import gen_seeds  # noqa: E402
 import replay  # noqa: E402
-from colibri import format as F  # noqa: E402
+from colibri.file import format as F  # noqa: E402
 from colibri.errors import CRCError, FormatError  # noqa: E402
 from test_format import HOSTILE, SHAPE, _set_entry, _set_header, write  # noqa: E402
 
@@ -251,7 +251,7 @@ def run_c(exe, tmp_path, named: dict[str, bytes], flags: int = FLAGS) -> dict[st
 
 def case_failures(cases: list[Case], files: dict, got: dict) -> list[str]:
     """What each case's C verdict (the replay result `got[name]`) and Python
-    verdict (colibri.format.parse of `files[name]`) got wrong, one line each.
+    verdict (colibri.file.format.parse of `files[name]`) got wrong, one line each.
     A case that C loads must also infer, decode and verify; a case whose `py`
     is None must parse in Python."""
     bad = []
@@ -762,7 +762,7 @@ def _set_high_nibbles(raw: bytearray, at: int, n: int) -> bytearray:
 def test_block_hostile_cases_in_c_and_python(replay_exe, block_file, tmp_path):
     """Wrong sizes for a block dtype, a block dtype relabelled, block types
     on kinds that allow none (norms, router): the same refusal from
-    colibri_init_from_memory and colibri.format.parse, in either byte order;
+    colibri_init_from_memory and colibri.file.format.parse, in either byte order;
     the intact file (and one whose padding columns changed) loads, infers,
     decodes and verifies with finite logits."""
     bc, raw = block_file

@@ -1,6 +1,6 @@
 """Property-based fuzzing (hypothesis, deterministic, a few hundred examples
-each) of the Python readers: colibri.format.parse over mutated, truncated and
-extended .colibri files, and colibri.hf's safetensors reader over mutated
+each) of the Python readers: colibri.file.format.parse over mutated, truncated and
+extended .colibri files, and colibri.model.hf's safetensors reader over mutated
 files and arbitrary JSON headers. Whatever the bytes, they raise nothing but
 ColibriError (FormatError / ConversionError); plus malformed safetensors
 cases tests/test_hf.py lacks."""
@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fuzz"))
 
 import gen_seeds  # noqa: E402
-from colibri import format as F  # noqa: E402
-from colibri import hf  # noqa: E402
+from colibri.file import format as F  # noqa: E402
+from colibri.model import hf  # noqa: E402
 from colibri.errors import ColibriError, ConversionError, CRCError, FormatError  # noqa: E402
 
 FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None,
@@ -307,7 +307,7 @@ def test_colibri_error_is_the_only_escape_hatch():
     assert issubclass(FormatError, ColibriError) and issubclass(ConversionError, ColibriError)
 
 
-# --- GGUF files (colibri/gguf_in.py, colibri/convert_gguf.py) -----------------
+# --- GGUF files (colibri/model/gguf_in.py, colibri/model/convert_gguf.py) -----------------
 
 sys.path.insert(0, str(ROOT / "tests"))
 import gguf_fixtures  # noqa: E402
@@ -320,8 +320,8 @@ GGUF = gguf_fixtures.write_gguf(_GGUF_DIR / "tiny.gguf", q8=True).read_bytes()
 
 def convert_gguf(raw: bytes, name: str = "m") -> None:
     """The whole `colibri convert FILE.gguf` path, and `colibri info`'s."""
-    from colibri.convert_gguf import GGUFExporter
-    from colibri.inspect import describe_gguf
+    from colibri.model.convert_gguf import GGUFExporter
+    from colibri.model.inspect import describe_gguf
     path = _GGUF_DIR / f"{name}.gguf"
     path.write_bytes(raw)
     describe_gguf(str(path))

@@ -1,4 +1,4 @@
-"""Signed firmware images (colibri/image.py, docs/IMAGE.md): layout against
+"""Signed firmware images (colibri/device/image.py, docs/IMAGE.md): layout against
 the spec table, ELFs with an embedded model built by real compilers, every
 rejection reason, every single-byte flip and every truncation of a small image.
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from colibri import image as I
-from colibri import keys
+from colibri.device import image as I
+from colibri.device import keys
 from colibri.buildsteps import blob as fwblob
 from colibri.buildsteps import testmodel
 from image_fixtures import TINY, key, model_blob  # noqa: E402,F401

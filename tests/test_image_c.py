@@ -1,4 +1,4 @@
-"""src/include/colibri_image.h against colibri/image.py: every
+"""src/include/colibri_image.h against colibri/device/image.py: every
 `#define COLIBRI_IMG_...` has the Python value, and the C struct compiles to
 the documented size and offsets on every target's compiler (32-bit ARM and
 big-endian PowerPC included)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from colibri import image as I
+from colibri.device import image as I
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "src" / "include" / "colibri_image.h"

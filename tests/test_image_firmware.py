@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from colibri import cli
-from colibri import image as I
-from colibri import update_agent as U
-from colibri import keys, ota
+from colibri.device import image as I
+from colibri.device import update_agent as U
+from colibri.device import keys, ota
 from colibri.buildsteps import blob
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +166,7 @@ def test_bare_metal_binary_payload(firmware, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory):
     """The demo model as ./scripts/demo.sh converts it (int8, its tokenizer)."""
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     out = tmp_path_factory.mktemp("demo-model") / "demo-int8.colibri"
     return ColibriExporter(ROOT / "models" / "demo" / "checkpoint", quant="int8").export(out)
 

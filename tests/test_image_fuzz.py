@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from colibri import image as I
-from colibri import keys, ota
+from colibri.device import image as I
+from colibri.device import keys, ota
 
 KEY = Ed25519PrivateKey.generate()
 PUB = KEY.public_key()

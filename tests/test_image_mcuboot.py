@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from colibri import image as I
-from colibri import keys
+from colibri.device import image as I
+from colibri.device import keys
 
 imgtool_image = pytest.importorskip("imgtool.image")
 imgtool_keys = pytest.importorskip("imgtool.keys")

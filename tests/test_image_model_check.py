@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from colibri import format as F
-from colibri import image as I
+from colibri.file import format as F
+from colibri.device import image as I
 from colibri.buildsteps import blob as fwblob
 from colibri.buildsteps import testmodel
 from image_fixtures import TINY  # noqa: E402,F401

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from colibri import image as I
-from colibri import keys, ota
+from colibri.device import image as I
+from colibri.device import keys, ota
 from colibri.buildsteps import blob as fwblob
 from colibri.buildsteps import testmodel
 from image_fixtures import TINY

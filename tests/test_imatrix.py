@@ -1,4 +1,4 @@
-"""colibri/imatrix.py: the importance matrix collected through the numpy
+"""colibri/model/imatrix.py: the importance matrix collected through the numpy
 reference, checked against the same means computed directly from the
 reference's pieces (embedding lookup + rmsnorm for layer 0's attention
 inputs), the routing counts, the file round trip, and its use by convert."""
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from golden_configs import save_mixtral
-from colibri import format as fmt
-from colibri import imatrix as im
-from colibri.convert import ColibriExporter
-from colibri.format import Kind
-from colibri.reference import Reference, rmsnorm
+from colibri.file import format as fmt
+from colibri.model import imatrix as im
+from colibri.model.convert import ColibriExporter
+from colibri.file.format import Kind
+from colibri.model.reference import Reference, rmsnorm
 
 
 @pytest.fixture(scope="module")

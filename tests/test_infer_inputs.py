@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "fuzz"))
 
 import replay  # noqa: E402
 from colibri.buildsteps import testmodel  # noqa: E402
-from colibri.reference import Reference  # noqa: E402
+from colibri.model.reference import Reference  # noqa: E402
 
 SHAPE = dataclasses.replace(testmodel.FW_TINY, max_batch=2)
 E_INPUT_TOO_LARGE, E_ARG, E_TOKEN, E_KV_STATE, E_NOT_INIT = -1, -7, -8, -11, -13

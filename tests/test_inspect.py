@@ -1,4 +1,4 @@
-"""`colibri info` and `colibri verify` (colibri/inspect.py)."""
+"""`colibri info` and `colibri verify` (colibri/model/inspect.py)."""
 from __future__ import annotations
 
 import re
@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from colibri import cli
-from colibri import format as F
-from colibri.format import Kind
+from colibri.file import format as F
+from colibri.file.format import Kind
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""The quantisers of colibri/kquants.py against llama.cpp's own
+"""The quantisers of colibri/file/kquants.py against llama.cpp's own
 (ggml-quants.c quantize_q4_0 / quantize_q4_K / quantize_q6_K, what
 llama-quantize stores), on the same Gaussian and heavy-tailed (Student-t,
 3 degrees of freedom) weights, with and without an importance matrix: our
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import llama_quants as LQ
-from colibri import blocks as B
-from colibri import kquants
+from colibri.file import blocks as B
+from colibri.file import kquants
 
 ROWS, COLS = 64, 1024
 GGML = {B.Q4_0: LQ.GGML_Q4_0, B.Q4_K: LQ.GGML_Q4_K, B.Q6_K: LQ.GGML_Q6_K}

@@ -1,7 +1,7 @@
 """The 8-bit KV cache (colibri_options.kv_dtype = COLIBRI_KV_I8).
 
 - C with an i8 cache agrees with the numpy reference with the same i8 cache
-  (colibri.reference.Reference(kv="i8")) on every golden config, f32 and
+  (colibri.model.reference.Reference(kv="i8")) on every golden config, f32 and
   int8 files, batch 1 and 3 (padding both sides), prefill then decode steps
   -- and is measurably closer to it than to the f32-cache reference, so the
   two really quantise the same way.
@@ -31,7 +31,7 @@ def _calls(ref, batch, name):
 @pytest.mark.parametrize("name", GOLDEN_NAMES)
 def test_i8_cache_matches_reference_with_i8_cache(c_build, colibri_file, tmp_path,
                                                   name, quant, batch):
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     model = colibri_file(name, quant)
     ref8, ref32 = Reference(model, kv="i8"), Reference(model)
     calls = _calls(ref8, batch, name)
@@ -126,7 +126,7 @@ def test_options_misuse_is_a_code_with_a_detail(c_build, colibri_file, tmp_path)
 def test_encoder_decoder_refuses_an_i8_cache(c_build, tmp_path):
     pytest.importorskip("transformers")
     from golden_switch import make_switch
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     so = c_build("host").so
     path = ColibriExporter(model=make_switch(seed=0), quant="f32", max_seq_len=24,
                            max_batch=2).export(tmp_path / "switch.colibri")

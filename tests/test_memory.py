@@ -1,7 +1,7 @@
-"""The memory report (colibri/memory.py, colibri_get_weight_bytes,
+"""The memory report (colibri/model/memory.py, colibri_get_weight_bytes,
 colibri-cli --info): every figure against an independent count.
 
-- colibri.memory.arena_bytes (the Python copy of clb_layout) equals the C
+- colibri.model.memory.arena_bytes (the Python copy of clb_layout) equals the C
   library's colibri_arena_size_ex (chunk 16) and the arena colibri_init
   allocates (chunk 128), for both KV types, on files of every feature
   (golden configs, f32/int8/q4, shared experts, dense layers, biases, q/k
@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from conftest import GOLDEN_NAMES
-from colibri import format as fmt, memory, runtime
+from colibri.file import format as fmt
+from colibri.model import memory
+from colibri import runtime
 from test_runtime_support import c_build  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent

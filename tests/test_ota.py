@@ -1,4 +1,4 @@
-"""OTA packages (colibri/ota.py) and `colibri fw` (colibri/fw_cli.py): the
+"""OTA packages (colibri/device/ota.py) and `colibri fw` (colibri/device/fw_cli.py): the
 layout against docs/IMAGE.md section 5, every byte of a small package flipped,
 every truncation length, and each rejection reason with its own exit status
 through the real command line."""
@@ -11,8 +11,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from colibri import cli
-from colibri import image as I
-from colibri import keys, ota
+from colibri.device import image as I
+from colibri.device import keys, ota
 from image_fixtures import TINY, key, model_blob  # noqa: E402,F401
 
 V = I.Version.parse

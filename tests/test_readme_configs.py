@@ -1,5 +1,5 @@
 """models/configs/*.json (real checkpoints' config.json fields) and the
-sizes table `python -m colibri.memory --readme-table` prints: every config
+sizes table `python -m colibri.model.memory --readme-table` prints: every config
 is read by its family, and the f32 file size is the parameter count counted
 here from the shape (4 bytes each) plus the header, table and 64-byte
 padding, which is small; q4 < int8 < f32 (format.PRESET_* as now); and the
@@ -44,7 +44,7 @@ def _params(cfg: dict) -> int:
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_config_plans_to_its_parameter_count(path):
-    from colibri import memory
+    from colibri.model import memory
     cfg = json.loads(path.read_text())
     f32, i8, q4 = (memory.plan_from_config(path, q) for q in ("f32", "int8", "q4"))
     assert f32.family == FAMILY[cfg["model_type"]]
@@ -55,7 +55,7 @@ def test_config_plans_to_its_parameter_count(path):
 
 
 def test_readme_table_lists_every_config_and_quant():
-    p = subprocess.run([sys.executable, "-m", "colibri.memory", "--readme-table",
+    p = subprocess.run([sys.executable, "-m", "colibri.model.memory", "--readme-table",
                         *map(str, CONFIGS)], capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
     assert p.returncode == 0, p.stderr
@@ -67,5 +67,6 @@ def test_readme_table_lists_every_config_and_quant():
     documented = set(doc_lines())
     stale = [r for r in p.stdout.splitlines() if r.startswith("| ") and r not in documented]
     assert not stale, ("the sizes table in README.md / docs/ (docs/QUANTISATION.md) differs "
-                       "from `python -m colibri.memory --readme-table models/configs/*.json`; "
+                       "from `python -m colibri.model.memory --readme-table "
+                       "models/configs/*.json`; "
                        "rows not found:\n" + "\n".join(stale))

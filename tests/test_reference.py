@@ -1,4 +1,4 @@
-"""Unit tests of the numpy reference (colibri/reference.py), on small random
+"""Unit tests of the numpy reference (colibri/model/reference.py), on small random
 models written with the format writer (no torch needed): each piece against a
 direct formula, and the cache/mask/batch behaviour against plain full
 forwards."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colibri import format as F
+from colibri.file import format as F
 from colibri.errors import ColibriError
-from colibri.format import Kind
-from colibri.reference import Reference, apply_rope, attention, rope_tables, silu, top_k
+from colibri.file.format import Kind
+from colibri.model.reference import Reference, apply_rope, attention, rope_tables, silu, top_k
 from greedy import assert_margins
 
 SHAPE = F.ModelShape(vocab=50, hidden=36, intermediate=28, max_seq_len=24, n_layers=2,
@@ -261,8 +261,8 @@ def test_continuing_beyond_cache_or_with_other_batch_is_refused(ref):
 
 def test_every_int8_product_equals_the_shared_formula(tmp_path):
     """On a random --quant int8 model, every I8_GROUP product the reference
-    applies gives the same bits as colibri.quant.matmul_i8 (int64 dots)."""
-    from colibri import quant
+    applies gives the same bits as colibri.file.quant.matmul_i8 (int64 dots)."""
+    from colibri.file import quant
     r = Reference(write_random_model(tmp_path / "q.colibri", dtypes=F.PRESET_INT8))
     x_rng = np.random.default_rng(13)
     keys = [(Kind.LM_HEAD, None, None)]
@@ -283,8 +283,8 @@ def test_every_int8_product_equals_the_shared_formula(tmp_path):
 
 @pytest.mark.parametrize("group", [5, 8000])  # 8000 * 127^2 > 2^26: float64 dots
 def test_i8_group_matrix_dots_are_exact(group):
-    from colibri import quant
-    from colibri.reference import I8GroupMatrix
+    from colibri.file import quant
+    from colibri.model.reference import I8GroupMatrix
     rng = np.random.default_rng(14)
     cols = 2 * group + 7  # two full groups and a short one
     # Large same-sign values so that group dots exceed 2^24 for the big group

@@ -1,4 +1,4 @@
-"""The numpy encoder-decoder reference (colibri/reference_encdec.py) against
+"""The numpy encoder-decoder reference (colibri/model/reference_encdec.py) against
 transformers' SwitchTransformersForConditionalGeneration on an awkward tiny
 checkpoint (tests/golden_switch.py): encoder output and decoder logits of a
 prefill and 8 cached decode steps within 1e-4 of the largest value, with an
@@ -27,8 +27,8 @@ def switch():
 
 
 def _reference(model, max_len=32):
-    from colibri.families import switch_transformers as st
-    from colibri.reference_encdec import EncDecReference
+    from colibri.model.families import switch_transformers as st
+    from colibri.model.reference_encdec import EncDecReference
     cfg = hf_config_dict(model)
     shape = st.encdec_shape(cfg, max_seq_len=max_len, max_batch=4)
     return EncDecReference(shape, st.weights_from_state(cfg, hf_state(model), shape))
@@ -39,7 +39,7 @@ def _rel(got, want):
 
 
 def test_sparse_layer_placement_matches_transformers(switch):
-    from colibri.families import switch_transformers as st
+    from colibri.model.families import switch_transformers as st
     shape = _reference(switch).shape
     for stack, sparse in ((switch.encoder, shape.enc_sparse), (switch.decoder, shape.dec_sparse)):
         want = tuple(i for i, blk in enumerate(stack.block) if blk.is_sparse)
@@ -52,7 +52,7 @@ def test_sparse_layer_placement_matches_transformers(switch):
 def test_relative_position_buckets_match_transformers():
     from transformers.models.switch_transformers.modeling_switch_transformers import (
         SwitchTransformersAttention as A)
-    from colibri.reference_encdec import relative_position_bucket
+    from colibri.model.reference_encdec import relative_position_bucket
     rel = np.arange(-300, 301)
     for bidir in (True, False):
         for nb, md in ((8, 12), (32, 128), (6, 7), (32, 20)):
@@ -87,7 +87,7 @@ def test_encoder_and_cached_decoder_match_transformers(switch, enc_lengths):
 def test_capacity_overflow_keeps_only_the_residual():
     """A token over its expert's capacity gets no expert output, as
     transformers' cumsum mask gives; probabilities are the softmax max."""
-    from colibri.reference_encdec import top1_with_capacity
+    from colibri.model.reference_encdec import top1_with_capacity
     p = np.array([[[0.6, 0.4], [0.7, 0.3], [0.2, 0.8], [0.9, 0.1]]], np.float32)
     expert, prob, kept = top1_with_capacity(p, 2)
     assert expert.tolist() == [[0, 0, 1, 0]]
@@ -98,7 +98,7 @@ def test_capacity_overflow_keeps_only_the_residual():
 def test_capacity_mask_matches_the_transformers_router(switch):
     """Random hidden states through transformers' own top-1 router: the
     dispatch mask (expert one-hot with overflow zeroed) is ours."""
-    from colibri.reference_encdec import softmax, top1_with_capacity
+    from colibri.model.reference_encdec import softmax, top1_with_capacity
     router = switch.encoder.block[1].layer[1].mlp.router
     x = torch.randn(3, 13, switch.config.d_model, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colibri import quant
-from colibri.format import DType, Kind
+from colibri.file import quant
+from colibri.file.format import DType, Kind
 from conftest import GOLDEN_NAMES
 
 pytest.importorskip("torch")  # the golden checkpoints are built with torch
@@ -85,7 +85,7 @@ def test_i8_group_product_matches_independent_formula(kind, layer, expert, refer
     np.testing.assert_allclose(got, x_deq @ w_deq.T, rtol=0,
                                atol=1e-5 * np.abs(x_deq @ w_deq.T).max())
     assert np.all(got[1] == 0)  # a zero activation row gives exactly zero
-    # (c) The shared helper colibri.quant.matmul_i8 gives the same bits.
+    # (c) The shared helper colibri.file.quant.matmul_i8 gives the same bits.
     xq2, xs2 = quant.quantize_activations_i8(x, group)
     np.testing.assert_array_equal(xq2, xq)
     np.testing.assert_array_equal(xs2, xs)

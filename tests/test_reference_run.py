@@ -1,4 +1,4 @@
-"""`colibri run --engine reference` (colibri/run.py) on a small random model:
+"""`colibri run --engine reference` (colibri/model/run.py) on a small random model:
 what it prints, the --logits-out layout, and its errors. Expected values come
 from the Reference API directly (tested against transformers elsewhere).
 The C engine is tested in tests/test_binding.py."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from colibri.cli import main
-from colibri.reference import Reference
+from colibri.model.reference import Reference
 from greedy import assert_margins
 from test_reference import SHAPE, write_random_model
 

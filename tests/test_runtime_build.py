@@ -1,4 +1,4 @@
-"""The build itself: `python -m colibri.cbuild` into build/x86_64/, the
+"""The build itself: `python -m colibri.buildsteps.cbuild` into build/x86_64/, the
 cross compilers (-Werror) including the NEON kernels, the arena size
 formula documented in colibri.h, and the COLIBRI_DEBUG kernel dumps."""
 from __future__ import annotations
@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colibri import cbuild
-from colibri import format as cformat
-from colibri.format import Kind
+from colibri.buildsteps import cbuild
+from colibri.file import format as cformat
+from colibri.file.format import Kind
 from test_runtime_support import Call, c_build, run_driver  # noqa: F401
 
 
 def test_default_host_build(tmp_path):
     out = tmp_path / "x86_64"
-    proc = subprocess.run([sys.executable, "-m", "colibri.cbuild", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "colibri.buildsteps.cbuild", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (out / "libcolibri.a").exists() and (out / "colibri-cli").exists()

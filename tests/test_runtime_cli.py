@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from colibri import format as cformat
-from colibri.format import Kind
+from colibri.file import format as cformat
+from colibri.file.format import Kind
 from test_runtime_support import c_build  # noqa: F401
 
 

@@ -30,7 +30,7 @@ FIGURES: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def switch(tmp_path_factory):
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("switch_c")
@@ -80,7 +80,7 @@ def run_encdec(build, model_path, ids, mask, calls, workdir, memory=False,
 
 
 def _reference(path, ids, mask, calls):
-    from colibri.reference_encdec import from_file
+    from colibri.model.reference_encdec import from_file
     ref = from_file(path)
     enc = ref.encode(ids, mask)
     return enc, [ref.decode(c) for c in calls]

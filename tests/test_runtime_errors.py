@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from colibri import format as cformat
+from colibri.file import format as cformat
 from test_runtime_support import c_build  # noqa: F401
 
 # Every code colibri.h defines (parsed, so a new code cannot be forgotten).

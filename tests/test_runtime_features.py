@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colibri import format as F
-from colibri.reference import Reference
+from colibri.file import format as F
+from colibri.model.reference import Reference
 from feature_models import DESCRIPTIONS, SHAPE, write_model
 from greedy import assert_argmax_agrees
 from test_runtime_support import (c_build, golden_calls, reference_logits,  # noqa: F401

@@ -1,4 +1,4 @@
-"""src/include/colibri_format.h and colibri/format.py state the same format:
+"""src/include/colibri_format.h and colibri/file/format.py state the same format:
 every `#define COLIBRI_...` of the C header is parsed and checked against the
 Python module, both ways (a constant on one side only fails too). And the C
 compiler sees the same values the parser read."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from colibri import blocks
-from colibri import format as cformat
+from colibri.file import blocks
+from colibri.file import format as cformat
 
 HEADER = Path(__file__).resolve().parent.parent / "src" / "include" / "colibri_format.h"
 
@@ -24,7 +24,7 @@ def c_defines() -> dict[str, int | str]:
 
 
 def python_constants() -> dict[str, int | str]:
-    """What each C define must be, from colibri/format.py alone."""
+    """What each C define must be, from colibri/file/format.py alone."""
     want = {
         "COLIBRI_MAGIC": cformat.MAGIC.decode("ascii"),
         "COLIBRI_MAGIC_SIZE": len(cformat.MAGIC),

@@ -1,4 +1,4 @@
-"""The C runtime's logits against the numpy reference (colibri/reference.py)
+"""The C runtime's logits against the numpy reference (colibri/model/reference.py)
 on every golden config, through the real converter's files.
 
 Each case: a 32-token prefill then 16 single-token decode steps from the KV
@@ -83,7 +83,7 @@ def test_q4_logits_match_reference_of_same_file(c_build, colibri_file, reference
     5 in both C and numpy, so rows agree as the int8 ones do, and for the
     same reason (activation rounding flips after 1-ulp differences
     elsewhere: attention, norms, the f32 sums of BLAS)."""
-    from colibri import format as cformat
+    from colibri.file import format as cformat
     dtypes = {cformat.DType(e.dtype) for e in cformat.read_file(colibri_file(name, "q4")).entries}
     want_types = ({cformat.DType.Q4_0} if name == "tiny" else
                   {cformat.DType.Q4_K, cformat.DType.Q6_K, cformat.DType.Q4_0})
@@ -121,7 +121,7 @@ def test_chunking_and_rewind_do_not_change_logits(c_build, colibri_file, referen
 def test_limits_smaller_than_a_chunk(c_build, colibri_file, tmp_path):
     """max_batch * max_seq_len below COLIBRI_CHUNK_TOKENS (the chunk shrinks
     to fit), the cache filled to its last slot, and a full batch."""
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     from test_runtime_errors import rewrite
     from test_runtime_support import Call
     path = rewrite(colibri_file("awkward", "f32"), tmp_path / "small.colibri",

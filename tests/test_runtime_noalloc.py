@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from colibri import cbuild
+from colibri.buildsteps import cbuild
 from test_runtime_support import TESTS_C, c_build  # noqa: F401
 
 WRAPPED = ("malloc", "calloc", "realloc", "free", "aligned_alloc", "posix_memalign",
@@ -80,7 +80,7 @@ def test_version_2_features_allocate_nothing(noalloc, tmp_path, name):
     """The description's paths (biases, dense layers, the gated and the
     ungated shared expert, multipliers) allocate nothing either."""
     from feature_models import DESCRIPTIONS, write_model
-    from colibri import format as F
+    from colibri.file import format as F
     path = write_model(tmp_path / f"{name}.colibri", DESCRIPTIONS[name], dtypes=F.PRESET_INT8)
     proc = subprocess.run([str(noalloc), str(path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -96,7 +96,7 @@ def test_encoder_decoder_allocates_nothing(noalloc, tmp_path):
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
     import gen_seeds
-    from colibri import format as F
+    from colibri.file import format as F
     path = tmp_path / "encdec.colibri"
     path.write_bytes(gen_seeds.model_bytes(gen_seeds.ENCDEC, F.PRESET_INT8, seed=3,
                                            desc=gen_seeds.ENCDEC_DESC))

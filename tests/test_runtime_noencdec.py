@@ -34,7 +34,7 @@ DETAIL = "this build has no encoder-decoder runtime (built with encdec=0)"
 def switch_file(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     from golden_switch import make_switch
     out = tmp_path_factory.mktemp("switch_noencdec") / "switch.colibri"
     return ColibriExporter(model=make_switch(seed=2), quant="f32", max_seq_len=16,

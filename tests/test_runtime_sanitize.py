@@ -58,8 +58,8 @@ def test_cli_valgrind_memcheck_clean(c_build, colibri_file, args):
 def test_version_2_features_under_asan_ubsan(c_build, tmp_path, name):
     """Every feature of the description (tests/feature_models.py) through
     the runtime under ASan + UBSan, mapped and zero-copy, int8."""
-    from colibri import format as F
-    from colibri.reference import Reference
+    from colibri.file import format as F
+    from colibri.model.reference import Reference
     from feature_models import DESCRIPTIONS, SHAPE, write_model
     path = write_model(tmp_path / f"{name}.colibri", DESCRIPTIONS[name], dtypes=F.PRESET_INT8)
     calls = golden_calls(SHAPE.vocab, 3, seed=12, decode=8)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colibri import cbuild
+from colibri.buildsteps import cbuild
 
 TESTS_C = Path(__file__).parent / "c"
 
@@ -221,7 +221,7 @@ def run_driver(build: Build, model: Path, calls: list[Call], workdir: Path,
         f"infer_driver ({build.variant}) exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     data = np.fromfile(out, dtype="<f4")
     if vocab is None:
-        from colibri import format as cformat
+        from colibri.file import format as cformat
         vocab = cformat.read_file(model, check_crc=False).shape.vocab
     result, at = [], 0
     for c in calls:
@@ -253,7 +253,7 @@ def golden_calls(vocab: int, batch: int, seed: int, prefill: int = 32,
 
 
 def reference_logits(ref, calls: list[Call]) -> list[np.ndarray]:
-    """The same calls on a colibri.reference.Reference."""
+    """The same calls on a colibri.model.reference.Reference."""
     return [ref.forward(c.tokens, c.mask, n_past=c.n_past) for c in calls]
 
 

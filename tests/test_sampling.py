@@ -1,4 +1,4 @@
-"""Sampling (src/sample.c, colibri/sampling.py): the C sampler and the numpy
+"""Sampling (src/sample.c, colibri/text/sampling.py): the C sampler and the numpy
 reference choose the same token for the same logits, parameters, history
 and seed, on x86_64, under ASan/UBSan and under QEMU (armv7, ppc); the draw
 is integer-exact; the margin that could separate them is measured.
@@ -15,8 +15,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from colibri import cbuild
-from colibri import sampling as S
+from colibri.buildsteps import cbuild
+from colibri.text import sampling as S
 
 from test_runtime_support import TESTS_C, c_build  # noqa: F401
 
@@ -150,15 +150,15 @@ def test_bad_parameters_are_errors(sampler, tmp_path):
 def test_tokenize_and_generate_commands(tmp_path):
     """`colibri tokenize` prints tokenizers' ids; `colibri generate` prints
     the prompt and the text of the ids the reference + sampler choose (the
-    same as calling colibri.sampling step by step), deterministic per seed."""
+    same as calling colibri.text.sampling step by step), deterministic per seed."""
     import json
     import sys
     import tokenizer_fixtures as tf
     from test_tokenizer import _checkpoint
-    from colibri.convert import ColibriExporter
-    from colibri.generate import generate
-    from colibri.reference import Reference
-    from colibri.tokenizer import Tokenizer
+    from colibri.model.convert import ColibriExporter
+    from colibri.model.generate import generate
+    from colibri.model.reference import Reference
+    from colibri.text.tokenizer import Tokenizer
     hf = tf.train("bl-gpt2-300", tf.corpus_text(300_000))
     ck = _checkpoint(tmp_path / "ck", hf, vocab=320)
     path = ColibriExporter(ck, quant="f32").export(tmp_path / "m.colibri")
@@ -173,7 +173,7 @@ def test_tokenize_and_generate_commands(tmp_path):
     head, a = a.split("\n", 1)        # the first line names the engine
     assert head.startswith("engine: reference")
     assert b.split("\n", 1)[1] == a and a.startswith("The Python")
-    # the same ids by hand: reference logits, then colibri.sampling per step
+    # the same ids by hand: reference logits, then colibri.text.sampling per step
     tok, ref = Tokenizer.from_file(path), Reference(path)
     p = S.SampleParams(temperature=0.9, top_p=0.95, seed=7)
     ids = tok.encode("The Python")
@@ -203,14 +203,14 @@ def test_colibri_cli_prompt_and_tokenize_follow_the_reference(c_build, tmp_path)
     """colibri-cli --tokenize prints the file tokenizer's ids; --prompt
     streams the text of the ids the C runtime + colibri_sample choose. Each
     step is checked against the numpy reference's logits on the same history
-    through colibri.sampling, as long as the choice's margin is clear of the
+    through colibri.text.sampling, as long as the choice's margin is clear of the
     runtime/reference logit difference (1e-4 relative in probability, far
     above an f32 file's ~1e-6 logit error: tests/greedy.py's idea)."""
     import tokenizer_fixtures as tf
     from test_tokenizer import _checkpoint
-    from colibri.convert import ColibriExporter
-    from colibri.reference import Reference
-    from colibri.tokenizer import Tokenizer
+    from colibri.model.convert import ColibriExporter
+    from colibri.model.reference import Reference
+    from colibri.text.tokenizer import Tokenizer
     hf = tf.train("bl-gpt2-300", tf.corpus_text(300_000))
     ck = _checkpoint(tmp_path / "ck", hf, vocab=320)
     path = ColibriExporter(ck, quant="f32").export(tmp_path / "m.colibri")

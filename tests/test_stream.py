@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from colibri import errors, runtime
-from colibri import format as F
+from colibri.file import format as F
 from feature_models import DESCRIPTIONS, SHAPE, write_model
 from test_runtime_support import c_build  # noqa: F401
 

@@ -3,7 +3,7 @@ users run) with a model embedded, run under its emulator (natively,
 qemu-arm, qemu-aarch64, qemu-ppc, qemu-riscv64, qemu-system-arm) on every
 CPU the target lists (aarch64: a Cortex-A72 without and a Cortex-A76 with
 the dot-product extension) and compared with the numpy reference
-(colibri/reference.py), through the same colibri.buildsteps.check functions that
+(colibri/model/reference.py), through the same colibri.buildsteps.check functions that
 `scons target=X check` uses; the firmware must report the kernel table the
 target expects on each CPU.
 
@@ -66,7 +66,7 @@ def _family_model(d: Path, family: str, quant: str) -> Path:
     cache (max_seq_len 16, batch 1) keeps the emulated runs quick."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     from golden_families import make_family, save_family
     ck = save_family(make_family(family, seed=0), d / f"hf-{family}")
     return ColibriExporter(ck, quant=quant, max_seq_len=16).export(d / f"{family}-{quant}.colibri")
@@ -78,8 +78,8 @@ def _q4_model(d: Path) -> Path:
     hold all three block types (else the matrix would not test them)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from colibri import format as cformat
-    from colibri.convert import ColibriExporter
+    from colibri.file import format as cformat
+    from colibri.model.convert import ColibriExporter
     from golden_configs import save_mixtral
     ck = save_mixtral("k256", d / "hf-k256", seed=0)
     out = ColibriExporter(ck, quant="q4", max_seq_len=16).export(d / "k256-q4.colibri")
@@ -95,7 +95,7 @@ def _switch_model(d: Path) -> Path:
     the loaded model, int8, a 16-position cache."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from colibri.convert import ColibriExporter
+    from colibri.model.convert import ColibriExporter
     from golden_switch import make_switch
     return ColibriExporter(model=make_switch(seed=0), quant="int8", max_seq_len=16).export(
         d / "switch-int8.colibri")

@@ -1,5 +1,5 @@
 """The tokenizer section and the Python tokenizer that reads it
-(colibri/tokenizer.py), judged by Hugging Face `tokenizers` on tokenizers it
+(colibri/text/tokenizer.py), judged by Hugging Face `tokenizers` on tokenizers it
 trains here (tests/tokenizer_fixtures.py): ids for 10,000 strings per
 tokenizer, decoding, streaming decoding, `colibri convert`, and bad input.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from colibri import format as cformat
-from colibri import tokenizer as T
-from colibri.convert import ColibriExporter
+from colibri.file import format as cformat
+from colibri.text import tokenizer as T
+from colibri.model.convert import ColibriExporter
 from colibri.errors import ConversionError
 
 import tokenizer_fixtures as tf
@@ -285,16 +285,16 @@ def test_damaged_sections_are_a_tokenizer_error_never_a_crash(trained):
 
 
 def test_the_unicode_tables_are_unicode_16_as_tokenizers_has_it():
-    """colibri/unicode_tables.py (and src/unicode_tables.h, from the same
+    """colibri/text/unicode_tables.py (and src/unicode_tables.h, from the same
     generator) hold the General_Category of Unicode 16.0 (\\p{L}, \\p{N}), the version of the
     Oniguruma inside `tokenizers`: checked against unicodedata2 and against
     `tokenizers` itself on every code point."""
     ud = pytest.importorskip("unicodedata2")
     from tokenizers import Regex, pre_tokenizers
-    from colibri import unicode_tables as U
+    from colibri.text import unicode_tables as U
     assert ud.unidata_version == U.UNICODE_VERSION == "16.0.0"
     cps = [c for c in range(1, 0x110000) if not 0xD800 <= c < 0xE000]
-    from colibri.tokregex import gc_of
+    from colibri.text.tokregex import gc_of
     for major, pat in (("L", r"\p{L}"), ("N", r"\p{N}")):
         ours_set = {c for c in cps if U.GC_NAMES[gc_of(c)][0] == major}
         split = pre_tokenizers.Split(Regex(pat), behavior="isolated")

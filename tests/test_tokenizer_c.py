@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from colibri import cbuild
-from colibri import tokenizer as T
-from colibri.convert import ColibriExporter
+from colibri.buildsteps import cbuild
+from colibri.text import tokenizer as T
+from colibri.model.convert import ColibriExporter
 
 import tokenizer_fixtures as tf
 from test_runtime_support import TESTS_C, c_build  # noqa: F401

@@ -18,10 +18,11 @@ sys.path.insert(0, str(ROOT))
 pytest.importorskip("torch")
 tokenizers = pytest.importorskip("tokenizers")
 
-from colibri import cbuild, format as F  # noqa: E402
-from colibri.convert import ColibriExporter  # noqa: E402
-from colibri.reference import Reference  # noqa: E402
-from colibri.tokenizer import Tokenizer  # noqa: E402
+from colibri.buildsteps import cbuild
+from colibri.file import format as F  # noqa: E402
+from colibri.model.convert import ColibriExporter  # noqa: E402
+from colibri.model.reference import Reference  # noqa: E402
+from colibri.text.tokenizer import Tokenizer  # noqa: E402
 from golden_families import FAMILY_CONFIGS, make_family, save_family  # noqa: E402
 from greedy import assert_margins  # noqa: E402
 from tokenizer_fixtures import corpus_text, train  # noqa: E402

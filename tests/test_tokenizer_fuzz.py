@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from colibri import tokenizer as T
+from colibri.text import tokenizer as T
 from colibri.buildsteps import sources
 
 import tokenizer_fixtures as tf

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from colibri import tokenizer as T
+from colibri.text import tokenizer as T
 
 import tokenizer_fixtures as tf
 from test_runtime_support import c_build  # noqa: F401

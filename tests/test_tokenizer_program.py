@@ -1,4 +1,4 @@
-"""Pre-tokenizers stored as regex programs (FORMAT.md 7.2, colibri/tokregex.py,
+"""Pre-tokenizers stored as regex programs (FORMAT.md 7.2, colibri/text/tokregex.py,
 src/tokenizer.c rx_match): byte-level BPEs trained here with the pre-tokenizers
 of real tokenizer.json files (GPT-2, Qwen2 and Llama-3 as programs, Qwen3.5
 with \\p{M}, DeepSeek LLM / Coder / V3 with several Splits, StarCoder's Digits +
@@ -13,8 +13,8 @@ import struct
 
 import pytest
 
-from colibri import tokenizer as T
-from colibri import tokregex as R
+from colibri.text import tokenizer as T
+from colibri.text import tokregex as R
 
 import tokenizer_fixtures as tf
 from test_runtime_support import c_build  # noqa: F401
@@ -96,7 +96,7 @@ def test_the_classes_are_oniguruma_s_on_every_code_point():
     every category run and on every code point below U+3100."""
     ud = pytest.importorskip("unicodedata2")
     from tokenizers import Regex, pre_tokenizers
-    from colibri import unicode_tables as U
+    from colibri.text import unicode_tables as U
     assert ud.unidata_version == U.UNICODE_VERSION == "16.0.0"
     every = [c for c in range(1, 0x110000) if not 0xD800 <= c < 0xE000]
     assert all(U.GC_NAMES[R.gc_of(c)] == ud.category(chr(c)) for c in every)

@@ -1,4 +1,4 @@
-"""The A/B update agent (colibri/update_agent.py, docs/IMAGE.md section 7):
+"""The A/B update agent (colibri/device/update_agent.py, docs/IMAGE.md section 7):
 MCUboot slot trailers with direct-XIP revert semantics. The trailer layout is
 checked against what MCUboot's imgtool writes.
 
@@ -6,7 +6,7 @@ The central test cuts the power at every single write of an update (before
 the write, in the middle of it, and right after it), reboots, and checks that
 the device boots a verified image (old or new), that the confirmed image is
 never lost, and that the update can then be completed. Each boot's choice is
-re-verified here with colibri.image directly, not trusted from the agent."""
+re-verified here with colibri.device.image directly, not trusted from the agent."""
 from __future__ import annotations
 
 import hashlib
@@ -18,9 +18,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from colibri import cli
-from colibri import image as I
-from colibri import keys, ota
-from colibri import update_agent as U
+from colibri.device import image as I
+from colibri.device import keys, ota
+from colibri.device import update_agent as U
 
 V = I.Version.parse
 SLOT = 4096

@@ -50,7 +50,7 @@ def train(kind: str, text: str):
         vocab = 300 if kind.endswith("300") else 32000
         tok = Tokenizer(models.BPE())
         if "qwen2" in kind:
-            from colibri.tokenizer import QWEN2_PATTERN
+            from colibri.text.tokenizer import QWEN2_PATTERN
             tok.pre_tokenizer = pre_tokenizers.Sequence([
                 pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -190,7 +190,7 @@ def damage_section(section: bytes, rng: random.Random, trial: int) -> bytearray:
     """A damaged copy of a tokenizer section, by trial % 3: 1-4 flipped
     bits, a truncation, or one random 32-bit word of the section header
     (where the offsets and counts live)."""
-    from colibri.tokenizer import SECTION_HEADER_SIZE
+    from colibri.text.tokenizer import SECTION_HEADER_SIZE
     b = bytearray(section)
     how = trial % 3
     if how == 0:

@@ -220,7 +220,7 @@ def _misra_addon() -> str | None:
 def _fw_config(dirpath: Path, text: bool) -> None:
     """fw_config.h as the firmware build generates it (blob.config_header)
     for a small model: firmware/app/main.c needs one to compile."""
-    from ..format import ModelShape
+    from ..file.format import ModelShape
     from . import blob
     shape = ModelShape(vocab=256, hidden=64, intermediate=128, max_seq_len=64, n_layers=2,
                        n_heads=4, n_kv_heads=2, head_dim=16, n_experts=4, top_k=2)

@@ -7,7 +7,7 @@
   `.colibri_model` section with start/end/size symbols (.incbin keeps the
   bytes out of the compiler: no giant C array to parse).
 - `arena_bytes`: the arena a model needs, from its header alone:
-  colibri/memory.py's arena formula with the target's struct sizes
+  colibri/model/memory.py's arena formula with the target's struct sizes
   (`table_sizes_from_object`: firmware/arena_tables.c compiled for the
   target) and the KV cache type of the build (kv=f32|i8).
 - `config_header`: the firmware's generated header (arena size, model facts,
@@ -15,7 +15,7 @@
 - `FirmwareInputs` / `plan_inputs`: what the firmware will be asked to do and
   what the host expects of it: a text prompt is tokenised ON THE DEVICE when
   the model file carries a tokenizer (the host computes the expected ids with
-  the Python tokenizer, colibri/tokenizer.py, for the check); a model without
+  the Python tokenizer, colibri/text/tokenizer.py, for the check); a model without
   one (a byte-level model, vocab >= 256) gets the prompt's UTF-8 bytes as ids.
   Written next to fw_config.h as fw_inputs.json for check and run.
 """
@@ -26,10 +26,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import format as cformat
-from .. import memory
 from ..errors import ColibriError
-from ..sampling import SampleParams
+from ..file import format as cformat
+from ..model import memory
+from ..text.sampling import SampleParams
 
 SECTION = ".colibri_model"
 # Symbols the firmware uses (declared in firmware/app/model_blob.h).
@@ -91,7 +91,7 @@ class FirmwareInputs:
 
 def _model_tokenizer(model):
     """The Python tokenizer of the model file, or None when it has none."""
-    from ..tokenizer import KIND_TOKENIZER, Tokenizer, parse_section
+    from ..text.tokenizer import KIND_TOKENIZER, Tokenizer, parse_section
     f = cformat.read_file(model)
     try:
         for e in f.entries:
@@ -123,7 +123,7 @@ def plan_inputs(model, text: str = "", prompts=None, n_generate: int = None,
     device when the file has a tokenizer, else fed as UTF-8 bytes) or the
     token-id `prompts` (default DEFAULT_PROMPTS), run with the KV cache
     `kv`. Raises ColibriError saying what to change."""
-    from ..tokenizer import F_TEMPLATE_BOS
+    from ..text.tokenizer import F_TEMPLATE_BOS
     check_kv(model, kv)
     n_generate = DEFAULT_GENERATE if n_generate is None else n_generate
     sp = sampling or SampleParams()
@@ -179,7 +179,7 @@ def blob_for_target(src: str | os.PathLike, dst: str | os.PathLike, byte_order: 
         if f.byte_order == byte_order:
             _write_if_changed(Path(dst), bytes(f._buf))
             return Path(dst)
-        from ..tokenizer import KIND_TOKENIZER, pack_section, parse_section
+        from ..text.tokenizer import KIND_TOKENIZER, pack_section, parse_section
         unknown = [e.label() for e in f.entries
                    if e.kind not in cformat.Kind._value2member_map_ and e.kind != KIND_TOKENIZER]
         if unknown:
@@ -259,7 +259,7 @@ CHUNK_SYMBOL = "colibri_chunk_tokens"
 def arena_bytes(shape: cformat.ModelShape, tables: memory.Tables,
                 desc: cformat.Description | None = None, kv: str = "f32",
                 chunk_tokens: int = CHUNK_TOKENS) -> int:
-    """The arena the firmware reserves: colibri/memory.py's copy of
+    """The arena the firmware reserves: colibri/model/memory.py's copy of
     clb_layout (held equal to the C library by tests/test_memory.py) for a
     caller's arena (chunk_tokens rows) with the KV cache `kv` ("f32"/"i8").
     `tables`: the target's struct sizes (table_sizes_from_object: then this

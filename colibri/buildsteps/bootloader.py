@@ -7,7 +7,7 @@ into third_party/; nothing of it is in the repository.
 
 Flash map (firmware/boot/main.c): the bootloader in the first BOOT_REGION
 bytes of SSRAM1 at 0 (boot.bin), the update agent's area
-(colibri/update_agent.py layout, one file: the agent's flash file) at
+(colibri/device/update_agent.py layout, one file: the agent's flash file) at
 AGENT_BASE in the 16 MB PSRAM, standing for an external XIP flash.
 Applications are linked for their slot (firmware/boot/xip.ld) at slot address
 + HEADER_SIZE and run in place.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from .. import keys
+from ..device import keys
 from ..errors import ColibriError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,7 +164,7 @@ def c_verdicts(corpus_elf: Path, path: Path, repeat: int = 0) -> list[int]:
 
 
 def py_verdict(data: bytes, public_key, capacity: int) -> int:
-    from .. import image as I
+    from ..device import image as I
     try:
         I.verify_image(data, public_key, I.Policy(target="cortex-m", installed_counter=0,
                                                   slot_size=capacity), exact=False)
@@ -208,7 +208,7 @@ def make_app(work: Path, key, version: str, slot_addr: int, slot_size: int = CHE
     """A tiny application linked for the slot at `slot_addr`, signed: it
     prints 'app VERSION running at 0xADDR', confirms itself when `confirms`
     (boot_set_confirmed after its 'self-test'), and exits 0."""
-    from .. import image as I
+    from ..device import image as I
     name = f"app_{version.replace('.', '_')}_{slot_addr:x}" + ("_c" if confirms else "")
     src = work / f"{name}.c"
     src.write_text('#include "platform.h"\n' + (APP_CONFIRM if confirms else "")
@@ -228,7 +228,7 @@ def make_app(work: Path, key, version: str, slot_addr: int, slot_size: int = CHE
 def tamper_corpus(key, extra=()) -> list[bytes]:
     """Every byte of a small image flipped (xor 0x01, 0xff), every truncation
     (followed by erased flash, as in a slot), and `extra` images."""
-    from .. import image as I
+    from ..device import image as I
     img = I.pack_image(bytes(range(64)), "cortex-m", I.Version(1, 2, 3, 4), key,
                        security_counter=7)
     out = [img]
@@ -246,9 +246,9 @@ def power_cut_matrix(boot_elf: Path, key, work: Path, log) -> int:
     write of a test boot, a revert and a counter update; after each cut the
     next boot must run a verified image, with slot A (confirmed) untouched.
     Returns the number of cuts."""
-    from .. import image as I
-    from .. import ota
-    from .. import update_agent as U
+    from ..device import image as I
+    from ..device import ota
+    from ..device import update_agent as U
     a, b = AGENT_BASE + CHECK_ALIGN, AGENT_BASE + CHECK_ALIGN + CHECK_SLOT
     v1, v2 = make_app(work, key, "1.0.0", a), make_app(work, key, "2.0.0", b)
     pkg = ota.pack_package([v2], key)
@@ -330,7 +330,7 @@ def boot_check(boot_elf: Path, corpus_elf: Path, key, work: Path, demo_flash: Pa
     if demo_image is not None:
         log(f"  verify the {len(demo_image)}-byte demo image under QEMU: "
             f"{verify_seconds(corpus_elf, demo_image, work, times=5) * 1000:.0f} ms")
-    from .. import image as I
+    from ..device import image as I
     big = I.pack_image(bytes(range(256)) * 512, "cortex-m", I.Version(1, 0, 0), key)
     log(f"  verify a 128 KiB image under QEMU: {verify_seconds(corpus_elf, big, work) * 1000:.1f} ms")
     extra = []

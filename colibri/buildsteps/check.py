@@ -3,7 +3,7 @@ Linux targets) under its emulator and compare the logits with the numpy
 reference, the chosen tokens with the numpy reference sampler (greedy or
 seeded sampling, golden.check_greedy / check_sampled), in text mode the ids
 the device's tokenizer produced and the text it printed with the Python
-tokenizer (colibri/tokenizer.py), and check that the runtime picked the
+tokenizer (colibri/text/tokenizer.py), and check that the runtime picked the
 kernel table the target expects on the emulated CPU (targets/: cpu_kernels). Used by
 `scons target=X check` (every CPU of the target: check_all_cpus) and
 tests/test_targets_matrix.py.
@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ColibriError
 from . import blob, emulate, golden
+from ..errors import ColibriError
 
 
 @dataclass
@@ -90,7 +90,7 @@ def check_firmware(target, firmware, model, result: CheckResult,
     params = inputs.params
     tok = n_text = None
     if inputs.device_tokenizes:
-        from ..tokenizer import load
+        from ..text.tokenizer import load
         tok = load(model)
         n_text = tok.n_vocab
     for i, p in enumerate(fw.prompts):
@@ -129,10 +129,10 @@ def _inputs(firmware) -> blob.FirmwareInputs:
 def _check_text(p: emulate.PromptRun, expected_ids, tok, what: str) -> str | None:
     """Text mode: the device's ids must be the Python tokenizer's, and the
     text it printed the Python streaming decoder's text of its tokens."""
-    from ..tokenizer import StreamDecoder
+    from ..text.tokenizer import StreamDecoder
     if list(p.prompt) != list(expected_ids):
         return (f"{what}: the device tokenised the prompt to {p.prompt}, the Python "
-                f"tokenizer (colibri/tokenizer.py) to {list(expected_ids)}")
+                f"tokenizer (colibri/text/tokenizer.py) to {list(expected_ids)}")
     dec = StreamDecoder(tok, skip_special=True)
     want = "".join(dec.push(t) for t in p.tokens) + dec.finish()
     if p.text != want.encode("utf-8"):

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ColibriError
 from .toolchain import missing_emulator
+from ..errors import ColibriError
 
 
 @dataclass

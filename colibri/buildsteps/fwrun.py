@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ColibriError
-from ..sampling import SampleParams
 from . import emulate
+from ..errors import ColibriError
+from ..text.sampling import SampleParams
 
 
 def sampling_from_args(args: dict) -> SampleParams:

@@ -1,4 +1,4 @@
-"""Golden logits from the numpy reference (colibri/reference.py, never the
+"""Golden logits from the numpy reference (colibri/model/reference.py, never the
 C code) and the comparison of a target's logits with them.
 
 Tolerances, per quantisation of the model file (docs/FORMAT.md 5 and
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import blocks
-from .. import format as cformat
-from ..reference import Reference
+from ..file import blocks
+from ..file import format as cformat
+from ..model.reference import Reference
 
 # Worst logit error relative to the row scale. "q4" (a file holding block
 # types): the block products are exact integer sums in both C and numpy, but
@@ -46,7 +46,7 @@ def quantisation(model) -> str:
 def decoder_prompt(model, prompt) -> list[int]:
     """The tokens the decoder is prefilled with: the prompt itself, or for an
     encoder-decoder (the prompt is the encoder's input) its start token."""
-    from .. import format as cformat
+    from ..file import format as cformat
     cf = cformat.read_file(model, check_crc=False) if not hasattr(model, "desc") else model
     if cf.desc.has(cformat.Feat.ENC_DEC):
         return [cf.desc.decoder_start]
@@ -61,10 +61,10 @@ def reference_rows(model, prompt, fed_tokens, kv: str = "f32") -> np.ndarray:
     encodes `prompt` and prefills the decoder with its start token: [1 +
     len(fed_tokens), vocab]. kv: the KV cache the target ran with ("i8":
     the reference quantises its cache as the C runtime does)."""
-    from .. import format as cformat
+    from ..file import format as cformat
     cf = cformat.read_file(model)
     if cf.desc.has(cformat.Feat.ENC_DEC):
-        from ..reference_encdec import from_file
+        from ..model.reference_encdec import from_file
         ed = from_file(cf)
         ed.encode(np.asarray([prompt], dtype=np.int64))
         rows = [ed.decode([[cf.desc.decoder_start]])[0]]
@@ -132,7 +132,7 @@ def check_greedy(tokens, rows: np.ndarray, want: np.ndarray, prompt_len: int,
 def check_sampled(tokens, rows: np.ndarray, want: np.ndarray, prompt: list[int], params,
                   tolerance: float, what: str, n_text: int | None = None) -> str | None:
     """The target's sampled tokens against the numpy reference sampler
-    (colibri/sampling.py) for the same seed, step by step (step g draws
+    (colibri/text/sampling.py) for the same seed, step by step (step g draws
     counter g; the history is the prompt plus the tokens before).
 
     Two questions, so a near-tie cannot make the check flaky while a wrong
@@ -147,7 +147,7 @@ def check_sampled(tokens, rows: np.ndarray, want: np.ndarray, prompt: list[int],
        probability by a factor exp(e * scale / T), so a decision whose
        margin (relative to the total mass) is under 4 * e * scale / T may
        go either way. Returns a message or None."""
-    from ..sampling import sample
+    from ..text.sampling import sample
     history = list(prompt)
     for g, tok in enumerate(tokens):
         i = len(prompt) - 1 + g
@@ -160,7 +160,7 @@ def check_sampled(tokens, rows: np.ndarray, want: np.ndarray, prompt: list[int],
         if mine != tok and m_mine > 1e-9:
             return (f"{what}: token {g} is {tok}, but the reference sampler given the "
                     f"target's own logits chooses {mine} (margin {m_mine:.1e}): the C "
-                    "sampler and colibri/sampling.py disagree")
+                    "sampler and colibri/text/sampling.py disagree")
         theirs, m_ref = sample(ref_row, params, history, g, margin=True)
         if theirs != tok:
             scale = max(1.0, float(np.max(np.abs(want[i][np.isfinite(want[i])]))))

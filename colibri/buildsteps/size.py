@@ -16,7 +16,7 @@ Budgets (bytes, in a target's `budgets`):
 
 `measure` collects the numbers, `check_budgets` returns one actionable
 message per budget exceeded, `format_report` is what `scons size` prints.
-`model_memory` adds what the firmware's model holds (colibri/memory.py, the
+`model_memory` adds what the firmware's model holds (colibri/model/memory.py, the
 formulas held equal to the C library): in flash the model blob with its
 weights by part of the network, in RAM the static arena with its KV cache
 (per token and at max_seq_len), for the build's KV cache type.
@@ -87,7 +87,8 @@ def model_memory(blob_path: str | os.PathLike, kv: str, tables, chunk_tokens: in
     """The memory of the model file `blob_path` run with the KV cache `kv`
     from a caller's arena of chunk_tokens rows, the structs of `tables`
     (memory.Tables: the target's, blob.table_sizes_from_object)."""
-    from .. import format as cformat, memory
+    from ..file import format as cformat
+    from ..model import memory
     f = cformat.read_file(blob_path, check_crc=False)
     try:
         size = len(f._buf)
@@ -100,7 +101,7 @@ def model_memory(blob_path: str | os.PathLike, kv: str, tables, chunk_tokens: in
 
 
 def format_model_memory(m: ModelMemory) -> list[str]:
-    from ..memory import PARTS, PART_TITLES, _dtype_names
+    from ..model.memory import PARTS, PART_TITLES, _dtype_names
     lines = ["", "the firmware's model:",
              f"  flash: model blob {m.blob_bytes} B ({_human(m.blob_bytes)})",
              f"    {'part':<18}{'bytes':>12}  tensors  storage"]

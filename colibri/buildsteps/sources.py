@@ -1,6 +1,6 @@
 """The canonical lists of C sources, relative to the repository root.
 
-SConstruct and any other build script (colibri/cbuild.py) take their lists
+SConstruct and any other build script (colibri/buildsteps/cbuild.py) take their lists
 from here so a new source file is added in exactly one place.
 """
 from __future__ import annotations

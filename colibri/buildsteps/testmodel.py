@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import format as cformat
-from ..format import Kind, ModelShape
+from ..file import format as cformat
+from ..file.format import Kind, ModelShape
 
 # Small enough for qemu-ppc (about 65x slower than native) to run two
 # prompts in well under a second, big enough for real routing: 4 experts

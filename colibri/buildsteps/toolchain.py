@@ -11,8 +11,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ColibriError
 from . import sources
+from ..errors import ColibriError
 
 TRUE = ("1", "yes", "true", "on")
 FALSE = ("0", "no", "false", "off")

@@ -196,7 +196,7 @@ def convert(model_dir: Path, out: Path, quant: str, max_batch: int = 1) -> Path:
 def reference_logits(path: Path, tokens: np.ndarray):
     """Numpy reference on tokens [b, s] -> (logits [b, s, V], per layer the
     experts [b, s, top_k])."""
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     ref = Reference(path)
     logits = ref.forward(tokens, mask=None, n_past=0)
     return logits, ref.router_choices()
@@ -207,7 +207,7 @@ def reference_logits_ulp_perturbed(path: Path, tokens: np.ndarray, seed: int = 0
     part in 2^24 (about an ulp, what a different float32 summation order
     gives). A control for the C runtime comparison: how far the file's own
     arithmetic moves when nothing but rounding changes."""
-    from colibri.reference import Reference
+    from colibri.model.reference import Reference
     ref = Reference(path)
     rng = np.random.default_rng(seed)
     embed = ref.embed
@@ -288,8 +288,8 @@ def checkpoint_facts(model_dir: Path = CHECKPOINT) -> dict:
 
 
 def demo_sampling():
-    """The demo's sampling parameters (colibri.sampling.SampleParams)."""
-    from colibri.sampling import SampleParams
+    """The demo's sampling parameters (colibri.text.sampling.SampleParams)."""
+    from colibri.text.sampling import SampleParams
     return SampleParams(temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, seed=SAMPLE_SEED)
 
 
@@ -363,9 +363,9 @@ def evaluate(model_dir: Path = CHECKPOINT, write: bool = True,
                 say(f"C runtime {q}: {bpb[f'c_runtime_{q}']:.4f} bpb")
 
         say("samples")
-        from colibri.generate import generate
-        from colibri.sampling import SampleParams
-        from colibri.tokenizer import Tokenizer
+        from colibri.model.generate import generate
+        from colibri.text.sampling import SampleParams
+        from colibri.text.tokenizer import Tokenizer
         tok = Tokenizer.from_file(files["int8"])
         prompt_ids = tok.encode(PROMPT)
         sp = demo_sampling()

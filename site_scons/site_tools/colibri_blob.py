@@ -14,7 +14,7 @@ import os
 
 from colibri.buildsteps import blob, testmodel
 from colibri.errors import ColibriError
-from colibri.sampling import SampleParams
+from colibri.text.sampling import SampleParams
 
 
 def _inputs_action(target, source, env):
@@ -45,7 +45,7 @@ def ColibriFirmwareInputs(env, out_dir, model, prompts=blob.DEFAULT_PROMPTS,
     """prompts: token-id tuples the firmware runs (when `text` is empty);
     text: a text prompt (tokenised on the device when the model has a
     tokenizer); n_generate: tokens chosen after each; sampling: a
-    colibri.sampling.SampleParams (default greedy); kv: the KV cache, "f32"
+    colibri.text.sampling.SampleParams (default greedy); kv: the KV cache, "f32"
     or "i8"; tables_obj: the compiled firmware/arena_tables.c (None: the
     bound memory.tables_bound gives)."""
     out = env.Dir(out_dir)
@@ -61,7 +61,7 @@ def ColibriFirmwareInputs(env, out_dir, model, prompts=blob.DEFAULT_PROMPTS,
     # Regenerate when the generator, the prompts, the sampling or the
     # target's byte order/pointer size change.
     env.Depends(nodes, [env.File("#colibri/buildsteps/blob.py"),
-                        env.File("#colibri/memory.py"),
+                        env.File("#colibri/model/memory.py"),
                         env.Value((env["COLIBRI_TARGET"].byte_order,
                                    env["COLIBRI_TARGET"].pointer_bytes, prompts, n_generate,
                                    text, sampling, kv))])

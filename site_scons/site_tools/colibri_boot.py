@@ -7,7 +7,7 @@
   env.ColibriBootCheck(alias, [boot, corpus, flash, img], key=)
                                                   the QEMU matrix (bootloader.boot_check)
 
-Their actions call colibri.buildsteps.bootloader and colibri.update_agent, so
+Their actions call colibri.buildsteps.bootloader and colibri.device.update_agent, so
 tests/test_boot_qemu.py exercises the same functions without SCons.
 """
 from pathlib import Path
@@ -15,9 +15,9 @@ from pathlib import Path
 import SCons.Errors
 from SCons.Action import Action
 
-from colibri import image as I
-from colibri import keys
-from colibri import update_agent as U
+from colibri.device import image as I
+from colibri.device import keys
+from colibri.device import update_agent as U
 from colibri.buildsteps import bootloader as BL
 from colibri.errors import ColibriError
 

@@ -2,12 +2,12 @@
 
 env.ColibriImage(img, firmware_elf, version=, key=, security_counter=0,
                  slot_size=None)
-    signs the firmware into `img` with colibri.image.pack_file (the model is
+    signs the firmware into `img` with colibri.device.image.pack_file (the model is
     taken from the ELF's .colibri_model section). slot_size defaults to the
     target's `image` budget (targets/<name>.py), so an image that would not fit
     its flash slot fails the build.
 env.ColibriOta(pkg, img, key=)
-    bundles the image into a signed OTA package (colibri.ota.pack_files).
+    bundles the image into a signed OTA package (colibri.device.ota.pack_files).
 
 The actions are plain calls into the colibri package; errors (a missing key,
 a bad version string, an image over the slot) stop the build with the
@@ -26,8 +26,8 @@ import os
 import SCons.Errors
 from SCons.Action import Action
 
-from colibri import image as fwimage
-from colibri import ota as fwota
+from colibri.device import image as fwimage
+from colibri.device import ota as fwota
 from colibri.errors import ColibriError
 
 

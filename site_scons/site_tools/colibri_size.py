@@ -44,7 +44,7 @@ def ColibriSizeReport(env, report, sources, model=None, kv="f32"):
     t = env["COLIBRI_TARGET"]
     env.Depends(nodes, [env.Value(sorted(t.budgets.items())), env.Value(kv),
                         env.File("#colibri/buildsteps/size.py"),
-                        env.File("#colibri/memory.py")])
+                        env.File("#colibri/model/memory.py")])
     return nodes
 
 

@@ -1,0 +1,395 @@
+"""Quantisers for the block types (colibri/file/blocks.py): float weights [rows,
+cols] -> blocks [rows, nb]. Not part of the format: any block is valid and
+the runtime computes what the block says; these choose good blocks.
+
+The searches are llama.cpp's (ggml-quants.c, read for the algorithm and
+rewritten here vectorised over all sub-blocks at once):
+
+- Q4_K: make_qkx3_quants per sub-block of 32 (affine x ~ s*q - m, q in
+  0..15: a sweep of candidate inverse scales, each followed by a weighted
+  least-squares fit of (s, m)), then make_qp_quants for the block's 8 scales
+  and 8 mins (6 bits each, a sweep of candidate super-scales plus a
+  coordinate refinement of the 6-bit values, weighted by the sub-block's
+  total weight).
+- Q6_K: make_qx_quants per sub-block of 16 (symmetric x ~ s*q, q in
+  -32..31, a sweep of 19 candidate inverse scales, least-squares s), then the
+  16 scales to int8 against d = max|s| / -128.
+- Q4_0: make_qx_quants per block of 32 (q in -8..7).
+
+Weights of the squared error per column: with an importance matrix
+(`importance`, float [cols] >= 0: the mean squared activation each column
+sees, colibri/model/imatrix.py) llama.cpp's quantize_row_*_impl choices: imp *
+sqrt(sigma2 + x^2), sigma2 the mean x^2 of the row (Q4_0) or twice that of
+the block (Q4_K), and imp itself for Q6_K. Without one, the same with imp = 1
+on every column: llama.cpp's reference quantisers use other heuristics
+there (Q4_K: rms(sub-block) + |x|; Q6_K: x^2; Q4_0: no search at all), and
+on Gaussian and Student-t weights these give a larger RMS error than the
+uniform importance does (tests/test_kquants.py measures both).
+
+Two things differ from llama.cpp, both because our super-block scales d and
+dmin are float32 (FORMAT.md 4 allows any float32; llama.cpp rounds them to
+fp16): we do NOT round d to fp16 (it would only add error: the kernels read
+float32), and once the integer scales are fixed we refit d (and dmin) by
+weighted least squares and re-round the values -- a free gain that fp16
+storage would mostly waste. The error can only go down at each refit step
+(nearest rounding is optimal per element for fixed scales).
+
+Rows are zero-padded to whole blocks (FORMAT.md 4: the writer quantises zeros
+past `cols`); padded columns get weight 0 (their activations are 0).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import blocks as B
+from ..errors import ColibriError
+
+# Below this a group is all zero (llama.cpp GROUP_MAX_EPS).
+GROUP_MAX_EPS = np.float32(1e-15)
+# Importance is floored at this fraction of the row's mean so that a column
+# no calibration token reached still counts a little (llama.cpp would give it
+# weight 0 and let its value go anywhere).
+IMPORTANCE_FLOOR = 1e-3
+# Rows per chunk: about this many weights are processed at once (the
+# candidate sweeps hold a few arrays of this size).
+CHUNK_WEIGHTS = 1 << 19
+# Q4_K sub-block search: inverse scales (15 + RMIN + RDELTA*i) / (max - min),
+# i = 0..NSTEP (llama.cpp make_qkx3_quants' arguments in quantize_row_q4_K_impl).
+Q4K_RMIN, Q4K_RDELTA, Q4K_NSTEP = -0.9, 0.05, 36
+# Refits of the float32 super-scales after the integer scales are fixed.
+REFITS = 2
+
+
+# --------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------
+
+def _padded(w: np.ndarray, dtype: int) -> np.ndarray:
+    """[rows, cols] -> [rows, nb * B] float32, zeros past cols."""
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ColibriError(f"expected a 2-D weight matrix, got shape {w.shape}")
+    if not np.all(np.isfinite(w)):
+        raise ColibriError("weights contain NaN or infinity")
+    rows, cols = w.shape
+    nb = B.n_blocks(cols, dtype)
+    out = np.zeros((rows, nb * B.BLOCK_COLS[dtype]), np.float32)
+    out[:, :cols] = w
+    return out
+
+
+def _padded_importance(importance, cols: int, dtype: int) -> np.ndarray:
+    """importance [cols] (or None: all 1) -> [nb * B] float32, floored at
+    IMPORTANCE_FLOOR of its mean, zero past cols."""
+    width = B.n_blocks(cols, dtype) * B.BLOCK_COLS[dtype]
+    out = np.zeros(width, np.float32)
+    imp = np.ones(cols, np.float32) if importance is None else \
+        np.asarray(importance, dtype=np.float32).reshape(-1)
+    if imp.shape[0] != cols or not np.all(np.isfinite(imp)) or np.any(imp < 0):
+        raise ColibriError(f"importance must be {cols} finite values >= 0")
+    mean = float(imp.mean()) if cols else 0.0
+    if mean <= 0:
+        imp = np.ones(cols, np.float32)     # no information: as without importance
+        mean = 1.0
+    out[:cols] = np.maximum(imp, np.float32(IMPORTANCE_FLOOR * mean))
+    return out
+
+
+def _row_chunks(rows: int, width: int):
+    step = max(1, CHUNK_WEIGHTS // max(width, 1))
+    for r0 in range(0, rows, step):
+        yield slice(r0, min(rows, r0 + step))
+
+
+def _safe_div(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b != 0, a / np.where(b != 0, b, 1), 0).astype(np.float32)
+
+
+# --------------------------------------------------------------------------
+# The searches (llama.cpp ggml-quants.c), vectorised over the leading axes
+# --------------------------------------------------------------------------
+
+def make_qx_quants(x: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric groups x [..., n] ~ scale * l, l in -nmax..nmax-1, minimising
+    sum w (x - scale l)^2 over 19 candidate inverse scales -(nmax + 0.1 i) /
+    xmax (xmax the value of largest magnitude, i = -9..9), each with its
+    least-squares scale. Returns (scale [...], l [..., n] int8)."""
+    idx = np.argmax(np.abs(x), axis=-1)
+    xmax = np.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
+    zero = np.abs(xmax) < GROUP_MAX_EPS
+    xmax = np.where(zero, np.float32(1), xmax).astype(np.float32)
+
+    def candidate(i):
+        iscale = (np.float32(-(nmax + 0.1 * i)) / xmax)[..., None]
+        l = np.clip(np.rint(iscale * x), -nmax, nmax - 1)
+        wl = w * l
+        return l, (wl * x).sum(-1), (wl * l).sum(-1)
+
+    best_l, sumlx, suml2 = candidate(0)
+    scale = _safe_div(sumlx, suml2)
+    best = scale * sumlx                      # = sumlx^2 / suml2, the error decrease
+    for i in range(-9, 10):
+        if i == 0:
+            continue
+        l, slx, sl2 = candidate(i)
+        better = (sl2 > 0) & (slx * slx > best * sl2)
+        best_l = np.where(better[..., None], l, best_l)
+        scale = np.where(better, _safe_div(slx, sl2), scale)
+        best = scale * np.where(better, slx, sumlx)
+        sumlx = np.where(better, slx, sumlx)
+    scale = np.where(zero, 0, scale).astype(np.float32)
+    best_l = np.where(zero[..., None], 0, best_l)
+    return scale, best_l.astype(np.int8)
+
+
+def make_qkx_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
+                    nstep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Affine groups x [..., n] ~ scale * l - mn, l in 0..nmax, mn >= 0:
+    llama.cpp make_qkx2/3_quants. Start from the range (min(x, 0), max(x)),
+    then for inverse scales (nmax + rmin + rdelta i) / range, i = 0..nstep,
+    round, fit (scale, -mn) by weighted least squares (mn forced to 0 when
+    the fit wants it negative), keep the lowest weighted squared error.
+    Returns (scale [...], mn [...], l [..., n] uint8)."""
+    lo = np.minimum(x.min(axis=-1), 0)
+    hi = x.max(axis=-1)
+    rng = (hi - lo).astype(np.float32)
+    flat = rng <= 0
+    rng = np.where(flat, np.float32(1), rng)
+    sum_w = w.sum(-1)
+    sum_x = (w * x).sum(-1)
+
+    def err(scale, the_min, l):
+        return (w * (scale[..., None] * l + the_min[..., None] - x) ** 2).sum(-1)
+
+    best_l = np.clip(np.rint((x - lo[..., None]) * (np.float32(nmax) / rng)[..., None]), 0, nmax)
+    scale = (rng / np.float32(nmax)).astype(np.float32)
+    the_min = lo.astype(np.float32)           # x ~ scale * l + the_min, the_min <= 0
+    best = err(scale, the_min, best_l)
+    for i in range(nstep + 1):
+        # As llama.cpp, the range and offset of each candidate start from
+        # the best min found so far, not the first one.
+        span = np.where(flat, np.float32(1), hi - the_min).astype(np.float32)
+        iscale = (np.float32(rmin + rdelta * i + nmax) / span)[..., None]
+        l = np.clip(np.rint(iscale * (x - the_min[..., None])), 0, nmax)
+        wl = w * l
+        sum_l, sum_l2, sum_xl = wl.sum(-1), (wl * l).sum(-1), (wl * x).sum(-1)
+        det = sum_w * sum_l2 - sum_l * sum_l
+        s = _safe_div(sum_w * sum_xl - sum_x * sum_l, det)
+        m = _safe_div(sum_l2 * sum_x - sum_l * sum_xl, det)
+        pos = m > 0                            # the min must stay <= 0
+        s = np.where(pos, _safe_div(sum_xl, sum_l2), s)
+        m = np.where(pos, 0, m).astype(np.float32)
+        e = err(s, m, l)
+        better = (det > 0) & (e < best)
+        best_l = np.where(better[..., None], l, best_l)
+        scale = np.where(better, s, scale)
+        the_min = np.where(better, m, the_min)
+        best = np.where(better, e, best)
+    scale = np.where(flat, 0, scale).astype(np.float32)
+    best_l = np.where(flat[..., None], 0, best_l)
+    return scale, (-the_min).astype(np.float32), best_l.astype(np.uint8)
+
+
+def make_qp_quants(x: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative values x [..., n] (the sub-block scales or mins) ~ d * l,
+    l in 0..nmax: llama.cpp make_qp_quants. Candidate d = xmax / (nmax + 0.1
+    i), i = -4..4, by weighted error; then up to 5 passes of coordinate
+    descent moving each l to its best value for the others' fit. Returns
+    (d [...], l [..., n] int32)."""
+    x = np.maximum(x, 0).astype(np.float32)
+    xmax = x.max(axis=-1)
+    zero = xmax < GROUP_MAX_EPS
+    xmax = np.where(zero, np.float32(1), xmax).astype(np.float32)
+
+    def mse(iscale):
+        l = np.minimum(nmax, np.rint(iscale[..., None] * x))
+        return (w * (x - l / iscale[..., None]) ** 2).sum(-1)
+
+    iscale = (np.float32(nmax) / xmax).astype(np.float32)
+    best = mse(iscale)
+    for i in range(-4, 5):
+        if i == 0:
+            continue
+        cand = (np.float32(0.1 * i + nmax) / xmax).astype(np.float32)
+        e = mse(cand)
+        better = e < best
+        iscale = np.where(better, cand, iscale)
+        best = np.where(better, e, best)
+    l = np.minimum(nmax, np.rint(iscale[..., None] * x))
+    sumlx = (w * x * l).sum(-1)
+    suml2 = (w * l * l).sum(-1)
+    n = x.shape[-1]
+    for _ in range(5):
+        changed = np.zeros(x.shape[:-1], bool)
+        for i in range(n):
+            wi, xi, li = w[..., i], x[..., i], l[..., i]
+            slx = sumlx - wi * xi * li
+            sl2 = suml2 - wi * li * li
+            ok = (slx > 0) & (sl2 > 0)
+            new = np.minimum(nmax, np.rint(xi * _safe_div(sl2, slx)))
+            slx2 = slx + wi * xi * new
+            sl22 = sl2 + wi * new * new
+            take = ok & (new != li) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            l[..., i] = np.where(take, new, li)
+            sumlx = np.where(take, slx2, sumlx)
+            suml2 = np.where(take, sl22, suml2)
+            changed |= take
+        if not changed.any():
+            break
+    d = np.where(zero | (suml2 <= 0), 0, _safe_div(sumlx, suml2)).astype(np.float32)
+    return d, np.where(zero[..., None], 0, l).astype(np.int32)
+
+
+# --------------------------------------------------------------------------
+# Refits of the float32 super-scales (not in llama.cpp: its d is fp16)
+# --------------------------------------------------------------------------
+
+def _refit_symmetric(x, w, unit, lo, hi, d):
+    """x [..., n] ~ d[...] * unit[..., n] * q, q in lo..hi integers: alternate
+    nearest rounding of q and the weighted least-squares d, keeping d where
+    the error does not go down. Returns (d, q)."""
+    def rounded(dd):
+        step = dd[..., None] * unit
+        return np.clip(np.rint(_safe_div(x, step)), lo, hi)
+
+    def err(dd, q):
+        return (w * (x - dd[..., None] * unit * q) ** 2).sum(-1)
+
+    q = rounded(d)
+    e = err(d, q)
+    for _ in range(REFITS):
+        a = unit * q
+        d2 = _safe_div((w * a * x).sum(-1), (w * a * a).sum(-1))
+        q2 = rounded(d2)
+        e2 = err(d2, q2)
+        better = (e2 < e) & (d2 != 0)
+        d = np.where(better, d2, d).astype(np.float32)
+        q = np.where(better[..., None], q2, q)
+        e = np.where(better, e2, e)
+    return d, q
+
+
+def _refit_affine(x, w, sc, m, d, dmin):
+    """x [..., n] ~ d * sc * q - dmin * m, q in 0..15 (sc, m [..., n] the
+    integer scale and min of each value's sub-block): alternate nearest
+    rounding of q and the weighted least-squares (d, dmin) >= 0. Returns
+    (d, dmin, q)."""
+    def rounded(dd, dm):
+        step = dd[..., None] * sc
+        return np.clip(np.rint(_safe_div(x + dm[..., None] * m, step)), 0, 15)
+
+    def err(dd, dm, q):
+        return (w * (x - (dd[..., None] * sc * q - dm[..., None] * m)) ** 2).sum(-1)
+
+    q = rounded(d, dmin)
+    e = err(d, dmin, q)
+    for _ in range(REFITS):
+        a = sc * q
+        saa, sab, sbb = (w * a * a).sum(-1), (w * a * m).sum(-1), (w * m * m).sum(-1)
+        sax, sbx = (w * a * x).sum(-1), (w * m * x).sum(-1)
+        det = saa * sbb - sab * sab
+        # x ~ d a - dmin b: normal equations [saa -sab; -sab sbb] [d dmin] = [sax -sbx]
+        d2 = _safe_div(sax * sbb - sab * sbx, det)
+        m2 = _safe_div(sab * sax - saa * sbx, det)
+        no_min = (det <= 0) | (m2 < 0)         # fit without the mins
+        d2 = np.where(no_min, _safe_div(sax + dmin * sab, saa), d2)
+        m2 = np.where(no_min, dmin, m2)
+        q2 = rounded(d2, m2)
+        e2 = err(d2, m2, q2)
+        better = (e2 < e) & (d2 > 0)
+        d = np.where(better, d2, d).astype(np.float32)
+        dmin = np.where(better, m2, dmin).astype(np.float32)
+        q = np.where(better[..., None], q2, q)
+        e = np.where(better, e2, e)
+    return d, dmin, q
+
+
+# --------------------------------------------------------------------------
+# The three block types
+# --------------------------------------------------------------------------
+
+def quantize_q4_0(w: np.ndarray, importance=None) -> np.ndarray:
+    """Q4_0: per block of 32, x ~ d (q - 8), q in 0..15."""
+    x = _padded(w, B.Q4_0)
+    rows, width = x.shape
+    imp = _padded_importance(importance, np.shape(w)[1], B.Q4_0)
+    out = np.zeros((rows, width // 32), B.BLOCK_DTYPES[B.Q4_0])
+    for rs in _row_chunks(rows, width):
+        xc = x[rs]
+        sigma2 = (xc * xc).sum(-1, keepdims=True) / np.float32(np.shape(w)[1])
+        wt = imp * np.sqrt(sigma2 + xc * xc)
+        xb, wb = xc.reshape(-1, width // 32, 32), wt.reshape(-1, width // 32, 32)
+        d, l = make_qx_quants(xb, wb, 8)
+        d, q = _refit_symmetric(xb, wb, np.float32(1), -8, 7, d)
+        out["d"][rs] = d
+        B.pack_values(out[rs], B.Q4_0, q + 8)
+    return out
+
+
+def quantize_q4_k(w: np.ndarray, importance=None) -> np.ndarray:
+    """Q4_K: per sub-block of 32 x ~ s q - m (q in 0..15), s = d sc, m =
+    dmin mn with the 8 sc and 8 mn of a block of 256 6-bit integers."""
+    x = _padded(w, B.Q4_K)
+    rows, width = x.shape
+    nb = width // 256
+    imp = _padded_importance(importance, np.shape(w)[1], B.Q4_K)
+    out = np.zeros((rows, nb), B.BLOCK_DTYPES[B.Q4_K])
+    for rs in _row_chunks(rows, width):
+        xc = x[rs]
+        xs = xc.reshape(-1, nb, 8, 32)
+        sigma2 = 2 * (xs * xs).mean(axis=(-1, -2), keepdims=True)
+        wt = imp.reshape(nb, 8, 32) * np.sqrt(sigma2 + xs * xs)
+        scale, mins, _ = make_qkx_quants(xs, wt, 15, Q4K_RMIN, Q4K_RDELTA, Q4K_NSTEP)
+        sw = wt.sum(-1)                                           # [r, nb, 8]
+        d, sc = make_qp_quants(scale, sw, 63)
+        dmin, mn = make_qp_quants(mins, sw, 63)
+        scf = np.repeat(sc.astype(np.float32), 32, axis=-1)       # [r, nb, 256]
+        mnf = np.repeat(mn.astype(np.float32), 32, axis=-1)
+        d, dmin, q = _refit_affine(xs.reshape(-1, nb, 256), wt.reshape(-1, nb, 256),
+                                   scf, mnf, d, dmin)
+        blk = out[rs]
+        blk["d"] = d
+        blk["dmin"] = dmin
+        blk["scales"] = B.pack_q4k_scales(sc, mn)
+        B.pack_values(blk, B.Q4_K, q)
+        out[rs] = blk
+    return out
+
+
+def quantize_q6_k(w: np.ndarray, importance=None) -> np.ndarray:
+    """Q6_K: per sub-block of 16 x ~ d sc (q - 32), q in 0..63, the 16 sc of
+    a block of 256 int8."""
+    x = _padded(w, B.Q6_K)
+    rows, width = x.shape
+    nb = width // 256
+    imp = _padded_importance(importance, np.shape(w)[1], B.Q6_K)
+    out = np.zeros((rows, nb), B.BLOCK_DTYPES[B.Q6_K])
+    for rs in _row_chunks(rows, width):
+        xc = x[rs]
+        xs = xc.reshape(-1, nb, 16, 16)
+        wt = np.broadcast_to(imp.reshape(nb, 16, 16), xs.shape)
+        scale, _ = make_qx_quants(xs, wt, 32)                     # [r, nb, 16]
+        idx = np.argmax(np.abs(scale), axis=-1)
+        smax = np.take_along_axis(scale, idx[..., None], axis=-1)[..., 0]
+        zero = np.abs(smax) < GROUP_MAX_EPS
+        iscale = _safe_div(np.float32(-128), np.where(zero, 1, smax))
+        sc = np.clip(np.rint(iscale[..., None] * scale), -128, 127)
+        d = np.where(zero, 0, _safe_div(np.float32(1), iscale)).astype(np.float32)
+        d, q = _refit_symmetric(xs.reshape(-1, nb, 256), wt.reshape(-1, nb, 256),
+                                np.repeat(sc.astype(np.float32), 16, axis=-1), -32, 31, d)
+        blk = out[rs]
+        blk["d"] = d
+        blk["scales"] = np.where(zero[..., None], 0, sc).astype(np.int8)
+        B.pack_values(blk, B.Q6_K, np.where(zero[..., None], 0, q) + 32)
+        out[rs] = blk
+    return out
+
+
+QUANTIZERS = {B.Q4_0: quantize_q4_0, B.Q4_K: quantize_q4_k, B.Q6_K: quantize_q6_k}
+
+
+def quantize(w: np.ndarray, dtype: int, importance=None) -> np.ndarray:
+    """Blocks [rows, nb] of `dtype` for weights w [rows, cols]; `importance`
+    [cols] (optional) the mean squared activation of each column."""
+    return QUANTIZERS[int(dtype)](w, importance)

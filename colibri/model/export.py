@@ -1,0 +1,133 @@
+"""What every exporter shares (the Hugging Face one, colibri/model/convert.py;
+the encoder-decoder one, convert_encdec.py; the GGUF one, convert_gguf.py):
+the `--quant` presets and the per-kind storage-type options, the header's
+shape from a config, the output file's check and the optional tokenizer
+section.
+
+Imports: errors, file.format, model.hf (the config it reads), text.tokenizer.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import hf
+from ..errors import ColibriError, ConversionError
+from ..file import format as fmt
+from ..file.format import DType, Kind
+from ..text import tokenizer as tk
+
+# Default KV-cache length when --max-seq-len is not given: the model's
+# max_position_embeddings, capped here (a 32k-token cache of Mixtral 8x7B is
+# 4 GiB of float32 KV per sequence, too much for the devices colibri targets)
+# and by the sliding window (beyond it Mixtral's attention differs from ours).
+DEFAULT_MAX_SEQ_CAP = 4096
+
+# User-facing storage-type names per option -> DType. Norms are always F32.
+BLOCK_CHOICES = {"q4_0": DType.Q4_0, "q4_k": DType.Q4_K, "q6_k": DType.Q6_K}
+QUANT_CHOICES = {
+    "router": ({"f32": DType.F32, "int16": DType.I16_ROW}, (Kind.ROUTER,)),
+    "experts": ({"f32": DType.F32, "int8": DType.I8_GROUP, **BLOCK_CHOICES},
+                (*fmt.EXPERT_KINDS, *fmt.SHARED_KINDS, *fmt.DENSE_KINDS)),
+    "attention": ({"f32": DType.F32, "int8": DType.I8_GROUP, **BLOCK_CHOICES},
+                  (Kind.WQ, Kind.WK, Kind.WV, Kind.WO)),
+    "embedding": ({"f32": DType.F32, "int16": DType.I16_ROW, **BLOCK_CHOICES},
+                  (Kind.EMBED,)),
+    "lm_head": ({"f32": DType.F32, "int8": DType.I8_GROUP, **BLOCK_CHOICES},
+                (Kind.LM_HEAD,)),
+}
+PRESETS = {"f32": fmt.PRESET_F32, "int8": fmt.PRESET_INT8, "q4": fmt.PRESET_Q4}
+
+
+def dtype_for(option: str, value: str) -> DType:
+    """The storage type option `option` (router, experts, ...) names `value`."""
+    choices, _ = QUANT_CHOICES[option]
+    if value not in choices:
+        raise ConversionError(f"quantize_{option} = {value!r}: choose one of "
+                              f"{', '.join(choices)}")
+    return choices[value]
+
+
+def preset_dtypes(quant: str, **overrides: str | None) -> dict[Kind, DType]:
+    """The storage type of each kind: the `quant` preset (f32, int8, q4) with
+    the per-option overrides (router=..., experts=...: QUANT_CHOICES's
+    names) applied."""
+    if quant not in PRESETS:
+        raise ConversionError(f"quant = {quant!r}: choose f32, int8 or q4")
+    dtypes = dict(PRESETS[quant])
+    for option, value in overrides.items():
+        if value is not None:
+            for kind in QUANT_CHOICES[option][1]:
+                dtypes[kind] = dtype_for(option, value)
+    return dtypes
+
+
+def output_path(out) -> Path:
+    """The output file an export writes, checked before any work: given,
+    and in a directory that exists."""
+    if out is None:
+        raise ConversionError("no output file: pass output= or -o OUT.colibri")
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise ConversionError(f"output directory {out.parent} does not exist")
+    return out
+
+
+def tokenizer_sections(spec, byte_order: str) -> list:
+    """The optional sections of an export: the tokenizer, packed in the
+    file's byte order, when there is one."""
+    if spec is None:
+        return []
+    return [(tk.KIND_TOKENIZER, tk.pack_section(spec, byte_order))]
+
+
+def shape_and_desc(c: hf.HFConfig, num_experts, top_k, max_seq_len, max_batch: int,
+                   group_size: int) -> tuple[fmt.ModelShape, fmt.Description | None]:
+    """The header's shape and the resolved description of converting config
+    `c` with these options (None: the checkpoint's own / colibri's
+    default); the writer stores Description.default(shape), Mixtral's
+    computation, as a version 1 file. Raises ConversionError."""
+    if num_experts is not None and num_experts != c.n_experts:
+        raise ConversionError(
+            f"num_experts = {num_experts}, but config.json has num_local_experts = "
+            f"{c.n_experts} (the routers have {c.n_experts} rows): colibri converts "
+            f"every expert; omit --num-experts or pass {c.n_experts}")
+    if top_k is None:
+        top_k = c.top_k
+        if top_k > c.n_experts:
+            raise ConversionError(
+                f"config.json: num_experts_per_tok = {top_k} exceeds num_local_experts "
+                f"= {c.n_experts}")
+    elif not 1 <= top_k <= c.n_experts:
+        raise ConversionError(f"top_k = {top_k} must be between 1 and the number of "
+                              f"experts, {c.n_experts}")
+    limit = min(c.max_position_embeddings, DEFAULT_MAX_SEQ_CAP)
+    if c.sliding_window is not None:
+        limit = min(limit, c.sliding_window)
+    if max_seq_len is None:
+        max_seq_len = limit
+    elif max_seq_len < 1:
+        raise ConversionError(f"max_seq_len = {max_seq_len} must be at least 1")
+    elif c.sliding_window is not None and max_seq_len > c.sliding_window:
+        raise ConversionError(
+            f"max_seq_len = {max_seq_len} exceeds the model's sliding_window = "
+            f"{c.sliding_window}; colibri's attention has no sliding window, so pass "
+            f"--max-seq-len {c.sliding_window} or less")
+    if not 1 <= max_batch <= fmt.U16_MAX:
+        raise ConversionError(f"max_batch = {max_batch} must be between 1 and {fmt.U16_MAX}")
+    if not 1 <= group_size <= fmt.U16_MAX:
+        raise ConversionError(f"group_size = {group_size} must be between 1 and "
+                              f"{fmt.U16_MAX}")
+    shape = fmt.ModelShape(
+        vocab=c.vocab, hidden=c.hidden, intermediate=c.intermediate,
+        max_seq_len=max_seq_len, n_layers=c.n_layers, n_heads=c.n_heads,
+        n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, n_experts=c.n_experts,
+        top_k=top_k, max_batch=max_batch, group_size=group_size,
+        rope_theta=c.rope_theta, rms_eps=c.rms_eps)
+    try:
+        shape.validate()
+        desc = c.desc or fmt.Description()
+        desc.validate(shape)
+    except ColibriError as exc:
+        raise ConversionError(f"this model does not fit the .colibri header: {exc}") from exc
+    # None: Mixtral's computation, a version 1 file.
+    return shape, desc.resolved(shape)

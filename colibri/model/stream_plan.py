@@ -1,0 +1,111 @@
+"""`colibri plan FILE --ram SIZE`: what a streamed instance of a model holds
+and reads (docs/STREAMING.md), computed by the C runtime itself (the
+binding opens the model streamed: only the resident sections are read).
+
+It prints what stays resident (by part), the arena (KV cache included), the
+expert slots the budget gives and their share of the file's experts, the
+bytes a token would read with uniform random routing, and, with --tokens,
+what a greedy run of those tokens actually reads under each slot policy
+(the same logits either way: only the reads differ).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import errors, runtime
+
+PART_LABELS = {"embed": "embedding", "attn": "attention", "router": "router",
+               "ffn": "shared/dense FFN", "norms": "norms", "lm_head": "LM head",
+               "other": "other sections (desc, tokenizer)"}
+
+
+def plan(path, ram=None, slots=None, kv="f32", library=None) -> dict:
+    """The plan of `path` under a budget (or a slot count), as a dict."""
+    with runtime.Model(path, ram=ram, slots=slots, kv=kv, library=library) as m:
+        info, st, wb = m.info, m.stream_stats(), m.weight_bytes()
+    s = info.shape
+    out = {"file_bytes": info.file_size, "load": info.load_mode,
+           "arena_bytes": info.arena_bytes, "kv_bytes": info.kv_bytes,
+           "resident": {k: wb[k][0] for k in PART_LABELS}, **st}
+    # (bytes, dtypes, tensors) per part; a streamed file's experts are SwiGLU
+    # (W1, W3, W2: encoder-decoders do not stream)
+    n_experts = wb["experts"][2] // 3
+    moe_layers = n_experts // s.n_experts if s.n_experts else 0
+    out.update(n_experts=n_experts, moe_layers=moe_layers, top_k=s.top_k,
+               expert_bytes=wb["experts"][0] / max(n_experts, 1))
+    held = min(1.0, st["slots"] / n_experts) if st["slots"] and n_experts else 1.0
+    # Uniform random routing: a use hits with the share of experts held.
+    out["uniform_bytes_per_token"] = moe_layers * s.top_k * (1 - held) * out["expert_bytes"]
+    out["held"] = held
+    return out
+
+
+def measure(path, tokens: list[int], steps: int, ram=None, slots=None,
+            library=None) -> dict:
+    """A greedy run of `tokens` then `steps` decode steps under each policy:
+    hits, reads and bytes per token (the logits are the same bits)."""
+    res = {}
+    for policy in runtime.SLOT_POLICIES:
+        with runtime.Model(path, ram=ram, slots=slots, policy=policy, library=library) as m:
+            logits = m.infer([tokens])
+            nxt = int(np.argmax(logits[0, -1]))
+            for i in range(steps):
+                logits = m.infer([[nxt]], n_past=len(tokens) + i)
+                nxt = int(np.argmax(logits[0, -1]))
+            st = m.stream_stats()
+        uses = st["hits"] + st["misses"]
+        res[policy] = {"hit_rate": st["hits"] / uses if uses else 1.0,
+                       "bytes_per_token": st["bytes_read"] / (len(tokens) + steps),
+                       "reads": st["misses"]}
+    return res
+
+
+def _mb(n: float) -> str:
+    """Bytes in the unit that shows them: 12.3 MB, 45.6 KB, 789 B."""
+    return (f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB" if n >= 1e6
+            else f"{n / 1e3:,.1f} KB" if n >= 1e3 else f"{n:.0f} B")
+
+
+def cmd_plan(args) -> int:
+    if args.ram is None and args.slots is None:
+        raise errors.ConversionError("colibri plan: give --ram SIZE or --slots N")
+    p = plan(args.model, ram=args.ram, slots=args.slots, kv=args.kv)
+    print(f"{args.model}: {_mb(p['file_bytes'])}, {p['n_experts']} routed experts of "
+          f"{_mb(p['expert_bytes'])} in {p['moe_layers']} layers, top-{p['top_k']}")
+    if p["load"] != "stream":
+        print(f"the budget holds the whole model: loaded all-resident ({p['load']}), "
+              f"arena {_mb(p['arena_bytes'])}, nothing read during infer")
+        return 0
+    res = p["resident"]
+    print(f"resident weights: {_mb(p['resident_bytes'])}")
+    for key, label in PART_LABELS.items():
+        if res[key]:
+            print(f"  {label}: {_mb(res[key])}")
+    print(f"arena (all the instance holds): {_mb(p['arena_bytes'])}, of which KV cache "
+          f"{_mb(p['kv_bytes'])}")
+    print(f"expert slots: {p['slots']} of {_mb(p['slot_bytes'])} (about "
+          f"{p['slots'] / max(p['moe_layers'], 1):.1f} per MoE layer; {p['held']:.0%} of the "
+          f"experts), policy {p['policy']}")
+    print(f"reads per token, uniform random routing: {_mb(p['uniform_bytes_per_token'])} "
+          f"({p['moe_layers'] * p['top_k'] * (1 - p['held']):.1f} experts)")
+    if args.tokens:
+        ids = [int(t) for t in args.tokens.split(",")]
+        for policy, r in measure(args.model, ids, args.steps, ram=args.ram,
+                                 slots=args.slots).items():
+            print(f"measured, {len(ids)} tokens + {args.steps} greedy steps, policy "
+                  f"{policy}: hit rate {r['hit_rate']:.1%}, {_mb(r['bytes_per_token'])} "
+                  f"read per token ({r['reads']} reads)")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="what a streamed model holds resident and reads "
+                       "within a memory budget (docs/STREAMING.md)")
+    p.add_argument("model", help="a .colibri file")
+    p.add_argument("--ram", help="the budget: bytes, or 512M, 2G")
+    p.add_argument("--slots", type=int, help="expert slots instead of a budget")
+    p.add_argument("--kv", default="f32", choices=sorted(runtime.KV_DTYPES))
+    p.add_argument("--tokens", help="comma-separated ids: also run them greedily and "
+                   "measure the reads under each policy")
+    p.add_argument("--steps", type=int, default=16, help="greedy steps after --tokens")
+    p.set_defaults(func=cmd_plan)
