@@ -98,12 +98,19 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
 
 #ifndef COLIBRI_STATIC_WORKBUF
 /* The library's own reader of a streamed instance's file: pread, and for
- * expert reads (block-aligned offset and buffer) O_DIRECT where the file
- * system takes it, so experts do not also fill the page cache a memory
- * budget charges for (a cgroup counts it). Time inside it goes to ns. */
+ * expert reads O_DIRECT where the file system takes it, so experts do not
+ * also fill the page cache a memory budget charges for (a cgroup counts
+ * it). Time inside it goes to ns.
+ * Its alignment contract with stream.c (align CLB_DIRECT_ALIGN): a read of
+ * whole blocks (offset, length and buffer multiples of the block) may reach
+ * past the end of the file, which its last block holds; any other read is
+ * exact and goes through the page cache. Only whole-block reads go direct:
+ * the header, the prefix and the resident sections land in buffers sized
+ * to the byte, which may still happen to start on a block boundary. */
 #define CLB_DIRECT_ALIGN 4096u
 typedef struct file_reader {
     int fd, fd_direct;   /* fd_direct -1: none (or refused) */
+    uint64_t size;       /* of the file, when opened */
     uint64_t ns;
 } file_reader;
 
@@ -131,8 +138,8 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* n bytes at off with fd, or up to the end of the file when at_least is
- * below n (an aligned read's last block); -1 on error or a short file. */
+/* n bytes at off with fd, or at least at_least of them when the file ends
+ * first (a whole-block read's last block); -1 on error or a short file. */
 static int pread_all(int fd, uint64_t off, uint8_t *dst, size_t n, size_t at_least)
 {
     size_t got = 0;
@@ -154,19 +161,23 @@ static int file_read(void *user, uint64_t off, void *dst, size_t n)
     file_reader *r = (file_reader *)user;
     uint64_t t0 = now_ns();
     int rc = -1;
-    if (r->fd_direct >= 0 && off % CLB_DIRECT_ALIGN == 0 &&
-        (uintptr_t)dst % CLB_DIRECT_ALIGN == 0) {
-        /* whole blocks: the slot has room for the rounded-up length
-         * (clb_slot_stride) */
-        size_t len = (n + CLB_DIRECT_ALIGN - 1) / CLB_DIRECT_ALIGN * CLB_DIRECT_ALIGN;
-        rc = pread_all(r->fd_direct, off, (uint8_t *)dst, len, n);
+    if (off >= r->size)
+        return -1;
+    /* a whole-block read may end past the file: what the file holds */
+    size_t need = off + n > r->size ? (size_t)(r->size - off) : n;
+    int whole = off % CLB_DIRECT_ALIGN == 0 && n % CLB_DIRECT_ALIGN == 0 &&
+                (uintptr_t)dst % CLB_DIRECT_ALIGN == 0;
+    if (!whole && need < n)
+        return -1; /* only a whole-block read may pass the end */
+    if (r->fd_direct >= 0 && whole) {
+        rc = pread_all(r->fd_direct, off, (uint8_t *)dst, n, need);
         if (rc != 0 && errno == EINVAL) { /* the file system refuses it */
             close(r->fd_direct);
             r->fd_direct = -1;
         }
     }
     if (rc != 0)
-        rc = pread_all(r->fd, off, (uint8_t *)dst, n, n);
+        rc = pread_all(r->fd, off, (uint8_t *)dst, n, need);
     r->ns += now_ns() - t0;
     return rc;
 }
@@ -735,7 +746,8 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
         clb_detail(v->detail, DETAIL_CAP, "cannot open %s", path);
         return COLIBRI_E_IO;
     }
-    colibri_reader rd = { file_read, r, (uint64_t)st.st_size };
+    r->size = (uint64_t)st.st_size;
+    colibri_reader rd = { file_read, r, r->size };
     if (o->ram && !o->slots && fits_resident(&rd, o)) {
         close_file_reader(r);
         return CLB_FITS_RESIDENT;

@@ -212,10 +212,10 @@ static int read_expert(clb_stream *st, const clb_stream_expert *x, uint32_t idx,
 {
     uint64_t a = x->off, end = x->off + x->span, b = end;
     if (st->align > 1) {
+        /* whole blocks (the slot stride has room for them); the last may
+         * pass the end of the file, which the aligned reader allows */
         a -= a % st->align;
         b = up(end, st->align);
-        if (b > st->file_size)
-            b = st->file_size; /* the reader rounds the last block itself */
     }
     uint32_t layer = idx / st->n_experts, expert = idx % st->n_experts;
     if (st->rd.read(st->rd.user, a, mem, (size_t)(b - a)) != 0) {
@@ -224,7 +224,7 @@ static int read_expert(clb_stream *st, const clb_stream_expert *x, uint32_t idx,
                    (unsigned long long)(b - a), (unsigned long long)a);
         return COLIBRI_E_IO;
     }
-    st->st.bytes_read += b - a;
+    st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
     uint8_t *first = mem + (x->off - a);
     for (uint32_t j = 0; j < x->n_mats; j++) {
         const uint8_t *en = st->table + (size_t)(x->entry + j) * COLIBRI_ENTRY_SIZE;
@@ -280,7 +280,7 @@ static int stream_acquire(const clb_plan *p, uint32_t layer, uint32_t expert,
     s->views = *meta;
     clb_weight *w[3] = { &s->views.w1, x->n_mats == 3 ? &s->views.w3 : &s->views.w2,
                          &s->views.w2 };
-    for (uint32_t j = 0; j < x->n_mats; j++) {
+    for (uint32_t j = 0; j < x->n_mats && j < 3u; j++) { /* n_mats: 2 or 3 */
         const uint8_t *en = st->table + (size_t)(x->entry + j) * COLIBRI_ENTRY_SIZE;
         *w[j] = clb_weight_at(data + x->rel[j], en, st->be, st->group);
     }

@@ -13,7 +13,10 @@ refused by name.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -282,6 +285,32 @@ def test_streaming_under_asan_ubsan(c_build, model, tmp_path):
                        timeout=300)
     assert r.returncode == 1 and "AddressSanitizer" not in r.stderr
     assert "EXPERT_W1 layer 0 expert 1" in r.stderr and "runtime error" not in r.stderr
+
+
+def test_own_reader_writes_only_the_bytes_asked_for(c_build, model):
+    """The library's reader reads the header into a stack buffer of exactly
+    its size. When that buffer happened to start on a 4096-byte boundary it
+    took the O_DIRECT path and read a whole block into it (a CI run's ASan
+    report; without ASan, heap corruption seen later). The stack's place
+    follows the environment's size once ASLR is off (setarch -R), so 256
+    paddings of 16 bytes put the buffer at every 16-byte offset of a page
+    and one of them on its boundary."""
+    if shutil.which("setarch") is None:
+        pytest.skip("setarch (util-linux) not installed")
+    cli = c_build("asan").cli
+    path = model("qwen2", "int8")
+    cmd = ["setarch", "x86_64", "-R", str(cli), "--model", str(path), "--slots", "1",
+           "--info"]
+    if subprocess.run(cmd, capture_output=True).returncode != 0:
+        pytest.skip("setarch -R refused here (no personality(2) in this sandbox?)")
+
+    def run(pad):
+        env = dict(os.environ, COLIBRI_TEST_PAD="x" * pad)
+        return pad, subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                   timeout=120)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for pad, r in pool.map(run, range(0, 4096, 16)):
+            assert r.returncode == 0 and "expert_slots: 1" in r.stdout, (pad, r.stderr)
 
 
 def test_colibri_plan_reports_what_the_runtime_holds(so, model, capsys, monkeypatch):
