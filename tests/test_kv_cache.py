@@ -109,16 +109,24 @@ def test_options_misuse_is_a_code_with_a_detail(c_build, colibri_file, tmp_path)
     blob = np.frombuffer(path.read_bytes(), np.uint8).copy()
     out = ctypes.c_size_t(0)
 
-    class Bigger(ctypes.Structure):   # a newer header's struct
+    class Bigger(ctypes.Structure):   # a newer header's struct: one more field
         _fields_ = [("size", ctypes.c_uint32), ("kv_dtype", ctypes.c_uint32),
-                    ("future", ctypes.c_uint32)]
+                    ("expert_slots", ctypes.c_uint32), ("slot_policy", ctypes.c_uint32),
+                    ("ram_bytes", ctypes.c_uint64), ("future", ctypes.c_uint32)]
+    now = ctypes.sizeof(runtime._Options)   # this library's colibri_options
+    assert now == Bigger.future.offset
     f = lib.lib.colibri_arena_size_ex
     f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                   ctypes.POINTER(ctypes.c_size_t)]
-    for opt, code in ((Bigger(4, 0, 0), -7), (Bigger(8, 2, 0), -7),
-                      (Bigger(12, 1, 0), 0), (Bigger(12, 0, 5), -12)):
+    for (size, kv, policy, future), code in (
+            ((4, 0, 0, 0), -7), ((8, 2, 0, 0), -7),   # too short; no such kv type
+            ((8, 1, 0, 0), 0),                       # an older header's struct
+            ((now, 0, 2, 0), -7),                    # no such slot policy
+            ((now + 4, 1, 1, 0), 0),                 # a newer one, its extra at 0
+            ((now + 4, 0, 0, 5), -12)):              # ... set: not in this library
+        opt = Bigger(size, kv, 0, policy, 0, future)
         rc = f(blob.ctypes.data, blob.size, ctypes.byref(opt), ctypes.byref(out))
-        assert rc == code, (opt.size, opt.kv_dtype, opt.future, rc)
+        assert rc == code, (size, kv, policy, future, rc)
     rc = f(blob.ctypes.data, blob.size, None, ctypes.byref(out))
     assert rc == 0 and out.value == runtime.arena_size(path, so)
 
