@@ -7,7 +7,7 @@
  *
  * Each size is the size of an array symbol; colibri/buildsteps/blob.py
  * reads the symbols' st_size from this object's ELF symbol table
- * (table_sizes_from_object) and feeds them to colibri/memory.py's arena
+ * (table_sizes_from_object) and feeds them to colibri/model/memory.py's arena
  * formula (clb_layout term by term), so fw_config.h's FW_ARENA_BYTES is
  * exactly what colibri_arena_size_ex returns on the target.
  */

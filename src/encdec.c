@@ -1,7 +1,7 @@
 /*
  * encdec.c - the encoder-decoder forward pass of an ENC_DEC file (Switch
  * Transformers; what it computes is docs/FORMAT.md 6 and
- * colibri/reference_encdec.py): colibri_encode runs the encoder once over a
+ * colibri/model/reference_encdec.py): colibri_encode runs the encoder once over a
  * batch and computes every decoder layer's cross-attention K/V from its
  * output; colibri_infer then runs decoder steps (forward.c hands ENC_DEC
  * chunks to clb_encdec_decode_chunk) with the self-attention KV cache.

@@ -1,6 +1,6 @@
 /*
  * sample.c - next-token choice (colibri_sample.h). The numpy reference
- * colibri/sampling.py does the same operations in the same order; the
+ * colibri/text/sampling.py does the same operations in the same order; the
  * steps are written so that the only floating-point differences between the
  * two are exp() rounding (an ulp of double), which moves a choice only when
  * the exact draw r lies within that distance of a bucket boundary.

@@ -26,7 +26,7 @@ size_t colibri_abi_sizeof_tokenizer_info(void) { return sizeof(colibri_tokenizer
 size_t colibri_abi_sizeof_sample_params(void) { return sizeof(colibri_sample_params); }
 
 /* The sizes of the arena's tables (the plan, per-layer and per-expert views,
- * the encoder-decoder state and its per-layer views), so colibri/memory.py's
+ * the encoder-decoder state and its per-layer views), so colibri/model/memory.py's
  * copy of the arena formula (clb_layout) can be held equal to
  * colibri_arena_size on this build: which 0 clb_plan, 1 clb_layer,
  * 2 clb_expert, 3 clb_encdec, 4 clb_xattn; 0 for any other. */

@@ -3,7 +3,7 @@
  * place: byte-level BPE with the GPT-2 / Qwen2 / Llama-3 pre-tokenizer
  * regexes, SentencePiece-style BPE with byte fallback, and streaming
  * detokenising. The steps follow Hugging Face `tokenizers` 0.23 (the judge
- * of tests/test_tokenizer_c.py) and colibri/tokenizer.py line for line:
+ * of tests/test_tokenizer_c.py) and colibri/text/tokenizer.py line for line:
  * added tokens split first (leftmost-longest), then the pre-tokenizer, then
  * BPE per word (lowest merge rank first, leftmost on ties).
  *
@@ -47,7 +47,7 @@ const char *colibri_tok_strerror(int code)
 
 #include "unicode_tables.h"
 
-/* FORMAT.md section 7 constants (colibri/tokenizer.py has the same). */
+/* FORMAT.md section 7 constants (colibri/text/tokenizer.py has the same). */
 #define KIND_TOKENIZER 0x0100u
 #define HDR 96u
 #define NO_ID 0xFFFFFFFFu
@@ -151,7 +151,7 @@ static int char_byte(uint32_t cp)
 /* ---- character classes (Unicode 16.0, as tokenizers' Oniguruma) -------- */
 
 #ifndef COLIBRI_TOK_GC_GROUPS
-/* General_Category index of cp (colibri/unicode_tables.py GC_NAMES). */
+/* General_Category index of cp (colibri/text/unicode_tables.py GC_NAMES). */
 static unsigned gc_of(uint32_t cp)
 {
     uint32_t lo = 0, hi = COLIBRI_GC_RUNS_N;   /* last run starting <= cp */
@@ -270,7 +270,7 @@ static int valid_utf8(const uint8_t *p, uint32_t n)
 
 static int is_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); }
 
-/* ---- the pre-tokenizer program (FORMAT.md 7.2, colibri/tokregex.py) --- */
+/* ---- the pre-tokenizer program (FORMAT.md 7.2, colibri/text/tokregex.py) --- */
 
 enum { OP_CHAR = 1, OP_CLASS, OP_SPAN, OP_SPLIT, OP_JMP, OP_LOOK, OP_LOOKEND, OP_ASSERT,
        OP_MATCH };
@@ -688,7 +688,7 @@ static size_t match_qwen(const run_t *r, size_t i, unsigned digits)
     return ws_tail(r, i);
 }
 
-/* ---- the regex matcher (colibri/tokregex.py match_at, step for step) ---- */
+/* ---- the regex matcher (colibri/text/tokregex.py match_at, step for step) ---- */
 
 /* The position before pos (> lo) in the run: UTF-8 read backwards as u8_next
  * reads it forwards. A byte that is not a continuation byte always starts a

@@ -1,7 +1,7 @@
 /*
  * boot_core.c - image verification and slot choice (boot_core.h).
  *
- * The checks mirror colibri.image.verify_image line by line, in the same
+ * The checks mirror colibri.device.image.verify_image line by line, in the same
  * order, so both give the same verdict on the same bytes (the tests run one
  * corpus through both). Every field is read little-endian byte by byte:
  * no alignment assumption about the flash.
@@ -216,7 +216,7 @@ int boot_version_cmp(const boot_image *a, const boot_image *b) {
     return x < y ? -1 : x > y;
 }
 
-/* --- the flash layout of colibri/update_agent.py --------------------------- */
+/* --- the flash layout of colibri/device/update_agent.py --------------------------- */
 #define GEO_SIZE 64u
 #define GEO_VERSION 2u
 #define NV_OFFSET 64u

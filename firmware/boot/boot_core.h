@@ -6,7 +6,7 @@
  * the Cortex-M board; tests run the same code under qemu-system-arm.
  *
  * Contracts:
- * - The flash layout is the update agent's (colibri/update_agent.py): a
+ * - The flash layout is the update agent's (colibri/device/update_agent.py): a
  *   geometry block, two security-counter copies, slots A and B, each ending
  *   with MCUboot's 48-byte trailer. `boot_flash.base` maps it for reading
  *   (execute-in-place flash); every change goes through `boot_flash.write`,

@@ -8,7 +8,7 @@
  *   0x00000000  ZBT SSRAM1 (4 MB): the bootloader, in its first 32 KiB.
  *   0x21000000  PSRAM (16 MB), standing for an external execute-in-place
  *               flash (QSPI on a real board): the update agent's area
- *               (colibri/update_agent.py layout): geometry, security counter
+ *               (colibri/device/update_agent.py layout): geometry, security counter
  *               copies, slot A, slot B, each slot ending with MCUboot's
  *               trailer. Two slots of the 2 MB demo firmware do not fit the
  *               4 MB SSRAM1. Slot images are linked for their slot

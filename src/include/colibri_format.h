@@ -3,7 +3,7 @@
  * and 2, exactly as docs/FORMAT.md states them. Nothing here is tunable: changing a
  * value changes the file format. tests/test_runtime_format_consts.py parses
  * every `#define COLIBRI_...` of this file and checks it against
- * colibri/format.py, so keep one plain integer (or string) per define.
+ * colibri/file/format.py, so keep one plain integer (or string) per define.
  *
  * All multi-byte fields are stored in the file's byte order (FORMAT.md 1);
  * offsets below are byte offsets from the start of the header or the entry.

@@ -2,7 +2,7 @@
  * colibri_image.h - signed firmware images in MCUboot's format, as
  * docs/IMAGE.md states it, for device-side code (a bootloader, the firmware's
  * boot-time model check). tests/test_image_c.py parses every
- * `#define COLIBRI_IMG_...` here and checks it against colibri/image.py, and
+ * `#define COLIBRI_IMG_...` here and checks it against colibri/device/image.py, and
  * compiles the struct below to check its size and offsets, so keep one plain
  * integer (or string) per define.
  *

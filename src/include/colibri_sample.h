@@ -2,7 +2,7 @@
  * colibri_sample.h - choosing the next token from a row of logits: greedy,
  * or sampled with temperature, top-k, top-p, min-p and a repetition penalty,
  * from a counter-based generator so that a seed gives the same tokens on
- * every target and in the numpy reference (colibri/sampling.py).
+ * every target and in the numpy reference (colibri/text/sampling.py).
  *
  *     colibri_sample_params sp = colibri_sample_defaults();   // greedy
  *     sp.temperature = 0.8f; sp.top_p = 0.95f; sp.seed = 42;
