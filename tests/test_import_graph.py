@@ -224,3 +224,23 @@ def test_each_alias_is_its_new_module(alias):
         r = subprocess.run([sys.executable, "-m", alias, "-h"], capture_output=True,
                            text=True, cwd=ROOT, timeout=60)
         assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
+
+
+# Where the tree names a module of the package by its path ("colibri/text/
+# tokenizer.py" in a C comment, a doc page, a script), the file must exist:
+# a module that moves takes its mentions with it.
+MENTIONS = ("src", "firmware", "docs", "tests", "bench", "scripts", "site_scons",
+            "targets", "fuzz", "soak", "models", "colibri")
+MENTION_SUFFIXES = {".c", ".h", ".py", ".md", ".sh", ".txt", ".toml", ""}
+
+
+def test_every_module_path_the_tree_names_exists():
+    pattern = re.compile(r"\bcolibri/(?:[a-z_]+/)*[a-z_0-9]+\.py\b")
+    files = [ROOT / "README.md", ROOT / "SConstruct"]
+    files += [p for d in MENTIONS for p in sorted((ROOT / d).rglob("*"))
+              if p.is_file() and p.suffix in MENTION_SUFFIXES and "__pycache__" not in p.parts]
+    stale = sorted({f"{p.relative_to(ROOT)}: {m}"
+                    for p in files if p.exists()
+                    for m in pattern.findall(p.read_text(errors="replace"))
+                    if not (ROOT / m).is_file()})
+    assert not stale, "paths of modules that are not there:\n" + "\n".join(stale)
