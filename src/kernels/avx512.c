@@ -26,16 +26,19 @@
  *   scores and exps in one zmm.
  * - matmul_q4_k and matmul_q6_k for one token (decode): 8 rows a tile in
  *   the 32 zmm registers, bit-identical to ref (see "Block types, decode
- *   form" below).
+ *   form" below); for several tokens (prefill) 8 rows x 2 tokens a tile,
+ *   each row's unpacked weights used for both ("Block types, several
+ *   tokens"): test_kernels --bench on a Xeon (AVX-512), 128 tokens x 2816 x
+ *   1024, Q4_K 104 -> 142 GOPS and Q6_K 94 -> 124 against avx2-vnni's.
  * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0,
- * the block types' several-token forms) is avx2.c's EVEX-VNNI table, called
- * through its pointers:
+ * the block types' rows past the last strip of 8) is avx2.c's EVEX-VNNI
+ * table, called through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
  * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
- * prefill forms already lead llama.cpp, and with float matmuls shared this
- * table differs from "avx2-vnni" only where both equal ref bit for bit
- * (matmul_i8, attend, the Q4_K / Q6_K decode forms), so their logits are
- * the same bits.
+ * float and int8 prefill forms already lead llama.cpp, and with float
+ * matmuls shared this table differs from "avx2-vnni" only where both equal
+ * ref bit for bit (matmul_i8, attend, the Q4_K / Q6_K forms), so their
+ * logits are the same bits.
  */
 #include "kernels.h"
 
@@ -458,8 +461,8 @@ TGT512 static void z_attend(float *out, const clb_att_args *a)
  *   the first rows of a call do not wait on one miss after another.
  * Zen 4 runs a 512-bit operation at the cost of two 256-bit ones, so the
  * gain here is fewer operations per block, not the width.
- * Several tokens (prefill), and rows past the last whole tile, use avx2.c's
- * forms: every tiling gives ref's bits, so the mix changes none. */
+ * Rows past the last whole tile use avx2.c's forms: every tiling gives
+ * ref's bits, so the mix changes none. */
 
 enum { ZB_R = 8 };          /* rows a decode tile */
 /* Bytes past the next tile that the stream prefetch runs ahead (as
@@ -681,6 +684,181 @@ BLOCK512 void q6k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq,
     _mm256_storeu_ps(y, acc);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Block types, several tokens (prefill): 8 rows x 2 tokens a tile.
+ *
+ * The decode tile's integer and float work, with each row's unpacked
+ * weights and scales used for two tokens: the weights are unpacked once
+ * per token pair instead of once per token, and the 8 rows' d, dmin and
+ * (Q4_K) scales and mins are decoded once per pair. A strip of 8 rows
+ * (8 x nb blocks, a few KiB) stays in L1 while every pair of the call
+ * passes over it, so the weights come from memory once per call; the
+ * first pair runs the decode form's prefetch stream. Per (row, token) the
+ * integer results are exact and the float update is ref's, blocks in
+ * order, so the bits are ref's (and those of every other tiling).
+ *
+ * Q4_K's weights here are unpacked to match contiguous activations (the
+ * decode form shuffles the activations instead, once per token): chunk j
+ * of a block (columns 64j .. 64j + 63) is qs[32j .. 32j + 31] in both
+ * 256-bit halves, the low nibbles kept in the low half (sub-block 2j) and
+ * the high nibbles shifted down in the high half (sub-block 2j + 1), so
+ * each token's 64 activations are one plain load. */
+
+/* Q4_K: one row's isum lanes for tokens x0 and x1 (block activations at
+ * x0, x1), the row's scales and mins lane broadcast in br. */
+BLOCK512 void q4k_row_x2(const uint8_t *q, __m512i br, const int8_t *x0, const int8_t *x1,
+                         __m512i *a0, __m512i *a1)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * j)));
+        const __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, hi), m4);
+        const __m512i sc = _mm512_shuffle_epi8(br, pick16x2(2 * j, 2 * j + 1));
+        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(w, _mm512_loadu_si512((const void *)(x0 + 64 * j))), sc);
+        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(w, _mm512_loadu_si512((const void *)(x1 + 64 * j))), sc);
+    }
+    *a0 = s0;
+    *a1 = s1;
+}
+
+/* Q4_K: the exact msum of 8 rows (their scm pair) for one token's block
+ * sums xb -> lane r = row r's msum. */
+BLOCK512 __m256i q4k_msum8(const __m512i scm[2], const int16_t *xb)
+{
+    /* bsum_j = XB 2j + XB 2j+1, int16 in every lane */
+    const __m512i bs = _mm512_broadcast_i32x4(_mm256_cvtepi32_epi16(_mm256_madd_epi16(
+        _mm256_loadu_si256((const __m256i *)(const void *)xb), _mm256_set1_epi16(1))));
+    return _mm512_castsi512_si256(_mm512_permutex2var_epi32(
+        q4k_msum4(scm[0], bs), _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0),
+        q4k_msum4(scm[1], bs)));
+}
+
+/* Q6_K: one row's isum lanes for tokens x0 and x1 (q6k_row's work, the
+ * unpacked weights and scale vectors shared). */
+BLOCK512 void q6k_row_x2(const uint8_t *blk, const int8_t *x0, const int8_t *x1,
+                         __m512i nxb0, __m512i nxb1, __m512i *a0, __m512i *a1)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i sl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i lane = _mm512_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001, 0x20002, 0x20002,
+                                           0x20002, 0x20002, 0x30003, 0x30003, 0x30003, 0x30003);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 196)));
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    const __m512i sc32 = _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5));
+    __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc32, nxb0);
+    __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc32, nxb1);
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        const __m512i ql = _mm512_loadu_si512((const void *)(blk + 4 + 64 * h));
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 132 + 32 * h)));
+        const __m512i v01 = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi16(qh, sl), m30), m4, 0xEC);
+        const __m512i v23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4),
+                                                      _mm512_and_si512(_mm512_srlv_epi16(qh, sr), m30), m4, 0xEC);
+        const __m512i c01 = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h))), sc);
+        const __m512i c23 = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h + 4))), sc);
+        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(v01, _mm512_loadu_si512((const void *)(x0 + 128 * h))), c01);
+        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(v01, _mm512_loadu_si512((const void *)(x1 + 128 * h))), c01);
+        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(v23, _mm512_loadu_si512((const void *)(x0 + 128 * h + 64))), c23);
+        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(v23, _mm512_loadu_si512((const void *)(x1 + 128 * h + 64))), c23);
+    }
+    *a0 = s0;
+    *a1 = s1;
+}
+
+/* Y[t, 0 .. 8) and Y[t + 1, 0 .. 8) (y0, y1) for tokens t, t + 1 (their
+ * activations xq, xs, xb at index 0 and 1): rows w[0..7] of nb blocks of
+ * dtype dt. */
+BLOCK512 void zb_tile2(const unsigned dt, float *y0, float *y1, const uint8_t *const w[ZB_R],
+                       const int8_t *const xq[2], const float *const xs[2], const int16_t *const xb[2],
+                       uint32_t nb, const uint8_t *pf, const uint8_t *pf_end)
+{
+    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const int lines = (int)((ZB_R * bytes + 63) / 64);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        zb_prefetch(pf + (size_t)b * ZB_R * bytes, pf_end, lines);
+        const size_t o = (size_t)b * bytes;
+        const int8_t *x0 = xq[0] + (size_t)b * CLB_QK_COLS, *x1 = xq[1] + (size_t)b * CLB_QK_COLS;
+        const int16_t *b0 = xb[0] + (size_t)b * 16, *b1 = xb[1] + (size_t)b * 16;
+        __m512i a0[ZB_R], a1[ZB_R];
+        const __m512i h0 = rows4_16(w, o), h1 = rows4_16(w + 4, o); /* [d (dmin) ..] a row */
+        const __m256 d = rows8_f32(h0, h1, 0);
+        if (dt == COLIBRI_DTYPE_Q4_K) {
+            const __m512i scm[2] = {q4k_scm4(w, o), q4k_scm4(w + 4, o)};
+            UNROLL
+            for (int r = 0; r < ZB_R; r++)
+                q4k_row_x2(w[r] + o + 20, lane_bcast(scm[r / 4], r % 4), x0, x1, &a0[r], &a1[r]);
+            const __m256 dmin = rows8_f32(h0, h1, 1);
+            /* acc += xs * (d * float(isum) - dmin * float(msum)) */
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_set1_ps(xs[0][b]), _mm256_sub_ps(
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(rowsums8(a0))),
+                _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(q4k_msum8(scm, b0))))));
+            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_set1_ps(xs[1][b]), _mm256_sub_ps(
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(rowsums8(a1))),
+                _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(q4k_msum8(scm, b1))))));
+        } else {
+            const __m512i n0 = _mm512_castsi256_si512(_mm256_sub_epi16(
+                _mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)(const void *)b0)));
+            const __m512i n1 = _mm512_castsi256_si512(_mm256_sub_epi16(
+                _mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)(const void *)b1)));
+            UNROLL
+            for (int r = 0; r < ZB_R; r++)
+                q6k_row_x2(w[r] + o, x0, x1, n0, n1, &a0[r], &a1[r]);
+            /* acc += xs * (d * float(isum)) */
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_set1_ps(xs[0][b]),
+                                                     _mm256_mul_ps(d, _mm256_cvtepi32_ps(rowsums8(a0)))));
+            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_set1_ps(xs[1][b]),
+                                                     _mm256_mul_ps(d, _mm256_cvtepi32_ps(rowsums8(a1)))));
+        }
+    }
+    _mm256_storeu_ps(y0, acc0);
+    _mm256_storeu_ps(y1, acc1);
+}
+
+/* Y[n, rows] (n >= 2) for block dtype dt: strips of 8 rows, token pairs
+ * over each strip (the first pair streams the strip in), a last odd token
+ * by the decode tile; returns the rows done (whole strips; the caller
+ * takes the rest). */
+BLOCK512 uint32_t zb_prefill(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
+                             const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
+                             uint32_t cols)
+{
+    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    const size_t row_bytes = (size_t)nb * bytes, tile = ZB_R * row_bytes;
+    const size_t xq_stride = (size_t)nb * CLB_QK_COLS, xb_stride = (size_t)nb * 16;
+    const uint32_t tiles = rows / ZB_R;
+    const uint8_t *end = W + (size_t)tiles * tile;
+    zb_prefetch_start(W, tile + ZB_PF_AHEAD < (size_t)tiles * tile ? tile + ZB_PF_AHEAD : (size_t)tiles * tile);
+    for (uint32_t s = 0; s < tiles; s++) {
+        const uint8_t *w[ZB_R];
+        UNROLL
+        for (int r = 0; r < ZB_R; r++)
+            w[r] = W + (size_t)s * tile + (size_t)r * row_bytes;
+        const uint8_t *pf = W + (size_t)(s + 1) * tile + ZB_PF_AHEAD;
+        uint32_t t = 0;
+        for (; t + 2 <= n; t += 2) {
+            const int8_t *xq[2] = {XQ + t * xq_stride, XQ + (t + 1) * xq_stride};
+            const float *xs[2] = {XS + (size_t)t * nb, XS + (size_t)(t + 1) * nb};
+            const int16_t *xb[2] = {XB + t * xb_stride, XB + (t + 1) * xb_stride};
+            zb_tile2(dt, Y + (size_t)t * rows + (size_t)s * ZB_R, Y + (size_t)(t + 1) * rows + (size_t)s * ZB_R,
+                     w, xq, xs, xb, nb, t == 0 ? pf : end, end);
+        }
+        if (t < n) {
+            float *y = Y + (size_t)t * rows + (size_t)s * ZB_R;
+            if (dt == COLIBRI_DTYPE_Q4_K)
+                q4k_tile(y, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, end, end);
+            else
+                q6k_tile(y, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, end, end);
+        }
+    }
+    return tiles * ZB_R;
+}
+
 /* Y[1, rows] for block dtype dt (Q4_K or Q6_K): whole tiles of 8 rows
  * here; returns the rows done (the caller's avx2.c form takes the rest). */
 BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
@@ -734,24 +912,52 @@ static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
     base()->matmul_q4_0(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
-/* One token: the decode form above for whole tiles of 8 rows, avx2.c's
- * for the rest of the rows and for several tokens. */
+/* Tokens a call of the rows past the last whole strip hands avx2.c at a
+ * time (its outputs go through a stack buffer: avx2.c's Y has their
+ * count as its row stride). */
+enum { ZB_TAIL_T = 64 };
+
+/* Y[n, rows] for Q4_K or Q6_K: whole strips of 8 rows here (decode or
+ * prefill form), the last rows % 8 by avx2.c's form. */
+BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
+                        const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
+                        uint32_t cols)
+{
+    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    const uint32_t done = n == 1 ? zb_decode(dt, Y, W, XQ, XS, XB, rows, cols)
+                                 : zb_prefill(dt, Y, W, XQ, XS, XB, n, rows, cols);
+    if (done == rows)
+        return;
+    const colibri_kernels *k = base();
+    void (*mm)(float *, const uint8_t *, const int8_t *, const float *, const int16_t *, uint32_t,
+               uint32_t, uint32_t) = dt == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k : k->matmul_q6_k;
+    const uint8_t *wt = W + (size_t)done * nb * bytes;
+    const uint32_t left = rows - done; /* < ZB_R */
+    if (n == 1) {
+        mm(Y + done, wt, XQ, XS, XB, 1, left, cols);
+        return;
+    }
+    float tmp[ZB_TAIL_T * ZB_R];
+    for (uint32_t t = 0; t < n; t += ZB_TAIL_T) {
+        const uint32_t nt = n - t < ZB_TAIL_T ? n - t : ZB_TAIL_T;
+        mm(tmp, wt, XQ + (size_t)t * nb * CLB_QK_COLS, XS + (size_t)t * nb, XB + (size_t)t * nb * 16,
+           nt, left, cols);
+        for (uint32_t i = 0; i < nt; i++)
+            memcpy(Y + (size_t)(t + i) * rows + done, tmp + (size_t)i * left, (size_t)left * sizeof(float));
+    }
+}
+
 TGT512 static void z_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                                  const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    const uint32_t done = n == 1 ? zb_decode(COLIBRI_DTYPE_Q4_K, Y, W, XQ, XS, XB, rows, cols) : 0;
-    if (done < rows)
-        base()->matmul_q4_k(Y + done, W + (size_t)done * ((cols + CLB_QK_COLS - 1) / CLB_QK_COLS) * CLB_Q4_K_BYTES,
-                            XQ, XS, XB, n, rows - done, cols);
+    zb_matmul(COLIBRI_DTYPE_Q4_K, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 TGT512 static void z_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                                  const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    const uint32_t done = n == 1 ? zb_decode(COLIBRI_DTYPE_Q6_K, Y, W, XQ, XS, XB, rows, cols) : 0;
-    if (done < rows)
-        base()->matmul_q6_k(Y + done, W + (size_t)done * ((cols + CLB_QK_COLS - 1) / CLB_QK_COLS) * CLB_Q6_K_BYTES,
-                            XQ, XS, XB, n, rows - done, cols);
+    zb_matmul(COLIBRI_DTYPE_Q6_K, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 static void z_matmul_f32(float *Y, const float *W, const float *X, uint32_t n,

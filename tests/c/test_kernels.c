@@ -650,6 +650,10 @@ static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels 
         /* one token at a model's shape: avx512-vnni's decode tiles over
          * many rows (its prefetch stream) and 11-block rows, plus a tail */
         test_blocks(ref, k, BLK_DTYPES[d], 1, 267, 2816);
+        /* several tokens at that shape (avx512-vnni's prefill strips and
+         * their stream), and more tokens than its tail rows take a pass */
+        test_blocks(ref, k, BLK_DTYPES[d], 9, 267, 2816);
+        test_blocks(ref, k, BLK_DTYPES[d], 70, 13, 512);
         test_blocks_tiles(k, BLK_DTYPES[d], 24, 40, 512);
         test_blocks_tiles(k, BLK_DTYPES[d], 17, 33, 300);
     }
