@@ -188,6 +188,16 @@ static int file_read(void *user, uint64_t off, void *dst, size_t n)
 /* Instance lifecycle                                                       */
 /* ------------------------------------------------------------------------ */
 
+/* A caller's arena starts on COLIBRI_ARENA_ALIGN (detail set if not). */
+static int arena_aligned(const void *arena, char *detail)
+{
+    if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN == 0)
+        return 1;
+    clb_detail(detail, DETAIL_CAP, "arena is not %u-byte aligned",
+               (unsigned)COLIBRI_ARENA_ALIGN);
+    return 0;
+}
+
 /* Release owned memory, keep the error detail (for failed inits). */
 static void release(colibri_model *m)
 {
@@ -256,11 +266,8 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size,
         return rc;
     }
     if (arena) {
-        if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) {
-            clb_detail(v->detail, DETAIL_CAP, "arena is not %u-byte aligned",
-                       (unsigned)COLIBRI_ARENA_ALIGN);
+        if (!arena_aligned(arena, v->detail))
             return COLIBRI_E_ALIGN;
-        }
         if (arena_size < need) {
             clb_detail(v->detail, DETAIL_CAP, "arena of %llu bytes, the model "
                        "needs %llu", (unsigned long long)arena_size,
@@ -491,6 +498,34 @@ static int read_header(const colibri_reader *rd, uint8_t *hdr, colibri_shape *s,
     return COLIBRI_OK;
 }
 
+#ifndef COLIBRI_STATIC_WORKBUF
+/* The file's header and its prefix (header, table, description) read
+ * through rd into a 64-byte aligned buffer the caller frees with
+ * free(*base) (also on failure): *pre, *s and *be. */
+static int read_prefix(const colibri_reader *rd, colibri_shape *s, int *be, uint8_t **pre,
+                       void **base, char *detail)
+{
+    uint8_t hdr[COLIBRI_HEADER_SIZE];
+    uint64_t prefix;
+    *base = NULL;
+    *pre = NULL;
+    int rc = read_header(rd, hdr, s, be, &prefix, detail);
+    if (rc)
+        return rc;
+    *pre = prefix <= SIZE_MAX - 64 ? (uint8_t *)alloc64((size_t)prefix, base) : NULL;
+    if (!*pre) {
+        clb_detail(detail, DETAIL_CAP, "out of memory for the file's %llu-byte table",
+                   (unsigned long long)prefix);
+        return COLIBRI_E_NO_MEMORY;
+    }
+    if (rd->read(rd->user, 0, *pre, (size_t)prefix) != 0) {
+        clb_detail(detail, DETAIL_CAP, "reading the table failed");
+        return COLIBRI_E_IO;
+    }
+    return COLIBRI_OK;
+}
+#endif
+
 /* The slot count of options o for geometry g: asked for, or what the
  * budget (ram, else a caller arena of arena_size) holds. */
 static int slots_of(const clb_stream_geom *g, const clb_opts *o, uint32_t align,
@@ -541,11 +576,8 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
     void *pre_base = NULL;
     (void)pre_base; /* static builds: never allocated */
     if (arena) {
-        if ((uintptr_t)arena % COLIBRI_ARENA_ALIGN) {
-            clb_detail(v->detail, DETAIL_CAP, "arena is not %u-byte aligned",
-                       (unsigned)COLIBRI_ARENA_ALIGN);
+        if (!arena_aligned(arena, v->detail))
             return COLIBRI_E_ALIGN;
-        }
         if (arena_size < prefix) {
             clb_detail(v->detail, DETAIL_CAP, "arena of %llu bytes, the table "
                        "alone needs %llu", (unsigned long long)arena_size,
@@ -665,22 +697,13 @@ int colibri_stream_arena_size(const colibri_reader *rd, const colibri_options *o
     (void)out_slots;
     return COLIBRI_E_UNSUPPORTED; /* it would need memory for the table */
 #else
-    uint8_t hdr[COLIBRI_HEADER_SIZE];
     colibri_shape s;
     int be;
-    uint64_t prefix;
-    rc = read_header(rd, hdr, &s, &be, &prefix, detail);
-    if (rc)
-        return rc;
     void *base = NULL;
-    uint8_t *pre = prefix <= SIZE_MAX - 64 ? (uint8_t *)alloc64((size_t)prefix, &base) : NULL;
-    if (!pre) {
-        free(base);
-        return COLIBRI_E_NO_MEMORY;
-    }
+    uint8_t *pre = NULL;
+    rc = read_prefix(rd, &s, &be, &pre, &base, detail);
     clb_stream_geom g;
     uint32_t slots = 0;
-    rc = rd->read(rd->user, 0, pre, (size_t)prefix) != 0 ? COLIBRI_E_IO : COLIBRI_OK;
     if (rc == COLIBRI_OK)
         rc = clb_stream_geometry(pre, rd->size, &g, detail);
     if (rc == COLIBRI_OK)
@@ -701,17 +724,15 @@ int colibri_stream_arena_size(const colibri_reader *rd, const colibri_options *o
 static int fits_resident(const colibri_reader *rd, const clb_opts *o)
 {
     char detail[DETAIL_CAP];
-    uint8_t hdr[COLIBRI_HEADER_SIZE];
     colibri_shape s;
     int be, fits = 0;
-    uint64_t prefix;
-    if (rd->size >= o->ram || read_header(rd, hdr, &s, &be, &prefix, detail))
+    if (rd->size >= o->ram)
         return 0;
     void *base = NULL;
-    uint8_t *pre = prefix <= SIZE_MAX - 64 ? (uint8_t *)alloc64((size_t)prefix, &base) : NULL;
+    uint8_t *pre = NULL;
     clb_desc d;
     size_t arena = 0;
-    if (pre && rd->read(rd->user, 0, pre, (size_t)prefix) == 0 &&
+    if (read_prefix(rd, &s, &be, &pre, &base, detail) == COLIBRI_OK &&
         clb_validate_prefix(pre, (size_t)rd->size, &s, &be, &d, detail) == COLIBRI_OK &&
         clb_arena_bytes(&s, &d, COLIBRI_CHUNK_TOKENS_OWNED, o->kv_dtype, &arena) ==
             COLIBRI_OK)
