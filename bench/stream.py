@@ -151,7 +151,10 @@ def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int) -
 
 
 def report(rows: list[dict], meta: dict) -> str:
+    feats = meta.get("cpu_features") or {}
     lines = [f"# Experts from storage inside a memory limit ({meta['cpu']})", "",
+             f"CPU: {meta['cpu']}, {meta.get('cores', '?')} cores; "
+             + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in feats.items()), "",
              f"Model: {meta['model']} ({meta['model_bytes'] / 1e6:.0f} MB .colibri, "
              f"{meta['gguf_bytes'] / 1e6:.0f} MB GGUF), 1 thread, cold page cache, "
              f"disk {meta['disk_mb_s']:.0f} MB/s (O_DIRECT, 8 MB reads), "
@@ -195,12 +198,15 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     from bench import models
     from colibri.buildsteps import cbuild
+    from bench.threads import cpu_description
     ms = models.prepare(a.model, ROOT / "build" / "bench" / "models")
     cli = Path(cbuild.build(ROOT / "build" / "bench" / "stream-cli",
                             kernels=cbuild.host_kernels())["cli"])
     model, gguf = ms.colibri["int8"], ms.gguf["q8_0"]
     limits = [parse_size(x) for x in a.limits.split(",")]
-    meta = {"cpu": cpu_name(), "model": a.model, "model_bytes": model.stat().st_size,
+    cpu = cpu_description()
+    meta = {"cpu": cpu_name(), "cores": cpu["cores"], "cpu_features": cpu["flags"],
+            "model": a.model, "model_bytes": model.stat().st_size,
             "gguf_bytes": gguf.stat().st_size, "disk_mb_s": disk_speed(model),
             "steps": a.steps, "load": os.getloadavg()[0]}
     rows = run_all(model, gguf, cli, limits, a.steps)
