@@ -141,6 +141,10 @@ typedef struct clb_plan {
     struct clb_stream *stream;
     int (*acquire)(const struct clb_plan *p, uint32_t layer, uint32_t expert,
                    int probe, const clb_expert **ex, char *detail);
+
+    /* colibri_set_route_observer's, else NULL. */
+    colibri_route_fn route_fn;
+    void *route_user;
 } clb_plan;
 
 /* --- plan.c --------------------------------------------------------------- */

@@ -953,3 +953,15 @@ int colibri_set_executor(colibri_model *m, const colibri_executor *ex)
 {
     return set_team(m, 1, 0, ex, 1);
 }
+
+int colibri_set_route_observer(colibri_model *m, colibri_route_fn fn, void *user)
+{
+    if (!m)
+        return COLIBRI_E_ARG;
+    if (m->priv_.magic != CLB_MODEL_MAGIC || !m->priv_.plan)
+        return COLIBRI_E_NOT_INIT;
+    clb_plan *p = (clb_plan *)m->priv_.plan;
+    p->route_fn = fn;
+    p->route_user = fn ? user : NULL;
+    return COLIBRI_OK;
+}

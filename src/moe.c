@@ -159,6 +159,8 @@ int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
 {
     uint32_t h = p->s.hidden, K = p->s.top_k;
     route(p, layer, X, n);
+    if (p->route_fn)
+        p->route_fn(p->route_user, (uint32_t)(layer - p->layers), p->counts, p->s.n_experts);
     if (p->stream) {
         memset(p->chosen, 0, p->s.n_experts);
         int rc = run_streamed(p, (uint32_t)(layer - p->layers), X, detail);

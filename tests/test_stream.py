@@ -14,6 +14,7 @@ refused by name.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import dataclasses
 import os
 import shutil
@@ -24,6 +25,7 @@ import pytest
 
 from colibri import errors, runtime
 from colibri.file import format as F
+from colibri.model import route_trace as rt
 from feature_models import DESCRIPTIONS, SHAPE, write_model
 from test_runtime_support import c_build  # noqa: F401
 
@@ -337,3 +339,87 @@ def test_colibri_plan_reports_what_the_runtime_holds(so, model, capsys, monkeypa
     reads = SHAPE.n_layers * SHAPE.top_k * miss
     assert f"({reads:.1f} experts)" in out
     assert out.count("measured, 3 tokens + 3 greedy steps") == 2
+
+
+# --- routing traces (colibri-cli --route-trace, colibri/model/route_trace.py) ---
+
+_STATS = re.compile(r"experts: (\d+) slots, (\d+) uses, (\d+) hits \([^)]*\), (\d+) read")
+
+
+def _traced_run(cli, path, out, *extra):
+    r = subprocess.run([str(cli), "--model", str(path), "--tokens",
+                        ",".join(str(i % 60) for i in range(3, 40, 3)), "--generate", "12",
+                        "--route-trace", str(out), *extra],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    m = _STATS.search(r.stderr)
+    return r, (tuple(map(int, m.groups())) if m else None)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mixtral"])
+def test_route_trace_replays_to_the_runtimes_own_counts(c_build, model, tmp_path, name):
+    """The routing an all-resident run records is the routing of every
+    streamed run (the same bits), and replaying it for a slot count and a
+    policy gives exactly the hits and reads the streamed runtime counted:
+    the replay is stream.c's cache, step for step (qwen3's first layer is
+    dense: it has no line)."""
+    cli = c_build("host").cli
+    path = model(name, "int8")
+    n_exp = routed_experts(path)
+    _, none = _traced_run(cli, path, tmp_path / "resident.txt")
+    assert none is None   # all resident: no slot statistics
+    resident = (tmp_path / "resident.txt").read_text()
+    trace = rt.read_trace(tmp_path / "resident.txt")
+    assert trace.passes and trace.tokens() == 13 + 11
+    assert all(sum(c for _, c in ex) % SHAPE.top_k == 0 for _, ex in trace.passes)
+    for slots in (1, 2, 5, n_exp - 1, n_exp):
+        for policy in rt.POLICIES:
+            out = tmp_path / f"s{slots}-{policy}.txt"
+            _, (got_slots, uses, hits, reads) = _traced_run(
+                cli, path, out, "--slots", str(slots), "--policy", policy)
+            assert out.read_text() == resident, (slots, policy)
+            want = rt.replay(trace, slots, policy)
+            assert (got_slots, uses, hits, reads) == (slots, want["uses"], want["hits"],
+                                                      want["misses"]), (slots, policy)
+    # a slot for every expert: each expert the run routes to is read once
+    distinct = {(layer, e) for layer, ex in trace.passes for e, _ in ex}
+    assert rt.replay(trace, n_exp, "lru")["misses"] == len(distinct)
+
+
+def test_route_trace_errors_and_plan_replay(so, c_build, model, tmp_path, capsys, monkeypatch):
+    """`colibri plan --trace` prints the replay under each policy; a file
+    that is not a trace, a malformed line, an expert out of range or a trace
+    of another shape is one error line naming the file."""
+    from colibri import cli
+    monkeypatch.setenv("COLIBRI_LIBRARY", str(so))
+    path = model("qwen2", "int8")
+    good = tmp_path / "good.txt"
+    _traced_run(c_build("host").cli, path, good)
+    assert cli.main(["plan", str(path), "--slots", "3", "--trace", str(good)]) == 0
+    out = capsys.readouterr().out
+    for policy in rt.POLICIES:
+        r = rt.replay(rt.read_trace(good), 3, policy)
+        assert f"policy {policy}: hit rate {r['hits'] / r['uses']:.1%}" in out
+        assert f"({r['misses']} reads)" in out
+    head = good.read_text().splitlines()[0]
+    for text, says in ((b"\xff\xfe", "cannot read"), ("hello\n", "not a route trace"),
+                       (head + "\n0 1:x\n", ":2: expected"), (head + "\n0 99:1\n", "out of range"),
+                       (head.replace(f"n_layers {SHAPE.n_layers}", "n_layers 7") + "\n",
+                        "record it with this model")):
+        bad = tmp_path / "bad.txt"
+        bad.write_bytes(text if isinstance(text, bytes) else text.encode())
+        assert cli.main(["plan", str(path), "--slots", "3", "--trace", str(bad)]) == 2
+        out, err = capsys.readouterr()
+        assert says in err and err.count("\n") == 1 and not out, (out, err)
+
+
+def test_route_observer_refuses_what_it_cannot_take(so):
+    """colibri_set_route_observer: NULL model -7 (COLIBRI_E_ARG), an
+    instance never initialised -13 (COLIBRI_E_NOT_INIT)."""
+    import ctypes
+    lib = runtime.load_library(so)
+    f = lib.lib.colibri_set_route_observer
+    f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    assert f(None, None, None) == -7
+    blank = ctypes.create_string_buffer(lib.sizeof_model)
+    assert f(blank, None, None) == -13

@@ -6,13 +6,16 @@ It prints what stays resident (by part), the arena (KV cache included), the
 expert slots the budget gives and their share of the file's experts, the
 bytes a token would read with uniform random routing, and, with --tokens,
 what a greedy run of those tokens actually reads under each slot policy
-(the same logits either way: only the reads differ).
+(the same logits either way: only the reads differ), and with --trace, what
+the routing of a recorded run (colibri-cli --route-trace) reads under each
+policy, replayed without running the model (route_trace.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import errors, runtime
+from . import route_trace
 
 PART_LABELS = {"embed": "embedding", "attn": "attention", "router": "router",
                "ffn": "shared/dense FFN", "norms": "norms", "lm_head": "LM head",
@@ -32,6 +35,7 @@ def plan(path, ram=None, slots=None, kv="f32", library=None) -> dict:
     n_experts = wb["experts"][2] // 3
     moe_layers = n_experts // s.n_experts if s.n_experts else 0
     out.update(n_experts=n_experts, moe_layers=moe_layers, top_k=s.top_k,
+               n_layers=s.n_layers, experts_per_layer=s.n_experts,
                expert_bytes=wb["experts"][0] / max(n_experts, 1))
     held = min(1.0, st["slots"] / n_experts) if st["slots"] and n_experts else 1.0
     # Uniform random routing: a use hits with the share of experts held.
@@ -60,6 +64,25 @@ def measure(path, tokens: list[int], steps: int, ram=None, slots=None,
     return res
 
 
+def replayed(trace_path, p: dict) -> dict:
+    """The reads of a recorded routing under each policy with the slots of
+    plan p (a trace of the same model's shape)."""
+    tr = route_trace.read_trace(trace_path)
+    if (tr.n_layers, tr.n_experts) != (p["n_layers"], p["experts_per_layer"]):
+        raise errors.ConversionError(
+            f"{trace_path}: a trace of {tr.n_layers} layers x {tr.n_experts} experts, the "
+            f"model has {p['n_layers']} x {p['experts_per_layer']}: record it with this model")
+    slots, expert_bytes = p["slots"], p["expert_bytes"]
+    tokens = tr.tokens()
+    res = {}
+    for policy in route_trace.POLICIES:
+        r = route_trace.replay(tr, slots, policy)
+        res[policy] = {"hit_rate": r["hits"] / r["uses"] if r["uses"] else 1.0,
+                       "reads": r["misses"], "tokens": tokens,
+                       "bytes_per_token": r["misses"] * expert_bytes / max(tokens, 1)}
+    return res
+
+
 def _mb(n: float) -> str:
     """Bytes in the unit that shows them: 12.3 MB, 45.6 KB, 789 B."""
     return (f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB" if n >= 1e6
@@ -70,6 +93,8 @@ def cmd_plan(args) -> int:
     if args.ram is None and args.slots is None:
         raise errors.ConversionError("colibri plan: give --ram SIZE or --slots N")
     p = plan(args.model, ram=args.ram, slots=args.slots, kv=args.kv)
+    # the trace is read (and refused) before anything is printed
+    replay = replayed(args.trace, p) if args.trace and p["load"] == "stream" else {}
     print(f"{args.model}: {_mb(p['file_bytes'])}, {p['n_experts']} routed experts of "
           f"{_mb(p['expert_bytes'])} in {p['moe_layers']} layers, top-{p['top_k']}")
     if p["load"] != "stream":
@@ -88,6 +113,10 @@ def cmd_plan(args) -> int:
           f"experts), policy {p['policy']}")
     print(f"reads per token, uniform random routing: {_mb(p['uniform_bytes_per_token'])} "
           f"({p['moe_layers'] * p['top_k'] * (1 - p['held']):.1f} experts)")
+    for policy, r in replay.items():
+        print(f"replayed {args.trace} ({r['tokens']} tokens), policy {policy}: hit rate "
+              f"{r['hit_rate']:.1%}, {_mb(r['bytes_per_token'])} read per token "
+              f"({r['reads']} reads)")
     if args.tokens:
         ids = [int(t) for t in args.tokens.split(",")]
         for policy, r in measure(args.model, ids, args.steps, ram=args.ram,
@@ -108,4 +137,6 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens", help="comma-separated ids: also run them greedily and "
                    "measure the reads under each policy")
     p.add_argument("--steps", type=int, default=16, help="greedy steps after --tokens")
+    p.add_argument("--trace", help="a routing trace (colibri-cli --route-trace OUT): replay "
+                   "it under each policy with the budget's slots")
     p.set_defaults(func=cmd_plan)

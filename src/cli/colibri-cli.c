@@ -67,6 +67,10 @@ static const char *usage_text =
     "  --policy freq|lru   which expert a full slot cache gives up: the least\n"
     "                      often chosen (default) or the least recently used\n"
     "                      (the logits are the same bits either way)\n"
+    "  --route-trace OUT   with --tokens or --prompt: write the routing of every\n"
+    "                      MoE layer pass to OUT (a text line each: layer, then\n"
+    "                      expert:tokens; `colibri plan FILE --trace OUT`\n"
+    "                      replays it under each slot policy)\n"
     "  --threads N         compute each infer on N threads (colibri_set_threads;\n"
     "                      the logits are the same bits for every N)\n"
     "  --spin              with --threads: workers spin, never park (no system\n"
@@ -82,6 +86,25 @@ static const char *usage_text =
     "  --help              this text\n";
 
 static const char *model_path; /* NULL until --model */
+
+/* --route-trace: the routing of every MoE layer pass (colibri_route_fn),
+ * one line each: "layer e:count e:count ...", experts with tokens only, in
+ * expert order; a first line "# colibri route trace ..." says the shape.
+ * A failed write is remembered and reported after the run. */
+typedef struct { FILE *f; int failed; } route_trace;
+
+static void write_route(void *user, uint32_t layer, const uint32_t *counts,
+                        uint32_t n_experts)
+{
+    route_trace *t = (route_trace *)user;
+    if (fprintf(t->f, "%u", (unsigned)layer) < 0)
+        t->failed = 1;
+    for (uint32_t e = 0; e < n_experts; e++)
+        if (counts[e] && fprintf(t->f, " %u:%u", (unsigned)e, (unsigned)counts[e]) < 0)
+            t->failed = 1;
+    if (fputc('\n', t->f) == EOF)
+        t->failed = 1;
+}
 static colibri_options options; /* --kv, --ram, --slots, --policy */
 
 /* What the user can do about an error code returned by `call` (-1 means a
@@ -781,7 +804,7 @@ static int parse_count(const char *s, long *out)
 int main(int argc, char **argv)
 {
     const char *tokens = NULL, *logits_out = NULL, *tokenize = NULL, *prompt = NULL;
-    const char *enc_tokens = NULL;
+    const char *enc_tokens = NULL, *trace_path = NULL;
     colibri_sample_params sp = colibri_sample_defaults();
     int sampling_flags = 0;
     int info = 0, verify = 0, dump = 0, have_model = 0;
@@ -832,6 +855,8 @@ int main(int argc, char **argv)
             sampling_flags = 1;
         } else if (!strcmp(a, "--logits-out") && has_val) {
             logits_out = argv[++i];
+        } else if (!strcmp(a, "--route-trace") && has_val) {
+            trace_path = argv[++i];
         } else if (!strcmp(a, "--generate") && has_val) {
             if (parse_count(argv[++i], &generate))
                 return usage_error("--generate needs a count >= 1");
@@ -876,6 +901,8 @@ int main(int argc, char **argv)
                            "--dump-router-lut, --tokens, --bench, --tokenize, --prompt");
     if (logits_out && (!tokens || bench))
         return usage_error("--logits-out goes with --tokens");
+    if (trace_path && ((!tokens && !prompt) || bench))
+        return usage_error("--route-trace goes with --tokens or --prompt");
     if (enc_tokens && (!tokens || bench))
         return usage_error("--encoder-tokens goes with --tokens (the decoder's)");
     if (generate && !tokens && !prompt)
@@ -904,6 +931,23 @@ int main(int argc, char **argv)
     int status;
     if (rc == 0 && (threads > 1 || spin))
         rc = colibri_set_threads(&m, (uint32_t)threads, spin ? COLIBRI_THREADS_SPIN : 0);
+    route_trace trace = { NULL, 0 };
+    if (rc == 0 && trace_path) {
+        colibri_info in;
+        colibri_get_info(&m, &in);
+        trace.f = fopen(trace_path, "w");
+        if (!trace.f) {
+            unload(&m);
+            free(ids);
+            return fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, NULL,
+                        "cannot create the --route-trace file");
+        }
+        if (fprintf(trace.f, "# colibri route trace: n_layers %u n_experts %u top_k %u\n",
+                    (unsigned)in.shape.n_layers, (unsigned)in.shape.n_experts,
+                    (unsigned)in.shape.top_k) < 0)
+            trace.failed = 1;
+        rc = colibri_set_route_observer(&m, write_route, &trace);
+    }
     if (rc) {
         status = fail(rc, COLIBRI_CALL_INIT, &m, NULL);
     } else if (info) {
@@ -923,6 +967,9 @@ int main(int argc, char **argv)
     }
     if (rc == 0 && !info)
         print_stream(&m, stderr, 0);
+    if (trace.f && (fclose(trace.f) != 0 || trace.failed) && status == 0)
+        status = fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, NULL,
+                      "cannot write the --route-trace file");
     unload(&m);
     free(ids);
     return status;

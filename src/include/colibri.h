@@ -617,6 +617,25 @@ typedef struct colibri_stream_stats {
 int colibri_get_stream_stats(colibri_model *m, colibri_stream_stats *out,
                              int reset);
 
+/* The routing of every MoE layer pass, for tools that plan a budget or
+ * compare slot policies on the routing a real prompt gives (colibri-cli
+ * --route-trace, `colibri plan --trace`; docs/STREAMING.md). Any
+ * decoder-only instance, streamed or not: the routing is the same bits
+ * either way (an ENC_DEC file's top-1 layers are not observed).
+ * fn(user, layer, counts, n_experts) is called from colibri_infer on the
+ * calling thread, once per MoE layer and chunk of tokens (a prefill of
+ * more tokens than a chunk holds calls it once per chunk), after the
+ * router and before any expert runs: counts[e] = the tokens of the chunk
+ * routed to expert e (n_experts entries; the array is the library's and
+ * valid during the call only). fn must not call the library on this
+ * instance; what it does (I/O, allocation) is the caller's, so the
+ * promise of no system call in infer is then the observer's to keep.
+ * NULL fn: none (the default). Returns 0, COLIBRI_E_ARG (m NULL),
+ * COLIBRI_E_NOT_INIT. */
+typedef void (*colibri_route_fn)(void *user, uint32_t layer, const uint32_t *counts,
+                                 uint32_t n_experts);
+int colibri_set_route_observer(colibri_model *m, colibri_route_fn fn, void *user);
+
 /* --- Encoder-decoder models (ENC_DEC files: Switch Transformers) ----------
  * An encoder-decoder runs in two calls:
  *   1. colibri_encode(m, ids, mask, batch, seq) runs the encoder once over
