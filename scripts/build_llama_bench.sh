@@ -8,7 +8,8 @@
 #
 #   native/  cmake defaults, as llama.cpp's README tells its users to build it
 #            (`cmake -B build && cmake --build build --config Release`):
-#            Release, GGML_NATIVE=ON (-march=native), OpenMP on, CPU only.
+#            Release, GGML_NATIVE=ON (-march=native), OpenMP on, CPU only;
+#            AMX off (see "AMX" below).
 #   avx2/    what an AVX2-only CPU (AMD Zen 2/3, Intel before Alder Lake) gets:
 #            GGML_NATIVE=OFF with AVX/AVX2/FMA/F16C/BMI2 on and AVX-512,
 #            AVX-VNNI, AMX off -- the peer of Colibri built with `vnni=0`.
@@ -33,9 +34,23 @@ targets_of() {
     esac
 }
 
+# AMX: -march=native compiles ggml's AMX kernels wherever the CPU lists
+# amx_tile. On the 2-core Xeon VM of 2026-12-02 (amx_tile listed, the
+# kernel granting the tile state: a probe's ldtilecfg / tilezero ran) every
+# llama-bench run died with SIGILL in ggml's tinygemm_kernel_amx (tilezero
+# %tmm4). Colibri has no AMX kernels, so the native flavour is -march=native
+# without AMX (every other feature the CPU has stays on); its stamp says so.
+native_args=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+if grep -qw amx_tile /proc/cpuinfo; then
+    native_args+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+                  "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+fi
+native_stamp="$version no-amx"
+stamp_of() { [ "$1" = native ] && echo "$native_stamp" || echo "$version"; }
+
 need_build=0
 for flavour in "${flavours[@]}"; do
-    [ "$(cat "$out/$flavour/.done" 2>/dev/null || true)" = "$version" ] || need_build=1
+    [ "$(cat "$out/$flavour/.done" 2>/dev/null || true)" = "$(stamp_of "$flavour")" ] || need_build=1
     for t in $(targets_of "$flavour"); do [ -x "$out/$flavour/bin/$t" ] || need_build=1; done
 done
 [ "$need_build" = 0 ] && { say "llama-bench $version present in $out/{${flavours[*]}}"; exit 0; }
@@ -66,8 +81,9 @@ build_one() {  # flavour, extra cmake args...
     local targets t missing=0
     targets=$(targets_of "$flavour")
     for t in $targets; do [ -x "$dir/bin/$t" ] || missing=1; done
-    [ "$(cat "$dir/.done" 2>/dev/null || true)" = "$version" ] && [ "$missing" = 0 ] && return 0
-    if [ "$(cat "$dir/.done" 2>/dev/null || true)" = "$version" ]; then
+    local stamp; stamp=$(stamp_of "$flavour")
+    [ "$(cat "$dir/.done" 2>/dev/null || true)" = "$stamp" ] && [ "$missing" = 0 ] && return 0
+    if [ "$(cat "$dir/.done" 2>/dev/null || true)" = "$stamp" ]; then
         # A build of this version lacking a target (made before the target was
         # added here): build the missing ones into the same tree, no rebuild.
         say "adding $targets to $flavour"
@@ -83,7 +99,7 @@ build_one() {  # flavour, extra cmake args...
     for t in $targets; do
         [ -x "$dir/bin/$t" ] || { say "no $dir/bin/$t after the build"; exit 1; }
     done
-    echo "$version" > "$dir/.done"
+    echo "$stamp" > "$dir/.done"
     for t in $targets; do say "$dir/bin/$t"; done
 }
 avx2_args=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
@@ -92,7 +108,8 @@ avx2_args=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 for flavour in "${flavours[@]}"; do
     case $flavour in
-        native) build_one native ;;
+        native)
+            build_one native "${native_args[@]}" ;;
         avx2) build_one avx2 "${avx2_args[@]}" ;;
         *) say "unknown flavour $flavour (native|avx2)"; exit 2 ;;
     esac
