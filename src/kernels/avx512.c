@@ -819,11 +819,12 @@ BLOCK512 void zb_tile2(const unsigned dt, float *y0, float *y1, const uint8_t *c
     _mm256_storeu_ps(y1, acc1);
 }
 
-/* Y[n, rows] (n >= 2) for block dtype dt: strips of 8 rows, token pairs
- * over each strip (the first pair streams the strip in), a last odd token
- * by the decode tile; returns the rows done (whole strips; the caller
- * takes the rest). */
-BLOCK512 uint32_t zb_prefill(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
+/* Y[n, rows] for block dtype dt (Q4_K or Q6_K): strips of 8 rows, token
+ * pairs over each strip, a last odd token (a decode's one) by the decode
+ * tile; the strip's first tile streams the bytes from ZB_PF_AHEAD past the
+ * next strip on. Returns the rows done (whole strips; the caller takes the
+ * rest). */
+BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                              const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
                              uint32_t cols)
 {
@@ -850,37 +851,12 @@ BLOCK512 uint32_t zb_prefill(const unsigned dt, float *Y, const uint8_t *W, cons
         }
         if (t < n) {
             float *y = Y + (size_t)t * rows + (size_t)s * ZB_R;
+            const uint8_t *p = t == 0 ? pf : end;
             if (dt == COLIBRI_DTYPE_Q4_K)
-                q4k_tile(y, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, end, end);
+                q4k_tile(y, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, p, end);
             else
-                q6k_tile(y, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, end, end);
+                q6k_tile(y, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, p, end);
         }
-    }
-    return tiles * ZB_R;
-}
-
-/* Y[1, rows] for block dtype dt (Q4_K or Q6_K): whole tiles of 8 rows
- * here; returns the rows done (the caller's avx2.c form takes the rest). */
-BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
-                            const float *XS, const int16_t *XB, uint32_t rows, uint32_t cols)
-{
-    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
-    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
-    const size_t row_bytes = (size_t)nb * bytes, tile = ZB_R * row_bytes;
-    const uint32_t tiles = rows / ZB_R;
-    const uint8_t *end = W + (size_t)tiles * tile;
-    zb_prefetch_start(W, tile + ZB_PF_AHEAD < (size_t)tiles * tile ? tile + ZB_PF_AHEAD : (size_t)tiles * tile);
-    for (uint32_t t = 0; t < tiles; t++) {
-        const uint8_t *w[ZB_R];
-        UNROLL
-        for (int r = 0; r < ZB_R; r++)
-            w[r] = W + (size_t)t * tile + (size_t)r * row_bytes;
-        /* the stream: the bytes from ZB_PF_AHEAD past the next tile on */
-        const uint8_t *pf = W + (size_t)(t + 1) * tile + ZB_PF_AHEAD;
-        if (dt == COLIBRI_DTYPE_Q4_K)
-            q4k_tile(Y + (size_t)t * ZB_R, w, XQ, XS, XB, nb, pf, end);
-        else
-            q6k_tile(Y + (size_t)t * ZB_R, w, XQ, XS, XB, nb, pf, end);
     }
     return tiles * ZB_R;
 }
@@ -917,16 +893,15 @@ static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
  * count as its row stride). */
 enum { ZB_TAIL_T = 64 };
 
-/* Y[n, rows] for Q4_K or Q6_K: whole strips of 8 rows here (decode or
- * prefill form), the last rows % 8 by avx2.c's form. */
+/* Y[n, rows] for Q4_K or Q6_K: whole strips of 8 rows here (decode and
+ * prefill forms), the last rows % 8 by avx2.c's form. */
 BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                         const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
                         uint32_t cols)
 {
     const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
-    const uint32_t done = n == 1 ? zb_decode(dt, Y, W, XQ, XS, XB, rows, cols)
-                                 : zb_prefill(dt, Y, W, XQ, XS, XB, n, rows, cols);
+    const uint32_t done = zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols);
     if (done == rows)
         return;
     const colibri_kernels *k = base();
