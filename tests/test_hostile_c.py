@@ -32,6 +32,7 @@ import replay  # noqa: E402
 from colibri.file import format as F  # noqa: E402
 from colibri.errors import CRCError, FormatError  # noqa: E402
 from test_format import HOSTILE, SHAPE, _set_entry, _set_header, write  # noqa: E402
+from test_runtime_support import c_build  # noqa: E402,F401
 
 BAD_FORMAT, NO_MEMORY, CRC, VERSION, ARENA_TOO_SMALL = -1, -2, -3, -5, -9
 FLAGS = replay.VERIFY | replay.DECODE     # no CRC repair: the bytes as given
@@ -831,3 +832,31 @@ def test_block_file_wrong_crc_in_each_section(replay_exe, block_file, tmp_path):
     values, not its scales) is a CRC error naming the tensor, in C and Python."""
     bc, raw = block_file
     check_crc_in_each_section(replay_exe, tmp_path, raw, _replay_flags(bc))
+
+
+def test_hostile_table_streamed(c_build, base_file, tmp_path):
+    """The same hostile files opened streamed (colibri-cli --slots 1: the
+    library's own reader, only the resident sections read at init), under
+    ASan + UBSan: each is refused at init with the all-resident load's code
+    and detail, and so is the file cut at every 64-byte boundary (a cut in
+    the experts too, though they are not read at init)."""
+    import subprocess
+    cli = c_build("asan").cli
+    p = tmp_path / "case.colibri"
+
+    def opened(data: bytes):
+        p.write_bytes(data)
+        return subprocess.run([str(cli), "--model", str(p), "--slots", "1", "--info"],
+                              capture_output=True, text=True, timeout=120)
+    bad = []
+    for name, (code, rx) in C_EXPECT.items():
+        r = opened(bytes(HOSTILE[name][0](bytearray(base_file))))
+        want = rx[:-1] + r"\)" if rx.endswith("$") else rx   # the CLI's "(detail)"
+        if r.returncode != 1 or not re.search(want, r.stderr) or r.stderr.count("\n") != 1:
+            bad.append(f"{name}: exit {r.returncode} {r.stderr.strip()!r}, want /{want}/")
+    for cut in range(0, len(base_file), 64):
+        r = opened(base_file[:cut])
+        if r.returncode != 1 or not re.search("truncated|shorter", r.stderr):
+            bad.append(f"cut {cut}: exit {r.returncode} {r.stderr.strip()!r}")
+    assert opened(base_file).returncode == 0
+    assert not bad, "\n".join(bad)
