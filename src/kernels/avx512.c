@@ -629,7 +629,11 @@ BLOCK512 void q4k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq,
  * same byte). The int16 pair sums of 128-bit lane i are sub-block 8h + i
  * (+ 4), scaled by vpermw from sc. Then - 32 * sum_j sc_j bsum_j, as the
  * int16 pairs (32 sc_j) x (- bsum_j) (nxb). */
-BLOCK512 __m512i q6k_row(const uint8_t *blk, const __m512i xv[4], __m512i nxb)
+/* Q6_K, half h of a block (128 columns): the 6-bit weights of its two
+ * 64-column vectors (v[0]: sub-blocks 8h + i, v[1]: 8h + 4 + i per 128-bit
+ * lane i) and their scales as int16 lanes (c), from the block's scales sc
+ * (int16, the low 256 bits). */
+BLOCK512 void q6k_half(const uint8_t *blk, int h, __m512i sc, __m512i v[2], __m512i c[2])
 {
     const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     const __m512i sl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
@@ -637,21 +641,27 @@ BLOCK512 __m512i q6k_row(const uint8_t *blk, const __m512i xv[4], __m512i nxb)
     /* int16 lane p -> p / 8: the 128-bit lane's sub-block (+ 8h, + 4) */
     const __m512i lane = _mm512_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001, 0x20002, 0x20002,
                                            0x20002, 0x20002, 0x30003, 0x30003, 0x30003, 0x30003);
+    const __m512i ql = _mm512_loadu_si512((const void *)(blk + 4 + 64 * h));
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 132 + 32 * h)));
+    /* (A & C) | B: the nibble from A, bits 4, 5 from B */
+    v[0] = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi16(qh, sl), m30), m4, 0xEC);
+    v[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4),
+                                     _mm512_and_si512(_mm512_srlv_epi16(qh, sr), m30), m4, 0xEC);
+    c[0] = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h))), sc);
+    c[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h + 4))), sc);
+}
+
+BLOCK512 __m512i q6k_row(const uint8_t *blk, const __m512i xv[4], __m512i nxb)
+{
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 196)));
     const __m512i sc = _mm512_castsi256_si512(sc16);
     __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5)), nxb);
     UNROLL
     for (int h = 0; h < 2; h++) {
-        const __m512i ql = _mm512_loadu_si512((const void *)(blk + 4 + 64 * h));
-        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 132 + 32 * h)));
-        /* (A & C) | B: the nibble from A, bits 4, 5 from B */
-        const __m512i v01 = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi16(qh, sl), m30), m4, 0xEC);
-        const __m512i v23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4),
-                                                      _mm512_and_si512(_mm512_srlv_epi16(qh, sr), m30), m4, 0xEC);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(v01, xv[2 * h]),
-                                  _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h))), sc));
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(v23, xv[2 * h + 1]),
-                                  _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h + 4))), sc));
+        __m512i v[2], c[2];
+        q6k_half(blk, h, sc, v, c);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(v[0], xv[2 * h]), c[0]);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(v[1], xv[2 * h + 1]), c[1]);
     }
     return acc;
 }
@@ -741,11 +751,6 @@ BLOCK512 __m256i q4k_msum8(const __m512i scm[2], const int16_t *xb)
 BLOCK512 void q6k_row_x2(const uint8_t *blk, const int8_t *x0, const int8_t *x1,
                          __m512i nxb0, __m512i nxb1, __m512i *a0, __m512i *a1)
 {
-    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
-    const __m512i sl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i sr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i lane = _mm512_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001, 0x20002, 0x20002,
-                                           0x20002, 0x20002, 0x30003, 0x30003, 0x30003, 0x30003);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 196)));
     const __m512i sc = _mm512_castsi256_si512(sc16);
     const __m512i sc32 = _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5));
@@ -753,17 +758,13 @@ BLOCK512 void q6k_row_x2(const uint8_t *blk, const int8_t *x0, const int8_t *x1,
     __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc32, nxb1);
     UNROLL
     for (int h = 0; h < 2; h++) {
-        const __m512i ql = _mm512_loadu_si512((const void *)(blk + 4 + 64 * h));
-        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 132 + 32 * h)));
-        const __m512i v01 = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi16(qh, sl), m30), m4, 0xEC);
-        const __m512i v23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4),
-                                                      _mm512_and_si512(_mm512_srlv_epi16(qh, sr), m30), m4, 0xEC);
-        const __m512i c01 = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h))), sc);
-        const __m512i c23 = _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(8 * h + 4))), sc);
-        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(v01, _mm512_loadu_si512((const void *)(x0 + 128 * h))), c01);
-        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(v01, _mm512_loadu_si512((const void *)(x1 + 128 * h))), c01);
-        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(v23, _mm512_loadu_si512((const void *)(x0 + 128 * h + 64))), c23);
-        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(v23, _mm512_loadu_si512((const void *)(x1 + 128 * h + 64))), c23);
+        __m512i v[2], c[2];
+        q6k_half(blk, h, sc, v, c);
+        UNROLL
+        for (int j = 0; j < 2; j++) {
+            s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(v[j], _mm512_loadu_si512((const void *)(x0 + 128 * h + 64 * j))), c[j]);
+            s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(v[j], _mm512_loadu_si512((const void *)(x1 + 128 * h + 64 * j))), c[j]);
+        }
     }
     *a0 = s0;
     *a1 = s1;
