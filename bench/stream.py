@@ -47,13 +47,6 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "?"
-
-
 def drop_caches() -> None:
     subprocess.run(["sync"], check=True)
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -205,7 +198,7 @@ def main(argv=None) -> int:
     model, gguf = ms.colibri["int8"], ms.gguf["q8_0"]
     limits = [parse_size(x) for x in a.limits.split(",")]
     cpu = cpu_description()
-    meta = {"cpu": cpu_name(), "cores": cpu["cores"], "cpu_features": cpu["flags"],
+    meta = {"cpu": cpu["model"] or "?", "cores": cpu["cores"], "cpu_features": cpu["flags"],
             "model": a.model, "model_bytes": model.stat().st_size,
             "gguf_bytes": gguf.stat().st_size, "disk_mb_s": disk_speed(model),
             "steps": a.steps, "load": os.getloadavg()[0]}

@@ -526,6 +526,17 @@ static int check_encdec_words(const uint8_t *w, const colibri_shape *s, int be,
     return COLIBRI_OK;
 }
 
+int clb_check_table_end(const colibri_shape *s, uint64_t size, char *detail)
+{
+    uint64_t table_end = COLIBRI_TABLE_OFFSET + (uint64_t)s->n_tensors * COLIBRI_ENTRY_SIZE;
+    if (table_end <= size)
+        return COLIBRI_OK;
+    clb_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
+               "beyond the file size %llu (truncated?)", (unsigned)(s->n_tensors),
+               (unsigned long long)table_end, (unsigned long long)size);
+    return COLIBRI_E_BAD_FORMAT;
+}
+
 int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
                    int be, clb_desc *d, char *detail)
 {
@@ -540,12 +551,9 @@ int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
     uint64_t want_cols = desc_cols(s, d->features);
     uint64_t table_end = COLIBRI_TABLE_OFFSET + (uint64_t)s->n_tensors * COLIBRI_ENTRY_SIZE;
     uint64_t at = (table_end + 63) & ~(uint64_t)63;
-    if (table_end > size) {
-        clb_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
-                   "beyond the file size %llu (truncated?)", (unsigned)(s->n_tensors),
-                   (unsigned long long)table_end, (unsigned long long)size);
-        return COLIBRI_E_BAD_FORMAT;
-    }
+    int rc = clb_check_table_end(s, size, detail);
+    if (rc)
+        return rc;
     const uint8_t *en = b + COLIBRI_TABLE_OFFSET;
     if (rd16(en + COLIBRI_ENT_KIND, be) != COLIBRI_KIND_DESC ||
         en[COLIBRI_ENT_DTYPE] != COLIBRI_DTYPE_F32 ||
@@ -702,12 +710,8 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
     int ovf = 0;
     uint64_t table_bytes = cmul(s->n_tensors, COLIBRI_ENTRY_SIZE, &ovf);
     uint64_t table_end = cadd(COLIBRI_TABLE_OFFSET, table_bytes, &ovf);
-    if (ovf || table_end > size) {
-        clb_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
-                   "beyond the file size %llu (truncated?)", (unsigned)(s->n_tensors),
-                   (unsigned long long)table_end, (unsigned long long)size);
-        return COLIBRI_E_BAD_FORMAT;
-    }
+    if (clb_check_table_end(s, size, detail) != COLIBRI_OK || ovf)
+        return COLIBRI_E_BAD_FORMAT; /* ovf: never (u32 entries of 40 bytes) */
     const uint8_t *tab = b + COLIBRI_TABLE_OFFSET;
     uint32_t want = rd32(b + COLIBRI_HDR_TABLE_CRC, be);
     uint32_t got = colibri_crc32(0, tab, table_bytes);

@@ -86,6 +86,10 @@ int clb_validate(const uint8_t *b, size_t size, colibri_shape *s, int *be,
                  clb_desc *d, char *detail, bad_cb cb, void *user,
                  uint32_t *nbad);
 
+/* COLIBRI_E_BAD_FORMAT (detail set) when the tensor table of s's n_tensors
+ * entries ends past a file of `size` bytes, else COLIBRI_OK. */
+int clb_check_table_end(const colibri_shape *s, uint64_t size, char *detail);
+
 /* The bytes of a file before its first section after the DESC: header,
  * table and (version 2) the DESC section, from a header that passed
  * clb_check_header. What a streamed instance reads first. */

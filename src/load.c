@@ -489,13 +489,9 @@ static int read_header(const colibri_reader *rd, uint8_t *hdr, colibri_shape *s,
     if (rc)
         return rc;
     *prefix = clb_prefix_bytes(hdr, s, *be);
-    uint64_t table_end = COLIBRI_TABLE_OFFSET + (uint64_t)s->n_tensors * COLIBRI_ENTRY_SIZE;
-    if (table_end > rd->size) { /* the all-resident load's words (format.c) */
-        clb_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
-                   "beyond the file size %llu (truncated?)", (unsigned)s->n_tensors,
-                   (unsigned long long)table_end, (unsigned long long)rd->size);
-        return COLIBRI_E_BAD_FORMAT;
-    }
+    rc = clb_check_table_end(s, rd->size, detail); /* the all-resident load's check */
+    if (rc)
+        return rc;
     if (*prefix > rd->size) {
         clb_detail(detail, DETAIL_CAP, "the table and description end at %llu, "
                    "beyond the file size %llu (truncated?)",

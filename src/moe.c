@@ -157,13 +157,13 @@ static int run_streamed(const clb_plan *p, uint32_t l, const float *X, char *det
 int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
             uint32_t n, float *Y, char *detail)
 {
-    uint32_t h = p->s.hidden, K = p->s.top_k;
+    uint32_t h = p->s.hidden, K = p->s.top_k, l = (uint32_t)(layer - p->layers);
     route(p, layer, X, n);
     if (p->route_fn)
-        p->route_fn(p->route_user, (uint32_t)(layer - p->layers), p->counts, p->s.n_experts);
+        p->route_fn(p->route_user, l, p->counts, p->s.n_experts);
     if (p->stream) {
         memset(p->chosen, 0, p->s.n_experts);
-        int rc = run_streamed(p, (uint32_t)(layer - p->layers), X, detail);
+        int rc = run_streamed(p, l, X, detail);
         if (rc)
             return rc;
     } else {
