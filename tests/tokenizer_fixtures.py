@@ -280,3 +280,56 @@ def train_program_kind(kind: str, text: str, vocab: int = 3000):
         tj["model"]["ignore_merges"] = True
         tok = Tokenizer.from_str(json.dumps(tj))
     return tok
+
+
+# --- Unigram (T5 / Switch Transformers) -------------------------------------
+# "t5-300" / "t5-32k": T5Tokenizer's pipeline (transformers'
+# models/t5/tokenization_t5.py) without its Precompiled normaliser, which is
+# refused by name: Unigram with unk_id 2 and <pad> </s> <unk> first,
+# WhitespaceSplit + Metaspace(always, split), decoder Metaspace, template
+# "$A </s>", <extra_id_*> sentinels as special added tokens.
+# "uni-bf-nfc": NFC, Metaspace alone (split, prepend "always"), byte fallback
+# (<0xNN> pieces added after training), the Replace/ByteFallback/Fuse/Strip
+# decoder of Llama-style files.
+UNIGRAM_KINDS = ("t5-300", "t5-32k", "uni-bf-nfc")
+T5_SPECIALS = ["<pad>", "</s>", "<unk>"]
+
+
+def train_unigram(kind: str, text: str):
+    from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, processors, trainers)
+    lines = _lines(text)
+    vocab = 32000 if kind == "t5-32k" else 300 if kind == "t5-300" else 2000
+    tok = Tokenizer(models.Unigram())
+    if kind.startswith("t5"):
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
+    else:
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
+                                                     prepend_scheme="always", split=True)
+    tr = trainers.UnigramTrainer(vocab_size=vocab, special_tokens=T5_SPECIALS,
+                                 unk_token="<unk>", show_progress=False,
+                                 max_piece_length=16)
+    tok.train_from_iterator(lines, tr)
+    if kind.startswith("t5"):
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always",
+                                         split=True)
+        tok.post_processor = processors.TemplateProcessing(
+            single=["$A", "</s>"], pair=["$A", "</s>", "$B", "</s>"],
+            special_tokens=[("</s>", 1)])
+        tok.add_special_tokens([AddedToken(t, normalized=False) for t in T5_SPECIALS]
+                               + [AddedToken(f"<extra_id_{i}>", normalized=False)
+                                  for i in range(3)])
+        return tok
+    tj = json.loads(tok.to_str())
+    model = tj["model"]
+    low = min(s for _, s in model["vocab"]) - 1.0
+    have = {p for p, _ in model["vocab"]}
+    model["vocab"] += [[f"<0x{b:02X}>", low] for b in range(256) if f"<0x{b:02X}>" not in have]
+    model["byte_fallback"] = True
+    tok = Tokenizer.from_str(json.dumps(tj))
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return tok

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import struct
 import unicodedata
 import zlib
@@ -40,10 +41,14 @@ KIND_TOKENIZER = 0x0100         # table kind; optional, never CRITICAL
 SECTION_MAGIC = b"CTOK"
 SECTION_VERSION = 1             # written when the pre-tokenizer is one of pretok 0..3
 SECTION_VERSION_PROGRAM = 2     # ... else: the Split steps' programs are stored
+SECTION_VERSION_UNIGRAM = 3     # a Unigram model (its scores) or a flag of bit 10..14
 SECTION_HEADER_SIZE = 96
 
 MODEL_BYTE_LEVEL = 1            # byte-level BPE
 MODEL_SENTENCEPIECE = 2         # SentencePiece-style BPE (▁, byte fallback)
+MODEL_UNIGRAM = 3               # version 3: SentencePiece Unigram (T5): Viterbi over scores
+MODEL_NAMES = {MODEL_BYTE_LEVEL: "byte-level BPE", MODEL_SENTENCEPIECE: "SentencePiece BPE",
+               MODEL_UNIGRAM: "Unigram"}
 
 PRETOK_NONE = 0                 # the whole (normalised) text is one word
 PRETOK_GPT2 = 1                 # GPT-2 regex (ByteLevel use_regex=true)
@@ -64,7 +69,14 @@ F_SP_STRIP = 1 << 6             # decoding drops one leading space
 F_SP_PREPEND_UNLESS = 1 << 7    # ... but not before a run that starts with ▁ (Metaspace)
 F_TEMPLATE_BOS = 1 << 8         # the post-processor puts bos first (add_special_tokens)
 F_NFC = 1 << 9                  # version 2: each text run is NFC-normalised first
-KNOWN_FLAGS = (1 << 10) - 1
+# Version 3 (the Metaspace and T5 shapes; FORMAT.md section 7.3):
+F_SP_SPLIT = 1 << 10            # Metaspace split: a word is cut before each ▁
+F_WS_SPLIT = 1 << 11            # WhitespaceSplit first: words are the runs of non-space
+F_DEC_METASPACE = 1 << 12       # decoder Metaspace: ▁ -> space, no byte fallback
+F_DEC_DROP_FIRST = 1 << 13      # ... and the first token loses every ▁ (scheme not never)
+F_TEMPLATE_EOS = 1 << 14        # the post-processor puts eos last (T5's "$A </s>")
+KNOWN_FLAGS_V2 = (1 << 10) - 1
+KNOWN_FLAGS = (1 << 15) - 1
 
 # Per-id flags (one byte per id).
 ID_ADDED = 1 << 0               # an added token: matched in the raw text
@@ -87,6 +99,7 @@ SPLIT_PATTERNS = {QWEN2_PATTERN: PRETOK_QWEN2, LLAMA3_PATTERN: PRETOK_LLAMA3}
 # Limits that keep a hostile tokenizer.json or section from exhausting memory.
 MAX_VOCAB = 1 << 22
 MAX_PIECE_BYTES = 1 << 16
+MAX_UNIGRAM_PIECE_BYTES = 255   # the C Viterbi keeps one byte per position for the way back
 
 
 class TokenizerError(ColibriError):
@@ -267,15 +280,20 @@ class TokenizerSpec:
     # pretok PRETOK_PROGRAM: [(behavior, invert, program words)] applied in order
     steps: list = field(default_factory=list)
     what: str = ""          # one line for the converter: the components stored
+    scores: list = field(default_factory=list)   # Unigram: a float per id (0.0 if unused)
 
 
 def describe(spec: TokenizerSpec) -> str:
     """One line for `colibri info`: the model, ids, merges, normaliser,
     pre-tokenizer and special ids of a section."""
-    model = "byte-level" if spec.model == MODEL_BYTE_LEVEL else "SentencePiece"
-    parts = [f"{model} BPE, {len(spec.pieces)} ids, {len(spec.merges)} merges"]
+    parts = [f"{MODEL_NAMES.get(spec.model, spec.model)}, {len(spec.pieces)} ids"
+             + (f", {len(spec.merges)} merges" if spec.model != MODEL_UNIGRAM else "")]
     if spec.flags & F_NFC:
         parts.append("NFC")
+    if spec.flags & F_WS_SPLIT:
+        parts.append("WhitespaceSplit")
+    if spec.flags & F_SP_SPLIT:
+        parts.append("Metaspace split")
     if spec.pretok == PRETOK_PROGRAM:
         parts.append(f"{len(spec.steps)} stored pre-tokenizer step"
                      f"{'s' if len(spec.steps) != 1 else ''}")
@@ -285,6 +303,8 @@ def describe(spec: TokenizerSpec) -> str:
         parts.append(f"{len(spec.added)} added tokens")
     parts += [f"{name} {i}" for name, i in (("bos", spec.bos_id), ("eos", spec.eos_id),
                                              ("unk", spec.unk_id)) if i >= 0]
+    if spec.flags & F_TEMPLATE_EOS:
+        parts.append("template appends eos")
     return ", ".join(parts)
 
 
@@ -366,6 +386,26 @@ def _split_step(p) -> tuple[int, bool, list[int], str]:
                                "WhitespaceSplit, ByteLevel and Metaspace are supported")
 
 
+def _metaspace_scheme(m) -> str:
+    """prepend_scheme, or the older add_prefix_space (true: always)."""
+    if "prepend_scheme" in m:
+        return m["prepend_scheme"]
+    return "always" if m.get("add_prefix_space", True) else "never"
+
+
+def _metaspace(m) -> tuple[int, str]:
+    """A Metaspace pre-tokenizer -> (flags, prepend scheme)."""
+    if m.get("replacement") != SP_SPACE:
+        raise UnsupportedTokenizer(f"Metaspace replacement {m.get('replacement')!r} (only '▁')")
+    scheme = _metaspace_scheme(m)
+    flags = {"always": F_SP_PREPEND | F_SP_PREPEND_UNLESS,
+             "first": F_SP_PREPEND | F_SP_PREPEND_FIRST | F_SP_PREPEND_UNLESS,
+             "never": 0}.get(scheme)
+    if flags is None:
+        raise UnsupportedTokenizer(f"Metaspace prepend_scheme {scheme!r}")
+    return flags | (F_SP_SPLIT if m.get("split", True) else 0), scheme
+
+
 def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, int, list, str]:
     """-> (model kind the pre-tokenizer implies, pretok, flags, steps, name).
     builtin: the GPT-2 / Qwen2 / Llama-3 regexes as pretok 1..3 (a version 1
@@ -388,16 +428,15 @@ def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, i
             return MODEL_BYTE_LEVEL, pid, (F_ADD_PREFIX_SPACE if items[1].get("add_prefix_space")
                                            else 0), [], f"Split ({PRETOK_NAMES[pid]}) + ByteLevel"
     if t == "Metaspace":
-        if pre.get("replacement") != SP_SPACE or pre.get("split", True):
-            raise UnsupportedTokenizer("Metaspace pre-tokenizer other than replacement '▁', "
-                                       "split false")
-        scheme = pre.get("prepend_scheme", "always")
-        flags = {"always": F_SP_PREPEND | F_SP_PREPEND_UNLESS,
-                 "first": F_SP_PREPEND | F_SP_PREPEND_FIRST | F_SP_PREPEND_UNLESS,
-                 "never": 0}.get(scheme)
-        if flags is None:
-            raise UnsupportedTokenizer(f"Metaspace prepend_scheme {scheme!r}")
+        flags, scheme = _metaspace(pre)
         return MODEL_SENTENCEPIECE, PRETOK_NONE, flags, [], f"Metaspace ({scheme})"
+    if t == "Sequence" and [_type(c) for c in _flatten(pre)] == ["WhitespaceSplit", "Metaspace"]:
+        # T5 / Switch: words are the runs of non-whitespace, each with its ▁.
+        flags, scheme = _metaspace(_flatten(pre)[1])
+        if flags & F_SP_PREPEND_FIRST:
+            raise UnsupportedTokenizer("Metaspace prepend_scheme 'first' after WhitespaceSplit")
+        return MODEL_SENTENCEPIECE, PRETOK_NONE, flags | F_WS_SPLIT, [], \
+            f"WhitespaceSplit + Metaspace ({scheme})"
     # The general case: Split steps, ending with ByteLevel (the byte mapping).
     comps = _flatten(pre)
     known = ("Split", "Digits", "Punctuation", "WhitespaceSplit", "ByteLevel", "Metaspace")
@@ -439,6 +478,13 @@ def _parse_decoder(dec, model: int) -> int:
         if t != "ByteLevel":
             raise UnsupportedTokenizer(f"decoder {t} for a byte-level BPE (ByteLevel expected)")
         return 0
+    if t == "Metaspace":
+        if dec.get("replacement") != SP_SPACE:
+            raise UnsupportedTokenizer(f"decoder Metaspace replacement {dec.get('replacement')!r}")
+        scheme = _metaspace_scheme(dec)
+        if scheme not in ("always", "first", "never"):
+            raise UnsupportedTokenizer(f"decoder Metaspace prepend_scheme {scheme!r}")
+        return F_DEC_METASPACE | (F_DEC_DROP_FIRST if scheme != "never" else 0)
     items = dec.get("decoders") if t == "Sequence" else [dec]
     types = [_type(d) for d in items or []]
     want = ["Replace", "ByteFallback", "Fuse"]
@@ -474,8 +520,9 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
     if not isinstance(tj, dict):
         raise TokenizerError("tokenizer.json is not a JSON object")
     model = _req(tj, "model", "tokenizer.json")
-    if _type(model) != "BPE":
-        raise UnsupportedTokenizer(f"model {_type(model)}: only BPE is supported")
+    unigram = _type(model) == "Unigram"
+    if _type(model) not in ("BPE", "Unigram"):
+        raise UnsupportedTokenizer(f"model {_type(model)}: only BPE and Unigram are supported")
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
             raise UnsupportedTokenizer(f"BPE with {key} {model[key]!r}")
@@ -489,6 +536,11 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
         raise UnsupportedTokenizer("byte-level pre-tokenizer with a SentencePiece normaliser")
     if kind == MODEL_SENTENCEPIECE and sp_norm and pflags:
         raise UnsupportedTokenizer("both a ▁ normaliser and a Metaspace pre-tokenizer")
+    if unigram:
+        if kind != MODEL_SENTENCEPIECE:
+            raise UnsupportedTokenizer("Unigram with a byte-level pre-tokenizer (a Metaspace "
+                                       "pre-tokenizer or a ▁ normaliser is supported)")
+        kind = MODEL_UNIGRAM
     flags |= pflags
     flags |= _parse_decoder(tj.get("decoder"), kind)
     if model.get("ignore_merges"):
@@ -499,6 +551,9 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
         flags |= F_FUSE_UNK
 
     vocab = _req(model, "vocab", "model")
+    scores_by_piece = {}
+    if unigram:
+        vocab, scores_by_piece = _unigram_vocab(vocab)
     if not isinstance(vocab, dict):
         raise TokenizerError("tokenizer.json: model.vocab is not an object")
     added = tj.get("added_tokens") or []
@@ -540,7 +595,7 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
         added_ids.append(i)
     merges = []
     seen = set()
-    for m in _req(model, "merges", "model"):
+    for m in ([] if unigram else _req(model, "merges", "model")):
         left, right = _merge_pair(m)
         if left not in vocab or right not in vocab or left + right not in vocab:
             raise TokenizerError(f"tokenizer.json: merge {left!r} {right!r}: a piece or "
@@ -552,7 +607,13 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
         merges.append((pair[0], pair[1], vocab[left + right]))
     unk = model.get("unk_token")
     unk_id = -1
-    if unk is not None:
+    if unigram:
+        # tokenizers' Unigram fails on an unknown character without an unk.
+        unk_id = model.get("unk_id")
+        if not isinstance(unk_id, int) or not 0 <= unk_id < len(vocab):
+            raise UnsupportedTokenizer(f"Unigram unk_id {unk_id!r} (an id of the vocabulary "
+                                       "is needed)")
+    elif unk is not None:
         if unk not in vocab:
             raise TokenizerError(f"tokenizer.json: unk_token {unk!r} is not in the vocabulary")
         unk_id = vocab[unk]
@@ -566,6 +627,13 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
             if isinstance(st.get("ids"), list) and len(st["ids"]) == 1:
                 bos_id = st["ids"][0]
                 flags |= F_TEMPLATE_BOS
+        elif (len(single) == 2 and "Sequence" in single[0] and "SpecialToken" in single[1]):
+            tok = single[1]["SpecialToken"].get("id")
+            st = (post.get("special_tokens") or {}).get(tok, {})
+            if (isinstance(st.get("ids"), list) and len(st["ids"]) == 1
+                    and isinstance(st["ids"][0], int) and 0 <= st["ids"][0] < n):
+                eos_id = st["ids"][0]
+                flags |= F_TEMPLATE_EOS
     config = config or {}
     for key in ("bos_token_id", "eos_token_id"):
         v = config.get(key)
@@ -574,13 +642,46 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
         if isinstance(v, int) and 0 <= v < n:
             if key == "bos_token_id" and bos_id < 0:
                 bos_id = v
-            if key == "eos_token_id":
+            if key == "eos_token_id" and not flags & F_TEMPLATE_EOS:
                 eos_id = v
-    what = (f"{'byte-level' if kind == MODEL_BYTE_LEVEL else 'SentencePiece-style'} BPE, "
-            f"{n} ids, normalizer {_type(tj.get('normalizer')) if tj.get('normalizer') else 'none'}"
+            elif key == "eos_token_id" and v != eos_id:
+                raise UnsupportedTokenizer(f"the post-processor appends id {eos_id}, but the "
+                                           f"config's eos_token_id is {v}")
+    model_name = {MODEL_BYTE_LEVEL: "byte-level BPE", MODEL_SENTENCEPIECE:
+                  "SentencePiece-style BPE", MODEL_UNIGRAM: "Unigram"}[kind]
+    what = (f"{model_name}, {n} ids, normalizer "
+            f"{_type(tj.get('normalizer')) if tj.get('normalizer') else 'none'}"
             f", pre-tokenizer {pre_name}")
+    scores = [scores_by_piece.get(pieces[i], 0.0) if id_flags[i] & ID_IN_VOCAB else 0.0
+              for i in range(n)] if unigram else []
     return TokenizerSpec(kind, pretok, flags, pieces, id_flags, merges, unk_id, bos_id,
-                         eos_id, added_ids, steps, what)
+                         eos_id, added_ids, steps, what, scores)
+
+
+def _unigram_vocab(items) -> tuple[dict, dict]:
+    """A Unigram model's vocab ([[piece, score], ...], the id is the index)
+    -> ({piece: id}, {piece: score})."""
+    if not isinstance(items, list) or not items:
+        raise TokenizerError("tokenizer.json: Unigram vocab is not a non-empty list")
+    if len(items) > MAX_VOCAB:
+        raise TokenizerError(f"tokenizer.json: Unigram vocab of {len(items)} pieces")
+    vocab, scores = {}, {}
+    for i, it in enumerate(items):
+        if (not isinstance(it, list) or len(it) != 2 or not isinstance(it[0], str)
+                or isinstance(it[1], bool) or not isinstance(it[1], (int, float))
+                or not math.isfinite(it[1])):
+            raise TokenizerError(f"tokenizer.json: Unigram vocab entry {i} is not "
+                                 "[piece, finite score]")
+        piece = it[0]
+        if piece in vocab:
+            raise TokenizerError(f"tokenizer.json: Unigram piece {piece!r} appears twice "
+                                 f"(ids {vocab[piece]} and {i})")
+        if len(piece.encode()) > MAX_UNIGRAM_PIECE_BYTES:
+            raise UnsupportedTokenizer(f"Unigram piece {i} of {len(piece.encode())} bytes "
+                                       f"(at most {MAX_UNIGRAM_PIECE_BYTES})")
+        vocab[piece] = i
+        scores[piece] = float(it[1])
+    return vocab, scores
 
 
 def spec_from_dir(model_dir: str | Path) -> TokenizerSpec | None:
@@ -654,14 +755,18 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
     pre_words = tokregex.pack_steps(spec.steps) if spec.pretok == PRETOK_PROGRAM else []
     off_pretok = cur if pre_words else 0
     cur = _a8(cur + 4 * len(pre_words))
+    off_scores = cur if spec.model == MODEL_UNIGRAM else 0
+    if off_scores:
+        cur += 8 * n
     h = dict(model=spec.model, pretok=spec.pretok, flags=spec.flags, n_vocab=n,
              n_merges=len(merges), n_added=len(spec.added),
              unk_id=spec.unk_id & 0xFFFFFFFF, bos_id=spec.bos_id & 0xFFFFFFFF,
              eos_id=spec.eos_id & 0xFFFFFFFF, n_string_bytes=len(blob),
              n_sorted=len(sorted_ids), section_size=cur, reserved0=off_pretok,
-             reserved1=len(pre_words), reserved2=0, **layout)
+             reserved1=len(pre_words), reserved2=off_scores, **layout)
     out = bytearray(cur)
-    version = SECTION_VERSION_PROGRAM if pre_words or spec.flags & F_NFC else SECTION_VERSION
+    version = (SECTION_VERSION_UNIGRAM if off_scores or spec.flags & ~KNOWN_FLAGS_V2 else
+               SECTION_VERSION_PROGRAM if pre_words or spec.flags & F_NFC else SECTION_VERSION)
     struct.pack_into(bc + _HEADER_FMT, out, 0, SECTION_MAGIC, version, 0xFEFF,
                      *(h[f] for f in _HEADER_FIELDS))
     if pre_words:
@@ -674,6 +779,8 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
                      *(v for m in merges for v in m))
     struct.pack_into(f"{bc}{len(spec.added)}I", out, layout["off_added"], *spec.added)
     struct.pack_into(f"{bc}256I", out, layout["off_byte_ids"], *_byte_piece_ids(spec))
+    if off_scores:
+        struct.pack_into(f"{bc}{n}d", out, off_scores, *spec.scores)
     return bytes(out)
 
 
@@ -699,20 +806,23 @@ def parse_section(data: bytes) -> TokenizerSpec:
     vals = struct.unpack_from(bc + _HEADER_FMT, data, 0)
     version = vals[1]
     h = dict(zip(_HEADER_FIELDS, vals[3:]))
-    if version not in (SECTION_VERSION, SECTION_VERSION_PROGRAM):
-        raise _bad(f"section version {version}, this reader reads {SECTION_VERSION} and "
-                   f"{SECTION_VERSION_PROGRAM}")
+    if version not in (SECTION_VERSION, SECTION_VERSION_PROGRAM, SECTION_VERSION_UNIGRAM):
+        raise _bad(f"section version {version}, this reader reads {SECTION_VERSION} to "
+                   f"{SECTION_VERSION_UNIGRAM}")
     size = len(data)
     if h["section_size"] != size:
         raise _bad(f"section_size {h['section_size']}, the table says {size}")
-    if h["model"] not in (MODEL_BYTE_LEVEL, MODEL_SENTENCEPIECE):
+    if h["model"] not in (MODEL_BYTE_LEVEL, MODEL_SENTENCEPIECE, MODEL_UNIGRAM) or (
+            h["model"] == MODEL_UNIGRAM and version != SECTION_VERSION_UNIGRAM):
         raise _bad(f"model kind {h['model']}")
-    has_prog = version == SECTION_VERSION_PROGRAM and h["pretok"] == PRETOK_PROGRAM
+    unigram = h["model"] == MODEL_UNIGRAM
+    has_prog = version >= SECTION_VERSION_PROGRAM and h["pretok"] == PRETOK_PROGRAM
     if h["pretok"] not in (PRETOK_NONE, PRETOK_GPT2, PRETOK_QWEN2, PRETOK_LLAMA3) and not has_prog:
         raise _bad(f"pre-tokenizer {h['pretok']}")
-    if h["flags"] & ~KNOWN_FLAGS or h["reserved2"] or (not has_prog and (
+    if h["flags"] & ~KNOWN_FLAGS or bool(h["reserved2"]) != unigram or (not has_prog and (
             h["reserved0"] or h["reserved1"])) or (
-            h["flags"] & F_NFC and version != SECTION_VERSION_PROGRAM):
+            h["flags"] & F_NFC and version < SECTION_VERSION_PROGRAM) or (
+            h["flags"] & ~KNOWN_FLAGS_V2 and version != SECTION_VERSION_UNIGRAM):
         raise _bad(f"flags 0x{h['flags']:x} or reserved fields not valid")
     n = h["n_vocab"]
     if not 1 <= n <= MAX_VOCAB:
@@ -795,8 +905,21 @@ def parse_section(data: bytes) -> TokenizerSpec:
             raise _bad("the pre-tokenizer program does not fit in the section")
         words = list(struct.unpack_from(f"{bc}{nw}I", data, off))
         steps = _check_steps(words)
+    scores = []
+    if unigram:
+        off = h["reserved2"]
+        if off % 8 or off < SECTION_HEADER_SIZE or off + 8 * n > size:
+            raise _bad("the Unigram scores do not fit in the section")
+        scores = list(struct.unpack_from(f"{bc}{n}d", data, off))
+        if not all(math.isfinite(x) for x in scores):
+            raise _bad("a Unigram score is not finite")
+        if h["n_merges"] or signed[0] < 0 or any(
+                len(p.encode()) > MAX_UNIGRAM_PIECE_BYTES
+                for p, f in zip(pieces, id_flags) if f & ID_IN_VOCAB):
+            raise _bad("a Unigram model with merges, without unk_id or with a piece "
+                       f"over {MAX_UNIGRAM_PIECE_BYTES} bytes")
     return TokenizerSpec(h["model"], h["pretok"], h["flags"], pieces, id_flags,
-                         merges_by_rank, *signed, added=added, steps=steps)
+                         merges_by_rank, *signed, added=added, steps=steps, scores=scores)
 
 
 def _check_steps(words: list[int]):
@@ -844,6 +967,15 @@ class Tokenizer:
         self.added = [(spec.pieces[i], i) for i in spec.added]
         self.special = {i for i in range(len(spec.pieces)) if spec.id_flags[i] & ID_SPECIAL}
         self.byte_level = spec.model == MODEL_BYTE_LEVEL
+        self.unigram = spec.model == MODEL_UNIGRAM
+        self.trie: dict = {}     # Unigram: byte -> child; key None: the piece's id
+        if self.unigram:
+            for piece, i in self.vocab.items():
+                node = self.trie
+                for b in piece.encode("utf-8"):
+                    node = node.setdefault(b, {})
+                node[None] = i
+            self.unk_score = min(spec.scores[i] for i in self.vocab.values()) - 10.0
 
     @property
     def n_vocab(self) -> int:
@@ -918,6 +1050,73 @@ class Tokenizer:
             syms.append(s.unk_id)
         return self._merge_all(syms)
 
+    def _unigram(self, word: str) -> list[int]:
+        """`Unigram::encode_optimized` then `tokenize` (tokenizers 0.23): the
+        best-scoring segmentation of the word's bytes into pieces (an
+        unknown character costs min score - 10), scores summed in float64
+        from the left, the earliest start kept on a tie; consecutive unknown
+        spans fused; a span outside the vocabulary becomes its <0xNN> pieces
+        (byte_fallback, when all exist) or unk."""
+        s = self.spec
+        b = word.encode("utf-8")
+        size = len(b)
+        best = [0.0] * (size + 1)
+        back = [0] * (size + 1)          # length of the best last piece; 0: not reached
+        start = 0
+        while start < size:
+            here = best[start]
+            lead = b[start]
+            mblen = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            single = False
+            node, k = self.trie, start
+            while k < size and b[k] in node:
+                node = node[b[k]]
+                k += 1
+                i = node.get(None)
+                if i is None:
+                    continue
+                cand = s.scores[i] + here
+                if not back[k] or cand > best[k]:
+                    best[k], back[k] = cand, k - start
+                single = single or k - start == mblen
+            if not single:
+                e = start + mblen
+                cand = self.unk_score + here
+                if not back[e] or cand > best[e]:
+                    best[e], back[e] = cand, mblen
+            start += mblen
+        spans, e = [], size
+        while e > 0:
+            spans.append((e - back[e], e))
+            e -= back[e]
+        spans.reverse()
+        ids: list[int] = []
+        unk_from = None
+
+        def emit(a: int, z: int):
+            piece = b[a:z].decode("utf-8")
+            i = self.vocab.get(piece)
+            if i is not None:
+                ids.append(i)
+                return
+            if s.flags & F_BYTE_FALLBACK:
+                bt = [self.vocab.get(f"<0x{x:02X}>") for x in b[a:z]]
+                if all(t is not None for t in bt):
+                    ids.extend(bt)
+                    return
+            ids.append(s.unk_id)
+        for a, z in spans:
+            if self.vocab.get(b[a:z].decode("utf-8"), s.unk_id) == s.unk_id:
+                unk_from = a if unk_from is None else unk_from
+                continue
+            if unk_from is not None:
+                emit(unk_from, a)
+                unk_from = None
+            emit(a, z)
+        if unk_from is not None:
+            emit(unk_from, size)
+        return ids
+
     def _merge_all(self, syms: list[int]) -> list[int]:
         """`Word::merge_all`: lowest rank first, then leftmost."""
         n = len(syms)
@@ -957,10 +1156,11 @@ class Tokenizer:
         return [ids[p] for p in range(n) if alive[p]]
 
     def encode(self, text: str | bytes, add_bos: bool = False, parse_special: bool = True,
-               errors: str = "replace") -> list[int]:
+               errors: str = "replace", add_eos: bool = False) -> list[int]:
         """Text -> ids. Bytes that are not valid UTF-8 become U+FFFD (each
         maximal invalid subsequence, as bytes.decode(errors="replace")), or
-        raise TokenizerError with errors="strict"."""
+        raise TokenizerError with errors="strict". add_bos / add_eos: the
+        template's special ids first / last (info: F_TEMPLATE_BOS / _EOS)."""
         s = self.spec
         if isinstance(text, (bytes, bytearray, memoryview)):
             try:
@@ -989,12 +1189,29 @@ class Tokenizer:
                 for w in words:
                     ids += self._bpe("".join(BYTE_TO_CHAR[b] for b in w.encode("utf-8")))
             else:
-                seg = seg.replace(" ", SP_SPACE)
-                if (s.flags & F_SP_PREPEND and (first or not s.flags & F_SP_PREPEND_FIRST)
-                        and not (s.flags & F_SP_PREPEND_UNLESS and seg.startswith(SP_SPACE))):
-                    seg = SP_SPACE + seg
-                ids += self._bpe(seg)
+                model = self._unigram if self.unigram else self._bpe
+                # WhitespaceSplit: the runs of non-White_Space (str.split()
+                # would also cut at U+001C..U+001F, which Rust does not).
+                runs = ([r for r in "".join(" " if c in WHITE_SPACE else c
+                                            for c in seg).split(" ") if r]
+                        if s.flags & F_WS_SPLIT else [seg])
+                for run in runs:
+                    run = run.replace(" ", SP_SPACE)
+                    if (s.flags & F_SP_PREPEND and (first or not s.flags & F_SP_PREPEND_FIRST)
+                            and not (s.flags & F_SP_PREPEND_UNLESS
+                                     and run.startswith(SP_SPACE))):
+                        run = SP_SPACE + run
+                    if s.flags & F_SP_SPLIT:   # MergedWithNext on ▁: cut before each
+                        cuts = [0] + [j for j in range(1, len(run)) if run[j] == SP_SPACE]
+                        for a, z in zip(cuts, cuts[1:] + [len(run)]):
+                            ids += model(run[a:z])
+                    else:
+                        ids += model(run)
             first = False
+        if add_eos:
+            if s.eos_id < 0:
+                raise TokenizerError("add_eos: this tokenizer has no eos token")
+            ids.append(s.eos_id)
         return ids
 
     # -- decode --
@@ -1055,6 +1272,12 @@ class StreamDecoder:
             raise TokenizerError(f"token id {i} is outside the vocabulary (0..{tok.n_vocab - 1})")
         if self.skip_special and i in tok.special:
             return ""
+        if tok.spec.flags & F_DEC_METASPACE:
+            # decoders::Metaspace: ▁ is a space, except that the first token
+            # (after skipped specials) loses every ▁; <0xNN> stays as written.
+            drop = not self.started and tok.spec.flags & F_DEC_DROP_FIRST
+            self.started = True
+            return tok.spec.pieces[i].replace(SP_SPACE, "" if drop else " ")
         b = tok.piece_bytes(i)
         if tok.byte_level:
             # ByteLevel decodes all bytes with from_utf8_lossy at the end: emit
