@@ -6,7 +6,7 @@
 #include "internal.h"
 #include "stream.h"
 #include "support.h"
-#include "colibri_tokenizer.h" /* the tokenizer's codes -30..-36 */
+#include "colibri_tokenizer.h" /* the tokenizer's codes -30..-37 */
 
 #include <string.h>
 
@@ -44,13 +44,17 @@ const char *colibri_strerror(int code)
     case COLIBRI_E_TOK_FORMAT: return "the tokenizer section is malformed (re-convert the file)";
     case COLIBRI_E_TOK_BUFFER: return "output buffer too small (the count needed is returned)";
     case COLIBRI_E_TOK_UTF8: return "text is not valid UTF-8";
-    case COLIBRI_E_TOK_NO_BOS: return "the tokenizer has no bos token";
+    case COLIBRI_E_TOK_NO_BOS:
+        return "the tokenizer has no bos token (ADD_BOS) or no eos token (ADD_EOS)";
     case COLIBRI_E_TOK_REGEX:
         return "the text needs more regex backtracking than COLIBRI_TOK_RX_STACK allows "
                "(split the text, or rebuild with a larger COLIBRI_TOK_RX_STACK)";
     case COLIBRI_E_TOK_NORM:
         return "the text is not in NFC and its normal form is longer than "
                "COLIBRI_TOK_NORM_BUF bytes (normalise it first, or split it)";
+    case COLIBRI_E_TOK_WORD:
+        return "a word (text between spaces) is longer than COLIBRI_TOK_UNIGRAM_WORD bytes, "
+               "the Unigram tokenizer's bound (split it, or rebuild with a larger one)";
 #endif
     default: return "unknown error code";
     }

@@ -53,6 +53,7 @@ const char *colibri_tok_strerror(int code)
 #define NO_ID 0xFFFFFFFFu
 #define M_BYTE_LEVEL 1u
 #define M_SENTENCEPIECE 2u
+#define M_UNIGRAM 3u                /* version 3: SentencePiece Unigram (T5) */
 #define F_ADD_PREFIX_SPACE (1u << 0)
 #define F_IGNORE_MERGES (1u << 1)
 #define F_BYTE_FALLBACK (1u << 2)
@@ -63,7 +64,14 @@ const char *colibri_tok_strerror(int code)
 #define F_SP_PREPEND_UNLESS (1u << 7)
 #define F_TEMPLATE_BOS (1u << 8)
 #define F_NFC (1u << 9)             /* version 2: text runs are NFC-normalised */
-#define KNOWN_FLAGS 0x3FFu
+#define F_SP_SPLIT (1u << 10)       /* version 3: Metaspace split: cut before ▁ */
+#define F_WS_SPLIT (1u << 11)       /* ... WhitespaceSplit before Metaspace */
+#define F_DEC_METASPACE (1u << 12)  /* ... decoder Metaspace (no byte fallback) */
+#define F_DEC_DROP_FIRST (1u << 13) /* ... its first token loses every ▁ */
+#define F_TEMPLATE_EOS (1u << 14)   /* ... the template puts eos last */
+#define KNOWN_FLAGS_V2 0x3FFu
+#define KNOWN_FLAGS 0x7FFFu
+#define MAX_UNIGRAM_PIECE 255u      /* the Viterbi's way back: a byte a position */
 #define ID_ADDED 1u
 #define ID_SPECIAL 2u
 #define ID_BYTE 4u
@@ -425,6 +433,41 @@ static int check_pretok(tokp *t)
     return COLIBRI_OK;
 }
 
+static double score_of(const tokp *t, uint32_t id)
+{
+    const uint8_t *p = t->scores + 8u * id;
+    uint64_t lo = ld32(p + (t->be ? 4 : 0), t->be), hi = ld32(p + (t->be ? 0 : 4), t->be);
+    uint64_t bits = hi << 32 | lo;
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+/* Unigram: the scores (one float64 per id, 8-aligned, finite), no merges,
+ * an unk id, vocabulary pieces of at most MAX_UNIGRAM_PIECE bytes; the
+ * unknown character's score, tokenizers' min_score - 10. */
+static int check_scores(tokp *t, uint32_t off)
+{
+    if (off % 8 || off < HDR || (uint64_t)off + 8ull * t->n_vocab > t->size ||
+        t->n_merges || t->unk_id < 0)
+        return COLIBRI_E_TOK_FORMAT;
+    t->scores = t->sec + off;
+    double lowest = 0.0;
+    int any = 0;
+    for (uint32_t i = 0; i < t->n_vocab; i++) {
+        double d = score_of(t, i);
+        if (!(d - d == 0.0)) return COLIBRI_E_TOK_FORMAT;   /* NaN or infinite */
+        if (!(t->id_flags[i] & ID_IN_VOCAB)) continue;
+        uint32_t pl;
+        (void)piece(t, i, &pl);
+        if (pl > MAX_UNIGRAM_PIECE) return COLIBRI_E_TOK_FORMAT;
+        if (!any || d < lowest) lowest = d;
+        any = 1;
+    }
+    t->unk_score = lowest - 10.0;
+    return COLIBRI_OK;
+}
+
 int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *section,
                                         size_t size)
 {
@@ -446,12 +489,15 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
      * off_added off_byte_ids section_size reserved[3] */
     /* Version 1: reserved[3] are 0. Version 2 (pretok 4): reserved[0..1]
      * are off_pretok and n_pretok_words, the Split steps' programs. */
-    int has_prog = version == 2 && h[1] == PRETOK_PROGRAM;
-    if ((version != 1 && version != 2) || h[18] != size ||
-        (h[0] != M_BYTE_LEVEL && h[0] != M_SENTENCEPIECE) ||
+    /* Version 3: a Unigram model's scores at reserved[2], flags 10..14. */
+    int has_prog = version >= 2 && h[1] == PRETOK_PROGRAM;
+    int unigram = h[0] == M_UNIGRAM;
+    if (version < 1 || version > 3 || h[18] != size ||
+        (h[0] != M_BYTE_LEVEL && h[0] != M_SENTENCEPIECE && !unigram) ||
+        (unigram && version != 3) ||
         h[1] > PRETOK_PROGRAM || (h[1] == PRETOK_PROGRAM && !has_prog) ||
-        (h[2] & ~KNOWN_FLAGS) || (!has_prog && (h[19] || h[20])) || h[21] ||
-        ((h[2] & F_NFC) && version != 2) ||
+        (h[2] & ~KNOWN_FLAGS) || (!has_prog && (h[19] || h[20])) || (h[21] != 0) != unigram ||
+        ((h[2] & F_NFC) && version < 2) || ((h[2] & ~KNOWN_FLAGS_V2) && version != 3) ||
         h[3] < 1 || h[3] > MAX_VOCAB)
         return COLIBRI_E_TOK_FORMAT;
     uint32_t n = h[3];
@@ -531,6 +577,10 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
     if (t->unk_id < -1 || t->unk_id >= (int32_t)n || t->bos_id < -1 ||
         t->bos_id >= (int32_t)n || t->eos_id < -1 || t->eos_id >= (int32_t)n)
         return COLIBRI_E_TOK_FORMAT;
+    if (unigram) {
+        int rc = check_scores(t, h[21]);
+        if (rc) return rc;
+    }
     t->ok = 1;
     return COLIBRI_OK;
 }
@@ -571,6 +621,7 @@ int colibri_tokenizer_get_info(const colibri_tokenizer *tk, colibri_tokenizer_in
     o->n_vocab = t->n_vocab; o->bos_id = t->bos_id; o->eos_id = t->eos_id;
     o->model = t->model; o->pretok = t->pretok;
     o->template_bos = (t->flags & F_TEMPLATE_BOS) != 0;
+    o->template_eos = (t->flags & F_TEMPLATE_EOS) != 0;
     return COLIBRI_OK;
 }
 
@@ -1024,9 +1075,127 @@ static void emit_id(out_t *o, int32_t id)
     o->n++;
 }
 
+/* ---- Unigram over one word (tokenizers' Unigram::encode_optimized) ------
+ * best[e]: the highest score of a segmentation of w[0, e) (float64 sums from
+ * the left, as tokenizers adds them); back[e]: the length of its last piece
+ * (0: e not reached yet). From each character boundary s every vocabulary
+ * piece that starts there (a prefix search of the sorted index) offers
+ * best[s] + score; a strictly higher offer wins, so the earliest start keeps
+ * a tie. A character no one-character piece covers is offered as unknown at
+ * min score - 10. best[] is a ring of UNI_RING: no offer reaches further
+ * than MAX_UNIGRAM_PIECE bytes ahead. */
+#define UNI_RING 256u
+
+/* Within sorted[*lo, *hi), where every piece starts with the k bytes the
+ * caller matched: the pieces whose byte k is c (a piece of exactly k bytes
+ * sorts first and drops out). */
+static void narrow(const tokp *t, uint32_t *lo, uint32_t *hi, uint32_t k, uint8_t c)
+{
+    uint32_t a = *lo, b = *hi;
+    for (int upper = 0; upper < 2; upper++) {   /* first key >= c, then > c */
+        uint32_t x = a, y = *hi;
+        while (x < y) {
+            uint32_t mid = x + (y - x) / 2, pl;
+            const uint8_t *p = piece(t, ld32(t->sorted + 4u * mid, t->be), &pl);
+            int key = pl > k ? p[k] : -1;
+            if (key < (int)c + upper) x = mid + 1; else y = mid;
+        }
+        if (!upper) a = x; else b = x;
+    }
+    *lo = a; *hi = b;
+}
+
+/* A span of the word as ids: its piece; else (byte fallback) its bytes'
+ * <0xNN> pieces when all exist; else unk. */
+static void unigram_span(const tokp *t, const uint8_t *w, size_t n, out_t *o)
+{
+    uint32_t id = lookup(t, w, (uint32_t)n);
+    if (id != NO_ID) { emit_id(o, (int32_t)id); return; }
+    if (t->flags & F_BYTE_FALLBACK) {
+        size_t i = 0;
+        while (i < n && ld32(t->byte_ids + 4u * w[i], t->be) != NO_ID) i++;
+        if (i == n) {
+            for (i = 0; i < n; i++) emit_id(o, (int32_t)ld32(t->byte_ids + 4u * w[i], t->be));
+            return;
+        }
+    }
+    emit_id(o, t->unk_id);
+}
+
+static void unigram_word(const tokp *t, const run_t *r, size_t a, size_t b, out_t *o)
+{
+    uint8_t w[COLIBRI_TOK_UNIGRAM_WORD], back[COLIBRI_TOK_UNIGRAM_WORD + 1];
+    double best[UNI_RING];
+    size_t n = 0;
+    word_it it = { t, r, a, b, {0}, 0, 0 };
+    uint8_t c[4];
+    int byte;
+    unsigned len;
+    while ((len = wnext(&it, c, &byte)) != 0) {
+        if (len > sizeof w - n) { o->err = COLIBRI_E_TOK_WORD; return; }
+        memcpy(w + n, c, len);
+        n += len;
+    }
+    memset(back, 0, n + 1);
+    best[0] = 0.0;
+    for (size_t s = 0; s < n;) {
+        const double here = best[s % UNI_RING];
+        const unsigned mb = w[s] < 0xC0 ? 1u : w[s] < 0xE0 ? 2u : w[s] < 0xF0 ? 3u : 4u;
+        int single = 0;
+        uint32_t lo = 0, hi = t->n_sorted;
+        for (size_t k = 0; s + k < n; k++) {
+            narrow(t, &lo, &hi, (uint32_t)k, w[s + k]);
+            if (lo == hi) break;
+            uint32_t id = ld32(t->sorted + 4u * lo, t->be), pl;
+            (void)piece(t, id, &pl);
+            if (pl != k + 1) continue;
+            const size_t e = s + k + 1;
+            const double cand = score_of(t, id) + here;
+            if (!back[e] || cand > best[e % UNI_RING]) {
+                best[e % UNI_RING] = cand;
+                back[e] = (uint8_t)(k + 1);
+            }
+            single |= k + 1 == mb;
+        }
+        if (!single) {
+            const size_t e = s + mb;
+            const double cand = t->unk_score + here;
+            if (!back[e] || cand > best[e % UNI_RING]) {
+                best[e % UNI_RING] = cand;
+                back[e] = (uint8_t)mb;
+            }
+        }
+        s += mb;
+    }
+    /* The way back, turned around in place: back[] of each boundary on the
+     * best path becomes the length of the piece that starts there. */
+    uint8_t fwd = 0;
+    for (size_t e = n; e > 0;) {
+        uint8_t l = back[e];
+        back[e] = fwd;
+        fwd = l;
+        e -= l;
+    }
+    back[0] = fwd;
+    /* tokenizers fuses consecutive unknown spans (an id equal to unk's,
+     * which includes a "<unk>" piece matched in the text) into one. */
+    size_t unk_from = SIZE_MAX;
+    for (size_t p = 0; p < n; p += back[p]) {
+        uint32_t id = lookup(t, w + p, back[p]);
+        if (id == NO_ID || (int32_t)id == t->unk_id) {
+            if (unk_from == SIZE_MAX) unk_from = p;
+            continue;
+        }
+        if (unk_from != SIZE_MAX) { unigram_span(t, w + unk_from, p - unk_from, o); unk_from = SIZE_MAX; }
+        emit_id(o, (int32_t)id);
+    }
+    if (unk_from != SIZE_MAX) unigram_span(t, w + unk_from, n - unk_from, o);
+}
+
 static void emit_word(const tokp *t, const run_t *r, size_t a, size_t b, out_t *o)
 {
     if (a >= b) return;
+    if (t->model == M_UNIGRAM) { unigram_word(t, r, a, b, o); return; }
     if (t->flags & F_IGNORE_MERGES) {
         uint32_t id = lookup_word(t, r, a, b);
         if (id != NO_ID) { emit_id(o, (int32_t)id); return; }
@@ -1281,6 +1450,35 @@ static void nfc_run(const uint8_t *p, size_t n, norm_out *o)
 #endif
 
 /* One text run between added tokens: normalise, pre-tokenize, BPE. */
+static int is_sp_space(const run_t *r, size_t pos)   /* ' ' or ▁ at pos */
+{
+    size_t next;
+    uint32_t cp = cp_at(r, pos, &next);
+    return cp == ' ' || cp == 0x2581;
+}
+
+/* SentencePiece / Unigram: spaces are ▁ (wnext), a ▁ is prepended as the
+ * normaliser / Metaspace scheme says, and the run is one word, or (Metaspace
+ * split) one word from each ▁ to the next. */
+static void sp_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t *o)
+{
+    run_t r = { p, n, 0, 0 };
+    int starts_sp = p[0] == ' ' || (n >= 3 && p[0] == 0xE2 && p[1] == 0x96 && p[2] == 0x81);
+    if ((t->flags & F_SP_PREPEND) && (first || !(t->flags & F_SP_PREPEND_FIRST)) &&
+        !((t->flags & F_SP_PREPEND_UNLESS) && starts_sp)) {
+        r.virt = 1; r.vcp = 0x2581;
+    }
+    size_t end = run_end(&r);
+    if (!(t->flags & F_SP_SPLIT)) { emit_word(t, &r, 0, end, o); return; }
+    size_t a = 0, pos = 0, next;
+    while (pos < end) {
+        (void)cp_at(&r, pos, &next);
+        if (pos > a && is_sp_space(&r, pos)) { emit_word(t, &r, a, pos, o); a = pos; }
+        pos = next;
+    }
+    emit_word(t, &r, a, end, o);
+}
+
 static void emit_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t *o)
 {
 #ifndef COLIBRI_NO_TOK_NORM
@@ -1307,14 +1505,19 @@ static void emit_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t
         }
         return;
     }
-    /* SentencePiece: spaces are ▁ (wnext), the run is one word, with a ▁
-     * prepended as the normaliser / Metaspace scheme says. */
-    int starts_sp = p[0] == ' ' || (n >= 3 && p[0] == 0xE2 && p[1] == 0x96 && p[2] == 0x81);
-    if ((t->flags & F_SP_PREPEND) && (first || !(t->flags & F_SP_PREPEND_FIRST)) &&
-        !((t->flags & F_SP_PREPEND_UNLESS) && starts_sp)) {
-        r.virt = 1; r.vcp = 0x2581;
+    if (!(t->flags & F_WS_SPLIT)) { sp_run(t, p, n, first, o); return; }
+    /* WhitespaceSplit: each run of non-White_Space is a Metaspace run. */
+    for (size_t i = 0; i < n;) {
+        uint32_t cp; int bad;
+        size_t k = u8_next(p + i, n - i, &cp, &bad), j = i;
+        if (is_S(cp)) { i += k; continue; }
+        while (j < n && !is_S(cp)) {
+            j += k;
+            if (j < n) k = u8_next(p + j, n - j, &cp, &bad);
+        }
+        sp_run(t, p + i, j - i, first, o);
+        i = j;
     }
-    emit_word(t, &r, 0, run_end(&r), o);
 }
 
 int colibri_tokenize(const colibri_tokenizer *tk, const char *text, size_t len,
@@ -1322,7 +1525,7 @@ int colibri_tokenize(const colibri_tokenizer *tk, const char *text, size_t len,
 {
     if (n_ids) *n_ids = 0;
     if (!tk || !tk->priv_.ok || (!text && len) || (!ids && cap) || !n_ids ||
-        (flags & ~7u))
+        (flags & ~15u))
         return COLIBRI_E_ARG;
     const tokp *t = &tk->priv_;
     const uint8_t *s = (const uint8_t *)text;
@@ -1367,6 +1570,10 @@ int colibri_tokenize(const colibri_tokenizer *tk, const char *text, size_t len,
         start = i;
     }
     if (start < len) emit_run(t, s + start, len - start, first, &o);
+    if (flags & COLIBRI_TOK_ADD_EOS) {
+        if (t->eos_id < 0) { *n_ids = 0; return COLIBRI_E_TOK_NO_BOS; }
+        emit_id(&o, t->eos_id);
+    }
     *n_ids = o.n;
     if (o.err) { *n_ids = 0; return o.err; }
     return o.overflow ? COLIBRI_E_TOK_BUFFER : COLIBRI_OK;
@@ -1479,6 +1686,21 @@ static void detok_one(colibri_detok *d, uint32_t id, sink_t *k)
         }
         return;
     }
+    if (t->flags & F_DEC_METASPACE) {
+        /* decoders::Metaspace: ▁ is a space, but the first token (after
+         * skipped specials) loses every ▁; <0xNN> pieces stay as written. */
+        int drop = !d->started && (t->flags & F_DEC_DROP_FIRST);
+        d->started = 1;
+        for (uint32_t i = 0; i < pl; i++) {
+            if (pl - i >= 3 && p[i] == 0xE2 && p[i + 1] == 0x96 && p[i + 2] == 0x81) {
+                if (!drop) put(k, (const uint8_t *)" ", 1);
+                i += 2;
+            } else {
+                put(k, p + i, 1);
+            }
+        }
+        return;
+    }
     if ((f & ID_BYTE) && !(f & ID_ADDED)) {
         uint8_t by = (uint8_t)(hexv(p[3]) << 4 | hexv(p[4]));
         if (d->n_hold < COLIBRI_DETOK_HOLD) d->hold[d->n_hold++] = by;
@@ -1571,7 +1793,8 @@ int colibri_detokenize(const colibri_tokenizer *t, const int32_t *ids, size_t n,
     const tokp *p = &t->priv_;
     for (size_t i = 0; i < n; i++) {
         uint8_t f = p->id_flags[ids[i]];
-        if (p->model == M_SENTENCEPIECE && (f & ID_BYTE) && !(f & ID_ADDED)) {
+        if (p->model != M_BYTE_LEVEL && !(p->flags & F_DEC_METASPACE) && (f & ID_BYTE) &&
+            !(f & ID_ADDED)) {
             /* Exact ByteFallback: judge the whole run of byte pieces (a
              * skipped special does not end it) before writing any of it. */
             size_t j = i, cnt = 0;
@@ -1624,7 +1847,7 @@ int colibri_detokenize(const colibri_tokenizer *t, const int32_t *ids, size_t n,
 
 const char *colibri_tok_strerror(int code)
 {
-    /* The texts live in colibri_strerror (info.c), which knows -30..-36. */
+    /* The texts live in colibri_strerror (info.c), which knows -30..-37. */
     return colibri_strerror(code);
 }
 #endif

@@ -328,6 +328,10 @@ def _parse_normalizer(norm) -> tuple[bool, int]:
     items = norm.get("normalizers") if _type(norm) == "Sequence" else [norm]
     if not isinstance(items, list):
         raise UnsupportedTokenizer("normalizer Sequence without a list")
+    if any(_type(n) == "Precompiled" for n in items):
+        raise UnsupportedTokenizer("normalizer Precompiled (a SentencePiece model's compiled "
+                                   "character map, applied per grapheme cluster) is not "
+                                   "supported: the file would tokenize differently")
     prepend, replace = False, False
     for n in items:
         t = _type(n)

@@ -53,10 +53,12 @@ enum {
     COLIBRI_E_TOK_REGEX = -35,    /* the text needs more pre-tokenizer regex
                                      backtracking than COLIBRI_TOK_RX_STACK
                                      entries (rebuild with a larger one) */
-    COLIBRI_E_TOK_NORM = -36      /* NFC: a text run (between added tokens)
+    COLIBRI_E_TOK_NORM = -36,     /* NFC: a text run (between added tokens)
                                      that is not NFC already has a normal form
                                      longer than COLIBRI_TOK_NORM_BUF bytes, or
                                      more than 64 combining marks in a row */
+    COLIBRI_E_TOK_WORD = -37      /* Unigram: a word (text between spaces) of
+                                     more than COLIBRI_TOK_UNIGRAM_WORD bytes */
 };
 
 /* colibri_tokenize flags. */
@@ -67,6 +69,7 @@ enum {
 #define COLIBRI_TOK_STRICT_UTF8 4u   /* invalid UTF-8 is COLIBRI_E_TOK_UTF8;
                                         without it each maximal invalid
                                         subsequence reads as U+FFFD */
+#define COLIBRI_TOK_ADD_EOS 8u       /* put the eos id last (T5's template) */
 /* colibri_detok_init flags. */
 #define COLIBRI_DETOK_SKIP_SPECIAL 1u /* special tokens produce no text */
 
@@ -83,6 +86,11 @@ enum {
                                        (16 bytes each, on the stack); real
                                        pre-tokenizer regexes use fewer than 12 */
 #endif
+#ifndef COLIBRI_TOK_UNIGRAM_WORD
+#define COLIBRI_TOK_UNIGRAM_WORD 4096 /* Unigram: the longest word in bytes; its
+                                         Viterbi takes 2 bytes a byte plus 2 KiB
+                                         on the stack (10 KiB at 4096) */
+#endif
 
 /* The tokenizer: PRIVATE fields, filled by colibri_tokenizer_init*. */
 typedef struct colibri_tokenizer {
@@ -98,17 +106,21 @@ typedef struct colibri_tokenizer {
         const uint8_t *pretok_prog;  /* version 2, pretok 4: the steps and
                                         their regex programs (FORMAT.md 7.2) */
         uint32_t n_pretok_words, n_steps;
+        const uint8_t *scores;       /* version 3, Unigram: float64 per id */
+        double unk_score;            /* Unigram: lowest score - 10 */
     } priv_;
 } colibri_tokenizer;
 
 typedef struct colibri_tokenizer_info {
     uint32_t n_vocab;       /* ids are 0 .. n_vocab-1 */
     int32_t bos_id, eos_id; /* -1: none */
-    uint8_t model;          /* 1 byte-level BPE, 2 SentencePiece-style BPE */
+    uint8_t model;          /* 1 byte-level BPE, 2 SentencePiece-style BPE,
+                               3 Unigram */
     uint8_t pretok;         /* 0 none, 1 GPT-2, 2 Qwen2, 3 Llama-3 regex,
                                4 a stored program of Split steps */
     uint8_t template_bos;   /* 1: the checkpoint's template puts bos first
                                (pass COLIBRI_TOK_ADD_BOS to do as it does) */
+    uint8_t template_eos;   /* 1: ... puts eos last (COLIBRI_TOK_ADD_EOS) */
 } colibri_tokenizer_info;
 
 /* Find the model's tokenizer section and check it in full (FORMAT.md 7:
@@ -130,7 +142,9 @@ int colibri_tokenizer_get_info(const colibri_tokenizer *t, colibri_tokenizer_inf
  * a capacity with which the same call succeeds (the exact count, or an upper
  * bound when a word of more than COLIBRI_TOK_SCRATCH characters did not fit),
  * ids[] holds nothing usable; COLIBRI_E_TOK_UTF8 (STRICT_UTF8: *n_ids = the
- * byte offset of the first invalid byte); COLIBRI_E_TOK_NO_BOS; COLIBRI_E_ARG.
+ * byte offset of the first invalid byte); COLIBRI_E_TOK_NO_BOS (or no eos for
+ * ADD_EOS); COLIBRI_E_TOK_REGEX, _NORM, _WORD (a stack bound above);
+ * COLIBRI_E_ARG.
  * O(len) plus, per word of k characters, O(k log merges) for each distinct
  * merge rank it applies (one sweep merges every occurrence of the lowest-
  * rank pair; a 64 KiB word of random letters takes ~0.15 s on x86_64). */
@@ -141,7 +155,8 @@ int colibri_tokenize(const colibri_tokenizer *t, const char *text, size_t len,
 typedef struct colibri_detok {
     const colibri_tokenizer *t;
     unsigned flags;
-    uint8_t started;      /* SentencePiece: first byte of text emitted */
+    uint8_t started;      /* SentencePiece: first byte of text emitted;
+                             Metaspace decoder: first token decoded */
     uint8_t run_bad;      /* byte-piece run already invalid UTF-8 */
     uint16_t n_hold;      /* bytes held back */
     uint32_t run;         /* byte pieces in the current run */
