@@ -165,7 +165,8 @@ def _options(kv: str, ram=None, slots: int | None = None,
 class _TokInfo(ctypes.Structure):
     _fields_ = [("n_vocab", ctypes.c_uint32), ("bos_id", ctypes.c_int32),
                 ("eos_id", ctypes.c_int32), ("model", ctypes.c_uint8),
-                ("pretok", ctypes.c_uint8), ("template_bos", ctypes.c_uint8)]
+                ("pretok", ctypes.c_uint8), ("template_bos", ctypes.c_uint8),
+                ("template_eos", ctypes.c_uint8)]
 
 
 class _SampleParams(ctypes.Structure):
@@ -174,7 +175,7 @@ class _SampleParams(ctypes.Structure):
                 ("repetition_penalty", ctypes.c_float), ("seed", ctypes.c_uint64)]
 
 
-TOK_ADD_BOS, TOK_PARSE_SPECIAL = 1, 2          # colibri_tokenize flags
+TOK_ADD_BOS, TOK_PARSE_SPECIAL, TOK_ADD_EOS = 1, 2, 8   # colibri_tokenize flags
 THREADS_SPIN = 1                               # colibri_set_threads flag
 LOGITS_ALL, LOGITS_LAST = 0, 1                 # colibri_infer_ex logits_mode
 DETOK_SKIP_SPECIAL = 1                         # colibri_detok_init flag
@@ -763,25 +764,28 @@ class Model:
     @property
     def tokenizer_info(self) -> dict:
         """colibri_tokenizer_get_info: n_vocab, bos_id, eos_id (-1: none),
-        model, pretok, template_bos. NoTokenizerError without a tokenizer."""
+        model, pretok, template_bos, template_eos. NoTokenizerError without a
+        tokenizer."""
         with self._lock:
             self._tokenizer("tokenize")
             ti = self._tok_info
         return {k: int(getattr(ti, k)) for k, _ in _TokInfo._fields_}
 
-    def tokenize(self, text, add_bos: bool | None = None, parse_special: bool = False
-                 ) -> list[int]:
+    def tokenize(self, text, add_bos: bool | None = None, parse_special: bool = False,
+                 add_eos: bool = False) -> list[int]:
         """colibri_tokenize: the ids of `text` (str, or UTF-8 bytes; invalid
         UTF-8 reads as U+FFFD), HF tokenizers' for the checkpoint's
         tokenizer.json. add_bos None: as the tokenizer's template does;
         parse_special: special tokens written in the text become their ids
-        (else plain text). NoTokenizerError, NoBosError, ..."""
+        (else plain text); add_eos: eos last (T5's template: pass
+        tokenizer_info["template_eos"]). NoTokenizerError, NoBosError, ..."""
         with self._lock:
             tok = self._tokenizer("tokenize")
             if add_bos is None:
                 add_bos = bool(self._tok_info.template_bos) and self._tok_info.bos_id >= 0
         return self._tokenize(text, (TOK_ADD_BOS if add_bos else 0)
-                              | (TOK_PARSE_SPECIAL if parse_special else 0), tok)
+                              | (TOK_PARSE_SPECIAL if parse_special else 0)
+                              | (TOK_ADD_EOS if add_eos else 0), tok)
 
     def _tokenize(self, text, flags: int, tok) -> list[int]:
         if isinstance(text, str):
@@ -849,7 +853,11 @@ class Model:
         (greedy with temperature 0; else seeded sampling: the same tokens as
         colibri-cli with the same flags), its text streamed by colibri_detok
         (special tokens skipped; a UTF-8 character split across tokens comes
-        out whole). Stops at eos, max_tokens or the KV cache's end.
+        out whole). Stops at eos, max_tokens or the KV cache's end. An
+        encoder-decoder (Switch Transformers) encodes the prompt (eos last
+        when the template says so, as transformers' tokenizer does) and
+        generates the decoder's text from its start token, as
+        transformers' generate does.
 
         Returns an iterator of text pieces (str), each final as soon as
         yielded; its `.ids` lists the generated ids so far. The prompt,
@@ -865,9 +873,20 @@ class Model:
             raise self._arg_error(f"sampling parameter: {exc}") from None
         if int(top_k) < 0 or int(top_k) >= 2**32:
             raise self._arg_error(f"top_k = {top_k}")
-        ids = self.tokenize(prompt, add_bos=add_bos, parse_special=True)
+        start = self.decoder_start
+        with self._lock:
+            self._tokenizer("tokenize")
+            eos_last = start is not None and bool(self._tok_info.template_eos)
+        ids = self.tokenize(prompt, add_bos=add_bos, parse_special=True, add_eos=eos_last)
         if not ids:
             raise self._arg_error("the prompt has no tokens")
+        if start is not None:
+            if len(ids) > self.max_seq_len:
+                raise errors.InputTooLargeError(
+                    -1, self._lib.strerror(-1, CALL_INFER), f"the prompt is {len(ids)} "
+                    f"tokens, the encoder takes {self.max_seq_len}", "infer", self._where)
+            self.encode(np.asarray([ids], np.int32))
+            ids = [start]
         if len(ids) >= self.max_seq_len:
             raise errors.InputTooLargeError(
                 -1, self._lib.strerror(-1, CALL_INFER), f"the prompt is {len(ids)} tokens, "

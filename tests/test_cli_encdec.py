@@ -77,10 +77,12 @@ def test_misuse_is_one_line(c_build, switch_file, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_generate_with_text_refuses_an_encoder_decoder(switch_file):
-    """`colibri generate` (text in, text out) runs decoder-only models: on an
-    encoder-decoder it says what to run instead, in one line."""
+def test_generate_with_text_on_the_reference_refuses_an_encoder_decoder(switch_file):
+    """`colibri generate --engine reference` (text in, text out) runs
+    decoder-only models: on an encoder-decoder it says what to run instead,
+    in one line (the C engine runs it: tests/test_switch_text.py)."""
     r = subprocess.run([sys.executable, "-m", "colibri.cli", "generate", str(switch_file),
-                        "hello"], capture_output=True, text=True, timeout=120)
+                        "hello", "--engine", "reference"], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode != 0 and "is an encoder-decoder" in r.stderr
     assert "--encoder-tokens" in r.stderr and "Traceback" not in r.stderr

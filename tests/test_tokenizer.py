@@ -202,7 +202,7 @@ def test_unsupported_kind_converts_without_a_tokenizer_and_one_warning(tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "model WordPiece: only BPE is supported" in lines[0] \
+    assert len(lines) == 1 and "model WordPiece: only BPE and Unigram are supported" in lines[0] \
         and "converting without a tokenizer" in lines[0], proc.stderr
     assert all(e.kind != T.KIND_TOKENIZER
                for e in cformat.read_file(tmp_path / "m.colibri").entries)
@@ -219,7 +219,8 @@ def test_no_tokenizer_flag_and_too_large_a_tokenizer(tmp_path, trained):
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda j: j["model"].update(type="Unigram"), "model Unigram"),
+    (lambda j: j["model"].update(type="WordLevel"), "model WordLevel"),
+    (lambda j: j["model"].update(type="Unigram"), "Unigram with a byte-level pre-tokenizer"),
     (lambda j: j.update(pre_tokenizer={"type": "Whitespace"}), "pre-tokenizer Whitespace"),
     (lambda j: j["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w+"),
      "pre-tokenizer Split: regex"),

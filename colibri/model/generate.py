@@ -125,21 +125,25 @@ def _generate(args: argparse.Namespace) -> int:
     p = SampleParams(args.temperature, args.top_k, args.top_p, args.min_p,
                      args.repetition_penalty, args.seed)
     from .run import choose_engine, is_encoder_decoder
-    if is_encoder_decoder(args.file):
-        raise ColibriError(f"{args.file} is an encoder-decoder: `colibri generate` runs "
-                           "decoder-only models; run it on token ids with `colibri run FILE "
-                           "--encoder-tokens IDS --tokens START --generate N`")
+    encdec = is_encoder_decoder(args.file)
     engine, about = choose_engine(args.engine)
+    if encdec and engine != "c":
+        raise ColibriError(f"{args.file} is an encoder-decoder: `colibri generate` runs it "
+                           "with the C engine (build it: python -m colibri.buildsteps.cbuild); "
+                           "the reference runs it on token ids with `colibri run FILE "
+                           "--encoder-tokens IDS --tokens START --generate N`")
     add_bos = False if args.no_bos else None
     if engine == "c":
         from ..runtime import Model
         with Model(args.file) as m:
             print(f"engine: {about}, kernels {m.info.kernels}")
-            # Everything is checked before the prompt is echoed.
+            # Everything is checked before the prompt is echoed. An
+            # encoder-decoder's text is the decoder's own, not a continuation.
             stream = m.generate(args.prompt, args.max_tokens, p.temperature, p.top_k,
                                 p.top_p, p.min_p, p.repetition_penalty, p.seed,
                                 add_bos=add_bos)
-            sys.stdout.write(args.prompt)
+            if not encdec:
+                sys.stdout.write(args.prompt)
             for piece in stream:
                 sys.stdout.write(piece)
                 sys.stdout.flush()

@@ -47,7 +47,9 @@ static const char *usage_text =
     "  --tokenize TEXT     print the ids of TEXT (the file's tokenizer)\n"
     "  --prompt TEXT       tokenize TEXT (bos as the tokenizer's template), then\n"
     "                      generate --generate N tokens (default 32), printing\n"
-    "                      the text as it comes; ids and tokens/s on stderr\n"
+    "                      the text as it comes; ids and tokens/s on stderr. An\n"
+    "                      encoder-decoder encodes TEXT (eos as the template)\n"
+    "                      and prints the decoder's text\n"
     "  --bench N           time N single-token decode steps after a prompt\n"
     "                      (--tokens, default 1,2,3,4); prints mean, p50, p99\n"
     "                      and standard deviation in microseconds\n"
@@ -664,18 +666,39 @@ static int do_prompt(colibri_model *m, const char *text, long generate,
     uint32_t V = in.shape.vocab;
     /* Ids past the tokenizer's (a padded vocabulary) have no text. */
     uint32_t n_text = ti.n_vocab < V ? ti.n_vocab : V;
-    /* bos when the template adds it: what `colibri generate` does. */
+    /* bos when the template adds it: what `colibri generate` does. An
+     * encoder-decoder's text is the encoder's input, with eos last when the
+     * template puts it there (T5's "$A </s>"), as transformers' tokenizer
+     * call does; its decoder starts from the start token. */
+    const int32_t start = colibri_decoder_start(m);
     int32_t *ids = NULL;
     size_t n = 0;
     unsigned flags = COLIBRI_TOK_PARSE_SPECIAL;
     if (ti.bos_id >= 0 && ti.template_bos)
         flags |= COLIBRI_TOK_ADD_BOS;
+    if (start >= 0 && ti.eos_id >= 0 && ti.template_eos)
+        flags |= COLIBRI_TOK_ADD_EOS;
     int rc = tokenize_text(&tok, text, flags, &ids, &n);
     if (rc || n == 0) {
         free(ids);
         fprintf(stderr, "colibri-cli: --prompt: %s\n",
                 rc ? colibri_tok_strerror(rc) : "the prompt has no tokens");
         return rc ? 1 : 2;
+    }
+    if (start >= 0) {
+        if (n > in.shape.max_seq_len) {
+            free(ids);
+            return usage_error("the prompt has more tokens than the model's max_seq_len");
+        }
+        rc = colibri_encode(m, ids, NULL, 1, (uint32_t)n);
+        if (rc) {
+            free(ids);
+            return fail(rc, COLIBRI_CALL_INFER, m, NULL);
+        }
+        fprintf(stderr, "encoded %zu prompt tokens; the decoder starts from token %d\n", n,
+                (int)start);
+        ids[0] = start;      /* the decoder's prompt: its start token */
+        n = 1;
     }
     if ((uint64_t)n + (uint64_t)generate > (uint64_t)in.shape.max_seq_len + 1) {
         free(ids);
@@ -691,8 +714,10 @@ static int do_prompt(colibri_model *m, const char *text, long generate,
         return fail(COLIBRI_E_NO_MEMORY, COLIBRI_CALL_INIT, m, NULL);
     }
     memcpy(hist, ids, n * sizeof *ids);
-    fputs(text, stdout);
-    fflush(stdout);
+    if (start < 0) {          /* a decoder-only model continues the prompt */
+        fputs(text, stdout);
+        fflush(stdout);
+    }
     double t0 = now_us();
     /* only the last position's logits are sampled from */
     rc = colibri_infer_ex(m, ids, NULL, 1, (uint32_t)n, 0, COLIBRI_LOGITS_LAST, logits);
