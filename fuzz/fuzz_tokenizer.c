@@ -8,7 +8,8 @@
  *   odd:  the rest is text and ids for a valid section read at start-up from
  *         $COLIBRI_FUZZ_SECTION (tests/test_tokenizer_fuzz.py writes one; a
  *         version 2 section's stored regex programs put the matcher under
- *         hostile text, and mutated copies of it under hostile programs).
+ *         hostile text, and mutated copies of it under hostile programs; a
+ *         version 3 Unigram section, the Viterbi and hostile scores).
  * Every call must return a documented code; ASan/UBSan catch the rest.
  *
  *   clang -fsanitize=fuzzer,address,undefined -Isrc/include -Isrc \
@@ -43,12 +44,14 @@ static void exercise(const colibri_tokenizer *t, const uint8_t *x, size_t n)
 {
     int32_t ids[64];
     size_t k = 0;
-    for (unsigned flags = 0; flags < 8; flags++) {
-        int rc = colibri_tokenize(t, (const char *)x, n, ids, (size_t)(flags * 9), &k, flags);
+    for (unsigned flags = 0; flags < 16; flags++) {
+        size_t cap = (size_t)(flags * 9) % 64;
+        int rc = colibri_tokenize(t, (const char *)x, n, ids, cap, &k, flags);
         if (rc != 0 && rc != COLIBRI_E_TOK_BUFFER && rc != COLIBRI_E_TOK_UTF8 &&
-            rc != COLIBRI_E_TOK_NO_BOS && rc != COLIBRI_E_TOK_REGEX)
+            rc != COLIBRI_E_TOK_NO_BOS && rc != COLIBRI_E_TOK_REGEX &&
+            rc != COLIBRI_E_TOK_NORM && rc != COLIBRI_E_TOK_WORD)
             abort();
-        if (rc == 0 && k > (size_t)(flags * 9)) abort();
+        if (rc == 0 && k > cap) abort();
     }
     colibri_tokenizer_info info;
     if (colibri_tokenizer_get_info(t, &info)) abort();

@@ -1137,10 +1137,12 @@ static void unigram_word(const tokp *t, const run_t *r, size_t a, size_t b, out_
         n += len;
     }
     memset(back, 0, n + 1);
-    best[0] = 0.0;
+    memset(best, 0, sizeof best);   /* best[0] = 0; the rest is written before read */
     for (size_t s = 0; s < n;) {
         const double here = best[s % UNI_RING];
-        const unsigned mb = w[s] < 0xC0 ? 1u : w[s] < 0xE0 ? 2u : w[s] < 0xF0 ? 3u : 4u;
+        /* w is UTF-8 as wnext wrote it; the bound keeps e <= n regardless. */
+        unsigned mb = w[s] < 0xC0 ? 1u : w[s] < 0xE0 ? 2u : w[s] < 0xF0 ? 3u : 4u;
+        if (mb > n - s) mb = (unsigned)(n - s);
         int single = 0;
         uint32_t lo = 0, hi = t->n_sorted;
         for (size_t k = 0; s + k < n; k++) {

@@ -316,12 +316,17 @@ def _c_bytes(b: bytes) -> str:
 def test_c_on_cortex_m_under_qemu(trained, strings, kind, tmp_path):
     """Bare metal: section and cases compiled into a Cortex-M program with
     the library scons builds for the target, run under qemu-system-arm."""
+    check_on_cortex_m(trained(kind), strings, tmp_path)
+
+
+def check_on_cortex_m(hf, strings, tmp_path):
+    """The first 200 strings under 400 bytes: tokenizers' ids and decoded
+    text, by the Cortex-M library under qemu-system-arm."""
     import shutil
     import targets
     t = targets.load_all()["cortex-m"]
     if shutil.which(t.tool("gcc")) is None or shutil.which(t.emulator[0]) is None:
         pytest.skip("Cortex-M toolchain or qemu-system-arm not installed")
-    hf = trained(kind)
     sec = T.pack_section(T.spec_from_json(json.loads(hf.to_str())))
     cases = [b for b in strings[:200] if len(b) < 400]
     lines = [f"static const unsigned char section[{len(sec)}] = {_c_bytes(sec)};",

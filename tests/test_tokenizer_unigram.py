@@ -20,8 +20,8 @@ from colibri.text import tokenizer as T
 import tokenizer_fixtures as tf
 from test_runtime_support import c_build  # noqa: F401
 from test_tokenizer import strings  # noqa: F401
-from test_tokenizer_c import (PARSE_SPECIAL, check_kind, driver, ids_req,  # noqa: F401
-                              run)
+from test_tokenizer_c import (PARSE_SPECIAL, check_kind, check_on_cortex_m,  # noqa: F401
+                              driver, ids_req, run)
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -92,6 +92,12 @@ def test_c_under_asan_ubsan_big_endian(driver, unigram, strings, kind, tmp_path)
 def test_c_under_qemu(driver, unigram, strings, variant, tmp_path):
     check_kind(driver(variant), unigram("t5-32k"), strings[:300], tmp_path,
                "big" if variant == "ppc" else "little", n_random=100)
+
+
+def test_c_on_cortex_m_under_qemu(unigram, strings, tmp_path):
+    """The Cortex-M library (COLIBRI_TOK_UNIGRAM_WORD=512, the double-
+    precision scores in software floating point) gives tokenizers' ids."""
+    check_on_cortex_m(unigram("t5-32k"), strings, tmp_path)
 
 
 def test_the_template_puts_eos_last(driver, unigram, strings, tmp_path):
