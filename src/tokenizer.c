@@ -69,8 +69,14 @@ const char *colibri_tok_strerror(int code)
 #define F_DEC_METASPACE (1u << 12)  /* ... decoder Metaspace (no byte fallback) */
 #define F_DEC_DROP_FIRST (1u << 13) /* ... its first token loses every ▁ */
 #define F_TEMPLATE_EOS (1u << 14)   /* ... the template puts eos last */
+#define F_NFKC (1u << 15)           /* ... text runs are NFKC-normalised (stored map) */
 #define KNOWN_FLAGS_V2 0x3FFu
-#define KNOWN_FLAGS 0x7FFFu
+#define KNOWN_FLAGS 0xFFFFu
+#define EXT_SCORES 1u               /* version 3 extensions (FORMAT.md 7.3) */
+#define EXT_NFKC_MAP 2u
+#define EXT_NFKC_POOL 3u
+#define MAX_EXT 4u
+#define NFKC_MAX_LEN 18u
 #define MAX_UNIGRAM_PIECE 255u      /* the Viterbi's way back: a byte a position */
 #define ID_ADDED 1u
 #define ID_SPECIAL 2u
@@ -443,15 +449,13 @@ static double score_of(const tokp *t, uint32_t id)
     return d;
 }
 
-/* Unigram: the scores (one float64 per id, 8-aligned, finite), no merges,
- * an unk id, vocabulary pieces of at most MAX_UNIGRAM_PIECE bytes; the
- * unknown character's score, tokenizers' min_score - 10. */
-static int check_scores(tokp *t, uint32_t off)
+/* Unigram: the scores (one float64 per id, checked in place by
+ * check_extensions), no merges, an unk id, vocabulary pieces of at most
+ * MAX_UNIGRAM_PIECE bytes; the unknown character's score, tokenizers'
+ * min_score - 10. */
+static int check_scores(tokp *t)
 {
-    if (off % 8 || off < HDR || (uint64_t)off + 8ull * t->n_vocab > t->size ||
-        t->n_merges || t->unk_id < 0)
-        return COLIBRI_E_TOK_FORMAT;
-    t->scores = t->sec + off;
+    if (t->n_merges || t->unk_id < 0) return COLIBRI_E_TOK_FORMAT;
     double lowest = 0.0;
     int any = 0;
     for (uint32_t i = 0; i < t->n_vocab; i++) {
@@ -466,6 +470,65 @@ static int check_scores(tokp *t, uint32_t off)
     }
     t->unk_score = lowest - 10.0;
     return COLIBRI_OK;
+}
+
+/* The NFKC map (sorted code points, each with its NFKD in the pool) and its
+ * pool: FORMAT.md 7.3. */
+static int check_nfkc(const tokp *t)
+{
+    uint32_t prev = 0;
+    for (uint32_t i = 0; i < t->n_nfkc; i++) {
+        uint32_t w = ld32(t->nfkc_map + 8u * i, t->be), at = ld32(t->nfkc_map + 8u * i + 4, t->be);
+        uint32_t cp = w & 0x7FFFFFFFu, len = at & 31u, start = at >> 5;
+        if ((i && cp <= prev) || cp > 0x10FFFFu || (cp >= 0xD800u && cp < 0xE000u) ||
+            len < 1 || len > NFKC_MAX_LEN || start > t->n_nfkc_pool - len)
+            return COLIBRI_E_TOK_FORMAT;
+        prev = cp;
+    }
+    for (uint32_t i = 0; i < t->n_nfkc_pool; i++) {
+        uint32_t c = ld32(t->nfkc_pool + 4u * i, t->be);
+        if (c > 0x10FFFFu || (c >= 0xD800u && c < 0xE000u)) return COLIBRI_E_TOK_FORMAT;
+    }
+    return COLIBRI_OK;
+}
+
+/* Version 3's extension directory at off: n (1..MAX_EXT), then n x {kind,
+ * offset, count, 0}; each kind once, aligned, inside the section; the
+ * model's and flags' extensions present and no other. */
+static int check_extensions(tokp *t, uint32_t off, int unigram)
+{
+    if (off % 4 || off < HDR || off > t->size - 4) return COLIBRI_E_TOK_FORMAT;
+    uint32_t n = ld32(t->sec + off, t->be), seen = 0;
+    if (n < 1 || n > MAX_EXT || (uint64_t)off + 4 + 16ull * n > t->size)
+        return COLIBRI_E_TOK_FORMAT;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint8_t *e = t->sec + off + 4 + 16u * k;
+        uint32_t kind = ld32(e, t->be), eoff = ld32(e + 4, t->be), count = ld32(e + 8, t->be);
+        uint32_t unit = kind == EXT_NFKC_POOL ? 4u : 8u;
+        if (kind < EXT_SCORES || kind > EXT_NFKC_POOL || (seen >> kind & 1u) || ld32(e + 12, t->be) ||
+            eoff % unit || eoff < HDR || (uint64_t)eoff + (uint64_t)unit * count > t->size)
+            return COLIBRI_E_TOK_FORMAT;
+        seen |= 1u << kind;
+        const uint8_t *at = t->sec + eoff;
+        if (kind == EXT_SCORES) {
+            if (count != t->n_vocab) return COLIBRI_E_TOK_FORMAT;
+            t->scores = at;
+        } else if (kind == EXT_NFKC_MAP) {
+            t->nfkc_map = at; t->n_nfkc = count;
+        } else {
+            t->nfkc_pool = at; t->n_nfkc_pool = count;
+        }
+    }
+    int nfkc = (t->flags & F_NFKC) != 0;
+    if (((seen >> EXT_SCORES) & 1u) != (unsigned)unigram ||
+        ((seen >> EXT_NFKC_MAP) & 1u) != (unsigned)nfkc ||
+        ((seen >> EXT_NFKC_POOL) & 1u) != (unsigned)nfkc)
+        return COLIBRI_E_TOK_FORMAT;
+    if (unigram) {
+        int rc = check_scores(t);
+        if (rc) return rc;
+    }
+    return nfkc ? check_nfkc(t) : COLIBRI_OK;
 }
 
 int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *section,
@@ -489,15 +552,17 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
      * off_added off_byte_ids section_size reserved[3] */
     /* Version 1: reserved[3] are 0. Version 2 (pretok 4): reserved[0..1]
      * are off_pretok and n_pretok_words, the Split steps' programs. */
-    /* Version 3: a Unigram model's scores at reserved[2], flags 10..14. */
+    /* Version 3: reserved[2] is the extension directory (a Unigram model's
+     * scores, the NFKC map), flags 10..15. */
     int has_prog = version >= 2 && h[1] == PRETOK_PROGRAM;
     int unigram = h[0] == M_UNIGRAM;
+    int needs_ext = unigram || (h[2] & F_NFKC);
     if (version < 1 || version > 3 || h[18] != size ||
         (h[0] != M_BYTE_LEVEL && h[0] != M_SENTENCEPIECE && !unigram) ||
         (unigram && version != 3) ||
         h[1] > PRETOK_PROGRAM || (h[1] == PRETOK_PROGRAM && !has_prog) ||
-        (h[2] & ~KNOWN_FLAGS) || (!has_prog && (h[19] || h[20])) || (h[21] != 0) != unigram ||
-        ((h[2] & F_NFC) && version < 2) || ((h[2] & ~KNOWN_FLAGS_V2) && version != 3) ||
+        (h[2] & ~KNOWN_FLAGS) || (!has_prog && (h[19] || h[20])) || (h[21] != 0) != needs_ext ||
+        ((h[2] & F_NFC) && version < 2) || ((h[2] & F_NFC) && (h[2] & F_NFKC)) || ((h[2] & ~KNOWN_FLAGS_V2) && version != 3) ||
         h[3] < 1 || h[3] > MAX_VOCAB)
         return COLIBRI_E_TOK_FORMAT;
     uint32_t n = h[3];
@@ -517,7 +582,7 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
     t->sorted = s + h[13]; t->merges = s + h[15]; t->added = s + h[16];
     t->byte_ids = s + h[17];
 #ifdef COLIBRI_NO_TOK_NORM
-    if (h[2] & F_NFC) return COLIBRI_E_UNSUPPORTED;   /* built without NFC tables */
+    if (h[2] & (F_NFC | F_NFKC)) return COLIBRI_E_UNSUPPORTED;   /* built without NFC tables */
 #endif
     if (has_prog) {
         if (h[19] % 4 || h[19] < HDR || (uint64_t)h[19] + 4ull * h[20] > size)
@@ -577,8 +642,8 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
     if (t->unk_id < -1 || t->unk_id >= (int32_t)n || t->bos_id < -1 ||
         t->bos_id >= (int32_t)n || t->eos_id < -1 || t->eos_id >= (int32_t)n)
         return COLIBRI_E_TOK_FORMAT;
-    if (unigram) {
-        int rc = check_scores(t, h[21]);
+    if (needs_ext) {
+        int rc = check_extensions(t, h[21], unigram);
         if (rc) return rc;
     }
     t->ok = 1;
@@ -1417,9 +1482,45 @@ static unsigned nfc_segment(uint32_t *d, unsigned n)
 
 typedef struct { uint8_t *buf; size_t cap, n; int same, err; } norm_out;
 
-/* NFC of the run p[0..n): o->same when it is already NFC (use p in place),
- * else its bytes in o->buf (o->err: a segment or the whole too long). */
-static void nfc_run(const uint8_t *p, size_t n, norm_out *o)
+/* NFKC: the index of cp in the section's map (its NFKD differs from its
+ * NFD), or -1. */
+static long nfkc_find(const tokp *t, uint32_t cp)
+{
+    if (!(t->flags & F_NFKC) || cp < 0xA0) return -1;
+    uint32_t lo = 0, hi = t->n_nfkc;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint32_t e = ld32(t->nfkc_map + 8u * mid, t->be) & 0x7FFFFFFFu;
+        if (e == cp) return (long)mid;
+        if (e < cp) lo = mid + 1; else hi = mid;
+    }
+    return -1;
+}
+
+/* cp's full decomposition (NFKC: the map's NFKD; else canonical). */
+static int decompose_run(const tokp *t, uint32_t cp, uint32_t *d, unsigned *n)
+{
+    long k = nfkc_find(t, cp);
+    if (k < 0) return decompose(cp, d, n);
+    uint32_t at = ld32(t->nfkc_map + 8u * (uint32_t)k + 4, t->be), len = at & 31u;
+    if (*n + len > NORM_SEG) return 0;
+    for (uint32_t j = 0; j < len; j++)
+        d[(*n)++] = ld32(t->nfkc_pool + 4u * ((at >> 5) + j), t->be);
+    return 1;
+}
+
+/* May the text not be cut for normalisation before cp? */
+static int no_cut_run(const tokp *t, uint32_t cp)
+{
+    long k = nfkc_find(t, cp);
+    if (k < 0) return no_cut_before(cp);
+    return (ld32(t->nfkc_map + 8u * (uint32_t)k, t->be) >> 31) != 0;
+}
+
+/* NFC (or NFKC) of the run p[0..n): o->same when it is already normal (use
+ * p in place), else its bytes in o->buf (o->err: a segment or the whole
+ * too long). */
+static void norm_run(const tokp *t, const uint8_t *p, size_t n, norm_out *o)
 {
     uint32_t raw[NORM_SEG], d[NORM_SEG];
     size_t i = 0;
@@ -1429,13 +1530,16 @@ static void nfc_run(const uint8_t *p, size_t n, norm_out *o)
         do {                                     /* one segment */
             uint32_t cp; int bad;
             size_t k = u8_next(p + i, n - i, &cp, &bad);
-            if (nr == NORM_SEG || !decompose(cp, d, &nd)) { o->err = COLIBRI_E_TOK_NORM; return; }
+            if (nr == NORM_SEG || !decompose_run(t, cp, d, &nd)) {
+                o->err = COLIBRI_E_TOK_NORM;
+                return;
+            }
             raw[nr++] = cp;
             i += k;
             if (i < n) {
                 uint32_t nx; int b2;
                 (void)u8_next(p + i, n - i, &nx, &b2);
-                if (!no_cut_before(nx)) break;
+                if (!no_cut_run(t, nx)) break;
             }
         } while (i < n);
         nd = nfc_segment(d, nd);
@@ -1485,9 +1589,9 @@ static void emit_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t
 {
 #ifndef COLIBRI_NO_TOK_NORM
     uint8_t nbuf[COLIBRI_TOK_NORM_BUF];
-    if (t->flags & F_NFC) {
+    if (t->flags & (F_NFC | F_NFKC)) {
         norm_out no = { nbuf, sizeof nbuf, 0, 1, 0 };
-        nfc_run(p, n, &no);
+        norm_run(t, p, n, &no);
         if (no.err) { o->err = no.err; return; }
         if (!no.same) { p = nbuf; n = no.n; }
         if (!n) return;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 
 import pytest
 
@@ -41,7 +42,7 @@ def program_tok(trained):
             base = kind.split("/")[0]
             hf = trained(base) if base in tf.KINDS else tf.train_program_kind(base, text)
             spec = T.spec_from_json(json.loads(hf.to_str()), builtin="/" not in kind)
-            if "/" in kind or base not in ("bl-llama3", "bl-qwen2-nfc"):
+            if "/" in kind or base not in ("bl-llama3", "bl-qwen2-nfc", "bl-qwen2-nfkc"):
                 assert spec.pretok == T.PRETOK_PROGRAM, spec.what
             cache[kind] = (hf, spec, T.pack_section(spec, "little"), T.pack_section(spec, "big"))
         return cache[kind]
@@ -57,12 +58,15 @@ def test_python_ids_equal_tokenizers(program_tok, strings, kind):
     assert not bad, f"{len(bad)} of {N_PY} differ, first {bad[:3]!r}"
 
 
-def _check_c(drv, hf, sec: bytes, strs, tmp):
+def _check_c(drv, hf, sec: bytes, strs, tmp, ids_per_byte: int = 4):
+    """ids_per_byte: the id buffer's size (NFKC: U+FDFA's 3 bytes are 18
+    characters, 33 bytes)."""
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "section.bin"
     path.write_bytes(sec)
     want = [hf.encode(tf.hf_text(b), add_special_tokens=False).ids for b in strs]
-    got = run(drv, "section", path, [ids_req(b) for b in strs], tmp / "t")
+    got = run(drv, "section", path, [ids_req(b, cap=ids_per_byte * len(b) + 8) for b in strs],
+              tmp / "t")
     bad = [(b, w, g) for b, w, (rc, _, g) in zip(strs, want, got) if rc != 0 or g != w]
     assert not bad, f"{len(bad)} of {len(strs)} differ, first {bad[:2]!r}"
 
@@ -367,3 +371,148 @@ def test_nfc_of_every_code_point_equals_tokenizers(driver, tmp_path):
     for k, (rc, _, g) in enumerate(got):
         want = tok.encode(chunks[k])
         assert rc == 0 and g == want, k
+
+
+# --- NFKC (flag 15, the map stored in the section: FORMAT.md 7.3) -----------
+NFKC_ATOMS = ["\ufb01", "\ufb00", "\uff21\uff42\uff43", "\u2460\u2461", "\u3300", "\uff76\uff9e",
+              "\uff76\u3099", "\u00b2\u00b3", "\u210c", "\U0001d400\U0001d401", "\u3131\u314f",
+              "\u1100\u314f", "\u01c5", "\u1e9b\u0323", "\ufdfa", "\u2026", "\u00bd", "\u216b",
+              "\u00a0x", "\u2002x", "\uff9f", "e\u0301", "\u212b", "\u017f\u0307", "\u33c2",
+              "\u2474", "\ufe37", "\u1d2c", "\u32d0", "\u3192", "\u2155", "\u01c4\u030c",
+              "\u0344", "\u1100\u1161\u11a8", "\ufb2c", "\u2fd5", "\u1f71\u0345"]
+
+
+@pytest.fixture(scope="module")
+def nfkc_divergent():
+    """The code points whose NFKC `tokenizers` and Python's unicodedata
+    (Unicode 14.0, our map's source) give differently, alone: `tokenizers`'
+    normalisation data predates Unicode 12, so compatibility mappings
+    assigned since (U+32FF, U+A7F2.., U+107xx, ...) are unknown to it. Each
+    must be a code point Unicode 3.2 did not have; 72 today."""
+    import unicodedata as ud
+    from tokenizers import normalizers
+    n = normalizers.NFKC()
+    out = {c for c in range(0xA0, 0x110000) if not 0xD800 <= c < 0xE000
+           and ud.normalize("NFKC", chr(c)) != n.normalize_str(chr(c))}
+    assert all(ud.ucd_3_2_0.category(chr(c)) == "Cn" for c in out)
+    assert len(out) <= 100, len(out)
+    return out
+
+
+def nfkc_strings(n: int = 3000) -> list[bytes]:
+    """The ordinary strings with compatibility characters put in: ligatures,
+    fullwidth and halfwidth forms (a halfwidth voiced mark that composes),
+    circled and squared letters and numbers, superscripts, Hangul
+    compatibility jamo (which compose as L + V), mathematical letters,
+    U+FDFA (18 code points), and the canonical cases of nfc_strings."""
+    import random
+    rng = random.Random(26)
+    out = []
+    for b in tf.test_strings(n, seed=32):
+        s = tf.hf_text(b)
+        k = rng.randrange(len(s) + 1)
+        out.append((s[:k] + "".join(rng.choice(NFKC_ATOMS) for _ in range(rng.randint(1, 5)))
+                    + s[k:]).encode())
+    return out
+
+
+def test_nfkc_python_and_c_equal_tokenizers(driver, program_tok, nfkc_divergent, tmp_path):
+    """10,000 strings in C, 3,000 in Python against `tokenizers`, except the
+    strings holding a divergent code point (nfkc_divergent), where C equals
+    Python; a sample under ASan/UBSan (big-endian section) and under QEMU."""
+    hf, spec, sec, sec_be = program_tok("bl-qwen2-nfkc")
+    assert spec.flags & T.F_NFKC and struct.unpack_from("<H", sec, 4)[0] == 3
+    strs = nfkc_strings(10_000)
+    judged = [b for b in strs if not any(ord(c) in nfkc_divergent for c in tf.hf_text(b))]
+    assert len(judged) > 9000
+    tok = T.Tokenizer(T.parse_section(sec))
+    bad = [b for b in judged[:3000] if tok.encode(b) != hf.encode(
+        tf.hf_text(b), add_special_tokens=False).ids]
+    assert not bad, f"Python: {len(bad)} of 3000 differ, first {bad[:3]!r}"
+    _check_c(driver("host"), hf, sec, judged, tmp_path / "le", 12)
+    _check_c(driver("asan"), hf, sec_be, judged[:800], tmp_path / "be", 12)
+    _check_c(driver("armv7"), hf, sec, judged[:200], tmp_path / "arm", 12)
+    rest = [b for b in strs if b not in set(judged)][:300]
+    path = tmp_path / "s.bin"
+    path.write_bytes(sec)
+    got = run(driver("host"), "section", path, [ids_req(b, cap=12 * len(b) + 8) for b in rest],
+              tmp_path / "d")
+    assert [g for _, _, g in got] == [tok.encode(b) for b in rest]
+
+
+def test_nfkc_of_every_code_point_equals_tokenizers(driver, nfkc_divergent, tmp_path):
+    """Every code point from U+00A0 alone and between 'a' and U+0301, NFKC
+    then single-byte pieces: Python equals `tokenizers` but on the divergent
+    code points, and C equals Python on every one."""
+    from tokenizers import Tokenizer
+    tj = {"version": "1.0", "added_tokens": [], "normalizer": {"type": "NFKC"},
+          "post_processor": None,
+          "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                      "use_regex": True},
+          "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+              {"type": "Split", "pattern": {"String": "\n"}, "behavior": "Isolated",
+               "invert": False}, tf._BL]},
+          "model": {"type": "BPE", "vocab": {T.BYTE_TO_CHAR[b]: b for b in range(256)},
+                    "merges": []}}
+    hf = Tokenizer.from_str(json.dumps(tj))
+    spec = T.spec_from_json(tj)
+    tok = T.Tokenizer(spec)
+    import unicodedata as ud
+    cps = [c for c in range(0xA0, 0x30000) if not 0xD800 <= c < 0xE000]
+    texts = [f"{p}{chr(c)}{q}" for c in cps for p, q in (("", ""), ("a", "\u0301"))]
+    ours = [tok.encode(s) for s in texts]
+    for s, g in zip(texts, ours):
+        c = s[0] if len(s) == 1 else s[1]
+        if ord(c) in nfkc_divergent:
+            continue
+        if g != hf.encode(s).ids:
+            # As for NFC: marks newer than tokenizers' data block composition.
+            assert s[0] == "a" and ud.combining(c) and ud.ucd_3_2_0.category(c) == "Cn", s
+    p = tmp_path / "s.bin"
+    p.write_bytes(T.pack_section(spec))
+    chunks = ["\n".join(texts[k:k + 100]) for k in range(0, len(texts), 100)]
+    got = run(driver("host"), "section", p, [("T", 2, 24 * len(c.encode()) + 64, c.encode())
+                                             for c in chunks], tmp_path / "t")
+    for k, (rc, _, g) in enumerate(got):
+        assert rc == 0 and g == tok.encode(chunks[k]), k
+
+
+def test_nfkc_map_damage_is_refused_by_both_readers(driver, program_tok, tmp_path):
+    """An NFKC map out of order, with a length of 0 or over 18, past its
+    pool, a surrogate in the pool, no pool, both NFC and NFKC: -31 in C,
+    TokenizerError in Python."""
+    _, _, sec, _ = program_tok("bl-qwen2-nfkc")
+    off = struct.unpack_from("<I", sec, 8 + 4 * 21)[0]
+    n = struct.unpack_from("<I", sec, off)[0]
+    ext = {k: (o, c) for k, o, c, _ in (struct.unpack_from("<4I", sec, off + 4 + 16 * i)
+                                        for i in range(n))}
+    moff, nm = ext[T.EXT_NFKC_MAP]
+    poff, npool = ext[T.EXT_NFKC_POOL]
+    cases = []
+
+    def edit(at, value, fmt="<I"):
+        b = bytearray(sec)
+        struct.pack_into(fmt, b, at, value)
+        cases.append(bytes(b))
+    first = struct.unpack_from("<I", sec, moff + 8)[0]
+    edit(moff, first)                                    # entry 0 == entry 1: not sorted
+    at1 = struct.unpack_from("<I", sec, moff + 4)[0]
+    edit(moff + 4, at1 & ~31)                            # length 0
+    edit(moff + 4, (at1 & ~31) | 19)                     # length 19
+    edit(moff + 8 * (nm - 1) + 4, (npool << 5) | 1)      # past the pool
+    edit(poff, 0xD800)                                   # a surrogate
+    edit(off, n - 1)                                     # the pool's entry dropped
+    flags = struct.unpack_from("<I", sec, 16)[0]
+    edit(16, flags | T.F_NFC)                            # NFC and NFKC
+    edit(moff, 0x110000)                                 # not a code point
+    for k, b in enumerate(cases):
+        with pytest.raises(T.TokenizerError):
+            T.parse_section(b)
+        p = tmp_path / f"h{k}.bin"
+        p.write_bytes(b)
+        build, prog = driver("asan")
+        (tmp_path / "in.bin").write_bytes(b"T" + struct.pack("<III", 0, 8, 1) + b"a")
+        proc = subprocess.run([str(prog), "section", str(p), str(tmp_path / "in.bin"),
+                               str(tmp_path / "out.bin")], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 11 and proc.stdout.startswith("error -31"), (k, proc.stdout)

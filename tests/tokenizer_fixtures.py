@@ -230,6 +230,9 @@ PROGRAM_PRETOKS = {
         _split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), _BL]},
     "bl-qwen35": {"type": "Sequence", "pretokenizers": [_split(QWEN35_PATTERN), _BL]},
+    "bl-qwen2-nfkc": {"type": "Sequence", "pretokenizers": [
+        _split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), _BL]},
     "bl-qwen2-nfc": {"type": "Sequence", "pretokenizers": [
         _split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), _BL]},
@@ -253,9 +256,12 @@ PROGRAM_PRETOKS = {
         _split(r"\s*?x{2,3}?|\t", "Removed"),
         {"type": "WhitespaceSplit"}, _BL]},
 }
-PROGRAM_KINDS = tuple(PROGRAM_PRETOKS)
+# NFKC is judged on its own strings (tests/test_tokenizer_program.py): its
+# data and tokenizers' differ on code points assigned since Unicode 12.
+PROGRAM_KINDS = tuple(k for k in PROGRAM_PRETOKS if k != "bl-qwen2-nfkc")
 # Their normalisers (the rest have none): Qwen2 / Qwen3.5 ship NFC.
-NORMALIZERS = {"bl-qwen35": {"type": "NFC"}, "bl-qwen2-nfc": {"type": "NFC"}}
+NORMALIZERS = {"bl-qwen35": {"type": "NFC"}, "bl-qwen2-nfc": {"type": "NFC"},
+               "bl-qwen2-nfkc": {"type": "NFKC"}}
 
 
 def train_program_kind(kind: str, text: str, vocab: int = 3000):

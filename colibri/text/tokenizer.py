@@ -24,6 +24,7 @@ tokenizer (src/tokenizer.c) implements the same steps over the same section.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import math
@@ -41,7 +42,7 @@ KIND_TOKENIZER = 0x0100         # table kind; optional, never CRITICAL
 SECTION_MAGIC = b"CTOK"
 SECTION_VERSION = 1             # written when the pre-tokenizer is one of pretok 0..3
 SECTION_VERSION_PROGRAM = 2     # ... else: the Split steps' programs are stored
-SECTION_VERSION_UNIGRAM = 3     # a Unigram model (its scores) or a flag of bit 10..14
+SECTION_VERSION_UNIGRAM = 3     # extensions (Unigram scores, NFKC map) or a flag of bit 10..15
 SECTION_HEADER_SIZE = 96
 
 MODEL_BYTE_LEVEL = 1            # byte-level BPE
@@ -75,8 +76,16 @@ F_WS_SPLIT = 1 << 11            # WhitespaceSplit first: words are the runs of n
 F_DEC_METASPACE = 1 << 12       # decoder Metaspace: ▁ -> space, no byte fallback
 F_DEC_DROP_FIRST = 1 << 13      # ... and the first token loses every ▁ (scheme not never)
 F_TEMPLATE_EOS = 1 << 14        # the post-processor puts eos last (T5's "$A </s>")
+F_NFKC = 1 << 15                # each text run is NFKC-normalised first (the map is stored)
 KNOWN_FLAGS_V2 = (1 << 10) - 1
-KNOWN_FLAGS = (1 << 15) - 1
+KNOWN_FLAGS = (1 << 16) - 1
+# Version 3: the extensions at off_ext (header word reserved2): n, then
+# n x {kind, offset, count, 0}; each kind at most once (FORMAT.md 7.3).
+EXT_SCORES = 1                  # count n_vocab float64: the Unigram pieces' scores
+EXT_NFKC_MAP = 2                # count x {cp | no_cut << 31, pool offset << 5 | length}
+EXT_NFKC_POOL = 3               # count u32 code points: the maps' NFKD sequences
+MAX_EXT = 4
+NFKC_MAX_LEN = 18               # the longest NFKD of one code point (U+FDFA)
 
 # Per-id flags (one byte per id).
 ID_ADDED = 1 << 0               # an added token: matched in the raw text
@@ -290,6 +299,8 @@ def describe(spec: TokenizerSpec) -> str:
              + (f", {len(spec.merges)} merges" if spec.model != MODEL_UNIGRAM else "")]
     if spec.flags & F_NFC:
         parts.append("NFC")
+    if spec.flags & F_NFKC:
+        parts.append("NFKC")
     if spec.flags & F_WS_SPLIT:
         parts.append("WhitespaceSplit")
     if spec.flags & F_SP_SPLIT:
@@ -322,9 +333,10 @@ def _parse_normalizer(norm) -> tuple[bool, int]:
     """-> (SentencePiece-style, flags). None, or Prepend(▁)+Replace(' ', ▁)."""
     if norm is None:
         return False, 0
-    if _type(norm) == "NFC" or (_type(norm) == "Sequence" and [
-            _type(n) for n in norm.get("normalizers") or []] == ["NFC"]):
-        return False, F_NFC
+    for name, flag in (("NFC", F_NFC), ("NFKC", F_NFKC)):
+        if _type(norm) == name or (_type(norm) == "Sequence" and [
+                _type(n) for n in norm.get("normalizers") or []] == [name]):
+            return False, flag
     items = norm.get("normalizers") if _type(norm) == "Sequence" else [norm]
     if not isinstance(items, list):
         raise UnsupportedTokenizer("normalizer Sequence without a list")
@@ -759,17 +771,27 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
     pre_words = tokregex.pack_steps(spec.steps) if spec.pretok == PRETOK_PROGRAM else []
     off_pretok = cur if pre_words else 0
     cur = _a8(cur + 4 * len(pre_words))
-    off_scores = cur if spec.model == MODEL_UNIGRAM else 0
-    if off_scores:
-        cur += 8 * n
+    exts = []         # (kind, fmt, values) in the section's order
+    if spec.model == MODEL_UNIGRAM:
+        exts.append((EXT_SCORES, "d", spec.scores))
+    if spec.flags & F_NFKC:
+        nmap, pool = nfkc_map()
+        exts += [(EXT_NFKC_MAP, "I", nmap), (EXT_NFKC_POOL, "I", pool)]
+    off_ext = cur if exts else 0
+    if exts:
+        cur = _a8(cur + 4 + 16 * len(exts))
+    ext_dir = []
+    for kind, fmt, vals in exts:
+        ext_dir.append((kind, cur, len(vals) // (2 if kind == EXT_NFKC_MAP else 1)))
+        cur = _a8(cur + struct.calcsize(f"<{len(vals)}{fmt}"))
     h = dict(model=spec.model, pretok=spec.pretok, flags=spec.flags, n_vocab=n,
              n_merges=len(merges), n_added=len(spec.added),
              unk_id=spec.unk_id & 0xFFFFFFFF, bos_id=spec.bos_id & 0xFFFFFFFF,
              eos_id=spec.eos_id & 0xFFFFFFFF, n_string_bytes=len(blob),
              n_sorted=len(sorted_ids), section_size=cur, reserved0=off_pretok,
-             reserved1=len(pre_words), reserved2=off_scores, **layout)
+             reserved1=len(pre_words), reserved2=off_ext, **layout)
     out = bytearray(cur)
-    version = (SECTION_VERSION_UNIGRAM if off_scores or spec.flags & ~KNOWN_FLAGS_V2 else
+    version = (SECTION_VERSION_UNIGRAM if off_ext or spec.flags & ~KNOWN_FLAGS_V2 else
                SECTION_VERSION_PROGRAM if pre_words or spec.flags & F_NFC else SECTION_VERSION)
     struct.pack_into(bc + _HEADER_FMT, out, 0, SECTION_MAGIC, version, 0xFEFF,
                      *(h[f] for f in _HEADER_FIELDS))
@@ -783,9 +805,53 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
                      *(v for m in merges for v in m))
     struct.pack_into(f"{bc}{len(spec.added)}I", out, layout["off_added"], *spec.added)
     struct.pack_into(f"{bc}256I", out, layout["off_byte_ids"], *_byte_piece_ids(spec))
-    if off_scores:
-        struct.pack_into(f"{bc}{n}d", out, off_scores, *spec.scores)
+    if exts:
+        struct.pack_into(f"{bc}I", out, off_ext, len(exts))
+        for k, ((kind, fmt, vals), (_, off, count)) in enumerate(zip(exts, ext_dir)):
+            struct.pack_into(f"{bc}4I", out, off_ext + 4 + 16 * k, kind, off, count, 0)
+            struct.pack_into(f"{bc}{len(vals)}{fmt}", out, off, *vals)
     return bytes(out)
+
+
+@functools.lru_cache(maxsize=1)
+def nfkc_map() -> tuple[tuple, tuple]:
+    """The NFKC map a section stores (from this Python's unicodedata, as the
+    encoder's NFKC): every code point whose NFKD differs from its NFD ->
+    its NFKD, and whether text may not be cut before it (its NFKD starts
+    with a combining mark or a character that composes with the one before).
+    -> (map words: cp | no_cut << 31, offset << 5 | length; pool)."""
+    words, pool = [], []
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        k = unicodedata.normalize("NFKD", c)
+        if k == unicodedata.normalize("NFD", c):
+            continue
+        no_cut = bool(unicodedata.combining(k[0])) or k[0] in _seconds()
+        words += [cp | (no_cut << 31), len(pool) << 5 | len(k)]
+        pool += [ord(x) for x in k]
+    return tuple(words), tuple(pool)
+
+
+@functools.lru_cache(maxsize=1)
+def _seconds() -> frozenset:
+    """The characters that compose with the one before them (the second of
+    a primary composite; Hangul V and T jamo): scripts/gen_unicode_norm.py's
+    `seconds`."""
+    out = set()
+    for cp in range(0x110000):
+        d = unicodedata.decomposition(chr(cp))
+        if not d or d.startswith("<"):
+            continue
+        parts = d.split()
+        if len(parts) == 2 and unicodedata.normalize(
+                "NFC", chr(int(parts[0], 16)) + chr(int(parts[1], 16))) == chr(cp):
+            out.add(chr(int(parts[1], 16)))
+    out.update(chr(c) for c in range(0x1161, 0x1176))     # Hangul V, T jamo
+    out.update(chr(c) for c in range(0x11A8, 0x11C3))
+    return frozenset(out)
+
 
 
 def _bad(msg: str) -> TokenizerError:
@@ -823,9 +889,11 @@ def parse_section(data: bytes) -> TokenizerSpec:
     has_prog = version >= SECTION_VERSION_PROGRAM and h["pretok"] == PRETOK_PROGRAM
     if h["pretok"] not in (PRETOK_NONE, PRETOK_GPT2, PRETOK_QWEN2, PRETOK_LLAMA3) and not has_prog:
         raise _bad(f"pre-tokenizer {h['pretok']}")
-    if h["flags"] & ~KNOWN_FLAGS or bool(h["reserved2"]) != unigram or (not has_prog and (
+    needs_ext = unigram or bool(h["flags"] & F_NFKC)
+    if h["flags"] & ~KNOWN_FLAGS or bool(h["reserved2"]) != needs_ext or (not has_prog and (
             h["reserved0"] or h["reserved1"])) or (
             h["flags"] & F_NFC and version < SECTION_VERSION_PROGRAM) or (
+            h["flags"] & F_NFC and h["flags"] & F_NFKC) or (
             h["flags"] & ~KNOWN_FLAGS_V2 and version != SECTION_VERSION_UNIGRAM):
         raise _bad(f"flags 0x{h['flags']:x} or reserved fields not valid")
     n = h["n_vocab"]
@@ -909,11 +977,12 @@ def parse_section(data: bytes) -> TokenizerSpec:
             raise _bad("the pre-tokenizer program does not fit in the section")
         words = list(struct.unpack_from(f"{bc}{nw}I", data, off))
         steps = _check_steps(words)
+    ext = _check_extensions(data, bc, h["reserved2"], n) if needs_ext else {}
+    if (EXT_SCORES in ext) != unigram or (EXT_NFKC_MAP in ext) != bool(h["flags"] & F_NFKC):
+        raise _bad("the extensions do not match the model and flags")
     scores = []
     if unigram:
-        off = h["reserved2"]
-        if off % 8 or off < SECTION_HEADER_SIZE or off + 8 * n > size:
-            raise _bad("the Unigram scores do not fit in the section")
+        off, count = ext[EXT_SCORES]
         scores = list(struct.unpack_from(f"{bc}{n}d", data, off))
         if not all(math.isfinite(x) for x in scores):
             raise _bad("a Unigram score is not finite")
@@ -924,6 +993,44 @@ def parse_section(data: bytes) -> TokenizerSpec:
                        f"over {MAX_UNIGRAM_PIECE_BYTES} bytes")
     return TokenizerSpec(h["model"], h["pretok"], h["flags"], pieces, id_flags,
                          merges_by_rank, *signed, added=added, steps=steps, scores=scores)
+
+
+def _check_extensions(data: bytes, bc: str, off: int, n_vocab: int) -> dict:
+    """The version 3 extension directory (the checks src/tokenizer.c
+    check_extensions makes) -> {kind: (offset, count)}."""
+    size = len(data)
+    if off % 4 or off < SECTION_HEADER_SIZE or off + 4 > size:
+        raise _bad("the extension directory does not fit in the section")
+    n = struct.unpack_from(f"{bc}I", data, off)[0]
+    if not 1 <= n <= MAX_EXT or off + 4 + 16 * n > size:
+        raise _bad(f"{n} extensions")
+    out = {}
+    for k in range(n):
+        kind, eoff, count, zero = struct.unpack_from(f"{bc}4I", data, off + 4 + 16 * k)
+        unit = {EXT_SCORES: 8, EXT_NFKC_MAP: 8, EXT_NFKC_POOL: 4}.get(kind)
+        if unit is None or kind in out or zero or eoff % unit or eoff < SECTION_HEADER_SIZE \
+                or count > size or eoff + unit * count > size:
+            raise _bad(f"extension {k} (kind {kind})")
+        out[kind] = (eoff, count)
+    if EXT_SCORES in out and out[EXT_SCORES][1] != n_vocab:
+        raise _bad("the Unigram scores are not one per id")
+    if (EXT_NFKC_MAP in out) != (EXT_NFKC_POOL in out):
+        raise _bad("an NFKC map without its pool, or a pool without its map")
+    if EXT_NFKC_MAP in out:
+        (moff, nm), (poff, npool) = out[EXT_NFKC_MAP], out[EXT_NFKC_POOL]
+        words = struct.unpack_from(f"{bc}{2 * nm}I", data, moff)
+        pool = struct.unpack_from(f"{bc}{npool}I", data, poff)
+        prev = -1
+        for i in range(nm):
+            cp, at = words[2 * i] & 0x7FFFFFFF, words[2 * i + 1]
+            length, start = at & 31, at >> 5
+            if cp <= prev or cp > 0x10FFFF or 0xD800 <= cp < 0xE000 or words[2 * i] & 0x7FE00000 \
+                    or not 1 <= length <= NFKC_MAX_LEN or start + length > npool:
+                raise _bad(f"NFKC map entry {i}")
+            prev = cp
+        if any(c > 0x10FFFF or 0xD800 <= c < 0xE000 for c in pool):
+            raise _bad("an NFKC pool value is not a Unicode scalar value")
+    return out
 
 
 def _check_steps(words: list[int]):
@@ -1185,6 +1292,8 @@ class Tokenizer:
                 continue
             if s.flags & F_NFC:
                 seg = unicodedata.normalize("NFC", seg)
+            if s.flags & F_NFKC:
+                seg = unicodedata.normalize("NFKC", seg)
             if self.byte_level:
                 if s.flags & F_ADD_PREFIX_SPACE and not seg.startswith(" "):
                     seg = " " + seg

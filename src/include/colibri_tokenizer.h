@@ -107,6 +107,8 @@ typedef struct colibri_tokenizer {
                                         their regex programs (FORMAT.md 7.2) */
         uint32_t n_pretok_words, n_steps;
         const uint8_t *scores;       /* version 3, Unigram: float64 per id */
+        const uint8_t *nfkc_map, *nfkc_pool;   /* version 3, NFKC (FORMAT.md 7.3) */
+        uint32_t n_nfkc, n_nfkc_pool;
         double unk_score;            /* Unigram: lowest score - 10 */
     } priv_;
 } colibri_tokenizer;
