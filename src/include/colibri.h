@@ -577,7 +577,9 @@ typedef struct colibri_reader {
  * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC (header or table), _IO,
  * _ARG (rd or out NULL, no slots and no budget, expert_slots above
  * n_layers * n_experts), _NO_MEMORY (the budget holds no slot: the detail
- * says the least budget), _UNSUPPORTED (an ENC_DEC file). */
+ * says the least budget), _UNSUPPORTED (an ENC_DEC file; always in a
+ * COLIBRI_STATIC_WORKBUF build, which has no memory for the table: give
+ * colibri_init_stream the arena there is, its detail says what it lacks). */
 int colibri_stream_arena_size(const colibri_reader *rd,
                               const colibri_options *opt, size_t *out_bytes,
                               uint32_t *out_slots);
