@@ -221,7 +221,10 @@ def test_no_tokenizer_flag_and_too_large_a_tokenizer(tmp_path, trained):
 @pytest.mark.parametrize("edit,match", [
     (lambda j: j["model"].update(type="WordLevel"), "model WordLevel"),
     (lambda j: j["model"].update(type="Unigram"), "Unigram with a byte-level pre-tokenizer"),
-    (lambda j: j.update(pre_tokenizer={"type": "Whitespace"}), "pre-tokenizer Whitespace"),
+    (lambda j: j.update(pre_tokenizer={"type": "UnicodeScripts"}),
+     "pre-tokenizer UnicodeScripts"),
+    (lambda j: j.update(pre_tokenizer={"type": "Whitespace"}),
+     "a byte-level tokenizer ending with ByteLevel"),
     (lambda j: j["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w+"),
      "pre-tokenizer Split: regex"),
     (lambda j: j.update(decoder={"type": "WordPiece"}), "decoder WordPiece"),

@@ -148,8 +148,8 @@ def test_unsupported_components_are_refused_by_name():
     base = {"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
             "decoder": {"type": "ByteLevel"}}
     for pre, what in (
-            ({"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}, tf._BL]},
-             "Whitespace"),
+            ({"type": "Sequence", "pretokenizers": [{"type": "UnicodeScripts"}, tf._BL]},
+             "UnicodeScripts"),
             ({"type": "Sequence", "pretokenizers": [tf._BL, tf._split("a")]}, "ending with"),
             ({"type": "Sequence", "pretokenizers": [tf._split("a"),
                                                     dict(tf._BL, add_prefix_space=True)]},
@@ -518,3 +518,22 @@ def test_nfkc_map_damage_is_refused_by_both_readers(driver, program_tok, tmp_pat
                                str(tmp_path / "out.bin")], capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 11 and proc.stdout.startswith("error -31"), (k, proc.stdout)
+
+
+def test_whitespace_pre_tokenizer_on_every_code_point():
+    """The Whitespace pre-tokenizer as stored (colibri/text/tokenizer.py
+    WHITESPACE_PATTERN: Unicode's word class spelled out) cuts like
+    `tokenizers`' own between two letters, and after a space, for every code
+    point up to U+2FFFF."""
+    from tokenizers import pre_tokenizers
+    hf = pre_tokenizers.Whitespace()
+    prog = R.compile_regex(T.WHITESPACE_PATTERN)
+    bad = []
+    for cp in range(0x80, 0x30000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        for s in (f"a{chr(cp)}b", f" {chr(cp)}!", f"{chr(cp)}{chr(cp)} x"):
+            want = [p for p, _ in hf.pre_tokenize_str(s)]
+            if R.pre_tokenize_steps([(R.B_REMOVED, True, prog)], s) != want:
+                bad.append(hex(cp))
+    assert not bad, f"{len(bad)} code points cut differently, first {bad[:10]}"

@@ -245,6 +245,8 @@ PROGRAM_PRETOKS = {
         *(_split(p) for p in DEEPSEEK3_SPLITS), _BL]},
     "bl-starcoder": {"type": "Sequence", "pretokenizers": [
         {"type": "Digits", "individual_digits": True}, _BL_RX]},
+    # tokenizers' Whitespace (words and other runs kept, whitespace removed)
+    "bl-whitespace": {"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}, _BL]},
     # every Split behaviour, invert, String patterns, Punctuation, Digits runs
     "bl-behaviours": {"type": "Sequence", "pretokenizers": [
         _split(r"\n+", "MergedWithPrevious"),

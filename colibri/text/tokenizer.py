@@ -104,6 +104,15 @@ QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPLIT_PATTERNS = {QWEN2_PATTERN: PRETOK_QWEN2, LLAMA3_PATTERN: PRETOK_LLAMA3}
+# tokenizers' Whitespace pre-tokenizer: words `\w+` and runs `[^\w\s]+` kept,
+# whitespace removed. Its \w is Unicode's word class (Alphabetic, marks, Nd,
+# Pc and Join_Control), which is not Oniguruma's \w of Split patterns (no
+# Join_Control there): L M Nd Pc Nl, the circled and squared Latin letters
+# (Other_Alphabetic symbols) and ZWNJ/ZWJ, as tests/test_tokenizer_program.py
+# checks on every code point.
+_WORD = ("\\p{L}\\p{M}\\p{Nd}\\p{Pc}\\p{Nl}\u24b6-\u24e9\U0001f130-\U0001f149"
+         "\U0001f150-\U0001f169\U0001f170-\U0001f189\u200c\u200d")
+WHITESPACE_PATTERN = f"[{_WORD}]+|[^{_WORD}\\s]+"
 
 # Limits that keep a hostile tokenizer.json or section from exhausting memory.
 MAX_VOCAB = 1 << 22
@@ -394,12 +403,15 @@ def _split_step(p) -> tuple[int, bool, list[int], str]:
             return beh, False, R.single_class(R.PUNCT_ITEMS), "Punctuation"
         if t == "WhitespaceSplit":
             return R.B_REMOVED, False, R.single_class(R.SPACE_ITEMS), "WhitespaceSplit"
+        if t == "Whitespace":     # Split(Invert(word+ | [^word\s]+), Removed)
+            return R.B_REMOVED, True, R.compile_regex(WHITESPACE_PATTERN), "Whitespace"
         if t == "ByteLevel":
             return R.B_ISOLATED, False, R.compile_regex(GPT2_PATTERN), "ByteLevel regex"
     except R.UnsupportedRegex as exc:
         raise UnsupportedTokenizer(f"pre-tokenizer {t}: {exc}") from None
     raise UnsupportedTokenizer(f"pre-tokenizer {t}: only Split, Digits, Punctuation, "
-                               "WhitespaceSplit, ByteLevel and Metaspace are supported")
+                               "Whitespace, WhitespaceSplit, ByteLevel and Metaspace are "
+                               "supported")
 
 
 def _metaspace_scheme(m) -> str:
@@ -455,12 +467,13 @@ def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, i
             f"WhitespaceSplit + Metaspace ({scheme})"
     # The general case: Split steps, ending with ByteLevel (the byte mapping).
     comps = _flatten(pre)
-    known = ("Split", "Digits", "Punctuation", "WhitespaceSplit", "ByteLevel", "Metaspace")
+    known = ("Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "ByteLevel",
+             "Metaspace")
     for c in comps:
         if _type(c) not in known:
             raise UnsupportedTokenizer(f"pre-tokenizer {_type(c)}: only Split, Digits, "
-                                       "Punctuation, WhitespaceSplit, ByteLevel and Metaspace "
-                                       "are supported")
+                                       "Punctuation, Whitespace, WhitespaceSplit, ByteLevel "
+                                       "and Metaspace are supported")
     if not comps or _type(comps[-1]) != "ByteLevel":
         raise UnsupportedTokenizer(f"pre-tokenizer {[_type(c) for c in comps]}: a byte-level "
                                    "tokenizer ending with ByteLevel is supported")
