@@ -448,15 +448,21 @@ static int check_pretok(tokp *t)
     return COLIBRI_OK;
 }
 
-static double score_of(const tokp *t, uint32_t id)
+static uint64_t score_bits(const tokp *t, uint32_t id)
 {
     const uint8_t *p = t->scores + 8u * id;
     uint64_t lo = ld32(p + (t->be ? 4 : 0), t->be), hi = ld32(p + (t->be ? 0 : 4), t->be);
-    uint64_t bits = hi << 32 | lo;
+    return hi << 32 | lo;
+}
+
+static double bits_double(uint64_t bits)
+{
     double d;
     memcpy(&d, &bits, sizeof d);
     return d;
 }
+
+static double score_of(const tokp *t, uint32_t id) { return bits_double(score_bits(t, id)); }
 
 /* Unigram: the scores (one float64 per id, checked in place by
  * check_extensions), no merges, an unk id, vocabulary pieces of at most
@@ -465,19 +471,25 @@ static double score_of(const tokp *t, uint32_t id)
 COLD_CHECK static int check_scores(tokp *t)
 {
     if (t->n_merges || t->unk_id < 0) return COLIBRI_E_TOK_FORMAT;
-    double lowest = 0.0;
+    /* On the bits, with no float arithmetic until every score is known
+     * finite: the exponent field, then the least score in the order of
+     * IEEE 754 (a finite double's bits, sign-flipped so that unsigned order
+     * is numeric order; -0 sorts below +0, and either gives the same
+     * unk_score). */
+    uint64_t least = 0, least_bits = 0;
     int any = 0;
     for (uint32_t i = 0; i < t->n_vocab; i++) {
-        double d = score_of(t, i);
-        if (!(d - d == 0.0)) return COLIBRI_E_TOK_FORMAT;   /* NaN or infinite */
+        uint64_t b = score_bits(t, i);
+        if ((b >> 52 & 0x7FFu) == 0x7FFu) return COLIBRI_E_TOK_FORMAT;   /* NaN or infinite */
         if (!(t->id_flags[i] & ID_IN_VOCAB)) continue;
         uint32_t pl;
         (void)piece(t, i, &pl);
         if (pl > MAX_UNIGRAM_PIECE) return COLIBRI_E_TOK_FORMAT;
-        if (!any || d < lowest) lowest = d;
+        uint64_t key = (b >> 63) ? ~b : b | (1ull << 63);
+        if (!any || key < least) { least = key; least_bits = b; }
         any = 1;
     }
-    t->unk_score = lowest - 10.0;
+    t->unk_score = bits_double(least_bits) - 10.0;
     return COLIBRI_OK;
 }
 
@@ -514,10 +526,12 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
         const uint8_t *e = t->sec + off + 4 + 16u * k;
         uint32_t kind = ld32(e, t->be), eoff = ld32(e + 4, t->be), count = ld32(e + 8, t->be);
         uint32_t unit = kind == EXT_NFKC_POOL ? 4u : 8u;
-        if (kind < EXT_SCORES || kind > EXT_NFKC_POOL || (seen >> kind & 1u) || ld32(e + 12, t->be) ||
-            eoff % unit || eoff < HDR || (uint64_t)eoff + (uint64_t)unit * count > t->size)
+        uint32_t bit = kind == EXT_SCORES ? 1u : kind == EXT_NFKC_MAP ? 2u
+                     : kind == EXT_NFKC_POOL ? 4u : 0u;
+        if (!bit || (seen & bit) || ld32(e + 12, t->be) || eoff % unit || eoff < HDR ||
+            (uint64_t)eoff + (uint64_t)unit * count > t->size)
             return COLIBRI_E_TOK_FORMAT;
-        seen |= 1u << kind;
+        seen |= bit;
         const uint8_t *at = t->sec + eoff;
         if (kind == EXT_SCORES) {
             if (count != t->n_vocab) return COLIBRI_E_TOK_FORMAT;
@@ -529,9 +543,8 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
         }
     }
     int nfkc = (t->flags & F_NFKC) != 0;
-    if (((seen >> EXT_SCORES) & 1u) != (unsigned)unigram ||
-        ((seen >> EXT_NFKC_MAP) & 1u) != (unsigned)nfkc ||
-        ((seen >> EXT_NFKC_POOL) & 1u) != (unsigned)nfkc)
+    if (((seen & 1u) != 0) != (unigram != 0) || ((seen & 2u) != 0) != nfkc ||
+        ((seen & 4u) != 0) != nfkc)
         return COLIBRI_E_TOK_FORMAT;
     if (unigram) {
         int rc = check_scores(t);
