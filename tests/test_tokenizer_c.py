@@ -249,6 +249,21 @@ def test_c_strict_utf8_and_bad_ids(driver, trained, tmp_path):
     assert res[3][0] == E_TOKEN
 
 
+# A tokenize and a decode request, as run_raw takes them.
+HOSTILE_REQUESTS = (b"T" + struct.pack("<III", PARSE_SPECIAL, 64, 23)
+                    + "Hello ünïcödé 日本 😀 1".encode()[:23]
+                    + b"D" + struct.pack("<III", 0, 256, 12) + struct.pack("<3I", 1, 5, 300))
+
+
+def run_raw(driver_pair, section: Path, requests: bytes, tmp: Path) -> subprocess.CompletedProcess:
+    """The driver over a section file that may be refused (exit 11 and the
+    error on stdout): the process, for its exit status and sanitizer output."""
+    _, prog = driver_pair
+    (tmp / "in.bin").write_bytes(requests)
+    return subprocess.run([str(prog), "section", str(section), str(tmp / "in.bin"),
+                           str(tmp / "out.bin")], capture_output=True, text=True, timeout=60)
+
+
 def test_c_damaged_sections_never_crash(driver, trained, tmp_path):
     """Bit flips, truncations, overwritten header words, under ASan/UBSan:
     init returns COLIBRI_E_TOK_FORMAT or the tokenizer works."""
@@ -260,13 +275,7 @@ def test_c_damaged_sections_never_crash(driver, trained, tmp_path):
         b = tf.damage_section(base, rng, trial)
         p = tmp_path / f"s{trial}.bin"
         p.write_bytes(bytes(b))
-        build, prog = drv
-        (tmp_path / "in.bin").write_bytes(
-            b"T" + struct.pack("<III", PARSE_SPECIAL, 64, 23) + "Hello ünïcödé 日本 😀 1".encode()[:23]
-            + b"D" + struct.pack("<III", 0, 256, 12) + struct.pack("<3I", 1, 5, 300))
-        proc = subprocess.run([str(prog), "section", str(p), str(tmp_path / "in.bin"),
-                               str(tmp_path / "out.bin")], capture_output=True, text=True,
-                              timeout=60)
+        proc = run_raw(drv, p, HOSTILE_REQUESTS, tmp_path)
         assert proc.returncode in (0, 11), proc.stdout + proc.stderr
         assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr
         if proc.returncode == 11:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
 
 import pytest
 
@@ -20,7 +19,7 @@ from colibri.text import tokregex as R
 import tokenizer_fixtures as tf
 from test_runtime_support import c_build  # noqa: F401
 from test_tokenizer import strings, trained  # noqa: F401
-from test_tokenizer_c import driver, ids_req, run  # noqa: F401
+from test_tokenizer_c import HOSTILE_REQUESTS, driver, ids_req, run, run_raw  # noqa: F401
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -330,6 +329,20 @@ def test_nfc_python_and_c_equal_tokenizers(driver, program_tok, kind, tmp_path):
     _check_c(driver("asan"), hf, sec_be, strs[:800], tmp_path / "be")
 
 
+def byte_pieces_json(normalizer: str) -> dict:
+    """A tokenizer.json whose pieces are the 256 single bytes, one word a
+    line: its ids are the normalised text's bytes."""
+    return {"version": "1.0", "added_tokens": [], "normalizer": {"type": normalizer},
+            "post_processor": None,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                        "use_regex": True},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"String": "\n"}, "behavior": "Isolated",
+                 "invert": False}, tf._BL]},
+            "model": {"type": "BPE", "vocab": {T.BYTE_TO_CHAR[b]: b for b in range(256)},
+                      "merges": []}}
+
+
 def test_nfc_of_every_code_point_equals_tokenizers(driver, tmp_path):
     """The C tables (scripts/gen_unicode_norm.py, Python's Unicode 14.0) and
     the Python encoder against `tokenizers`' NFC: every code point from U+00A0
@@ -342,15 +355,7 @@ def test_nfc_of_every_code_point_equals_tokenizers(driver, tmp_path):
     U+0301. C and Python agree on every code point."""
     import unicodedata as ud
     from tokenizers import Tokenizer
-    tj = {"version": "1.0", "added_tokens": [], "normalizer": {"type": "NFC"},
-          "post_processor": None,
-          "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                      "use_regex": True},
-          "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-              {"type": "Split", "pattern": {"String": "\n"}, "behavior": "Isolated",
-               "invert": False}, tf._BL]},
-          "model": {"type": "BPE", "vocab": {T.BYTE_TO_CHAR[b]: b for b in range(256)},
-                    "merges": []}}
+    tj = byte_pieces_json("NFC")
     hf = Tokenizer.from_str(json.dumps(tj))
     spec = T.spec_from_json(tj)
     tok = T.Tokenizer(spec)
@@ -447,15 +452,7 @@ def test_nfkc_of_every_code_point_equals_tokenizers(driver, nfkc_divergent, tmp_
     then single-byte pieces: Python equals `tokenizers` but on the divergent
     code points, and C equals Python on every one."""
     from tokenizers import Tokenizer
-    tj = {"version": "1.0", "added_tokens": [], "normalizer": {"type": "NFKC"},
-          "post_processor": None,
-          "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                      "use_regex": True},
-          "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-              {"type": "Split", "pattern": {"String": "\n"}, "behavior": "Isolated",
-               "invert": False}, tf._BL]},
-          "model": {"type": "BPE", "vocab": {T.BYTE_TO_CHAR[b]: b for b in range(256)},
-                    "merges": []}}
+    tj = byte_pieces_json("NFKC")
     hf = Tokenizer.from_str(json.dumps(tj))
     spec = T.spec_from_json(tj)
     tok = T.Tokenizer(spec)
@@ -512,11 +509,7 @@ def test_nfkc_map_damage_is_refused_by_both_readers(driver, program_tok, tmp_pat
             T.parse_section(b)
         p = tmp_path / f"h{k}.bin"
         p.write_bytes(b)
-        build, prog = driver("asan")
-        (tmp_path / "in.bin").write_bytes(b"T" + struct.pack("<III", 0, 8, 1) + b"a")
-        proc = subprocess.run([str(prog), "section", str(p), str(tmp_path / "in.bin"),
-                               str(tmp_path / "out.bin")], capture_output=True, text=True,
-                              timeout=60)
+        proc = run_raw(driver("asan"), p, HOSTILE_REQUESTS, tmp_path)
         assert proc.returncode == 11 and proc.stdout.startswith("error -31"), (k, proc.stdout)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import struct
-import subprocess
 
 import pytest
 
@@ -20,8 +19,8 @@ from colibri.text import tokenizer as T
 import tokenizer_fixtures as tf
 from test_runtime_support import c_build  # noqa: F401
 from test_tokenizer import strings  # noqa: F401
-from test_tokenizer_c import (PARSE_SPECIAL, check_kind, check_on_cortex_m,  # noqa: F401
-                              driver, ids_req, run)
+from test_tokenizer_c import (HOSTILE_REQUESTS, PARSE_SPECIAL, check_kind,  # noqa: F401
+                              check_on_cortex_m, driver, ids_req, run, run_raw)
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -149,19 +148,13 @@ def test_c_damaged_sections_never_crash(driver, unigram, tmp_path):
     parse_section refuses or works the same way."""
     base = T.pack_section(_spec(unigram("t5-300")))
     rng = random.Random(9)
-    build, prog = driver("asan")
     verdicts = {}
+    text = "Hello ünïcödé 日本 😀 1".encode()
     for trial in range(90):
         b = bytes(tf.damage_section(base, rng, trial))
         p = tmp_path / f"s{trial}.bin"
         p.write_bytes(b)
-        text = "Hello ünïcödé 日本 😀 1 <unk>".encode()
-        (tmp_path / "in.bin").write_bytes(
-            b"T" + struct.pack("<III", PARSE_SPECIAL, 64, len(text)) + text
-            + b"D" + struct.pack("<III", 0, 256, 12) + struct.pack("<3I", 1, 5, 300))
-        proc = subprocess.run([str(prog), "section", str(p), str(tmp_path / "in.bin"),
-                               str(tmp_path / "out.bin")], capture_output=True, text=True,
-                              timeout=60)
+        proc = run_raw(driver("asan"), p, HOSTILE_REQUESTS, tmp_path)
         assert proc.returncode in (0, 11), proc.stdout + proc.stderr
         assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr
         try:
@@ -229,14 +222,10 @@ def test_hostile_scores_are_refused_by_both_readers(driver, unigram, tmp_path):
     b = bytearray(sec)
     struct.pack_into("<I", b, 8 + 4 * 6, 0xFFFFFFFF)     # unk_id -1
     cases.append(b)
-    build, prog = driver("asan")
     for k, b in enumerate(cases):
         with pytest.raises(T.TokenizerError):
             T.parse_section(bytes(b))
         p = tmp_path / f"h{k}.bin"
         p.write_bytes(bytes(b))
-        (tmp_path / "in.bin").write_bytes(b"T" + struct.pack("<III", 0, 8, 1) + b"a")
-        proc = subprocess.run([str(prog), "section", str(p), str(tmp_path / "in.bin"),
-                               str(tmp_path / "out.bin")], capture_output=True, text=True,
-                              timeout=60)
+        proc = run_raw(driver("asan"), p, HOSTILE_REQUESTS, tmp_path)
         assert proc.returncode == 11 and proc.stdout.startswith("error -31"), (k, proc.stdout)
