@@ -343,6 +343,40 @@ def byte_pieces_json(normalizer: str) -> dict:
                       "merges": []}}
 
 
+def check_every_code_point(driver, normalizer: str, divergent: set, tmp_path) -> list:
+    """Every code point from U+00A0 alone and between 'a' and U+0301,
+    normalised, then single-byte pieces: Python equals `tokenizers` except
+    on `divergent` code points and on combining marks newer than
+    `tokenizers`' data (Unicode 3.2 did not have them, and there they block
+    composition as unassigned starters); C equals Python on every one.
+    Returns the texts where Python and `tokenizers` differ."""
+    import unicodedata as ud
+    from tokenizers import Tokenizer
+    tj = byte_pieces_json(normalizer)
+    hf = Tokenizer.from_str(json.dumps(tj))
+    spec = T.spec_from_json(tj)
+    tok = T.Tokenizer(spec)
+    cps = [c for c in range(0xA0, 0x30000) if not 0xD800 <= c < 0xE000]
+    texts = [f"{p}{chr(c)}{q}" for c in cps for p, q in (("", ""), ("a", "\u0301"))]
+    ours = [tok.encode(s) for s in texts]
+    diverge = []
+    for s, g in zip(texts, ours):
+        c = s[0] if len(s) == 1 else s[1]
+        if ord(c) in divergent or g == hf.encode(s).ids:
+            continue
+        assert s[0] == "a" and ud.combining(c) and ud.ucd_3_2_0.category(c) == "Cn", s
+        diverge.append(s)
+    p = tmp_path / "s.bin"
+    p.write_bytes(T.pack_section(spec))
+    # chunks whose normal form fits COLIBRI_TOK_NORM_BUF (2048 bytes)
+    chunks = ["\n".join(texts[k:k + 100]) for k in range(0, len(texts), 100)]
+    got = run(driver("host"), "section", p, [("T", 2, 24 * len(c.encode()) + 64, c.encode())
+                                             for c in chunks], tmp_path / "t")
+    for k, (rc, _, g) in enumerate(got):
+        assert rc == 0 and g == tok.encode(chunks[k]), k
+    return diverge
+
+
 def test_nfc_of_every_code_point_equals_tokenizers(driver, tmp_path):
     """The C tables (scripts/gen_unicode_norm.py, Python's Unicode 14.0) and
     the Python encoder against `tokenizers`' NFC: every code point from U+00A0
@@ -353,29 +387,8 @@ def test_nfc_of_every_code_point_equals_tokenizers(driver, tmp_path):
     unassigned starters that block composition; each such code point must be
     a combining mark that Unicode 3.2 did not have, and only between 'a' and
     U+0301. C and Python agree on every code point."""
-    import unicodedata as ud
-    from tokenizers import Tokenizer
-    tj = byte_pieces_json("NFC")
-    hf = Tokenizer.from_str(json.dumps(tj))
-    spec = T.spec_from_json(tj)
-    tok = T.Tokenizer(spec)
-    cps = [c for c in range(0xA0, 0x30000) if not 0xD800 <= c < 0xE000]
-    texts = [f"{p}{chr(c)}{q}" for c in cps for p, q in (("", ""), ("a", "\u0301"))]
-    ours = [tok.encode(s) for s in texts]
-    diverge = [s for s, g in zip(texts, ours) if g != hf.encode(s).ids]
-    for s in diverge:
-        c = s[1]
-        assert s[0] == "a" and ud.combining(c) and ud.ucd_3_2_0.category(c) == "Cn", s
+    diverge = check_every_code_point(driver, "NFC", set(), tmp_path)
     assert len(diverge) <= 60
-    p = tmp_path / "s.bin"
-    p.write_bytes(T.pack_section(spec))
-    # chunks whose NFC form fits COLIBRI_TOK_NORM_BUF (2048 bytes)
-    chunks = ["\n".join(texts[k:k + 150]) for k in range(0, len(texts), 150)]
-    got = run(driver("host"), "section", p, [("T", 2, 8 * len(c.encode()) + 64, c.encode())
-                                             for c in chunks], tmp_path / "t")
-    for k, (rc, _, g) in enumerate(got):
-        want = tok.encode(chunks[k])
-        assert rc == 0 and g == want, k
 
 
 # --- NFKC (flag 15, the map stored in the section: FORMAT.md 7.3) -----------
@@ -451,29 +464,7 @@ def test_nfkc_of_every_code_point_equals_tokenizers(driver, nfkc_divergent, tmp_
     """Every code point from U+00A0 alone and between 'a' and U+0301, NFKC
     then single-byte pieces: Python equals `tokenizers` but on the divergent
     code points, and C equals Python on every one."""
-    from tokenizers import Tokenizer
-    tj = byte_pieces_json("NFKC")
-    hf = Tokenizer.from_str(json.dumps(tj))
-    spec = T.spec_from_json(tj)
-    tok = T.Tokenizer(spec)
-    import unicodedata as ud
-    cps = [c for c in range(0xA0, 0x30000) if not 0xD800 <= c < 0xE000]
-    texts = [f"{p}{chr(c)}{q}" for c in cps for p, q in (("", ""), ("a", "\u0301"))]
-    ours = [tok.encode(s) for s in texts]
-    for s, g in zip(texts, ours):
-        c = s[0] if len(s) == 1 else s[1]
-        if ord(c) in nfkc_divergent:
-            continue
-        if g != hf.encode(s).ids:
-            # As for NFC: marks newer than tokenizers' data block composition.
-            assert s[0] == "a" and ud.combining(c) and ud.ucd_3_2_0.category(c) == "Cn", s
-    p = tmp_path / "s.bin"
-    p.write_bytes(T.pack_section(spec))
-    chunks = ["\n".join(texts[k:k + 100]) for k in range(0, len(texts), 100)]
-    got = run(driver("host"), "section", p, [("T", 2, 24 * len(c.encode()) + 64, c.encode())
-                                             for c in chunks], tmp_path / "t")
-    for k, (rc, _, g) in enumerate(got):
-        assert rc == 0 and g == tok.encode(chunks[k]), k
+    check_every_code_point(driver, "NFKC", nfkc_divergent, tmp_path)
 
 
 def test_nfkc_map_damage_is_refused_by_both_readers(driver, program_tok, tmp_path):
