@@ -69,7 +69,10 @@ static uint64_t desc_cols(const colibri_shape *s, uint32_t features)
  * attention tensors the features ask for ([cross-attention in a decoder
  * layer]), then a dense FFN or the router, the shared expert and every
  * expert's matrices; [ENC_FINAL_NORM,] FINAL_NORM, LM_HEAD. A layer has at
- * most 18 entries before its experts. */
+ * most 17 entries before its experts in a valid header; head[] has room for
+ * the 22 that layer_head's branches add when the header's exclusions between
+ * flags (ENC_DEC with BIAS_*, QK_NORM_*, SHARED_*) are not taken into
+ * account, so that the bound holds without them (docs/ANALYSIS.md 2). */
 typedef struct { unsigned kind, layer, expert; } known_slot;
 enum { ST_DESC, ST_EMBED, ST_ENC_BIAS, ST_DEC_BIAS, ST_LAYERS, ST_ENC_FINAL,
        ST_FINAL_NORM, ST_LM_HEAD, ST_END };
@@ -77,7 +80,7 @@ typedef struct {
     unsigned stage;          /* ST_* */
     uint32_t layer, r;       /* ST_LAYERS: layer and entry within it */
     unsigned n_head;         /* entries of this layer before its experts */
-    unsigned head[20];
+    unsigned head[22];
 } known_cursor;
 
 static void layer_head(known_cursor *c, const colibri_shape *s, const clb_desc *d)
@@ -387,7 +390,9 @@ int clb_check_header(const uint8_t *b, size_t size, colibri_shape *s,
                    (unsigned)(s->n_layers), (unsigned)(s->n_experts));
         return COLIBRI_E_BAD_FORMAT;
     }
-    if (s->n_heads % s->n_kv_heads != 0) {
+    /* n_kv_heads >= 1 was checked above (pos[]); said again where it is
+     * divided by, so that it is visible without the copy in pos[]. */
+    if (s->n_kv_heads == 0 || s->n_heads % s->n_kv_heads != 0) {
         clb_detail(detail, DETAIL_CAP, "n_kv_heads %u does not divide n_heads %u",
                    (unsigned)(s->n_kv_heads), (unsigned)(s->n_heads));
         return COLIBRI_E_BAD_FORMAT;
@@ -487,10 +492,13 @@ static int desc_size_word(float v, int on, uint32_t *out)
     return 1;
 }
 
-/* An integer-valued word in lo..hi. */
+/* An integer-valued word in lo..hi. hi is compared in double, which holds
+ * every uint32_t: (float)hi rounds up above 2^24 (vocab - 1 = 2^24 + 3 gave
+ * 2^24 + 4, a decoder_start equal to vocab), and to 2^32 near the top, where
+ * (uint32_t)v is undefined. */
 static int desc_int_word(float v, uint32_t lo, uint32_t hi, uint32_t *out)
 {
-    if (!(v >= (float)lo && v <= (float)hi) || v != (float)(uint32_t)v)
+    if (!(v >= (float)lo && (double)v <= (double)hi) || v != (float)(uint32_t)v)
         return 0;
     *out = (uint32_t)v;
     return 1;
@@ -529,7 +537,11 @@ static int check_encdec_words(const uint8_t *w, const colibri_shape *s, int be,
 int clb_check_table_end(const colibri_shape *s, uint64_t size, char *detail)
 {
     uint64_t table_end = COLIBRI_TABLE_OFFSET + (uint64_t)s->n_tensors * COLIBRI_ENTRY_SIZE;
-    if (table_end <= size)
+    /* table_end <= size, as a bound on n_tensors itself: the table loops
+     * read entry i < n_tensors, and so this bound is what keeps them inside
+     * the file (an analyser sees it there, not through table_end). */
+    if (size >= COLIBRI_TABLE_OFFSET &&
+        s->n_tensors <= (size - COLIBRI_TABLE_OFFSET) / COLIBRI_ENTRY_SIZE)
         return COLIBRI_OK;
     clb_detail(detail, DETAIL_CAP, "tensor table of %u entries ends at %llu, "
                "beyond the file size %llu (truncated?)", (unsigned)(s->n_tensors),
@@ -667,7 +679,8 @@ static int check_finite(const uint8_t *sec, const uint8_t *en, uint32_t group,
         count = rows * cols;
     } else if (dtype == COLIBRI_DTYPE_I8_GROUP) {
         first = (rows * cols + 63) & ~(uint64_t)63;
-        count = rows * ((cols + group - 1) / group);
+        /* group >= 1 in a checked header; 0 is no count, never a division */
+        count = group ? rows * ((cols + group - 1) / group) : 0;
     } else if (dtype == COLIBRI_DTYPE_I16_ROW) {
         first = (2 * rows * cols + 63) & ~(uint64_t)63;
         count = rows;
@@ -707,11 +720,14 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
                        void *user, uint32_t *nbad, uint32_t *n_unknown,
                        clb_desc *d)
 {
+    if (clb_check_table_end(s, size, detail) != COLIBRI_OK)
+        return COLIBRI_E_BAD_FORMAT;
+    /* Computed after the check, from the n_tensors it bounded. */
     int ovf = 0;
     uint64_t table_bytes = cmul(s->n_tensors, COLIBRI_ENTRY_SIZE, &ovf);
     uint64_t table_end = cadd(COLIBRI_TABLE_OFFSET, table_bytes, &ovf);
-    if (clb_check_table_end(s, size, detail) != COLIBRI_OK || ovf)
-        return COLIBRI_E_BAD_FORMAT; /* ovf: never (u32 entries of 40 bytes) */
+    if (ovf)
+        return COLIBRI_E_BAD_FORMAT; /* never (u32 entries of 40 bytes) */
     const uint8_t *tab = b + COLIBRI_TABLE_OFFSET;
     uint32_t want = rd32(b + COLIBRI_HDR_TABLE_CRC, be);
     uint32_t got = colibri_crc32(0, tab, table_bytes);
@@ -745,6 +761,10 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, be);
         uint32_t reserved = rd32(en + COLIBRI_ENT_RESERVED, be);
         int known = kind >= 1 && kind <= COLIBRI_KIND_MAX;
+        /* For Frama-C EVA: the known and the unknown entries apart, so that
+         * the known branch below keeps the dtype <= COLIBRI_DTYPE_MAX of the
+         * next check (the shift by dtype). No effect on the code. */
+        /*@ split known; */
 
         /* An unknown, non-critical kind's dtype and shape are a newer
          * writer's business (FORMAT.md 3): its size is taken as stored. */
@@ -811,6 +831,7 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
             j++;
             cursor_next(&cur, s, d);
         }
+        /*@ merge known; */
         uint64_t scales_at;
         uint64_t want_sz = known ? clb_section_size(dtype, rows, cols, s->group_size,
                                                 &scales_at, &ovf)
