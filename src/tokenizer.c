@@ -70,12 +70,20 @@ const char *colibri_tok_strerror(int code)
 #define F_DEC_DROP_FIRST (1u << 13) /* ... its first token loses every ▁ */
 #define F_TEMPLATE_EOS (1u << 14)   /* ... the template puts eos last */
 #define F_NFKC (1u << 15)           /* ... text runs are NFKC-normalised (stored map) */
+#define F_NORM_PROG (1u << 16)      /* ... then the stored normaliser program */
 #define KNOWN_FLAGS_V2 0x3FFu
-#define KNOWN_FLAGS 0xFFFFu
+#define KNOWN_FLAGS 0x1FFFFu
 #define EXT_SCORES 1u               /* version 3 extensions (FORMAT.md 7.3) */
 #define EXT_NFKC_MAP 2u
 #define EXT_NFKC_POOL 3u
-#define MAX_EXT 4u
+#define EXT_NORM 4u                 /* the normaliser program (FORMAT.md 7.4) */
+#define EXT_LOWER 5u                /* {cp, lowercase, second or 0} by cp */
+#define MAX_EXT 6u
+#define NORM_STRIP 1u               /* normaliser program ops */
+#define NORM_REPLACE 2u
+#define NORM_PREPEND 3u
+#define NORM_LOWERCASE 4u
+#define MAX_NORM_CONTENT 64u
 #define NFKC_MAX_LEN 18u
 #define MAX_UNIGRAM_PIECE 255u      /* the Viterbi's way back: a byte a position */
 #define ID_ADDED 1u
@@ -513,6 +521,49 @@ COLD_CHECK static int check_nfkc(const tokp *t)
     return COLIBRI_OK;
 }
 
+static int scalar(uint32_t c) { return c <= 0x10FFFFu && (c < 0xD800u || c >= 0xE000u); }
+
+/* The normaliser program (FORMAT.md 7.4): n steps {op | arg << 8, offset,
+ * n_prog, n_content}, each one's program and content inside the words, the
+ * programs valid, the contents Unicode scalar values; a Lowercase step
+ * with its map (sorted code points, each to one or two others) and the map
+ * only with one. */
+COLD_CHECK static int check_norm(const tokp *t)
+{
+    prog_t b = { t->norm_prog, t->be };
+    uint32_t n = t->n_norm_words, lowers = 0;
+    if (n < 1) return COLIBRI_E_TOK_FORMAT;
+    uint32_t steps = PW(b, 0);
+    if (steps < 1 || steps > MAX_STEPS || n < 1 + 4 * steps) return COLIBRI_E_TOK_FORMAT;
+    for (uint32_t k = 0; k < steps; k++) {
+        uint32_t mode = PW(b, 1 + 4 * k), off = PW(b, 2 + 4 * k);
+        uint32_t np = PW(b, 3 + 4 * k), nc = PW(b, 4 + 4 * k), op = mode & 0xFFu, arg = mode >> 8;
+        int shape = op == NORM_STRIP ? arg <= 3u && !np && !nc
+                  : op == NORM_REPLACE ? !arg && np >= 1 && np <= MAX_PROG_WORDS
+                  : op == NORM_PREPEND ? !arg && !np && nc >= 1
+                  : op == NORM_LOWERCASE ? !arg && !np && !nc : 0;
+        if (!shape || nc > MAX_NORM_CONTENT || off < 1 + 4 * steps || off > n ||
+            np + nc > n - off)
+            return COLIBRI_E_TOK_FORMAT;
+        if (np) {
+            prog_t g = { t->norm_prog + 4u * off, t->be };
+            if (!check_prog(g, np)) return COLIBRI_E_TOK_FORMAT;
+            if (!prog_in_build(g, np)) return COLIBRI_E_UNSUPPORTED;
+        }
+        for (uint32_t i = 0; i < nc; i++)
+            if (!scalar(PW(b, off + np + i))) return COLIBRI_E_TOK_FORMAT;
+        lowers += op == NORM_LOWERCASE;
+    }
+    if ((lowers != 0) != (t->lower != NULL)) return COLIBRI_E_TOK_FORMAT;
+    for (uint32_t i = 0; i < t->n_lower; i++) {
+        const uint8_t *e = t->lower + 12u * i;
+        uint32_t cp = ld32(e, t->be), a = ld32(e + 4, t->be), c = ld32(e + 8, t->be);
+        if ((i && cp <= ld32(e - 12, t->be)) || !scalar(cp) || !a || !scalar(a) || !scalar(c))
+            return COLIBRI_E_TOK_FORMAT;
+    }
+    return COLIBRI_OK;
+}
+
 /* Version 3's extension directory at off: n (1..MAX_EXT), then n x {kind,
  * offset, count, 0}; each kind once, aligned, inside the section; the
  * model's and flags' extensions present and no other. */
@@ -525,9 +576,8 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
     for (uint32_t k = 0; k < n; k++) {
         const uint8_t *e = t->sec + off + 4 + 16u * k;
         uint32_t kind = ld32(e, t->be), eoff = ld32(e + 4, t->be), count = ld32(e + 8, t->be);
-        uint32_t unit = kind == EXT_NFKC_POOL ? 4u : 8u;
-        uint32_t bit = kind == EXT_SCORES ? 1u : kind == EXT_NFKC_MAP ? 2u
-                     : kind == EXT_NFKC_POOL ? 4u : 0u;
+        uint32_t unit = kind == EXT_SCORES || kind == EXT_NFKC_MAP ? 8u : 4u;
+        uint32_t bit = kind >= EXT_SCORES && kind <= EXT_LOWER ? 1u << (kind - 1) : 0u;
         if (!bit || (seen & bit) || ld32(e + 12, t->be) || eoff % unit || eoff < HDR ||
             (uint64_t)eoff + (uint64_t)unit * count > t->size)
             return COLIBRI_E_TOK_FORMAT;
@@ -538,19 +588,24 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
             t->scores = at;
         } else if (kind == EXT_NFKC_MAP) {
             t->nfkc_map = at; t->n_nfkc = count;
-        } else {
+        } else if (kind == EXT_NFKC_POOL) {
             t->nfkc_pool = at; t->n_nfkc_pool = count;
+        } else if (kind == EXT_NORM) {
+            t->norm_prog = at; t->n_norm_words = count;
+        } else {
+            if (count % 3) return COLIBRI_E_TOK_FORMAT;
+            t->lower = at; t->n_lower = count / 3;
         }
     }
-    int nfkc = (t->flags & F_NFKC) != 0;
+    int nfkc = (t->flags & F_NFKC) != 0, prog = (t->flags & F_NORM_PROG) != 0;
     if (((seen & 1u) != 0) != (unigram != 0) || ((seen & 2u) != 0) != nfkc ||
-        ((seen & 4u) != 0) != nfkc)
+        ((seen & 4u) != 0) != nfkc || ((seen & 8u) != 0) != prog ||
+        ((seen & 16u) && !prog))
         return COLIBRI_E_TOK_FORMAT;
-    if (unigram) {
-        int rc = check_scores(t);
-        if (rc) return rc;
-    }
-    return nfkc ? check_nfkc(t) : COLIBRI_OK;
+    int rc = unigram ? check_scores(t) : COLIBRI_OK;
+    if (!rc && nfkc) rc = check_nfkc(t);
+    if (!rc && prog) rc = check_norm(t);
+    return rc;
 }
 
 int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *section,
@@ -578,7 +633,7 @@ int colibri_tokenizer_init_from_section(colibri_tokenizer *tk, const void *secti
      * scores, the NFKC map), flags 10..15. */
     int has_prog = version >= 2 && h[1] == PRETOK_PROGRAM;
     int unigram = h[0] == M_UNIGRAM;
-    int needs_ext = unigram || (h[2] & F_NFKC);
+    int needs_ext = unigram || (h[2] & (F_NFKC | F_NORM_PROG));
     if (version < 1 || version > 3 || h[18] != size ||
         (h[0] != M_BYTE_LEVEL && h[0] != M_SENTENCEPIECE && !unigram) ||
         (unigram && version != 3) ||
@@ -1369,7 +1424,9 @@ static void split_steps(const tokp *t, const run_t *r, uint32_t k, size_t a, siz
     while (i < b) {
         long long e = rx_match(g, r, a, b, i);
         if (e == -2) { o->err = COLIBRI_E_TOK_REGEX; return; }
-        if (e < 0) { (void)cp_at(r, i, &nx); i = nx; continue; }
+        /* no match, or an empty one (a section's program may match empty;
+         * compiled ones never do): go on, as find_iter does */
+        if (e <= (long long)i) { (void)cp_at(r, i, &nx); i = nx; continue; }
         if (i > prev) fold_seg(t, r, k, beh, &f, prev, i, inv, o);
         fold_seg(t, r, k, beh, &f, i, (size_t)e, !inv, o);
         prev = i = (size_t)e;
@@ -1577,6 +1634,142 @@ static void norm_run(const tokp *t, const uint8_t *p, size_t n, norm_out *o)
 }
 #endif
 
+/* ---- the normaliser program (FORMAT.md 7.4; colibri/text/normalizer.py) ----
+ * Each step reads the run [p, p+n) and, when it changes it, writes the
+ * result to the one of two COLIBRI_TOK_NORM_BUF buffers the run is not in.
+ * What is written is decoded code points (an invalid sequence as the U+FFFD
+ * it reads as), so that text removed between two invalid sequences never
+ * joins them into one. */
+typedef struct { uint8_t *b; size_t cap, n; int over; } nbuf_t;
+
+static void nb_cp(nbuf_t *o, uint32_t cp)
+{
+    uint8_t u[4];
+    size_t m = u8_put(cp, u);
+    if (m > o->cap - o->n) { o->over = 1; return; }
+    memcpy(o->b + o->n, u, m);
+    o->n += m;
+}
+
+static void nb_text(nbuf_t *o, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n && !o->over;) {
+        uint32_t cp; int bad;
+        i += u8_next(p + i, n - i, &cp, &bad);
+        nb_cp(o, cp);
+    }
+}
+
+static void nb_words(nbuf_t *o, prog_t b, uint32_t at, uint32_t count)
+{
+    for (uint32_t i = 0; i < count; i++) nb_cp(o, PW(b, at + i));
+}
+
+/* The lowercase map's entry of cp (12 bytes), or NULL: it stays itself. */
+static const uint8_t *lower_of(const tokp *t, uint32_t cp)
+{
+    uint32_t lo = 0, hi = t->n_lower;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, c = ld32(t->lower + 12u * mid, t->be);
+        if (c == cp) return t->lower + 12u * mid;
+        if (c < cp) lo = mid + 1; else hi = mid;
+    }
+    return NULL;
+}
+
+/* Strip: the run without the White_Space at its ends (arg bit 0 the left,
+ * bit 1 the right), in place. */
+static void norm_strip(uint32_t arg, const uint8_t **pp, size_t *pn)
+{
+    const uint8_t *p = *pp;
+    size_t n = *pn, a = 0, z = 0, i = 0;
+    int lead = (arg & 1u) != 0;
+    while (i < n) {
+        uint32_t cp; int bad;
+        size_t k = u8_next(p + i, n - i, &cp, &bad);
+        if (is_S(cp)) { if (lead) a = i + k; }
+        else { lead = 0; z = i + k; }
+        i += k;
+    }
+    if (!(arg & 1u)) a = 0;
+    if (!(arg & 2u)) z = n;
+    *pp = p + a; *pn = z > a ? z - a : 0;
+}
+
+/* One step that may rewrite: 0 unchanged (nothing to do), 1 written to o,
+ * or COLIBRI_E_TOK_REGEX. */
+static int norm_rewrite(const tokp *t, prog_t b, uint32_t k, const uint8_t *p, size_t n,
+                        nbuf_t *o)
+{
+    uint32_t mode = PW(b, 1 + 4 * k), off = PW(b, 2 + 4 * k);
+    uint32_t np = PW(b, 3 + 4 * k), nc = PW(b, 4 + 4 * k), op = mode & 0xFFu;
+    if (op == NORM_PREPEND) {
+        if (!n) return 0;
+        nb_words(o, b, off, nc);
+        nb_text(o, p, n);
+        return 1;
+    }
+    size_t i = 0;
+    if (op == NORM_LOWERCASE) {
+        for (; i < n;) {               /* the first code point that changes */
+            uint32_t cp; int bad;
+            size_t m = u8_next(p + i, n - i, &cp, &bad);
+            if (lower_of(t, cp)) break;
+            i += m;
+        }
+        if (i == n) return 0;
+        nb_text(o, p, i);
+        while (i < n && !o->over) {
+            uint32_t cp; int bad;
+            i += u8_next(p + i, n - i, &cp, &bad);
+            const uint8_t *e = lower_of(t, cp);
+            if (!e) { nb_cp(o, cp); continue; }
+            nb_cp(o, ld32(e + 4, t->be));
+            if (ld32(e + 8, t->be)) nb_cp(o, ld32(e + 8, t->be));
+        }
+        return 1;
+    }
+    /* Replace: the matches of the pattern, leftmost first, none empty
+     * (find_iter), each by the content; the pattern sees the whole run
+     * (\A, \z are its ends). */
+    prog_t g = { t->norm_prog + 4u * off, t->be };
+    run_t r = { p, n, 0, 0 };
+    size_t prev = 0, nx;
+    int any = 0;
+    while (i < n) {
+        long long e = rx_match(g, &r, 0, n, i);
+        if (e == -2) return COLIBRI_E_TOK_REGEX;
+        if (e <= (long long)i) { (void)cp_at(&r, i, &nx); i = nx; continue; }
+        nb_text(o, p + prev, i - prev);
+        nb_words(o, b, off + np, nc);
+        prev = i = (size_t)e;
+        any = 1;
+    }
+    if (!any) return 0;
+    nb_text(o, p + prev, n - prev);
+    return 1;
+}
+
+/* The program over the run *pp, *pn (in bufs[*in], or the caller's text
+ * when *in < 0): the normal form, in place or in one of bufs. */
+static int norm_program(const tokp *t, const uint8_t **pp, size_t *pn,
+                        uint8_t (*bufs)[COLIBRI_TOK_NORM_BUF], int *in)
+{
+    prog_t b = { t->norm_prog, t->be };
+    uint32_t steps = PW(b, 0);
+    for (uint32_t k = 0; k < steps; k++) {
+        uint32_t mode = PW(b, 1 + 4 * k);
+        if ((mode & 0xFFu) == NORM_STRIP) { norm_strip(mode >> 8, pp, pn); continue; }
+        int dst = *in == 0 ? 1 : 0;
+        nbuf_t o = { bufs[dst], COLIBRI_TOK_NORM_BUF, 0, 0 };
+        int rc = norm_rewrite(t, b, k, *pp, *pn, &o);
+        if (rc < 0) return rc;
+        if (o.over) return COLIBRI_E_TOK_NORM;
+        if (rc) { *pp = bufs[dst]; *pn = o.n; *in = dst; }
+    }
+    return COLIBRI_OK;
+}
+
 /* One text run between added tokens: normalise, pre-tokenize, BPE. */
 static int is_sp_space(const run_t *r, size_t pos)   /* ' ' or ▁ at pos */
 {
@@ -1609,16 +1802,21 @@ static void sp_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t *
 
 static void emit_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t *o)
 {
+    uint8_t nbuf[2][COLIBRI_TOK_NORM_BUF];
+    int in = -1;                  /* the buffer the normal form is in */
 #ifndef COLIBRI_NO_TOK_NORM
-    uint8_t nbuf[COLIBRI_TOK_NORM_BUF];
     if (t->flags & (F_NFC | F_NFKC)) {
-        norm_out no = { nbuf, sizeof nbuf, 0, 1, 0 };
+        norm_out no = { nbuf[0], sizeof nbuf[0], 0, 1, 0 };
         norm_run(t, p, n, &no);
         if (no.err) { o->err = no.err; return; }
-        if (!no.same) { p = nbuf; n = no.n; }
-        if (!n) return;
+        if (!no.same) { p = nbuf[0]; n = no.n; in = 0; }
     }
 #endif
+    if (t->flags & F_NORM_PROG) {
+        int rc = norm_program(t, &p, &n, nbuf, &in);
+        if (rc) { o->err = rc; return; }
+    }
+    if (!n) return;
     run_t r = { p, n, 0, 0 };
     if (t->model == M_BYTE_LEVEL) {
         if ((t->flags & F_ADD_PREFIX_SPACE) && p[0] != ' ') { r.virt = 1; r.vcp = ' '; }

@@ -26,11 +26,12 @@ TARGET = Target(
     # library colibri.buildsteps.cbuild makes, and libcolibri.so, have them).
     defines=("COLIBRI_NO_TOK_NORM",),
     budgets=dict(
-        # libcolibri.a text+rodata+data (`scons size`): 156.5 KiB with the
-        # streamed experts and Unigram (135.7 KiB since the tokenizer's Unicode
-        # 16 General_Category table and the flash-schedule attention; 128
-        # KiB before).
-        runtime=160 << 10,
+        # libcolibri.a text+rodata+data (`scons size`): 161.0 KiB with the
+        # streamed experts, Unigram and the normaliser programs (156.5
+        # before those; 135.7 KiB since the tokenizer's Unicode 16
+        # General_Category table and the flash-schedule attention; 128 KiB
+        # before): 168 KiB keeps 7, as aarch64's.
+        runtime=168 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)
         firmware_ram=8 << 20,
         image=4 << 20,

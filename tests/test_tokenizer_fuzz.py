@@ -22,12 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
-@pytest.mark.parametrize("kind", ["bl-gpt2-300", "sp-300", "bl-deepseek-coder", "t5-300"])
+@pytest.mark.parametrize("kind", ["bl-gpt2-300", "sp-300", "bl-deepseek-coder", "t5-300",
+                                  "bl-mixed"])
 def test_fuzz_tokenizer_short_run_is_clean(trained, unigram, tmp_path, kind):
     """bl-deepseek-coder (300 pieces): a version 2 section with five stored
     regex programs, so hostile sections mutate programs and hostile text
     runs through the matcher. t5-300: a version 3 Unigram section (scores,
-    the Viterbi, WhitespaceSplit + Metaspace, the eos template)."""
+    the Viterbi, WhitespaceSplit + Metaspace, the eos template). bl-mixed:
+    a normaliser program (Strip, Replace with regexes, Lowercase and its
+    map, Prepend) over hostile text, and mutated programs."""
     exe = tmp_path / "fuzz_tokenizer"
     lib = [s for s in sources.LIBRARY]
     subprocess.run(["clang", "-std=c11", "-g", "-O1", "-ffp-contract=off",
@@ -37,7 +40,8 @@ def test_fuzz_tokenizer_short_run_is_clean(trained, unigram, tmp_path, kind):
                     "-o", str(exe)], cwd=ROOT, check=True, timeout=600)
     hf = (tf.train_program_kind(kind, tf.corpus_text(1_000_000), vocab=300)
           if kind in tf.PROGRAM_KINDS else unigram(kind) if kind in tf.UNIGRAM_KINDS
-          else trained(kind))
+          else tf.train_norm_kind(kind, tf.corpus_text(1_000_000), vocab=300)
+          if kind in tf.NORM_KINDS else trained(kind))
     sec = T.pack_section(T.spec_from_json(json.loads(hf.to_str())),
                          "big" if kind.startswith("sp") else "little")
     (tmp_path / "good.bin").write_bytes(sec)

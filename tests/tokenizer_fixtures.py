@@ -341,3 +341,86 @@ def train_unigram(kind: str, text: str):
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
                                      decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     return tok
+
+
+# --- normaliser programs (colibri/text/normalizer.py, FORMAT.md 7.4) --------
+# The Sequences real tokenizer.json files carry, on tokenizers trained here:
+# "spm-tf5":  transformers 5's SentencePiece conversion of a BPE model
+#             (convert_slow_tokenizer.SpmConverter.build_tokenizer_from_spm_proto,
+#             legacy): edge spaces removed, runs of spaces made one, ' ' -> ▁,
+#             a leading ▁ doubled, then Metaspace (always, split false)
+# "t5-tf5":   transformers 5's T5Converter without its Precompiled map:
+#             Strip(right), Replace(' {2,}' -> ▁), Metaspace (always), Unigram
+# "bl-clip":  CLIP's normaliser: NFC, Replace(\s+ -> ' '), Lowercase, on a
+#             byte-level BPE (GPT-2 regex)
+# "bl-mixed": Strip both sides, a string Replace, Prepend of a plain space,
+#             Lowercase between two Replaces, NFKC-free (NFKC has its own test)
+NORM_KINDS = ("spm-tf5", "t5-tf5", "bl-clip", "bl-mixed")
+
+
+def norm_program_json(kind: str) -> dict:
+    from tokenizers import Regex, normalizers as N
+    seqs = {
+        "spm-tf5": [N.Replace(Regex(r"\A +| +\z"), ""), N.Replace(Regex(" {2,}"), " "),
+                    N.Replace(" ", "\u2581"), N.Replace(Regex(r"\A\u2581"), "\u2581\u2581")],
+        "t5-tf5": [N.Strip(left=False, right=True), N.Replace(Regex(" {2,}"), "\u2581")],
+        "bl-clip": [N.NFC(), N.Replace(Regex(r"\s+"), " "), N.Lowercase()],
+        "bl-mixed": [N.Strip(), N.Replace("\t", " -> "), N.Replace(Regex(r"[0-9]{2,}?"), "#"),
+                     N.Lowercase(), N.Replace(Regex(r"(?i)th(?:e|ose)|\s+(?!\S)"), "THE"), N.Prepend(" ")],
+    }
+    return json.loads(N.Sequence(seqs[kind]).__getstate__())
+
+
+def train_norm_kind(kind: str, text: str, vocab: int = 3000):
+    """A tokenizer of NORM_KINDS trained on text by `tokenizers` (with its
+    normaliser in place, as real files are trained)."""
+    from tokenizers import (AddedToken, Tokenizer, decoders, models, pre_tokenizers,
+                            processors, trainers)
+    norm = norm_program_json(kind)
+    lines = _lines(text)
+    if kind.startswith("bl-"):
+        tok = Tokenizer(models.BPE())
+        tj = json.loads(tok.to_str())
+        tj["normalizer"] = norm
+        tok = Tokenizer.from_str(json.dumps(tj))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,
+                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                 show_progress=False)
+        tok.train_from_iterator(lines, tr)
+        tok.add_tokens([AddedToken(ADDED_PLAIN, normalized=False)])
+        return tok
+    unigram = kind == "t5-tf5"
+    tok = Tokenizer(models.Unigram() if unigram else models.BPE(unk_token="<unk>",
+                                                                 byte_fallback=True))
+    tj = json.loads(tok.to_str())
+    tj["normalizer"] = norm
+    tok = Tokenizer.from_str(json.dumps(tj))
+    meta = dict(replacement="\u2581", prepend_scheme="always", split=unigram)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(**meta)
+    if unigram:
+        tr = trainers.UnigramTrainer(vocab_size=vocab, special_tokens=T5_SPECIALS,
+                                     unk_token="<unk>", show_progress=False,
+                                     max_piece_length=16)
+    else:
+        tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"],
+                                 show_progress=False, limit_alphabet=1000)
+    tok.train_from_iterator(lines, tr)
+    tok.decoder = decoders.Metaspace(**meta)
+    if unigram:
+        tok.post_processor = processors.TemplateProcessing(
+            single=["$A", "</s>"], pair=["$A", "</s>", "$B", "</s>"],
+            special_tokens=[("</s>", 1)])
+        tok.add_special_tokens([AddedToken(t, normalized=False) for t in T5_SPECIALS]
+                               + [AddedToken("<extra_id_0>", normalized=False)])
+    else:
+        tj = json.loads(tok.to_str())
+        model = tj["model"]
+        for b in range(256):
+            if f"<0x{b:02X}>" not in model["vocab"]:
+                model["vocab"][f"<0x{b:02X}>"] = len(model["vocab"])
+        tok = Tokenizer.from_str(json.dumps(tj))
+        tok.add_special_tokens([AddedToken(t, normalized=False)
+                                for t in ("<unk>", "<s>", "</s>")])
+    return tok

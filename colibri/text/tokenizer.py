@@ -34,7 +34,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tokregex
+from . import normalizer, tokregex
 from ..errors import ColibriError, FormatError
 
 # --- the section (docs/FORMAT.md section 7) ---------------------------------
@@ -77,14 +77,18 @@ F_DEC_METASPACE = 1 << 12       # decoder Metaspace: ▁ -> space, no byte fallb
 F_DEC_DROP_FIRST = 1 << 13      # ... and the first token loses every ▁ (scheme not never)
 F_TEMPLATE_EOS = 1 << 14        # the post-processor puts eos last (T5's "$A </s>")
 F_NFKC = 1 << 15                # each text run is NFKC-normalised first (the map is stored)
+F_NORM_PROG = 1 << 16           # ... then the stored normaliser program (EXT_NORM, 7.4)
 KNOWN_FLAGS_V2 = (1 << 10) - 1
-KNOWN_FLAGS = (1 << 16) - 1
+KNOWN_FLAGS = (1 << 17) - 1
 # Version 3: the extensions at off_ext (header word reserved2): n, then
 # n x {kind, offset, count, 0}; each kind at most once (FORMAT.md 7.3).
 EXT_SCORES = 1                  # count n_vocab float64: the Unigram pieces' scores
 EXT_NFKC_MAP = 2                # count x {cp | no_cut << 31, pool offset << 5 | length}
 EXT_NFKC_POOL = 3               # count u32 code points: the maps' NFKD sequences
-MAX_EXT = 4
+EXT_NORM = 4                    # count u32: the normaliser program (colibri/text/normalizer.py)
+EXT_LOWER = 5                   # count u32, 3 a code point: {cp, lowercase, second or 0}
+EXT_UNITS = {EXT_SCORES: 8, EXT_NFKC_MAP: 8, EXT_NFKC_POOL: 4, EXT_NORM: 4, EXT_LOWER: 4}
+MAX_EXT = 6
 NFKC_MAX_LEN = 18               # the longest NFKD of one code point (U+FDFA)
 
 # Per-id flags (one byte per id).
@@ -299,6 +303,9 @@ class TokenizerSpec:
     steps: list = field(default_factory=list)
     what: str = ""          # one line for the converter: the components stored
     scores: list = field(default_factory=list)   # Unigram: a float per id (0.0 if unused)
+    # F_NORM_PROG: the normaliser program's steps (colibri/text/normalizer.py)
+    norm: list = field(default_factory=list)
+    lower: dict | None = None   # a section's lowercase map as read (None: normalizer's own)
 
 
 def describe(spec: TokenizerSpec) -> str:
@@ -310,6 +317,8 @@ def describe(spec: TokenizerSpec) -> str:
         parts.append("NFC")
     if spec.flags & F_NFKC:
         parts.append("NFKC")
+    if spec.norm:
+        parts.append(f"normaliser {normalizer.name(spec.norm)}")
     if spec.flags & F_WS_SPLIT:
         parts.append("WhitespaceSplit")
     if spec.flags & F_SP_SPLIT:
@@ -338,35 +347,32 @@ def _type(obj) -> str:
     return obj.get("type", "?") if isinstance(obj, dict) else repr(obj)
 
 
-def _parse_normalizer(norm) -> tuple[bool, int]:
-    """-> (SentencePiece-style, flags). None, or Prepend(▁)+Replace(' ', ▁)."""
+def _parse_normalizer(norm) -> tuple[bool, int, list]:
+    """-> (SentencePiece-style: spaces are ▁; flags; normaliser program).
+    The shapes of older files stay flags: NFC or NFKC alone, and
+    SentencePiece's Prepend(▁) + Replace(' ', ▁); any other Sequence of
+    NFC / NFKC (first), Strip, Replace, Prepend and Lowercase is a program."""
     if norm is None:
-        return False, 0
-    for name, flag in (("NFC", F_NFC), ("NFKC", F_NFKC)):
-        if _type(norm) == name or (_type(norm) == "Sequence" and [
-                _type(n) for n in norm.get("normalizers") or []] == [name]):
-            return False, flag
+        return False, 0, []
     items = norm.get("normalizers") if _type(norm) == "Sequence" else [norm]
     if not isinstance(items, list):
         raise UnsupportedTokenizer("normalizer Sequence without a list")
-    if any(_type(n) == "Precompiled" for n in items):
-        raise UnsupportedTokenizer("normalizer Precompiled (a SentencePiece model's compiled "
-                                   "character map, applied per grapheme cluster) is not "
-                                   "supported: the file would tokenize differently")
-    prepend, replace = False, False
-    for n in items:
-        t = _type(n)
-        if t == "Prepend" and n.get("prepend") == SP_SPACE and not replace:
-            prepend = True
-        elif (t == "Replace" and n.get("pattern") == {"String": " "}
-              and n.get("content") == SP_SPACE):
-            replace = True
-        else:
-            raise UnsupportedTokenizer(f"normalizer {t} ({json.dumps(n)[:80]}): only "
-                                       "Prepend('▁') and Replace(' ', '▁') are supported")
-    if not replace:
-        raise UnsupportedTokenizer("normalizer without Replace(' ', '▁')")
-    return True, F_SP_PREPEND if prepend else 0
+    types = [_type(n) for n in items]
+    for name, flag in (("NFC", F_NFC), ("NFKC", F_NFKC)):
+        if types == [name]:
+            return False, flag, []
+    if (types in (["Replace"], ["Prepend", "Replace"]) and items[-1].get("pattern") ==
+            {"String": " "} and items[-1].get("content") == SP_SPACE and
+            (len(items) == 1 or items[0].get("prepend") == SP_SPACE)):
+        return True, F_SP_PREPEND if len(items) == 2 else 0, []
+    if not items:
+        return False, 0, []
+    try:
+        form, steps, sp = normalizer.parse(norm)
+    except normalizer.UnsupportedNormalizer as exc:
+        raise UnsupportedTokenizer(str(exc)) from None
+    flags = {"": 0, "NFC": F_NFC, "NFKC": F_NFKC}[form]
+    return sp, flags | (F_NORM_PROG if steps else 0), steps
 
 
 def _flatten(pre) -> list:
@@ -557,13 +563,13 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
             raise UnsupportedTokenizer(f"BPE with {key} {model[key]!r}")
     if model.get("dropout") not in (None, 0, 0.0):
         raise UnsupportedTokenizer("BPE dropout (not deterministic)")
-    sp_norm, flags = _parse_normalizer(tj.get("normalizer"))
+    sp_norm, flags, norm = _parse_normalizer(tj.get("normalizer"))
     kind, pretok, pflags, steps, pre_name = _parse_pretok(tj.get("pre_tokenizer"), sp_norm, builtin)
     if kind == 0:
         raise UnsupportedTokenizer("no normaliser and no pre-tokenizer")
     if kind == MODEL_BYTE_LEVEL and sp_norm:
         raise UnsupportedTokenizer("byte-level pre-tokenizer with a SentencePiece normaliser")
-    if kind == MODEL_SENTENCEPIECE and sp_norm and pflags:
+    if kind == MODEL_SENTENCEPIECE and sp_norm and pflags and not norm:
         raise UnsupportedTokenizer("both a ▁ normaliser and a Metaspace pre-tokenizer")
     if unigram:
         if kind != MODEL_SENTENCEPIECE:
@@ -610,6 +616,10 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
         for opt in ("single_word", "lstrip", "rstrip"):
             if a.get(opt):
                 raise UnsupportedTokenizer(f"added token {a['content']!r} with {opt}")
+        if a.get("normalized") and norm:
+            raise UnsupportedTokenizer(f"added token {a['content']!r} matched in the "
+                                       "normalised text (normalized: true) with a "
+                                       "normaliser Sequence")
         if a.get("normalized") and not a.get("special") and kind == MODEL_SENTENCEPIECE \
                 and " " in a["content"]:
             raise UnsupportedTokenizer(f"normalised added token {a['content']!r} with a space")
@@ -678,13 +688,16 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
                                            f"config's eos_token_id is {v}")
     model_name = {MODEL_BYTE_LEVEL: "byte-level BPE", MODEL_SENTENCEPIECE:
                   "SentencePiece-style BPE", MODEL_UNIGRAM: "Unigram"}[kind]
-    what = (f"{model_name}, {n} ids, normalizer "
-            f"{_type(tj.get('normalizer')) if tj.get('normalizer') else 'none'}"
+    norm_name = _type(tj.get('normalizer')) if tj.get('normalizer') else 'none'
+    if norm:
+        norm_name = " + ".join(["NFC"] * bool(flags & F_NFC) + ["NFKC"] * bool(flags & F_NFKC)
+                               + [normalizer.name(norm)])
+    what = (f"{model_name}, {n} ids, normalizer {norm_name}"
             f", pre-tokenizer {pre_name}")
     scores = [scores_by_piece.get(pieces[i], 0.0) if id_flags[i] & ID_IN_VOCAB else 0.0
               for i in range(n)] if unigram else []
     return TokenizerSpec(kind, pretok, flags, pieces, id_flags, merges, unk_id, bos_id,
-                         eos_id, added_ids, steps, what, scores)
+                         eos_id, added_ids, steps, what, scores, norm)
 
 
 def _unigram_vocab(items) -> tuple[dict, dict]:
@@ -790,6 +803,10 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
     if spec.flags & F_NFKC:
         nmap, pool = nfkc_map()
         exts += [(EXT_NFKC_MAP, "I", nmap), (EXT_NFKC_POOL, "I", pool)]
+    if spec.flags & F_NORM_PROG:
+        exts.append((EXT_NORM, "I", normalizer.pack(spec.norm)))
+        if any(st[0] == normalizer.OP_LOWERCASE for st in spec.norm):
+            exts.append((EXT_LOWER, "I", normalizer.lower_words()))
     off_ext = cur if exts else 0
     if exts:
         cur = _a8(cur + 4 + 16 * len(exts))
@@ -902,7 +919,7 @@ def parse_section(data: bytes) -> TokenizerSpec:
     has_prog = version >= SECTION_VERSION_PROGRAM and h["pretok"] == PRETOK_PROGRAM
     if h["pretok"] not in (PRETOK_NONE, PRETOK_GPT2, PRETOK_QWEN2, PRETOK_LLAMA3) and not has_prog:
         raise _bad(f"pre-tokenizer {h['pretok']}")
-    needs_ext = unigram or bool(h["flags"] & F_NFKC)
+    needs_ext = unigram or bool(h["flags"] & (F_NFKC | F_NORM_PROG))
     if h["flags"] & ~KNOWN_FLAGS or bool(h["reserved2"]) != needs_ext or (not has_prog and (
             h["reserved0"] or h["reserved1"])) or (
             h["flags"] & F_NFC and version < SECTION_VERSION_PROGRAM) or (
@@ -991,8 +1008,27 @@ def parse_section(data: bytes) -> TokenizerSpec:
         words = list(struct.unpack_from(f"{bc}{nw}I", data, off))
         steps = _check_steps(words)
     ext = _check_extensions(data, bc, h["reserved2"], n) if needs_ext else {}
-    if (EXT_SCORES in ext) != unigram or (EXT_NFKC_MAP in ext) != bool(h["flags"] & F_NFKC):
+    if (EXT_SCORES in ext) != unigram or (EXT_NFKC_MAP in ext) != bool(h["flags"] & F_NFKC) \
+            or (EXT_NORM in ext) != bool(h["flags"] & F_NORM_PROG):
         raise _bad("the extensions do not match the model and flags")
+    norm, lower = [], None
+    if EXT_NORM in ext:
+        off, count = ext[EXT_NORM]
+        try:
+            norm = normalizer.unpack(list(struct.unpack_from(f"{bc}{count}I", data, off)))
+            lowers = any(st[0] == normalizer.OP_LOWERCASE for st in norm)
+            if lowers != (EXT_LOWER in ext):
+                raise normalizer.BadProgram("a Lowercase step without the lowercase map, "
+                                            "or a map without the step")
+            if lowers:
+                off, count = ext[EXT_LOWER]
+                if count % 3:
+                    raise normalizer.BadProgram("the lowercase map")
+                lower = normalizer.read_lower(struct.unpack_from(f"{bc}{count}I", data, off))
+        except normalizer.BadProgram as exc:
+            raise _bad(str(exc)) from None
+    elif EXT_LOWER in ext:
+        raise _bad("a lowercase map without a normaliser program")
     scores = []
     if unigram:
         off, count = ext[EXT_SCORES]
@@ -1005,7 +1041,8 @@ def parse_section(data: bytes) -> TokenizerSpec:
             raise _bad("a Unigram model with merges, without unk_id or with a piece "
                        f"over {MAX_UNIGRAM_PIECE_BYTES} bytes")
     return TokenizerSpec(h["model"], h["pretok"], h["flags"], pieces, id_flags,
-                         merges_by_rank, *signed, added=added, steps=steps, scores=scores)
+                         merges_by_rank, *signed, added=added, steps=steps, scores=scores,
+                         norm=norm, lower=lower)
 
 
 def _check_extensions(data: bytes, bc: str, off: int, n_vocab: int) -> dict:
@@ -1020,7 +1057,7 @@ def _check_extensions(data: bytes, bc: str, off: int, n_vocab: int) -> dict:
     out = {}
     for k in range(n):
         kind, eoff, count, zero = struct.unpack_from(f"{bc}4I", data, off + 4 + 16 * k)
-        unit = {EXT_SCORES: 8, EXT_NFKC_MAP: 8, EXT_NFKC_POOL: 4}.get(kind)
+        unit = EXT_UNITS.get(kind)
         if unit is None or kind in out or zero or eoff % unit or eoff < SECTION_HEADER_SIZE \
                 or count > size or eoff + unit * count > size:
             raise _bad(f"extension {k} (kind {kind})")
@@ -1058,23 +1095,10 @@ def _check_steps(words: list[int]):
         if mode & 0xFF > R.B_CONTIGUOUS or mode >> 8 > 1 or zero or off < 1 + 4 * n or \
                 off + ln > len(words) or not 1 <= ln <= R.MAX_PROGRAM_WORDS:
             raise _bad(f"pre-tokenizer step {k}")
-        prog = words[off:off + ln]
-        starts, pc = set(), 0
         try:
-            while pc < ln:
-                starts.add(pc)
-                last = pc
-                pc += R.insn_len(prog, pc)
-        except (IndexError, KeyError):
-            raise _bad(f"pre-tokenizer step {k}: not a program") from None
-        if pc != ln or prog[last] & 0xFF != R.OP_MATCH:
-            raise _bad(f"pre-tokenizer step {k}: not a program")
-        for pc in starts:
-            op = prog[pc] & 0xFF
-            targets = (prog[pc + 1:pc + 3] if op == R.OP_SPLIT else
-                       prog[pc + 1:pc + 2] if op in (R.OP_JMP, R.OP_LOOK) else [])
-            if any(x <= pc or x not in starts for x in targets):
-                raise _bad(f"pre-tokenizer step {k}: a jump that is not forward")
+            R.check_program(words[off:off + ln])
+        except ValueError as exc:
+            raise _bad(f"pre-tokenizer step {k}: {exc}") from None
     return R.unpack_steps(words)
 
 
@@ -1307,6 +1331,11 @@ class Tokenizer:
                 seg = unicodedata.normalize("NFC", seg)
             if s.flags & F_NFKC:
                 seg = unicodedata.normalize("NFKC", seg)
+            if s.norm:
+                seg = normalizer.apply(s.norm, seg, s.lower)
+                if not seg:
+                    first = False
+                    continue
             if self.byte_level:
                 if s.flags & F_ADD_PREFIX_SPACE and not seg.startswith(" "):
                     seg = " " + seg

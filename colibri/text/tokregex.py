@@ -144,6 +144,57 @@ def insn_len(prog: list[int], pc: int) -> int:
             OP_MATCH: 1}[op]
 
 
+def _valid_item(a: int, b: int) -> bool:
+    if not a & ITEM_PROP:
+        return (a & ~ITEM_NEG) <= 0x10FFFF and b <= 0x10FFFF
+    if a & ~(ITEM_PROP | ITEM_NEG | 0xFF):
+        return False
+    return b < 1 << 30 if a & 0xFF == P_GC else a & 0xFF <= P_DOT and b == 0
+
+
+def _valid_insn(prog: list[int], pc: int) -> bool:
+    """One instruction's own fields (src/tokenizer.c valid_insn)."""
+    w = prog[pc]
+    op, arg = w & 0xFF, w >> 8
+    if op == OP_CHAR:
+        return arg <= 0x10FFFF
+    if op == OP_CLASS:
+        return not arg & 0xFF & ~3 and all(_valid_item(prog[pc + 1 + 2 * k], prog[pc + 2 + 2 * k])
+                                           for k in range(w >> 16))
+    if op == OP_SPAN:
+        return (arg <= 1 and prog[pc + 1] <= prog[pc + 2]
+                and prog[pc + 3] & 0xFF in (OP_CHAR, OP_CLASS) and _valid_insn(prog, pc + 3))
+    if op == OP_ASSERT:
+        return arg <= A_EOSNL
+    if op == OP_LOOK:
+        return arg <= 1
+    return arg == 0
+
+
+def check_program(prog: list[int]) -> None:
+    """The checks src/tokenizer.c check_prog makes on stored program words:
+    whole instructions with valid fields, the last a MATCH, every jump
+    forward to the start of an instruction. ValueError says which fails."""
+    starts, pc, last = set(), 0, 0
+    try:
+        while pc < len(prog):
+            starts.add(pc)
+            last = pc
+            if not _valid_insn(prog, pc):
+                raise ValueError(f"instruction {pc} is not valid")
+            pc += insn_len(prog, pc)
+    except (IndexError, KeyError):
+        raise ValueError("not a program") from None
+    if not prog or pc != len(prog) or prog[last] & 0xFF != OP_MATCH:
+        raise ValueError("not a program")
+    for pc in starts:
+        op = prog[pc] & 0xFF
+        targets = (prog[pc + 1:pc + 3] if op == OP_SPLIT else
+                   prog[pc + 1:pc + 2] if op in (OP_JMP, OP_LOOK) else [])
+        if any(x <= pc or x not in starts for x in targets):
+            raise ValueError("a jump that is not forward")
+
+
 # --- parser: pattern -> tree -------------------------------------------------
 # Tree nodes: ("char", cp) ("class", flags, [(a, b)...]) ("cat", [n...])
 # ("alt", [n...]) ("rep", node, min, max|None, greedy) ("look", neg, node)
@@ -726,12 +777,13 @@ def match_at(prog: list[int], t: str, lo: int, hi: int, i: int,
 
 
 def find_iter(prog: list[int], t: str, lo: int, hi: int):
-    """Non-overlapping matches (start, end) in t[lo:hi], leftmost first
-    (the program never matches empty)."""
+    """Non-overlapping matches (start, end) in t[lo:hi], leftmost first.
+    A compiled program never matches empty; a section's may, and such a
+    match counts as none (src/tokenizer.c does the same)."""
     i = lo
     while i < hi:
         e = match_at(prog, t, lo, hi, i)
-        if e < 0:
+        if e <= i:
             i += 1
             continue
         yield i, e

@@ -53,9 +53,10 @@ enum {
     COLIBRI_E_TOK_REGEX = -35,    /* the text needs more pre-tokenizer regex
                                      backtracking than COLIBRI_TOK_RX_STACK
                                      entries (rebuild with a larger one) */
-    COLIBRI_E_TOK_NORM = -36,     /* NFC: a text run (between added tokens)
-                                     that is not NFC already has a normal form
-                                     longer than COLIBRI_TOK_NORM_BUF bytes, or
+    COLIBRI_E_TOK_NORM = -36,     /* a text run (between added tokens) whose
+                                     normal form (NFC, NFKC, the normaliser
+                                     program) differs from it and is longer
+                                     than COLIBRI_TOK_NORM_BUF bytes, or (NFC)
                                      more than 64 combining marks in a row */
     COLIBRI_E_TOK_WORD = -37      /* Unigram: a word (text between spaces) of
                                      more than COLIBRI_TOK_UNIGRAM_WORD bytes */
@@ -78,8 +79,10 @@ enum {
 #endif
 #define COLIBRI_DETOK_HOLD 64       /* bytes a stream may hold back */
 #ifndef COLIBRI_TOK_NORM_BUF
-#define COLIBRI_TOK_NORM_BUF 2048   /* bytes on the stack for the NFC form of a
-                                       text run that is not NFC already */
+#define COLIBRI_TOK_NORM_BUF 4096   /* bytes of each of the two stack buffers
+                                       for the normal form of a text run (NFC,
+                                       NFKC, a normaliser program) when it
+                                       differs from the text */
 #endif
 #ifndef COLIBRI_TOK_RX_STACK
 #define COLIBRI_TOK_RX_STACK 64     /* backtrack entries of the regex matcher
@@ -110,6 +113,9 @@ typedef struct colibri_tokenizer {
         const uint8_t *nfkc_map, *nfkc_pool;   /* version 3, NFKC (FORMAT.md 7.3) */
         uint32_t n_nfkc, n_nfkc_pool;
         double unk_score;            /* Unigram: lowest score - 10 */
+        const uint8_t *norm_prog;    /* version 3: the normaliser program and */
+        const uint8_t *lower;        /* its lowercase map (FORMAT.md 7.4) */
+        uint32_t n_norm_words, n_lower;
     } priv_;
 } colibri_tokenizer;
 
