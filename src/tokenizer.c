@@ -528,9 +528,9 @@ static int scalar(uint32_t c) { return c <= 0x10FFFFu && (c < 0xD800u || c >= 0x
  * programs valid, the contents Unicode scalar values; a Lowercase step
  * with its map (sorted code points, each to one or two others) and the map
  * only with one. */
-COLD_CHECK static int check_norm(const tokp *t)
+COLD_CHECK static int check_norm(const tokp *t, const uint8_t *prog_at, int have_lower)
 {
-    prog_t b = { t->norm_prog, t->be };
+    prog_t b = { prog_at, t->be };
     uint32_t n = t->n_norm_words, lowers = 0;
     if (n < 1) return COLIBRI_E_TOK_FORMAT;
     uint32_t steps = PW(b, 0);
@@ -546,7 +546,7 @@ COLD_CHECK static int check_norm(const tokp *t)
             np + nc > n - off)
             return COLIBRI_E_TOK_FORMAT;
         if (np) {
-            prog_t g = { t->norm_prog + 4u * off, t->be };
+            prog_t g = { prog_at + 4u * off, t->be };
             if (!check_prog(g, np)) return COLIBRI_E_TOK_FORMAT;
             if (!prog_in_build(g, np)) return COLIBRI_E_UNSUPPORTED;
         }
@@ -554,8 +554,8 @@ COLD_CHECK static int check_norm(const tokp *t)
             if (!scalar(PW(b, off + np + i))) return COLIBRI_E_TOK_FORMAT;
         lowers += op == NORM_LOWERCASE;
     }
-    if ((lowers != 0) != (t->lower != NULL)) return COLIBRI_E_TOK_FORMAT;
-    for (uint32_t i = 0; i < t->n_lower; i++) {
+    if ((lowers != 0) != (have_lower != 0)) return COLIBRI_E_TOK_FORMAT;
+    for (uint32_t i = 0; have_lower && i < t->n_lower; i++) {
         const uint8_t *e = t->lower + 12u * i;
         uint32_t cp = ld32(e, t->be), a = ld32(e + 4, t->be), c = ld32(e + 8, t->be);
         if ((i && cp <= ld32(e - 12, t->be)) || !scalar(cp) || !a || !scalar(a) || !scalar(c))
@@ -571,13 +571,22 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
 {
     if (off % 4 || off < HDR || off > t->size - 4) return COLIBRI_E_TOK_FORMAT;
     uint32_t n = ld32(t->sec + off, t->be), seen = 0;
+    const uint8_t *prog_at = t->sec;
     if (n < 1 || n > MAX_EXT || (uint64_t)off + 4 + 16ull * n > t->size)
         return COLIBRI_E_TOK_FORMAT;
     for (uint32_t k = 0; k < n; k++) {
         const uint8_t *e = t->sec + off + 4 + 16u * k;
         uint32_t kind = ld32(e, t->be), eoff = ld32(e + 4, t->be), count = ld32(e + 8, t->be);
         uint32_t unit = kind == EXT_SCORES || kind == EXT_NFKC_MAP ? 8u : 4u;
-        uint32_t bit = kind >= EXT_SCORES && kind <= EXT_LOWER ? 1u << (kind - 1) : 0u;
+        uint32_t bit;                   /* a switch: the form EVA proves */
+        switch (kind) {
+        case EXT_SCORES: bit = 1u; break;
+        case EXT_NFKC_MAP: bit = 2u; break;
+        case EXT_NFKC_POOL: bit = 4u; break;
+        case EXT_NORM: bit = 8u; break;
+        case EXT_LOWER: bit = 16u; break;
+        default: bit = 0u; break;
+        }
         if (!bit || (seen & bit) || ld32(e + 12, t->be) || eoff % unit || eoff < HDR ||
             (uint64_t)eoff + (uint64_t)unit * count > t->size)
             return COLIBRI_E_TOK_FORMAT;
@@ -591,7 +600,7 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
         } else if (kind == EXT_NFKC_POOL) {
             t->nfkc_pool = at; t->n_nfkc_pool = count;
         } else if (kind == EXT_NORM) {
-            t->norm_prog = at; t->n_norm_words = count;
+            t->norm_prog = prog_at = at; t->n_norm_words = count;
         } else {
             if (count % 3) return COLIBRI_E_TOK_FORMAT;
             t->lower = at; t->n_lower = count / 3;
@@ -604,7 +613,7 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
         return COLIBRI_E_TOK_FORMAT;
     int rc = unigram ? check_scores(t) : COLIBRI_OK;
     if (!rc && nfkc) rc = check_nfkc(t);
-    if (!rc && prog) rc = check_norm(t);
+    if (!rc && prog) rc = check_norm(t, prog_at, (seen & 16u) != 0);
     return rc;
 }
 

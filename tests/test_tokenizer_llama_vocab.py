@@ -1,7 +1,9 @@
 """llama.cpp's own tokenizer tests as the proof on real vocabularies:
 models/ggml-vocab-*.gguf with .gguf.inp (strings) and .gguf.out (the ids their
 Hugging Face tokenizers gave), in the pinned llama.cpp sources that
-scripts/build_llama_bench.sh fetches (skipped when they are absent).
+scripts/build_llama_bench.sh unpacks, fetched here when absent as the GGUF
+tests fetch them (tests/gguf_fixtures.py llama_cpp: one `pip download` of
+the same sdist; skipped only when that fails).
 
 For each byte-level BPE vocabulary whose tokenizer Colibri represents, the
 tokenizer.json is rebuilt from the GGUF (vocabulary, merges, control tokens as
@@ -25,12 +27,12 @@ import pytest
 
 from colibri.text import tokenizer as T
 
+import gguf_fixtures as GF
 import tokenizer_fixtures as tf
 from test_runtime_support import c_build  # noqa: F401
 from test_tokenizer_c import driver, ids_req, run  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = sorted(ROOT.glob("build/bench/llama.cpp/src/*/vendor/llama.cpp/models"))
 
 _BL = tf._BL
 PRETOK = {
@@ -108,8 +110,15 @@ def rebuild_tokenizer_json(kv: dict, pre) -> dict:
             "decoder": {"type": "ByteLevel"}, "model": model}
 
 
+def models_dir() -> Path:
+    tree, why = GF.llama_cpp()
+    if tree is None:
+        pytest.skip(why)
+    return tree / "models"
+
+
 def cases(name: str):
-    d = MODELS[-1]
+    d = models_dir()
     inp = (d / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8")
     strs = inp.split("\n__ggml_vocab_test__\n")
     if strs and strs[-1] == "":
@@ -120,13 +129,9 @@ def cases(name: str):
     return strs, outs
 
 
-pytestmark = pytest.mark.skipif(not MODELS, reason="llama.cpp sources not fetched "
-                                "(scripts/build_llama_bench.sh)")
-
-
 @pytest.mark.parametrize("name", sorted(PRETOK))
 def test_ids_equal_llama_cpp_out_python_and_c(driver, name, tmp_path):
-    kv = read_gguf_vocab(MODELS[-1] / f"ggml-vocab-{name}.gguf")
+    kv = read_gguf_vocab(models_dir() / f"ggml-vocab-{name}.gguf")
     assert kv["tokenizer.ggml.model"] == "gpt2" and kv["tokenizer.ggml.pre"] == name
     spec = T.spec_from_json(rebuild_tokenizer_json(kv, PRETOK[name]))
     _check_vocab(driver, T.pack_section(spec), name, tmp_path)
