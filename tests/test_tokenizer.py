@@ -30,13 +30,7 @@ N_STRINGS = 10_000
 def trained():
     """kind -> `tokenizers.Tokenizer` trained here (seconds, cached)."""
     text = tf.corpus_text()
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            cache[kind] = tf.train(kind, text)
-        return cache[kind]
-    return get
+    return tf.memo(lambda kind: tf.train(kind, text))
 
 
 @pytest.fixture(scope="session")

@@ -264,6 +264,27 @@ def run_raw(driver_pair, section: Path, requests: bytes, tmp: Path) -> subproces
                            str(tmp / "out.bin")], capture_output=True, text=True, timeout=60)
 
 
+HOSTILE_TEXT = "Hello ünïcödé 日本 😀 1".encode()
+
+
+def both_readers_verdict(driver_pair, section: bytes, tmp: Path) -> int:
+    """0 when the C library (under ASan/UBSan, never a sanitizer report)
+    and parse_section both take the section and tokenize HOSTILE_TEXT, 11
+    when both refuse it; fails when they disagree."""
+    p = tmp / "damaged.bin"
+    p.write_bytes(section)
+    proc = run_raw(driver_pair, p, HOSTILE_REQUESTS, tmp)
+    assert proc.returncode in (0, 11), proc.stdout + proc.stderr
+    assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr
+    try:
+        T.Tokenizer(T.parse_section(section)).encode(HOSTILE_TEXT)
+        py = 0
+    except T.TokenizerError:
+        py = 11
+    assert py == proc.returncode, proc.stdout
+    return py
+
+
 def test_c_damaged_sections_never_crash(driver, trained, tmp_path):
     """Bit flips, truncations, overwritten header words, under ASan/UBSan:
     init returns COLIBRI_E_TOK_FORMAT or the tokenizer works."""

@@ -23,9 +23,9 @@ from colibri.text import tokregex as R
 import tokenizer_fixtures as tf
 from test_runtime_support import c_build  # noqa: F401
 from test_tokenizer import strings  # noqa: F401
-from test_tokenizer_c import (HOSTILE_REQUESTS, check_kind, check_on_cortex_m,  # noqa: F401
-                              driver, ids_req, run, run_raw)
-from test_tokenizer_program import byte_pieces_json
+from test_tokenizer_c import (HOSTILE_REQUESTS, HOSTILE_TEXT, both_readers_verdict,  # noqa: F401
+                              check_kind, check_on_cortex_m, driver, ids_req, run, run_raw)
+from test_tokenizer_program import byte_pieces_json, check_c_equals_python
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -36,13 +36,7 @@ NORM_BUF = 4096                 # COLIBRI_TOK_NORM_BUF's default
 @pytest.fixture(scope="session")
 def normed():
     text = tf.corpus_text(1_000_000)
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            cache[kind] = tf.train_norm_kind(kind, text)
-        return cache[kind]
-    return get
+    return tf.memo(lambda kind: tf.train_norm_kind(kind, text))
 
 
 @pytest.fixture(scope="session")
@@ -152,13 +146,7 @@ def test_lowercase_of_every_code_point(driver, lower_divergent, tmp_path):
     bad = [s for s, g in zip(texts, ours)
            if ord(s[len(s) // 2]) not in lower_divergent and g != hf.encode(s).ids]
     assert not bad, bad[:5]
-    p = tmp_path / "s.bin"
-    p.write_bytes(T.pack_section(spec))
-    chunks = ["\n".join(texts[k:k + 300]) for k in range(0, len(texts), 300)]
-    got = run(driver("host"), "section", p, [("T", 2, 16 * len(c.encode()) + 64, c.encode())
-                                             for c in chunks], tmp_path / "t")
-    for k, (rc, _, g) in enumerate(got):
-        assert rc == 0 and g == tok.encode(chunks[k]), k
+    check_c_equals_python(driver, spec, tok, texts, tmp_path, per_chunk=300)
 
 
 def test_c_the_run_bound(driver, normed, tmp_path):
@@ -208,24 +196,14 @@ def test_c_damaged_programs_never_crash(driver, normed, tmp_path):
     base = T.pack_section(spec)
     rng = random.Random(13)
     verdicts = {}
-    text = "Hello ünïcödé 日本 😀 1".encode()
     for trial in range(120):
         b = _damage_program(base, rng)
-        p = tmp_path / f"s{trial}.bin"
-        p.write_bytes(b)
-        proc = run_raw(driver("asan"), p, HOSTILE_REQUESTS, tmp_path)
-        assert proc.returncode in (0, 11), proc.stdout + proc.stderr
-        assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
-        try:
-            T.Tokenizer(T.parse_section(b)).encode(text)
-            py = 0
-        except T.TokenizerError:
-            py = 11
-        assert py == proc.returncode, (trial, proc.stdout)
-        if py == 0:      # the same ids from a damaged but valid program
-            got = run(driver("asan"), "section", p, [ids_req(text)], tmp_path / "t")
-            assert got[0][2] == T.Tokenizer(T.parse_section(b)).encode(text), trial
-        verdicts[proc.returncode] = verdicts.get(proc.returncode, 0) + 1
+        v = both_readers_verdict(driver("asan"), b, tmp_path)
+        if v == 0:       # the same ids from a damaged but valid program
+            got = run(driver("asan"), "section", tmp_path / "damaged.bin",
+                      [ids_req(HOSTILE_TEXT)], tmp_path / "t")
+            assert got[0][2] == T.Tokenizer(T.parse_section(b)).encode(HOSTILE_TEXT), trial
+        verdicts[v] = verdicts.get(v, 0) + 1
     assert verdicts.get(11, 0) > 45 and verdicts.get(0, 0) > 10, verdicts
 
 

@@ -366,15 +366,21 @@ def check_every_code_point(driver, normalizer: str, divergent: set, tmp_path) ->
             continue
         assert s[0] == "a" and ud.combining(c) and ud.ucd_3_2_0.category(c) == "Cn", s
         diverge.append(s)
+    # chunks whose normal form fits COLIBRI_TOK_NORM_BUF
+    check_c_equals_python(driver, spec, tok, texts, tmp_path, per_chunk=100)
+    return diverge
+
+
+def check_c_equals_python(driver, spec, tok, texts, tmp_path, per_chunk):
+    """The host C library's ids equal the Python tokenizer's on texts,
+    joined by newlines per_chunk at a time."""
     p = tmp_path / "s.bin"
     p.write_bytes(T.pack_section(spec))
-    # chunks whose normal form fits COLIBRI_TOK_NORM_BUF (2048 bytes)
-    chunks = ["\n".join(texts[k:k + 100]) for k in range(0, len(texts), 100)]
+    chunks = ["\n".join(texts[k:k + per_chunk]) for k in range(0, len(texts), per_chunk)]
     got = run(driver("host"), "section", p, [("T", 2, 24 * len(c.encode()) + 64, c.encode())
                                              for c in chunks], tmp_path / "t")
     for k, (rc, _, g) in enumerate(got):
         assert rc == 0 and g == tok.encode(chunks[k]), k
-    return diverge
 
 
 def test_nfc_of_every_code_point_equals_tokenizers(driver, tmp_path):

@@ -41,6 +41,30 @@ def _lines(text: str):
     return [ln for ln in text.split("\n") if ln.strip()]
 
 
+def memo(make):
+    """kind -> make(kind), each made once (the session fixtures' cache)."""
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            cache[kind] = make(kind)
+        return cache[kind]
+    return get
+
+
+def train_byte_level(tok, lines: list[str], vocab: int):
+    """Train a byte-level BPE whose normaliser and pre-tokenizer are set:
+    the ByteLevel decoder, SPECIALS, and ADDED_PLAIN added after training."""
+    from tokenizers import AddedToken, decoders, pre_tokenizers, trainers
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                             show_progress=False)
+    tok.train_from_iterator(lines, tr)
+    tok.add_tokens([AddedToken(ADDED_PLAIN, normalized=False)])
+    return tok
+
+
 def train(kind: str, text: str):
     """A `tokenizers.Tokenizer` of the given kind trained on text."""
     from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
@@ -56,13 +80,7 @@ def train(kind: str, text: str):
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         else:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,
-                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                 show_progress=False)
-        tok.train_from_iterator(lines, tr)
-        tok.add_tokens([AddedToken(ADDED_PLAIN, normalized=False)])
-        return tok
+        return train_byte_level(tok, lines, vocab)
     # SentencePiece style: train the merges, then build the vocabulary as
     # Mixtral's is laid out (<unk>, <s>, </s>, the 256 byte pieces, the rest).
     vocab_size = 300 if kind.endswith("300") else 32000
@@ -270,19 +288,11 @@ def train_program_kind(kind: str, text: str, vocab: int = 3000):
     """A byte-level BPE with one of PROGRAM_PRETOKS, trained on text (the
     pre-tokenizer is set through JSON, the form real files have); Llama-3's
     with ignore_merges as its tokenizer.json has it."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.PreTokenizer.custom if False else None
-    tj = json.loads(tok.to_str())
+    from tokenizers import Tokenizer, models
+    tj = json.loads(Tokenizer(models.BPE()).to_str())
     tj["pre_tokenizer"] = PROGRAM_PRETOKS[kind]
     tj["normalizer"] = NORMALIZERS.get(kind)
-    tok = Tokenizer.from_str(json.dumps(tj))
-    tok.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,
-                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                             show_progress=False)
-    tok.train_from_iterator(_lines(text), tr)
-    tok.add_tokens([AddedToken(ADDED_PLAIN, normalized=False)])
+    tok = train_byte_level(Tokenizer.from_str(json.dumps(tj)), _lines(text), vocab)
     if kind == "bl-llama3":
         tj = json.loads(tok.to_str())
         tj["model"]["ignore_merges"] = True
@@ -379,18 +389,11 @@ def train_norm_kind(kind: str, text: str, vocab: int = 3000):
     norm = norm_program_json(kind)
     lines = _lines(text)
     if kind.startswith("bl-"):
-        tok = Tokenizer(models.BPE())
-        tj = json.loads(tok.to_str())
+        tj = json.loads(Tokenizer(models.BPE()).to_str())
         tj["normalizer"] = norm
         tok = Tokenizer.from_str(json.dumps(tj))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,
-                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                 show_progress=False)
-        tok.train_from_iterator(lines, tr)
-        tok.add_tokens([AddedToken(ADDED_PLAIN, normalized=False)])
-        return tok
+        return train_byte_level(tok, lines, vocab)
     unigram = kind == "t5-tf5"
     tok = Tokenizer(models.Unigram() if unigram else models.BPE(unk_token="<unk>",
                                                                  byte_fallback=True))
