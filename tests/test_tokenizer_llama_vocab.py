@@ -13,8 +13,8 @@ to each pre-tokenizer type: the pre-tokenizer (Llama-3: Split + ByteLevel with
 ignore_merges; DeepSeek LLM / Coder: their Splits and Digits; StarCoder:
 Digits + ByteLevel; Qwen2 / Qwen3.5: their Split; GPT-2: ByteLevel). Then
 converted to a section and every string's ids, Python and C, must equal .out.
-Qwen2 and Qwen3.5 (without their NFC: see PRETOK). Not here: mpt (GPT-NeoX's
-tokenizer.json: not checked), falcon (ByteLevel before other
+Qwen2 and Qwen3.5 (without their NFC: see PRETOK); mpt with GPT-NeoX's
+tokenizer.json (NFC + ByteLevel, what OLMoE's descends from). Not here: falcon (ByteLevel before other
 pre-tokenizers: refused by name), the SentencePiece and WPM vocabularies
 (their merges are not in the GGUF)."""
 from __future__ import annotations
@@ -50,7 +50,11 @@ PRETOK = {
     # judged in tests/test_tokenizer_program.py.
     "qwen2": tf.PROGRAM_PRETOKS["bl-qwen2-nfc"],
     "qwen35": tf.PROGRAM_PRETOKS["bl-qwen35"],
+    # MPT's tokenizer is GPT-NeoX-20B's: ByteLevel (GPT-2 regex) after NFC.
+    "mpt": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+            "use_regex": True},
 }
+NORMALIZER = {"mpt": {"type": "NFC"}}
 
 
 def read_gguf_vocab(path: Path) -> dict:
@@ -133,7 +137,9 @@ def cases(name: str):
 def test_ids_equal_llama_cpp_out_python_and_c(driver, name, tmp_path):
     kv = read_gguf_vocab(models_dir() / f"ggml-vocab-{name}.gguf")
     assert kv["tokenizer.ggml.model"] == "gpt2" and kv["tokenizer.ggml.pre"] == name
-    spec = T.spec_from_json(rebuild_tokenizer_json(kv, PRETOK[name]))
+    tj = rebuild_tokenizer_json(kv, PRETOK[name])
+    tj["normalizer"] = NORMALIZER.get(name)
+    spec = T.spec_from_json(tj)
     _check_vocab(driver, T.pack_section(spec), name, tmp_path)
 
 
