@@ -93,6 +93,7 @@ const char *colibri_tok_strerror(int code)
 #define MAX_VOCAB (1u << 22)
 #define PRETOK_PROGRAM 4u
 #define MAX_STEPS 8u
+#define STEP_BYTES (1u << 9)        /* a step that matches over the byte alphabet */
 #define MAX_PROG_WORDS 4096u
 
 typedef struct colibri_tokenizer_private_ tokp;
@@ -443,16 +444,23 @@ static int check_pretok(tokp *t)
     if (n < 1) return COLIBRI_E_TOK_FORMAT;
     uint32_t steps = PW(b, 0);
     if (steps < 1 || steps > MAX_STEPS || n < 1 + 4 * steps) return COLIBRI_E_TOK_FORMAT;
+    uint32_t from = steps;             /* the first step over the byte alphabet */
     for (uint32_t k = 0; k < steps; k++) {
         uint32_t mode = PW(b, 1 + 4 * k), off = PW(b, 2 + 4 * k), len = PW(b, 3 + 4 * k);
-        if ((mode & 0xFFu) > B_CONTIGUOUS || (mode >> 8) > 1u || PW(b, 4 + 4 * k) ||
-            off < 1 + 4 * steps || off > n || len > n - off)
+        /* STEP_BYTES: on every step after one that has it; only in a
+         * byte-level model */
+        uint32_t in_bytes = from < k, has = (mode & STEP_BYTES) != 0;
+        if ((mode & 0xFFu) > B_CONTIGUOUS || (mode >> 8) > 3u || PW(b, 4 + 4 * k) ||
+            off < 1 + 4 * steps || off > n || len > n - off ||
+            (in_bytes && !has) || (has && t->model != M_BYTE_LEVEL))
             return COLIBRI_E_TOK_FORMAT;
+        if (has && from == steps) from = k;
         prog_t g = { t->pretok_prog + 4u * off, t->be };
         if (!check_prog(g, len)) return COLIBRI_E_TOK_FORMAT;
         if (!prog_in_build(g, len)) return COLIBRI_E_UNSUPPORTED;
     }
     t->n_steps = steps;
+    t->bytes_from = from;
     return COLIBRI_OK;
 }
 
@@ -780,14 +788,21 @@ int colibri_tokenizer_get_info(const colibri_tokenizer *tk, colibri_tokenizer_in
  * A run is raw text [p, p+n) with an optional virtual leading character
  * (byte-level ADD_PREFIX_SPACE's space). Positions: 0 .. n + virt; position
  * 0 is the virtual character when there is one. */
-typedef struct { const uint8_t *p; size_t n; int virt; uint32_t vcp; } run_t;
+/* bytes: the run is read in ByteLevel's byte alphabet (a character a byte,
+ * byte_char), as pre-tokenizer steps after a ByteLevel see it (the run is
+ * then valid UTF-8: emit_run makes it so). */
+typedef struct { const uint8_t *p; size_t n; int virt; uint32_t vcp; int bytes; } run_t;
 
 static size_t run_end(const run_t *r) { return r->n + (size_t)r->virt; }
 
 static uint32_t cp_at(const run_t *r, size_t pos, size_t *next)
 {
-    if (r->virt && pos == 0) { *next = 1; return r->vcp; }
+    if (r->virt && pos == 0) {
+        *next = 1;
+        return r->bytes ? byte_char((uint8_t)r->vcp) : r->vcp;
+    }
     size_t o = pos - (size_t)r->virt;
+    if (r->bytes) { *next = pos + 1; return byte_char(r->p[o]); }
     uint32_t cp; int bad;
     *next = pos + u8_next(r->p + o, r->n - o, &cp, &bad);
     return cp;
@@ -901,6 +916,7 @@ static size_t prev_pos(const run_t *r, size_t lo, size_t pos)
 {
     size_t v = (size_t)r->virt;
     if (pos == v) return 0;              /* the virtual character */
+    if (r->bytes) return pos - 1;
     size_t o = pos - v, lob = lo > v ? lo - v : 0, q = o - 1;
     unsigned k = 1;
     while (q > lob && k < 4 && (r->p[q] & 0xC0u) == 0x80u) { q--; k++; }
@@ -1074,6 +1090,14 @@ static unsigned wnext(word_it *w, uint8_t c[4], int *byte)
 {
     *byte = -1;
     if (w->t->model == M_BYTE_LEVEL) {
+        if (w->r->bytes) {               /* the run's own bytes */
+            if (w->pos >= w->b) return 0;
+            uint8_t by = w->r->virt && w->pos == 0 ? (uint8_t)w->r->vcp
+                                                    : w->r->p[w->pos - (size_t)w->r->virt];
+            w->pos++;
+            *byte = by;
+            return (unsigned)u8_put(byte_char(by), c);
+        }
         if (w->iq == w->nq) {
             if (w->pos >= w->b) return 0;
             size_t next;
@@ -1426,6 +1450,12 @@ static void split_steps(const tokp *t, const run_t *r, uint32_t k, size_t a, siz
     prog_t blob = { t->pretok_prog, t->be };
     uint32_t mode = PW(blob, 1 + 4 * k);
     prog_t g = { t->pretok_prog + 4u * PW(blob, 2 + 4 * k), t->be };
+    run_t rb;
+    if ((mode & STEP_BYTES) && !r->bytes) {   /* past the ByteLevel: its alphabet */
+        rb = *r;
+        rb.bytes = 1;
+        r = &rb;
+    }
     unsigned beh = mode & 0xFFu;
     int inv = (mode >> 8) & 1;
     fold_t f = { 0, 0, 0, 0, 0 };
@@ -1742,7 +1772,7 @@ static int norm_rewrite(const tokp *t, prog_t b, uint32_t k, const uint8_t *p, s
      * (find_iter), each by the content; the pattern sees the whole run
      * (\A, \z are its ends). */
     prog_t g = { t->norm_prog + 4u * off, t->be };
-    run_t r = { p, n, 0, 0 };
+    run_t r = { p, n, 0, 0, 0 };
     size_t prev = 0, nx;
     int any = 0;
     while (i < n) {
@@ -1792,7 +1822,7 @@ static int is_sp_space(const run_t *r, size_t pos)   /* ' ' or ▁ at pos */
  * split) one word from each ▁ to the next. */
 static void sp_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t *o)
 {
-    run_t r = { p, n, 0, 0 };
+    run_t r = { p, n, 0, 0, 0 };
     int starts_sp = p[0] == ' ' || (n >= 3 && p[0] == 0xE2 && p[1] == 0x96 && p[2] == 0x81);
     if ((t->flags & F_SP_PREPEND) && (first || !(t->flags & F_SP_PREPEND_FIRST)) &&
         !((t->flags & F_SP_PREPEND_UNLESS) && starts_sp)) {
@@ -1826,7 +1856,17 @@ static void emit_run(const tokp *t, const uint8_t *p, size_t n, int first, out_t
         if (rc) { o->err = rc; return; }
     }
     if (!n) return;
-    run_t r = { p, n, 0, 0 };
+    if (t->pretok == PRETOK_PROGRAM && t->bytes_from < t->n_steps &&
+        (n > 0xFFFFFFFFu || !valid_utf8(p, (uint32_t)n))) {
+        /* steps over the byte alphabet see the U+FFFD of each invalid
+         * sequence as its three bytes, as tokenizers does */
+        int dst = in == 0 ? 1 : 0;
+        nbuf_t nb = { nbuf[dst], COLIBRI_TOK_NORM_BUF, 0, 0 };
+        nb_text(&nb, p, n);
+        if (nb.over) { o->err = COLIBRI_E_TOK_NORM; return; }
+        p = nbuf[dst]; n = nb.n;
+    }
+    run_t r = { p, n, 0, 0, 0 };
     if (t->model == M_BYTE_LEVEL) {
         if ((t->flags & F_ADD_PREFIX_SPACE) && p[0] != ' ') { r.virt = 1; r.vcp = ' '; }
         size_t i = 0, end = run_end(&r);

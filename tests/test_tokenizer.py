@@ -218,7 +218,7 @@ def test_no_tokenizer_flag_and_too_large_a_tokenizer(tmp_path, trained):
     (lambda j: j.update(pre_tokenizer={"type": "UnicodeScripts"}),
      "pre-tokenizer UnicodeScripts"),
     (lambda j: j.update(pre_tokenizer={"type": "Whitespace"}),
-     "a byte-level tokenizer ending with ByteLevel"),
+     "a byte-level tokenizer with one ByteLevel"),
     (lambda j: j["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="\\w+"),
      "pre-tokenizer Split: regex"),
     (lambda j: j.update(decoder={"type": "WordPiece"}), "decoder WordPiece"),

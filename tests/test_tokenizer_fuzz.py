@@ -23,14 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
 @pytest.mark.parametrize("kind", ["bl-gpt2-300", "sp-300", "bl-deepseek-coder", "t5-300",
-                                  "bl-mixed"])
+                                  "bl-mixed", "bl-falcon"])
 def test_fuzz_tokenizer_short_run_is_clean(trained, unigram, tmp_path, kind):
     """bl-deepseek-coder (300 pieces): a version 2 section with five stored
     regex programs, so hostile sections mutate programs and hostile text
     runs through the matcher. t5-300: a version 3 Unigram section (scores,
     the Viterbi, WhitespaceSplit + Metaspace, the eos template). bl-mixed:
     a normaliser program (Strip, Replace with regexes, Lowercase and its
-    map, Prepend) over hostile text, and mutated programs."""
+    map, Prepend) over hostile text, and mutated programs. bl-falcon: steps
+    over ByteLevel's byte alphabet (and invalid UTF-8 through them)."""
     exe = tmp_path / "fuzz_tokenizer"
     lib = [s for s in sources.LIBRARY]
     subprocess.run(["clang", "-std=c11", "-g", "-O1", "-ffp-contract=off",

@@ -14,9 +14,10 @@ ignore_merges; DeepSeek LLM / Coder: their Splits and Digits; StarCoder:
 Digits + ByteLevel; Qwen2 / Qwen3.5: their Split; GPT-2: ByteLevel). Then
 converted to a section and every string's ids, Python and C, must equal .out.
 Qwen2 and Qwen3.5 (without their NFC: see PRETOK); mpt with GPT-NeoX's
-tokenizer.json (NFC + ByteLevel, what OLMoE's descends from). Not here: falcon (ByteLevel before other
-pre-tokenizers: refused by name), the SentencePiece and WPM vocabularies
-(their merges are not in the GGUF)."""
+tokenizer.json (NFC + ByteLevel, what OLMoE's descends from); falcon
+(Punctuation, then ByteLevel with its regex, then Digits and a Split that
+see ByteLevel's byte alphabet). Not here: the SentencePiece and WPM
+vocabularies (their merges are not in the GGUF)."""
 from __future__ import annotations
 
 import json
@@ -54,6 +55,11 @@ PRETOK = {
     "mpt": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
             "use_regex": True},
 }
+# Falcon's tokenizer.json: its ByteLevel sits between the steps.
+PRETOK["falcon"] = {"type": "Sequence", "pretokenizers": [
+    {"type": "Punctuation", "behavior": "Contiguous"},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    {"type": "Digits", "individual_digits": False}, tf._split(r"[0-9][0-9][0-9]")]}
 NORMALIZER = {"mpt": {"type": "NFC"}}
 
 

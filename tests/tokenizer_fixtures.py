@@ -263,6 +263,14 @@ PROGRAM_PRETOKS = {
         *(_split(p) for p in DEEPSEEK3_SPLITS), _BL]},
     "bl-starcoder": {"type": "Sequence", "pretokenizers": [
         {"type": "Digits", "individual_digits": True}, _BL_RX]},
+    # Falcon's shape: ByteLevel (with its regex) between the steps, so Digits
+    # and the Splits after it see its byte alphabet (U+00B2's byte 0xB2 is a
+    # digit there, byte 0x20's Ġ a letter). Falcon's own Punctuation first is
+    # in the real-vocabulary test (test_tokenizer_llama_vocab.py): its data
+    # and tokenizers' differ on 142 code points (test_tokenizer_program.py).
+    "bl-falcon": {"type": "Sequence", "pretokenizers": [
+        _BL_RX, {"type": "Digits", "individual_digits": False}, _split(r"[0-9][0-9][0-9]"),
+        _split(r"\p{Lu}+", "MergedWithNext")]},
     # tokenizers' Whitespace (words and other runs kept, whitespace removed)
     "bl-whitespace": {"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}, _BL]},
     # every Split behaviour, invert, String patterns, Punctuation, Digits runs

@@ -306,6 +306,9 @@ class TokenizerSpec:
     # F_NORM_PROG: the normaliser program's steps (colibri/text/normalizer.py)
     norm: list = field(default_factory=list)
     lower: dict | None = None   # a section's lowercase map as read (None: normalizer's own)
+    # pretok PRETOK_PROGRAM: steps from this index on match over ByteLevel's
+    # byte alphabet (a ByteLevel between the steps, Falcon's); -1 none
+    bytes_from: int = -1
 
 
 def describe(spec: TokenizerSpec) -> str:
@@ -440,17 +443,18 @@ def _metaspace(m) -> tuple[int, str]:
     return flags | (F_SP_SPLIT if m.get("split", True) else 0), scheme
 
 
-def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, int, list, str]:
-    """-> (model kind the pre-tokenizer implies, pretok, flags, steps, name).
+def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, int, list, str, int]:
+    """-> (model kind the pre-tokenizer implies, pretok, flags, steps, name,
+    bytes_from: the first step that matches over ByteLevel's byte alphabet, or -1).
     builtin: the GPT-2 / Qwen2 / Llama-3 regexes as pretok 1..3 (a version 1
     section, as older readers read it); else as stored programs."""
     if pre is None:
-        return (MODEL_SENTENCEPIECE if sp_norm else 0), PRETOK_NONE, 0, [], "none"
+        return (MODEL_SENTENCEPIECE if sp_norm else 0), PRETOK_NONE, 0, [], "none", -1
     t = _type(pre)
     if t == "ByteLevel" and pre.get("use_regex", True) and builtin:
         return MODEL_BYTE_LEVEL, PRETOK_GPT2, (F_ADD_PREFIX_SPACE
                                                if pre.get("add_prefix_space") else 0), [], \
-            "ByteLevel (GPT-2 regex)"
+            "ByteLevel (GPT-2 regex)", -1
     if t == "Sequence" and builtin:
         items = pre.get("pretokenizers")
         if (isinstance(items, list) and len(items) == 2 and _type(items[0]) == "Split"
@@ -460,18 +464,18 @@ def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, i
                 and items[0].get("behavior") == "Isolated" and not items[0].get("invert")):
             pid = SPLIT_PATTERNS[items[0]["pattern"]["Regex"]]
             return MODEL_BYTE_LEVEL, pid, (F_ADD_PREFIX_SPACE if items[1].get("add_prefix_space")
-                                           else 0), [], f"Split ({PRETOK_NAMES[pid]}) + ByteLevel"
+                                           else 0), [], f"Split ({PRETOK_NAMES[pid]}) + ByteLevel", -1
     if t == "Metaspace":
         flags, scheme = _metaspace(pre)
-        return MODEL_SENTENCEPIECE, PRETOK_NONE, flags, [], f"Metaspace ({scheme})"
+        return MODEL_SENTENCEPIECE, PRETOK_NONE, flags, [], f"Metaspace ({scheme})", -1
     if t == "Sequence" and [_type(c) for c in _flatten(pre)] == ["WhitespaceSplit", "Metaspace"]:
         # T5 / Switch: words are the runs of non-whitespace, each with its ▁.
         flags, scheme = _metaspace(_flatten(pre)[1])
         if flags & F_SP_PREPEND_FIRST:
             raise UnsupportedTokenizer("Metaspace prepend_scheme 'first' after WhitespaceSplit")
         return MODEL_SENTENCEPIECE, PRETOK_NONE, flags | F_WS_SPLIT, [], \
-            f"WhitespaceSplit + Metaspace ({scheme})"
-    # The general case: Split steps, ending with ByteLevel (the byte mapping).
+            f"WhitespaceSplit + Metaspace ({scheme})", -1
+    # The general case: Split steps and one ByteLevel (the byte mapping).
     comps = _flatten(pre)
     known = ("Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "ByteLevel",
              "Metaspace")
@@ -480,21 +484,26 @@ def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, i
             raise UnsupportedTokenizer(f"pre-tokenizer {_type(c)}: only Split, Digits, "
                                        "Punctuation, Whitespace, WhitespaceSplit, ByteLevel "
                                        "and Metaspace are supported")
-    if not comps or _type(comps[-1]) != "ByteLevel":
-        raise UnsupportedTokenizer(f"pre-tokenizer {[_type(c) for c in comps]}: a byte-level "
-                                   "tokenizer ending with ByteLevel is supported")
-    for c in comps[:-1]:
-        if _type(c) in ("ByteLevel", "Metaspace"):
-            raise UnsupportedTokenizer(f"pre-tokenizer {_type(c)} before other pre-tokenizers")
-    bl = comps[-1]
+    types = [_type(c) for c in comps]
+    if types.count("ByteLevel") != 1 or "Metaspace" in types:
+        raise UnsupportedTokenizer(f"pre-tokenizer {types}: a byte-level tokenizer with one "
+                                   "ByteLevel (and no Metaspace) is supported")
+    at = types.index("ByteLevel")
+    bl = comps[at]
     flags = 0
     if bl.get("add_prefix_space"):
         if len(comps) > 1:
-            raise UnsupportedTokenizer("ByteLevel add_prefix_space after other pre-tokenizers "
+            raise UnsupportedTokenizer("ByteLevel add_prefix_space next to other pre-tokenizers "
                                        "(a space before every piece)")
         flags = F_ADD_PREFIX_SPACE
-    steps, names = [], []
-    for c in (comps if bl.get("use_regex", True) else comps[:-1]):
+    # Components after a ByteLevel see its byte alphabet (Falcon's Digits and
+    # Split): steps from bytes_from on match over one character a byte.
+    steps, names, bytes_from = [], [], -1
+    for k, c in enumerate(comps):
+        if k == at and not bl.get("use_regex", True):
+            continue
+        if k > at and bytes_from < 0:
+            bytes_from = len(steps)
         beh, inv, prog, name = _split_step(c)
         steps.append((beh, inv, prog))
         names.append(name)
@@ -503,8 +512,12 @@ def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, i
                                    "a Split before it")
     if len(steps) > 8:
         raise UnsupportedTokenizer(f"pre-tokenizer of {len(steps)} steps (at most 8)")
-    return MODEL_BYTE_LEVEL, PRETOK_PROGRAM, flags, steps, (
-        " + ".join(names) + " + ByteLevel" + (" (stored regex programs)"))
+    what = " + ".join(names) + " + ByteLevel"
+    if bytes_from >= 0:      # the ByteLevel sits between the steps
+        what = (" + ".join(names) + f" (the last {len(names) - bytes_from} over ByteLevel's "
+                "byte alphabet)")
+    return MODEL_BYTE_LEVEL, PRETOK_PROGRAM, flags, steps, what + " (stored regex programs)", \
+        bytes_from
 
 
 def _parse_decoder(dec, model: int) -> int:
@@ -564,7 +577,8 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
     if model.get("dropout") not in (None, 0, 0.0):
         raise UnsupportedTokenizer("BPE dropout (not deterministic)")
     sp_norm, flags, norm = _parse_normalizer(tj.get("normalizer"))
-    kind, pretok, pflags, steps, pre_name = _parse_pretok(tj.get("pre_tokenizer"), sp_norm, builtin)
+    kind, pretok, pflags, steps, pre_name, bytes_from = _parse_pretok(
+        tj.get("pre_tokenizer"), sp_norm, builtin)
     if kind == 0:
         raise UnsupportedTokenizer("no normaliser and no pre-tokenizer")
     if kind == MODEL_BYTE_LEVEL and sp_norm:
@@ -697,7 +711,7 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
     scores = [scores_by_piece.get(pieces[i], 0.0) if id_flags[i] & ID_IN_VOCAB else 0.0
               for i in range(n)] if unigram else []
     return TokenizerSpec(kind, pretok, flags, pieces, id_flags, merges, unk_id, bos_id,
-                         eos_id, added_ids, steps, what, scores, norm)
+                         eos_id, added_ids, steps, what, scores, norm, bytes_from=bytes_from)
 
 
 def _unigram_vocab(items) -> tuple[dict, dict]:
@@ -794,7 +808,8 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
                        ("off_byte_ids", 4 * 256)):
         layout[name] = cur
         cur = _a8(cur + size)
-    pre_words = tokregex.pack_steps(spec.steps) if spec.pretok == PRETOK_PROGRAM else []
+    pre_words = (tokregex.pack_steps(spec.steps, spec.bytes_from)
+                 if spec.pretok == PRETOK_PROGRAM else [])
     off_pretok = cur if pre_words else 0
     cur = _a8(cur + 4 * len(pre_words))
     exts = []         # (kind, fmt, values) in the section's order
@@ -1000,13 +1015,16 @@ def parse_section(data: bytes) -> TokenizerSpec:
     for v, what in zip(signed, ("unk_id", "bos_id", "eos_id")):
         if not -1 <= v < n:
             raise _bad(f"{what} {v}")
-    steps = []
+    steps, bytes_from = [], -1
     if has_prog:
         off, nw = h["reserved0"], h["reserved1"]
         if off % 4 or off < SECTION_HEADER_SIZE or nw < 1 or off + 4 * nw > size:
             raise _bad("the pre-tokenizer program does not fit in the section")
         words = list(struct.unpack_from(f"{bc}{nw}I", data, off))
-        steps = _check_steps(words)
+        steps, bytes_from = _check_steps(words)
+        if bytes_from >= 0 and h["model"] != MODEL_BYTE_LEVEL:
+            raise _bad("pre-tokenizer steps over the byte alphabet in a model that is not "
+                       "byte-level")
     ext = _check_extensions(data, bc, h["reserved2"], n) if needs_ext else {}
     if (EXT_SCORES in ext) != unigram or (EXT_NFKC_MAP in ext) != bool(h["flags"] & F_NFKC) \
             or (EXT_NORM in ext) != bool(h["flags"] & F_NORM_PROG):
@@ -1042,7 +1060,7 @@ def parse_section(data: bytes) -> TokenizerSpec:
                        f"over {MAX_UNIGRAM_PIECE_BYTES} bytes")
     return TokenizerSpec(h["model"], h["pretok"], h["flags"], pieces, id_flags,
                          merges_by_rank, *signed, added=added, steps=steps, scores=scores,
-                         norm=norm, lower=lower)
+                         norm=norm, lower=lower, bytes_from=bytes_from)
 
 
 def _check_extensions(data: bytes, bc: str, off: int, n_vocab: int) -> dict:
@@ -1090,10 +1108,15 @@ def _check_steps(words: list[int]):
     n = words[0]
     if not 1 <= n <= 8 or len(words) < 1 + 4 * n:
         raise _bad(f"{n} pre-tokenizer steps")
+    in_bytes = False
     for k in range(n):
         mode, off, ln, zero = words[1 + 4 * k:5 + 4 * k]
-        if mode & 0xFF > R.B_CONTIGUOUS or mode >> 8 > 1 or zero or off < 1 + 4 * n or \
-                off + ln > len(words) or not 1 <= ln <= R.MAX_PROGRAM_WORDS:
+        # STEP_BYTES: once a step has it, every later one (the byte alphabet
+        # stays)
+        bytes_ok = bool(mode & R.STEP_BYTES) or not in_bytes
+        in_bytes = bool(mode & R.STEP_BYTES)
+        if mode & 0xFF > R.B_CONTIGUOUS or mode >> 8 > 3 or not bytes_ok or zero or \
+                off < 1 + 4 * n or off + ln > len(words) or not 1 <= ln <= R.MAX_PROGRAM_WORDS:
             raise _bad(f"pre-tokenizer step {k}")
         try:
             R.check_program(words[off:off + ln])
@@ -1339,6 +1362,13 @@ class Tokenizer:
             if self.byte_level:
                 if s.flags & F_ADD_PREFIX_SPACE and not seg.startswith(" "):
                     seg = " " + seg
+                if s.pretok == PRETOK_PROGRAM and s.bytes_from >= 0:
+                    # the words are in the byte alphabet already
+                    for w in tokregex.pre_tokenize_steps(s.steps, seg, s.bytes_from,
+                                                         BYTE_TO_CHAR):
+                        ids += self._bpe(w)
+                    first = False
+                    continue
                 words = (tokregex.pre_tokenize_steps(s.steps, seg)
                          if s.pretok == PRETOK_PROGRAM else pre_tokenize(s.pretok, seg))
                 for w in words:

@@ -858,31 +858,54 @@ N_ITEMS = [(ITEM_PROP | P_GC, GC_MASKS["N"])]          # Digits: char::is_numeri
 SPACE_ITEMS = [(ITEM_PROP | P_SPACE, 0)]               # char::is_whitespace
 
 
-def pack_steps(steps) -> list[int]:
-    """[(behavior, invert, program)] -> the steps blob (FORMAT.md 7.2)."""
+STEP_BYTES = 1 << 9             # a step's mode bit: it matches over the byte alphabet
+
+
+def pack_steps(steps, bytes_from: int = -1) -> list[int]:
+    """[(behavior, invert, program)] -> the steps blob (FORMAT.md 7.2);
+    steps from bytes_from on carry STEP_BYTES."""
     head = [len(steps)]
     body: list[int] = []
     base = 1 + 4 * len(steps)
-    for beh, inv, prog in steps:
-        head += [beh | (1 if inv else 0) << 8, base + len(body), len(prog), 0]
+    for k, (beh, inv, prog) in enumerate(steps):
+        mode = beh | (1 if inv else 0) << 8 | (STEP_BYTES if 0 <= bytes_from <= k else 0)
+        head += [mode, base + len(body), len(prog), 0]
         body += prog
     return head + body
 
 
 def unpack_steps(words: list[int]):
+    """-> (steps, bytes_from)."""
     n = words[0]
-    out = []
+    out, bytes_from = [], -1
     for k in range(n):
         mode, off, ln = words[1 + 4 * k:4 + 4 * k]
         out.append((mode & 0xFF, bool(mode >> 8 & 1), list(words[off:off + ln])))
-    return out
+        if mode & STEP_BYTES and bytes_from < 0:
+            bytes_from = k
+    return out, bytes_from
 
 
-def pre_tokenize_steps(steps, t: str) -> list[str]:
+def _to_alphabet(t: str, pieces, alphabet: dict) -> tuple[str, list]:
+    """t in the byte alphabet (a character a UTF-8 byte) and the pieces'
+    (start, end) moved to it."""
+    at = [0]
+    for c in t:
+        at.append(at[-1] + len(c.encode("utf-8")))
+    return ("".join(alphabet[b] for b in t.encode("utf-8")),
+            [(at[a], at[b]) for a, b in pieces])
+
+
+def pre_tokenize_steps(steps, t: str, bytes_from: int = -1,
+                       alphabet: dict | None = None) -> list[str]:
     """The pieces of t after every step (each step splits each piece of the
-    previous one, as tokenizers' Sequence does)."""
+    previous one, as tokenizers' Sequence does). bytes_from >= 0: from that
+    step on, t is in ByteLevel's byte alphabet (alphabet: byte -> its
+    character) and so are the pieces returned."""
     pieces = [(0, len(t))] if t else []
-    for beh, inv, prog in steps:
+    for k, (beh, inv, prog) in enumerate(steps):
+        if k == bytes_from:
+            t, pieces = _to_alphabet(t, pieces, alphabet)
         nxt = []
         for a, b in pieces:
             nxt += [(s, e) for s, e in split_pieces(prog, beh, inv, t, a, b) if e > s]

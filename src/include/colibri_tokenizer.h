@@ -109,6 +109,8 @@ typedef struct colibri_tokenizer {
         const uint8_t *pretok_prog;  /* version 2, pretok 4: the steps and
                                         their regex programs (FORMAT.md 7.2) */
         uint32_t n_pretok_words, n_steps;
+        uint32_t bytes_from;         /* the first step over ByteLevel's byte
+                                        alphabet (n_steps: none) */
         const uint8_t *scores;       /* version 3, Unigram: float64 per id */
         const uint8_t *nfkc_map, *nfkc_pool;   /* version 3, NFKC (FORMAT.md 7.3) */
         uint32_t n_nfkc, n_nfkc_pool;
