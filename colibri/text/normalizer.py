@@ -46,8 +46,12 @@ class BadProgram(ValueError):
 # A step is a tuple (op, arg, program words, content str).
 
 
-def _type(n) -> str:
-    return n.get("type") if isinstance(n, dict) else repr(n)
+def type_of(obj) -> str:
+    """A tokenizer.json component's "type" (its repr when it is no object)."""
+    return obj.get("type", "?") if isinstance(obj, dict) else repr(obj)
+
+
+_type = type_of
 
 
 def _flatten(norm) -> list:
@@ -233,6 +237,8 @@ def unpack(words: list[int]) -> list:
 def read_lower(words) -> dict[int, str]:
     """EXT_LOWER's words -> the map, with the checks src/tokenizer.c
     check_norm makes (sorted code points, each to one or two scalar values)."""
+    if len(words) % 3:
+        raise BadProgram("the lowercase map is not whole entries")
     prev, out = -1, {}
     for i in range(0, len(words), 3):
         cp, a, b = words[i:i + 3]

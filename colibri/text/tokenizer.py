@@ -346,8 +346,7 @@ def _req(obj, key, what):
     return obj[key]
 
 
-def _type(obj) -> str:
-    return obj.get("type", "?") if isinstance(obj, dict) else repr(obj)
+_type = normalizer.type_of
 
 
 def _parse_normalizer(norm) -> tuple[bool, int, list]:
@@ -512,10 +511,9 @@ def _parse_pretok(pre, sp_norm: bool, builtin: bool = True) -> tuple[int, int, i
                                    "a Split before it")
     if len(steps) > 8:
         raise UnsupportedTokenizer(f"pre-tokenizer of {len(steps)} steps (at most 8)")
-    what = " + ".join(names) + " + ByteLevel"
-    if bytes_from >= 0:      # the ByteLevel sits between the steps
-        what = (" + ".join(names) + f" (the last {len(names) - bytes_from} over ByteLevel's "
-                "byte alphabet)")
+    what = " + ".join(names) + (" + ByteLevel" if bytes_from < 0 else  # between the steps:
+                                f" (the last {len(names) - bytes_from} over ByteLevel's "
+                                "byte alphabet)")
     return MODEL_BYTE_LEVEL, PRETOK_PROGRAM, flags, steps, what + " (stored regex programs)", \
         bytes_from
 
@@ -1040,8 +1038,6 @@ def parse_section(data: bytes) -> TokenizerSpec:
                                             "or a map without the step")
             if lowers:
                 off, count = ext[EXT_LOWER]
-                if count % 3:
-                    raise normalizer.BadProgram("the lowercase map")
                 lower = normalizer.read_lower(struct.unpack_from(f"{bc}{count}I", data, off))
         except normalizer.BadProgram as exc:
             raise _bad(str(exc)) from None
@@ -1363,16 +1359,15 @@ class Tokenizer:
                 if s.flags & F_ADD_PREFIX_SPACE and not seg.startswith(" "):
                     seg = " " + seg
                 if s.pretok == PRETOK_PROGRAM and s.bytes_from >= 0:
-                    # the words are in the byte alphabet already
-                    for w in tokregex.pre_tokenize_steps(s.steps, seg, s.bytes_from,
-                                                         BYTE_TO_CHAR):
-                        ids += self._bpe(w)
-                    first = False
-                    continue
-                words = (tokregex.pre_tokenize_steps(s.steps, seg)
-                         if s.pretok == PRETOK_PROGRAM else pre_tokenize(s.pretok, seg))
+                    # a ByteLevel between the steps: the words come mapped
+                    words = tokregex.pre_tokenize_steps(s.steps, seg, s.bytes_from,
+                                                        BYTE_TO_CHAR)
+                else:         # the byte mapping after the last step
+                    words = ["".join(BYTE_TO_CHAR[b] for b in w.encode("utf-8")) for w in (
+                        tokregex.pre_tokenize_steps(s.steps, seg) if s.pretok == PRETOK_PROGRAM
+                        else pre_tokenize(s.pretok, seg))]
                 for w in words:
-                    ids += self._bpe("".join(BYTE_TO_CHAR[b] for b in w.encode("utf-8")))
+                    ids += self._bpe(w)
             else:
                 model = self._unigram if self.unigram else self._bpe
                 # WhitespaceSplit: the runs of non-White_Space (str.split()
