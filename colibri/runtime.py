@@ -112,7 +112,8 @@ class _Reader(ctypes.Structure):
     _fields_ = [("read", _READ_FN), ("user", ctypes.c_void_p), ("size", ctypes.c_uint64)]
 
 
-SLOT_POLICIES = {"freq": 0, "lru": 1}          # COLIBRI_SLOTS_FREQ, COLIBRI_SLOTS_LRU
+# COLIBRI_SLOTS_REUSE (the default), _FREQ, _LRU
+SLOT_POLICIES = {"reuse": 2, "freq": 0, "lru": 1}
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -147,13 +148,13 @@ KV_DTYPES = {"f32": 0, "i8": 1}                # COLIBRI_KV_F32, COLIBRI_KV_I8
 
 
 def _options(kv: str, ram=None, slots: int | None = None,
-             policy: str = "freq") -> "_Options":
+             policy: str = "reuse") -> "_Options":
     if kv not in KV_DTYPES:
         raise errors.ArgumentError(-7, "bad argument", f"kv={kv!r}: choose f32 or i8",
                                    "init", "")
     if policy not in SLOT_POLICIES:
         raise errors.ArgumentError(-7, "bad argument",
-                                   f"policy={policy!r}: choose freq or lru", "init", "")
+                                   f"policy={policy!r}: choose reuse, freq or lru", "init", "")
     if slots is not None and (not isinstance(slots, int) or slots < 1):
         raise errors.ArgumentError(-7, "bad argument", f"slots={slots!r}: a count >= 1",
                                    "init", "")
@@ -469,9 +470,9 @@ class Model:
              slots as the budget holds (colibri.h, "Experts from storage");
              a budget that holds the whole model loads it all-resident.
     slots    that many expert slots instead (a path, or a reader).
-    policy   which expert a full slot cache gives up: "freq" (default) or
-             "lru". The logits are the same bits for every budget, slot
-             count and policy.
+    policy   which expert a full slot cache gives up: "reuse" (default),
+             "freq" or "lru" (docs/STREAMING.md, "Policies"). The logits
+             are the same bits for every budget, slot count and policy.
     reader   instead of source, a function read(offset, n) -> bytes over a
              file of reader_size bytes: colibri_init_stream with the
              caller's reader (bare metal's flash driver, or a test's),
@@ -484,7 +485,7 @@ class Model:
 
     def __init__(self, source=None, *, arena: int | None = None, library=None,
                  threads: int = 1, spin: bool = False, kv: str = "f32", ram=None,
-                 slots: int | None = None, policy: str = "freq", reader=None,
+                 slots: int | None = None, policy: str = "reuse", reader=None,
                  reader_size: int | None = None):
         self._lib = load_library(library)
         self._lock = threading.Lock()

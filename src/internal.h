@@ -25,6 +25,17 @@
 #ifndef COLIBRI_ENABLE_MMAP
 #define COLIBRI_ENABLE_MMAP 1
 #endif
+/* The library's own POSIX reader of a streamed file (open, pread, O_DIRECT,
+ * clock_gettime: colibri_init_ex with a budget). Every hosted Unix build has
+ * it, whether colibri_init maps the file or reads it: without it a budget
+ * needs colibri_init_stream and the caller's reader. */
+#ifndef COLIBRI_ENABLE_POSIX_IO
+#if COLIBRI_ENABLE_MMAP || defined(__unix__) || defined(__APPLE__)
+#define COLIBRI_ENABLE_POSIX_IO 1
+#else
+#define COLIBRI_ENABLE_POSIX_IO 0
+#endif
+#endif
 
 /* priv_.magic of an initialised instance ("CLBR"), and priv_.load_mode. */
 #define CLB_MODEL_MAGIC 0x434C4252u
@@ -141,6 +152,8 @@ typedef struct clb_plan {
     struct clb_stream *stream;
     int (*acquire)(const struct clb_plan *p, uint32_t layer, uint32_t expert,
                    int probe, const clb_expert **ex, char *detail);
+    /* told each MoE layer pass's routing (p->offsets) before any acquire */
+    void (*routed)(const struct clb_plan *p, uint32_t layer);
 
     /* colibri_set_route_observer's, else NULL. */
     colibri_route_fn route_fn;

@@ -27,7 +27,7 @@
 #ifndef COLIBRI_STATIC_WORKBUF
 #include <stdio.h>
 #include <stdlib.h>
-#if COLIBRI_ENABLE_MMAP
+#if COLIBRI_ENABLE_POSIX_IO
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -116,7 +116,7 @@ typedef struct file_reader {
 
 static void close_file_reader(void *user)
 {
-#if COLIBRI_ENABLE_MMAP
+#if COLIBRI_ENABLE_POSIX_IO
     file_reader *r = (file_reader *)user;
     if (!r)
         return;
@@ -129,7 +129,7 @@ static void close_file_reader(void *user)
 #endif
 }
 
-#if COLIBRI_ENABLE_MMAP
+#if COLIBRI_ENABLE_POSIX_IO
 static uint64_t now_ns(void)
 {
     struct timespec t;
@@ -721,7 +721,7 @@ int colibri_stream_arena_size(const colibri_reader *rd, const colibri_options *o
 #endif
 }
 
-#if !defined(COLIBRI_STATIC_WORKBUF) && COLIBRI_ENABLE_MMAP
+#if !defined(COLIBRI_STATIC_WORKBUF) && COLIBRI_ENABLE_POSIX_IO
 /* 1 if a budget of o->ram holds the all-resident instance of rd's file:
  * the file and the arena colibri_init would allocate. */
 static int fits_resident(const colibri_reader *rd, const clb_opts *o)
@@ -754,7 +754,7 @@ static int fits_resident(const colibri_reader *rd, const clb_opts *o)
 static int open_streamed_file(colibri_model *m, const char *path, const clb_opts *o)
 {
     struct colibri_model_private_ *v = &m->priv_;
-#if COLIBRI_ENABLE_MMAP
+#if COLIBRI_ENABLE_POSIX_IO
     file_reader *r = (file_reader *)calloc(1, sizeof *r);
     if (!r) {
         clb_detail(v->detail, DETAIL_CAP, "out of memory");
@@ -803,8 +803,8 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
 #else
     (void)path;
     (void)o;
-    clb_detail(v->detail, DETAIL_CAP, "this build reads files without POSIX "
-               "calls (COLIBRI_ENABLE_MMAP=0): stream with colibri_init_stream "
+    clb_detail(v->detail, DETAIL_CAP, "this build has no POSIX file reader "
+               "(COLIBRI_ENABLE_POSIX_IO=0): stream with colibri_init_stream "
                "and a reader");
     return COLIBRI_E_UNSUPPORTED;
 #endif

@@ -162,6 +162,7 @@ int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
     if (p->route_fn)
         p->route_fn(p->route_user, l, p->counts, p->s.n_experts);
     if (p->stream) {
+        p->routed(p, l);
         memset(p->chosen, 0, p->s.n_experts);
         int rc = run_streamed(p, l, X, detail);
         if (rc)

@@ -180,6 +180,7 @@ colibri_options colibri_options_default(void)
     memset(&o, 0, sizeof o);
     o.size = (uint32_t)sizeof o;
     o.kv_dtype = COLIBRI_KV_F32;
+    o.slot_policy = COLIBRI_SLOTS_REUSE;
     return o;
 }
 
@@ -194,7 +195,7 @@ int clb_read_options(const colibri_options *opt, clb_opts *o, char *detail)
 {
     memset(o, 0, sizeof *o);
     o->kv_dtype = COLIBRI_KV_F32;
-    o->policy = COLIBRI_SLOTS_FREQ;
+    o->policy = COLIBRI_SLOTS_REUSE;
     if (!opt)
         return COLIBRI_OK;
     if (opt->size < 8u) {
@@ -223,9 +224,9 @@ int clb_read_options(const colibri_options *opt, clb_opts *o, char *detail)
         o->policy = opt->slot_policy;
     if (has_field(opt, offsetof(colibri_options, ram_bytes), 8))
         o->ram = opt->ram_bytes;
-    if (o->policy != COLIBRI_SLOTS_FREQ && o->policy != COLIBRI_SLOTS_LRU) {
-        clb_detail(detail, DETAIL_CAP, "slot_policy %u (COLIBRI_SLOTS_FREQ 0 or "
-                   "COLIBRI_SLOTS_LRU 1)", (unsigned)o->policy);
+    if (o->policy > COLIBRI_SLOTS_REUSE) {
+        clb_detail(detail, DETAIL_CAP, "slot_policy %u (COLIBRI_SLOTS_FREQ 0, "
+                   "COLIBRI_SLOTS_LRU 1 or COLIBRI_SLOTS_REUSE 2)", (unsigned)o->policy);
         return COLIBRI_E_ARG;
     }
     return COLIBRI_OK;

@@ -109,6 +109,7 @@ static void stream_layout(carver *c, const clb_stream_geom *g, uint32_t n_slots,
     clb_stream_expert *ex = (clb_stream_expert *)clb_carve(
         c, cmul(n_exp, sizeof(clb_stream_expert), &ovf));
     clb_slot *sl = (clb_slot *)clb_carve(c, cmul(n_slots, sizeof(clb_slot), &ovf));
+    uint32_t *visits = (uint32_t *)clb_carve(c, (uint64_t)g->s.n_layers * sizeof(uint32_t));
     clb_layout(c, &g->s, &g->d, chunk_limit, kv_dtype, p);
     uint64_t stride = clb_slot_stride(g, align);
     uint8_t *mem = (uint8_t *)clb_carve(
@@ -118,6 +119,7 @@ static void stream_layout(carver *c, const clb_stream_geom *g, uint32_t n_slots,
     if (*st) {
         (*st)->experts = ex;
         (*st)->slots = sl;
+        (*st)->visits = visits;
     }
     if (mem && align > 64)
         mem += (align - (uintptr_t)mem % align) % align;
@@ -177,10 +179,53 @@ static void count_use(clb_stream *st, clb_stream_expert *x)
         st->experts[i].uses /= 2;
 }
 
-/* The slot the next expert goes into: an empty one while there is one
- * (at the start, or after a failed read), else the one the policy gives
- * up. */
-static uint32_t victim(const clb_stream *st)
+/* COLIBRI_SLOTS_REUSE, in Q16 fixed point so that a replay of a routing
+ * trace (colibri/model/route_trace.py) gives the same victims: at each MoE
+ * pass of a layer, before any of its experts runs, every expert of the
+ * layer has its recency register quartered, plus 3/4 (at most 1 in all)
+ * where the pass routes to it, and counts the pass in `picked`. */
+#define REUSE_ONE 65536u
+#define REUSE_RECENT_ADD 49152u          /* 3/4 */
+#define REUSE_VISITS_HALVE_AT 0x80000000u
+
+/* clb_plan.routed of a streamed instance: the layer's routing is in
+ * p->offsets. */
+static void stream_routed(const clb_plan *p, uint32_t layer)
+{
+    clb_stream *st = p->stream;
+    if (st->policy != COLIBRI_SLOTS_REUSE)
+        return;
+    clb_stream_expert *x = &st->experts[(size_t)layer * st->n_experts];
+    for (uint32_t e = 0; e < st->n_experts; e++) {
+        int chosen = p->offsets[e + 1] != p->offsets[e];
+        x[e].recent = (x[e].recent >> 2) + (chosen ? REUSE_RECENT_ADD : 0u);
+        x[e].picked += (uint32_t)chosen;
+    }
+    if (++st->visits[layer] >= REUSE_VISITS_HALVE_AT) {
+        st->visits[layer] /= 2;
+        for (uint32_t e = 0; e < st->n_experts; e++)
+            x[e].picked /= 2;
+    }
+}
+
+/* An expert's expected reuse (Q16: recent + picked / visits, at most 2) and
+ * the layer passes until its layer's next one, from layer `now`'s pass (an
+ * expert of `now` itself has run this pass: it waits all n_layers). */
+static uint64_t reuse_value(const clb_stream *st, int32_t idx, uint32_t now,
+                            uint64_t *wait)
+{
+    uint32_t layer = (uint32_t)idx / st->n_experts;
+    const clb_stream_expert *x = &st->experts[idx];
+    uint32_t d = (layer + st->n_layers - now) % st->n_layers;
+    *wait = d ? d : st->n_layers;
+    uint32_t v = st->visits[layer];
+    return x->recent + (v ? (uint64_t)x->picked * REUSE_ONE / v : 0u);
+}
+
+/* The slot the next expert goes into (for layer `now`'s pass): an empty one
+ * while there is one (at the start, or after a failed read), else the one
+ * the policy gives up. */
+static uint32_t victim(const clb_stream *st, uint32_t now)
 {
     uint32_t best = 0;
     for (uint32_t s = 0; s < st->n_slots; s++) {
@@ -189,6 +234,16 @@ static uint32_t victim(const clb_stream *st)
             return s;
         if (s == 0)
             continue;
+        if (st->policy == COLIBRI_SLOTS_REUSE) {
+            /* value_a / wait_a < value_b / wait_b, exactly */
+            uint64_t wa, wb, va = reuse_value(st, a->expert, now, &wa),
+                             vb = reuse_value(st, b->expert, now, &wb);
+            if (va * wb != vb * wa) {
+                if (va * wb < vb * wa)
+                    best = s;
+                continue;
+            }
+        }
         if (st->policy == COLIBRI_SLOTS_FREQ) {
             uint32_t ua = st->experts[a->expert].uses, ub = st->experts[b->expert].uses;
             if (ua != ub) {
@@ -261,7 +316,7 @@ static int stream_acquire(const clb_plan *p, uint32_t layer, uint32_t expert,
         return 0;
     st->st.misses++;
     count_use(st, x);
-    uint32_t si = victim(st);
+    uint32_t si = victim(st, layer);
     clb_slot *s = &st->slots[si];
     if (s->expert >= 0) {
         st->experts[s->expert].slot = -1;
@@ -319,6 +374,7 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     st->be = g->be;
     st->n_experts = g->s.n_experts;
     st->n_exp = (uint32_t)g->s.n_layers * g->s.n_experts;
+    st->n_layers = g->s.n_layers;
     st->table = arena + COLIBRI_TABLE_OFFSET;
     st->st.slots = n_slots;
     st->st.policy = policy;
@@ -377,6 +433,7 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     clb_build_plan(p, arena, g->be, clb_pick_kernels());
     p->stream = st;
     p->acquire = stream_acquire;
+    p->routed = stream_routed;
     *plan = p;
     return COLIBRI_OK;
 }

@@ -39,6 +39,9 @@ typedef struct clb_stream_expert {
     uint32_t entry;    /* table index of its first section; the others follow */
     uint32_t rel[3];   /* each section's offset from off (W1, [W3,] W2) */
     uint32_t uses;     /* COLIBRI_SLOTS_FREQ's count */
+    uint32_t picked;   /* COLIBRI_SLOTS_REUSE: passes of its layer that
+                          routed to it (halved with the layer's visits) */
+    uint32_t recent;   /* COLIBRI_SLOTS_REUSE: recency register, Q16 */
     int32_t slot;      /* the slot holding it, or -1 */
     uint8_t n_mats;    /* 3 (SwiGLU) or 2 (RELU_FFN) */
 } clb_stream_expert;
@@ -66,7 +69,9 @@ typedef struct clb_stream {
     int be;
     uint32_t n_experts;         /* per layer (E) */
     uint32_t n_exp;             /* L * E */
+    uint32_t n_layers;          /* L */
     clb_stream_expert *experts; /* [L*E]; entries of dense layers unused */
+    uint32_t *visits;           /* [L] MoE passes of each layer (REUSE) */
     clb_slot *slots;            /* [n_slots] */
     colibri_stream_stats st;
 } clb_stream;

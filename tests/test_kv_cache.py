@@ -121,7 +121,7 @@ def test_options_misuse_is_a_code_with_a_detail(c_build, colibri_file, tmp_path)
     for (size, kv, policy, future), code in (
             ((4, 0, 0, 0), -7), ((8, 2, 0, 0), -7),   # too short; no such kv type
             ((8, 1, 0, 0), 0),                       # an older header's struct
-            ((now, 0, 2, 0), -7),                    # no such slot policy
+            ((now, 0, 3, 0), -7),                    # no such slot policy
             ((now + 4, 1, 1, 0), 0),                 # a newer one, its extra at 0
             ((now + 4, 0, 0, 5), -12)):              # ... set: not in this library
         opt = Bigger(size, kv, 0, policy, 0, future)

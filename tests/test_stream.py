@@ -19,6 +19,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,7 +89,7 @@ def test_logits_equal_all_resident(so, model, name, quant):
         n_layers = m.info.shape.n_layers
     total = routed_experts(path)
     for slots in sorted({1, n_layers, total - 1, total}):
-        for policy in ("freq", "lru"):
+        for policy in rt.POLICIES:
             for threads in (1, 3):
                 with runtime.Model(path, library=so, slots=slots, policy=policy,
                                    threads=threads) as m:
@@ -242,8 +243,11 @@ def test_what_cannot_stream_is_refused(so, model):
         runtime.Model(path, library=so, ram="lots")
 
 
-def test_cli_streams_and_reports_its_slots(c_build, model, tmp_path):
-    cli = c_build("host").cli
+@pytest.mark.parametrize("variant", ["host", "nommap"])
+def test_cli_streams_and_reports_its_slots(c_build, model, tmp_path, variant):
+    """Mapped or read (nommap: the x86_64 target's default, which reads the
+    file into huge pages), a hosted build streams with its own reader."""
+    cli = c_build(variant).cli
     path = model("olmoe", "int8")
     args = [str(cli), "--model", str(path), "--tokens", "1,2,3,4", "--generate", "5"]
     a = subprocess.run(args + ["--logits-out", str(tmp_path / "a.bin")],
@@ -256,6 +260,7 @@ def test_cli_streams_and_reports_its_slots(c_build, model, tmp_path):
     info = subprocess.run([str(cli), "--model", str(path), "--slots", "2", "--info"],
                           capture_output=True, text=True, check=True).stdout
     assert "load: stream" in info and "expert_slots: 2 of" in info
+    assert "(policy reuse)" in info   # the default
     bad = subprocess.run([str(cli), "--model", str(path), "--ram", "1K", "--info"],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1
@@ -338,7 +343,7 @@ def test_colibri_plan_reports_what_the_runtime_holds(so, model, capsys, monkeypa
     miss = 1 - st["slots"] / len(sizes)
     reads = SHAPE.n_layers * SHAPE.top_k * miss
     assert f"({reads:.1f} experts)" in out
-    assert out.count("measured, 3 tokens + 3 greedy steps") == 2
+    assert out.count("measured, 3 tokens + 3 greedy steps") == len(runtime.SLOT_POLICIES)
 
 
 # --- routing traces (colibri-cli --route-trace, colibri/model/route_trace.py) ---
@@ -423,3 +428,35 @@ def test_route_observer_refuses_what_it_cannot_take(so):
     assert f(None, None, None) == -7
     blank = ctypes.create_string_buffer(lib.sizeof_model)
     assert f(blank, None, None) == -13
+
+
+def test_reuse_policy_reads_less_than_lru_and_freq_on_trained_routing(c_build, tmp_path):
+    """COLIBRI_SLOTS_REUSE (the default) on the routing of a trained router:
+    the demo model (4 layers x 8 experts, top 2) prefilling four of its
+    held-out evaluation windows, then 120 greedy tokens each. Replayed for
+    every slot count from 2 to all but one (the replay is the runtime's
+    cache: test_route_trace_replays_to_the_runtimes_own_counts), it reads no
+    more experts than LRU at any count, and fewer than LRU and FREQ over
+    all counts. (docs/STREAMING.md, "Policies", gives the table.)"""
+    import importlib.util
+    from colibri.model.convert import ColibriExporter
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("demo_eval", root / "models/demo/eval.py")
+    demo_eval = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_eval)
+    path = ColibriExporter(root / "models/demo/checkpoint", quant="int8").export(
+        tmp_path / "demo-int8.colibri")
+    traces = []
+    for k, ids in enumerate(demo_eval.window_ids(demo_eval.load_windows()[:4])):
+        out = tmp_path / f"w{k}.txt"
+        r = subprocess.run([str(c_build("host").cli), "--model", str(path), "--tokens",
+                            ",".join(map(str, ids.tolist())), "--generate", "120",
+                            "--route-trace", str(out)], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        traces.append(rt.read_trace(out))
+    n_exp = traces[0].n_layers * traces[0].n_experts
+    reads = {p: [sum(rt.replay(t, slots, p)["misses"] for t in traces)
+                 for slots in range(2, n_exp)] for p in rt.POLICIES}
+    assert all(a <= b for a, b in zip(reads["reuse"], reads["lru"])), reads
+    assert sum(reads["reuse"]) < min(sum(reads["lru"]), sum(reads["freq"])), reads

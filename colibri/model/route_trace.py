@@ -11,8 +11,9 @@ for each expert the chunk routes to, in expert order.
 run_streamed (a probe pass over the routed experts, which uses those already
 in a slot, then a pass that reads the others) and stream.c's stream_acquire
 and victim (the clock, the use counts halved at 2^16, an empty slot first,
-then COLIBRI_SLOTS_FREQ's least often chosen or COLIBRI_SLOTS_LRU's least
-recently used). Its hits and reads are the runtime's own figures for the
+then COLIBRI_SLOTS_REUSE's least expected reuse per layer pass until its
+layer comes again, COLIBRI_SLOTS_FREQ's least often chosen or
+COLIBRI_SLOTS_LRU's least recently used). Its hits and reads are the runtime's own figures for the
 same run (tests/test_stream.py holds them equal), so a change to either side
 must change both.
 """
@@ -24,9 +25,13 @@ from pathlib import Path
 
 from .. import errors
 
-POLICIES = ("freq", "lru")
+POLICIES = ("reuse", "freq", "lru")   # the default first
 _HEADER = re.compile(r"# colibri route trace: n_layers (\d+) n_experts (\d+) top_k (\d+)$")
 _HALVE_AT = 65536   # stream.c count_use: every count halves when one reaches it
+# COLIBRI_SLOTS_REUSE (stream.c clb_stream_route and reuse_value), in Q16:
+_ONE = 1 << 16
+_RECENT_ADD = 3 << 14        # 0.75: the recency register r = r/4 + 0.75 at a pick
+_VISITS_HALVE_AT = 1 << 31   # a layer's visits and picks halve together there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +79,7 @@ def read_trace(path) -> Trace:
     return Trace(n_layers, n_experts, top_k, tuple(passes))
 
 
-def replay(trace: Trace, slots: int, policy: str = "freq") -> dict:
+def replay(trace: Trace, slots: int, policy: str = "reuse") -> dict:
     """The slot cache of `slots` slots under `policy` over the trace, from
     empty: uses, hits, misses (reads) and evictions."""
     if policy not in POLICIES:
@@ -87,6 +92,30 @@ def replay(trace: Trace, slots: int, policy: str = "freq") -> dict:
     held = [-1] * slots             # slot -> expert
     last = [0] * slots
     tick = hits = misses = evictions = 0
+    L, E = trace.n_layers, trace.n_experts
+    visits = [0] * L                # REUSE: passes of each layer
+    picked = [0] * n_exp            # REUSE: passes that routed to the expert
+    recent = [0] * n_exp            # REUSE: recency register, Q16
+
+    def route(layer, routed):
+        """stream.c clb_stream_route: the layer's pass, before any expert runs."""
+        visits[layer] += 1
+        chosen = {e for e, _ in routed}
+        for e in range(E):
+            i = layer * E + e
+            recent[i] = (recent[i] >> 2) + (_RECENT_ADD if e in chosen else 0)
+            picked[i] += e in chosen
+        if visits[layer] >= _VISITS_HALVE_AT:
+            visits[layer] //= 2
+            for e in range(E):
+                picked[layer * E + e] //= 2
+
+    def reuse_value(i, layer):
+        """(value, distance): expected reuse recent + picked/visits (Q16)
+        over the layer passes until the expert's layer runs again."""
+        m = i // E
+        d = (m - layer) % L or L
+        return recent[i] + picked[i] * _ONE // visits[m], d
 
     def count_use(i):
         uses[i] += 1
@@ -94,13 +123,19 @@ def replay(trace: Trace, slots: int, policy: str = "freq") -> dict:
             for j in range(n_exp):
                 uses[j] //= 2
 
-    def victim():
+    def victim(layer):
         best = 0
         for s in range(slots):
             if held[s] < 0:
                 return s
             if s == 0:
                 continue
+            if policy == "reuse":
+                (va, da), (vb, db) = reuse_value(held[s], layer), reuse_value(held[best], layer)
+                if va * db != vb * da:
+                    if va * db < vb * da:
+                        best = s
+                    continue
             if policy == "freq":
                 ua, ub = uses[held[s]], uses[held[best]]
                 if ua != ub:
@@ -112,6 +147,8 @@ def replay(trace: Trace, slots: int, policy: str = "freq") -> dict:
         return best
 
     for layer, routed in trace.passes:
+        if policy == "reuse":
+            route(layer, routed)
         done = set()
         for probe in (True, False):
             for e, _ in routed:
@@ -129,7 +166,7 @@ def replay(trace: Trace, slots: int, policy: str = "freq") -> dict:
                     continue
                 misses += 1
                 count_use(i)
-                s = victim()
+                s = victim(layer)
                 if held[s] >= 0:
                     where[held[s]] = -1
                     evictions += 1

@@ -66,9 +66,10 @@ static const char *usage_text =
     "                      into as many expert slots as the budget holds;\n"
     "                      a budget that holds the whole model loads it all\n"
     "  --slots N           N expert slots (instead of --ram's count)\n"
-    "  --policy freq|lru   which expert a full slot cache gives up: the least\n"
-    "                      often chosen (default) or the least recently used\n"
-    "                      (the logits are the same bits either way)\n"
+    "  --policy reuse|freq|lru  which expert a full slot cache gives up: the\n"
+    "                      least expected reuse before its layer runs again\n"
+    "                      (default), the least often chosen, or the least\n"
+    "                      recently used (the logits are the same bits)\n"
     "  --route-trace OUT   with --tokens or --prompt: write the routing of every\n"
     "                      MoE layer pass to OUT (a text line each: layer, then\n"
     "                      expert:tokens; `colibri plan FILE --trace OUT`\n"
@@ -333,7 +334,9 @@ static void print_stream(colibri_model *m, FILE *to, int info)
     if (info) {
         fprintf(to, "expert_slots: %u of %llu bytes (policy %s)\n", (unsigned)st.slots,
                 (unsigned long long)st.slot_bytes,
-                st.policy == COLIBRI_SLOTS_LRU ? "lru" : "freq");
+                st.policy == COLIBRI_SLOTS_LRU    ? "lru"
+                : st.policy == COLIBRI_SLOTS_FREQ ? "freq"
+                                                  : "reuse");
         fprintf(to, "resident_weights: %llu bytes (every section but the routed "
                 "experts)\n", (unsigned long long)st.resident_bytes);
         return;
@@ -903,9 +906,10 @@ int main(int argc, char **argv)
             options.expert_slots = (uint32_t)v;
         } else if (!strcmp(a, "--policy") && has_val) {
             const char *k = argv[++i];
-            if (!strcmp(k, "freq")) options.slot_policy = COLIBRI_SLOTS_FREQ;
+            if (!strcmp(k, "reuse")) options.slot_policy = COLIBRI_SLOTS_REUSE;
+            else if (!strcmp(k, "freq")) options.slot_policy = COLIBRI_SLOTS_FREQ;
             else if (!strcmp(k, "lru")) options.slot_policy = COLIBRI_SLOTS_LRU;
-            else return usage_error("--policy takes freq or lru");
+            else return usage_error("--policy takes reuse, freq or lru");
         } else if (!strcmp(a, "--spin")) {
             spin = 1;
         } else if (!strcmp(a, "--bench") && has_val) {

@@ -25,6 +25,11 @@
  * Build switches (compile-time defines, the same for the library and users):
  *   COLIBRI_ENABLE_MMAP=0|1   colibri_init maps the file (1, default) or reads
  *                             it into memory it allocates (0).
+ *   COLIBRI_ENABLE_POSIX_IO=0|1  the library's own reader of a streamed file
+ *                             (open, pread, O_DIRECT: colibri_init_ex with a
+ *                             budget); default 1 on Unix hosts and wherever
+ *                             COLIBRI_ENABLE_MMAP is 1, else 0 (then
+ *                             colibri_init_stream with the caller's reader).
  *   COLIBRI_STATIC_WORKBUF    the library never calls malloc: arenas come from
  *                             the caller, colibri_init is unavailable
  *                             (COLIBRI_E_UNSUPPORTED), files must be in the
@@ -171,14 +176,24 @@ typedef struct colibri_options {
      * storage" below). Both 0 (the default): every weight resident. */
     uint32_t expert_slots; /* routed-expert slots, 1 .. n_layers*n_experts;
                               0: as many as ram_bytes allows */
-    uint32_t slot_policy;  /* COLIBRI_SLOTS_FREQ (default) or _LRU */
+    uint32_t slot_policy;  /* COLIBRI_SLOTS_REUSE (the default), _FREQ or _LRU */
     uint64_t ram_bytes;    /* budget for everything the instance holds
                               (resident weights, arena, KV cache, slots);
                               0: no budget */
 } colibri_options;
 
 /* Which expert a full slot cache gives up (colibri_options.slot_policy).
- * Neither changes a bit of the logits, only what is read.
+ * None changes a bit of the logits, only what is read (docs/STREAMING.md
+ * measures them on trained routing).
+ *   COLIBRI_SLOTS_REUSE the expert with the least expected reuse per layer
+ *                       pass until its layer runs again: (a recency
+ *                       register that quarters at each pass of its layer
+ *                       and gains 3/4 when the pass routes to it, plus the
+ *                       share of its layer's passes that did) over the
+ *                       layers until its layer's next pass; the least
+ *                       recently used among equals. A decode step visits
+ *                       the layers in order, so an expert of the layer
+ *                       that just ran waits longest.
  *   COLIBRI_SLOTS_FREQ  the expert chosen least often so far (counts since
  *                       init, halved when one reaches 2^16 so the past
  *                       fades), the least recently used among equals: hot
@@ -186,8 +201,10 @@ typedef struct colibri_options {
  *   COLIBRI_SLOTS_LRU   the least recently used. */
 #define COLIBRI_SLOTS_FREQ 0u
 #define COLIBRI_SLOTS_LRU 1u
+#define COLIBRI_SLOTS_REUSE 2u
 
-/* The defaults (size set, kv_dtype COLIBRI_KV_F32): what the functions
+/* The defaults (size set, kv_dtype COLIBRI_KV_F32, slot_policy
+ * COLIBRI_SLOTS_REUSE): what the functions
  * without _ex use. Pure function. */
 colibri_options colibri_options_default(void);
 
