@@ -89,10 +89,10 @@ def colibri_decode(stderr: str) -> dict:
     if m:
         out["decode_tps"] = float(m[2])
     m = re.search(r"experts: (\d+) slots, (\d+) uses, (\d+) hits \(([\d.]+)%\), (\d+) read "
-                  r"\(([\d.]+) MB, ([\d.]+) ms in reads\)", stderr)
+                  r"\(([\d.]+) MB, ([\d.]+) ms in reads, ([\d.]+) ms waited\)", stderr)
     if m:
         out.update(slots=int(m[1]), hit_rate=float(m[4]) / 100, reads=int(m[5]),
-                   mb_read=float(m[6]), read_ms=float(m[7]))
+                   mb_read=float(m[6]), read_ms=float(m[7]), wait_ms=float(m[8]))
     return out
 
 

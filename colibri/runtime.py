@@ -100,7 +100,7 @@ class _StreamStats(ctypes.Structure):
     _fields_ = [("slots", ctypes.c_uint32), ("policy", ctypes.c_uint32)] + \
                [(n, ctypes.c_uint64) for n in ("slot_bytes", "resident_bytes", "hits",
                                                "misses", "evictions", "bytes_read",
-                                               "read_ns", "errors")]
+                                               "read_ns", "errors", "wait_ns")]
 
 
 # colibri_reader.read: (user, offset, dst, n) -> 0 or negative
@@ -569,7 +569,8 @@ class Model:
     def stream_stats(self, reset: bool = False) -> dict:
         """What the expert slots did (colibri_get_stream_stats): slots,
         policy, slot_bytes, resident_bytes, hits, misses, evictions,
-        bytes_read, read_ns, errors; slots 0 for an all-resident model.
+        bytes_read, read_ns, errors, wait_ns; slots 0 for an all-resident
+        model.
         reset: clear the counters afterwards."""
         with self._lock:
             if self._m is None:

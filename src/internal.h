@@ -150,10 +150,17 @@ typedef struct clb_plan {
      * how moe.c gets an expert into one (a pointer, so that builds which
      * never stream do not link stream.c). */
     struct clb_stream *stream;
-    int (*acquire)(const struct clb_plan *p, uint32_t layer, uint32_t expert,
-                   int probe, const clb_expert **ex, char *detail);
-    /* told each MoE layer pass's routing (p->offsets) before any acquire */
+    /* told each MoE layer pass's routing (p->offsets) before the others */
     void (*routed)(const struct clb_plan *p, uint32_t layer);
+    /* 1 with *ex when a slot holds the expert (a use), else 0 */
+    int (*held)(const struct clb_plan *p, uint32_t layer, uint32_t expert,
+                const clb_expert **ex);
+    /* a slot for an expert no slot holds, and its read started */
+    void (*fetch)(const struct clb_plan *p, uint32_t layer, uint32_t expert);
+    /* the fetched expert, once read and checked, or the error */
+    int (*take)(const struct clb_plan *p, uint32_t layer, uint32_t expert,
+                const clb_expert **ex, char *detail);
+    uint32_t read_ahead;        /* fetches ahead of the take (1 or 2) */
 
     /* colibri_set_route_observer's, else NULL. */
     colibri_route_fn route_fn;

@@ -37,6 +37,10 @@
 #if COLIBRI_ENABLE_MMAP || defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if COLIBRI_ENABLE_POSIX_IO && COLIBRI_THREADS
+#include <pthread.h>
+#define CLB_READER_THREAD 1
+#endif
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -108,11 +112,52 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
  * the header, the prefix and the resident sections land in buffers sized
  * to the byte, which may still happen to start on a block boundary. */
 #define CLB_DIRECT_ALIGN 4096u
+
+/* Its thread (CLB_READER_THREAD builds), so that infer computes one expert
+ * while the next is read (stream.h clb_stream_io): reads queue in a ring of
+ * CLB_READS_IN_FLIGHT, begun by the infer thread (read_start), done in
+ * order by the reader thread, their results taken in order (read_finish).
+ * `begun`, `done` and `taken` count reads; the mutex orders every access
+ * to the ring and the counters. Started at init, joined at colibri_free. */
+#define CLB_READS_IN_FLIGHT 2u
+typedef struct read_job {
+    uint64_t off;
+    void *dst;
+    size_t n;
+    int rc;
+} read_job;
+
 typedef struct file_reader {
     int fd, fd_direct;   /* fd_direct -1: none (or refused) */
     uint64_t size;       /* of the file, when opened */
-    uint64_t ns;
+    uint64_t ns;         /* time in reads (the thread's, when it reads) */
+    uint64_t wait_ns;    /* time infer waited for reads */
+#ifdef CLB_READER_THREAD
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t job, result;
+    read_job ring[CLB_READS_IN_FLIGHT];
+    uint64_t begun, done, taken;
+    int running, quit;
+#endif
 } file_reader;
+
+#ifdef CLB_READER_THREAD
+static void stop_reader_thread(file_reader *r)
+{
+    if (!r->running)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->quit = 1;
+    pthread_cond_signal(&r->job);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->thread, NULL);
+    pthread_cond_destroy(&r->job);
+    pthread_cond_destroy(&r->result);
+    pthread_mutex_destroy(&r->mu);
+    r->running = 0;
+}
+#endif
 
 static void close_file_reader(void *user)
 {
@@ -120,6 +165,9 @@ static void close_file_reader(void *user)
     file_reader *r = (file_reader *)user;
     if (!r)
         return;
+#ifdef CLB_READER_THREAD
+    stop_reader_thread(r);
+#endif
     close(r->fd);
     if (r->fd_direct >= 0)
         close(r->fd_direct);
@@ -181,6 +229,103 @@ static int file_read(void *user, uint64_t off, void *dst, size_t n)
     r->ns += now_ns() - t0;
     return rc;
 }
+
+/* The same read on infer's thread, timed as waiting (the synchronous
+ * reader: COLIBRI_STREAM_SYNC=1, or no threads). */
+static int file_read_waited(void *user, uint64_t off, void *dst, size_t n)
+{
+    file_reader *r = (file_reader *)user;
+    uint64_t t0 = now_ns();
+    int rc = file_read(user, off, dst, n);
+    r->wait_ns += now_ns() - t0;
+    return rc;
+}
+
+#ifdef CLB_READER_THREAD
+static void *reader_main(void *user)
+{
+    file_reader *r = (file_reader *)user;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (r->done == r->begun && !r->quit)
+            pthread_cond_wait(&r->job, &r->mu);
+        if (r->done == r->begun) /* quit, and nothing left to read */
+            break;
+        read_job *j = &r->ring[r->done % CLB_READS_IN_FLIGHT];
+        pthread_mutex_unlock(&r->mu);
+        int rc = file_read(r, j->off, j->dst, j->n);
+        pthread_mutex_lock(&r->mu);
+        j->rc = rc;
+        r->done++;
+        pthread_cond_signal(&r->result);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* clb_stream_io.start: -1 when the ring is full (never, with stream.c's
+ * read_ahead of 2 at most). */
+static int read_start(void *user, uint64_t off, void *dst, size_t n)
+{
+    file_reader *r = (file_reader *)user;
+    int rc = -1;
+    pthread_mutex_lock(&r->mu);
+    if (r->begun - r->taken < CLB_READS_IN_FLIGHT) {
+        r->ring[r->begun % CLB_READS_IN_FLIGHT] = (read_job){ off, dst, n, -1 };
+        r->begun++;
+        pthread_cond_signal(&r->job);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* clb_stream_io.finish: the oldest read not yet taken. */
+static int read_finish(void *user)
+{
+    file_reader *r = (file_reader *)user;
+    uint64_t t0 = now_ns();
+    pthread_mutex_lock(&r->mu);
+    int rc = -1;
+    if (r->taken < r->begun) {
+        while (r->done <= r->taken)
+            pthread_cond_wait(&r->result, &r->mu);
+        rc = r->ring[r->taken % CLB_READS_IN_FLIGHT].rc;
+        r->taken++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    r->wait_ns += now_ns() - t0;
+    return rc;
+}
+
+/* The reader thread, unless COLIBRI_STREAM_SYNC=1 (to measure one against
+ * the other: bench/stream.py) or it cannot start: 1 if running. */
+static int start_reader_thread(file_reader *r)
+{
+    const char *sync = getenv("COLIBRI_STREAM_SYNC");
+    if (sync && sync[0] == '1')
+        return 0;
+    if (pthread_mutex_init(&r->mu, NULL) != 0)
+        return 0;
+    if (pthread_cond_init(&r->job, NULL) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        return 0;
+    }
+    if (pthread_cond_init(&r->result, NULL) != 0) {
+        pthread_cond_destroy(&r->job);
+        pthread_mutex_destroy(&r->mu);
+        return 0;
+    }
+    if (pthread_create(&r->thread, NULL, reader_main, r) != 0) {
+        pthread_cond_destroy(&r->result);
+        pthread_cond_destroy(&r->job);
+        pthread_mutex_destroy(&r->mu);
+        return 0;
+    }
+    r->running = 1;
+    return 1;
+}
+#endif
 #endif
 #endif
 
@@ -213,9 +358,11 @@ static void release(colibri_model *m)
     if (v->huge)
         munmap(v->huge, v->huge_size);
 #endif
+    /* the reader thread first: a read in flight writes into the arena
+     * (none is, between calls; this keeps it so) */
+    close_file_reader(v->file_reader);
     free(v->owned_blob);
     free(v->owned_arena);
-    close_file_reader(v->file_reader);
 #endif
     char keep[DETAIL_CAP];
     memcpy(keep, v->detail, DETAIL_CAP);
@@ -791,7 +938,16 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
     if (rc == COLIBRI_OK) {
         clb_plan *p = (clb_plan *)v->plan;
         p->stream->read_ns = &r->ns;
+        p->stream->wait_ns = &r->wait_ns;
         r->ns = 0;
+        p->stream->rd.read = file_read_waited;
+#ifdef CLB_READER_THREAD
+        if (start_reader_thread(r)) {
+            p->stream->io.start = read_start;
+            p->stream->io.finish = read_finish;
+            p->stream->io.user = r;
+        }
+#endif
 #ifdef POSIX_FADV_DONTNEED
         /* the resident sections are copied: their pages need not stay */
         (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_DONTNEED);

@@ -133,23 +133,31 @@ static void run_expert(const clb_plan *p, const clb_expert *ex, uint32_t e,
 }
 
 /* A streamed instance's experts (stream.c): those a slot holds first, then
- * the others, each read into a slot just before it runs. Each expert writes
- * only its own (row, slot) outputs, so the order changes no bit. */
+ * the others in expert order, each read into a slot just before it runs,
+ * the next one's read started (p->read_ahead) before this one is taken,
+ * so the reader works while an expert computes. Each expert writes only
+ * its own (row, slot) outputs, so the order changes no bit. The missing
+ * experts' list reuses p->counts (route's, read by the observer already). */
 static int run_streamed(const clb_plan *p, uint32_t l, const float *X, char *detail)
 {
-    for (int probe = 1; probe >= 0; probe--) {
-        for (uint32_t e = 0; e < p->s.n_experts; e++) {
-            if (p->offsets[e + 1] == p->offsets[e] || p->chosen[e] == 2)
-                continue;
-            const clb_expert *ex;
-            int rc = p->acquire(p, l, e, probe, &ex, detail);
-            if (rc < 0)
-                return rc;
-            if (rc == 0)
-                continue;
+    uint32_t *miss = p->counts, n_miss = 0;
+    for (uint32_t e = 0; e < p->s.n_experts; e++) {
+        const clb_expert *ex;
+        if (p->offsets[e + 1] == p->offsets[e])
+            continue;
+        if (p->held(p, l, e, &ex))
             run_expert(p, ex, e, X);
-            p->chosen[e] = 2; /* done this layer */
-        }
+        else
+            miss[n_miss++] = e;
+    }
+    for (uint32_t i = 0, f = 0; i < n_miss; i++) {
+        for (; f < n_miss && f < i + p->read_ahead; f++)
+            p->fetch(p, l, miss[f]);
+        const clb_expert *ex;
+        int rc = p->take(p, l, miss[i], &ex, detail);
+        if (rc)
+            return rc;
+        run_expert(p, ex, miss[i], X);
     }
     return COLIBRI_OK;
 }
@@ -163,7 +171,6 @@ int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
         p->route_fn(p->route_user, l, p->counts, p->s.n_experts);
     if (p->stream) {
         p->routed(p, l);
-        memset(p->chosen, 0, p->s.n_experts);
         int rc = run_streamed(p, l, X, detail);
         if (rc)
             return rc;

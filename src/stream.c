@@ -224,16 +224,22 @@ static uint64_t reuse_value(const clb_stream *st, int32_t idx, uint32_t now,
 
 /* The slot the next expert goes into (for layer `now`'s pass): an empty one
  * while there is one (at the start, or after a failed read), else the one
- * the policy gives up. */
+ * the policy gives up. A slot whose read is in flight is never given up;
+ * stream_fetch leaves at least one other (read_ahead <= n_slots). */
 static uint32_t victim(const clb_stream *st, uint32_t now)
 {
-    uint32_t best = 0;
+    uint32_t best = UINT32_MAX;
     for (uint32_t s = 0; s < st->n_slots; s++) {
-        const clb_slot *a = &st->slots[s], *b = &st->slots[best];
+        const clb_slot *a = &st->slots[s];
+        if (a->pending)
+            continue;
         if (a->expert < 0)
             return s;
-        if (s == 0)
+        if (best == UINT32_MAX) {
+            best = s;
             continue;
+        }
+        const clb_slot *b = &st->slots[best];
         if (st->policy == COLIBRI_SLOTS_REUSE) {
             /* value_a / wait_a < value_b / wait_b, exactly */
             uint64_t wa, wb, va = reuse_value(st, a->expert, now, &wa),
@@ -258,28 +264,27 @@ static uint32_t victim(const clb_stream *st, uint32_t now)
     return best;
 }
 
-/* Read expert x into slot memory `mem` and check it: one read of its
- * contiguous sections (whole blocks around it for an aligned reader), then
- * each section's CRC and floats, then the host byte order. *data receives
- * where its first section landed. */
-static int read_expert(clb_stream *st, const clb_stream_expert *x, uint32_t idx,
-                       uint8_t *mem, const uint8_t **data, char *detail)
+/* The bytes of expert x a read brings in: its contiguous sections, in
+ * whole blocks for an aligned reader (the slot stride has room for them;
+ * the last may pass the end of the file, which the aligned reader allows). */
+static void read_range(const clb_stream *st, const clb_stream_expert *x,
+                       uint64_t *a, uint64_t *b)
 {
-    uint64_t a = x->off, end = x->off + x->span, b = end;
+    uint64_t end = x->off + x->span;
+    *a = x->off;
+    *b = end;
     if (st->align > 1) {
-        /* whole blocks (the slot stride has room for them); the last may
-         * pass the end of the file, which the aligned reader allows */
-        a -= a % st->align;
-        b = up(end, st->align);
+        *a -= *a % st->align;
+        *b = up(end, st->align);
     }
-    uint32_t layer = idx / st->n_experts, expert = idx % st->n_experts;
-    if (st->rd.read(st->rd.user, a, mem, (size_t)(b - a)) != 0) {
-        clb_detail(detail, DETAIL_CAP, "reading expert %u of layer %u (%llu bytes "
-                   "at offset %llu) failed", (unsigned)expert, (unsigned)layer,
-                   (unsigned long long)(b - a), (unsigned long long)a);
-        return COLIBRI_E_IO;
-    }
-    st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
+}
+
+/* Check expert idx, read into slot memory `mem` from file offset a: each
+ * section's CRC and floats, then the host byte order. *data receives where
+ * its first section landed. */
+static int check_expert(clb_stream *st, const clb_stream_expert *x, uint64_t a,
+                        uint8_t *mem, const uint8_t **data, char *detail)
+{
     uint8_t *first = mem + (x->off - a);
     for (uint32_t j = 0; j < x->n_mats; j++) {
         const uint8_t *en = st->table + (size_t)(x->entry + j) * COLIBRI_ENTRY_SIZE;
@@ -294,26 +299,33 @@ static int read_expert(clb_stream *st, const clb_stream_expert *x, uint32_t idx,
     return COLIBRI_OK;
 }
 
-/* clb_plan.acquire of a streamed instance (internal.h): 1 with *ex the
- * expert's views in its slot; 0 when probing an expert no slot holds; or
- * an error of reading it (the slot is left empty). */
-static int stream_acquire(const clb_plan *p, uint32_t layer, uint32_t expert,
-                          int probe, const clb_expert **ex, char *detail)
+/* clb_plan.held of a streamed instance (internal.h): 1 with *ex the
+ * expert's views when a slot holds it (a use), else 0. */
+static int stream_held(const clb_plan *p, uint32_t layer, uint32_t expert,
+                       const clb_expert **ex)
+{
+    clb_stream *st = p->stream;
+    clb_stream_expert *x = &st->experts[layer * st->n_experts + expert];
+    st->tick++;
+    if (x->slot < 0)
+        return 0;
+    clb_slot *s = &st->slots[x->slot];
+    s->last_use = st->tick;
+    count_use(st, x);
+    st->st.hits++;
+    *ex = &s->views;
+    return 1;
+}
+
+/* clb_plan.fetch: give expert (layer, expert), which no slot holds, the
+ * policy's slot and start its read: through the asynchronous reader where
+ * the instance has one, else now. What the read gave is stream_take's. */
+static void stream_fetch(const clb_plan *p, uint32_t layer, uint32_t expert)
 {
     clb_stream *st = p->stream;
     uint32_t idx = layer * st->n_experts + expert;
     clb_stream_expert *x = &st->experts[idx];
     st->tick++;
-    if (x->slot >= 0) {
-        clb_slot *s = &st->slots[x->slot];
-        s->last_use = st->tick;
-        count_use(st, x);
-        st->st.hits++;
-        *ex = &s->views;
-        return 1;
-    }
-    if (probe)
-        return 0;
     st->st.misses++;
     count_use(st, x);
     uint32_t si = victim(st, layer);
@@ -323,10 +335,70 @@ static int stream_acquire(const clb_plan *p, uint32_t layer, uint32_t expert,
         st->st.evictions++;
     }
     s->expert = -1; /* until the read and its checks succeed */
+    s->pending = 1;
+    s->last_use = st->tick;
+    x->fetching = (int32_t)si;
+    uint64_t a, b;
+    read_range(st, x, &a, &b);
+    if (st->io.start)
+        s->read_rc = st->io.start(st->io.user, a, s->mem, (size_t)(b - a));
+    else
+        s->read_rc = st->rd.read(st->rd.user, a, s->mem, (size_t)(b - a));
+}
+
+/* The read of slot s is over (the asynchronous reader's reads finish in
+ * the order they started): its result. */
+static int finish_read(clb_stream *st, clb_slot *s)
+{
+    int rc = s->read_rc;
+    if (st->io.start && rc == 0)
+        rc = st->io.finish(st->io.user);
+    s->pending = 0;
+    return rc;
+}
+
+/* After a failed take: every other read in flight finished and its slot
+ * left empty, so the instance starts the next call with none. */
+static void drain(clb_stream *st)
+{
+    for (uint32_t k = 0; k < st->n_exp; k++) {
+        clb_stream_expert *x = &st->experts[k];
+        if (x->fetching < 0)
+            continue;
+        (void)finish_read(st, &st->slots[x->fetching]);
+        x->fetching = -1;
+    }
+}
+
+/* clb_plan.take: wait for the read stream_fetch started for (layer,
+ * expert), check the expert and give its views: COLIBRI_OK with *ex, or
+ * the error of reading or checking it (its slot left empty, and every
+ * other read in flight drained). */
+static int stream_take(const clb_plan *p, uint32_t layer, uint32_t expert,
+                       const clb_expert **ex, char *detail)
+{
+    clb_stream *st = p->stream;
+    uint32_t idx = layer * st->n_experts + expert;
+    clb_stream_expert *x = &st->experts[idx];
+    uint32_t si = (uint32_t)x->fetching;
+    clb_slot *s = &st->slots[si];
+    x->fetching = -1;
+    uint64_t a, b;
+    read_range(st, x, &a, &b);
     const uint8_t *data = NULL;
-    int rc = read_expert(st, x, idx, s->mem, &data, detail);
+    int rc = finish_read(st, s);
+    if (rc != 0) {
+        clb_detail(detail, DETAIL_CAP, "reading expert %u of layer %u (%llu bytes "
+                   "at offset %llu) failed", (unsigned)expert, (unsigned)layer,
+                   (unsigned long long)(b - a), (unsigned long long)a);
+        rc = COLIBRI_E_IO;
+    } else {
+        st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
+        rc = check_expert(st, x, a, s->mem, &data, detail);
+    }
     if (rc || !data) {
         st->st.errors++;
+        drain(st);
         return rc ? rc : COLIBRI_E_IO;
     }
     /* The expert's own views: its entries' shapes and dtypes, its slot's
@@ -340,10 +412,9 @@ static int stream_acquire(const clb_plan *p, uint32_t layer, uint32_t expert,
         *w[j] = clb_weight_at(data + x->rel[j], en, st->be, st->group);
     }
     s->expert = (int32_t)idx;
-    s->last_use = st->tick;
     x->slot = (int32_t)si;
     *ex = &s->views;
-    return 1;
+    return COLIBRI_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -381,7 +452,7 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     st->st.slot_bytes = st->stride;
     st->st.resident_bytes = g->resident_bytes;
     for (uint32_t i = 0; i < st->n_exp; i++)
-        st->experts[i].slot = -1;
+        st->experts[i].slot = st->experts[i].fetching = -1;
     for (uint32_t s = 0; s < n_slots; s++) {
         st->slots[s].mem = mem + (size_t)s * st->stride;
         st->slots[s].expert = -1;
@@ -432,8 +503,14 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     }
     clb_build_plan(p, arena, g->be, clb_pick_kernels());
     p->stream = st;
-    p->acquire = stream_acquire;
+    p->held = stream_held;
+    p->fetch = stream_fetch;
+    p->take = stream_take;
     p->routed = stream_routed;
+    /* two reads in flight at most: the next expert's while one computes
+     * (more would keep slots from the policy for little: an expert is one
+     * large read) */
+    p->read_ahead = n_slots < 2 ? 1u : 2u;
     *plan = p;
     return COLIBRI_OK;
 }
@@ -451,11 +528,15 @@ int colibri_get_stream_stats(colibri_model *m, colibri_stream_stats *out, int re
     *out = st->st;
     if (st->read_ns)
         out->read_ns = *st->read_ns;
+    if (st->wait_ns)
+        out->wait_ns = *st->wait_ns;
     if (reset) {
         st->st.hits = st->st.misses = st->st.evictions = 0;
         st->st.bytes_read = st->st.errors = 0;
         if (st->read_ns)
             *st->read_ns = 0;
+        if (st->wait_ns)
+            *st->wait_ns = 0;
     }
     return COLIBRI_OK;
 }

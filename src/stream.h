@@ -2,7 +2,7 @@
  * stream.h - experts from storage (colibri.h, "Experts from storage"): the
  * resident image of a streamed file, the expert slots and their policy.
  * Private to the runtime; stream.c implements it, load.c opens instances
- * with it, moe.c reaches it through clb_plan.acquire only.
+ * with it, moe.c reaches it through clb_plan.routed, held, fetch and take only.
  *
  * A streamed instance's memory is one arena, laid out as
  *   [image: the file's prefix (header, table, DESC) then every resident
@@ -43,6 +43,7 @@ typedef struct clb_stream_expert {
                           routed to it (halved with the layer's visits) */
     uint32_t recent;   /* COLIBRI_SLOTS_REUSE: recency register, Q16 */
     int32_t slot;      /* the slot holding it, or -1 */
+    int32_t fetching;  /* the slot its read in flight goes to, or -1 */
     uint8_t n_mats;    /* 3 (SwiGLU) or 2 (RELU_FFN) */
 } clb_stream_expert;
 
@@ -51,17 +52,33 @@ typedef struct clb_slot {
     uint8_t *mem;       /* stride bytes, aligned to the reader's alignment */
     int32_t expert;     /* layer * n_experts + expert, or -1 (empty) */
     uint64_t last_use;  /* the stream's tick at its last use */
+    uint8_t pending;    /* a read into it is in flight (stream_fetch) */
+    int read_rc;        /* what starting (or doing) that read returned */
     clb_expert views;   /* the expert's matrices in mem */
 } clb_slot;
 
+/* An asynchronous reader (the library's own, with a reader thread: load.c):
+ * start(user, off, dst, n) begins a read as colibri_reader.read would do it
+ * (0, or -1 if it cannot begin); finish(user) waits for the oldest read
+ * begun and not yet finished and returns its result (0 or -1). At most
+ * clb_plan.read_ahead reads are in flight. */
+typedef struct clb_stream_io {
+    int (*start)(void *user, uint64_t off, void *dst, size_t n);
+    int (*finish)(void *user);
+    void *user;
+} clb_stream_io;
+
 typedef struct clb_stream {
     colibri_reader rd;
+    clb_stream_io io;      /* start NULL: every read on rd, when fetched */
     uint32_t align;        /* the reader's offset/length/address alignment
                               (1, or 4096 for the library's O_DIRECT file) */
     uint32_t n_slots, policy;
     uint64_t stride;       /* bytes per slot */
     uint64_t tick;
     uint64_t *read_ns;     /* where the library's file reader adds its time,
+                              or NULL */
+    uint64_t *wait_ns;     /* where it adds the time infer waited for reads,
                               or NULL */
     const uint8_t *table;  /* the image's table (file byte order) */
     uint64_t file_size;

@@ -294,6 +294,31 @@ def test_streaming_under_asan_ubsan(c_build, model, tmp_path):
     assert "EXPERT_W1 layer 0 expert 1" in r.stderr and "runtime error" not in r.stderr
 
 
+def test_reader_thread_under_tsan(c_build, model, tmp_path):
+    """The library's reader thread (a read in flight while an expert
+    computes, on 1 and 2 compute threads), a damaged expert met with a read
+    still in flight (drained), and colibri_free joining the thread: no
+    report from ThreadSanitizer, the all-resident bits."""
+    cli = c_build("tsan").cli
+    path = model("mixtral", "int8")
+    base = [str(cli), "--model", str(path), "--tokens", "1,2,3,4,5", "--generate", "4"]
+    outs = {}
+    for key, extra in {"resident": [], "two": ["--slots", "2"],
+                       "three": ["--slots", "3", "--threads", "2"]}.items():
+        out = tmp_path / f"{key}.bin"
+        r = subprocess.run(base + extra + ["--logits-out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and "ThreadSanitizer" not in r.stderr, r.stderr
+        outs[key] = out.read_bytes()
+    assert outs["two"] == outs["resident"] == outs["three"]
+    bad = damaged(path, tmp_path, layer=SHAPE.n_layers - 1, expert=2)
+    r = subprocess.run([str(cli), "--model", str(bad), "--slots", "2", "--tokens",
+                        ",".join(map(str, range(40)))], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 1 and "ThreadSanitizer" not in r.stderr, r.stderr
+    assert "EXPERT_W2 layer 2 expert 2" in r.stderr
+
+
 def test_own_reader_writes_only_the_bytes_asked_for(c_build, model):
     """The library's reader reads the header into a stack buffer of exactly
     its size. When that buffer happened to start on a 4096-byte boundary it
@@ -386,6 +411,14 @@ def test_route_trace_replays_to_the_runtimes_own_counts(c_build, model, tmp_path
             want = rt.replay(trace, slots, policy)
             assert (got_slots, uses, hits, reads) == (slots, want["uses"], want["hits"],
                                                       want["misses"]), (slots, policy)
+    # the synchronous reader (no reader thread) makes the same choices
+    r = subprocess.run([str(cli), "--model", str(path), "--tokens",
+                        ",".join(str(i % 60) for i in range(3, 40, 3)), "--generate", "12",
+                        "--slots", "5"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, COLIBRI_STREAM_SYNC="1"))
+    want = rt.replay(trace, 5, "reuse")
+    assert tuple(map(int, _STATS.search(r.stderr).groups())) == (
+        5, want["uses"], want["hits"], want["misses"])
     # a slot for every expert: each expert the run routes to is read once
     distinct = {(layer, e) for layer, ex in trace.passes for e, _ in ex}
     assert rt.replay(trace, n_exp, "lru")["misses"] == len(distinct)

@@ -8,9 +8,10 @@ chunk of tokens, colibri_set_route_observer): the layer, then `expert:tokens`
 for each expert the chunk routes to, in expert order.
 
 `replay` runs the C runtime's slot cache over it step for step: moe.c's
-run_streamed (a probe pass over the routed experts, which uses those already
-in a slot, then a pass that reads the others) and stream.c's stream_acquire
-and victim (the clock, the use counts halved at 2^16, an empty slot first,
+run_streamed (a pass over the routed experts, which uses those already in a
+slot, then the others fetched in expert order, the next one's slot chosen
+while the read of this one is in flight: clb_plan.read_ahead) and
+stream.c's stream_held, stream_fetch and victim (the clock, the use counts halved at 2^16, an empty slot first,
 then COLIBRI_SLOTS_REUSE's least expected reuse per layer pass until its
 layer comes again, COLIBRI_SLOTS_FREQ's least often chosen or
 COLIBRI_SLOTS_LRU's least recently used). Its hits and reads are the runtime's own figures for the
@@ -123,12 +124,15 @@ def replay(trace: Trace, slots: int, policy: str = "reuse") -> dict:
             for j in range(n_exp):
                 uses[j] //= 2
 
-    def victim(layer):
-        best = 0
+    def victim(layer, pending):
+        best = None
         for s in range(slots):
+            if s in pending:
+                continue
             if held[s] < 0:
                 return s
-            if s == 0:
+            if best is None:
+                best = s
                 continue
             if policy == "reuse":
                 (va, da), (vb, db) = reuse_value(held[s], layer), reuse_value(held[best], layer)
@@ -146,30 +150,32 @@ def replay(trace: Trace, slots: int, policy: str = "reuse") -> dict:
                 best = s
         return best
 
+    ahead = 1 if slots < 2 else 2   # stream.c: clb_plan.read_ahead
     for layer, routed in trace.passes:
         if policy == "reuse":
             route(layer, routed)
-        done = set()
-        for probe in (True, False):
-            for e, _ in routed:
-                if e in done:
-                    continue
-                i = layer * trace.n_experts + e
-                tick += 1
-                if where[i] >= 0:
-                    last[where[i]] = tick
-                    count_use(i)
-                    hits += 1
-                    done.add(e)
-                    continue
-                if probe:
-                    continue
-                misses += 1
+        missing = []
+        for e, _ in routed:             # moe.c run_streamed: the held ones
+            i = layer * E + e
+            tick += 1
+            if where[i] >= 0:
+                last[where[i]] = tick
                 count_use(i)
-                s = victim(layer)
+                hits += 1
+            else:
+                missing.append(i)
+        pending = []                    # slots of reads in flight, oldest first
+        for k, i in enumerate(missing):  # fetched `ahead` before their take
+            while len(pending) < ahead and k + len(pending) < len(missing):
+                j = missing[k + len(pending)]
+                tick += 1
+                misses += 1
+                count_use(j)
+                s = victim(layer, pending)
                 if held[s] >= 0:
                     where[held[s]] = -1
                     evictions += 1
-                held[s], last[s], where[i] = i, tick, s
-                done.add(e)
+                held[s], last[s], where[j] = j, tick, s
+                pending.append(s)
+            pending.pop(0)              # taken (and run)
     return {"uses": hits + misses, "hits": hits, "misses": misses, "evictions": evictions}

@@ -343,11 +343,11 @@ static void print_stream(colibri_model *m, FILE *to, int info)
     }
     uint64_t uses = st.hits + st.misses;
     fprintf(to, "experts: %u slots, %llu uses, %llu hits (%.1f%%), %llu read "
-            "(%.1f MB, %.1f ms in reads)\n", (unsigned)st.slots,
+            "(%.1f MB, %.1f ms in reads, %.1f ms waited)\n", (unsigned)st.slots,
             (unsigned long long)uses, (unsigned long long)st.hits,
             uses ? 100.0 * (double)st.hits / (double)uses : 0.0,
             (unsigned long long)st.misses, (double)st.bytes_read / 1e6,
-            (double)st.read_ns / 1e6);
+            (double)st.read_ns / 1e6, (double)st.wait_ns / 1e6);
 }
 
 static int do_info(colibri_model *m)

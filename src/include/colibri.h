@@ -629,6 +629,10 @@ typedef struct colibri_stream_stats {
     uint64_t read_ns;        /* time inside the library's own file reader
                                 (0 with a caller's reader) */
     uint64_t errors;         /* failed reads and damaged experts */
+    uint64_t wait_ns;        /* time infer waited for the library's own
+                                reader (its reader thread reads the next
+                                expert while one computes; 0 with a
+                                caller's reader) */
 } colibri_stream_stats;
 
 /* Fill `out` (zeros and slots 0 for an all-resident instance); reset 1
