@@ -45,7 +45,20 @@ FFN = dict(vocab_size=32, hidden_size=1024, intermediate_size=2816,
            num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
            head_dim=8, num_local_experts=8, num_experts_per_tok=2,
            max_position_embeddings=512, rope_theta=1e6, rms_norm_eps=1e-5)
+# docs/STREAMING.md's 7B class: OLMoE-1B-7B's shapes (hidden 2048, 16 layers, 64
+# experts top-8, expert width 1024, vocabulary 50304) as a Mixtral: 6.9 B
+# parameters, 7.3 GB at int8, 6.3 GB of it routed experts (6.3 MB an expert).
+MOE7B = dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024,
+             num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+             head_dim=128, num_local_experts=64, num_experts_per_tok=8,
+             max_position_embeddings=512, rope_theta=1e4, rms_norm_eps=1e-5)
+# ... with routers skewed as trained ones are (ROUTER_SKEW below).
+MOE7B_SKEWED = dict(MOE7B, router_skew=True)
 MAX_SEQ_LEN = 512  # KV cache of every converted file (prefill 128 + decode)
+# Which artefacts each model gets (.colibri quants, GGUF kinds): the 7B class
+# only what bench/stream.py compares (its f32 files would be 27 GB each).
+ARTEFACTS = {"moe7b": (("int8",), ("q8_0",)), "moe7b-skewed": (("int8",), ("q8_0",))}
+DEFAULT_ARTEFACTS = (("f32", "int8"), ("f32", "q8_0"))
 
 
 def mixtral_config(kw: dict):
@@ -53,6 +66,7 @@ def mixtral_config(kw: dict):
     where this transformers version keeps it)."""
     from transformers import MixtralConfig
     kw = dict(kw)
+    kw.pop("router_skew", None)
     theta = kw.pop("rope_theta")
     cfg = MixtralConfig(**kw, tie_word_embeddings=False)
     if getattr(cfg, "rope_parameters", None) is not None:
@@ -90,10 +104,46 @@ def hf_tensor_specs(kw: dict) -> list[tuple[str, tuple[int, ...], float | None]]
     return specs
 
 
+# A skewed router (kw router_skew): random routers route close to uniformly,
+# trained ones concentrate on a few experts a layer. Every embedding row gets
+# a shared component EMBED_SHARE * sqrt(hidden) * u (u a fixed random unit
+# vector; a row's own part has norm sqrt(hidden)), so every hidden state
+# leans along u. Expert e's router row gets a multiple of u that adds
+# offset_e = ROUTER_SKEW * log(1 / rank_e) to its logit at the first layer
+# (ranks a permutation of 1..E per layer: a Zipf-like preference for low
+# ranks, fading in later layers as the layers' outputs dilute u). What
+# routing that gives is measured (bench/stream.py's trace), not assumed: on
+# the 7B class's layout at hidden 512 with 120 distinct tokens a layer's most
+# used quarter of experts takes 80 % of its uses with these constants, 66 %
+# without the skew (random routers are not uniform either), 99 % with a
+# share of 3.
+EMBED_SHARE = 0.3
+ROUTER_SKEW = 1.0
+
+
+def _skew(name: str, x: np.ndarray, kw: dict, seed: int) -> np.ndarray:
+    D = kw["hidden_size"]
+    u = np.random.default_rng([seed, 10 ** 6]).standard_normal(D).astype(np.float32)
+    u /= np.linalg.norm(u)
+    if name == "model.embed_tokens.weight":
+        return x + np.float32(EMBED_SHARE * D ** 0.5) * u[None, :]
+    if name.endswith("block_sparse_moe.gate.weight"):
+        layer = int(name.split(".")[2])
+        E = x.shape[0]
+        rank = np.random.default_rng([seed, 10 ** 6, layer]).permutation(E) + 1
+        offset = (ROUTER_SKEW * np.log(1.0 / rank)).astype(np.float32)
+        # a hidden state at the first layer has about sqrt(D) * share / sqrt(share^2 + 1)
+        # along u (normalised), so this adds offset_e to its router logit there
+        lean = EMBED_SHARE / (EMBED_SHARE ** 2 + 1) ** 0.5
+        return x + offset[:, None] * u[None, :] * np.float32(D ** -0.5 / lean)
+    return x
+
+
 def write_numpy_checkpoint(kw: dict, out_dir: Path, seed: int) -> None:
     """config.json + model.safetensors for config `kw`, weights from numpy
     (tensor i drawn from default_rng([seed, i])), streamed: the header is
-    written first from the shapes, then one tensor at a time."""
+    written first from the shapes, then one tensor at a time. kw
+    router_skew: the skew above."""
     out_dir.mkdir(parents=True, exist_ok=True)
     mixtral_config(kw).to_json_file(out_dir / "config.json")
     specs = hf_tensor_specs(kw)
@@ -112,6 +162,8 @@ def write_numpy_checkpoint(kw: dict, out_dir: Path, seed: int) -> None:
             rng = np.random.default_rng([seed, i])
             x = rng.standard_normal(shape, dtype=np.float32)
             x = (1.0 + 0.1 * x) if std is None else x * np.float32(std)
+            if kw.get("router_skew"):
+                x = _skew(name, x, kw, seed)
             f.write(np.ascontiguousarray(x, dtype="<f4").tobytes())
     tmp.rename(out_dir / "model.safetensors")
 
@@ -138,9 +190,9 @@ class ModelSet:
         self.name = name
         self.dir = Path(base) / name
         self.hf = self.dir / "hf"
-        self.colibri = {"f32": self.dir / "model-f32.colibri",
-                        "int8": self.dir / "model-int8.colibri"}
-        self.gguf = {"f32": self.dir / "model-f32.gguf", "q8_0": self.dir / "model-q8_0.gguf"}
+        quants, kinds = ARTEFACTS.get(name, DEFAULT_ARTEFACTS)
+        self.colibri = {q: self.dir / f"model-{q}.colibri" for q in quants}
+        self.gguf = {k: self.dir / f"model-{k}.gguf" for k in kinds}
         self.stamp = self.dir / ".done"
 
     def config(self) -> dict:
@@ -162,8 +214,9 @@ def prepare(name: str, base: Path, seed: int = 0, log=print, with_gguf: bool = T
     if name == "tiny":
         write_tiny_checkpoint(ms.hf, seed)
     else:
-        kw = {"small": SMALL, "ffn": FFN}[name]
-        need = 4 * checkpoint_bytes(kw)
+        kw = {"small": SMALL, "ffn": FFN, "moe7b": MOE7B, "moe7b-skewed": MOE7B_SKEWED}[name]
+        # the float32 checkpoint and what is converted from it
+        need = (1.6 if name in ARTEFACTS else 4) * checkpoint_bytes(kw)
         free = shutil.disk_usage(base).free
         if free < need:
             raise RuntimeError(f"{base}: {free / 2**30:.1f} GiB free, the {name} model's "
@@ -176,6 +229,8 @@ def prepare(name: str, base: Path, seed: int = 0, log=print, with_gguf: bool = T
         for kind, path in ms.gguf.items():
             log(f"  GGUF {kind} -> {path.name}")
             gguf_export.write_gguf(ms.hf, path, kind)
+    if name in ARTEFACTS:   # the 27 GB float32 checkpoint is not needed again
+        (ms.hf / "model.safetensors").unlink()
     ms.stamp.write_text(_stamp_text(name, seed, with_gguf))
     return ms
 

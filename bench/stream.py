@@ -19,8 +19,11 @@ hit rate and MB read per token come from its `experts:` line. Wall and CPU
 time (user + system of the process) are both printed.
 
     python -m bench.stream [--model small] [--limits 256M,384M,512M,1G] [--steps 8]
+    python -m bench.stream --model moe7b --limits 512M,1G,2G,4G   # the 7B class
+    python -m bench.stream --model moe7b-skewed ...                # skewed routers
 
-Writes bench/results/stream-<cpu>.{json,md}. Needs root (cgroups, the drop
+Writes bench/results/stream-<cpu>.{json,md} (stream-<model>-<cpu> for a
+model other than small); bench/models.py describes the models. Needs root (cgroups, the drop
 of the page cache); a machine without the memory controller is refused.
 """
 from __future__ import annotations
@@ -61,9 +64,10 @@ class Group:
         (self.dir / "memory.limit_in_bytes").write_text(str(limit))
         self.limit = limit
 
-    def run(self, cmd: list[str], env=None, timeout=1800) -> dict:
+    def run(self, cmd: list[str], env=None, timeout=1800, cold=True) -> dict:
         (self.dir / "memory.max_usage_in_bytes").write_text("0")
-        drop_caches()
+        if cold:
+            drop_caches()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         wrapped = ["sh", "-c", f'echo $$ > {self.dir}/cgroup.procs && exec "$@"', "sh", *cmd]
@@ -104,7 +108,26 @@ def llama_tps(stdout: str) -> float | None:
     return rows[0]["avg_ts"] if rows else None
 
 
-def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int) -> list[dict]:
+ENGINES = ("colibri mmap", "colibri ram", "colibri ram (sync reads)",
+           "colibri ram (page cache)", "llama.cpp")
+
+
+def top_quarter_share(trace_path: Path) -> float:
+    """How concentrated the routing is: the share of a layer's expert uses
+    that go to its most used quarter of experts, over all MoE layers (0.25
+    for uniform routing; a trained router's is higher)."""
+    from colibri.model import route_trace
+    tr = route_trace.read_trace(trace_path)
+    per = {}
+    for layer, ex in tr.passes:
+        for e, c in ex:
+            per.setdefault(layer, [0] * tr.n_experts)[e] += c
+    top = sum(sum(sorted(u, reverse=True)[:max(1, tr.n_experts // 4)]) for u in per.values())
+    return top / max(1, sum(sum(u) for u in per.values()))
+
+
+def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int,
+            engines=ENGINES, trace: Path | None = None) -> list[dict]:
     llama = [str(LLAMA_BIN / "llama-bench"), "-m", str(gguf), "-t", "1", "-r", "1",
              "--no-warmup", "-o", "json"]
     lenv = {"LD_LIBRARY_PATH": str(LLAMA_BIN)}
@@ -112,16 +135,23 @@ def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int) -
     for limit in limits:
         g = Group(f"colibri-bench-{limit >> 20}M", limit)
         ram = ["--ram", str(limit - HEADROOM)]
-        engines = {
+        runs = {
             "colibri mmap": ([], {}),
             "colibri ram": (ram, {}),
+            # the reader thread's worth: the same reads on infer's thread
+            "colibri ram (sync reads)": (ram, {"COLIBRI_STREAM_SYNC": "1"}),
             "colibri ram (page cache)": (ram, {"COLIBRI_STREAM_BUFFERED": "1"}),
         }
-        for name, (extra, env) in engines.items():
+        for name, (extra, env) in runs.items():
+            if name not in engines:
+                continue
             base = [str(cli), "--model", str(model), "--tokens", PROMPT] + extra
             first = g.run(base + ["--generate", "1"], env)
-            dec = g.run(base + ["--generate", str(steps + 1)], env)
+            warm = g.run(base + ["--generate", "1"], env, cold=False)
+            traced = ["--route-trace", str(trace)] if trace and name == "colibri ram" else []
+            dec = g.run(base + ["--generate", str(steps + 1)] + traced, env)
             row = {"limit": limit, "engine": name, "first_token_s": first["wall_s"],
+                   "first_token_warm_s": warm["wall_s"],
                    "first_rc": first["rc"], "rc": dec["rc"], "wall_s": dec["wall_s"],
                    "cpu_s": dec["cpu_s"], "peak": dec["peak"], **colibri_decode(dec["stderr"])}
             if dec["rc"]:
@@ -130,9 +160,14 @@ def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int) -
                 row["mb_per_token"] = row["mb_read"] / (steps + 1 + 1)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items()}), flush=True)
+        if "llama.cpp" not in engines:
+            g.remove()
+            continue
         first = g.run(llama + ["-p", "4", "-n", "0"], lenv)
+        warm = g.run(llama + ["-p", "4", "-n", "0"], lenv, cold=False)
         dec = g.run(llama + ["-p", "0", "-n", str(steps)], lenv)
         row = {"limit": limit, "engine": "llama.cpp Q8_0 mmap", "first_token_s": first["wall_s"],
+               "first_token_warm_s": warm["wall_s"],
                "first_rc": first["rc"], "rc": dec["rc"], "wall_s": dec["wall_s"],
                "cpu_s": dec["cpu_s"], "peak": dec["peak"], "decode_tps": llama_tps(dec["stdout"])}
         if dec["rc"]:
@@ -152,9 +187,14 @@ def report(rows: list[dict], meta: dict) -> str:
              f"{meta['gguf_bytes'] / 1e6:.0f} MB GGUF), 1 thread, cold page cache, "
              f"disk {meta['disk_mb_s']:.0f} MB/s (O_DIRECT, 8 MB reads), "
              f"{meta['steps']} decode steps. `python -m bench.stream`.", "",
-             "| limit | engine | first token s | decode tok/s | vs llama.cpp | wall s | CPU s "
-             "| peak MB | slots | hit rate | MB read/token |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             *([f"Routing: a layer's most used quarter of experts takes "
+                f"{meta['top_quarter_share']:.0%} of its uses (25 % is uniform).", ""]
+               if "top_quarter_share" in meta else []),
+             "First token: a process that loads the model and runs a 4-token prompt, "
+             "after the page cache is dropped (cold) and run again at once (warm).", "",
+             "| limit | engine | first token s, cold | warm | decode tok/s | vs llama.cpp "
+             "| wall s | CPU s | peak MB | slots | hit rate | MB read/token |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     peer = {r["limit"]: r.get("decode_tps") for r in rows if r["engine"].startswith("llama")}
     for r in rows:
         tps = r.get("decode_tps")
@@ -165,7 +205,7 @@ def report(rows: list[dict], meta: dict) -> str:
         tps_text = f"{tps:.2f}" if tps else "-"
         lines.append(
             f"| {r['limit'] >> 20} MiB | {r['engine']}{err} | {r['first_token_s']:.2f} | "
-            f"{tps_text} | {ratio} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"{r.get('first_token_warm_s', float('nan')):.2f} | {tps_text} | {ratio} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
             f"{r['peak'] / 2**20:.0f} | {r.get('slots', '-')} | {hit} | {mb} |")
     return "\n".join(lines) + "\n"
 
@@ -183,7 +223,13 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="small")
     ap.add_argument("--limits", default="256M,384M,512M,1G")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help="a comma-separated subset of: " + ", ".join(ENGINES))
     a = ap.parse_args(argv)
+    engines = [e.strip() for e in a.engines.split(",")]
+    if not set(engines) <= set(ENGINES):
+        print(f"bench.stream: --engines: choose from {', '.join(ENGINES)}", file=sys.stderr)
+        return 2
     if not (CGROUP / "memory.limit_in_bytes").exists() or os.geteuid() != 0:
         print("bench.stream: needs root and the cgroup v1 memory controller at "
               f"{CGROUP}", file=sys.stderr)
@@ -202,11 +248,16 @@ def main(argv=None) -> int:
             "model": a.model, "model_bytes": model.stat().st_size,
             "gguf_bytes": gguf.stat().st_size, "disk_mb_s": disk_speed(model),
             "steps": a.steps, "load": os.getloadavg()[0]}
-    rows = run_all(model, gguf, cli, limits, a.steps)
+    trace = ROOT / "build" / "bench" / f"stream-{a.model}-trace.txt"
+    trace.unlink(missing_ok=True)
+    rows = run_all(model, gguf, cli, limits, a.steps, engines, trace)
+    if trace.exists():
+        meta["top_quarter_share"] = top_quarter_share(trace)
     flags = Path("/proc/cpuinfo").read_text()
     tag = re.sub(r"\W+", "-", meta["cpu"]).strip("-").lower()[:24] + (
         "-avx512" if " avx512f" in flags else "-avx2")
-    out = ROOT / "bench" / "results" / f"stream-{tag}"
+    name = "stream" if a.model == "small" else f"stream-{a.model}"
+    out = ROOT / "bench" / "results" / f"{name}-{tag}"
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = report(rows, meta)
     out.with_suffix(".md").write_text(md)

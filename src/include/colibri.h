@@ -562,9 +562,14 @@ int colibri_abi_api_version(void);
  * the order in which experts are computed, never a sum).
  *
  * What a streamed colibri_infer may do, beyond the all-resident promise (no
- * allocation): call the reader, on the calling thread, between the
- * parallel regions, for each expert it lacks (the library's file reader:
- * pread, and clock_gettime to time it). A read that fails or an expert whose
+ * allocation): for each expert it lacks, call a caller's reader on the
+ * calling thread, between the parallel regions. The library's own file
+ * reader (colibri_init_ex) instead reads on a thread of its own, started at
+ * init and joined by colibri_free: infer hands it the next expert's read
+ * (pread) while one expert computes and waits for it on a mutex and
+ * condition variable (clock_gettime times the reads and the waits;
+ * COLIBRI_STREAM_SYNC=1 in the environment at init reads on the calling
+ * thread instead). A read that fails or an expert whose
  * CRC or floats are wrong makes the call return COLIBRI_E_IO or
  * COLIBRI_E_CRC / COLIBRI_E_BAD_FORMAT (the detail names the expert):
  * never wrong logits. The slot is emptied, the instance stays usable and
