@@ -188,7 +188,9 @@ def report(rows: list[dict], meta: dict) -> str:
              f"disk {meta['disk_mb_s']:.0f} MB/s (O_DIRECT, 8 MB reads), "
              f"{meta['steps']} decode steps. `python -m bench.stream`.", "",
              *([f"Routing: a layer's most used quarter of experts takes "
-                f"{meta['top_quarter_share']:.0%} of its uses (25 % is uniform).", ""]
+                f"{meta['top_quarter_share']:.0%} of its uses over the decode run's "
+                f"{meta.get('trace_tokens', '?')} tokens (25 % would be uniform over "
+                "many tokens; a short run is more concentrated).", ""]
                if "top_quarter_share" in meta else []),
              "First token: a process that loads the model and runs a 4-token prompt, "
              "after the page cache is dropped (cold) and run again at once (warm).", "",
@@ -252,7 +254,9 @@ def main(argv=None) -> int:
     trace.unlink(missing_ok=True)
     rows = run_all(model, gguf, cli, limits, a.steps, engines, trace)
     if trace.exists():
+        from colibri.model import route_trace
         meta["top_quarter_share"] = top_quarter_share(trace)
+        meta["trace_tokens"] = route_trace.read_trace(trace).tokens()
     flags = Path("/proc/cpuinfo").read_text()
     tag = re.sub(r"\W+", "-", meta["cpu"]).strip("-").lower()[:24] + (
         "-avx512" if " avx512f" in flags else "-avx2")

@@ -509,8 +509,10 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     p->routed = stream_routed;
     /* two reads in flight at most: the next expert's while one computes
      * (more would keep slots from the policy for little: an expert is one
-     * large read) */
-    p->read_ahead = n_slots < 2 ? 1u : 2u;
+     * large read), and only with room beyond a layer pass's top_k of them:
+     * with fewer, a slot kept by its read in flight is one the policy would
+     * have kept for another layer (on the demo model at 2 slots, every hit) */
+    p->read_ahead = n_slots > 2u * g->s.top_k ? 2u : 1u;
     *plan = p;
     return COLIBRI_OK;
 }

@@ -303,8 +303,10 @@ def test_reader_thread_under_tsan(c_build, model, tmp_path):
     path = model("mixtral", "int8")
     base = [str(cli), "--model", str(path), "--tokens", "1,2,3,4,5", "--generate", "4"]
     outs = {}
+    # read-ahead needs more slots than a layer pass's 2 * top_k experts
+    ahead = str(2 * SHAPE.top_k + 1)
     for key, extra in {"resident": [], "two": ["--slots", "2"],
-                       "three": ["--slots", "3", "--threads", "2"]}.items():
+                       "three": ["--slots", ahead, "--threads", "2"]}.items():
         out = tmp_path / f"{key}.bin"
         r = subprocess.run(base + extra + ["--logits-out", str(out)],
                            capture_output=True, text=True, timeout=600)
@@ -312,7 +314,7 @@ def test_reader_thread_under_tsan(c_build, model, tmp_path):
         outs[key] = out.read_bytes()
     assert outs["two"] == outs["resident"] == outs["three"]
     bad = damaged(path, tmp_path, layer=SHAPE.n_layers - 1, expert=2)
-    r = subprocess.run([str(cli), "--model", str(bad), "--slots", "2", "--tokens",
+    r = subprocess.run([str(cli), "--model", str(bad), "--slots", ahead, "--tokens",
                         ",".join(map(str, range(40)))], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 1 and "ThreadSanitizer" not in r.stderr, r.stderr
@@ -414,11 +416,11 @@ def test_route_trace_replays_to_the_runtimes_own_counts(c_build, model, tmp_path
     # the synchronous reader (no reader thread) makes the same choices
     r = subprocess.run([str(cli), "--model", str(path), "--tokens",
                         ",".join(str(i % 60) for i in range(3, 40, 3)), "--generate", "12",
-                        "--slots", "5"], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, COLIBRI_STREAM_SYNC="1"))
-    want = rt.replay(trace, 5, "reuse")
+                        "--slots", str(n_exp - 1)], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, COLIBRI_STREAM_SYNC="1"))
+    want = rt.replay(trace, n_exp - 1, "reuse")
     assert tuple(map(int, _STATS.search(r.stderr).groups())) == (
-        5, want["uses"], want["hits"], want["misses"])
+        n_exp - 1, want["uses"], want["hits"], want["misses"])
     # a slot for every expert: each expert the run routes to is read once
     distinct = {(layer, e) for layer, ex in trace.passes for e, _ in ex}
     assert rt.replay(trace, n_exp, "lru")["misses"] == len(distinct)

@@ -150,7 +150,7 @@ def replay(trace: Trace, slots: int, policy: str = "reuse") -> dict:
                 best = s
         return best
 
-    ahead = 1 if slots < 2 else 2   # stream.c: clb_plan.read_ahead
+    ahead = 2 if slots > 2 * trace.top_k else 1   # stream.c: clb_plan.read_ahead
     for layer, routed in trace.passes:
         if policy == "reuse":
             route(layer, routed)
