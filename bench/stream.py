@@ -112,12 +112,11 @@ ENGINES = ("colibri mmap", "colibri ram", "colibri ram (sync reads)",
            "colibri ram (page cache)", "llama.cpp")
 
 
-def top_quarter_share(trace_path: Path) -> float:
-    """How concentrated the routing is: the share of a layer's expert uses
-    that go to its most used quarter of experts, over all MoE layers (0.25
-    for uniform routing; a trained router's is higher)."""
-    from colibri.model import route_trace
-    tr = route_trace.read_trace(trace_path)
+def top_quarter_share(tr) -> float:
+    """How concentrated the routing of trace `tr` (route_trace.Trace) is:
+    the share of a layer's expert uses that go to its most used quarter of
+    experts, over all MoE layers (0.25 for uniform routing over many tokens;
+    a trained router's is higher)."""
     per = {}
     for layer, ex in tr.passes:
         for e, c in ex:
@@ -255,8 +254,9 @@ def main(argv=None) -> int:
     rows = run_all(model, gguf, cli, limits, a.steps, engines, trace)
     if trace.exists():
         from colibri.model import route_trace
-        meta["top_quarter_share"] = top_quarter_share(trace)
-        meta["trace_tokens"] = route_trace.read_trace(trace).tokens()
+        tr = route_trace.read_trace(trace)
+        meta["top_quarter_share"] = top_quarter_share(tr)
+        meta["trace_tokens"] = tr.tokens()
     flags = Path("/proc/cpuinfo").read_text()
     tag = re.sub(r"\W+", "-", meta["cpu"]).strip("-").lower()[:24] + (
         "-avx512" if " avx512f" in flags else "-avx2")
