@@ -139,9 +139,7 @@ static int forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         const clb_layer *L = &p->layers[l];
         clb_rmsnorm(p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
         qkv(p, L, l, n);
-        for (uint32_t i = 0; i < n; i++)
-            clb_attention(p, l, p->tok_b[i], p->tok_pos[i],
-                          p->q + (size_t)i * p->qdim, p->att + (size_t)i * p->qdim);
+        clb_attention(p, l, n);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "wo");
         add_bias(p->tmp, L->bo, n, h);
         residual(p->x, p->tmp, nh, p->d.residual_scale);

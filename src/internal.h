@@ -291,10 +291,11 @@ void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos);
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
                   const float *k, const float *v);
 
-/* Attention of one query row q [qdim] of sequence b at position pos against
- * layer `layer`'s cache (keys 0..pos, mask-filtered); out [qdim]. */
-void clb_attention(const clb_plan *p, uint32_t layer, uint32_t b,
-                   uint32_t pos, const float *q, float *out);
+/* Attention of the chunk's n query rows p->q [n, qdim] (row i: sequence
+ * tok_b[i] at position tok_pos[i]) against layer `layer`'s cache (keys
+ * 0..pos, mask-filtered, every key of the chunk already stored); out
+ * p->att [n, qdim]. */
+void clb_attention(const clb_plan *p, uint32_t layer, uint32_t n);
 
 /* COLIBRI_DEBUG: print a labelled dump of a float buffer to stderr. */
 #ifdef COLIBRI_DEBUG

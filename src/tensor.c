@@ -307,47 +307,66 @@ void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos)
     }
 }
 
-/* One query's attention, head by head as a parallel region: each head
- * reads the cache and writes its own head_dim slice of out through the
- * table's attend (kernels.h: the flash-attention schedule of ref.c's
- * clb_ref_attend, one pass over K and V, no score buffer), so a head's bits
- * do not depend on which worker runs it. The cache is float32 (K, V) or
- * int8 with one scale per head vector (Kq, Ks, Vq, Vs: COLIBRI_KV_I8), read
- * as stored. */
+/* The chunk's attention as a parallel region of (sequence, KV head) units:
+ * a unit hands the table's attend_rows every query of its KV head in the
+ * sequence's chunk rows (consecutive, positions in order; the GQA group's
+ * heads of each row), so a form can load a block of
+ * keys once for all of them (kernels.h). Each query's bits are ref's
+ * one-query attend (the flash-attention schedule of ref.c's
+ * clb_ref_attend, one pass over K and V, no score buffer) whatever the
+ * unit and the worker. The cache is float32 (K, V) or int8 with one scale
+ * per head vector (Kq, Ks, Vq, Vs: COLIBRI_KV_I8), read as stored. */
 typedef struct att_job {
     const clb_plan *p;
-    const float *K, *V;       /* f32 cache: [S, kvdim] of the sequence in
-                                 this layer, else NULL */
-    const int8_t *Kq, *Vq;    /* i8 cache: [S, kvdim] */
-    const float *Ks, *Vs;     /* i8 cache: [S, n_kv_heads] scales */
-    const uint8_t *mask;      /* [S] */
-    const float *q;           /* [qdim] */
-    float *out;               /* [qdim] */
-    uint32_t pos, group;
+    uint32_t layer, n;        /* the chunk's rows */
 } att_job;
 
-static void att_head(void *ctx, uint32_t h, uint32_t worker)
+/* Unit u: sequence b = u / n_kv_heads (its rows, consecutive in the chunk;
+ * none: nothing to do), KV head u % n_kv_heads. */
+static void att_unit(void *ctx, uint32_t u, uint32_t worker)
 {
     (void)worker;
     const att_job *j = (const att_job *)ctx;
     const clb_plan *p = j->p;
-    const uint32_t d = p->s.head_dim, kvh = h / j->group;
-    const size_t off = (size_t)kvh * d;
+    const colibri_shape *s = &p->s;
+    const uint32_t kvh = u % s->n_kv_heads, b = u / s->n_kv_heads, d = s->head_dim;
+    const uint32_t group = (uint32_t)s->n_heads / s->n_kv_heads;
+    uint32_t r0 = 0;
+    while (r0 < j->n && p->tok_b[r0] != b)
+        r0++;
+    uint32_t r1 = r0;
+    while (r1 < j->n && p->tok_b[r1] == b)
+        r1++;
+    if (r0 == r1)
+        return;
+    const uint32_t S = s->max_seq_len;
+    /* this sequence's cache rows in the layer: [S, kvdim] (+ [S, n_kv_heads] scales) */
+    const size_t seq = ((size_t)j->layer * s->max_batch + b) * S, off = (size_t)kvh * d;
     clb_att_args a;
-    a.q = j->q + (size_t)h * d;
-    a.K = j->K ? j->K + off : NULL;
-    a.V = j->V ? j->V + off : NULL;
-    a.Kq = j->Kq ? j->Kq + off : NULL;
-    a.Vq = j->Vq ? j->Vq + off : NULL;
-    a.Ks = j->Ks ? j->Ks + kvh : NULL;
-    a.Vs = j->Vs ? j->Vs + kvh : NULL;
-    a.mask = j->mask;
+    memset(&a, 0, sizeof a);
+    if (p->kv_dtype == COLIBRI_KV_I8) {
+        a.Kq = p->k_q + seq * p->kvdim + off;
+        a.Vq = p->v_q + seq * p->kvdim + off;
+        a.Ks = p->k_s + seq * s->n_kv_heads + kvh;
+        a.Vs = p->v_s + seq * s->n_kv_heads + kvh;
+    } else {
+        a.K = p->k_cache + seq * p->kvdim + off;
+        a.V = p->v_cache + seq * p->kvdim + off;
+    }
+    a.mask = p->mask_cache + (size_t)b * S;
     a.ld = p->kvdim;
-    a.lds = p->s.n_kv_heads;
-    a.n = j->pos + 1;
+    a.lds = s->n_kv_heads;
     a.d = d;
     a.scale = p->d.attn_scale;
-    p->k->attend(j->out + (size_t)h * d, &a);
+    /* queries of KV head kvh: heads kvh * group .. + group - 1 of each row */
+    clb_att_rows r;
+    r.q = p->q + (size_t)r0 * p->qdim + (size_t)kvh * group * d;
+    r.out = p->att + (size_t)r0 * p->qdim + (size_t)kvh * group * d;
+    r.pos = p->tok_pos + r0;
+    r.ldq = r.ldo = p->qdim;
+    r.nr = r1 - r0;
+    r.nh = group;
+    p->k->attend_rows(&r, &a);
 }
 
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
@@ -368,27 +387,11 @@ void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
     memcpy(p->v_cache + row * p->kvdim, v, (size_t)p->kvdim * 4);
 }
 
-void clb_attention(const clb_plan *p, uint32_t layer, uint32_t b,
-                   uint32_t pos, const float *q, float *out)
+void clb_attention(const clb_plan *p, uint32_t layer, uint32_t n)
 {
-    uint32_t S = p->s.max_seq_len;
-    size_t seq_base = ((size_t)layer * p->s.max_batch + b) * S;
     att_job j;
-    memset(&j, 0, sizeof j);
     j.p = p;
-    if (p->kv_dtype == COLIBRI_KV_I8) {
-        j.Kq = p->k_q + seq_base * p->kvdim;
-        j.Vq = p->v_q + seq_base * p->kvdim;
-        j.Ks = p->k_s + seq_base * p->s.n_kv_heads;
-        j.Vs = p->v_s + seq_base * p->s.n_kv_heads;
-    } else {
-        j.K = p->k_cache + seq_base * p->kvdim;
-        j.V = p->v_cache + seq_base * p->kvdim;
-    }
-    j.mask = p->mask_cache + (size_t)b * S;
-    j.q = q;
-    j.out = out;
-    j.pos = pos;
-    j.group = (uint32_t)p->s.n_heads / p->s.n_kv_heads;
-    clb_parallel(clb_team_of(p), p->s.n_heads, att_head, &j);
+    j.layer = layer;
+    j.n = n;
+    clb_parallel(clb_team_of(p), p->s.max_batch * p->s.n_kv_heads, att_unit, &j);
 }

@@ -1441,6 +1441,7 @@ static const colibri_kernels avx2_kernels = {
     avx2_matmul_q4_k,
     avx2_matmul_q6_k,
     clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
+    clb_ref_attend_rows,
 };
 
 /* The same with vpdpbusd for the int8 dot products ("avx2-vnni"): VEX
@@ -1462,6 +1463,7 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_vnni_matmul_q4_k,
     avx2_vnni_matmul_q6_k,
     clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
+    clb_ref_attend_rows,
 };
 
 static const colibri_kernels avx2_evex_vnni_kernels = {
@@ -1475,6 +1477,7 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_evex_vnni_matmul_q4_k,
     avx2_evex_vnni_matmul_q6_k,
     clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
+    clb_ref_attend_rows,
 };
 
 /* 1: AVX-VNNI (VEX), 2: AVX512-VNNI with AVX512VL (EVEX; libgcc's

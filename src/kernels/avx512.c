@@ -322,120 +322,198 @@ BLOCK512 __m512 att_exp16(__m512 x)
     return _mm512_mask_mov_ps(v, nan, x);
 }
 
-/* The scores of the block's positions `keep` (lane bits; others 0):
- * lane i = ref's att_score of position b + i. K is gathered along c, 16
- * positions a lane each, so every lane sums its products in c order, as
- * ref does; int8 K gathers the 4 bytes c .. c + 3 of each row at once
- * (whole rows only: d % 4 == 0, else ref's loop per position). */
-BLOCK512 __m512 att_scores16(const clb_att_args *a, uint32_t b, __mmask16 keep)
+/* attend_rows: tiles of up to ZA_T queries (kernels.h clb_att_rows) over
+ * the same keys. Per block of 16 positions the keys are gathered once
+ * into kt, lane = position, along c (ZA_C columns at a time), and every
+ * query of the tile sums its products from kt in c order, as ref does:
+ * ZA_T independent chains instead of one latency-bound chain per query,
+ * and one gather of a key column for ZA_T queries instead of one each.
+ * A query's own operations are ref's, in ref's order, whatever tile it is
+ * in; a query the block does not reach (n <= b, or only masked
+ * positions) is left as it was (alpha 1: o * 1 = o exactly, no add). */
+enum { ZA_T = 8, ZA_C = 256 };
+
+typedef struct za_tile {
+    const float *q[ZA_T];
+    float *o[ZA_T];
+    uint32_t n[ZA_T];         /* positions attended; 0: a padding query */
+    float m[ZA_T], l[ZA_T];
+    int any[ZA_T];
+} za_tile;
+
+/* kt[c - c0][lane] = key (b + lane)'s column c (int8: as float), for c in
+ * c0 .. c0 + cn and the lanes in keep (others 0). */
+BLOCK512 void za_keys(float *kt, const clb_att_args *a, uint32_t b, __mmask16 keep,
+                      uint32_t c0, uint32_t cn)
 {
-    const uint32_t d = a->d;
     const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                               11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)a->ld));
-    __m512 acc = _mm512_setzero_ps();
     if (a->K) {
-        const float *base = a->K + (size_t)b * a->ld;
-        for (uint32_t c = 0; c < d; c++) {
-            const __m512 k = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, rows, base + c, 4);
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(a->q[c]), k));
+        const float *base = a->K + (size_t)b * a->ld + c0;
+        for (uint32_t c = 0; c < cn; c++)
+            _mm512_store_ps(kt + 16 * c, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, rows,
+                                                                  base + c, 4));
+        return;
+    }
+    const int8_t *base = a->Kq + (size_t)b * a->ld + c0;
+    uint32_t c = 0;
+    if (a->d % 4 == 0) /* c0 and cn are then multiples of 4: whole dwords of every row */
+        for (; c + 4 <= cn; c += 4) {
+            const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keep, rows,
+                                                          base + c, 1);
+            UNROLL
+            for (int j = 0; j < 4; j++)
+                _mm512_store_ps(kt + 16 * (c + (uint32_t)j), _mm512_cvtepi32_ps(_mm512_srai_epi32(
+                    _mm512_slli_epi32(w, 24 - 8 * j), 24)));
         }
-        return _mm512_mul_ps(acc, _mm512_set1_ps(a->scale));
+    for (; c < cn; c++)
+        for (uint32_t i = 0; i < 16; i++)
+            kt[16 * c + i] = (keep >> i & 1u) ? (float)base[(size_t)i * a->ld + c] : 0.0f;
+}
+
+/* One block b of the tile: the scores, the running max and sum, and the
+ * output update of every query the block reaches (kj: its lanes). */
+BLOCK512 void za_block(za_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb,
+                       uint32_t keep, const uint32_t *kj, float *kt)
+{
+    const uint32_t d = a->d;
+    __m512 acc[ZA_T];
+    UNROLL
+    for (int j = 0; j < ZA_T; j++)
+        acc[j] = _mm512_setzero_ps();
+    for (uint32_t c0 = 0; c0 < d; c0 += ZA_C) {
+        const uint32_t cn = d - c0 < ZA_C ? d - c0 : ZA_C;
+        za_keys(kt, a, b, (__mmask16)keep, c0, cn);
+        for (uint32_t c = 0; c < cn; c++) {
+            const __m512 k = _mm512_load_ps(kt + 16 * c);
+            UNROLL
+            for (int j = 0; j < ZA_T; j++)
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_set1_ps(t->q[j][c0 + c]), k));
+        }
     }
     const __m512i srows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                11, 12, 13, 14, 15),
                                              _mm512_set1_epi32((int)a->lds));
-    const __m512 ks = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, srows,
-                                               a->Ks + (size_t)b * a->lds, 4);
-    if (d % 4 == 0) {
-        const int8_t *base = a->Kq + (size_t)b * a->ld;
-        for (uint32_t c = 0; c < d; c += 4) {
-            const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keep, rows,
-                                                          base + c, 1);
-            UNROLL
-            for (int j = 0; j < 4; j++) {
-                const __m512 k = _mm512_cvtepi32_ps(_mm512_srai_epi32(
-                    _mm512_slli_epi32(w, 24 - 8 * j), 24));
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(a->q[c + (uint32_t)j]), k));
+    __m512 ks = _mm512_setzero_ps(), vs = ks;
+    if (!a->K) {
+        ks = _mm512_mask_i32gather_ps(ks, (__mmask16)keep, srows, a->Ks + (size_t)b * a->lds, 4);
+        vs = _mm512_mask_i32gather_ps(vs, (__mmask16)keep, srows, a->Vs + (size_t)b * a->lds, 4);
+    }
+    float alpha[ZA_T], w[ZA_T][CLB_ATT_BLOCK];
+    for (int j = 0; j < ZA_T; j++) {
+        alpha[j] = 1.0f;
+        if (!kj[j])
+            continue;
+        const __m512 sv = a->K ? _mm512_mul_ps(acc[j], _mm512_set1_ps(a->scale))
+                               : _mm512_mul_ps(_mm512_mul_ps(acc[j], ks), _mm512_set1_ps(a->scale));
+        float s[CLB_ATT_BLOCK];
+        _mm512_storeu_ps(s, sv);
+        float mb = -INFINITY; /* ref's max, in position order */
+        int live = 0;
+        for (uint32_t i = 0; i < nb; i++)
+            if (kj[j] >> i & 1u) {
+                mb = !live || s[i] > mb ? s[i] : mb;
+                live = 1;
             }
-        }
-    } else {
-        float s[16] = {0};
-        for (uint32_t i = 0; i < 16; i++) {
+        const float mn = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
+        alpha[j] = t->any[j] ? clb_att_exp(t->m[j] - mn) : 0.0f;
+        const __m512 pv = _mm512_maskz_mov_ps((__mmask16)kj[j],
+            att_exp16(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
+        t->l[j] = t->l[j] * alpha[j] + hsum16(pv);
+        /* the weight of v_i: p_i (int8: p_i * vs_i, ref's product) */
+        _mm512_storeu_ps(w[j], a->K ? pv : _mm512_mul_ps(pv, vs));
+        t->m[j] = mn;
+        t->any[j] = 1;
+    }
+    for (uint32_t c = 0; c < d; c += 16) {
+        const __mmask16 mk = lanes16(d - c);
+        __m512 o[ZA_T];
+        UNROLL
+        for (int j = 0; j < ZA_T; j++)
+            o[j] = kj[j] ? _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, t->o[j] + c),
+                                         _mm512_set1_ps(alpha[j])) : _mm512_setzero_ps();
+        for (uint32_t i = 0; i < nb; i++) {
             if (!(keep >> i & 1u))
                 continue;
-            const int8_t *k = a->Kq + (size_t)(b + i) * a->ld;
-            float dot = 0.0f;
-            for (uint32_t c = 0; c < d; c++)
-                dot = dot + a->q[c] * (float)k[c];
-            s[i] = dot;
+            const size_t at = (size_t)(b + i) * a->ld + c;
+            const __m512 v = a->V ? _mm512_maskz_loadu_ps(mk, a->V + at)
+                : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, a->Vq + at)));
+            UNROLL
+            for (int j = 0; j < ZA_T; j++)
+                if (kj[j] >> i & 1u)
+                    o[j] = _mm512_add_ps(o[j], _mm512_mul_ps(_mm512_set1_ps(w[j][i]), v));
         }
-        acc = _mm512_loadu_ps(s);
+        UNROLL
+        for (int j = 0; j < ZA_T; j++)
+            if (kj[j])
+                _mm512_mask_storeu_ps(t->o[j] + c, mk, o[j]);
     }
-    return _mm512_mul_ps(_mm512_mul_ps(acc, ks), _mm512_set1_ps(a->scale));
+}
+
+/* The queries of t (n[j] positions each, outputs zeroed) to the end. */
+BLOCK512 void za_run(za_tile *t, const clb_att_args *a)
+{
+    _Alignas(64) float kt[ZA_C * CLB_ATT_BLOCK];
+    uint32_t nmax = 0;
+    for (int j = 0; j < ZA_T; j++) {
+        t->m[j] = -INFINITY;
+        t->l[j] = 0.0f;
+        t->any[j] = 0;
+        nmax = t->n[j] > nmax ? t->n[j] : nmax;
+    }
+    for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
+        const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
+        uint32_t keep = 0, reach = 0, kj[ZA_T]; /* lane bits of the unmasked positions */
+        for (uint32_t i = 0; i < nb; i++)
+            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
+        for (int j = 0; j < ZA_T; j++) {
+            kj[j] = t->n[j] > b ? keep & lanes16(t->n[j] - b) : 0u;
+            reach |= kj[j];
+        }
+        if (reach)
+            za_block(t, a, b, nb, reach, kj, kt);
+    }
+    for (int j = 0; j < ZA_T; j++) {
+        if (!t->any[j])
+            continue;
+        const __m512 lv = _mm512_set1_ps(t->l[j]);
+        for (uint32_t c = 0; c < a->d; c += 16) {
+            const __mmask16 mk = lanes16(a->d - c);
+            _mm512_mask_storeu_ps(t->o[j] + c, mk,
+                                  _mm512_div_ps(_mm512_maskz_loadu_ps(mk, t->o[j] + c), lv));
+        }
+    }
+}
+
+TGT512 static void z_attend_rows(const clb_att_rows *r, const clb_att_args *a)
+{
+    const uint32_t nq = r->nr * r->nh;
+    for (uint32_t t0 = 0; t0 < nq; t0 += ZA_T) {
+        za_tile t;
+        for (uint32_t j = 0; j < ZA_T; j++) {
+            /* past the last query: the last one's input again, reaching nothing */
+            const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
+            t.q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
+            t.o[j] = r->out + (size_t)i * r->ldo + (size_t)g * a->d;
+            t.n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
+            if (t.n[j])
+                memset(t.o[j], 0, (size_t)a->d * sizeof(float));
+        }
+        za_run(&t, a);
+    }
 }
 
 TGT512 static void z_attend(float *out, const clb_att_args *a)
 {
-    const uint32_t d = a->d;
-    float m = -INFINITY, l = 0.0f;
-    int any = 0;
-    memset(out, 0, (size_t)d * sizeof(float));
-    for (uint32_t b = 0; b < a->n; b += CLB_ATT_BLOCK) {
-        const uint32_t nb = a->n - b < CLB_ATT_BLOCK ? a->n - b : CLB_ATT_BLOCK;
-        uint32_t keep = 0; /* lane bits of the unmasked positions */
-        for (uint32_t i = 0; i < nb; i++)
-            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
-        if (!keep)
-            continue;
-        float s[CLB_ATT_BLOCK];
-        _mm512_storeu_ps(s, att_scores16(a, b, (__mmask16)keep));
-        float mb = -INFINITY; /* ref's max, in position order */
-        int live = 0;
-        for (uint32_t i = 0; i < nb; i++)
-            if (keep >> i & 1u) {
-                mb = !live || s[i] > mb ? s[i] : mb;
-                live = 1;
-            }
-        if (!live)
-            continue;
-        const float mn = !any || mb > m ? mb : m;
-        const float alpha = any ? clb_att_exp(m - mn) : 0.0f;
-        const __m512 pv = _mm512_maskz_mov_ps((__mmask16)keep,
-            att_exp16(_mm512_sub_ps(_mm512_loadu_ps(s), _mm512_set1_ps(mn))));
-        float pr[CLB_ATT_BLOCK];
-        _mm512_storeu_ps(pr, pv);
-        l = l * alpha + hsum16(pv);
-        const __m512 al = _mm512_set1_ps(alpha);
-        for (uint32_t c = 0; c < d; c += 16) {
-            const __mmask16 mk = lanes16(d - c);
-            __m512 o = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, out + c), al);
-            for (uint32_t i = 0; i < nb; i++) {
-                if (!(keep >> i & 1u))
-                    continue;
-                const size_t at = (size_t)(b + i) * a->ld + c;
-                __m512 v, w;
-                if (a->V) {
-                    v = _mm512_maskz_loadu_ps(mk, a->V + at);
-                    w = _mm512_set1_ps(pr[i]);
-                } else {
-                    v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, a->Vq + at)));
-                    w = _mm512_set1_ps(pr[i] * a->Vs[(size_t)(b + i) * a->lds]);
-                }
-                o = _mm512_add_ps(o, _mm512_mul_ps(w, v));
-            }
-            _mm512_mask_storeu_ps(out + c, mk, o);
-        }
-        m = mn;
-        any = 1;
+    memset(out, 0, (size_t)a->d * sizeof(float));
+    za_tile t;
+    for (uint32_t j = 0; j < ZA_T; j++) {
+        t.q[j] = a->q;
+        t.o[j] = out;
+        t.n[j] = j == 0 ? a->n : 0u;
     }
-    if (!any)
-        return;
-    const __m512 lv = _mm512_set1_ps(l);
-    for (uint32_t c = 0; c < d; c += 16) {
-        const __mmask16 mk = lanes16(d - c);
-        _mm512_mask_storeu_ps(out + c, mk, _mm512_div_ps(_mm512_maskz_loadu_ps(mk, out + c), lv));
-    }
+    za_run(&t, a);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -953,6 +1031,7 @@ static const colibri_kernels avx512_vnni_kernels = {
     z_matmul_q4_k,
     z_matmul_q6_k,
     z_attend,
+    z_attend_rows,
 };
 
 const colibri_kernels *colibri_kernels_avx512(void)

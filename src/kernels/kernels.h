@@ -53,6 +53,19 @@ typedef struct clb_att_args {
 /* Positions per block of the attention schedule (ref.c clb_ref_attend). */
 #define CLB_ATT_BLOCK 16u
 
+/* Several queries over the same cached positions (clb_att_args without
+ * q and n): the heads of one GQA group, for one or more rows of one
+ * sequence. Query (i, g), i < nr rows, g < nh heads, is the d floats at
+ * q + i * ldq + g * d; it attends positions 0 .. pos[i] (n = pos[i] + 1)
+ * and writes out + i * ldo + g * d. */
+typedef struct clb_att_rows {
+    const float *q;
+    float *out;
+    const uint32_t *pos;     /* [nr] */
+    size_t ldq, ldo;
+    uint32_t nr, nh;
+} clb_att_rows;
+
 typedef struct colibri_kernels {
     const char *name; /* "ref", "avx2", "avx2-vnni", "avx512-vnni", "neon",
                           "neon-dotprod" */
@@ -113,6 +126,12 @@ typedef struct colibri_kernels {
      * that has this member is bit-identical to it (avx2 and NEON tables
      * list ref's own). All positions masked: out = 0. */
     void (*attend)(float *out, const clb_att_args *a);
+
+    /* attend for every query of r (a->q and a->n are not read): the same
+     * bits as one attend call per query, whatever r's shape, so a form may
+     * share the work of several queries (a block of keys loaded once for
+     * all of them) without changing a result. */
+    void (*attend_rows)(const clb_att_rows *r, const clb_att_args *a);
 } colibri_kernels;
 
 /* ref.c's block kernels, named so that a table without its own form of
@@ -131,6 +150,7 @@ void clb_ref_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
                          uint32_t rows, uint32_t cols);
 
 void clb_ref_attend(float *out, const clb_att_args *a);
+void clb_ref_attend_rows(const clb_att_rows *r, const clb_att_args *a);
 
 /* The attention's exp: exp(x) for x <= 0 in plain float operations
  * (Cody-Waite reduction by ln 2, a degree-6 polynomial, 2^n by the

@@ -623,6 +623,7 @@ static const colibri_kernels neon_kernels = {
     neon_matmul_q4_k,
     neon_matmul_q6_k,
     clb_ref_attend, /* no NEON form yet: ref's, the same bits */
+    clb_ref_attend_rows,
 };
 
 #ifdef __aarch64__
@@ -639,6 +640,7 @@ static const colibri_kernels neon_dotprod_kernels = {
     colibri_neon_dotprod_matmul_q4_k,
     colibri_neon_dotprod_matmul_q6_k,
     clb_ref_attend, /* no NEON form yet: ref's, the same bits */
+    clb_ref_attend_rows,
 };
 
 /* Whether this CPU executes SDOT (FEAT_DotProd, optional from ARMv8.2-A).

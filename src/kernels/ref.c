@@ -430,6 +430,18 @@ void clb_ref_attend(float *out, const clb_att_args *a)
         out[c] = out[c] / l;
 }
 
+void clb_ref_attend_rows(const clb_att_rows *r, const clb_att_args *a)
+{
+    clb_att_args one = *a;
+    for (uint32_t i = 0; i < r->nr; i++) {
+        one.n = r->pos[i] + 1u;
+        for (uint32_t g = 0; g < r->nh; g++) {
+            one.q = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
+            clb_ref_attend(r->out + (size_t)i * r->ldo + (size_t)g * a->d, &one);
+        }
+    }
+}
+
 static const colibri_kernels ref_kernels = {
     "ref",
     ref_matmul_f32,
@@ -441,6 +453,7 @@ static const colibri_kernels ref_kernels = {
     clb_ref_matmul_q4_k,
     clb_ref_matmul_q6_k,
     clb_ref_attend,
+    clb_ref_attend_rows,
 };
 
 const colibri_kernels *colibri_kernels_ref(void)

@@ -751,6 +751,76 @@ static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8
     buf_free(&KS); buf_free(&VS); buf_free(&M); buf_free(&O1); buf_free(&O2);
 }
 
+/* attend_rows (several queries over one KV head's cache: the GQA group's
+ * heads of nr rows at positions pos[i]) against one ref attend call per
+ * query, bit for bit, with row strides wider than the heads, the output's
+ * gaps left as they were, and tiles of queries that reach different
+ * blocks (positions first .. first + nr - 1, or every 7th). */
+static void test_attend_rows(const colibri_kernels *k, uint32_t nr, uint32_t nh, uint32_t first,
+                             uint32_t d, int i8, int holes)
+{
+    const uint32_t npos = first + 7 * nr + 1;
+    const size_t ld = (size_t)d + 3, lds = 2, ldq = (size_t)nh * d + 5;
+    buf Q = buf_new(nr * ldq, sizeof(float), 1), O1 = buf_new(nr * ldq, sizeof(float), 0);
+    buf O2 = buf_new(nr * ldq, sizeof(float), 1), P = buf_new(nr, sizeof(uint32_t), 0);
+    buf KF = buf_new((size_t)npos * ld, sizeof(float), 0), VF = buf_new((size_t)npos * ld, sizeof(float), 1);
+    buf K8 = buf_new((size_t)npos * ld, 1, 1), V8 = buf_new((size_t)npos * ld, 1, 0);
+    buf KS = buf_new((size_t)npos * lds, sizeof(float), 0), VS = buf_new((size_t)npos * lds, sizeof(float), 1);
+    buf M = buf_new(npos, 1, 0);
+    float *q = Q.p, *o1 = O1.p, *o2 = O2.p, *kf = KF.p, *vf = VF.p, *ks = KS.p, *vs = VS.p;
+    int8_t *k8 = K8.p, *v8 = V8.p;
+    uint32_t *pos = P.p;
+    uint8_t *mask = M.p;
+    for (size_t i = 0; i < nr * ldq; i++) {
+        q[i] = 4.0f * rng_sym();
+        o1[i] = o2[i] = (float)i; /* the gaps must keep these */
+    }
+    for (size_t i = 0; i < (size_t)npos * ld; i++) {
+        kf[i] = rng_sym();
+        vf[i] = rng_sym();
+        k8[i] = (int8_t)(int32_t)(rng_below(255) - 127);
+        v8[i] = (int8_t)(int32_t)(rng_below(255) - 127);
+    }
+    for (size_t i = 0; i < (size_t)npos * lds; i++) {
+        ks[i] = (0.5f + rng_sym()) / 127.0f;
+        vs[i] = (0.5f + rng_sym()) / 127.0f;
+    }
+    for (uint32_t i = 0; i < npos; i++)
+        mask[i] = holes == 2 ? 0 : holes ? (uint8_t)(rng_below(3) != 0 && (i / 16) % 3 != 1) : 1;
+    for (uint32_t i = 0; i < nr; i++)
+        pos[i] = first + (holes ? 7 * i : i);
+    clb_att_args a;
+    memset(&a, 0, sizeof a);
+    if (i8) {
+        a.Kq = k8; a.Vq = v8; a.Ks = ks; a.Vs = vs;
+    } else {
+        a.K = kf; a.V = vf;
+    }
+    a.mask = mask;
+    a.ld = ld;
+    a.lds = lds;
+    a.d = d;
+    a.scale = 1.0f / sqrtf((float)d);
+    for (uint32_t i = 0; i < nr; i++)
+        for (uint32_t g = 0; g < nh; g++) {
+            a.q = q + i * ldq + (size_t)g * d;
+            a.n = pos[i] + 1;
+            clb_ref_attend(o1 + i * ldq + (size_t)g * d, &a);
+        }
+    clb_att_rows r = {q, o2, pos, ldq, ldq, nr, nh};
+    k->attend_rows(&r, &a);
+    n_checks++;
+    if (memcmp(o1, o2, nr * ldq * sizeof(float)) != 0) {
+        size_t c = 0;
+        while (memcmp(o1 + c, o2 + c, sizeof(float)) == 0)
+            c++;
+        FAIL("%s attend_rows nr=%u nh=%u first=%u d=%u i8=%d holes=%d: out[%zu] = %.9g, ref %.9g",
+             k->name, nr, nh, first, d, i8, holes, c, o2[c], o1[c]);
+    }
+    buf_free(&Q); buf_free(&O1); buf_free(&O2); buf_free(&P); buf_free(&KF); buf_free(&VF);
+    buf_free(&K8); buf_free(&V8); buf_free(&KS); buf_free(&VS); buf_free(&M);
+}
+
 static void test_attend_all(const colibri_kernels *k)
 {
     static const uint32_t AN[] = {1, 2, 15, 16, 17, 33, 100, 300};
@@ -760,6 +830,18 @@ static void test_attend_all(const colibri_kernels *k)
             for (int i8 = 0; i8 < 2; i8++)
                 for (int holes = 0; holes < 3; holes++)
                     test_attend(k, AN[a], AD[b], i8, holes);
+    if (k == NULL)
+        return;
+    /* rows x heads: one query, a GQA pair, tiles with a partial last tile,
+     * a prefill chunk; first positions inside and across blocks */
+    static const uint32_t RN[][3] = {{1, 1, 0}, {1, 2, 40}, {3, 3, 15}, {5, 2, 0}, {16, 2, 100},
+                                     {9, 1, 33}, {40, 4, 7}};
+    static const uint32_t RD[] = {8, 17, 64, 128, 300};
+    for (size_t a = 0; a < LEN(RN); a++)
+        for (size_t b = 0; b < LEN(RD); b++)
+            for (int i8 = 0; i8 < 2; i8++)
+                for (int holes = 0; holes < 3; holes++)
+                    test_attend_rows(k, RN[a][0], RN[a][1], RN[a][2], RD[b], i8, holes);
 }
 
 static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
@@ -1162,6 +1244,7 @@ int main(int argc, char **argv)
         return 0;
     }
     test_attend_all(NULL); /* ref's attend against softmax in double */
+    test_attend_all(ref);  /* ref's attend_rows against its attend */
     if (nopt == 0)
         printf("no optimised kernel table in this build: nothing to compare\n");
     for (int i = 0; i < nopt; i++)
