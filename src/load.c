@@ -59,18 +59,18 @@ static void *alloc64(size_t n, void **base)
     return (void *)(((uintptr_t)*base + 63) & ~(uintptr_t)63);
 }
 
-/* Memory for the model's own copy of the file (read, or byte-swapped), n
- * bytes aligned to 64. On Linux, from 2 MiB: an anonymous mapping aligned to
- * 2 MiB and advised MADV_HUGEPAGE (recorded in v->huge for munmap), so that
- * transparent huge pages can back it where the system allows ("madvise" or
- * "always"); the advice failing is harmless. Else malloc (v->owned_blob). */
+/* n bytes aligned to 64 for a large buffer the model owns: on Linux, from
+ * 2 MiB, an anonymous mapping aligned to 2 MiB and advised MADV_HUGEPAGE
+ * (recorded in *map, *map_size for munmap), so that transparent huge pages
+ * can back it where the system allows ("madvise" or "always"); the advice
+ * failing is harmless. Else malloc (recorded in *owned). */
 #define CLB_HUGE_PAGE ((size_t)2 << 20)
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
 #define CLB_HUGE_ALLOC 1
 #else
 #define CLB_HUGE_ALLOC 0
 #endif
-static void *alloc_blob(struct colibri_model_private_ *v, size_t n)
+static void *alloc_big(size_t n, void **map_out, size_t *map_size, void **owned)
 {
 #if CLB_HUGE_ALLOC
     if (n >= CLB_HUGE_PAGE && n <= SIZE_MAX - CLB_HUGE_PAGE) {
@@ -79,13 +79,31 @@ static void *alloc_blob(struct colibri_model_private_ *v, size_t n)
         if (map != MAP_FAILED) {
             uintptr_t a = ((uintptr_t)map + CLB_HUGE_PAGE - 1) & ~(uintptr_t)(CLB_HUGE_PAGE - 1);
             (void)madvise((void *)a, n, MADV_HUGEPAGE);
-            v->huge = map;
-            v->huge_size = n + CLB_HUGE_PAGE;
+            *map_out = map;
+            *map_size = n + CLB_HUGE_PAGE;
             return (void *)a;
         }
     }
+#else
+    (void)map_out;
+    (void)map_size;
 #endif
-    return alloc64(n, &v->owned_blob);
+    return alloc64(n, owned);
+}
+
+/* The model's own copy of the file (read, or byte-swapped). */
+static void *alloc_blob(struct colibri_model_private_ *v, size_t n)
+{
+    return alloc_big(n, &v->huge, &v->huge_size, &v->owned_blob);
+}
+
+/* The arena the library allocates: huge pages too, for the KV cache, which
+ * attention at depth reads row block by row block (with 4 KiB pages a
+ * 2048-position decode step of the bench model spent a third of its
+ * attention time in page walks). */
+static void *alloc_arena(struct colibri_model_private_ *v, size_t n)
+{
+    return alloc_big(n, &v->huge_arena, &v->huge_arena_size, &v->owned_arena);
 }
 
 /* Swap every section's data of a validated file in place (values by their
@@ -357,6 +375,8 @@ static void release(colibri_model *m)
 #if CLB_HUGE_ALLOC
     if (v->huge)
         munmap(v->huge, v->huge_size);
+    if (v->huge_arena)
+        munmap(v->huge_arena, v->huge_arena_size);
 #endif
     /* the reader thread first: a read in flight writes into the arena
      * (none is, between calls; this keeps it so) */
@@ -427,7 +447,7 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size,
                    "must supply an arena of %llu bytes", (unsigned long long)need);
         return COLIBRI_E_ARG;
 #else
-        arena = alloc64(need, &v->owned_arena);
+        arena = alloc_arena(v, need);
         if (!arena) {
             clb_detail(v->detail, DETAIL_CAP, "cannot allocate an arena of %llu "
                        "bytes", (unsigned long long)need);
@@ -778,7 +798,7 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
     if (rc == COLIBRI_OK && !arena) {
 #ifndef COLIBRI_STATIC_WORKBUF
         /* aligned for the reader's direct reads (slots are aligned inside) */
-        arena = alloc64(need, &v->owned_arena);
+        arena = alloc_arena(v, need);
         if (!arena) {
             clb_detail(v->detail, DETAIL_CAP, "cannot allocate an arena of %llu "
                        "bytes", (unsigned long long)need);

@@ -259,6 +259,8 @@ typedef struct colibri_model {
         void *arena;
         size_t arena_size;
         void *owned_arena;         /* malloc'd arena to free, or NULL */
+        void *huge_arena;          /* anonymous huge-page region holding */
+        size_t huge_arena_size;    /* the allocated arena, or NULL */
         const void *kernels;       /* colibri_kernels* */
         void *plan;                /* the arena's layout, inside the arena;
                                       it holds the thread team too */

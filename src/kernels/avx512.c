@@ -341,35 +341,60 @@ typedef struct za_tile {
     int any[ZA_T];
 } za_tile;
 
+/* r[0..16) (row i = 16 floats) -> r[c] = column c (lane i = row i's c):
+ * the 16 x 16 transpose in four rounds of pairwise shuffles. */
+BLOCK512 void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    UNROLL
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    UNROLL
+    for (int i = 0; i < 16; i += 4)
+        UNROLL
+        for (int j = 0; j < 2; j++) {
+            r[i + j] = _mm512_shuffle_ps(t[i + j], t[i + j + 2], 0x44);
+            r[i + j + 2] = _mm512_shuffle_ps(t[i + j], t[i + j + 2], 0xee);
+        }
+    UNROLL
+    for (int i = 0; i < 16; i += 8)
+        UNROLL
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    UNROLL
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
 /* kt[c - c0][lane] = key (b + lane)'s column c (int8: as float), for c in
- * c0 .. c0 + cn and the lanes in keep (others 0). */
+ * c0 .. c0 + cn and the lanes in keep (others 0): 16 columns of the 16
+ * rows at a time, loaded and transposed in registers (a 16-lane gather per
+ * column was the whole cost of a block on Zen 4). transpose16 leaves
+ * column i with bits 0 and 1 swapped in r[i]. */
 BLOCK512 void za_keys(float *kt, const clb_att_args *a, uint32_t b, __mmask16 keep,
                       uint32_t c0, uint32_t cn)
 {
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-                                                              11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)a->ld));
-    if (a->K) {
-        const float *base = a->K + (size_t)b * a->ld + c0;
-        for (uint32_t c = 0; c < cn; c++)
-            _mm512_store_ps(kt + 16 * c, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, rows,
-                                                                  base + c, 4));
-        return;
-    }
-    const int8_t *base = a->Kq + (size_t)b * a->ld + c0;
-    uint32_t c = 0;
-    if (a->d % 4 == 0) /* c0 and cn are then multiples of 4: whole dwords of every row */
-        for (; c + 4 <= cn; c += 4) {
-            const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), keep, rows,
-                                                          base + c, 1);
-            UNROLL
-            for (int j = 0; j < 4; j++)
-                _mm512_store_ps(kt + 16 * (c + (uint32_t)j), _mm512_cvtepi32_ps(_mm512_srai_epi32(
-                    _mm512_slli_epi32(w, 24 - 8 * j), 24)));
+    for (uint32_t c = 0; c < cn; c += 16) {
+        const __mmask16 mk = lanes16(cn - c);
+        __m512 r[16];
+        UNROLL
+        for (int i = 0; i < 16; i++) {
+            const __mmask16 m = (keep >> i & 1u) ? mk : 0;
+            const size_t at = (size_t)(b + (uint32_t)i) * a->ld + c0 + c;
+            r[i] = a->K ? _mm512_maskz_loadu_ps(m, a->K + at)
+                        : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, a->Kq + at)));
         }
-    for (; c < cn; c++)
-        for (uint32_t i = 0; i < 16; i++)
-            kt[16 * c + i] = (keep >> i & 1u) ? (float)base[(size_t)i * a->ld + c] : 0.0f;
+        transpose16(r);
+        UNROLL
+        for (int i = 0; i < 16; i++)
+            _mm512_store_ps(kt + 16 * (c + (uint32_t)((i & ~3) | (i & 1) << 1 | (i >> 1 & 1))), r[i]);
+    }
 }
 
 /* One block b of the tile: the scores, the running max and sum, and the
@@ -451,6 +476,26 @@ BLOCK512 void za_block(za_tile *t, const clb_att_args *a, uint32_t b, uint32_t n
     }
 }
 
+/* Prefetch (into L2) the keys and values of positions b .. b + nb: a block
+ * of one KV head is 16 rows a cache row apart, which the hardware
+ * prefetchers do not follow (decode at 2048 positions on Zen 4 waited on
+ * memory for most of its attention time without this). */
+BLOCK512 void za_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb)
+{
+    const size_t bytes = a->K ? (size_t)a->d * sizeof(float) : a->d;
+    const char *k = a->K ? (const char *)(a->K + (size_t)b * a->ld) : (const char *)(a->Kq + (size_t)b * a->ld);
+    const char *v = a->V ? (const char *)(a->V + (size_t)b * a->ld) : (const char *)(a->Vq + (size_t)b * a->ld);
+    const size_t ld = a->K ? a->ld * sizeof(float) : a->ld;
+    for (uint32_t i = 0; i < nb; i++)
+        for (size_t c = 0; c < bytes; c += 64) {
+            _mm_prefetch(k + i * ld + c, _MM_HINT_T1);
+            _mm_prefetch(v + i * ld + c, _MM_HINT_T1);
+        }
+}
+
+/* Blocks ahead that za_run prefetches. */
+enum { ZA_PF_BLOCKS = 2 };
+
 /* The queries of t (n[j] positions each, outputs zeroed) to the end. */
 BLOCK512 void za_run(za_tile *t, const clb_att_args *a)
 {
@@ -462,8 +507,13 @@ BLOCK512 void za_run(za_tile *t, const clb_att_args *a)
         t->any[j] = 0;
         nmax = t->n[j] > nmax ? t->n[j] : nmax;
     }
+    for (uint32_t b = 0; b < ZA_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
+        za_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
     for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
         const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
+        const uint32_t pf = b + ZA_PF_BLOCKS * CLB_ATT_BLOCK;
+        if (pf < nmax)
+            za_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
         uint32_t keep = 0, reach = 0, kj[ZA_T]; /* lane bits of the unmasked positions */
         for (uint32_t i = 0; i < nb; i++)
             keep |= (uint32_t)(a->mask[b + i] != 0) << i;
