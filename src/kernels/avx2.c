@@ -42,6 +42,7 @@
 
 #include <cpuid.h>
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define TGT __attribute__((target("avx2,fma")))
@@ -1429,6 +1430,296 @@ TGT static void avx2_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const 
 }
 
 /* ------------------------------------------------------------------------ */
+/* attend and attend_rows (kernels.h): ref.c's flash-attention schedule, its
+ * float operations lane by lane in the same order, so the same bits; the
+ * tiles of avx512.c in 256-bit registers. A block's 16 positions are two
+ * vectors (lanes 0-7 and 8-15); per block its keys are loaded once,
+ * transposed (8 x 8 in registers) into kt, lane = position, and the
+ * tile's YA_T queries sum their products from kt in c order as ref does,
+ * YA_T independent chains; the output update runs along head_dim. A query
+ * the block does not reach is left as it was (alpha 1, no add). */
+enum { YA_T = 4, YA_C = 256 };
+
+typedef struct ya_tile {
+    const float *q[YA_T];
+    float *o[YA_T];
+    uint32_t n[YA_T];         /* positions attended; 0: a padding query */
+    float m[YA_T], l[YA_T];
+    int any[YA_T];
+} ya_tile;
+
+/* Lane i all ones where bit i of bits is set (8 lanes). */
+BLOCK __m256 ya_lanes(uint32_t bits)
+{
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel));
+}
+
+/* clb_att_exp for 8 lanes: the same operations (kernels.h). */
+BLOCK __m256 att_exp8(__m256 x)
+{
+    const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(CLB_EXP_MIN), _CMP_GE_OQ);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256 big = _mm256_set1_ps(12582912.0f);
+    __m256 n = _mm256_mul_ps(x, _mm256_set1_ps(CLB_EXP_LOG2E));
+    n = _mm256_sub_ps(_mm256_add_ps(n, big), big);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(CLB_EXP_LN2_HI)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(CLB_EXP_LN2_LO)));
+    __m256 p = _mm256_set1_ps(CLB_EXP_C7);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C6));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C5));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C4));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C3));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C2));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    /* out-of-range lanes hold garbage in n: their exponent is not used */
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(
+        _mm256_cvtps_epi32(_mm256_and_ps(n, ok)), _mm256_set1_epi32(127)), 23);
+    const __m256 v = _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
+    return _mm256_blendv_ps(v, x, nan);
+}
+
+/* ref's halving tree over 16 lanes (lo = lanes 0-7, hi = 8-15). */
+BLOCK float ya_sum16(__m256 lo, __m256 hi)
+{
+    const __m256 s = _mm256_add_ps(lo, hi);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* r[0..8) rows -> r[c] = column c (lane i = row i's c). */
+BLOCK void transpose8(__m256 r[8])
+{
+    __m256 t[8], u[8];
+    UNROLL
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    UNROLL
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    UNROLL
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* 8 columns (k of them, 1..8; the rest 0) of a key row, as float. */
+BLOCK __m256 ya_key8(const clb_att_args *a, size_t at, uint32_t k)
+{
+    if (a->K)
+        return k >= 8 ? _mm256_loadu_ps(a->K + at)
+                      : _mm256_maskload_ps(a->K + at, tail_mask(k));
+    int8_t b8[8] = {0};
+    if (k >= 8)
+        memcpy(b8, a->Kq + at, 8);
+    else
+        for (uint32_t c = 0; c < k; c++)
+            b8[c] = a->Kq[at + c];
+    __m128i v;
+    memcpy(&v, b8, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+}
+
+/* kt[c - c0][lane] = key (b + lane)'s column c (int8: as float), for c in
+ * c0 .. c0 + cn and the lanes in keep (others 0). */
+BLOCK void ya_keys(float *kt, const clb_att_args *a, uint32_t b, uint32_t keep, uint32_t c0,
+                   uint32_t cn)
+{
+    for (uint32_t c = 0; c < cn; c += 8) {
+        const uint32_t k = cn - c < 8 ? cn - c : 8;
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            UNROLL
+            for (int i = 0; i < 8; i++) {
+                const uint32_t row = 8u * (uint32_t)h + (uint32_t)i;
+                r[i] = (keep >> row & 1u) ? ya_key8(a, (size_t)(b + row) * a->ld + c0 + c, k)
+                                          : _mm256_setzero_ps();
+            }
+            transpose8(r);
+            UNROLL
+            for (int i = 0; i < 8; i++)
+                _mm256_store_ps(kt + 16 * (c + (uint32_t)i) + 8 * h, r[i]);
+        }
+    }
+}
+
+/* One block b of the tile (avx512.c za_block). */
+BLOCK void ya_block(ya_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb, uint32_t keep,
+                    const uint32_t *kj, float *kt)
+{
+    const uint32_t d = a->d;
+    __m256 acc[YA_T][2];
+    UNROLL
+    for (int j = 0; j < YA_T; j++)
+        acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (uint32_t c0 = 0; c0 < d; c0 += YA_C) {
+        const uint32_t cn = d - c0 < YA_C ? d - c0 : YA_C;
+        ya_keys(kt, a, b, keep, c0, cn);
+        for (uint32_t c = 0; c < cn; c++) {
+            const __m256 k0 = _mm256_load_ps(kt + 16 * c), k1 = _mm256_load_ps(kt + 16 * c + 8);
+            UNROLL
+            for (int j = 0; j < YA_T; j++) {
+                const __m256 qc = _mm256_broadcast_ss(t->q[j] + c0 + c);
+                acc[j][0] = _mm256_add_ps(acc[j][0], _mm256_mul_ps(qc, k0));
+                acc[j][1] = _mm256_add_ps(acc[j][1], _mm256_mul_ps(qc, k1));
+            }
+        }
+    }
+    float ks[CLB_ATT_BLOCK] = {0}, vs[CLB_ATT_BLOCK] = {0};
+    if (!a->K)
+        for (uint32_t i = 0; i < nb; i++)
+            if (keep >> i & 1u) {
+                ks[i] = a->Ks[(size_t)(b + i) * a->lds];
+                vs[i] = a->Vs[(size_t)(b + i) * a->lds];
+            }
+    const __m256 sc = _mm256_set1_ps(a->scale);
+    float alpha[YA_T], w[YA_T][CLB_ATT_BLOCK];
+    for (int j = 0; j < YA_T; j++) {
+        alpha[j] = 1.0f;
+        if (!kj[j])
+            continue;
+        float s[CLB_ATT_BLOCK];
+        for (int h = 0; h < 2; h++) {
+            const __m256 sv = a->K ? _mm256_mul_ps(acc[j][h], sc)
+                : _mm256_mul_ps(_mm256_mul_ps(acc[j][h], _mm256_loadu_ps(ks + 8 * h)), sc);
+            _mm256_storeu_ps(s + 8 * h, sv);
+        }
+        float mb = -INFINITY; /* ref's max, in position order */
+        int live = 0;
+        for (uint32_t i = 0; i < nb; i++)
+            if (kj[j] >> i & 1u) {
+                mb = !live || s[i] > mb ? s[i] : mb;
+                live = 1;
+            }
+        const float mn = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
+        alpha[j] = t->any[j] ? clb_att_exp(t->m[j] - mn) : 0.0f;
+        __m256 pv[2];
+        for (int h = 0; h < 2; h++) {
+            pv[h] = _mm256_and_ps(ya_lanes(kj[j] >> (8 * h)),
+                                  att_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * h),
+                                                         _mm256_set1_ps(mn))));
+            /* the weight of v_i: p_i (int8: p_i * vs_i, ref's product) */
+            _mm256_storeu_ps(w[j] + 8 * h, a->K ? pv[h]
+                                                : _mm256_mul_ps(pv[h], _mm256_loadu_ps(vs + 8 * h)));
+        }
+        t->l[j] = t->l[j] * alpha[j] + ya_sum16(pv[0], pv[1]);
+        t->m[j] = mn;
+        t->any[j] = 1;
+    }
+    for (uint32_t c = 0; c < d; c += 8) {
+        const uint32_t k = d - c < 8 ? d - c : 8;
+        const __m256i mk = tail_mask(k);
+        __m256 o[YA_T];
+        UNROLL
+        for (int j = 0; j < YA_T; j++)
+            o[j] = kj[j] ? _mm256_mul_ps(_mm256_maskload_ps(t->o[j] + c, mk),
+                                         _mm256_set1_ps(alpha[j])) : _mm256_setzero_ps();
+        for (uint32_t i = 0; i < nb; i++) {
+            if (!(keep >> i & 1u))
+                continue;
+            const size_t at = (size_t)(b + i) * a->ld + c;
+            __m256 v;
+            if (a->V) {
+                v = _mm256_maskload_ps(a->V + at, mk);
+            } else {
+                int8_t b8[8] = {0};
+                for (uint32_t x = 0; x < k; x++)
+                    b8[x] = a->Vq[at + x];
+                __m128i q8;
+                memcpy(&q8, b8, 8);
+                v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            }
+            UNROLL
+            for (int j = 0; j < YA_T; j++)
+                if (kj[j] >> i & 1u)
+                    o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(_mm256_set1_ps(w[j][i]), v));
+        }
+        UNROLL
+        for (int j = 0; j < YA_T; j++)
+            if (kj[j])
+                _mm256_maskstore_ps(t->o[j] + c, mk, o[j]);
+    }
+}
+
+/* The queries of t (n[j] positions each, outputs zeroed) to the end. */
+BLOCK void ya_run(ya_tile *t, const clb_att_args *a)
+{
+    _Alignas(32) float kt[YA_C * CLB_ATT_BLOCK];
+    uint32_t nmax = 0;
+    for (int j = 0; j < YA_T; j++) {
+        t->m[j] = -INFINITY;
+        t->l[j] = 0.0f;
+        t->any[j] = 0;
+        nmax = t->n[j] > nmax ? t->n[j] : nmax;
+    }
+    for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
+        const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
+        uint32_t keep = 0, reach = 0, kj[YA_T]; /* lane bits of the unmasked positions */
+        for (uint32_t i = 0; i < nb; i++)
+            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
+        for (int j = 0; j < YA_T; j++) {
+            const uint32_t left = t->n[j] > b ? t->n[j] - b : 0u;
+            kj[j] = keep & (left >= 16 ? 0xffffu : (1u << left) - 1u);
+            reach |= kj[j];
+        }
+        if (reach)
+            ya_block(t, a, b, nb, reach, kj, kt);
+    }
+    for (int j = 0; j < YA_T; j++) {
+        if (!t->any[j])
+            continue;
+        const __m256 lv = _mm256_set1_ps(t->l[j]);
+        for (uint32_t c = 0; c < a->d; c += 8) {
+            const __m256i mk = tail_mask(a->d - c < 8 ? a->d - c : 8);
+            _mm256_maskstore_ps(t->o[j] + c, mk,
+                                _mm256_div_ps(_mm256_maskload_ps(t->o[j] + c, mk), lv));
+        }
+    }
+}
+
+TGT static void avx2_attend_rows(const clb_att_rows *r, const clb_att_args *a)
+{
+    const uint32_t nq = r->nr * r->nh;
+    for (uint32_t t0 = 0; t0 < nq; t0 += YA_T) {
+        ya_tile t;
+        for (uint32_t j = 0; j < YA_T; j++) {
+            /* past the last query: the last one's input again, reaching nothing */
+            const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
+            t.q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
+            t.o[j] = r->out + (size_t)i * r->ldo + (size_t)g * a->d;
+            t.n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
+            if (t.n[j])
+                memset(t.o[j], 0, (size_t)a->d * sizeof(float));
+        }
+        ya_run(&t, a);
+    }
+}
+
+TGT static void avx2_attend(float *out, const clb_att_args *a)
+{
+    memset(out, 0, (size_t)a->d * sizeof(float));
+    ya_tile t;
+    for (uint32_t j = 0; j < YA_T; j++) {
+        t.q[j] = a->q;
+        t.o[j] = out;
+        t.n[j] = j == 0 ? a->n : 0u;
+    }
+    ya_run(&t, a);
+}
+
+/* ------------------------------------------------------------------------ */
 
 static const colibri_kernels avx2_kernels = {
     "avx2",
@@ -1440,8 +1731,8 @@ static const colibri_kernels avx2_kernels = {
     avx2_matmul_q4_0,
     avx2_matmul_q4_k,
     avx2_matmul_q6_k,
-    clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
-    clb_ref_attend_rows,
+    avx2_attend,
+    avx2_attend_rows,
 };
 
 /* The same with vpdpbusd for the int8 dot products ("avx2-vnni"): VEX
@@ -1462,8 +1753,8 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_vnni_matmul_q4_0,
     avx2_vnni_matmul_q4_k,
     avx2_vnni_matmul_q6_k,
-    clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
-    clb_ref_attend_rows,
+    avx2_attend,
+    avx2_attend_rows,
 };
 
 static const colibri_kernels avx2_evex_vnni_kernels = {
@@ -1476,8 +1767,8 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_evex_vnni_matmul_q4_0,
     avx2_evex_vnni_matmul_q4_k,
     avx2_evex_vnni_matmul_q6_k,
-    clb_ref_attend, /* no AVX2 form yet: ref's, the same bits */
-    clb_ref_attend_rows,
+    avx2_attend,
+    avx2_attend_rows,
 };
 
 /* 1: AVX-VNNI (VEX), 2: AVX512-VNNI with AVX512VL (EVEX; libgcc's
