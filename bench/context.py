@@ -11,6 +11,11 @@ positions (`colibri convert --max-seq-len`; the files of threads.py have 512).
 Its peers are the GGUF files threads.py makes of the same checkpoint: Q8_0 for
 int8, llama-quantize's Q4_K_M for q4.
 
+Colibri runs each file with its float32 KV cache (the default) and, with
+`--kv f32,i8` (the default), the int8 one (colibri_options.kv_dtype; 2 x (head_dim
++ 4) bytes a head and position against 8 x head_dim): decode at depth reads the
+whole cache every step. llama.cpp's default cache is float16.
+
 Figures (tokens/s; Colibri from bench/c/threads_bench.c, wall and process CPU
 time; llama-bench wall time, its default settings otherwise, flash attention
 "auto"):
@@ -120,6 +125,10 @@ def summarise(rounds: list) -> dict:
                 for n, tt in nn.items()} for e, nn in acc.items()}
 
 
+def engine(precision: str, kv: str) -> str:
+    return f"colibri {precision}" + (" kv=i8" if kv == "i8" else "")
+
+
 def markdown(res: dict) -> str:
     env, table = res["env"], res["table"]
     cpu = env["cpu"]
@@ -140,14 +149,14 @@ def markdown(res: dict) -> str:
          f"logits; decode at N: {res['steps']} greedy steps after N positions", "",
          "tokens/s from wall time (Colibri's process CPU time in brackets); ratio: "
          "Colibri over its peer at equal threads, wall time.", "",
-         "| Colibri | peer | positions N | threads | prefill N: Colibri | peer | ratio "
-         "| decode at N: Colibri | peer | ratio |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for prec in res["precisions"]:
-        ours, peer = f"colibri {prec}", f"llama-bench {PEER[prec]}"
+         "| Colibri | KV cache | peer (KV f16) | positions N | threads | prefill N: Colibri "
+         "| peer | ratio | decode at N: Colibri | peer | ratio |",
+         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for prec, kv in ((p, k) for p in res["precisions"] for k in res["kv"]):
+        ours, peer = engine(prec, kv), f"llama-bench {PEER[prec]}"
         for n in map(str, res["positions"]):
             for t in map(str, THREADS):
-                row = [ours, PEER[prec].upper(), n, t]
+                row = [f"colibri {prec}", kv, PEER[prec].upper(), n, t]
                 for m in ("prefill", "decode"):
                     c = table.get(ours, {}).get(n, {}).get(t, {}).get(m, {})
                     p = table.get(peer, {}).get(n, {}).get(t, {}).get(m, {})
@@ -166,6 +175,8 @@ def main(argv=None) -> int:
                     help="comma-separated N (default 2048): prefill N, decode at depth N")
     ap.add_argument("--precisions", default="int8,q4",
                     help="comma-separated Colibri files (f32, int8, q4; default int8,q4)")
+    ap.add_argument("--kv", default="f32,i8",
+                    help="comma-separated Colibri KV caches (f32, i8; default both)")
     ap.add_argument("--steps", type=int, default=32, help="decode steps (default 32)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     ap.add_argument("--no-llama", action="store_true", help="Colibri rows only")
@@ -198,8 +209,13 @@ def main(argv=None) -> int:
             ggufs = {p: (q4.get("q4_k_m") if p == "q4" else ms.gguf[PEER[p]]) for p in precisions}
     tokens = token_file(a.work / f"tokens-context-{max_seq}.txt", ms.config()["vocab_size"],
                         n=max_seq)
-    servers = [threads.Server(f"colibri {p}", [progs["vnni"], long_file(ms, p, max_seq), tokens],
-                              "colibri", p) for p in precisions]
+    kvs = [k for k in a.kv.split(",") if k]
+    for k in kvs:
+        if k not in ("f32", "i8"):
+            ap.error(f"--kv: unknown {k!r} (f32, i8)")
+    servers = [threads.Server(engine(p, k), [progs["vnni"], long_file(ms, p, max_seq), tokens,
+                                             *(["kv=i8"] if k == "i8" else [])], "colibri", p)
+               for p in precisions for k in kvs]
     probe = threads.build_bandwidth(a.work)
     rounds = []
     try:
@@ -237,7 +253,8 @@ def main(argv=None) -> int:
             for per_t in per_n.values() if all("decode" in v for v in per_t.values()))
     bw = {t: threads._median([rnd["bandwidth_gb_s"].get(t) for rnd in rounds
                               if rnd["bandwidth_gb_s"].get(t)]) for t in map(str, THREADS)}
-    res = {"env": env, "positions": positions, "precisions": precisions, "steps": a.steps,
+    res = {"env": env, "positions": positions, "precisions": precisions, "kv": kvs,
+           "steps": a.steps,
            "rounds": a.rounds, "kernels": {s.name: s.info.get("kernels") for s in servers},
            "command": "bench/context.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "bandwidth_gb_s": bw, "table": summarise(rounds), "consistency": consistency,

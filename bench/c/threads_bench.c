@@ -2,8 +2,10 @@
  * threads_bench.c - Colibri's side of the thread benchmark (bench/threads.py).
  * Public API only (colibri.h); linked against libcolibri.a.
  *
- *   threads_bench MODEL TOKENS
+ *   threads_bench MODEL TOKENS [kv=i8]
  *
+ * kv=i8: the int8 KV cache (colibri_options.kv_dtype COLIBRI_KV_I8; the
+ * default is float32).
  * Loads MODEL once, then serves commands read from stdin, one per line, so
  * that bench/threads.py can interleave this engine with its peers round
  * after round without reloading a 2.6 GB file each time. Every command
@@ -115,8 +117,9 @@ static int prefill(colibri_model *m, const int32_t *ids, uint32_t n, int last, f
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: threads_bench MODEL TOKENS  (commands on stdin)\n");
+    const int kv_i8 = argc == 4 && !strcmp(argv[3], "kv=i8");
+    if (argc != 3 && !kv_i8) {
+        fprintf(stderr, "usage: threads_bench MODEL TOKENS [kv=i8]  (commands on stdin)\n");
         return 2;
     }
     int32_t *tok;
@@ -128,7 +131,9 @@ int main(int argc, char **argv)
     colibri_model m;
     colibri_info info;
     double t0 = now_s();
-    int rc = colibri_init(&m, argv[1]);
+    colibri_options opt = colibri_options_default();
+    opt.kv_dtype = kv_i8 ? COLIBRI_KV_I8 : COLIBRI_KV_F32;
+    int rc = colibri_init_ex(&m, argv[1], &opt);
     if (!rc)
         rc = colibri_get_info(&m, &info);
     if (rc) {

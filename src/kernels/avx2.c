@@ -1556,13 +1556,13 @@ BLOCK void ya_keys(float *kt, const clb_att_args *a, uint32_t b, uint32_t keep, 
 }
 
 /* One block b of the tile (avx512.c za_block). */
-BLOCK void ya_block(ya_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb, uint32_t keep,
+BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb, uint32_t keep,
                     const uint32_t *kj, float *kt)
 {
     const uint32_t d = a->d;
     __m256 acc[YA_T][2];
     UNROLL
-    for (int j = 0; j < YA_T; j++)
+    for (int j = 0; j < T; j++)
         acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     for (uint32_t c0 = 0; c0 < d; c0 += YA_C) {
         const uint32_t cn = d - c0 < YA_C ? d - c0 : YA_C;
@@ -1570,7 +1570,7 @@ BLOCK void ya_block(ya_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb, 
         for (uint32_t c = 0; c < cn; c++) {
             const __m256 k0 = _mm256_load_ps(kt + 16 * c), k1 = _mm256_load_ps(kt + 16 * c + 8);
             UNROLL
-            for (int j = 0; j < YA_T; j++) {
+            for (int j = 0; j < T; j++) {
                 const __m256 qc = _mm256_broadcast_ss(t->q[j] + c0 + c);
                 acc[j][0] = _mm256_add_ps(acc[j][0], _mm256_mul_ps(qc, k0));
                 acc[j][1] = _mm256_add_ps(acc[j][1], _mm256_mul_ps(qc, k1));
@@ -1586,7 +1586,7 @@ BLOCK void ya_block(ya_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb, 
             }
     const __m256 sc = _mm256_set1_ps(a->scale);
     float alpha[YA_T], w[YA_T][CLB_ATT_BLOCK];
-    for (int j = 0; j < YA_T; j++) {
+    for (int j = 0; j < T; j++) {
         alpha[j] = 1.0f;
         if (!kj[j])
             continue;
@@ -1623,7 +1623,7 @@ BLOCK void ya_block(ya_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb, 
         const __m256i mk = tail_mask(k);
         __m256 o[YA_T];
         UNROLL
-        for (int j = 0; j < YA_T; j++)
+        for (int j = 0; j < T; j++)
             o[j] = kj[j] ? _mm256_mul_ps(_mm256_maskload_ps(t->o[j] + c, mk),
                                          _mm256_set1_ps(alpha[j])) : _mm256_setzero_ps();
         for (uint32_t i = 0; i < nb; i++) {
@@ -1642,23 +1642,23 @@ BLOCK void ya_block(ya_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb, 
                 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
             }
             UNROLL
-            for (int j = 0; j < YA_T; j++)
+            for (int j = 0; j < T; j++)
                 if (kj[j] >> i & 1u)
                     o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(_mm256_set1_ps(w[j][i]), v));
         }
         UNROLL
-        for (int j = 0; j < YA_T; j++)
+        for (int j = 0; j < T; j++)
             if (kj[j])
                 _mm256_maskstore_ps(t->o[j] + c, mk, o[j]);
     }
 }
 
 /* The queries of t (n[j] positions each, outputs zeroed) to the end. */
-BLOCK void ya_run(ya_tile *t, const clb_att_args *a)
+BLOCK void ya_run(const int T, ya_tile *t, const clb_att_args *a)
 {
     _Alignas(32) float kt[YA_C * CLB_ATT_BLOCK];
     uint32_t nmax = 0;
-    for (int j = 0; j < YA_T; j++) {
+    for (int j = 0; j < T; j++) {
         t->m[j] = -INFINITY;
         t->l[j] = 0.0f;
         t->any[j] = 0;
@@ -1669,15 +1669,15 @@ BLOCK void ya_run(ya_tile *t, const clb_att_args *a)
         uint32_t keep = 0, reach = 0, kj[YA_T]; /* lane bits of the unmasked positions */
         for (uint32_t i = 0; i < nb; i++)
             keep |= (uint32_t)(a->mask[b + i] != 0) << i;
-        for (int j = 0; j < YA_T; j++) {
+        for (int j = 0; j < T; j++) {
             const uint32_t left = t->n[j] > b ? t->n[j] - b : 0u;
             kj[j] = keep & (left >= 16 ? 0xffffu : (1u << left) - 1u);
             reach |= kj[j];
         }
         if (reach)
-            ya_block(t, a, b, nb, reach, kj, kt);
+            ya_block(T, t, a, b, nb, reach, kj, kt);
     }
-    for (int j = 0; j < YA_T; j++) {
+    for (int j = 0; j < T; j++) {
         if (!t->any[j])
             continue;
         const __m256 lv = _mm256_set1_ps(t->l[j]);
@@ -1689,12 +1689,31 @@ BLOCK void ya_run(ya_tile *t, const clb_att_args *a)
     }
 }
 
+/* t's queries at tile width T (1, 2, 4): a constant in each inlined copy,
+ * so a tile's chains stay in registers and few queries (a decode step's
+ * GQA group) pay for no padding queries. */
+TGT static void ya_run_width(int T, ya_tile *t, const clb_att_args *a)
+{
+    switch (T) {
+    case 1:
+        ya_run(1, t, a);
+        break;
+    case 2:
+        ya_run(2, t, a);
+        break;
+    default:
+        ya_run(4, t, a);
+        break;
+    }
+}
+
 TGT static void avx2_attend_rows(const clb_att_rows *r, const clb_att_args *a)
 {
     const uint32_t nq = r->nr * r->nh;
-    for (uint32_t t0 = 0; t0 < nq; t0 += YA_T) {
+    const int T = nq >= 4u ? 4 : nq > 2u ? 4 : (int)nq;
+    for (uint32_t t0 = 0; t0 < nq; t0 += (uint32_t)T) {
         ya_tile t;
-        for (uint32_t j = 0; j < YA_T; j++) {
+        for (uint32_t j = 0; j < (uint32_t)T; j++) {
             /* past the last query: the last one's input again, reaching nothing */
             const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
             t.q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
@@ -1703,7 +1722,7 @@ TGT static void avx2_attend_rows(const clb_att_rows *r, const clb_att_args *a)
             if (t.n[j])
                 memset(t.o[j], 0, (size_t)a->d * sizeof(float));
         }
-        ya_run(&t, a);
+        ya_run_width(T, &t, a);
     }
 }
 
@@ -1711,12 +1730,10 @@ TGT static void avx2_attend(float *out, const clb_att_args *a)
 {
     memset(out, 0, (size_t)a->d * sizeof(float));
     ya_tile t;
-    for (uint32_t j = 0; j < YA_T; j++) {
-        t.q[j] = a->q;
-        t.o[j] = out;
-        t.n[j] = j == 0 ? a->n : 0u;
-    }
-    ya_run(&t, a);
+    t.q[0] = a->q;
+    t.o[0] = out;
+    t.n[0] = a->n;
+    ya_run(1, &t, a);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -399,13 +399,13 @@ BLOCK512 void za_keys(float *kt, const clb_att_args *a, uint32_t b, __mmask16 ke
 
 /* One block b of the tile: the scores, the running max and sum, and the
  * output update of every query the block reaches (kj: its lanes). */
-BLOCK512 void za_block(za_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb,
+BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb,
                        uint32_t keep, const uint32_t *kj, float *kt)
 {
     const uint32_t d = a->d;
     __m512 acc[ZA_T];
     UNROLL
-    for (int j = 0; j < ZA_T; j++)
+    for (int j = 0; j < T; j++)
         acc[j] = _mm512_setzero_ps();
     for (uint32_t c0 = 0; c0 < d; c0 += ZA_C) {
         const uint32_t cn = d - c0 < ZA_C ? d - c0 : ZA_C;
@@ -413,7 +413,7 @@ BLOCK512 void za_block(za_tile *t, const clb_att_args *a, uint32_t b, uint32_t n
         for (uint32_t c = 0; c < cn; c++) {
             const __m512 k = _mm512_load_ps(kt + 16 * c);
             UNROLL
-            for (int j = 0; j < ZA_T; j++)
+            for (int j = 0; j < T; j++)
                 acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_set1_ps(t->q[j][c0 + c]), k));
         }
     }
@@ -426,7 +426,7 @@ BLOCK512 void za_block(za_tile *t, const clb_att_args *a, uint32_t b, uint32_t n
         vs = _mm512_mask_i32gather_ps(vs, (__mmask16)keep, srows, a->Vs + (size_t)b * a->lds, 4);
     }
     float alpha[ZA_T], w[ZA_T][CLB_ATT_BLOCK];
-    for (int j = 0; j < ZA_T; j++) {
+    for (int j = 0; j < T; j++) {
         alpha[j] = 1.0f;
         if (!kj[j])
             continue;
@@ -455,7 +455,7 @@ BLOCK512 void za_block(za_tile *t, const clb_att_args *a, uint32_t b, uint32_t n
         const __mmask16 mk = lanes16(d - c);
         __m512 o[ZA_T];
         UNROLL
-        for (int j = 0; j < ZA_T; j++)
+        for (int j = 0; j < T; j++)
             o[j] = kj[j] ? _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, t->o[j] + c),
                                          _mm512_set1_ps(alpha[j])) : _mm512_setzero_ps();
         for (uint32_t i = 0; i < nb; i++) {
@@ -465,12 +465,12 @@ BLOCK512 void za_block(za_tile *t, const clb_att_args *a, uint32_t b, uint32_t n
             const __m512 v = a->V ? _mm512_maskz_loadu_ps(mk, a->V + at)
                 : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, a->Vq + at)));
             UNROLL
-            for (int j = 0; j < ZA_T; j++)
+            for (int j = 0; j < T; j++)
                 if (kj[j] >> i & 1u)
                     o[j] = _mm512_add_ps(o[j], _mm512_mul_ps(_mm512_set1_ps(w[j][i]), v));
         }
         UNROLL
-        for (int j = 0; j < ZA_T; j++)
+        for (int j = 0; j < T; j++)
             if (kj[j])
                 _mm512_mask_storeu_ps(t->o[j] + c, mk, o[j]);
     }
@@ -497,11 +497,11 @@ BLOCK512 void za_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb)
 enum { ZA_PF_BLOCKS = 2 };
 
 /* The queries of t (n[j] positions each, outputs zeroed) to the end. */
-BLOCK512 void za_run(za_tile *t, const clb_att_args *a)
+BLOCK512 void za_run(const int T, za_tile *t, const clb_att_args *a)
 {
     _Alignas(64) float kt[ZA_C * CLB_ATT_BLOCK];
     uint32_t nmax = 0;
-    for (int j = 0; j < ZA_T; j++) {
+    for (int j = 0; j < T; j++) {
         t->m[j] = -INFINITY;
         t->l[j] = 0.0f;
         t->any[j] = 0;
@@ -517,14 +517,14 @@ BLOCK512 void za_run(za_tile *t, const clb_att_args *a)
         uint32_t keep = 0, reach = 0, kj[ZA_T]; /* lane bits of the unmasked positions */
         for (uint32_t i = 0; i < nb; i++)
             keep |= (uint32_t)(a->mask[b + i] != 0) << i;
-        for (int j = 0; j < ZA_T; j++) {
+        for (int j = 0; j < T; j++) {
             kj[j] = t->n[j] > b ? keep & lanes16(t->n[j] - b) : 0u;
             reach |= kj[j];
         }
         if (reach)
-            za_block(t, a, b, nb, reach, kj, kt);
+            za_block(T, t, a, b, nb, reach, kj, kt);
     }
-    for (int j = 0; j < ZA_T; j++) {
+    for (int j = 0; j < T; j++) {
         if (!t->any[j])
             continue;
         const __m512 lv = _mm512_set1_ps(t->l[j]);
@@ -536,12 +536,34 @@ BLOCK512 void za_run(za_tile *t, const clb_att_args *a)
     }
 }
 
+/* t's queries at tile width T (1, 2, 4, 8): a constant in each inlined copy,
+ * so a tile's chains stay in registers and few queries (a decode step's
+ * GQA group) pay for no padding queries. */
+TGT512 static void za_run_width(int T, za_tile *t, const clb_att_args *a)
+{
+    switch (T) {
+    case 1:
+        za_run(1, t, a);
+        break;
+    case 2:
+        za_run(2, t, a);
+        break;
+    case 4:
+        za_run(4, t, a);
+        break;
+    default:
+        za_run(8, t, a);
+        break;
+    }
+}
+
 TGT512 static void z_attend_rows(const clb_att_rows *r, const clb_att_args *a)
 {
     const uint32_t nq = r->nr * r->nh;
-    for (uint32_t t0 = 0; t0 < nq; t0 += ZA_T) {
+    const int T = nq >= 8u ? 8 : nq > 2u ? 4 : (int)nq;
+    for (uint32_t t0 = 0; t0 < nq; t0 += (uint32_t)T) {
         za_tile t;
-        for (uint32_t j = 0; j < ZA_T; j++) {
+        for (uint32_t j = 0; j < (uint32_t)T; j++) {
             /* past the last query: the last one's input again, reaching nothing */
             const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
             t.q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
@@ -550,7 +572,7 @@ TGT512 static void z_attend_rows(const clb_att_rows *r, const clb_att_args *a)
             if (t.n[j])
                 memset(t.o[j], 0, (size_t)a->d * sizeof(float));
         }
-        za_run(&t, a);
+        za_run_width(T, &t, a);
     }
 }
 
@@ -558,12 +580,10 @@ TGT512 static void z_attend(float *out, const clb_att_args *a)
 {
     memset(out, 0, (size_t)a->d * sizeof(float));
     za_tile t;
-    for (uint32_t j = 0; j < ZA_T; j++) {
-        t.q[j] = a->q;
-        t.o[j] = out;
-        t.n[j] = j == 0 ? a->n : 0u;
-    }
-    za_run(&t, a);
+    t.q[0] = a->q;
+    t.o[0] = out;
+    t.n[0] = a->n;
+    za_run(1, &t, a);
 }
 
 /* ------------------------------------------------------------------------ */
