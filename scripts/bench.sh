@@ -7,6 +7,9 @@
 #                               builds llama-bench, scripts/build_llama_bench.sh)
 #   scripts/bench.sh --threads --quick   the same on the tiny model (~1 min)
 #                               (--precisions q4: Colibri q4 vs llama-bench Q4_K_M/Q4_0 only)
+#   scripts/bench.sh --context  long context (bench/context.py: prefill 2048 and decode
+#                               at depth 2048, int8 and q4, float32 and int8 KV cache, vs
+#                               llama-bench Q8_0 / Q4_K_M; ~10 min; extra args to context.py)
 #   scripts/bench.sh --quality  quality at equal bits (bench/quality.py: KL divergence,
 #                               top-1, bpb, bits per weight of Colibri int8/q4 vs
 #                               llama.cpp Q8_0/Q4_K_M/Q4_0; builds llama-quantize and
@@ -48,6 +51,13 @@ if [ "${1:-}" = --quality ]; then
     LLAMA_CPP_PYTHON_VERSION=$LLAMA_CPP_PYTHON_VERSION bash scripts/build_llama_bench.sh \
         "$LLAMA_CPP_PYTHON_VERSION" native
     exec nice -n 10 "$py" bench/quality.py "$@"
+fi
+# The long-context benchmark needs gguf, llama-quantize and llama-bench only.
+if [ "${1:-}" = --context ]; then
+    shift
+    LLAMA_CPP_PYTHON_VERSION=$LLAMA_CPP_PYTHON_VERSION bash scripts/build_llama_bench.sh \
+        "$LLAMA_CPP_PYTHON_VERSION" native
+    exec "$py" bench/context.py "$@"
 fi
 if ! have llama_cpp_python "$LLAMA_CPP_PYTHON_VERSION"; then
     say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source (CPU only; several minutes)"
