@@ -968,6 +968,127 @@ BLOCK512 void zb_tile2(const unsigned dt, float *y0, float *y1, const uint8_t *c
     _mm256_storeu_ps(y1, acc1);
 }
 
+/* Q4_K, four tokens: the unpacked weights of a row serve four tokens (its
+ * unpacking costs as much as two tokens' products: twice q4k_row_x2's
+ * tokens for 1.5x its operations), 4 rows x 4 tokens of int32
+ * accumulators at a time (16 zmm). One row's isum lanes for tokens x[0..3]. */
+BLOCK512 void q4k_row_x4(const uint8_t *q, __m512i br, const int8_t *const x[4], __m512i s[4])
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    UNROLL
+    for (int t = 0; t < 4; t++)
+        s[t] = _mm512_setzero_si512();
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * j)));
+        const __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, hi), m4);
+        const __m512i sc = _mm512_shuffle_epi8(br, pick16x2(2 * j, 2 * j + 1));
+        UNROLL
+        for (int t = 0; t < 4; t++)
+            s[t] = _mm512_dpwssd_epi32(s[t], _mm512_maddubs_epi16(w, _mm512_loadu_si512((const void *)(x[t] + 64 * j))), sc);
+    }
+}
+
+/* Q6_K, four tokens: q6k_row_x2's work for x[0..3] (nxb[t]: token t's
+ * negated sums of 16, FORMAT.md's -32 offset). */
+BLOCK512 void q6k_row_x4(const uint8_t *blk, const int8_t *const x[4], const __m512i nxb[4],
+                         __m512i s[4])
+{
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 196)));
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    const __m512i sc32 = _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5));
+    UNROLL
+    for (int t = 0; t < 4; t++)
+        s[t] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc32, nxb[t]);
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        __m512i v[2], c[2];
+        q6k_half(blk, h, sc, v, c);
+        UNROLL
+        for (int j = 0; j < 2; j++)
+            UNROLL
+            for (int t = 0; t < 4; t++)
+                s[t] = _mm512_dpwssd_epi32(s[t], _mm512_maddubs_epi16(
+                    v[j], _mm512_loadu_si512((const void *)(x[t] + 128 * h + 64 * j))), c[j]);
+    }
+}
+
+/* 4 rows' 16-lane int32 accumulators -> lane r of an xmm = the exact sum
+ * of a[r]'s lanes. */
+BLOCK512 __m128i rowsums4(const __m512i a[4])
+{
+    const __m512i q = pair64(pair32(a[0], a[1]), pair32(a[2], a[3])); /* [r0..r3] a lane */
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(q), _mm512_extracti64x4_epi64(q, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* Y[t + k, 0 .. 8) (y[k]) for tokens t .. t + 3 of rows w[0..7] of
+ * dtype dt (zb_tile2's float update per token, so the same bits). */
+BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *const w[ZB_R],
+                       const int8_t *const xq[4], const float *const xs[4],
+                       const int16_t *const xb[4], uint32_t nb, const uint8_t *pf,
+                       const uint8_t *pf_end)
+{
+    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const int lines = (int)((ZB_R * bytes + 63) / 64);
+    __m256 acc[4];
+    UNROLL
+    for (int t = 0; t < 4; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        zb_prefetch(pf + (size_t)b * ZB_R * bytes, pf_end, lines);
+        const size_t o = (size_t)b * bytes;
+        const int8_t *x[4];
+        const int16_t *xbb[4];
+        __m512i nxb[4];
+        UNROLL
+        for (int t = 0; t < 4; t++) {
+            x[t] = xq[t] + (size_t)b * CLB_QK_COLS;
+            xbb[t] = xb[t] + (size_t)b * 16;
+            nxb[t] = _mm512_castsi256_si512(_mm256_sub_epi16(
+                _mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)(const void *)xbb[t])));
+        }
+        const __m512i h0 = rows4_16(w, o), h1 = rows4_16(w + 4, o); /* [d (dmin) ..] a row */
+        const __m512i scm[2] = {q4k_scm4(w, o), q4k_scm4(w + 4, o)}; /* Q4_K only */
+        __m128i isum[2][4]; /* [rows 0-3 | 4-7][token] */
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m512i a[4][4]; /* [token][row] */
+            UNROLL
+            for (int r = 0; r < 4; r++) {
+                __m512i sr[4];
+                if (dt == COLIBRI_DTYPE_Q4_K)
+                    q4k_row_x4(w[4 * h + r] + o + 20, lane_bcast(scm[h], r), x, sr);
+                else
+                    q6k_row_x4(w[4 * h + r] + o, x, nxb, sr);
+                UNROLL
+                for (int t = 0; t < 4; t++)
+                    a[t][r] = sr[t];
+            }
+            UNROLL
+            for (int t = 0; t < 4; t++)
+                isum[h][t] = rowsums4(a[t]);
+        }
+        const __m256 d = rows8_f32(h0, h1, 0);
+        UNROLL
+        for (int t = 0; t < 4; t++) {
+            const __m256 fi = _mm256_cvtepi32_ps(
+                _mm256_inserti128_si256(_mm256_castsi128_si256(isum[0][t]), isum[1][t], 1));
+            if (dt == COLIBRI_DTYPE_Q4_K)
+                /* acc += xs * (d * float(isum) - dmin * float(msum)) */
+                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[t][b]), _mm256_sub_ps(
+                    _mm256_mul_ps(d, fi),
+                    _mm256_mul_ps(rows8_f32(h0, h1, 1), _mm256_cvtepi32_ps(q4k_msum8(scm, xbb[t]))))));
+            else /* acc += xs * (d * float(isum)) */
+                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[t][b]), _mm256_mul_ps(d, fi)));
+        }
+    }
+    UNROLL
+    for (int t = 0; t < 4; t++)
+        _mm256_storeu_ps(y[t], acc[t]);
+}
+
 /* Y[n, rows] for block dtype dt (Q4_K or Q6_K): strips of 8 rows, token
  * pairs over each strip, a last odd token (a decode's one) by the decode
  * tile; the strip's first tile streams the bytes from ZB_PF_AHEAD past the
@@ -991,6 +1112,20 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
             w[r] = W + (size_t)s * tile + (size_t)r * row_bytes;
         const uint8_t *pf = W + (size_t)(s + 1) * tile + ZB_PF_AHEAD;
         uint32_t t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const int8_t *xq[4];
+            const float *xs[4];
+            const int16_t *xb[4];
+            float *y[4];
+            UNROLL
+            for (int k = 0; k < 4; k++) {
+                xq[k] = XQ + (t + (uint32_t)k) * xq_stride;
+                xs[k] = XS + (size_t)(t + (uint32_t)k) * nb;
+                xb[k] = XB + (t + (uint32_t)k) * xb_stride;
+                y[k] = Y + (size_t)(t + (uint32_t)k) * rows + (size_t)s * ZB_R;
+            }
+            zb_tile4(dt, y, w, xq, xs, xb, nb, t == 0 ? pf : end, end);
+        }
         for (; t + 2 <= n; t += 2) {
             const int8_t *xq[2] = {XQ + t * xq_stride, XQ + (t + 1) * xq_stride};
             const float *xs[2] = {XS + (size_t)t * nb, XS + (size_t)(t + 1) * nb};
