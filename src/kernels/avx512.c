@@ -22,14 +22,17 @@
  *   activations), a per-token value computed once per call and subtracted
  *   from the exact int32 group dots. Bit-identical to ref (kernels.h): the
  *   group dots are exact int32, the float work per group ref's, in order.
- * - attend (ref.c's flash-attention schedule, bit for bit): 16 positions'
- *   scores and exps in one zmm.
+ * - attend and attend_rows (ref.c's flash-attention schedule, bit for
+ *   bit): a tile of queries over each block of 16 keys, transposed once in
+ *   registers, 16 positions' scores and exps in one zmm.
  * - matmul_q4_k and matmul_q6_k for one token (decode): 8 rows a tile in
  *   the 32 zmm registers, bit-identical to ref (see "Block types, decode
- *   form" below); for several tokens (prefill) 8 rows x 2 tokens a tile,
- *   each row's unpacked weights used for both ("Block types, several
- *   tokens"): test_kernels --bench on a Xeon (AVX-512), 128 tokens x 2816 x
- *   1024, Q4_K 104 -> 142 GOPS and Q6_K 94 -> 124 against avx2-vnni's.
+ *   form" below); for several tokens (prefill) 8 rows x 4 tokens a tile
+ *   (then 2, then 1), each row's unpacked weights used for all of them
+ *   ("Block types, several tokens"): test_kernels --bench, 128 tokens x
+ *   2816 x 1024, on a Xeon with 2 tokens a tile Q4_K 104 -> 142 GOPS and
+ *   Q6_K 94 -> 124 against avx2-vnni's; on Zen 4, 4 tokens against 2: Q4_K
+ *   116 -> 148, Q6_K 121-130 -> 141-153.
  * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0,
  * the block types' rows past the last strip of 8) is avx2.c's EVEX-VNNI
  * table, called through its pointers:
@@ -843,12 +846,13 @@ BLOCK512 void q6k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types, several tokens (prefill): 8 rows x 2 tokens a tile.
+/* Block types, several tokens (prefill): 8 rows x 4 tokens a tile (the
+ * last 2 or 3 tokens of a call 8 x 2, a last odd one the decode tile).
  *
  * The decode tile's integer and float work, with each row's unpacked
- * weights and scales used for two tokens: the weights are unpacked once
- * per token pair instead of once per token, and the 8 rows' d, dmin and
- * (Q4_K) scales and mins are decoded once per pair. A strip of 8 rows
+ * weights and scales used for four (two) tokens: the weights are unpacked
+ * once per four tokens instead of once per token, and the 8 rows' d, dmin
+ * and (Q4_K) scales and mins are decoded once per tile. A strip of 8 rows
  * (8 x nb blocks, a few KiB) stays in L1 while every pair of the call
  * passes over it, so the weights come from memory once per call; the
  * first pair runs the decode form's prefetch stream. Per (row, token) the
