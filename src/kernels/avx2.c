@@ -1491,27 +1491,28 @@ BLOCK float ya_sum16(__m256 lo, __m256 hi)
     return _mm_cvtss_f32(h);
 }
 
-/* r[0..8) rows -> r[c] = column c (lane i = row i's c). */
-BLOCK void transpose8(__m256 r[8])
+/* Rows r0..r7 -> r[c] = column c (lane i = row i's c); the rows passed by
+ * value and the code straight-line, so the analysers see every element
+ * written before it is read. */
+BLOCK void transpose8(__m256 r[8], __m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256 r4,
+                      __m256 r5, __m256 r6, __m256 r7)
 {
-    __m256 t[8], u[8];
-    UNROLL
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    UNROLL
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    UNROLL
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-    }
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
 /* 8 columns (k of them, 1..8; the rest 0) of a key row, as float. */
@@ -1531,26 +1532,30 @@ BLOCK __m256 ya_key8(const clb_att_args *a, size_t at, uint32_t k)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
 }
 
+/* Key b + row's columns c .. c + k (k <= 8) as float, 0 if row is not in keep. */
+BLOCK __m256 ya_row(const clb_att_args *a, uint32_t b, uint32_t keep, uint32_t row, uint32_t c,
+                    uint32_t k)
+{
+    return (keep >> row & 1u) ? ya_key8(a, (size_t)(b + row) * a->ld + c, k) : _mm256_setzero_ps();
+}
+
 /* kt[c - c0][lane] = key (b + lane)'s column c (int8: as float), for c in
  * c0 .. c0 + cn and the lanes in keep (others 0). */
-BLOCK void ya_keys(float *kt, const clb_att_args *a, uint32_t b, uint32_t keep, uint32_t c0,
-                   uint32_t cn)
+/* (one out-of-line copy, as avx512.c's za_keys) */
+static TGT __attribute__((noinline)) void ya_keys(float *kt, const clb_att_args *a, uint32_t b,
+                                                  uint32_t keep, uint32_t c0, uint32_t cn)
 {
     for (uint32_t c = 0; c < cn; c += 8) {
         const uint32_t k = cn - c < 8 ? cn - c : 8;
-        UNROLL
-        for (int h = 0; h < 2; h++) {
+        for (uint32_t h = 0; h < 2; h++) {
             __m256 r[8];
-            UNROLL
-            for (int i = 0; i < 8; i++) {
-                const uint32_t row = 8u * (uint32_t)h + (uint32_t)i;
-                r[i] = (keep >> row & 1u) ? ya_key8(a, (size_t)(b + row) * a->ld + c0 + c, k)
-                                          : _mm256_setzero_ps();
-            }
-            transpose8(r);
+            transpose8(r, ya_row(a, b, keep, 8 * h, c0 + c, k), ya_row(a, b, keep, 8 * h + 1, c0 + c, k),
+                       ya_row(a, b, keep, 8 * h + 2, c0 + c, k), ya_row(a, b, keep, 8 * h + 3, c0 + c, k),
+                       ya_row(a, b, keep, 8 * h + 4, c0 + c, k), ya_row(a, b, keep, 8 * h + 5, c0 + c, k),
+                       ya_row(a, b, keep, 8 * h + 6, c0 + c, k), ya_row(a, b, keep, 8 * h + 7, c0 + c, k));
             UNROLL
             for (int i = 0; i < 8; i++)
-                _mm256_store_ps(kt + 16 * (c + (uint32_t)i) + 8 * h, r[i]);
+                _mm256_storeu_ps(kt + 16 * (c + (uint32_t)i) + 8 * h, r[i]);
         }
     }
 }
@@ -1568,7 +1573,7 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
         const uint32_t cn = d - c0 < YA_C ? d - c0 : YA_C;
         ya_keys(kt, a, b, keep, c0, cn);
         for (uint32_t c = 0; c < cn; c++) {
-            const __m256 k0 = _mm256_load_ps(kt + 16 * c), k1 = _mm256_load_ps(kt + 16 * c + 8);
+            const __m256 k0 = _mm256_loadu_ps(kt + 16 * c), k1 = _mm256_loadu_ps(kt + 16 * c + 8);
             UNROLL
             for (int j = 0; j < T; j++) {
                 const __m256 qc = _mm256_broadcast_ss(t->q[j] + c0 + c);
@@ -1656,7 +1661,7 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
 /* The queries of t (n[j] positions each, outputs zeroed) to the end. */
 BLOCK void ya_run(const int T, ya_tile *t, const clb_att_args *a)
 {
-    _Alignas(32) float kt[YA_C * CLB_ATT_BLOCK];
+    float kt[YA_C * CLB_ATT_BLOCK];
     uint32_t nmax = 0;
     for (int j = 0; j < T; j++) {
         t->m[j] = -INFINITY;
@@ -1733,7 +1738,7 @@ TGT static void avx2_attend(float *out, const clb_att_args *a)
     t.q[0] = a->q;
     t.o[0] = out;
     t.n[0] = a->n;
-    ya_run(1, &t, a);
+    ya_run_width(1, &t, a);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -380,7 +380,10 @@ BLOCK512 void transpose16(__m512 r[16])
  * rows at a time, loaded and transposed in registers (a 16-lane gather per
  * column was the whole cost of a block on Zen 4). transpose16 leaves
  * column i with bits 0 and 1 swapped in r[i]. */
-BLOCK512 void za_keys(float *kt, const clb_att_args *a, uint32_t b, __mmask16 keep,
+/* (one out-of-line copy: its 16 x 16 transposes are the bulk of the code,
+ * and a call a block costs nothing next to them) */
+static TGT512 __attribute__((noinline)) void za_keys(float *kt, const clb_att_args *a, uint32_t b,
+                                                     __mmask16 keep,
                       uint32_t c0, uint32_t cn)
 {
     for (uint32_t c = 0; c < cn; c += 16) {
@@ -396,7 +399,7 @@ BLOCK512 void za_keys(float *kt, const clb_att_args *a, uint32_t b, __mmask16 ke
         transpose16(r);
         UNROLL
         for (int i = 0; i < 16; i++)
-            _mm512_store_ps(kt + 16 * (c + (uint32_t)((i & ~3) | (i & 1) << 1 | (i >> 1 & 1))), r[i]);
+            _mm512_storeu_ps(kt + 16 * (c + (uint32_t)((i & ~3) | (i & 1) << 1 | (i >> 1 & 1))), r[i]);
     }
 }
 
@@ -414,7 +417,7 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
         const uint32_t cn = d - c0 < ZA_C ? d - c0 : ZA_C;
         za_keys(kt, a, b, (__mmask16)keep, c0, cn);
         for (uint32_t c = 0; c < cn; c++) {
-            const __m512 k = _mm512_load_ps(kt + 16 * c);
+            const __m512 k = _mm512_loadu_ps(kt + 16 * c);
             UNROLL
             for (int j = 0; j < T; j++)
                 acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_set1_ps(t->q[j][c0 + c]), k));
@@ -502,7 +505,7 @@ enum { ZA_PF_BLOCKS = 2 };
 /* The queries of t (n[j] positions each, outputs zeroed) to the end. */
 BLOCK512 void za_run(const int T, za_tile *t, const clb_att_args *a)
 {
-    _Alignas(64) float kt[ZA_C * CLB_ATT_BLOCK];
+    float kt[ZA_C * CLB_ATT_BLOCK];
     uint32_t nmax = 0;
     for (int j = 0; j < T; j++) {
         t->m[j] = -INFINITY;
@@ -586,7 +589,7 @@ TGT512 static void z_attend(float *out, const clb_att_args *a)
     t.q[0] = a->q;
     t.o[0] = out;
     t.n[0] = a->n;
-    za_run(1, &t, a);
+    za_run_width(1, &t, a);
 }
 
 /* ------------------------------------------------------------------------ */
