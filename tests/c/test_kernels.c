@@ -665,19 +665,28 @@ static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels 
  * table's attend against ref bit for bit (kernels.h). f32 and int8 caches
  * with row strides wider than d, masks with holes and whole masked blocks
  * (and all masked: zeros), scores spread over ~30 so exps underflow. */
-static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8, int holes)
+/* A KV cache of n positions for the attention tests: f32 and int8 keys and
+ * values with row stride d + 3, scales with stride 2 (wider than a head:
+ * the kernels must honour ld and lds), a mask with holes (1), all masked
+ * (2) or none (0). */
+typedef struct {
+    buf KF, VF, K8, V8, KS, VS, M;
+} att_cache;
+
+static att_cache att_cache_new(uint32_t n, uint32_t d, int holes)
 {
     const size_t ld = (size_t)d + 3, lds = 2;
-    buf Q = buf_new(d, sizeof(float), 1);
-    buf KF = buf_new((size_t)n * ld, sizeof(float), 0), VF = buf_new((size_t)n * ld, sizeof(float), 1);
-    buf K8 = buf_new((size_t)n * ld, 1, 1), V8 = buf_new((size_t)n * ld, 1, 0);
-    buf KS = buf_new((size_t)n * lds, sizeof(float), 0), VS = buf_new((size_t)n * lds, sizeof(float), 1);
-    buf M = buf_new(n, 1, 0), O1 = buf_new(d, sizeof(float), 0), O2 = buf_new(d, sizeof(float), 1);
-    float *q = Q.p, *kf = KF.p, *vf = VF.p, *ks = KS.p, *vs = VS.p, *o1 = O1.p, *o2 = O2.p;
-    int8_t *k8 = K8.p, *v8 = V8.p;
-    uint8_t *mask = M.p;
-    for (uint32_t c = 0; c < d; c++)
-        q[c] = 4.0f * rng_sym();
+    att_cache c;
+    c.KF = buf_new((size_t)n * ld, sizeof(float), 0);
+    c.VF = buf_new((size_t)n * ld, sizeof(float), 1);
+    c.K8 = buf_new((size_t)n * ld, 1, 1);
+    c.V8 = buf_new((size_t)n * ld, 1, 0);
+    c.KS = buf_new((size_t)n * lds, sizeof(float), 0);
+    c.VS = buf_new((size_t)n * lds, sizeof(float), 1);
+    c.M = buf_new(n, 1, 0);
+    float *kf = c.KF.p, *vf = c.VF.p, *ks = c.KS.p, *vs = c.VS.p;
+    int8_t *k8 = c.K8.p, *v8 = c.V8.p;
+    uint8_t *mask = c.M.p;
     for (size_t i = 0; i < (size_t)n * ld; i++) {
         kf[i] = rng_sym();
         vf[i] = rng_sym();
@@ -688,22 +697,50 @@ static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8
         ks[i] = (0.5f + rng_sym()) / 127.0f;
         vs[i] = (0.5f + rng_sym()) / 127.0f;
     }
-    for (uint32_t i = 0; i < n; i++) /* holes 2: all masked */
+    for (uint32_t i = 0; i < n; i++)
         mask[i] = holes == 2 ? 0 : holes ? (uint8_t)(rng_below(3) != 0 && (i / 16) % 3 != 1) : 1;
+    return c;
+}
+
+/* Arguments over cache c (its f32 or int8 half) for head_dim d, without q and n. */
+static clb_att_args att_cache_args(const att_cache *c, uint32_t d, int i8)
+{
     clb_att_args a;
     memset(&a, 0, sizeof a);
-    a.q = q;
     if (i8) {
-        a.Kq = k8; a.Vq = v8; a.Ks = ks; a.Vs = vs;
+        a.Kq = c->K8.p; a.Vq = c->V8.p; a.Ks = c->KS.p; a.Vs = c->VS.p;
     } else {
-        a.K = kf; a.V = vf;
+        a.K = c->KF.p; a.V = c->VF.p;
     }
-    a.mask = mask;
-    a.ld = ld;
-    a.lds = lds;
-    a.n = n;
+    a.mask = c->M.p;
+    a.ld = (size_t)d + 3;
+    a.lds = 2;
     a.d = d;
     a.scale = 1.0f / sqrtf((float)d);
+    return a;
+}
+
+static void att_cache_free(att_cache *c)
+{
+    buf_free(&c->KF); buf_free(&c->VF); buf_free(&c->K8); buf_free(&c->V8);
+    buf_free(&c->KS); buf_free(&c->VS); buf_free(&c->M);
+}
+
+static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8, int holes)
+{
+    const size_t ld = (size_t)d + 3, lds = 2;
+    buf Q = buf_new(d, sizeof(float), 1);
+    buf O1 = buf_new(d, sizeof(float), 0), O2 = buf_new(d, sizeof(float), 1);
+    float *q = Q.p, *o1 = O1.p, *o2 = O2.p;
+    for (uint32_t c = 0; c < d; c++)
+        q[c] = 4.0f * rng_sym();
+    att_cache cache = att_cache_new(n, d, holes);
+    const float *kf = cache.KF.p, *vf = cache.VF.p, *ks = cache.KS.p, *vs = cache.VS.p;
+    const int8_t *k8 = cache.K8.p, *v8 = cache.V8.p;
+    const uint8_t *mask = cache.M.p;
+    clb_att_args a = att_cache_args(&cache, d, i8);
+    a.q = q;
+    a.n = n;
     clb_ref_attend(o1, &a);
     if (k == NULL) { /* ref against double-precision softmax */
         double mx = -1e300, sum = 0.0;
@@ -747,8 +784,8 @@ static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8
                  i8, holes, c, o2[c], o1[c]);
         }
     }
-    buf_free(&Q); buf_free(&KF); buf_free(&VF); buf_free(&K8); buf_free(&V8);
-    buf_free(&KS); buf_free(&VS); buf_free(&M); buf_free(&O1); buf_free(&O2);
+    buf_free(&Q); buf_free(&O1); buf_free(&O2);
+    att_cache_free(&cache);
 }
 
 /* attend_rows (several queries over one KV head's cache: the GQA group's
@@ -760,47 +797,19 @@ static void test_attend_rows(const colibri_kernels *k, uint32_t nr, uint32_t nh,
                              uint32_t d, int i8, int holes)
 {
     const uint32_t npos = first + 7 * nr + 1;
-    const size_t ld = (size_t)d + 3, lds = 2, ldq = (size_t)nh * d + 5;
+    const size_t ldq = (size_t)nh * d + 5;
     buf Q = buf_new(nr * ldq, sizeof(float), 1), O1 = buf_new(nr * ldq, sizeof(float), 0);
     buf O2 = buf_new(nr * ldq, sizeof(float), 1), P = buf_new(nr, sizeof(uint32_t), 0);
-    buf KF = buf_new((size_t)npos * ld, sizeof(float), 0), VF = buf_new((size_t)npos * ld, sizeof(float), 1);
-    buf K8 = buf_new((size_t)npos * ld, 1, 1), V8 = buf_new((size_t)npos * ld, 1, 0);
-    buf KS = buf_new((size_t)npos * lds, sizeof(float), 0), VS = buf_new((size_t)npos * lds, sizeof(float), 1);
-    buf M = buf_new(npos, 1, 0);
-    float *q = Q.p, *o1 = O1.p, *o2 = O2.p, *kf = KF.p, *vf = VF.p, *ks = KS.p, *vs = VS.p;
-    int8_t *k8 = K8.p, *v8 = V8.p;
+    float *q = Q.p, *o1 = O1.p, *o2 = O2.p;
     uint32_t *pos = P.p;
-    uint8_t *mask = M.p;
     for (size_t i = 0; i < nr * ldq; i++) {
         q[i] = 4.0f * rng_sym();
         o1[i] = o2[i] = (float)i; /* the gaps must keep these */
     }
-    for (size_t i = 0; i < (size_t)npos * ld; i++) {
-        kf[i] = rng_sym();
-        vf[i] = rng_sym();
-        k8[i] = (int8_t)(int32_t)(rng_below(255) - 127);
-        v8[i] = (int8_t)(int32_t)(rng_below(255) - 127);
-    }
-    for (size_t i = 0; i < (size_t)npos * lds; i++) {
-        ks[i] = (0.5f + rng_sym()) / 127.0f;
-        vs[i] = (0.5f + rng_sym()) / 127.0f;
-    }
-    for (uint32_t i = 0; i < npos; i++)
-        mask[i] = holes == 2 ? 0 : holes ? (uint8_t)(rng_below(3) != 0 && (i / 16) % 3 != 1) : 1;
+    att_cache cache = att_cache_new(npos, d, holes);
     for (uint32_t i = 0; i < nr; i++)
         pos[i] = first + (holes ? 7 * i : i);
-    clb_att_args a;
-    memset(&a, 0, sizeof a);
-    if (i8) {
-        a.Kq = k8; a.Vq = v8; a.Ks = ks; a.Vs = vs;
-    } else {
-        a.K = kf; a.V = vf;
-    }
-    a.mask = mask;
-    a.ld = ld;
-    a.lds = lds;
-    a.d = d;
-    a.scale = 1.0f / sqrtf((float)d);
+    clb_att_args a = att_cache_args(&cache, d, i8);
     for (uint32_t i = 0; i < nr; i++)
         for (uint32_t g = 0; g < nh; g++) {
             a.q = q + i * ldq + (size_t)g * d;
@@ -817,8 +826,8 @@ static void test_attend_rows(const colibri_kernels *k, uint32_t nr, uint32_t nh,
         FAIL("%s attend_rows nr=%u nh=%u first=%u d=%u i8=%d holes=%d: out[%zu] = %.9g, ref %.9g",
              k->name, nr, nh, first, d, i8, holes, c, o2[c], o1[c]);
     }
-    buf_free(&Q); buf_free(&O1); buf_free(&O2); buf_free(&P); buf_free(&KF); buf_free(&VF);
-    buf_free(&K8); buf_free(&V8); buf_free(&KS); buf_free(&VS); buf_free(&M);
+    buf_free(&Q); buf_free(&O1); buf_free(&O2); buf_free(&P);
+    att_cache_free(&cache);
 }
 
 static void test_attend_all(const colibri_kernels *k)
