@@ -78,12 +78,24 @@ const char *colibri_tok_strerror(int code)
 #define EXT_NFKC_POOL 3u
 #define EXT_NORM 4u                 /* the normaliser program (FORMAT.md 7.4) */
 #define EXT_LOWER 5u                /* {cp, lowercase, second or 0} by cp */
-#define MAX_EXT 6u
+#define EXT_CHARSMAP 6u             /* Precompiled: SentencePiece's map (FORMAT.md 7.5) */
+#define EXT_GRAPHEMES 7u            /* ... and the grapheme cluster table */
+#define MAX_EXT 7u
 #define NORM_STRIP 1u               /* normaliser program ops */
 #define NORM_REPLACE 2u
 #define NORM_PREPEND 3u
 #define NORM_LOWERCASE 4u
+#define NORM_PRECOMPILED 5u
 #define MAX_NORM_CONTENT 64u
+#define MAX_GRAPHEME_RUNS 8192u
+/* Grapheme_Cluster_Break values (props bits 0-3; colibri/text/grapheme.py) */
+enum { GC_OTHER, GC_CR, GC_LF, GC_CONTROL, GC_EXTEND, GC_ZWJ, GC_RI, GC_PREPEND,
+       GC_SPACING, GC_L, GC_V, GC_T, GC_LV, GC_LVT };
+#define GC_PICT 16u                 /* Extended_Pictographic */
+#define INCB_LINKER 1u              /* Indic_Conjunct_Break (props >> 5) */
+#define INCB_CONSONANT 2u
+#define INCB_EXTEND 3u
+#define PC_CLUSTER_BYTES 6u         /* a cluster this long goes by character */
 #define NFKC_MAX_LEN 18u
 #define MAX_UNIGRAM_PIECE 255u      /* the Viterbi's way back: a byte a position */
 #define ID_ADDED 1u
@@ -539,7 +551,7 @@ static int scalar(uint32_t c) { return c <= 0x10FFFFu && (c < 0xD800u || c >= 0x
 COLD_CHECK static int check_norm(const tokp *t, const uint8_t *prog_at, int have_lower)
 {
     prog_t b = { prog_at, t->be };
-    uint32_t n = t->n_norm_words, lowers = 0;
+    uint32_t n = t->n_norm_words, lowers = 0, maps = 0;
     if (n < 1) return COLIBRI_E_TOK_FORMAT;
     uint32_t steps = PW(b, 0);
     if (steps < 1 || steps > MAX_STEPS || n < 1 + 4 * steps) return COLIBRI_E_TOK_FORMAT;
@@ -549,7 +561,7 @@ COLD_CHECK static int check_norm(const tokp *t, const uint8_t *prog_at, int have
         int shape = op == NORM_STRIP ? arg <= 3u && !np && !nc
                   : op == NORM_REPLACE ? !arg && np >= 1 && np <= MAX_PROG_WORDS
                   : op == NORM_PREPEND ? !arg && !np && nc >= 1
-                  : op == NORM_LOWERCASE ? !arg && !np && !nc : 0;
+                  : op == NORM_LOWERCASE || op == NORM_PRECOMPILED ? !arg && !np && !nc : 0;
         if (!shape || nc > MAX_NORM_CONTENT || off < 1 + 4 * steps || off > n ||
             np + nc > n - off)
             return COLIBRI_E_TOK_FORMAT;
@@ -561,12 +573,51 @@ COLD_CHECK static int check_norm(const tokp *t, const uint8_t *prog_at, int have
         for (uint32_t i = 0; i < nc; i++)
             if (!scalar(PW(b, off + np + i))) return COLIBRI_E_TOK_FORMAT;
         lowers += op == NORM_LOWERCASE;
+        maps += op == NORM_PRECOMPILED;
     }
-    if ((lowers != 0) != (have_lower != 0)) return COLIBRI_E_TOK_FORMAT;
+    if ((lowers != 0) != (have_lower != 0) || maps != (t->cmap_units != NULL))
+        return COLIBRI_E_TOK_FORMAT;
     for (uint32_t i = 0; have_lower && i < t->n_lower; i++) {
         const uint8_t *e = t->lower + 12u * i;
         uint32_t cp = ld32(e, t->be), a = ld32(e + 4, t->be), c = ld32(e + 8, t->be);
         if ((i && cp <= ld32(e - 12, t->be)) || !scalar(cp) || !a || !scalar(a) || !scalar(c))
+            return COLIBRI_E_TOK_FORMAT;
+    }
+    return COLIBRI_OK;
+}
+
+/* A Precompiled step's map (FORMAT.md 7.5), as SentencePiece writes it
+ * (little-endian whatever the section's order): u32 trie size, the trie's
+ * units, then NUL-ended UTF-8 strings. Whole units, at least one and fewer
+ * than 2^21 (so no inner unit has bit 31, a leaf's mark); the strings valid
+ * UTF-8 ending in NUL; every leaf pointing into them at a character's
+ * start. Then the grapheme table: runs from U+0000, strictly increasing,
+ * known properties. Splits the area into t->cmap_units / cmap_strings. */
+COLD_CHECK static int check_charsmap(tokp *t)
+{
+    uint32_t size = t->n_cmap_strings;           /* the area's bytes, for now */
+    if (size < 4) return COLIBRI_E_TOK_FORMAT;
+    uint32_t trie = ld32(t->cmap_units, 0);
+    if (trie % 4u || trie < 4u || trie > size - 4u - 1u || trie / 4u >= (1u << 21))
+        return COLIBRI_E_TOK_FORMAT;
+    const uint8_t *str = t->cmap_units + 4u + trie;
+    uint32_t n_str = size - 4u - trie;
+    if (str[n_str - 1u] != 0 || !valid_utf8(str, n_str)) return COLIBRI_E_TOK_FORMAT;
+    t->cmap_units += 4;
+    t->n_cmap_units = trie / 4u;
+    t->cmap_strings = str;
+    t->n_cmap_strings = n_str;
+    for (uint32_t i = 0; i < t->n_cmap_units; i++) {
+        uint32_t u = ld32(t->cmap_units + 4u * i, 0), v = u & 0x7FFFFFFFu;
+        if ((u >> 31) && (v >= n_str || (str[v] & 0xC0u) == 0x80u)) return COLIBRI_E_TOK_FORMAT;
+    }
+    uint32_t n = t->n_graphemes;
+    if (n < 1 || n > MAX_GRAPHEME_RUNS || (ld32(t->graphemes, t->be) >> 8) != 0)
+        return COLIBRI_E_TOK_FORMAT;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t w = ld32(t->graphemes + 4u * i, t->be);
+        if ((i && (w >> 8) <= (ld32(t->graphemes + 4u * i - 4u, t->be) >> 8)) ||
+            (w >> 8) > 0x10FFFFu || (w & 0x80u) || (w & 15u) > GC_LVT)
             return COLIBRI_E_TOK_FORMAT;
     }
     return COLIBRI_OK;
@@ -585,7 +636,8 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
     for (uint32_t k = 0; k < n; k++) {
         const uint8_t *e = t->sec + off + 4 + 16u * k;
         uint32_t kind = ld32(e, t->be), eoff = ld32(e + 4, t->be), count = ld32(e + 8, t->be);
-        uint32_t unit = kind == EXT_SCORES || kind == EXT_NFKC_MAP ? 8u : 4u;
+        uint32_t align = kind == EXT_SCORES || kind == EXT_NFKC_MAP ? 8u : 4u;
+        uint32_t unit = kind == EXT_CHARSMAP ? 1u : align;
         uint32_t bit;                   /* a switch: the form EVA proves */
         switch (kind) {
         case EXT_SCORES: bit = 1u; break;
@@ -593,9 +645,11 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
         case EXT_NFKC_POOL: bit = 4u; break;
         case EXT_NORM: bit = 8u; break;
         case EXT_LOWER: bit = 16u; break;
+        case EXT_CHARSMAP: bit = 32u; break;
+        case EXT_GRAPHEMES: bit = 64u; break;
         default: bit = 0u; break;
         }
-        if (!bit || (seen & bit) || ld32(e + 12, t->be) || eoff % unit || eoff < HDR ||
+        if (!bit || (seen & bit) || ld32(e + 12, t->be) || eoff % align || eoff < HDR ||
             (uint64_t)eoff + (uint64_t)unit * count > t->size)
             return COLIBRI_E_TOK_FORMAT;
         seen |= bit;
@@ -609,6 +663,10 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
             t->nfkc_pool = at; t->n_nfkc_pool = count;
         } else if (kind == EXT_NORM) {
             t->norm_prog = prog_at = at; t->n_norm_words = count;
+        } else if (kind == EXT_CHARSMAP) {
+            t->cmap_units = at; t->n_cmap_strings = count;   /* split by check_charsmap */
+        } else if (kind == EXT_GRAPHEMES) {
+            t->graphemes = at; t->n_graphemes = count;
         } else {
             if (count % 3) return COLIBRI_E_TOK_FORMAT;
             t->lower = at; t->n_lower = count / 3;
@@ -617,9 +675,11 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
     int nfkc = (t->flags & F_NFKC) != 0, prog = (t->flags & F_NORM_PROG) != 0;
     if (((seen & 1u) != 0) != (unigram != 0) || ((seen & 2u) != 0) != nfkc ||
         ((seen & 4u) != 0) != nfkc || ((seen & 8u) != 0) != prog ||
-        ((seen & 16u) && !prog))
+        ((seen & 16u) && !prog) || ((seen & 32u) != 0) != ((seen & 64u) != 0) ||
+        ((seen & 32u) && !prog))
         return COLIBRI_E_TOK_FORMAT;
     int rc = unigram ? check_scores(t) : COLIBRI_OK;
+    if (!rc && (seen & 32u)) rc = check_charsmap(t);
     if (!rc && nfkc) rc = check_nfkc(t);
     if (!rc && prog) rc = check_norm(t, prog_at, (seen & 16u) != 0);
     return rc;
@@ -1735,6 +1795,144 @@ static void norm_strip(uint32_t arg, const uint8_t **pp, size_t *pn)
     *pp = p + a; *pn = z > a ? z - a : 0;
 }
 
+/* ---- Precompiled (FORMAT.md 7.5; colibri/text/precompiled.py, grapheme.py)
+ * The run cut into extended grapheme clusters (UAX #29 with the section's
+ * table); a cluster of fewer than 6 UTF-8 bytes that starts with a key of
+ * the map becomes the shortest such key's string, else each of its code
+ * points that is a key becomes its string. Keys are matched over the code
+ * points' UTF-8 (an invalid sequence as the U+FFFD it reads as). */
+static uint32_t gc_props(const tokp *t, uint32_t cp)
+{
+    uint32_t lo = 0, hi = t->n_graphemes;        /* run 0 starts at U+0000 */
+    while (hi - lo > 1u) {
+        uint32_t mid = lo + (hi - lo) / 2u;
+        if ((ld32(t->graphemes + 4u * mid, t->be) >> 8) <= cp) lo = mid;
+        else hi = mid;
+    }
+    return ld32(t->graphemes + 4u * lo, t->be) & 0xFFu;
+}
+
+/* What the text before a code point says of the rules that look back:
+ * Regional_Indicators in a row, emoji (1 after ExtPict Extend*, 2 after
+ * ExtPict Extend* ZWJ), Indic conjunct (1 after Consonant [Extend
+ * Linker]*, 2 once a Linker is among them), and the last code point's
+ * props. */
+typedef struct { uint32_t ri, emoji, incb, prev; } gc_state;
+
+static int gc_breaks(const gc_state *s, uint32_t cur)
+{
+    uint32_t p = s->prev & 15u, c = cur & 15u;
+    if (p == GC_CR && c == GC_LF) return 0;                                /* GB3 */
+    if (p == GC_CONTROL || p == GC_CR || p == GC_LF ||
+        c == GC_CONTROL || c == GC_CR || c == GC_LF) return 1;             /* GB4, 5 */
+    if ((p == GC_L && (c == GC_L || c == GC_V || c == GC_LV || c == GC_LVT)) ||
+        ((p == GC_LV || p == GC_V) && (c == GC_V || c == GC_T)) ||
+        ((p == GC_LVT || p == GC_T) && c == GC_T)) return 0;               /* GB6-8 */
+    if (c == GC_EXTEND || c == GC_ZWJ || c == GC_SPACING || p == GC_PREPEND)
+        return 0;                                                          /* GB9-9b */
+    if (s->incb == 2u && (cur >> 5) == INCB_CONSONANT) return 0;           /* GB9c */
+    if (p == GC_ZWJ && s->emoji == 2u && (cur & GC_PICT)) return 0;        /* GB11 */
+    if (p == GC_RI && c == GC_RI && (s->ri & 1u)) return 0;                /* GB12, 13 */
+    return 1;
+}
+
+static void gc_advance(gc_state *s, uint32_t cur)
+{
+    uint32_t c = cur & 15u, incb = cur >> 5;
+    s->ri = c == GC_RI ? s->ri + 1u : 0u;
+    s->emoji = (cur & GC_PICT) ? 1u : s->emoji == 1u && c == GC_EXTEND ? 1u
+             : s->emoji == 1u && c == GC_ZWJ ? 2u : 0u;
+    s->incb = incb == INCB_CONSONANT ? 1u : s->incb && incb == INCB_LINKER ? 2u
+            : incb == INCB_EXTEND ? s->incb : 0u;
+    s->prev = cur;
+}
+
+static size_t u8_len(uint32_t cp) { return cp < 0x80u ? 1u : cp < 0x800u ? 2u : cp < 0x10000u ? 3u : 4u; }
+
+/* The end of the cluster that starts at i; *bytes its UTF-8 length. */
+static size_t gc_next(const tokp *t, const uint8_t *p, size_t n, size_t i, gc_state *s,
+                      size_t *bytes)
+{
+    uint32_t cp; int bad;
+    size_t j = i + u8_next(p + i, n - i, &cp, &bad);
+    gc_advance(s, gc_props(t, cp));
+    *bytes = u8_len(cp);
+    while (j < n) {
+        size_t k = u8_next(p + j, n - j, &cp, &bad);
+        uint32_t cur = gc_props(t, cp);
+        if (gc_breaks(s, cur)) break;
+        gc_advance(s, cur);
+        *bytes += u8_len(cp);
+        j += k;
+    }
+    return j;
+}
+
+static uint32_t pc_unit(const tokp *t, uint32_t i) { return ld32(t->cmap_units + 4u * i, 0); }
+static uint32_t pc_offset(uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); }
+
+/* darts-clone's common-prefix search over the UTF-8 of p[a, b): the offset
+ * of the first (shortest) key's string, or -1. */
+static long pc_match(const tokp *t, const uint8_t *p, size_t a, size_t b)
+{
+    uint32_t pos = pc_offset(pc_unit(t, 0)), n = t->n_cmap_units;
+    while (a < b) {
+        uint32_t cp; int bad;
+        uint8_t u[4];
+        a += u8_next(p + a, b - a, &cp, &bad);
+        size_t m = u8_put(cp, u);
+        for (size_t k = 0; k < m; k++) {
+            pos ^= u[k];
+            if (pos >= n || (pc_unit(t, pos) & 0x800000FFu) != u[k]) return -1;
+            uint32_t unit = pc_unit(t, pos);
+            pos ^= pc_offset(unit);
+            if (pos >= n) return -1;
+            if (((unit >> 8) & 1u) && (pc_unit(t, pos) >> 31))
+                return (long)(pc_unit(t, pos) & 0x7FFFFFFFu);
+        }
+    }
+    return -1;
+}
+
+static void pc_put(const tokp *t, long v, nbuf_t *o)
+{
+    const uint8_t *s = t->cmap_strings + v;     /* check_charsmap: a NUL follows */
+    nb_text(o, s, strlen((const char *)s));
+}
+
+static int norm_precompiled(const tokp *t, const uint8_t *p, size_t n, nbuf_t *o)
+{
+    gc_state s = { 0, 0, 0, 0 };
+    size_t i = 0, prev = 0;
+    int any = 0;
+    while (i < n && !o->over) {
+        size_t bytes, end = gc_next(t, p, n, i, &s, &bytes);
+        long v = bytes < PC_CLUSTER_BYTES ? pc_match(t, p, i, end) : -1;
+        if (v >= 0) {
+            nb_text(o, p + prev, i - prev);
+            pc_put(t, v, o);
+            prev = i = end;
+            any = 1;
+            continue;
+        }
+        while (i < end) {                           /* code point by code point */
+            uint32_t cp; int bad;
+            size_t k = i + u8_next(p + i, end - i, &cp, &bad);
+            v = pc_match(t, p, i, k);
+            if (v >= 0) {
+                nb_text(o, p + prev, i - prev);
+                pc_put(t, v, o);
+                prev = k;
+                any = 1;
+            }
+            i = k;
+        }
+    }
+    if (!any) return 0;
+    nb_text(o, p + prev, n - prev);
+    return 1;
+}
+
 /* One step that may rewrite: 0 unchanged (nothing to do), 1 written to o,
  * or COLIBRI_E_TOK_REGEX. */
 static int norm_rewrite(const tokp *t, prog_t b, uint32_t k, const uint8_t *p, size_t n,
@@ -1749,6 +1947,7 @@ static int norm_rewrite(const tokp *t, prog_t b, uint32_t k, const uint8_t *p, s
         return 1;
     }
     size_t i = 0;
+    if (op == NORM_PRECOMPILED) return norm_precompiled(t, p, n, o);
     if (op == NORM_LOWERCASE) {
         for (; i < n;) {               /* the first code point that changes */
             uint32_t cp; int bad;

@@ -369,11 +369,67 @@ def train_unigram(kind: str, text: str):
 #             a leading ▁ doubled, then Metaspace (always, split false)
 # "t5-tf5":   transformers 5's T5Converter without its Precompiled map:
 #             Strip(right), Replace(' {2,}' -> ▁), Metaspace (always), Unigram
+# "t5-spm":   transformers 5's T5Converter with its Precompiled map, as the
+#             T5 / Switch files on the hub carry it: SentencePiece's own
+#             nmt_nfkc map (nmt_nfkc_charsmap), Strip(right), Replace(' {2,}'
+#             -> ▁), Metaspace (always), Unigram
 # "bl-clip":  CLIP's normaliser: NFC, Replace(\s+ -> ' '), Lowercase, on a
 #             byte-level BPE (GPT-2 regex)
 # "bl-mixed": Strip both sides, a string Replace, Prepend of a plain space,
 #             Lowercase between two Replaces, NFKC-free (NFKC has its own test)
-NORM_KINDS = ("spm-tf5", "t5-tf5", "bl-clip", "bl-mixed")
+NORM_KINDS = ("spm-tf5", "t5-tf5", "t5-spm", "bl-clip", "bl-mixed")
+
+
+def _proto_field(msg: bytes, number: int) -> bytes:
+    """The bytes of length-delimited field `number` of a protobuf message
+    (the few lines of wire format the .model file needs, instead of a
+    protobuf dependency)."""
+    def varint(i):
+        v = shift = 0
+        while True:
+            b = msg[i]
+            v |= (b & 0x7F) << shift
+            i, shift = i + 1, shift + 7
+            if b < 0x80:
+                return v, i
+    i = 0
+    while i < len(msg):
+        key, i = varint(i)
+        wire = key & 7
+        if wire == 0:
+            _, i = varint(i)
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        elif wire == 2:
+            n, i = varint(i)
+            if key >> 3 == number:
+                return msg[i:i + n]
+            i += n
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+    raise KeyError(number)
+
+
+_CHARSMAP = []
+
+
+def nmt_nfkc_charsmap() -> bytes:
+    """SentencePiece's compiled nmt_nfkc map, the `precompiled_charsmap` of
+    T5's tokenizer.json: from a model SentencePiece trains here on a few
+    lines (ModelProto.normalizer_spec = 3, NormalizerSpec.precompiled_charsmap
+    = 2)."""
+    if not _CHARSMAP:
+        import io
+        import sentencepiece as spm
+        out = io.BytesIO()
+        lines = [" ".join(f"w{i * j % 97}" for j in range(12)) for i in range(400)]
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,
+                                       vocab_size=60, model_type="unigram",
+                                       normalization_rule_name="nmt_nfkc", minloglevel=2)
+        _CHARSMAP.append(_proto_field(_proto_field(out.getvalue(), 3), 2))
+    return _CHARSMAP[0]
 
 
 def norm_program_json(kind: str) -> dict:
@@ -382,6 +438,8 @@ def norm_program_json(kind: str) -> dict:
         "spm-tf5": [N.Replace(Regex(r"\A +| +\z"), ""), N.Replace(Regex(" {2,}"), " "),
                     N.Replace(" ", "\u2581"), N.Replace(Regex(r"\A\u2581"), "\u2581\u2581")],
         "t5-tf5": [N.Strip(left=False, right=True), N.Replace(Regex(" {2,}"), "\u2581")],
+        "t5-spm": [N.Precompiled(list(nmt_nfkc_charsmap())), N.Strip(left=False, right=True),
+                   N.Replace(Regex(" {2,}"), "\u2581")],
         "bl-clip": [N.NFC(), N.Replace(Regex(r"\s+"), " "), N.Lowercase()],
         "bl-mixed": [N.Strip(), N.Replace("\t", " -> "), N.Replace(Regex(r"[0-9]{2,}?"), "#"),
                      N.Lowercase(), N.Replace(Regex(r"(?i)th(?:e|ose)|\s+(?!\S)"), "THE"), N.Prepend(" ")],
@@ -402,7 +460,7 @@ def train_norm_kind(kind: str, text: str, vocab: int = 3000):
         tok = Tokenizer.from_str(json.dumps(tj))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         return train_byte_level(tok, lines, vocab)
-    unigram = kind == "t5-tf5"
+    unigram = kind.startswith("t5-")
     tok = Tokenizer(models.Unigram() if unigram else models.BPE(unk_token="<unk>",
                                                                  byte_fallback=True))
     tj = json.loads(tok.to_str())

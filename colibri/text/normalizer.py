@@ -1,6 +1,6 @@
 """Normaliser programs: a tokenizer.json `Sequence` of `Strip`, `Replace`
-(a string or a regex), `Prepend` and `Lowercase` (after an optional NFC or
-NFKC) -> the steps the TOKENIZER section stores (FORMAT.md 7.4), and the
+(a string or a regex), `Prepend`, `Lowercase` and `Precompiled` (after an
+optional NFC or NFKC) -> the steps the TOKENIZER section stores (FORMAT.md 7.4), and the
 reference that applies them (tokenizers 0.23's NormalizedString::strip,
 replace, prepend, lowercase). src/tokenizer.c norm_program applies the same
 steps to the same words.
@@ -18,17 +18,23 @@ Words of a program (u32, the file's byte order), extension kind EXT_NORM:
   op PREPEND: the content (n_prog = 0, n_content >= 1);
   op LOWERCASE: nothing; the section's EXT_LOWER map says what each
   code point becomes (Rust's char::to_lowercase, one or two code points).
+  op PRECOMPILED: nothing; the section's EXT_CHARSMAP (SentencePiece's
+  compiled map) and EXT_GRAPHEMES (the clusters it is applied to) say what
+  it does (colibri/text/precompiled.py, FORMAT.md 7.5). At most one.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 
 from . import tokregex as R
+from .precompiled import Precompiled
 
-OP_STRIP, OP_REPLACE, OP_PREPEND, OP_LOWERCASE = 1, 2, 3, 4
+OP_STRIP, OP_REPLACE, OP_PREPEND, OP_LOWERCASE, OP_PRECOMPILED = 1, 2, 3, 4, 5
 OP_NAMES = {OP_STRIP: "Strip", OP_REPLACE: "Replace", OP_PREPEND: "Prepend",
-            OP_LOWERCASE: "Lowercase"}
+            OP_LOWERCASE: "Lowercase", OP_PRECOMPILED: "Precompiled"}
 MAX_STEPS = 8
 MAX_CONTENT = 64                # code points of a Replace or Prepend content
 SP_SPACE = "\u2581"
@@ -43,7 +49,9 @@ class BadProgram(ValueError):
     """Program words that fail the reader's checks."""
 
 
-# A step is a tuple (op, arg, program words, content str).
+# A step is a tuple (op, arg, program words, content str); a Precompiled
+# step holds its Precompiled (the map and its grapheme table) in place of
+# the program words.
 
 
 def type_of(obj) -> str:
@@ -94,10 +102,13 @@ def _step(n) -> tuple:
             raise UnsupportedNormalizer(f"normalizer Replace: {exc}") from None
         raise UnsupportedNormalizer(f"normalizer Replace pattern {json.dumps(pat)[:60]}")
     if t == "Precompiled":
-        raise UnsupportedNormalizer(
-            "normalizer Precompiled (a SentencePiece model's compiled character map, "
-            "applied per grapheme cluster) is not supported: the file would tokenize "
-            "differently")
+        raw = n.get("precompiled_charsmap")
+        try:
+            data = bytes(raw) if isinstance(raw, list) else base64.b64decode(raw, validate=True)
+            return (OP_PRECOMPILED, 0, Precompiled(data), "")
+        except (TypeError, ValueError, binascii.Error) as exc:
+            raise UnsupportedNormalizer(f"normalizer Precompiled: its precompiled_charsmap is "
+                                        f"not a SentencePiece character map ({exc})") from None
     if t in ("NFC", "NFKC"):
         raise UnsupportedNormalizer(f"normalizer {t} after another normaliser (NFC and NFKC "
                                     "are supported first in a Sequence)")
@@ -119,6 +130,8 @@ def parse(norm) -> tuple[str, list, bool]:
         form = _type(items[0])
         items = items[1:]
     steps = [_step(n) for n in items]
+    if sum(st[0] == OP_PRECOMPILED for st in steps) > 1:
+        raise UnsupportedNormalizer("normalizer Sequence with two Precompiled maps")
     if len(steps) > MAX_STEPS:
         raise UnsupportedNormalizer(f"normalizer Sequence of {len(steps)} steps (at most "
                                     f"{MAX_STEPS})")
@@ -185,6 +198,8 @@ def apply(steps, t: str, lower: dict[int, str] | None = None) -> str:
         elif op == OP_LOWERCASE:
             lm = lower_map() if lower is None else lower
             t = "".join(lm.get(ord(c), c) for c in t)
+        elif op == OP_PRECOMPILED:
+            t = prog.apply(t)
         else:
             out, prev = [], 0
             for s, e in R.find_iter(prog, t, 0, len(t)):
@@ -199,14 +214,16 @@ def pack(steps) -> list[int]:
     head, body = [len(steps)], []
     base = 1 + 4 * len(steps)
     for op, arg, prog, content in steps:
-        head += [op | arg << 8, base + len(body), len(prog), len(content)]
-        body += list(prog) + [ord(c) for c in content]
+        words = [] if op == OP_PRECOMPILED else list(prog)
+        head += [op | arg << 8, base + len(body), len(words), len(content)]
+        body += words + [ord(c) for c in content]
     return head + body
 
 
-def unpack(words: list[int]) -> list:
+def unpack(words: list[int], precompiled: Precompiled | None = None) -> list:
     """Program words -> steps, with every check src/tokenizer.c
-    check_norm makes; BadProgram names the first that fails."""
+    check_norm makes; BadProgram names the first that fails. precompiled:
+    the section's map, for its step (one exactly when it has the map)."""
     if not words or not 1 <= words[0] <= MAX_STEPS or len(words) < 1 + 4 * words[0]:
         raise BadProgram(f"{words[0] if words else 0} normaliser steps")
     n = words[0]
@@ -217,7 +234,8 @@ def unpack(words: list[int]) -> list:
         shape_ok = {OP_STRIP: arg <= 3 and not n_prog and not n_content,
                     OP_REPLACE: not arg and 1 <= n_prog <= R.MAX_PROGRAM_WORDS,
                     OP_PREPEND: not arg and not n_prog and n_content >= 1,
-                    OP_LOWERCASE: not arg and not n_prog and not n_content}.get(op, False)
+                    OP_LOWERCASE: not arg and not n_prog and not n_content,
+                    OP_PRECOMPILED: not arg and not n_prog and not n_content}.get(op, False)
         if not shape_ok or n_content > MAX_CONTENT or off < 1 + 4 * n or \
                 off + n_prog + n_content > len(words):
             raise BadProgram(f"normaliser step {k}")
@@ -230,7 +248,11 @@ def unpack(words: list[int]) -> list:
         cps = words[off + n_prog:off + n_prog + n_content]
         if any(c > 0x10FFFF or 0xD800 <= c < 0xE000 for c in cps):
             raise BadProgram(f"normaliser step {k}: content is not Unicode scalar values")
-        steps.append((op, arg, prog, "".join(map(chr, cps))))
+        steps.append((op, arg, precompiled if op == OP_PRECOMPILED else prog,
+                      "".join(map(chr, cps))))
+    if sum(st[0] == OP_PRECOMPILED for st in steps) != (precompiled is not None):
+        raise BadProgram("a Precompiled step without the character map, a map without "
+                         "the step, or two such steps")
     return steps
 
 

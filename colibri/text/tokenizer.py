@@ -34,7 +34,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import normalizer, tokregex
+from . import grapheme, normalizer, precompiled, tokregex
 from ..errors import ColibriError, FormatError
 
 # --- the section (docs/FORMAT.md section 7) ---------------------------------
@@ -87,8 +87,12 @@ EXT_NFKC_MAP = 2                # count x {cp | no_cut << 31, pool offset << 5 |
 EXT_NFKC_POOL = 3               # count u32 code points: the maps' NFKD sequences
 EXT_NORM = 4                    # count u32: the normaliser program (colibri/text/normalizer.py)
 EXT_LOWER = 5                   # count u32, 3 a code point: {cp, lowercase, second or 0}
-EXT_UNITS = {EXT_SCORES: 8, EXT_NFKC_MAP: 8, EXT_NFKC_POOL: 4, EXT_NORM: 4, EXT_LOWER: 4}
-MAX_EXT = 6
+EXT_CHARSMAP = 6                # count bytes: a Precompiled step's map, as SentencePiece wrote it
+EXT_GRAPHEMES = 7               # count u32: the grapheme cluster table it is applied with
+EXT_UNITS = {EXT_SCORES: 8, EXT_NFKC_MAP: 8, EXT_NFKC_POOL: 4, EXT_NORM: 4, EXT_LOWER: 4,
+             EXT_CHARSMAP: 1, EXT_GRAPHEMES: 4}
+EXT_ALIGN = {EXT_SCORES: 8, EXT_NFKC_MAP: 8}    # others: 4
+MAX_EXT = 7
 NFKC_MAX_LEN = 18               # the longest NFKD of one code point (U+FDFA)
 
 # Per-id flags (one byte per id).
@@ -820,13 +824,18 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
         exts.append((EXT_NORM, "I", normalizer.pack(spec.norm)))
         if any(st[0] == normalizer.OP_LOWERCASE for st in spec.norm):
             exts.append((EXT_LOWER, "I", normalizer.lower_words()))
+        for op, _, pre, _ in spec.norm:
+            if op == normalizer.OP_PRECOMPILED:
+                exts += [(EXT_CHARSMAP, f"{len(pre.data)}s", [pre.data]),
+                         (EXT_GRAPHEMES, "I", pre.table.runs)]
     off_ext = cur if exts else 0
     if exts:
         cur = _a8(cur + 4 + 16 * len(exts))
     ext_dir = []
     for kind, fmt, vals in exts:
-        ext_dir.append((kind, cur, len(vals) // (2 if kind == EXT_NFKC_MAP else 1)))
-        cur = _a8(cur + struct.calcsize(f"<{len(vals)}{fmt}"))
+        size = struct.calcsize(f"<{fmt}" if kind == EXT_CHARSMAP else f"<{len(vals)}{fmt}")
+        ext_dir.append((kind, cur, size // EXT_UNITS[kind]))
+        cur = _a8(cur + size)
     h = dict(model=spec.model, pretok=spec.pretok, flags=spec.flags, n_vocab=n,
              n_merges=len(merges), n_added=len(spec.added),
              unk_id=spec.unk_id & 0xFFFFFFFF, bos_id=spec.bos_id & 0xFFFFFFFF,
@@ -852,7 +861,8 @@ def pack_section(spec: TokenizerSpec, byte_order: str = "little") -> bytes:
         struct.pack_into(f"{bc}I", out, off_ext, len(exts))
         for k, ((kind, fmt, vals), (_, off, count)) in enumerate(zip(exts, ext_dir)):
             struct.pack_into(f"{bc}4I", out, off_ext + 4 + 16 * k, kind, off, count, 0)
-            struct.pack_into(f"{bc}{len(vals)}{fmt}", out, off, *vals)
+            struct.pack_into(bc + fmt if kind == EXT_CHARSMAP else f"{bc}{len(vals)}{fmt}",
+                             out, off, *vals)
     return bytes(out)
 
 
@@ -1027,11 +1037,18 @@ def parse_section(data: bytes) -> TokenizerSpec:
     if (EXT_SCORES in ext) != unigram or (EXT_NFKC_MAP in ext) != bool(h["flags"] & F_NFKC) \
             or (EXT_NORM in ext) != bool(h["flags"] & F_NORM_PROG):
         raise _bad("the extensions do not match the model and flags")
-    norm, lower = [], None
+    norm, lower, pre = [], None, None
     if EXT_NORM in ext:
         off, count = ext[EXT_NORM]
         try:
-            norm = normalizer.unpack(list(struct.unpack_from(f"{bc}{count}I", data, off)))
+            if (EXT_CHARSMAP in ext) != (EXT_GRAPHEMES in ext):
+                raise normalizer.BadProgram("a character map without its grapheme table, or "
+                                            "a table without its map")
+            if EXT_CHARSMAP in ext:
+                (moff, msize), (goff, gcount) = ext[EXT_CHARSMAP], ext[EXT_GRAPHEMES]
+                pre = precompiled.Precompiled(
+                    data[moff:moff + msize], struct.unpack_from(f"{bc}{gcount}I", data, goff))
+            norm = normalizer.unpack(list(struct.unpack_from(f"{bc}{count}I", data, off)), pre)
             lowers = any(st[0] == normalizer.OP_LOWERCASE for st in norm)
             if lowers != (EXT_LOWER in ext):
                 raise normalizer.BadProgram("a Lowercase step without the lowercase map, "
@@ -1039,10 +1056,11 @@ def parse_section(data: bytes) -> TokenizerSpec:
             if lowers:
                 off, count = ext[EXT_LOWER]
                 lower = normalizer.read_lower(struct.unpack_from(f"{bc}{count}I", data, off))
-        except normalizer.BadProgram as exc:
+        except (normalizer.BadProgram, precompiled.BadCharsMap, grapheme.BadTable) as exc:
             raise _bad(str(exc)) from None
-    elif EXT_LOWER in ext:
-        raise _bad("a lowercase map without a normaliser program")
+    elif EXT_LOWER in ext or EXT_CHARSMAP in ext or EXT_GRAPHEMES in ext:
+        raise _bad("a lowercase map, character map or grapheme table without a normaliser "
+                   "program")
     scores = []
     if unigram:
         off, count = ext[EXT_SCORES]
@@ -1072,7 +1090,8 @@ def _check_extensions(data: bytes, bc: str, off: int, n_vocab: int) -> dict:
     for k in range(n):
         kind, eoff, count, zero = struct.unpack_from(f"{bc}4I", data, off + 4 + 16 * k)
         unit = EXT_UNITS.get(kind)
-        if unit is None or kind in out or zero or eoff % unit or eoff < SECTION_HEADER_SIZE \
+        if unit is None or kind in out or zero or eoff % EXT_ALIGN.get(kind, 4) or \
+                eoff < SECTION_HEADER_SIZE \
                 or count > size or eoff + unit * count > size:
             raise _bad(f"extension {k} (kind {kind})")
         out[kind] = (eoff, count)

@@ -118,6 +118,10 @@ typedef struct colibri_tokenizer {
         const uint8_t *norm_prog;    /* version 3: the normaliser program and */
         const uint8_t *lower;        /* its lowercase map (FORMAT.md 7.4) */
         uint32_t n_norm_words, n_lower;
+        const uint8_t *cmap_units;   /* a Precompiled step's map: its trie, */
+        const uint8_t *cmap_strings; /* its strings, */
+        const uint8_t *graphemes;    /* its grapheme table (FORMAT.md 7.5) */
+        uint32_t n_cmap_units, n_cmap_strings, n_graphemes;
     } priv_;
 } colibri_tokenizer;
 
