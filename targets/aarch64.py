@@ -41,8 +41,11 @@ TARGET = Target(
         # streamed experts and their reader thread, Unigram, the NFKC map's
         # checks and the normaliser programs (142.5 KiB
         # since the tokenizer's Unicode 16 General_Category table and the
-        # flash-schedule attention; 128 KiB before): 168 KiB keeps 2.4.
-        runtime=168 << 10,
+        # flash-schedule attention; 128 KiB before); 168.3 with the
+        # Precompiled normaliser of T5 / Switch files (FORMAT.md 7.5, +2.2):
+        # 176 KiB keeps 7.7 (an AArch64 board has megabytes for code; the
+        # budget is there to catch a jump, as the NEON kernels' 20 KiB was).
+        runtime=176 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2.60 MiB)
         firmware_ram=8 << 20,
         image=4 << 20,

@@ -119,16 +119,18 @@ def test_c_under_asan_ubsan_big_endian(driver, normed, strings, kind, lower_dive
 
 @pytest.mark.parametrize("variant", ["armv7", "ppc"])
 def test_c_under_qemu(driver, normed, strings, variant, tmp_path):
-    for kind in ("spm-tf5", "t5-tf5"):
+    for kind in ("spm-tf5", "t5-tf5", "t5-spm"):
         (tmp_path / kind).mkdir()
         check_kind(driver(variant), normed(kind), strings[:300], tmp_path / kind,
                    "big" if variant == "ppc" else "little", n_random=50)
 
 
-def test_c_on_cortex_m_under_qemu(normed, strings, tmp_path):
+@pytest.mark.parametrize("kind", ["t5-tf5", "t5-spm"])
+def test_c_on_cortex_m_under_qemu(normed, strings, kind, tmp_path):
     """The Cortex-M library (two 512-byte program buffers) gives tokenizers'
-    ids for transformers 5's T5 normaliser."""
-    check_on_cortex_m(normed("t5-tf5"), strings, tmp_path)
+    ids for transformers 5's T5 normaliser, without and with the Precompiled
+    map (its 240 KB in flash)."""
+    check_on_cortex_m(normed(kind), strings, tmp_path)
 
 
 def test_lowercase_of_every_code_point(driver, lower_divergent, tmp_path):
