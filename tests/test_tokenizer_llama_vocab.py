@@ -16,8 +16,19 @@ converted to a section and every string's ids, Python and C, must equal .out.
 Qwen2 and Qwen3.5 (without their NFC: see PRETOK); mpt with GPT-NeoX's
 tokenizer.json (NFC + ByteLevel, what OLMoE's descends from); falcon
 (Punctuation, then ByteLevel with its regex, then Digits and a Split that
-see ByteLevel's byte alphabet). Not here: the SentencePiece and WPM
-vocabularies (their merges are not in the GGUF)."""
+see ByteLevel's byte alphabet); refact and command-r (StarCoder's
+pre-tokenizer, as llama-vocab.cpp gives them).
+
+The SentencePiece vocabularies (llama-spm, phi-3) carry pieces and scores,
+not merges: transformers rebuilds their tokenizer.json from the GGUF (its
+GGUF tokenizer converter derives the merges), and the test puts back what
+that rebuild drops for Llama 2, whose tokenizer.json has the normaliser
+Prepend("▁") + Replace(" ", "▁") and no pre-tokenizer (the rebuild writes a
+Metaspace pre-tokenizer instead, which differs on leading spaces); Phi-3's
+rebuild is its tokenizer.json's shape already. `tokenizers` on the rebuilt
+file must give .out first. Not here: the WPM vocabularies (WordPiece, not
+supported), baichuan, gpt-neox and gemma-4 (architectures transformers'
+GGUF reader refuses, so no tokenizer.json to rebuild)."""
 from __future__ import annotations
 
 import json
@@ -45,6 +56,9 @@ PRETOK = {
     "deepseek-llm": tf.PROGRAM_PRETOKS["bl-deepseek-llm"],
     "deepseek-coder": tf.PROGRAM_PRETOKS["bl-deepseek-coder"],
     "starcoder": tf.PROGRAM_PRETOKS["bl-starcoder"],
+    # llama-vocab.cpp gives Refact and Command-R StarCoder's pre-tokenizer
+    "refact": tf.PROGRAM_PRETOKS["bl-starcoder"],
+    "command-r": tf.PROGRAM_PRETOKS["bl-starcoder"],
     # Qwen2's and Qwen3.5's tokenizer.json have an NFC normaliser, but the
     # tokenizers that wrote llama.cpp's .out did not apply it (a decomposed
     # "e" + U+0301 stays two tokens there): rebuilt without it. NFC itself is
@@ -160,3 +174,29 @@ def _check_vocab(driver, sec: bytes, name: str, tmp_path):
     got = run(driver("host"), "section", p, [ids_req(s.encode(), 0) for s in strs], tmp_path / "t")
     bad = [(s, w, g) for s, w, (rc, _, g) in zip(strs, want, got) if rc != 0 or g != w]
     assert not bad, f"C: {len(bad)} of {len(strs)} differ, first {bad[:2]!r}"
+
+
+# What transformers' GGUF rebuild of Llama 2's tokenizer drops: the normaliser.
+LLAMA2_NORMALIZER = {"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": "\u2581"},
+    {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+def test_sentencepiece_vocab_ids_equal_llama_cpp_out_python_and_c(driver, name, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    d = models_dir()
+    kv = read_gguf_vocab(d / f"ggml-vocab-{name}.gguf")
+    assert kv["tokenizer.ggml.model"] == "llama"
+    tok = transformers.AutoTokenizer.from_pretrained(str(d), gguf_file=f"ggml-vocab-{name}.gguf")
+    tj = json.loads(tok.backend_tokenizer.to_str())
+    if name == "llama-spm":
+        tj["normalizer"], tj["pre_tokenizer"] = LLAMA2_NORMALIZER, None
+    hf = tokenizers.Tokenizer.from_str(json.dumps(tj))
+    strs, want = cases(name)
+    assert [hf.encode(s, add_special_tokens=False).ids for s in strs] == want
+    spec = T.spec_from_json(tj)
+    assert spec.model == T.MODEL_SENTENCEPIECE and spec.flags & T.F_BYTE_FALLBACK
+    _check_vocab(driver, T.pack_section(spec), name, tmp_path)
+
