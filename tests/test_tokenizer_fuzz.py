@@ -21,6 +21,27 @@ from test_tokenizer_unigram import unigram  # noqa: F401
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def build_fuzzer(tmp_path: Path) -> Path:
+    """fuzz/fuzz_tokenizer.c with libFuzzer, ASan and UBSan (ref kernels)."""
+    exe = tmp_path / "fuzz_tokenizer"
+    subprocess.run(["clang", "-std=c11", "-g", "-O1", "-ffp-contract=off",
+                    "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
+                    "-Isrc/include", "-Isrc", "-Isrc/kernels", "-DCOLIBRI_KERNELS_REF_ONLY",
+                    "-DCOLIBRI_ENABLE_MMAP=1", "fuzz/fuzz_tokenizer.c", *sources.LIBRARY,
+                    "-lm", "-o", str(exe)], cwd=ROOT, check=True, timeout=600)
+    return exe
+
+
+def run_fuzzer(exe: Path, seeds: Path, section: Path, max_len: int) -> None:
+    """4,000 runs from seeds, with section as the valid one text runs use:
+    clean (no sanitizer report, no crash)."""
+    proc = subprocess.run([str(exe), "-runs=4000", f"-max_len={max_len}", "-seed=1", str(seeds)],
+                          env={"COLIBRI_FUZZ_SECTION": str(section), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=900, cwd=exe.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Done 4000 runs" in proc.stderr
+
+
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
 @pytest.mark.parametrize("kind", ["bl-gpt2-300", "sp-300", "bl-deepseek-coder", "t5-300",
                                   "bl-mixed", "bl-falcon"])
@@ -32,13 +53,7 @@ def test_fuzz_tokenizer_short_run_is_clean(trained, unigram, tmp_path, kind):
     a normaliser program (Strip, Replace with regexes, Lowercase and its
     map, Prepend) over hostile text, and mutated programs. bl-falcon: steps
     over ByteLevel's byte alphabet (and invalid UTF-8 through them)."""
-    exe = tmp_path / "fuzz_tokenizer"
-    lib = [s for s in sources.LIBRARY]
-    subprocess.run(["clang", "-std=c11", "-g", "-O1", "-ffp-contract=off",
-                    "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-                    "-Isrc/include", "-Isrc", "-Isrc/kernels", "-DCOLIBRI_KERNELS_REF_ONLY",
-                    "-DCOLIBRI_ENABLE_MMAP=1", "fuzz/fuzz_tokenizer.c", *lib, "-lm",
-                    "-o", str(exe)], cwd=ROOT, check=True, timeout=600)
+    exe = build_fuzzer(tmp_path)
     hf = (tf.train_program_kind(kind, tf.corpus_text(1_000_000), vocab=300)
           if kind in tf.PROGRAM_KINDS else unigram(kind) if kind in tf.UNIGRAM_KINDS
           else tf.train_norm_kind(kind, tf.corpus_text(1_000_000), vocab=300)
@@ -52,9 +67,4 @@ def test_fuzz_tokenizer_short_run_is_clean(trained, unigram, tmp_path, kind):
         (seeds / f"t{i}").write_bytes(b"\x01" + b)
     if len(sec) < 65536:
         (seeds / "sec").write_bytes(b"\x00" + struct.pack("<H", len(sec)) + sec + b"Hi there")
-    proc = subprocess.run([str(exe), "-runs=4000", "-max_len=8192", "-seed=1", str(seeds)],
-                          env={"COLIBRI_FUZZ_SECTION": str(tmp_path / "good.bin"),
-                               "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Done 4000 runs" in proc.stderr
+    run_fuzzer(exe, seeds, tmp_path / "good.bin", 8192)

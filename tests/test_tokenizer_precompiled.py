@@ -18,7 +18,6 @@ import json
 import random
 import shutil
 import struct
-import subprocess
 import tempfile
 
 import pytest
@@ -28,13 +27,13 @@ from colibri.text import grapheme_table as GT
 from colibri.text import normalizer as N
 from colibri.text import precompiled as P
 from colibri.text import tokenizer as T
-from colibri.buildsteps import sources
 
 import tokenizer_fixtures as tf
 from test_runtime_support import c_build  # noqa: F401
 from test_tokenizer_c import (HOSTILE_REQUESTS, HOSTILE_TEXT, both_readers_verdict,  # noqa: F401
                               check_kind, driver, ids_req, run, run_raw)
-from test_tokenizer_normalizer import normed  # noqa: F401
+from test_tokenizer_fuzz import build_fuzzer, run_fuzzer
+from test_tokenizer_normalizer import _ext, normed  # noqa: F401
 from test_tokenizer_program import byte_pieces_json, check_c_equals_python
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -177,15 +176,6 @@ def test_the_converter_names_the_map(normed):
 
 
 # --- hostile and damaged maps and tables ---------------------------------------
-def _ext(sec: bytes, kind: int) -> tuple[int, int]:
-    off = struct.unpack_from("<I", sec, 8 + 4 * 21)[0]
-    for k in range(struct.unpack_from("<I", sec, off)[0]):
-        kd, eoff, count, _ = struct.unpack_from("<4I", sec, off + 4 + 16 * k)
-        if kd == kind:
-            return eoff, count
-    raise KeyError(kind)
-
-
 def _small_section() -> bytes:
     return T.pack_section(T.spec_from_json(byte_pieces_with(small_charsmap())))
 
@@ -277,13 +267,7 @@ def test_fuzz_a_precompiled_section_short_run_is_clean(tmp_path):
     """fuzz/fuzz_tokenizer.c over the small map's section: mutated sections
     (map, table, program) and hostile text through the clusters and the
     trie, under ASan/UBSan."""
-    root = tf.ROOT
-    exe = tmp_path / "fuzz_tokenizer"
-    subprocess.run(["clang", "-std=c11", "-g", "-O1", "-ffp-contract=off",
-                    "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-                    "-Isrc/include", "-Isrc", "-Isrc/kernels", "-DCOLIBRI_KERNELS_REF_ONLY",
-                    "-DCOLIBRI_ENABLE_MMAP=1", "fuzz/fuzz_tokenizer.c", *sources.LIBRARY,
-                    "-lm", "-o", str(exe)], cwd=root, check=True, timeout=600)
+    exe = build_fuzzer(tmp_path)
     sec = _small_section()
     assert len(sec) < 65536
     (tmp_path / "good.bin").write_bytes(sec)
@@ -293,12 +277,7 @@ def test_fuzz_a_precompiled_section_short_run_is_clean(tmp_path):
         (seeds / f"t{i}").write_bytes(b"\x01" + s.encode())
     (seeds / "sec").write_bytes(b"\x00" + struct.pack("<H", len(sec)) + sec
                                 + "e\u0301\u0301 \r\n".encode())
-    proc = subprocess.run([str(exe), "-runs=4000", "-max_len=65536", "-seed=1", str(seeds)],
-                          env={"COLIBRI_FUZZ_SECTION": str(tmp_path / "good.bin"),
-                               "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Done 4000 runs" in proc.stderr
+    run_fuzzer(exe, seeds, tmp_path / "good.bin", 65536)
 
 
 def test_bad_maps_are_refused_at_conversion_by_name(normed):
