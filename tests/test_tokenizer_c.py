@@ -267,6 +267,19 @@ def run_raw(driver_pair, section: Path, requests: bytes, tmp: Path) -> subproces
 HOSTILE_TEXT = "Hello ünïcödé 日本 😀 1".encode()
 
 
+def assert_both_readers_refuse(driver_pair, sections, tmp: Path, code: int = -31) -> None:
+    """Each section: parse_section raises, and the C library (under the
+    driver, ASan/UBSan) refuses it with `code` (COLIBRI_E_TOK_FORMAT)."""
+    for k, b in enumerate(sections):
+        with pytest.raises(T.TokenizerError):
+            T.parse_section(b)
+        p = tmp / f"h{k}.bin"
+        p.write_bytes(b)
+        proc = run_raw(driver_pair, p, HOSTILE_REQUESTS, tmp)
+        assert proc.returncode == 11 and proc.stdout.startswith(f"error {code}"), \
+            (k, proc.stdout + proc.stderr)
+
+
 def both_readers_verdict(driver_pair, section: bytes, tmp: Path) -> int:
     """0 when the C library (under ASan/UBSan, never a sanitizer report)
     and parse_section both take the section and tokenize HOSTILE_TEXT, 11
