@@ -14,13 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def build_and_run(target, source: str, include_dir: Path, name: str,
-                  timeout: float = 300) -> subprocess.CompletedProcess:
+                  timeout: float = 300, scons_vars=()) -> subprocess.CompletedProcess:
     """source (relative to the root) + the target's start-up and linker
-    script + libcolibri.a from `scons target=... build_dir=include_dir`;
-    returns the emulator run (stdout/stderr as text)."""
+    script + libcolibri.a from `scons target=... build_dir=include_dir
+    [scons_vars]`; returns the emulator run (stdout/stderr as text)."""
     lib = include_dir / target.name / "libcolibri.a"
     p = subprocess.run([str(Path(sys.executable).parent / "scons"), "-Q", "-j2",
-                        f"target={target.name}", f"build_dir={include_dir}", str(lib)],
+                        f"target={target.name}", f"build_dir={include_dir}", *scons_vars,
+                        str(lib)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     elf = include_dir / f"{name}.elf"

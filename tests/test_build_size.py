@@ -70,6 +70,26 @@ def test_over_budget_names_budget_section_size_and_symbols(built):
     assert size.check_budgets(r, t_ok) == []
 
 
+def test_nfc_1_raises_the_runtime_budget_where_the_target_leaves_the_tables_out(built):
+    """scons nfc=1 on a firmware target (its defines leave the NFC tables out)
+    may use toolchain.NFC_BUDGET more; nfc=0 or the target's default keeps
+    the budget; a report 20 KiB over the budget passes only with nfc=1."""
+    from colibri.buildsteps import toolchain
+    (built / "prog.bin").write_bytes(b"\0" * 100)
+    r = size.measure(built / "prog", built / "libt.a", built / "prog.bin")
+    cm = targets.get("cortex-m")
+    assert toolchain.NO_TOK_NORM in cm.defines
+    t = dataclasses.replace(cm, budgets=dict(runtime=r.totals["runtime"] - (20 << 10)))
+    default = toolchain.resolve_options(cm)
+    with_nfc = toolchain.resolve_options(cm, nfc="1")
+    assert not default.nfc and with_nfc.nfc
+    assert toolchain.NO_TOK_NORM in toolchain.flags(cm, default, ".").cppdefines
+    assert toolchain.NO_TOK_NORM not in toolchain.flags(cm, with_nfc, ".").cppdefines
+    assert size.budgets_for(t, with_nfc)["runtime"] == t.budgets["runtime"] + toolchain.NFC_BUDGET
+    assert len(size.check_budgets(r, t, default)) == 1
+    assert size.check_budgets(r, t, with_nfc) == []
+
+
 def test_report_has_sections_bars_and_15_symbols(built):
     (built / "prog.bin").write_bytes(b"\0" * 100)
     r = size.measure(built / "prog", built / "libt.a", built / "prog.bin")

@@ -362,9 +362,10 @@ def test_c_on_cortex_m_under_qemu(trained, strings, kind, tmp_path):
     check_on_cortex_m(trained(kind), strings, tmp_path)
 
 
-def check_on_cortex_m(hf, strings, tmp_path):
+def check_on_cortex_m(hf, strings, tmp_path, scons_vars=()):
     """The first 200 strings under 400 bytes: tokenizers' ids and decoded
-    text, by the Cortex-M library under qemu-system-arm."""
+    text, by the Cortex-M library (built with scons_vars) under
+    qemu-system-arm."""
     import shutil
     import targets
     t = targets.load_all()["cortex-m"]
@@ -391,7 +392,8 @@ def check_on_cortex_m(hf, strings, tmp_path):
               f"static const size_t case_dec_len[] = {{{','.join(dlens)}}};"]
     (tmp_path / "tok_cases.h").write_text("\n".join(lines) + "\n")
     from baremetal import build_and_run
-    proc = build_and_run(t, "tests/c/tokenize_baremetal.c", tmp_path, "tok")
+    proc = build_and_run(t, "tests/c/tokenize_baremetal.c", tmp_path, "tok",
+                         scons_vars=scons_vars)
     assert proc.returncode == 0 and f"tokenizer: {len(cases)} cases ok" in proc.stdout, \
         proc.stdout + proc.stderr
 

@@ -527,6 +527,19 @@ def test_nfkc_python_and_c_equal_tokenizers(driver, program_tok, nfkc_divergent,
     assert [g for _, _, g in got] == [tok.encode(b) for b in rest]
 
 
+@pytest.mark.parametrize("kind", ["bl-qwen2-nfc", "bl-qwen2-nfkc"])
+def test_nfc_and_nfkc_on_cortex_m_with_nfc_1_under_qemu(program_tok, nfkc_divergent, kind,
+                                                       tmp_path):
+    """`scons nfc=1` puts the composition tables in the Cortex-M library
+    (whose default leaves them out): NFC and NFKC tokenizers give
+    `tokenizers`' ids and text there."""
+    from test_tokenizer_c import check_on_cortex_m
+    hf = program_tok(kind)[0]
+    strs = [b for b in nfkc_strings(400) if not any(ord(c) in nfkc_divergent
+                                                    for c in tf.hf_text(b))]
+    check_on_cortex_m(hf, strs, tmp_path, scons_vars=("nfc=1",))
+
+
 def test_nfkc_of_every_code_point_equals_tokenizers(driver, nfkc_divergent, tmp_path):
     """Every code point from U+00A0 alone and between 'a' and U+0301, NFKC
     then single-byte pieces: Python equals `tokenizers` but on the divergent

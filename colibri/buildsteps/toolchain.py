@@ -28,6 +28,9 @@ class Options:
     neon: bool
     tokenizer: bool = True   # 0: -DCOLIBRI_NO_TOKENIZER (src/tokenizer.c stubs)
     encdec: bool = True      # 0: -DCOLIBRI_NO_ENCDEC (src/encdec.c stubs)
+    # the tokenizer's NFC / NFKC composition tables (src/unicode_norm.h, about
+    # 32 KiB); 0: -DCOLIBRI_NO_TOK_NORM, such a tokenizer is COLIBRI_E_UNSUPPORTED
+    nfc: bool = True
     threads: bool = False    # COLIBRI_THREADS (src/threads.c): Linux targets only
     # 0: -DCOLIBRI_AVX2_NO_VNNI, the AVX2 kernels never pick their vpdpbusd
     # table "avx2-vnni": stands in for an AVX2-only CPU (Zen 2/3, Haswell).
@@ -37,6 +40,12 @@ class Options:
     def kernels(self) -> tuple[str, ...]:
         """Optional kernel sets compiled in (the ref kernels always are)."""
         return tuple(k for k in ("avx2", "neon") if getattr(self, k))
+
+
+NO_TOK_NORM = "COLIBRI_NO_TOK_NORM"
+# What the NFC / NFKC tables may add to a target's runtime budget when
+# `nfc=1` asks for them where the target leaves them out (they are 32 KiB).
+NFC_BUDGET = 40 << 10
 
 
 def _bool(name: str, value, default: bool) -> bool:
@@ -54,7 +63,7 @@ def _bool(name: str, value, default: bool) -> bool:
 
 def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
                     fma="auto", neon="auto", tokenizer="1", threads="auto",
-                    vnni="auto", encdec="1") -> Options:
+                    vnni="auto", encdec="1", nfc="auto") -> Options:
     """Check the variables against what `target` supports and fill in its
     defaults. Errors name the variable, the value and what is allowed."""
     d = target.defaults
@@ -73,6 +82,8 @@ def resolve_options(target, mmap="auto", workbuf="auto", debug="0", avx2="auto",
         neon=_bool("neon", neon, d.get("neon", False)),
         tokenizer=_bool("tokenizer", tokenizer, True),
         encdec=_bool("encdec", encdec, True),
+        # The firmware targets leave the tables out (their defines say so).
+        nfc=_bool("nfc", nfc, NO_TOK_NORM not in target.defines),
         # The pthread pool needs Linux (pthreads, futex): the Linux targets'
         # default. Bare metal builds without (and keeps its size); threads=1
         # there compiles the executor hook alone (an RTOS's tasks).
@@ -127,7 +138,9 @@ def flags(target, opts: Options, root: str | Path) -> Flags:
     if not opts.encdec:
         defines.append("COLIBRI_NO_ENCDEC")
     defines.append(f"COLIBRI_THREADS={int(opts.threads)}")
-    defines.extend(target.defines)
+    defines.extend(d for d in target.defines if d != NO_TOK_NORM)
+    if not opts.nfc:
+        defines.append(NO_TOK_NORM)
     kernel_ccflags = {}
     for k in opts.kernels:
         kset = sources.KERNELS[k]

@@ -22,7 +22,7 @@ def _report_action(target, source, env):
         report.model = size.model_memory(str(source[n]), env["COLIBRI_KV"], tables, chunk)
     with open(str(target[0]), "w") as f:
         f.write(size.format_report(report, t))
-    problems = size.check_budgets(report, t)
+    problems = size.check_budgets(report, t, env["COLIBRI_OPTIONS"])
     if problems:
         raise SCons.Errors.BuildError(errstr="size budget exceeded: " + " | ".join(problems))
     return 0
@@ -42,7 +42,8 @@ def ColibriSizeReport(env, report, sources, model=None, kv="f32"):
         COLIBRI_SIZE_N_ELF=len(sources), COLIBRI_KV=kv)
     # Re-check when the budgets (targets/*.py) or the measuring code change.
     t = env["COLIBRI_TARGET"]
-    env.Depends(nodes, [env.Value(sorted(t.budgets.items())), env.Value(kv),
+    env.Depends(nodes, [env.Value(sorted(size.budgets_for(t, env["COLIBRI_OPTIONS"]).items())),
+                        env.Value(kv),
                         env.File("#colibri/buildsteps/size.py"),
                         env.File("#colibri/model/memory.py")])
     return nodes
