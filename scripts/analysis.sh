@@ -25,7 +25,7 @@ fi
 # unit | harness | alarms docs/ANALYSIS.md justifies | machdep | bound | EVA options | sources
 eva_units=(
     "format|tests/c/eva/eva_format.c|34|x86_64|EVA_MAX_BYTES=512|-eva-precision 2 -eva-split-return auto -warn-special-float none|src/format.c src/detail.c src/crc32.c"
-    "tokenizer|tests/c/eva/eva_tokenizer.c|36|x86_64|EVA_MAX_BYTES=2048|-eva-precision 2 -eva-auto-loop-unroll 32|src/tokenizer.c"
+    "tokenizer|tests/c/eva/eva_tokenizer.c|38|x86_64|EVA_MAX_BYTES=2048|-eva-precision 2 -eva-auto-loop-unroll 32|src/tokenizer.c"
     "boot|tests/c/eva/eva_boot.c|12|x86_32|EVA_MAX_BYTES=1024 -DCOLIBRI_CRC32_SLICE8=0|-eva-precision 5|firmware/boot/boot_core.c firmware/model_check.c src/crc32.c"
     "kernels|tests/c/eva/eva_kernels.c|3|x86_64|EVA_PART=1|-eva-precision 1 -eva-auto-loop-unroll 256 -eva-slevel-function ref_matmul_i8:200|src/kernels/ref.c"
     "attend|tests/c/eva/eva_kernels.c|22|x86_64|EVA_PART=2|-eva-precision 1 -eva-min-loop-unroll 2 -warn-special-float nan|src/kernels/ref.c"

@@ -575,7 +575,7 @@ COLD_CHECK static int check_norm(const tokp *t, const uint8_t *prog_at, int have
         lowers += op == NORM_LOWERCASE;
         maps += op == NORM_PRECOMPILED;
     }
-    if ((lowers != 0) != (have_lower != 0) || maps != (t->cmap_units != NULL))
+    if ((lowers != 0) != (have_lower != 0) || maps != (t->n_cmap_units != 0u))
         return COLIBRI_E_TOK_FORMAT;
     for (uint32_t i = 0; have_lower && i < t->n_lower; i++) {
         const uint8_t *e = t->lower + 12u * i;
