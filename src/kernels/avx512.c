@@ -87,7 +87,7 @@ BLOCK512 float hsum16(__m512 v)
 /* matmul_i8, decode form (group 32).
  *
  * Per token: xc[g] = 128 * sum of xq over group g (exact int32), once.
- * Per block of 4 rows and chunk of 8 groups (256 columns, 4 zmm a row):
+ * Per block of 4 lanes and chunk of 8 groups (256 columns, 4 zmm a lane):
  *   P[r][j] = vpdpbusd(0, Q[r, 64j ..] ^ 0x80, xq[64j ..]): lanes 0-7 hold
  *   group 2j's partial sums (+ bias), lanes 8-15 group 2j+1's;
  *   an exact reduction tree (unpack/add within 128-bit lanes, then across)
@@ -98,9 +98,18 @@ BLOCK512 float hsum16(__m512 v)
  *   running sums (one xmm) add F's 128-bit lanes in group order: ref's
  *   acc += float(dot) * (s * xs), unfused, groups in order.
  * Groups past the last whole chunk go one at a time (i8_group_tail).
+ * The 4 lanes are 2 rows, each twice (r0, r0 + 1, r0, r0 + 1), and each
+ * lane prefetches its row's lines ahead, so every line is asked for twice.
+ * Measured on Zen 4 (bench/results/FINDINGS.md 12: int8 small model, one
+ * thread, interleaved rounds, tokens/s): 4 distinct rows 65-79; 2 rows
+ * twice 90-108; the same with each line prefetched once 86-95; a 2-row
+ * form computing each row once (8 vpdpbusd an iteration, not 16) 74-92.
+ * The second pass over lines already in L1 costs a memory-bound step
+ * nothing; why the repeated prefetch helps is not pinned down (a prefetch
+ * the core drops while its miss buffers are full gets a second chance?).
  */
 enum { ZG = 32, Z_MAXG = 2048 }; /* group size of this form; groups a row at most */
-/* Rows ahead that i8z_rows4 prefetches (into L2): 8, two blocks ahead.
+/* Rows ahead that i8z_rows4 prefetches (into L2): 8, four blocks ahead.
  * End to end on the shared Zen 4 (decode, int8 small model, CPU time, 3
  * alternations each): 4 rows ahead 5-12 % slower than avx2-vnni, 8 rows
  * ahead level with it (0.93-1.03x); in cache the form is 1.7-2.2x faster. */
@@ -173,7 +182,8 @@ BLOCK512 __m512i dots4x4(const int8_t *const q[4], const __m512i xv[2], uint32_t
     return pair128(b[0], b[1]);
 }
 
-/* Y[r0 .. r0 + 4) for one token with group 32: see the comment above. */
+/* Y[r0], Y[r0 + 1] for one token with group 32, the 4 lanes rows r0,
+ * r0 + 1, r0, r0 + 1: see the comment above. */
 BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t *xq,
                         const float *xs, const int32_t *xc, uint32_t cols, uint32_t ng,
                         uint32_t r0, int prefetch)
@@ -182,8 +192,8 @@ BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t 
     const float *s[4];
     UNROLL
     for (int r = 0; r < 4; r++) {
-        q[r] = Q + (size_t)(r0 + r) * cols;
-        s[r] = S + (size_t)(r0 + r) * ng;
+        q[r] = Q + (size_t)(r0 + (uint32_t)(r & 1)) * cols;
+        s[r] = S + (size_t)(r0 + (uint32_t)(r & 1)) * ng;
     }
     const size_t qnext = (size_t)Z_PF_ROWS * cols, snext = (size_t)Z_PF_ROWS * ng;
     /* lane 4g + r of a scale vector <- [s0 g0..7 | s1 g0..7] (idx < 16) or
@@ -196,7 +206,7 @@ BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t 
     uint32_t g = 0;
     for (; g + 8 <= ng && (g + 8) * ZG <= cols; g += 8) {
         const uint32_t c = g * ZG;
-        if (prefetch) {
+        if (prefetch) {   /* per lane, so each line twice: measured, see above */
             UNROLL
             for (int r = 0; r < 4; r++)
                 UNROLL
@@ -240,13 +250,14 @@ BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t 
     for (; g < ng; g++) { /* the rest, group by group (the last may be short) */
         const uint32_t c0 = g * ZG, len = cols - c0 < ZG ? cols - c0 : ZG;
         UNROLL
-        for (int r = 0; r < 4; r++)
+        for (int r = 0; r < 2; r++)
             a[r] += (float)dot_tail(q[r] + c0, xq + c0, len, xc[g]) * (s[r][g] * xs[g]);
     }
-    memcpy(y + r0, a, sizeof a);
+    y[r0] = a[0];
+    y[r0 + 1] = a[1];
 }
 
-/* One row (rows past the last block of 4): ref's loop with exact dots. */
+/* One row (the last of an odd count): ref's loop with exact dots. */
 BLOCK512 void i8z_row1(float *y, const int8_t *Q, const float *S, const int8_t *xq,
                        const float *xs, const int32_t *xc, uint32_t cols, uint32_t ng,
                        uint32_t r)
@@ -281,8 +292,8 @@ TGT512 static void z_matmul_i8(float *Y, const int8_t *Q, const float *S, const 
         for (uint32_t g = 0; g < ng; g++)
             xc[g] = bias_of(xq + g * ZG, cols - g * ZG < ZG ? cols - g * ZG : ZG);
         uint32_t r = 0;
-        for (; r + 4 <= rows; r += 4)
-            i8z_rows4(y, Q, S, xq, xs, xc, cols, ng, r, r + 4 + Z_PF_ROWS <= rows);
+        for (; r + 2 <= rows; r += 2)
+            i8z_rows4(y, Q, S, xq, xs, xc, cols, ng, r, r + 2 + Z_PF_ROWS <= rows);
         for (; r < rows; r++)
             i8z_row1(y, Q, S, xq, xs, xc, cols, ng, r);
     }
