@@ -592,18 +592,18 @@ COLD_CHECK static int check_norm(const tokp *t, const uint8_t *prog_at, int have
  * than 2^21 (so no inner unit has bit 31, a leaf's mark); the strings valid
  * UTF-8 ending in NUL; every leaf pointing into them at a character's
  * start. Then the grapheme table: runs from U+0000, strictly increasing,
- * known properties. Splits the area into t->cmap_units / cmap_strings. */
-COLD_CHECK static int check_charsmap(tokp *t)
+ * known properties. The map's `size` bytes at `area`: on success, its
+ * trie and strings in t->cmap_units / cmap_strings. */
+COLD_CHECK static int check_charsmap(tokp *t, const uint8_t *area, uint32_t size)
 {
-    uint32_t size = t->n_cmap_strings;           /* the area's bytes, for now */
     if (size < 4) return COLIBRI_E_TOK_FORMAT;
-    uint32_t trie = ld32(t->cmap_units, 0);
+    uint32_t trie = ld32(area, 0);
     if (trie % 4u || trie < 4u || trie > size - 4u - 1u || trie / 4u >= (1u << 21))
         return COLIBRI_E_TOK_FORMAT;
-    const uint8_t *str = t->cmap_units + 4u + trie;
+    const uint8_t *str = area + 4u + trie;
     uint32_t n_str = size - 4u - trie;
     if (str[n_str - 1u] != 0 || !valid_utf8(str, n_str)) return COLIBRI_E_TOK_FORMAT;
-    t->cmap_units += 4;
+    t->cmap_units = area + 4;
     t->n_cmap_units = trie / 4u;
     t->cmap_strings = str;
     t->n_cmap_strings = n_str;
@@ -629,8 +629,8 @@ COLD_CHECK static int check_charsmap(tokp *t)
 COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
 {
     if (off % 4 || off < HDR || off > t->size - 4) return COLIBRI_E_TOK_FORMAT;
-    uint32_t n = ld32(t->sec + off, t->be), seen = 0;
-    const uint8_t *prog_at = t->sec;
+    uint32_t n = ld32(t->sec + off, t->be), seen = 0, cmap_bytes = 0;
+    const uint8_t *prog_at = t->sec, *cmap = t->sec;
     if (n < 1 || n > MAX_EXT || (uint64_t)off + 4 + 16ull * n > t->size)
         return COLIBRI_E_TOK_FORMAT;
     for (uint32_t k = 0; k < n; k++) {
@@ -664,7 +664,7 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
         } else if (kind == EXT_NORM) {
             t->norm_prog = prog_at = at; t->n_norm_words = count;
         } else if (kind == EXT_CHARSMAP) {
-            t->cmap_units = at; t->n_cmap_strings = count;   /* split by check_charsmap */
+            cmap = at; cmap_bytes = count;
         } else if (kind == EXT_GRAPHEMES) {
             t->graphemes = at; t->n_graphemes = count;
         } else {
@@ -679,7 +679,7 @@ COLD_CHECK static int check_extensions(tokp *t, uint32_t off, int unigram)
         ((seen & 32u) && !prog))
         return COLIBRI_E_TOK_FORMAT;
     int rc = unigram ? check_scores(t) : COLIBRI_OK;
-    if (!rc && (seen & 32u)) rc = check_charsmap(t);
+    if (!rc && (seen & 32u)) rc = check_charsmap(t, cmap, cmap_bytes);
     if (!rc && nfkc) rc = check_nfkc(t);
     if (!rc && prog) rc = check_norm(t, prog_at, (seen & 16u) != 0);
     return rc;

@@ -13,6 +13,7 @@ and damaged maps and tables, and the fuzzer."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import random
@@ -48,6 +49,7 @@ SMALL_RULES = {"41 301": "C1", "65 301": "E9", "65": "45", "FF21": "41", "FF22":
                "1100 1161 11A8": "AC01", "1F1EB 1F1F7": "46 52", "E9 300": "45"}
 
 
+@functools.lru_cache(maxsize=1)
 def small_charsmap() -> bytes:
     import sentencepiece as spm
     tsv = "".join(f"{k}\t{v}\n" for k, v in SMALL_RULES.items())

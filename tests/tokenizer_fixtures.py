@@ -16,6 +16,7 @@ and one non-special added token.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import random
@@ -412,24 +413,20 @@ def _proto_field(msg: bytes, number: int) -> bytes:
     raise KeyError(number)
 
 
-_CHARSMAP = []
-
-
+@functools.lru_cache(maxsize=1)
 def nmt_nfkc_charsmap() -> bytes:
     """SentencePiece's compiled nmt_nfkc map, the `precompiled_charsmap` of
     T5's tokenizer.json: from a model SentencePiece trains here on a few
     lines (ModelProto.normalizer_spec = 3, NormalizerSpec.precompiled_charsmap
     = 2)."""
-    if not _CHARSMAP:
-        import io
-        import sentencepiece as spm
-        out = io.BytesIO()
-        lines = [" ".join(f"w{i * j % 97}" for j in range(12)) for i in range(400)]
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,
-                                       vocab_size=60, model_type="unigram",
-                                       normalization_rule_name="nmt_nfkc", minloglevel=2)
-        _CHARSMAP.append(_proto_field(_proto_field(out.getvalue(), 3), 2))
-    return _CHARSMAP[0]
+    import io
+    import sentencepiece as spm
+    out = io.BytesIO()
+    lines = [" ".join(f"w{i * j % 97}" for j in range(12)) for i in range(400)]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,
+                                   vocab_size=60, model_type="unigram",
+                                   normalization_rule_name="nmt_nfkc", minloglevel=2)
+    return _proto_field(_proto_field(out.getvalue(), 3), 2)
 
 
 def norm_program_json(kind: str) -> dict:

@@ -25,7 +25,6 @@ Words of a program (u32, the file's byte order), extension kind EXT_NORM:
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 import json
 
@@ -106,7 +105,7 @@ def _step(n) -> tuple:
         try:
             data = bytes(raw) if isinstance(raw, list) else base64.b64decode(raw, validate=True)
             return (OP_PRECOMPILED, 0, Precompiled(data), "")
-        except (TypeError, ValueError, binascii.Error) as exc:
+        except (TypeError, ValueError) as exc:     # binascii.Error is a ValueError
             raise UnsupportedNormalizer(f"normalizer Precompiled: its precompiled_charsmap is "
                                         f"not a SentencePiece character map ({exc})") from None
     if t in ("NFC", "NFKC"):

@@ -109,7 +109,7 @@ BLOCK512 float hsum16(__m512 v)
  * the core drops while its miss buffers are full gets a second chance?).
  */
 enum { ZG = 32, Z_MAXG = 2048 }; /* group size of this form; groups a row at most */
-/* Rows ahead that i8z_rows4 prefetches (into L2): 8, four blocks ahead.
+/* Rows ahead that i8z_rows2 prefetches (into L2): 8, four blocks ahead.
  * End to end on the shared Zen 4 (decode, int8 small model, CPU time, 3
  * alternations each): 4 rows ahead 5-12 % slower than avx2-vnni, 8 rows
  * ahead level with it (0.93-1.03x); in cache the form is 1.7-2.2x faster. */
@@ -184,7 +184,7 @@ BLOCK512 __m512i dots4x4(const int8_t *const q[4], const __m512i xv[2], uint32_t
 
 /* Y[r0], Y[r0 + 1] for one token with group 32, the 4 lanes rows r0,
  * r0 + 1, r0, r0 + 1: see the comment above. */
-BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t *xq,
+BLOCK512 void i8z_rows2(float *y, const int8_t *Q, const float *S, const int8_t *xq,
                         const float *xs, const int32_t *xc, uint32_t cols, uint32_t ng,
                         uint32_t r0, int prefetch)
 {
@@ -293,7 +293,7 @@ TGT512 static void z_matmul_i8(float *Y, const int8_t *Q, const float *S, const 
             xc[g] = bias_of(xq + g * ZG, cols - g * ZG < ZG ? cols - g * ZG : ZG);
         uint32_t r = 0;
         for (; r + 2 <= rows; r += 2)
-            i8z_rows4(y, Q, S, xq, xs, xc, cols, ng, r, r + 2 + Z_PF_ROWS <= rows);
+            i8z_rows2(y, Q, S, xq, xs, xc, cols, ng, r, r + 2 + Z_PF_ROWS <= rows);
         for (; r < rows; r++)
             i8z_row1(y, Q, S, xq, xs, xc, cols, ng, r);
     }
