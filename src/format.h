@@ -14,12 +14,13 @@
  * 0 for the element types (F32, I8_GROUP, I16_ROW). */
 static inline uint32_t clb_block_cols(unsigned dtype)
 {
-    return dtype == COLIBRI_DTYPE_Q4_0 ? COLIBRI_Q4_0_COLS
+    return dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0 ? COLIBRI_Q4_0_COLS
          : dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_QK_COLS : 0;
 }
 static inline uint32_t clb_block_bytes(unsigned dtype)
 {
     return dtype == COLIBRI_DTYPE_Q4_0 ? COLIBRI_Q4_0_BYTES
+         : dtype == COLIBRI_DTYPE_Q5_0 ? COLIBRI_Q5_0_BYTES
          : dtype == COLIBRI_DTYPE_Q4_K ? COLIBRI_Q4_K_BYTES
          : dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_Q6_K_BYTES : 0;
 }

@@ -103,6 +103,7 @@ static void kernel_rows(const clb_plan *p, const clb_weight *w, const float *X,
         break;
     }
     case COLIBRI_DTYPE_Q4_0:
+    case COLIBRI_DTYPE_Q5_0:
     case COLIBRI_DTYPE_Q4_K:
     case COLIBRI_DTYPE_Q6_K: {
         /* Activations [tokens, nb*B] padded, scales [tokens, nb], sums of
@@ -115,6 +116,8 @@ static void kernel_rows(const clb_plan *p, const clb_weight *w, const float *X,
         const int16_t *xb = p->xb + t0 * nb * (B / 16);
         if (w->dtype == COLIBRI_DTYPE_Q4_0)
             p->k->matmul_q4_0(Y, W, xq, xs, xb, n, nr, w->cols);
+        else if (w->dtype == COLIBRI_DTYPE_Q5_0)
+            p->k->matmul_q5_0(Y, W, xq, xs, xb, n, nr, w->cols);
         else if (w->dtype == COLIBRI_DTYPE_Q4_K)
             p->k->matmul_q4_k(Y, W, xq, xs, xb, n, nr, w->cols);
         else

@@ -100,7 +100,7 @@ def copy_metadata(reader, writer) -> None:
 
 def requantize(src: Path, dst: Path, rule) -> dict[str, str]:
     """Rewrite GGUF `src` as `dst` with each tensor whose rule(name, shape)
-    gives "Q4_0" / "Q4_K" / "Q6_K" quantised by llama.cpp's ggml-quants.c
+    gives "Q4_0" / "Q5_0" / "Q4_K" / "Q6_K" quantised by llama.cpp's ggml-quants.c
     (row by row, as llama-quantize does without an imatrix); others copied.
     Returns {tensor name: type written}."""
     import gguf
@@ -108,7 +108,8 @@ def requantize(src: Path, dst: Path, rule) -> dict[str, str]:
     lib, why = LQ.load()
     if lib is None:
         raise RuntimeError(why)
-    ids = {"Q4_0": LQ.GGML_Q4_0, "Q4_K": LQ.GGML_Q4_K, "Q6_K": LQ.GGML_Q6_K}
+    ids = {"Q4_0": LQ.GGML_Q4_0, "Q5_0": LQ.GGML_Q5_0, "Q4_K": LQ.GGML_Q4_K,
+           "Q6_K": LQ.GGML_Q6_K}
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
     copy_metadata(r, w)

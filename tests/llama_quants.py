@@ -24,17 +24,20 @@ VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 BUILD = ROOT / "build" / "test-llama-quants"
 
 # GGML type ids and block geometry (ggml.h, ggml-common.h).
-GGML_Q4_0, GGML_Q4_K, GGML_Q6_K = 2, 12, 14
-BLOCK = {GGML_Q4_0: (32, 18), GGML_Q4_K: (256, 144), GGML_Q6_K: (256, 210)}
+GGML_Q4_0, GGML_Q5_0, GGML_Q4_K, GGML_Q6_K = 2, 6, 12, 14
+BLOCK = {GGML_Q4_0: (32, 18), GGML_Q5_0: (32, 22), GGML_Q4_K: (256, 144),
+         GGML_Q6_K: (256, 210)}
+NAME = {GGML_Q4_0: "q4_0", GGML_Q5_0: "q5_0", GGML_Q4_K: "q4_K", GGML_Q6_K: "q6_K"}
 
 SHIM = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
-/* The ggml.c functions ggml-quants.c calls, for the three types we judge. */
+/* The ggml.c functions ggml-quants.c calls, for the four types we judge. */
 static size_t blk(int t, int which) {
     switch (t) {
     case 2:  return which ? 18 : 32;
+    case 6:  return which ? 22 : 32;
     case 12: return which ? 144 : 256;
     case 14: return which ? 210 : 256;
     default: fprintf(stderr, "shim: type %d not supported\n", t); abort();
@@ -87,7 +90,7 @@ def load():
         if r.returncode:
             return None, f"cannot compile ggml-quants.c: {r.stderr[-500:]}"
     lib = ctypes.CDLL(str(so))
-    for t, name in ((GGML_Q4_0, "q4_0"), (GGML_Q4_K, "q4_K"), (GGML_Q6_K, "q6_K")):
+    for name in NAME.values():
         q = getattr(lib, f"quantize_{name}")
         q.restype = ctypes.c_size_t
         q.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -106,7 +109,7 @@ def roundtrip(w: np.ndarray, ggml_type: int, imatrix: np.ndarray | None = None) 
     lib, why = load()
     if lib is None:
         raise RuntimeError(why)
-    name = {GGML_Q4_0: "q4_0", GGML_Q4_K: "q4_K", GGML_Q6_K: "q6_K"}[ggml_type]
+    name = NAME[ggml_type]
     w = np.ascontiguousarray(w, dtype=np.float32)
     rows, cols = w.shape
     bcols, bbytes = BLOCK[ggml_type]

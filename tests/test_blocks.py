@@ -1,6 +1,6 @@
 """The block types (colibri/file/blocks.py, docs/FORMAT.md 4) against llama.cpp's
 own reading of the same bytes: gguf-py (llama.cpp's Python package, pinned)
-dequantises GGUF Q4_0 / Q4_K / Q6_K blocks. A Colibri block whose float32
+dequantises GGUF Q4_0 / Q5_0 / Q4_K / Q6_K blocks. A Colibri block whose float32
 scales are fp16 values is a GGUF block with the scales widened, so both
 readers must give the same floats, bit for bit (elementwise float32
 arithmetic: no BLAS, no CPU dependence).
@@ -19,8 +19,9 @@ from gguf import quants as gq  # noqa: E402
 from colibri.file import blocks as B  # noqa: E402
 from colibri.file import kquants  # noqa: E402
 
-GGML = {B.Q4_0: gguf.GGMLQuantizationType.Q4_0, B.Q4_K: gguf.GGMLQuantizationType.Q4_K,
-        B.Q6_K: gguf.GGMLQuantizationType.Q6_K}
+GGML = {B.Q4_0: gguf.GGMLQuantizationType.Q4_0, B.Q5_0: gguf.GGMLQuantizationType.Q5_0,
+        B.Q4_K: gguf.GGMLQuantizationType.Q4_K, B.Q6_K: gguf.GGMLQuantizationType.Q6_K}
+ALL = [B.Q4_0, B.Q5_0, B.Q4_K, B.Q6_K]
 
 
 def random_blocks(dtype: int, rows: int, nb: int, rng) -> np.ndarray:
@@ -40,6 +41,8 @@ def to_gguf_bytes(blk: np.ndarray, dtype: int) -> np.ndarray:
     h = lambda f: blk[f].astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
     if dtype == B.Q4_0:
         parts = [h("d"), blk["qs"]]
+    elif dtype == B.Q5_0:
+        parts = [h("d"), blk["qh"], blk["qs"]]
     elif dtype == B.Q4_K:
         parts = [h("d"), h("dmin"), blk["scales"], blk["qs"]]
     else:
@@ -47,7 +50,7 @@ def to_gguf_bytes(blk: np.ndarray, dtype: int) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(rows, -1)
 
 
-@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q4_K, B.Q6_K])
+@pytest.mark.parametrize("dtype", ALL)
 def test_values_equal_llama_cpp_dequantize(dtype):
     rng = np.random.default_rng(dtype)
     blk = random_blocks(dtype, 5, 3, rng)
@@ -58,13 +61,13 @@ def test_values_equal_llama_cpp_dequantize(dtype):
     np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q4_K, B.Q6_K])
+@pytest.mark.parametrize("dtype", ALL)
 def test_pack_unpack_round_trip(dtype):
     rng = np.random.default_rng(10 + dtype)
     blk = random_blocks(dtype, 4, 2, rng)
     q = B.unpack_values(blk, dtype)
-    top = 63 if dtype == B.Q6_K else 15
-    assert q.min() >= 0 and q.max() <= top
+    top = {B.Q6_K: 63, B.Q5_0: 31}.get(dtype, 15)
+    assert q.min() >= 0 and q.max() == top     # random bytes reach the top
     again = blk.copy()
     for f in again.dtype.names:
         if f not in ("d", "dmin", "scales"):
@@ -83,12 +86,12 @@ def test_q4k_scale_packing_round_trip():
 
 
 # Relative RMS error of the quantisers on Gaussian weights: bounds a little
-# above what they reach (Q4_0 ~0.085, Q4_K ~0.075, Q6_K ~0.019 measured), so
-# a broken packing or scale choice fails.
-RMS_BOUND = {B.Q4_0: 0.10, B.Q4_K: 0.09, B.Q6_K: 0.025}
+# above what they reach (Q4_0 ~0.085, Q5_0 ~0.042, Q4_K ~0.075, Q6_K ~0.019
+# measured), so a broken packing or scale choice fails.
+RMS_BOUND = {B.Q4_0: 0.10, B.Q5_0: 0.05, B.Q4_K: 0.09, B.Q6_K: 0.025}
 
 
-@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q4_K, B.Q6_K])
+@pytest.mark.parametrize("dtype", ALL)
 @pytest.mark.parametrize("cols", [256, 300, 37])
 def test_quantiser_error(dtype, cols):
     rng = np.random.default_rng(cols)
@@ -99,7 +102,7 @@ def test_quantiser_error(dtype, cols):
     assert np.sqrt(np.mean(err ** 2)) < RMS_BOUND[dtype]
 
 
-@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q4_K, B.Q6_K])
+@pytest.mark.parametrize("dtype", ALL)
 def test_block_product_close_to_dequantised_product(dtype):
     """matmul = W_dequantised . x up to the int8 activation rounding."""
     rng = np.random.default_rng(20 + dtype)
@@ -114,6 +117,6 @@ def test_block_product_close_to_dequantised_product(dtype):
 
 
 def test_zero_rows_quantise_to_zero():
-    for dtype in (B.Q4_0, B.Q4_K, B.Q6_K):
+    for dtype in ALL:
         blk = kquants.quantize(np.zeros((2, 256), np.float32), dtype)
         assert not np.any(B.dequantize(blk, dtype, 256))

@@ -642,11 +642,11 @@ def test_encoder_decoder_wrong_crc_in_each_section(replay_exe, encdec_file, tmp_
     check_crc_in_each_section(replay_exe, tmp_path, encdec_file)
 
 
-# ---- the block types (Q4_0, Q4_K, Q6_K), in both byte orders ------------------
+# ---- the block types (Q4_0, Q5_0, Q4_K, Q6_K), in both byte orders ------------
 #
 # fuzz/gen_seeds.py's block file: ONE_LAYER (hidden 16, 2 experts) with
-# EMBED / WQ / EXPERT_W1 Q4_K, WK / EXPERT_W3 / LM_HEAD Q6_K, WV / WO /
-# EXPERT_W2 Q4_0 (each row one block: FORMAT.md 4 pads the last block), the
+# EMBED / WQ / EXPERT_W1 Q4_K, WK / EXPERT_W3 / LM_HEAD Q6_K, WV / EXPERT_W2
+# Q4_0, WO Q5_0 (each row one block: FORMAT.md 4 pads the last block), the
 # router int16, norms float32. Every case runs on the little- and the
 # big-endian file: both readers must give the same verdict either way.
 
@@ -687,7 +687,7 @@ def block_file(request) -> tuple[str, bytes]:
     """(byte-order char, the block file in that order)."""
     raw = gen_seeds.block_bytes(request.param, seed=30)
     dtypes = {F.DType(e.dtype) for e in F.parse(raw).entries}
-    assert {F.DType.Q4_0, F.DType.Q4_K, F.DType.Q6_K} <= dtypes
+    assert {F.DType.Q4_0, F.DType.Q5_0, F.DType.Q4_K, F.DType.Q6_K} <= dtypes
     return BYTE_ORDERS[request.param], raw
 
 
@@ -697,9 +697,10 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
     NI = F.NO_INDEX
     i_emb, i_lm = idx[(F.Kind.EMBED, NI, NI)], idx[(F.Kind.LM_HEAD, NI, NI)]
     i_wv, i_w1 = idx[(F.Kind.WV, 0, NI)], idx[(F.Kind.EXPERT_W1, 0, 1)]
+    i_wo = idx[(F.Kind.WO, 0, NI)]
     i_norm, i_ffn = idx[(F.Kind.ATTN_NORM, 0, NI)], idx[(F.Kind.FFN_NORM, 0, NI)]
     i_router, i_final = idx[(F.Kind.ROUTER, 0, NI)], idx[(F.Kind.FINAL_NORM, NI, NI)]
-    emb, lm, wv, w1 = (cf.entries[i] for i in (i_emb, i_lm, i_wv, i_w1))
+    emb, lm, wv, w1, wo = (cf.entries[i] for i in (i_emb, i_lm, i_wv, i_w1, i_wo))
     set_ = lambda i, name, v: (lambda r: _entry_set(r, bc, i, name, v))  # noqa: E731
 
     def sizes(e, dtype):
@@ -721,14 +722,20 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
         Case("Q6_K relabelled Q4_K", set_(i_lm, "dtype", 4), BAD_FORMAT,
              rf"tensor {i_lm} \(LM_HEAD\): size {lm.size}, dtype 4 \[17, 16\] needs "
              rf"{sizes(lm, 4)}", rf"size = {lm.size}, expected {sizes(lm, 4)}"),
+        Case("Q5_0 relabelled Q4_0", set_(i_wo, "dtype", 3), BAD_FORMAT,
+             rf"tensor {i_wo} \(WO\): size {wo.size}, dtype 3 \[{wo.rows}, {wo.cols}\] needs "
+             rf"{sizes(wo, 3)}", rf"size = {wo.size}, expected {sizes(wo, 3)}"),
+        Case("Q4_0 relabelled Q5_0", set_(i_wv, "dtype", 6), BAD_FORMAT,
+             rf"tensor {i_wv} \(WV\): size {wv.size}, dtype 6 \[4, 16\] needs "
+             rf"{sizes(wv, 6)}", rf"size = {wv.size}, expected {sizes(wv, 6)}"),
         Case("Q4_0 relabelled I8_GROUP", set_(i_wv, "dtype", 1), BAD_FORMAT,
              rf"tensor {i_wv} \(WV\): size {wv.size}, dtype 1 \[4, 16\] needs "
              rf"{sizes(wv, 1)}", rf"size = {wv.size}, expected {sizes(wv, 1)}"),
         Case("Q4_K relabelled F32", set_(i_w1, "dtype", 0), BAD_FORMAT,
              rf"tensor {i_w1} \(EXPERT_W1\): size {w1.size}, dtype 0 \[8, 16\] "
              rf"needs {sizes(w1, 0)}", rf"size = {w1.size}, expected {sizes(w1, 0)}"),
-        Case("dtype one past Q6_K", set_(i_emb, "dtype", 6), BAD_FORMAT,
-             rf"tensor {i_emb} \(EMBED\): unknown dtype 6", r"entry 0 \(EMBED\).*dtype"),
+        Case("dtype one past Q5_0", set_(i_emb, "dtype", 7), BAD_FORMAT,
+             rf"tensor {i_emb} \(EMBED\): unknown dtype 7", r"entry 0 \(EMBED\).*dtype"),
         # A block type on a kind that does not allow one (norms, router).
         Case("ATTN_NORM as Q4_0", set_(i_norm, "dtype", 3), BAD_FORMAT,
              rf"tensor {i_norm} \(ATTN_NORM\): dtype 3 not allowed for this kind",
@@ -745,11 +752,18 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
         Case("ROUTER as Q4_0", set_(i_router, "dtype", 3), BAD_FORMAT,
              rf"tensor {i_router} \(ROUTER\): dtype 3 not allowed for this kind",
              r"dtype Q4_0 is not allowed for ROUTER"),
+        Case("ATTN_NORM as Q5_0", set_(i_norm, "dtype", 6), BAD_FORMAT,
+             rf"tensor {i_norm} \(ATTN_NORM\): dtype 6 not allowed for this kind",
+             r"dtype Q5_0 is not allowed for ATTN_NORM"),
         # A block's padding columns (16..31 of a 16-column Q4_0 row: the
         # high nibbles of qs) hold other values: still valid (a reader never
         # uses them), and the logits stay finite.
         Case("padding nibbles of a Q4_0 block changed", lambda r: _section_crc_fixed(
             _set_high_nibbles(r, wv.offset + 4, 16), bc, i_wv), 0, "", None),
+        # Q5_0's padding: the high nibbles and qh bits 16..31 (bytes 6, 7)
+        Case("padding nibbles and high bits of a Q5_0 block changed", lambda r: _section_crc_fixed(
+            _set_high_nibbles(_set_high_nibbles(r, wo.offset + 8, 16), wo.offset + 6, 2),
+            bc, i_wo), 0, "", None),
     ]
     return cases
 

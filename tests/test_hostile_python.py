@@ -29,7 +29,7 @@ FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # Small valid files: f32, int8 and big-endian int8 (a few KB each), the block
-# types Q4_0 / Q4_K / Q6_K in both byte orders (about 16 KB each).
+# types Q4_0 / Q5_0 / Q4_K / Q6_K in both byte orders (about 16 KB each).
 FILES = {
     "f32": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_F32),
     "int8": gen_seeds.model_bytes(gen_seeds.TINY, F.PRESET_INT8, seed=1),

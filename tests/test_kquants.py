@@ -19,8 +19,9 @@ from colibri.file import blocks as B
 from colibri.file import kquants
 
 ROWS, COLS = 64, 1024
-GGML = {B.Q4_0: LQ.GGML_Q4_0, B.Q4_K: LQ.GGML_Q4_K, B.Q6_K: LQ.GGML_Q6_K}
-NAMES = {B.Q4_0: "Q4_0", B.Q4_K: "Q4_K", B.Q6_K: "Q6_K"}
+GGML = {B.Q4_0: LQ.GGML_Q4_0, B.Q5_0: LQ.GGML_Q5_0, B.Q4_K: LQ.GGML_Q4_K,
+        B.Q6_K: LQ.GGML_Q6_K}
+NAMES = {B.Q4_0: "Q4_0", B.Q5_0: "Q5_0", B.Q4_K: "Q4_K", B.Q6_K: "Q6_K"}
 
 # llama.cpp's relative RMS error on weights(kind), importance(use):
 # LLAMA_RMS[(type, kind, use)], measured with tests/llama_quants.py (0.3.36);
@@ -30,6 +31,10 @@ LLAMA_RMS = {
     (B.Q4_0, 'gauss', True): 0.05624,   # ours 0.05493
     (B.Q4_0, 't3', False): 0.12860,   # ours 0.12603
     (B.Q4_0, 't3', True): 0.08830,   # ours 0.08672
+    (B.Q5_0, 'gauss', False): 0.04265,   # ours 0.04032
+    (B.Q5_0, 'gauss', True): 0.02524,   # ours 0.02426
+    (B.Q5_0, 't3', False): 0.06606,   # ours 0.06485
+    (B.Q5_0, 't3', True): 0.04814,   # ours 0.04702
     (B.Q4_K, 'gauss', False): 0.07137,   # ours 0.07068
     (B.Q4_K, 'gauss', True): 0.03253,   # ours 0.03231
     (B.Q4_K, 't3', False): 0.09273,   # ours 0.09199
@@ -67,7 +72,7 @@ def ours(dtype: int, kind: str, use: bool) -> float:
     return rel_rms(B.dequantize(blk, dtype, COLS), w, imp)
 
 
-CASES = [(t, k, u) for t in (B.Q4_0, B.Q4_K, B.Q6_K) for k in ("gauss", "t3")
+CASES = [(t, k, u) for t in (B.Q4_0, B.Q5_0, B.Q4_K, B.Q6_K) for k in ("gauss", "t3")
          for u in (False, True)]
 
 
@@ -93,7 +98,7 @@ def test_rms_no_worse_than_llama_cpp_run(case):
     assert ours(*case) <= theirs
 
 
-@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q4_K, B.Q6_K])
+@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q5_0, B.Q4_K, B.Q6_K])
 def test_importance_lowers_the_weighted_error(dtype):
     w, imp = weights("t3"), importance()
     with_imp = rel_rms(B.dequantize(kquants.quantize(w, dtype, imp), dtype, COLS), w, imp)
@@ -101,7 +106,7 @@ def test_importance_lowers_the_weighted_error(dtype):
     assert with_imp < 0.9 * without
 
 
-@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q4_K, B.Q6_K])
+@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q5_0, B.Q4_K, B.Q6_K])
 def test_unreached_columns_still_quantised(dtype):
     """Importance 0 on half the columns (no calibration token reached them):
     those columns keep a bounded error instead of going anywhere."""

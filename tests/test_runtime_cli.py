@@ -41,7 +41,8 @@ def test_info_reports_the_header(c_build, colibri_file, name, quant):
 
 DTYPE_NAMES = {cformat.DType.F32: "f32", cformat.DType.I8_GROUP: "i8_group",
                cformat.DType.I16_ROW: "i16_row", cformat.DType.Q4_0: "q4_0",
-               cformat.DType.Q4_K: "q4_k", cformat.DType.Q6_K: "q6_k"}
+               cformat.DType.Q4_K: "q4_k", cformat.DType.Q6_K: "q6_k",
+               cformat.DType.Q5_0: "q5_0"}
 
 
 def _group_dtypes(cf, first, kinds, layer) -> str:
@@ -55,7 +56,7 @@ def _group_dtypes(cf, first, kinds, layer) -> str:
 @pytest.mark.parametrize("name", ["tiny", "k256"])
 def test_info_names_the_block_types_of_a_q4_file(c_build, colibri_file, name):
     """--quant q4 mixes dtypes inside a group (experts' W1 Q4_K with W2
-    Q4_0 where W2's rows are narrow; on narrow models Q4_0 with int8):
+    Q5_0 where W2's rows are narrow; on narrow models Q5_0 with int8):
     --info lists every dtype of the attention and the experts, the named
     tensor's first."""
     path = colibri_file(name, "q4")
@@ -69,12 +70,12 @@ def test_info_names_the_block_types_of_a_q4_file(c_build, colibri_file, name):
     assert info["dtype_embed"] == DTYPE_NAMES[cformat.DType(cf.entry(Kind.EMBED).dtype)]
     assert info["dtype_lm_head"] == DTYPE_NAMES[cformat.DType(cf.entry(Kind.LM_HEAD).dtype)]
     if name == "k256":   # the test above is not vacuous: the groups are mixed
-        assert (attn, experts) == ("q6_k", "q4_k,q4_0")
+        assert (attn, experts) == ("q6_k", "q4_k,q5_0")
         assert (info["dtype_embed"], info["dtype_lm_head"]) == ("q4_k", "q6_k")
 
 
 def test_verify_names_a_damaged_block_section(c_build, colibri_file, tmp_path):
-    """A flipped bit in a Q4_0 block's packed values, and a NaN block scale
+    """A flipped bit in a Q5_0 block's packed values, and a NaN block scale
     with every CRC valid: --verify names the section in both, as
     `colibri verify` (the Python reader) does."""
     build = c_build("host")
@@ -83,9 +84,9 @@ def test_verify_names_a_damaged_block_section(c_build, colibri_file, tmp_path):
     cf = cformat.read_file(path)
     e = cf.entry(Kind.EXPERT_W2, 1, 3)
     i = cf.entries.index(e)
-    assert cformat.DType(e.dtype) == cformat.DType.Q4_0
+    assert cformat.DType(e.dtype) == cformat.DType.Q5_0
     data = bytearray(path.read_bytes())
-    data[e.offset + 20 * 7 + 9] ^= 0x10              # block 7's qs, not its d
+    data[e.offset + 24 * 7 + 9] ^= 0x10              # block 7's qs, not its d
     crc = tmp_path / "crc.colibri"
     crc.write_bytes(bytes(data))
     proc = cli(build, "--model", crc, "--verify", check=False)
@@ -97,7 +98,7 @@ def test_verify_names_a_damaged_block_section(c_build, colibri_file, tmp_path):
     import zlib
     from test_hostile_c import _section_crc_fixed
     data = bytearray(path.read_bytes())
-    struct.pack_into("<f", data, e.offset + 20 * 7, float("nan"))
+    struct.pack_into("<f", data, e.offset + 24 * 7, float("nan"))
     nan = tmp_path / "nan.colibri"
     nan.write_bytes(bytes(_section_crc_fixed(data, "<", i)))
     assert zlib.crc32(bytes(nan.read_bytes()[e.offset:e.offset + e.size])) != e.crc

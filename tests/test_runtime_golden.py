@@ -76,19 +76,21 @@ def _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, nam
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name", Q4_NAMES)
+@pytest.mark.parametrize("quant", ["q4", "q4+q4_0"])
 def test_q4_logits_match_reference_of_same_file(c_build, colibri_file, reference,
-                                                tmp_path, name, batch):
-    """The 4-bit mix (Q4_K, Q6_K, Q4_0, int8 where rows are narrow): the
-    block products are exact integer sums with the float order of FORMAT.md
-    5 in both C and numpy, so rows agree as the int8 ones do, and for the
-    same reason (activation rounding flips after 1-ulp differences
-    elsewhere: attention, norms, the f32 sums of BLAS)."""
+                                                tmp_path, name, batch, quant):
+    """The 4-bit mix (Q4_K, Q6_K, Q5_0, int8 where rows are narrow; Q4_0
+    with --experts q4_0): the block products are exact integer sums with
+    the float order of FORMAT.md 5 in both C and numpy, so rows agree as the
+    int8 ones do, and for the same reason (activation rounding flips after
+    1-ulp differences elsewhere: attention, norms, the f32 sums of BLAS)."""
     from colibri.file import format as cformat
-    dtypes = {cformat.DType(e.dtype) for e in cformat.read_file(colibri_file(name, "q4")).entries}
-    want_types = ({cformat.DType.Q4_0} if name == "tiny" else
-                  {cformat.DType.Q4_K, cformat.DType.Q6_K, cformat.DType.Q4_0})
-    assert want_types <= dtypes, f"{name} q4 file holds {sorted(dtypes)}"
-    _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, name, "q4",
+    D = cformat.DType
+    dtypes = {D(e.dtype) for e in cformat.read_file(colibri_file(name, quant)).entries}
+    want_types = {("tiny", "q4"): {D.Q5_0}, ("k256", "q4"): {D.Q4_K, D.Q6_K, D.Q5_0},
+                  ("tiny", "q4+q4_0"): {D.Q4_0}, ("k256", "q4+q4_0"): {D.Q4_0, D.Q6_K}}
+    assert want_types[name, quant] <= dtypes, f"{name} {quant} file holds {sorted(dtypes)}"
+    _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, name, quant,
                                  batch)
 
 

@@ -1,4 +1,4 @@
-"""The block storage types Q4_0, Q4_K and Q6_K (docs/FORMAT.md section 4,
+"""The block storage types Q4_0, Q5_0, Q4_K and Q6_K (docs/FORMAT.md section 4,
 "Block types"): their byte layouts as numpy structured dtypes, packing and
 unpacking of the 4- and 6-bit values, the exact values a block holds
 (`dequantize`), and the block matrix-vector product of FORMAT.md section 5
@@ -9,7 +9,8 @@ A block tensor is a structured array [rows, nb] of one of BLOCK_DTYPES
 file's order on disk (format.py swaps them). The quantisers that choose the
 values live in colibri/file/kquants.py; any block is valid.
 
-Layouts are llama.cpp's (ggml-common.h block_q4_0, block_q4_K, block_q6_K)
+Layouts are llama.cpp's (ggml-common.h block_q4_0, block_q5_0, block_q4_K,
+block_q6_K)
 with the fp16 scales widened to float32.
 """
 from __future__ import annotations
@@ -19,17 +20,22 @@ import numpy as np
 from .quant import quantize_activations_i8
 from ..errors import ColibriError
 
-Q4_0, Q4_K, Q6_K = 3, 4, 5   # storage.DType values (storage.py names them)
+Q4_0, Q4_K, Q6_K, Q5_0 = 3, 4, 5, 6   # storage.DType values (storage.py names them)
 
 # Columns per block and the block's fields (float32 fields first).
-BLOCK_COLS = {Q4_0: 32, Q4_K: 256, Q6_K: 256}
+BLOCK_COLS = {Q4_0: 32, Q5_0: 32, Q4_K: 256, Q6_K: 256}
 BLOCK_DTYPES = {
     Q4_0: np.dtype([("d", "<f4"), ("qs", "u1", 16)]),
+    # qh: bit 4 of column i's value is bit i % 8 of qh[i / 8] (llama.cpp's
+    # uint32 qh read little-endian, kept as bytes so no reader swaps it)
+    Q5_0: np.dtype([("d", "<f4"), ("qh", "u1", 4), ("qs", "u1", 16)]),
     Q4_K: np.dtype([("d", "<f4"), ("dmin", "<f4"), ("scales", "u1", 12), ("qs", "u1", 128)]),
     Q6_K: np.dtype([("d", "<f4"), ("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16)]),
 }
-BLOCK_BYTES = {k: v.itemsize for k, v in BLOCK_DTYPES.items()}   # 20, 148, 212
-assert BLOCK_BYTES == {Q4_0: 20, Q4_K: 148, Q6_K: 212}
+BLOCK_BYTES = {k: v.itemsize for k, v in BLOCK_DTYPES.items()}   # 20, 24, 148, 212
+assert BLOCK_BYTES == {Q4_0: 20, Q5_0: 24, Q4_K: 148, Q6_K: 212}
+# What the value of Q4_0 / Q5_0 subtracts from the stored integer.
+ZERO_OFFSET = {Q4_0: 8, Q5_0: 16}
 
 
 def is_block(dtype: int) -> bool:
@@ -81,16 +87,20 @@ def pack_q4k_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
-# 4- and 6-bit values: [..., B] integers <-> the block's byte arrays
+# 4-, 5- and 6-bit values: [..., B] integers <-> the block's byte arrays
 # --------------------------------------------------------------------------
 
 def unpack_values(blocks: np.ndarray, dtype: int) -> np.ndarray:
     """The stored integers of every column, [rows, nb, B] int32: Q4_0 and
-    Q4_K 0..15, Q6_K 0..63 (before the -8 / -32 offsets)."""
+    Q4_K 0..15, Q5_0 0..31, Q6_K 0..63 (before the -8 / -16 / -32 offsets)."""
     dtype = int(dtype)
     if dtype == Q4_0:
         qs = blocks["qs"].astype(np.int32)                        # [..., 16]
         return np.concatenate([qs & 15, qs >> 4], axis=-1)
+    if dtype == Q5_0:
+        qs = blocks["qs"].astype(np.int32)                        # [..., 16]
+        hi = np.unpackbits(blocks["qh"], axis=-1, bitorder="little")  # [..., 32]
+        return np.concatenate([qs & 15, qs >> 4], axis=-1) | (hi.astype(np.int32) << 4)
     if dtype == Q4_K:
         qs = blocks["qs"].astype(np.int32).reshape(blocks.shape + (4, 32))
         out = np.stack([qs & 15, qs >> 4], axis=-2)              # [..., 4, 2, 32]
@@ -108,8 +118,11 @@ def pack_values(blocks: np.ndarray, dtype: int, q: np.ndarray) -> None:
     """Store integers q [rows, nb, B] (ranges as unpack_values) into blocks."""
     dtype = int(dtype)
     q = q.astype(np.uint8)
-    if dtype == Q4_0:
-        blocks["qs"] = q[..., :16] | (q[..., 16:] << 4)
+    if dtype in (Q4_0, Q5_0):
+        lo = q & 15
+        blocks["qs"] = lo[..., :16] | (lo[..., 16:] << 4)
+        if dtype == Q5_0:
+            blocks["qh"] = np.packbits(q >> 4, axis=-1, bitorder="little")
     elif dtype == Q4_K:
         q = q.reshape(blocks.shape + (4, 2, 32))
         blocks["qs"] = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(blocks.shape + (128,))
@@ -129,7 +142,7 @@ def _sub_scales(blocks: np.ndarray, dtype: int):
     """(d*sc per column's sub-block, dmin*m or None) as float32, each
     [rows, nb, n_sub], evaluated as FORMAT.md 4 writes them."""
     d = blocks["d"].astype(np.float32)[..., None]
-    if dtype == Q4_0:
+    if dtype in ZERO_OFFSET:
         return d, None
     if dtype == Q4_K:
         sc, m = unpack_q4k_scales(blocks["scales"])
@@ -146,8 +159,8 @@ def dequantize(blocks: np.ndarray, dtype: int, cols: int) -> np.ndarray:
     rows, nb = blocks.shape
     q = unpack_values(blocks, dtype).astype(np.float32)           # [rows, nb, B]
     d1, m1 = _sub_scales(blocks, dtype)
-    if dtype == Q4_0:
-        w = (q - np.float32(8)) * d1
+    if dtype in ZERO_OFFSET:
+        w = (q - np.float32(ZERO_OFFSET[dtype])) * d1
     elif dtype == Q4_K:
         w = (np.repeat(d1, 32, axis=-1) * q) - np.repeat(m1, 32, axis=-1)
     else:
@@ -184,8 +197,8 @@ def matmul(blocks: np.ndarray, dtype: int, x: np.ndarray) -> np.ndarray:
     q = unpack_values(blocks, dtype).astype(np.int64)             # [rows, nb, B]
     d = blocks["d"].astype(np.float32)                            # [rows, nb]
     acc = np.zeros((n, rows), np.float32)
-    if dtype == Q4_0:
-        dots = np.einsum("tbk,rbk->trb", xq.astype(np.int64), q - 8)
+    if dtype in ZERO_OFFSET:
+        dots = np.einsum("tbk,rbk->trb", xq.astype(np.int64), q - ZERO_OFFSET[dtype])
         for b in range(nb):
             acc += dots[:, :, b].astype(np.float32) * (d[None, :, b] * xs[:, b, None])
         return acc

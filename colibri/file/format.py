@@ -247,11 +247,13 @@ PRESET_Q4.update({
 })
 
 # A K block is 256 columns: on a row of another width most of a block would
-# be padding, so the writer stores such a tensor in the type of about the
-# same bits with blocks of 32 (as llama.cpp's llama-quantize falls back):
-# Q4_K -> Q4_0, Q6_K -> I8_GROUP (Q8_0's values with group_size 32), or
-# I16_ROW for a kind that cannot be I8_GROUP (the embedding).
-NARROW_FALLBACK = {DType.Q4_K: (DType.Q4_0,), DType.Q6_K: (DType.I8_GROUP, DType.I16_ROW)}
+# be padding, so the writer stores such a tensor in a type with blocks of 32,
+# as llama.cpp's llama-quantize falls back: Q4_K -> Q5_0, Q6_K -> I8_GROUP
+# (Q8_0's values with group_size 32), or I16_ROW for a kind that cannot be
+# I8_GROUP (the embedding). Q5_0 rather than Q4_0 for Q4_K: a 32-column
+# block pays for its scale (f32 here: Q4_0 5.0 bits, Q5_0 6.0), so Q4_0
+# would be more bits than Q4_K for far more error (bench/quality.py).
+NARROW_FALLBACK = {DType.Q4_K: (DType.Q5_0,), DType.Q6_K: (DType.I8_GROUP, DType.I16_ROW)}
 
 
 def fit_dtype(dtype: DType, cols: int, kind: Kind | None = None) -> DType:

@@ -14,12 +14,12 @@ rewritten here vectorised over all sub-blocks at once):
 - Q6_K: make_qx_quants per sub-block of 16 (symmetric x ~ s*q, q in
   -32..31, a sweep of 19 candidate inverse scales, least-squares s), then the
   16 scales to int8 against d = max|s| / -128.
-- Q4_0: make_qx_quants per block of 32 (q in -8..7).
+- Q4_0 and Q5_0: make_qx_quants per block of 32 (q in -8..7 / -16..15).
 
 Weights of the squared error per column: with an importance matrix
 (`importance`, float [cols] >= 0: the mean squared activation each column
 sees, colibri/model/imatrix.py) llama.cpp's quantize_row_*_impl choices: imp *
-sqrt(sigma2 + x^2), sigma2 the mean x^2 of the row (Q4_0) or twice that of
+sqrt(sigma2 + x^2), sigma2 the mean x^2 of the row (Q4_0, Q5_0) or twice that of
 the block (Q4_K), and imp itself for Q6_K. Without one, the same with imp = 1
 on every column: llama.cpp's reference quantisers use other heuristics
 there (Q4_K: rms(sub-block) + |x|; Q6_K: x^2; Q4_0: no search at all), and
@@ -306,25 +306,36 @@ def _refit_affine(x, w, sc, m, d, dmin):
 
 
 # --------------------------------------------------------------------------
-# The three block types
+# The four block types
 # --------------------------------------------------------------------------
 
-def quantize_q4_0(w: np.ndarray, importance=None) -> np.ndarray:
-    """Q4_0: per block of 32, x ~ d (q - 8), q in 0..15."""
-    x = _padded(w, B.Q4_0)
+def _quantize_q_0(w: np.ndarray, importance, dtype: int) -> np.ndarray:
+    """Q4_0 / Q5_0: per block of 32, x ~ d (q - z), q in 0..2z-1 (z = 8 / 16)."""
+    z = B.ZERO_OFFSET[dtype]
+    x = _padded(w, dtype)
     rows, width = x.shape
-    imp = _padded_importance(importance, np.shape(w)[1], B.Q4_0)
-    out = np.zeros((rows, width // 32), B.BLOCK_DTYPES[B.Q4_0])
+    imp = _padded_importance(importance, np.shape(w)[1], dtype)
+    out = np.zeros((rows, width // 32), B.BLOCK_DTYPES[dtype])
     for rs in _row_chunks(rows, width):
         xc = x[rs]
         sigma2 = (xc * xc).sum(-1, keepdims=True) / np.float32(np.shape(w)[1])
         wt = imp * np.sqrt(sigma2 + xc * xc)
         xb, wb = xc.reshape(-1, width // 32, 32), wt.reshape(-1, width // 32, 32)
-        d, l = make_qx_quants(xb, wb, 8)
-        d, q = _refit_symmetric(xb, wb, np.float32(1), -8, 7, d)
+        d, l = make_qx_quants(xb, wb, z)
+        d, q = _refit_symmetric(xb, wb, np.float32(1), -z, z - 1, d)
         out["d"][rs] = d
-        B.pack_values(out[rs], B.Q4_0, q + 8)
+        B.pack_values(out[rs], dtype, q + z)
     return out
+
+
+def quantize_q4_0(w: np.ndarray, importance=None) -> np.ndarray:
+    """Q4_0: per block of 32, x ~ d (q - 8), q in 0..15."""
+    return _quantize_q_0(w, importance, B.Q4_0)
+
+
+def quantize_q5_0(w: np.ndarray, importance=None) -> np.ndarray:
+    """Q5_0: per block of 32, x ~ d (q - 16), q in 0..31."""
+    return _quantize_q_0(w, importance, B.Q5_0)
 
 
 def quantize_q4_k(w: np.ndarray, importance=None) -> np.ndarray:
@@ -386,7 +397,8 @@ def quantize_q6_k(w: np.ndarray, importance=None) -> np.ndarray:
     return out
 
 
-QUANTIZERS = {B.Q4_0: quantize_q4_0, B.Q4_K: quantize_q4_k, B.Q6_K: quantize_q6_k}
+QUANTIZERS = {B.Q4_0: quantize_q4_0, B.Q5_0: quantize_q5_0, B.Q4_K: quantize_q4_k,
+              B.Q6_K: quantize_q6_k}
 
 
 def quantize(w: np.ndarray, dtype: int, importance=None) -> np.ndarray:

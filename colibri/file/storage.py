@@ -25,9 +25,10 @@ class DType(enum.IntEnum):
     Q4_0 = blocks.Q4_0   # llama.cpp's blocks, float32 scales (colibri/file/blocks.py)
     Q4_K = blocks.Q4_K
     Q6_K = blocks.Q6_K
+    Q5_0 = blocks.Q5_0
 
 
-BLOCK_TYPES = (DType.Q4_0, DType.Q4_K, DType.Q6_K)
+BLOCK_TYPES = (DType.Q4_0, DType.Q5_0, DType.Q4_K, DType.Q6_K)
 
 
 def encode(w: np.ndarray, dtype: int, group_size: int,

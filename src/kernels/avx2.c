@@ -889,8 +889,8 @@ TGT static void avx2_evex_vnni_matmul_i8(float *Y, const int8_t *Q, const float 
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types (FORMAT.md 4-5: Q4_0, Q4_K, Q6_K): quantize_act_blk and the
- * three block matmuls, bit-identical to ref.c's for every n, rows, cols and
+/* Block types (FORMAT.md 4-5: Q4_0, Q5_0, Q4_K, Q6_K): quantize_act_blk and
+ * the four block matmuls, bit-identical to ref.c's for every n, rows, cols and
  * tiling (kernels.h).
  *
  * Exactness: per (row, token, block) the integer results (Q4_0 dot, Q4_K
@@ -914,9 +914,9 @@ TGT static void avx2_evex_vnni_matmul_i8(float *Y, const int8_t *Q, const float 
  * - Q4_K / Q6_K multiply the int16 pair sums by the sub-block scale with
  *   vpmaddwd (scale broadcast as int16 over the sub-block's lanes), which
  *   also widens to int32; with VNNI vpdpwssd does multiply, widen and add.
- * - Offsets: Q4_0's q - 8 and Q6_K's q - 32 are applied as 8 * (sum of xq)
- *   and 32 * sum_j sc_j * bsum_j from XB (the sums of 16 that
- *   quantize_act_blk provides); Q4_K's mins likewise use XB.
+ * - Offsets: Q4_0's q - 8 (Q5_0's q - 16) and Q6_K's q - 32 are applied as
+ *   8 (16) * (sum of xq) and 32 * sum_j sc_j * bsum_j from XB (the sums of
+ *   16 that quantize_act_blk provides); Q4_K's mins likewise use XB.
  * - Q4_0 with VNNI: vpdpbusd (u8 q x s8 x, 4 products per int32 lane).
  * Bounds (int32 exact): Q4_K lanes <= 8 * 2 * 3810 * 63, Q6_K <= 8 * 2 *
  * 16002 * 128 and the correction <= 32 * 16 * 128 * 2032. */
@@ -993,19 +993,45 @@ BLOCK __m256i lanes_of_tokens_i(const int R, const int T, const int32_t v[BT_MAX
 #undef BT_TOK
 }
 
-/* Q4_0 block b of R rows x T tokens: lane k = dot = sum_i (q_i - 8) * x_i
- * over the block's 32 columns. Its blocks are small (20 bytes), so the
+/* Q5_0's bit 4 of the 16 values at columns 16h .. 16h + 15 of the blocks at
+ * lo_blk (low 128-bit half) and hi_blk (high half): byte j of a half = 16
+ * if bit 16h + j of the block's little-endian qh[4] (offset 4) is set, else
+ * 0. Each half's two qh bytes spread over 8 lanes each (pshufb), a lane
+ * keeping its own bit (and, cmpeq). */
+BLOCK __m256i q5_0_high16(const uint8_t *lo_blk, const uint8_t *hi_blk, const int h)
+{
+    uint32_t a, c;
+    memcpy(&a, lo_blk + 4, 4);
+    memcpy(&c, hi_blk + 4, 4);
+    const __m256i v = _mm256_setr_epi32((int)a, 0, 0, 0, (int)c, 0, 0, 0);
+    const __m256i spread = h ? _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)
+                             : _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+/* Q4_0 (Q5_0) block b of R rows x T tokens: lane k = dot = sum_i (q_i - 8)
+ * * x_i (q_i - 16) over the block's 32 columns: the 4-bit values of qs
+ * (Q5_0: with bit 4 from qh, q5_0_high16), the offset taken out after. Its
+ * blocks are small (20 or 24 bytes), so the
  * per-block work around the products matters: with R even, one vector
  * holds two rows, [row p | row p + R/2] (16 + 16 bytes of qs), against the
  * token's x halves broadcast to both 128-bit halves; the int16 pair sums of
  * the low and high nibbles are added (<= 4 * 15 * 127, exact), so a tile
  * needs R * T / 2 vectors and a 3-hadd tree, then one permute to lane
  * order t * R + r. */
-BLOCK __m256i q4_0_dots(const int vnni, const int R, const int T,
+BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T,
                         const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
                         const int16_t *const xb[BT_MAXT], uint32_t b)
 {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    /* block bytes, the offset of qs in a block, the values' zero */
+    const size_t bytes = five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES;
+    const size_t qo = five ? 8 : 4;
+    const int32_t zero = five ? 16 : 8;
     __m256i sums;
     if (R % 2 == 0) {
         const int H = R / 2;
@@ -1018,12 +1044,16 @@ BLOCK __m256i q4_0_dots(const int vnni, const int R, const int T,
         }
         UNROLL
         for (int p = 0; p < H; p++) {
+            const uint8_t *bp = w[p] + (size_t)b * bytes, *bq = w[p + H] + (size_t)b * bytes;
             const __m256i qs = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(
-                    w[p] + (size_t)b * CLB_Q4_0_BYTES + 4))),
-                _mm_loadu_si128((const __m128i *)(const void *)(w[p + H] + (size_t)b * CLB_Q4_0_BYTES + 4)), 1);
-            const __m256i lo = _mm256_and_si256(qs, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), m4);
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(bp + qo))),
+                _mm_loadu_si128((const __m128i *)(const void *)(bq + qo)), 1);
+            __m256i lo = _mm256_and_si256(qs, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), m4);
+            if (five) { /* values to 31: pairs <= 4 * 31 * 127, still exact */
+                lo = _mm256_or_si256(lo, q5_0_high16(bp, bq, 0));
+                hi = _mm256_or_si256(hi, q5_0_high16(bp, bq, 1));
+            }
             UNROLL
             for (int t = 0; t < T; t++) {
                 __m256i a;
@@ -1058,10 +1088,13 @@ BLOCK __m256i q4_0_dots(const int vnni, const int R, const int T,
         UNROLL
         for (int r = 0; r < R; r++) {
             /* qs[16] -> [low nibbles = columns 0..15 | high nibbles = 16..31] */
-            const __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(
-                w[r] + (size_t)b * CLB_Q4_0_BYTES + 4));
-            const __m256i q = _mm256_and_si256(
+            const uint8_t *bp = w[r] + (size_t)b * bytes;
+            const __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(bp + qo));
+            __m256i q = _mm256_and_si256(
                 _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1), m4);
+            if (five) /* bit 4 of columns 0..15 | of 16..31 */
+                q = _mm256_or_si256(q, _mm256_permute2x128_si256(q5_0_high16(bp, bp, 0),
+                                                                 q5_0_high16(bp, bp, 1), 0x20));
             UNROLL
             for (int t = 0; t < T; t++) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
@@ -1078,11 +1111,11 @@ BLOCK __m256i q4_0_dots(const int vnni, const int R, const int T,
         }
         sums = lane_sums(R * T, acc);
     }
-    /* sum (q - 8) x = sum q x - 8 * (sum of the block's 32 xq = XB 2b, 2b+1) */
+    /* sum (q - z) x = sum q x - z * (sum of the block's 32 xq = XB 2b, 2b+1) */
     int32_t off[BT_MAXT];
     UNROLL
     for (int t = 0; t < T; t++)
-        off[t] = 8 * ((int32_t)xb[t][2 * b] + xb[t][2 * b + 1]);
+        off[t] = zero * ((int32_t)xb[t][2 * b] + xb[t][2 * b + 1]);
     return _mm256_sub_epi32(sums, lanes_of_tokens_i(R, T, off));
 }
 
@@ -1256,8 +1289,10 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 
 /* Bytes and columns of a block of dtype dt (a compile-time constant). */
 #define BT_BYTES(dt) ((dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES \
+                      : (dt) == COLIBRI_DTYPE_Q5_0 ? CLB_Q5_0_BYTES \
                       : (dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES)
-#define BT_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_COLS : CLB_QK_COLS)
+#define BT_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 || (dt) == COLIBRI_DTYPE_Q5_0 ? CLB_Q4_0_COLS \
+                     : CLB_QK_COLS)
 
 /* Y[t0 .. t0 + T, r0 .. r0 + R) for blocks of dtype dt: per block the
  * integer results of all combos (q4_0_dots, q4k_sums, q6k_sums), then ref's
@@ -1313,9 +1348,9 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
             }
         }
         const __m256 xsv = lanes_of_tokens(R, T, xsb);
-        if (dt == COLIBRI_DTYPE_Q4_0) {
+        if (dt == COLIBRI_DTYPE_Q4_0 || dt == COLIBRI_DTYPE_Q5_0) {
             /* acc += float(dot) * (d * xs) */
-            const __m256i dot = q4_0_dots(vnni, R, T, w, x, xb, b);
+            const __m256i dot = q4_0_dots(vnni, dt == COLIBRI_DTYPE_Q5_0, R, T, w, x, xb, b);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dv, xsv)));
         } else if (dt == COLIBRI_DTYPE_Q4_K) {
             /* acc += xs * (d * float(isum) - dmin * float(msum)) */
@@ -1388,12 +1423,15 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
 BT_ENTRY(avx2_matmul_q4_0, 0, COLIBRI_DTYPE_Q4_0)
 BT_ENTRY(avx2_matmul_q4_k, 0, COLIBRI_DTYPE_Q4_K)
 BT_ENTRY(avx2_matmul_q6_k, 0, COLIBRI_DTYPE_Q6_K)
+BT_ENTRY(avx2_matmul_q5_0, 0, COLIBRI_DTYPE_Q5_0)
 BT_ENTRY(avx2_vnni_matmul_q4_0, 1, COLIBRI_DTYPE_Q4_0)
 BT_ENTRY(avx2_vnni_matmul_q4_k, 1, COLIBRI_DTYPE_Q4_K)
 BT_ENTRY(avx2_vnni_matmul_q6_k, 1, COLIBRI_DTYPE_Q6_K)
+BT_ENTRY(avx2_vnni_matmul_q5_0, 1, COLIBRI_DTYPE_Q5_0)
 BT_ENTRY(avx2_evex_vnni_matmul_q4_0, 2, COLIBRI_DTYPE_Q4_0)
 BT_ENTRY(avx2_evex_vnni_matmul_q4_k, 2, COLIBRI_DTYPE_Q4_K)
 BT_ENTRY(avx2_evex_vnni_matmul_q6_k, 2, COLIBRI_DTYPE_Q6_K)
+BT_ENTRY(avx2_evex_vnni_matmul_q5_0, 2, COLIBRI_DTYPE_Q5_0)
 #undef BT_ENTRY
 
 /* The sums of each 16 consecutive xq[0 .. len) (len a multiple of 32) into
@@ -1753,6 +1791,7 @@ static const colibri_kernels avx2_kernels = {
     avx2_matmul_q4_0,
     avx2_matmul_q4_k,
     avx2_matmul_q6_k,
+    avx2_matmul_q5_0,
     avx2_attend,
     avx2_attend_rows,
 };
@@ -1775,6 +1814,7 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_vnni_matmul_q4_0,
     avx2_vnni_matmul_q4_k,
     avx2_vnni_matmul_q6_k,
+    avx2_vnni_matmul_q5_0,
     avx2_attend,
     avx2_attend_rows,
 };
@@ -1789,6 +1829,7 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_evex_vnni_matmul_q4_0,
     avx2_evex_vnni_matmul_q4_k,
     avx2_evex_vnni_matmul_q6_k,
+    avx2_evex_vnni_matmul_q5_0,
     avx2_attend,
     avx2_attend_rows,
 };

@@ -31,7 +31,7 @@
  *   neon_dotprod.c) the result is bit-identical to ref: each output's float
  *   operations are ref's, in ref's order (neon_a64_i8.h).
  * - quantize_act_blk: bit-identical to ref (quantize_act_i8 per block).
- * - matmul_q4_0, matmul_q4_k, matmul_q6_k: bit-identical to ref on both
+ * - matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q6_k: bit-identical to ref on both
  *   ISAs, for any tiling (neon_blocks.h, shared with neon_dotprod.c).
  *
  * Blocking (float kernels, ARMv7 int8): dot-product form as in avx2.c: R
@@ -410,7 +410,14 @@ static void neon_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const
                              const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    nb_matmul_q4_0(Y, W, XQ, XS, n, rows, cols);
+    nb_matmul_q4_0(0, Y, W, XQ, XS, n, rows, cols);
+}
+
+static void neon_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                             const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    nb_matmul_q4_0(1, Y, W, XQ, XS, n, rows, cols);
 }
 
 static void neon_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
@@ -622,6 +629,7 @@ static const colibri_kernels neon_kernels = {
     neon_matmul_q4_0,
     neon_matmul_q4_k,
     neon_matmul_q6_k,
+    neon_matmul_q5_0,
     clb_ref_attend, /* no NEON form yet: ref's, the same bits */
     clb_ref_attend_rows,
 };
@@ -639,6 +647,7 @@ static const colibri_kernels neon_dotprod_kernels = {
     colibri_neon_dotprod_matmul_q4_0, /* neon_dotprod.c */
     colibri_neon_dotprod_matmul_q4_k,
     colibri_neon_dotprod_matmul_q6_k,
+    colibri_neon_dotprod_matmul_q5_0,
     clb_ref_attend, /* no NEON form yet: ref's, the same bits */
     clb_ref_attend_rows,
 };

@@ -1,6 +1,6 @@
 /*
  * neon_blocks.h - NEON kernels for the block-quantised weights (kernels.h
- * matmul_q4_0, matmul_q4_k, matmul_q6_k), included by neon.c (the "neon"
+ * matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q6_k), included by neon.c (the "neon"
  * table, ARMv7-A and AArch64) and by neon_dotprod.c (AArch64
  * "neon-dotprod"). The one difference between the includers is the integer
  * dot-product step, chosen by __ARM_FEATURE_DOTPROD (defined only in
@@ -10,7 +10,7 @@
  * any token x row tiling of a call (kernels.h). Per output element ref
  * computes, block by block in order, one exact int32 sum (or two for
  * Q4_K) and then a few float32 operations in a fixed order (FORMAT.md 5):
- *   Q4_0: acc = acc + float(dot) * (d * xs)
+ *   Q4_0, Q5_0: acc = acc + float(dot) * (d * xs)
  *   Q4_K: acc = acc + xs * (d * float(isum) - dmin * float(msum))
  *   Q6_K: acc = acc + xs * (d * float(isum))
  * Here the integer sums are exact (every partial sum is an int32 or a
@@ -26,7 +26,8 @@
  *   the 32 or 256 multiply-adds of the integer part.
  *
  * Loop structure:
- * - Q4_0 (32 columns, 16 bytes a block): the weights stay in registers.
+ * - Q4_0 and Q5_0 (32 columns, 16 + 4 bytes a block): the weights stay in
+ *   registers.
  *   A tile of 4V rows x T tokens unpacks each row's block once into two
  *   int8 vectors and uses them for all T tokens (prefill: 4 rows x NB_TP
  *   tokens; decode: 4 * NB_DV rows in flight for one token).
@@ -97,8 +98,8 @@ NB_INLINE int32x4_t nb_dot16(int8x16_t w, int8x16_t x)
 
 /* The 32 products of (w0, w1) and (x0, x1), summed into 4 int32 lanes.
  * Without SDOT four products per int16 lane: exact when |w| <= 32 and
- * |x| <= 127 (4 * 32 * 127 = 16256 < 32767): Q4_0 |q - 8| <= 8, Q4_K
- * q <= 15. */
+ * |x| <= 127 (4 * 32 * 127 = 16256 < 32767): Q4_0 |q - 8| <= 8, Q5_0
+ * |q - 16| <= 16, Q4_K q <= 15. */
 NB_INLINE int32x4_t nb_dot32(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x1)
 {
 #ifdef __ARM_FEATURE_DOTPROD
@@ -250,21 +251,44 @@ NB_INLINE void nb_unpack_q4_0(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi)
     *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), eight);
 }
 
-/* Y[t0 .. t0+T, r0 .. r0+4V) of a Q4_0 matrix W [rows, nb blocks]. Per
- * block: 4V rows unpacked into registers (2 vectors each), each used by T
- * tokens (2 activation vectors each); per (4 rows, token) one vector of 4
- * exact dots and the float step. */
-NB_INLINE void nb_q4_0_tile(const int V, const int T, float *Y, const uint8_t *W,
-                            const int8_t *XQ, const float *XS, uint32_t nb,
+/* Q5_0: {float d; uint8 qh[4]; uint8 qs[16]}, Q4_0's nibbles (at offset 8)
+ * with bit 4 of column i in bit i of the little-endian qh; value q - 16. */
+NB_INLINE uint8x16_t nb_q5_0_high16(const uint8_t *qh2)
+{
+    /* byte j: 16 if bit j % 8 of qh2[j / 8] is set (vtst against a one-bit mask) */
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t v = vcombine_u8(vdup_n_u8(qh2[0]), vdup_n_u8(qh2[1]));
+    return vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(16));
+}
+
+/* The block's 32 values q - 16 (-16..15) in column order: lo = columns
+ * 0..15, hi = 16..31. */
+NB_INLINE void nb_unpack_q5_0(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi)
+{
+    const uint8x16_t q = vld1q_u8(blk + 8);
+    const int8x16_t sixteen = vdupq_n_s8(16);
+    const uint8x16_t l = vorrq_u8(vandq_u8(q, vdupq_n_u8(15)), nb_q5_0_high16(blk + 4));
+    const uint8x16_t h = vorrq_u8(vshrq_n_u8(q, 4), nb_q5_0_high16(blk + 6));
+    *lo = vsubq_s8(vreinterpretq_s8_u8(l), sixteen);
+    *hi = vsubq_s8(vreinterpretq_s8_u8(h), sixteen);
+}
+
+/* Y[t0 .. t0+T, r0 .. r0+4V) of a Q4_0 (five: Q5_0) matrix W [rows, nb
+ * blocks]. Per block: 4V rows unpacked into registers (2 vectors each),
+ * each used by T tokens (2 activation vectors each); per (4 rows, token)
+ * one vector of 4 exact dots and the float step. */
+NB_INLINE void nb_q4_0_tile(const int five, const int V, const int T, float *Y,
+                            const uint8_t *W, const int8_t *XQ, const float *XS, uint32_t nb,
                             uint32_t rows, uint32_t r0, uint32_t t0)
 {
+    const size_t bytes = five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES;
     const uint8_t *w[4 * NB_MAXV];
     const int8_t *x[NB_MAXT];
     const float *xs[NB_MAXT];
     nb_acc4 acc[NB_MAXV][NB_MAXT];
     NB_UNROLL
     for (int i = 0; i < 4 * V; i++)
-        w[i] = W + (size_t)nb_row(r0, i, rows) * nb * CLB_Q4_0_BYTES;
+        w[i] = W + (size_t)nb_row(r0, i, rows) * nb * bytes;
     NB_UNROLL
     for (int t = 0; t < T; t++) {
         x[t] = XQ + (size_t)(t0 + t) * nb * CLB_Q4_0_COLS;
@@ -278,8 +302,11 @@ NB_INLINE void nb_q4_0_tile(const int V, const int T, float *Y, const uint8_t *W
         float d[4 * NB_MAXV];
         NB_UNROLL
         for (int i = 0; i < 4 * V; i++) {
-            const uint8_t *blk = w[i] + (size_t)b * CLB_Q4_0_BYTES;
-            nb_unpack_q4_0(blk, &lo[i], &hi[i]);
+            const uint8_t *blk = w[i] + (size_t)b * bytes;
+            if (five)
+                nb_unpack_q5_0(blk, &lo[i], &hi[i]);
+            else
+                nb_unpack_q4_0(blk, &lo[i], &hi[i]);
             d[i] = clb_blk_f32(blk, 0);
         }
         NB_UNROLL
@@ -306,17 +333,17 @@ NB_INLINE void nb_q4_0_tile(const int V, const int T, float *Y, const uint8_t *W
 
 /* Tiles of 4 rows x NB_TP tokens while NB_TP tokens are left, then single
  * tokens with 4 * NB_DV rows in flight (two tile shapes only: code size). */
-NB_INLINE void nb_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
+NB_INLINE void nb_matmul_q4_0(const int five, float *Y, const uint8_t *W, const int8_t *XQ,
                               const float *XS, uint32_t n, uint32_t rows, uint32_t cols)
 {
     const uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
     uint32_t t = 0;
     for (; t + NB_TP <= n; t += NB_TP)
         for (uint32_t r = 0; r < rows; r += 4)
-            nb_q4_0_tile(1, NB_TP, Y, W, XQ, XS, nb, rows, r, t);
+            nb_q4_0_tile(five, 1, NB_TP, Y, W, XQ, XS, nb, rows, r, t);
     for (; t < n; t++)
         for (uint32_t r = 0; r < rows; r += 4 * NB_DV)
-            nb_q4_0_tile(NB_DV, 1, Y, W, XQ, XS, nb, rows, r, t);
+            nb_q4_0_tile(five, NB_DV, 1, Y, W, XQ, XS, nb, rows, r, t);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -554,6 +581,9 @@ void colibri_neon_dotprod_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *
                                       const float *XS, const int16_t *XB, uint32_t n,
                                       uint32_t rows, uint32_t cols);
 void colibri_neon_dotprod_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols);
+void colibri_neon_dotprod_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
                                       const float *XS, const int16_t *XB, uint32_t n,
                                       uint32_t rows, uint32_t cols);
 #endif

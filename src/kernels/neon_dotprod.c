@@ -14,7 +14,7 @@
  * CPU reports the extension (getauxval(AT_HWCAP) & HWCAP_ASIMDDP on
  * Linux): on other cores these instructions would be illegal.
  *
- * Results: bit-identical to ref.c's matmul_i8 and block matmuls (Q4_0,
+ * Results: bit-identical to ref.c's matmul_i8 and block matmuls (Q4_0, Q5_0,
  * Q4_K, Q6_K), as the plain "neon" forms (see neon_a64_i8.h,
  * neon_blocks.h).
  */
@@ -45,7 +45,15 @@ void colibri_neon_dotprod_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *
                                       uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    nb_matmul_q4_0(Y, W, XQ, XS, n, rows, cols);
+    nb_matmul_q4_0(0, Y, W, XQ, XS, n, rows, cols);
+}
+
+void colibri_neon_dotprod_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    nb_matmul_q4_0(1, Y, W, XQ, XS, n, rows, cols);
 }
 
 void colibri_neon_dotprod_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,

@@ -117,7 +117,7 @@ static void ref_matmul_i16(float *Y, const int16_t *Q, const float *S,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types (FORMAT.md 4-5): Q4_0, Q4_K, Q6_K                            */
+/* Block types (FORMAT.md 4-5): Q4_0, Q5_0, Q4_K, Q6_K                      */
 /* ------------------------------------------------------------------------ */
 
 /* Per row t and block b of `block` columns: the I8 activation quantisation
@@ -167,6 +167,31 @@ void clb_ref_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
                     dot += ((int32_t)(qs[i] & 15) - 8) * x[i];
                     dot += ((int32_t)(qs[i] >> 4) - 8) * x[i + 16];
                 }
+                acc += (float)dot * (clb_blk_f32(blk, 0) * xs[b]);
+            }
+            Y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+/* Q4_0's form with 5-bit values: dot = sum (q - 16) x. */
+void clb_ref_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
+    for (uint32_t t = 0; t < n; t++) {
+        const int8_t *xq = XQ + (size_t)t * nb * CLB_Q4_0_COLS;
+        const float *xs = XS + (size_t)t * nb;
+        for (uint32_t r = 0; r < rows; r++) {
+            const uint8_t *blk = W + (size_t)r * nb * CLB_Q5_0_BYTES;
+            float acc = 0.0f;
+            for (uint32_t b = 0; b < nb; b++, blk += CLB_Q5_0_BYTES) {
+                const int8_t *x = xq + (size_t)b * CLB_Q4_0_COLS;
+                int32_t dot = 0;
+                for (unsigned i = 0; i < 32; i++)
+                    dot += ((int32_t)clb_q5_0_value(blk, i) - 16) * x[i];
                 acc += (float)dot * (clb_blk_f32(blk, 0) * xs[b]);
             }
             Y[(size_t)t * rows + r] = acc;
@@ -258,6 +283,9 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
             unsigned k = i % 32;
             unsigned q = k < 16 ? blk[4 + k] & 15 : blk[4 + k - 16] >> 4;
             out[i] = clb_blk_f32(blk, 0) * (float)((int)q - 8);
+        } else if (dtype == COLIBRI_DTYPE_Q5_0) {
+            const uint8_t *blk = row + (size_t)(i / 32) * CLB_Q5_0_BYTES;
+            out[i] = clb_blk_f32(blk, 0) * (float)((int)clb_q5_0_value(blk, i % 32) - 16);
         } else if (dtype == COLIBRI_DTYPE_Q4_K) {
             const uint8_t *blk = row + (size_t)(i / 256) * CLB_Q4_K_BYTES;
             unsigned k = i % 256, j = k / 32;
@@ -452,6 +480,7 @@ static const colibri_kernels ref_kernels = {
     clb_ref_matmul_q4_0,
     clb_ref_matmul_q4_k,
     clb_ref_matmul_q6_k,
+    clb_ref_matmul_q5_0,
     clb_ref_attend,
     clb_ref_attend_rows,
 };

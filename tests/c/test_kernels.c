@@ -483,7 +483,7 @@ static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t 
     buf_free(&YT);
 }
 
-/* ---- block types (Q4_0, Q4_K, Q6_K) -------------------------------------- */
+/* ---- block types (Q4_0, Q5_0, Q4_K, Q6_K) -------------------------------- */
 /* kernels.h promises every table's block kernels bit-identical to ref's
  * (FORMAT.md 5: exact integer sums, a fixed float order per element), so
  * XQ/XS/XB and Y are compared bit for bit. Blocks are random bytes with
@@ -491,19 +491,32 @@ static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t 
  * blocks and rounding ties. */
 
 static const unsigned BLK_DTYPES[] = {COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_Q4_K,
-                                      COLIBRI_DTYPE_Q6_K};
+                                      COLIBRI_DTYPE_Q6_K, COLIBRI_DTYPE_Q5_0};
 static const uint32_t BLK_COLS[] = {1, 17, 31, 32, 33, 64, 100, 255, 256, 257, 512, 700, 1100};
 static const uint32_t BLK_ROWS[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 65};
 
 static uint32_t blk_cols_of(unsigned dtype)
 {
-    return dtype == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_COLS : CLB_QK_COLS;
+    return dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0 ? CLB_Q4_0_COLS
+                                                                      : CLB_QK_COLS;
 }
 
 static uint32_t blk_bytes_of(unsigned dtype)
 {
     return dtype == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES
+         : dtype == COLIBRI_DTYPE_Q5_0 ? CLB_Q5_0_BYTES
          : dtype == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+}
+
+typedef void (*blk_matmul_fn)(float *, const uint8_t *, const int8_t *, const float *,
+                              const int16_t *, uint32_t, uint32_t, uint32_t);
+
+/* A table's block matmul for dtype. */
+static blk_matmul_fn blk_matmul_of(const colibri_kernels *k, unsigned dtype)
+{
+    return dtype == COLIBRI_DTYPE_Q4_0 ? k->matmul_q4_0
+         : dtype == COLIBRI_DTYPE_Q5_0 ? k->matmul_q5_0
+         : dtype == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k : k->matmul_q6_k;
 }
 
 static void fill_blocks(uint8_t *w, unsigned dtype, size_t nblocks)
@@ -567,13 +580,8 @@ static void test_blocks(const colibri_kernels *ref, const colibri_kernels *k, un
         FAIL("%s quantize_act_blk n=%u cols=%u block=%u: XQ, XS or XB differ from ref",
              k->name, n, cols, B);
     fill_sentinel(yk, (size_t)n * rows + GUARD);
-#define BLK_CALL(kt, y)                                                            \
-    (dtype == COLIBRI_DTYPE_Q4_0 ? kt->matmul_q4_0(y, w, xqr, xsr, xbr, n, rows, cols) \
-     : dtype == COLIBRI_DTYPE_Q4_K ? kt->matmul_q4_k(y, w, xqr, xsr, xbr, n, rows, cols) \
-                                   : kt->matmul_q6_k(y, w, xqr, xsr, xbr, n, rows, cols))
-    BLK_CALL(ref, yr);
-    BLK_CALL(k, yk);
-#undef BLK_CALL
+    blk_matmul_of(ref, dtype)(yr, w, xqr, xsr, xbr, n, rows, cols);
+    blk_matmul_of(k, dtype)(yk, w, xqr, xsr, xbr, n, rows, cols);
     check_written("block matmul", k->name, yk, (size_t)n * rows);
     n_checks++;
     for (size_t i = 0; i < (size_t)n * rows; i++)
@@ -606,11 +614,8 @@ static void test_blocks_tiles(const colibri_kernels *k, unsigned dtype, uint32_t
     fill_blk_act(x, (size_t)n * cols, B);
     k->quantize_act_blk(xq, xs, xb, x, n, cols, B);
 #define BLK_CALL(y, W0, T0, nt, nr)                                                        \
-    (dtype == COLIBRI_DTYPE_Q4_0                                                          \
-         ? k->matmul_q4_0(y, W0, xq + (T0) * padded, xs + (T0) * nb, xb + (T0) * padded / 16, nt, nr, cols) \
-     : dtype == COLIBRI_DTYPE_Q4_K                                                        \
-         ? k->matmul_q4_k(y, W0, xq + (T0) * padded, xs + (T0) * nb, xb + (T0) * padded / 16, nt, nr, cols) \
-         : k->matmul_q6_k(y, W0, xq + (T0) * padded, xs + (T0) * nb, xb + (T0) * padded / 16, nt, nr, cols))
+    blk_matmul_of(k, dtype)(y, W0, xq + (T0) * padded, xs + (T0) * nb, xb + (T0) * padded / 16, \
+                            nt, nr, cols)
     BLK_CALL(y1, w, 0, n, rows);
     static const uint32_t tiles[][2] = {{1, 1}, {1, 5}, {3, 24}, {8, 8}, {16, 5}, {1, 0}, {8, 0}};
     for (size_t i = 0; i < LEN(tiles); i++) {
@@ -1106,12 +1111,7 @@ typedef struct {
 static void blk_bench_call(const colibri_kernels *k, const blk_bench_args *a, uint32_t i)
 {
     const uint8_t *w = a->w + (size_t)(i % a->copies) * a->wbytes;
-    if (a->dtype == COLIBRI_DTYPE_Q4_0)
-        k->matmul_q4_0(a->y, w, a->xq, a->xs, a->xb, a->n, a->rows, a->cols);
-    else if (a->dtype == COLIBRI_DTYPE_Q4_K)
-        k->matmul_q4_k(a->y, w, a->xq, a->xs, a->xb, a->n, a->rows, a->cols);
-    else
-        k->matmul_q6_k(a->y, w, a->xq, a->xs, a->xb, a->n, a->rows, a->cols);
+    blk_matmul_of(k, a->dtype)(a->y, w, a->xq, a->xs, a->xb, a->n, a->rows, a->cols);
 }
 
 /* Seconds per call: best of several timed batches (as time_call). */
@@ -1142,7 +1142,7 @@ static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels *
         {1, 2816, 1024}, {1, 1024, 2816}, {4, 2816, 1024}, {8, 2816, 1024},
         {128, 2816, 1024}, {128, 1024, 2816},
     };
-    static const char *names[] = {"matmul_q4_0", "matmul_q4_k", "matmul_q6_k"};
+    static const char *names[] = {"matmul_q4_0", "matmul_q4_k", "matmul_q6_k", "matmul_q5_0"};
     const uint32_t maxn = 128, maxc = 2816;
     uint8_t *w = xmalloc(BB_ROTATE + (4u << 20));
     float *x = xmalloc((size_t)maxn * maxc * sizeof(float));

@@ -7,8 +7,8 @@
  *
  *   n (tokens) 1..EVA_N, rows 1..EVA_ROWS;
  *   F32 / I8_GROUP / I16_ROW: cols 1..EVA_COLS, group 32 and 7;
- *   block types (Q4_0, Q4_K, Q6_K): cols 1..EVA_BCOLS, i.e. one or two
- *     256-column blocks (one to sixteen Q4_0 blocks);
+ *   block types (Q4_0, Q5_0, Q4_K, Q6_K): cols 1..EVA_BCOLS, i.e. one or two
+ *     256-column blocks (one to sixteen Q4_0 / Q5_0 blocks);
  *   attention: 3, 16 and EVA_POS = 20 positions (part of a CLB_ATT_BLOCK
  *     block, one block, a block and a partial one), head size d 1..EVA_D,
  *     any mask, f32 and int8 caches.
@@ -107,8 +107,8 @@ static void dense_kernels(const colibri_kernels *k)
 static float BX[EVA_N * EVA_BCOLS], BXS[EVA_N * NB4_MAX];
 static int8_t BXQ[EVA_N * NB_MAX * CLB_QK_COLS];
 static int16_t BXB[EVA_N * NB_MAX * CLB_QK_COLS / 16];
-static uint8_t BW[EVA_ROWS * NB4_MAX * CLB_Q4_0_BYTES > EVA_ROWS * NB_MAX * CLB_Q6_K_BYTES
-                      ? EVA_ROWS * NB4_MAX * CLB_Q4_0_BYTES
+static uint8_t BW[EVA_ROWS * NB4_MAX * CLB_Q5_0_BYTES > EVA_ROWS * NB_MAX * CLB_Q6_K_BYTES
+                      ? EVA_ROWS * NB4_MAX * CLB_Q5_0_BYTES
                       : EVA_ROWS * NB_MAX * CLB_Q6_K_BYTES];
 static float BY[EVA_N * EVA_ROWS], DQ[EVA_BCOLS];
 
@@ -130,6 +130,11 @@ static void block_kernels(const colibri_kernels *k)
     set_scales(BW, (size_t)EVA_ROWS * NB4_MAX, CLB_Q4_0_BYTES, 1);
     k->matmul_q4_0(BY, BW, BXQ, BXS, BXB, n, rows, cols);
     clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q4_0, cols);
+
+    Frama_C_make_unknown((char *)BW, sizeof BW);
+    set_scales(BW, (size_t)EVA_ROWS * NB4_MAX, CLB_Q5_0_BYTES, 1);
+    k->matmul_q5_0(BY, BW, BXQ, BXS, BXB, n, rows, cols);
+    clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q5_0, cols);
 
     Frama_C_make_unknown((char *)BW, sizeof BW);
     set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q4_K_BYTES, 2);
