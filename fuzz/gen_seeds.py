@@ -72,7 +72,11 @@ V2_DESCRIPTIONS = {
     "granite": F.Description(features=F.Feat.ROUTER_RENORM | F.Feat.SHARED_EXPERT,
                              shared_intermediate=6, embed_scale=4.0, attn_scale=0.2,
                              residual_scale=0.5, logits_divisor=3.0),
+    # the LM head is the embedding: no LM_HEAD entry
+    "tied": F.Description(features=F.Feat.ROUTER_RENORM | F.Feat.TIED_LM_HEAD),
 }
+# A tied embedding in int8 groups (what a tied model's int8 file holds).
+TIED_I8 = {**F.PRESET_INT8, Kind.EMBED: DType.I8_GROUP}
 
 # Every block type in one small file: the K types (256 columns a block) on
 # 16-column rows are one padded block a row, valid (FORMAT.md 4) though not
@@ -186,6 +190,10 @@ def seeds() -> dict[str, bytes]:
                                             desc=V2_DESCRIPTIONS["granite"]) + tail(base | MASK,
                                                                                     batch=2, seq=4,
                                                                                     mask=0b1100),
+        "seed-v2-tied-int8": model_bytes(TINY, TIED_I8, seed=17, desc=V2_DESCRIPTIONS["tied"])
+        + tail(base | MASK, batch=1, mask=0b101),
+        "seed-v2-tied-be-int8": model_bytes(TINY, TIED_I8, "big", seed=18,
+                                            desc=V2_DESCRIPTIONS["tied"]) + tail(base | VIA_FILE),
         "seed-v2-encdec-int8": model_bytes(ENCDEC, F.PRESET_INT8, seed=12, desc=ENCDEC_DESC)
         + tail(base | MASK, batch=1, seq=6, mask=0b0111111),
         "seed-v2-encdec-be-f32": model_bytes(ENCDEC, F.PRESET_F32, "big", seed=13,

@@ -68,7 +68,7 @@ static uint64_t desc_cols(const colibri_shape *s, uint32_t features)
  * cursor: [DESC,] EMBED, [ENC_POS_BIAS, DEC_POS_BIAS,] per layer the
  * attention tensors the features ask for ([cross-attention in a decoder
  * layer]), then a dense FFN or the router, the shared expert and every
- * expert's matrices; [ENC_FINAL_NORM,] FINAL_NORM, LM_HEAD. A layer has at
+ * expert's matrices; [ENC_FINAL_NORM,] FINAL_NORM, [LM_HEAD]. A layer has at
  * most 17 entries before its experts in a valid header; head[] has room for
  * the 22 that layer_head's branches add when the header's exclusions between
  * flags (ENC_DEC with BIAS_*, QK_NORM_*, SHARED_*) are not taken into
@@ -191,6 +191,8 @@ static void cursor_next(known_cursor *c, const colibri_shape *s, const clb_desc 
         c->stage++;
     if (!encdec && c->stage == ST_ENC_BIAS)
         c->stage = ST_LAYERS;
+    if (c->stage == ST_LM_HEAD && (d->features & COLIBRI_FEAT_TIED_LM_HEAD))
+        c->stage = ST_END; /* the LM head is EMBED */
     if (c->stage == ST_LAYERS) {
         c->layer = 0;
         c->r = 0;
@@ -215,7 +217,8 @@ static void kind_shape(const colibri_shape *s, const clb_desc *d, unsigned kind,
     *cols = s->hidden;
     *dtypes = F | I8;
     switch (kind) {
-    case COLIBRI_KIND_EMBED: *rows = s->vocab; *dtypes = F | I16 | BLK; break;
+    /* EMBED: every dtype with a lookup and a product (TIED_LM_HEAD) */
+    case COLIBRI_KIND_EMBED: *rows = s->vocab; *dtypes = F | I16 | I8; break;
     case COLIBRI_KIND_ATTN_NORM:
     case COLIBRI_KIND_FFN_NORM:
     case COLIBRI_KIND_FINAL_NORM:

@@ -107,8 +107,8 @@ typedef struct clb_plan {
     clb_desc d;                 /* what the model computes (format.h) */
 
     /* Weights (into the blob). */
-    clb_weight embed;           /* [vocab, hidden], F32 or I16_ROW */
-    clb_weight lm_head;         /* [vocab, hidden], F32 or I8_GROUP */
+    clb_weight embed;           /* [vocab, hidden]: F32, I16_ROW, I8_GROUP or blocks */
+    clb_weight lm_head;         /* [vocab, hidden] (TIED_LM_HEAD: = embed) */
     const float *final_norm;    /* [hidden] */
     const clb_layer *layers;    /* [L], in the arena */
 

@@ -426,6 +426,8 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
         default: break; /* LM_HEAD and the model-wide kinds have no layer */
         }
     }
+    if (p->d.features & COLIBRI_FEAT_TIED_LM_HEAD)
+        p->lm_head = p->embed; /* FORMAT.md 2: the same matrix, its own dtype */
     /* RoPE as transformers computes it: exponent 2i/d, inv_freq = 1 /
      * theta^exponent and angle = pos * inv_freq rounded to float32 at each
      * step; pow, cos and sin in double precision then rounded, so the table

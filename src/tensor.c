@@ -52,6 +52,13 @@ void clb_embed(const clb_plan *p, const int32_t *ids, uint32_t n, float *X)
                             (size_t)(uint32_t)ids[t] *
                                 clb_block_row_bytes(p->embed.dtype, h),
                             p->embed.dtype, h);
+        } else if (p->embed.dtype == COLIBRI_DTYPE_I8_GROUP) {
+            /* x[c] = float(q) * scale[token, c / g] (FORMAT.md 5) */
+            uint32_t g = p->s.group_size, ng = (h + g - 1) / g;
+            const int8_t *q = (const int8_t *)p->embed.q + row;
+            const float *s = p->embed.scales + (size_t)(uint32_t)ids[t] * ng;
+            for (uint32_t c = 0; c < h; c++)
+                x[c] = (float)q[c] * s[c / g];
         } else { /* I16_ROW: x = float(q) * scale[token] */
             const int16_t *q = (const int16_t *)p->embed.q + row;
             float s = p->embed.scales[ids[t]];

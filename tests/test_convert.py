@@ -153,7 +153,10 @@ def test_tied_embeddings_use_embed_tokens_for_lm_head(hf_checkpoint, tmp_path):
     cfg["tie_word_embeddings"] = True
     (src / "config.json").write_text(json.dumps(cfg))
     cf = convert(src, tmp_path / "m.colibri", quant="f32")
-    np.testing.assert_array_equal(cf.dequantized(Kind.LM_HEAD),
+    # one matrix for both (FORMAT.md 2, TIED_LM_HEAD): no LM_HEAD entry
+    assert cf.version == 2 and cf.desc.has(F.Feat.TIED_LM_HEAD)
+    assert not any(e.kind == Kind.LM_HEAD for e in cf.entries)
+    np.testing.assert_array_equal(cf.dequantized(Kind.EMBED),
                                   tensors["model.embed_tokens.weight"].numpy())
 
 

@@ -496,8 +496,12 @@ def v2_cases(raw: bytes) -> list[Case]:
     i_dense = cf.entries.index(cf.entry(F.Kind.DENSE_W1, 1))
     L = F.DESC_LAYERS
     return [
-        Case("unknown feature bit", lambda r: _flags(r, 0x800), BAD_FORMAT,
-             r"unknown feature bits 0x800", r"unknown feature bits 0x800"),
+        Case("unknown feature bit", lambda r: _flags(r, 0x1000), BAD_FORMAT,
+             r"unknown feature bits 0x1000", r"unknown feature bits 0x1000"),
+        # TIED_LM_HEAD on a file that has its LM_HEAD: one tensor too many
+        Case("TIED_LM_HEAD with an LM_HEAD", lambda r: _flags(r, Feat.TIED_LM_HEAD), BAD_FORMAT,
+             r"\(LM_HEAD layer 65535 expert 65535\): more known tensors than the shape implies",
+             r"entry \d+ \(LM_HEAD\): out of order or out of range, expected no more tensors"),
         Case("both q/k norms", lambda r: _flags(r, Feat.QK_NORM_HEAD | Feat.QK_NORM_PROJ),
              BAD_FORMAT, r"QK_NORM_HEAD and QK_NORM_PROJ exclude each other",
              r"QK_NORM_HEAD and QK_NORM_PROJ exclude each other"),
@@ -562,6 +566,39 @@ def test_version_2_hostile_cases_in_c_and_python(replay_exe, v2_file, tmp_path):
     (colibri_init_from_memory and colibri_verify through the replay harness)
     and in Python: the same refusal, each naming its field."""
     check_cases(replay_exe, tmp_path, v2_file, v2_cases(v2_file))
+
+
+@pytest.mark.parametrize("order", ["little", "big"])
+def test_tied_lm_head_hostile_cases_in_c_and_python(replay_exe, tmp_path, order):
+    """A TIED_LM_HEAD file (no LM_HEAD; the int8-group embedding is the LM
+    head) loads, infers and verifies in either byte order; with the flag
+    cleared its LM_HEAD is missing, with an LM_HEAD appended it has one
+    tensor too many, with ENC_DEC it combines flags that exclude each
+    other: the same refusal in C and Python."""
+    bc = BYTE_ORDERS[order]
+    raw = gen_seeds.seeds()[f"seed-v2-tied{'-be' if bc == '>' else ''}-int8"][:-gen_seeds.TAIL]
+    cf = F.parse(raw)
+    assert cf.desc.has(Feat.TIED_LM_HEAD) and F.DType(cf.entry(F.Kind.EMBED).dtype) == \
+        F.DType.I8_GROUP
+    assert not any(e.kind == F.Kind.LM_HEAD for e in cf.entries)
+    last = len(cf.entries) - 1
+
+    def flags(r, set_=0, clear=0):
+        from test_format import _fix_crcs
+        f = struct.unpack_from(bc + "I", r, 56)[0]
+        struct.pack_into(bc + "I", r, 56, (f | set_) & ~clear)
+        return _fix_crcs(r, bc)
+    cases = [
+        Case("TIED_LM_HEAD cleared", lambda r: flags(r, clear=Feat.TIED_LM_HEAD), BAD_FORMAT,
+             r"expected LM_HEAD layer 65535 expert 65535|LM_HEAD", r"LM_HEAD is missing"),
+        Case("TIED_LM_HEAD with ENC_DEC", lambda r: flags(r, set_=Feat.ENC_DEC), BAD_FORMAT,
+             r"ENC_DEC combines only with RELU_FFN and DENSE_LAYERS",
+             # Python reads the DESC width ENC_DEC implies before the flags
+             r"a version 2 file starts with DESC, critical F32 \[1, 18\]"),
+        Case("FINAL_NORM relabelled LM_HEAD", lambda r: _entry_set(r, bc, last, "kind", 13),
+             BAD_FORMAT, rf"tensor {last}", rf"entry {last} \(LM_HEAD\)|FINAL_NORM"),
+    ]
+    check_cases(replay_exe, tmp_path, raw, cases, _replay_flags(bc))
 
 
 def test_version_2_wrong_crc_in_each_section(replay_exe, v2_file, tmp_path):

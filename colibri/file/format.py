@@ -146,9 +146,10 @@ class Feat(enum.IntFlag):
     DENSE_LAYERS = 0x100
     RELU_FFN = 0x200        # experts and dense layers are W2 . relu(W1 . x): no W3
     ENC_DEC = 0x400         # encoder-decoder (Switch Transformers / T5), FORMAT.md 3
+    TIED_LM_HEAD = 0x800    # no LM_HEAD: the LM head is EMBED, with its dtype
 
 
-FEAT_ALL = 0x7FF
+FEAT_ALL = 0xFFF
 # What an encoder-decoder file may combine ENC_DEC with.
 FEAT_ENC_DEC_ALLOWED = Feat.ENC_DEC | Feat.RELU_FFN | Feat.DENSE_LAYERS
 
@@ -175,7 +176,8 @@ EXPERT_KINDS = (Kind.EXPERT_W1, Kind.EXPERT_W3, Kind.EXPERT_W2)
 
 # Storage types each kind may use (FORMAT.md section 3).
 ALLOWED_DTYPES: dict[Kind, tuple[DType, ...]] = {
-    Kind.EMBED: (DType.F32, DType.I16_ROW, *BLOCK_TYPES),
+    # EMBED: every dtype with a lookup and a product (TIED_LM_HEAD uses both)
+    Kind.EMBED: (DType.F32, DType.I16_ROW, DType.I8_GROUP, *BLOCK_TYPES),
     Kind.ATTN_NORM: (DType.F32,),
     Kind.WQ: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
     Kind.WK: (DType.F32, DType.I8_GROUP, *BLOCK_TYPES),
@@ -250,21 +252,28 @@ PRESET_Q4.update({
 # be padding, so the writer stores such a tensor in a type with blocks of 32,
 # as llama.cpp's llama-quantize falls back: Q4_K -> Q5_0, Q6_K -> I8_GROUP
 # (Q8_0's values with group_size 32), or I16_ROW for a kind that cannot be
-# I8_GROUP (the embedding). Q5_0 rather than Q4_0 for Q4_K: a 32-column
-# block pays for its scale (f32 here: Q4_0 5.0 bits, Q5_0 6.0), so Q4_0
-# would be more bits than Q4_K for far more error (bench/quality.py).
-NARROW_FALLBACK = {DType.Q4_K: (DType.Q5_0,), DType.Q6_K: (DType.I8_GROUP, DType.I16_ROW)}
+# I8_GROUP. Q5_0 rather than Q4_0 for Q4_K: a 32-column block pays for its
+# scale (f32 here: Q4_0 5.0 bits, Q5_0 6.0), so Q4_0 would be more bits than
+# Q4_K for far more error (bench/quality.py). A row that is not a multiple
+# of 32 wide either (the demo model's 112-wide W2) would pad its last Q5_0
+# block: it takes I8_GROUP, whose last group may be short (llama-quantize
+# has no such type and keeps those rows in F16). The first candidate that
+# fits the width and that the kind allows wins.
+NARROW_FALLBACK = {DType.Q4_K: (DType.Q5_0, DType.I8_GROUP),
+                   DType.Q6_K: (DType.I8_GROUP, DType.I16_ROW)}
 
 
 def fit_dtype(dtype: DType, cols: int, kind: Kind | None = None) -> DType:
     """The storage type a tensor of `cols` columns gets for the kind's
     `dtype`: the dtype itself unless it is a K type and cols is not a
-    multiple of 256; then the first fallback the kind allows."""
+    multiple of 256; then the first fallback that fits (a block type: cols a
+    multiple of its block) and the kind allows."""
     dtype = DType(dtype)
     if dtype in NARROW_FALLBACK and cols % blocks.BLOCK_COLS[dtype]:
         allowed = ALLOWED_DTYPES.get(kind, ()) if kind is not None else None
         for fb in NARROW_FALLBACK[dtype]:
-            if allowed is None or fb in allowed:
+            fits = not blocks.is_block(fb) or cols % blocks.BLOCK_COLS[fb] == 0
+            if fits and (allowed is None or fb in allowed):
                 return fb
     return dtype
 
@@ -566,7 +575,9 @@ def tensor_order(shape: ModelShape, desc: Description | None = None
             order += [(k, layer, e) for k in expert_kinds]
     if encdec:
         order.append((Kind.ENC_FINAL_NORM, None, None))
-    order += [(Kind.FINAL_NORM, None, None), (Kind.LM_HEAD, None, None)]
+    order.append((Kind.FINAL_NORM, None, None))
+    if not (d is not None and d.has(Feat.TIED_LM_HEAD)):
+        order.append((Kind.LM_HEAD, None, None))
     return order
 
 

@@ -44,7 +44,7 @@ from . import families, gguf_in, hf
 from . import imatrix as im
 from .convert_gguf import GGUFExporter
 from .export import (DEFAULT_MAX_SEQ_CAP, PRESETS, QUANT_CHOICES, output_path, preset_dtypes,
-                     shape_and_desc, tokenizer_sections)
+                     shape_and_desc, tied_dtype, tokenizer_sections)
 from .families.common import LAYER_TENSORS, ExpertLayout, Fused
 from ..errors import ColibriError, ConversionError
 from ..file import format as fmt
@@ -150,6 +150,9 @@ class ColibriExporter:
                                     attention=quantize_attention, embedding=quantize_embedding,
                                     lm_head=quantize_lm_head)
         self.shape = self._shape(num_experts, top_k, max_seq_len, max_batch, group_size)
+        if self.desc.has(fmt.Feat.TIED_LM_HEAD):
+            self.dtypes[Kind.EMBED] = tied_dtype(self.dtypes, quantize_embedding,
+                                                 quantize_lm_head)
         self.expert_map: dict[str, str] = {}
         self.tokenizer = self._tokenizer(warn) if tokenizer else None
         self.importance = self._importance(imatrix)
@@ -359,7 +362,10 @@ class ColibriExporter:
                                    self.desc, optional_sections=optional) as w:
                 for i, st in enumerate(steps):
                     weights = self.load(st)
-                    imp = self.importance.get((st.kind, st.layer, st.expert))
+                    key = (st.kind, st.layer, st.expert)
+                    if st.kind == Kind.EMBED and self.desc.has(fmt.Feat.TIED_LM_HEAD):
+                        key = (Kind.LM_HEAD, None, None)   # its product is the LM head's
+                    imp = self.importance.get(key)
                     if imp is not None and imp.shape != (weights.shape[-1],):
                         raise ConversionError(
                             f"tensor {st.source.name!r}: the importance matrix has "

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from . import gguf_in, hf
-from .export import (PRESETS, QUANT_CHOICES, dtype_for, output_path, shape_and_desc,
+from .export import (PRESETS, QUANT_CHOICES, dtype_for, output_path, shape_and_desc, tied_dtype,
                      tokenizer_sections)
 from ..errors import ColibriError, ConversionError
 from ..file import format as fmt
@@ -120,6 +120,13 @@ class GGUFExporter:
             if value is not None:
                 for kind in QUANT_CHOICES[option][1]:
                     self.overrides[kind] = dtype_for(option, value)
+        if self.desc.has(fmt.Feat.TIED_LM_HEAD):
+            # the one matrix gets the LM head's type (export.tied_dtype)
+            if self.preset is not None:
+                self.preset[Kind.EMBED] = tied_dtype(self.preset, quantize_embedding,
+                                                     quantize_lm_head)
+            if Kind.LM_HEAD in self.overrides:
+                self.overrides[Kind.EMBED] = self.overrides[Kind.LM_HEAD]
         self.steps = gguf_in.plan(self.gguf, self.family, self.shape, self.desc)
         self.choices = [self.choose(st) for st in self.steps]
         self.tokenizer = self._tokenizer(warn) if tokenizer else None

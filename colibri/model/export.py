@@ -8,6 +8,7 @@ Imports: errors, file.format, model.hf (the config it reads), text.tokenizer.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from . import hf
@@ -60,6 +61,17 @@ def preset_dtypes(quant: str, **overrides: str | None) -> dict[Kind, DType]:
             for kind in QUANT_CHOICES[option][1]:
                 dtypes[kind] = dtype_for(option, value)
     return dtypes
+
+
+def tied_dtype(dtypes: dict[Kind, DType], embedding: str | None,
+               lm_head: str | None) -> DType:
+    """The storage type of a tied embedding (TIED_LM_HEAD): the LM head's
+    (its product reads every weight each token and is the more sensitive
+    use; llama.cpp's llama-quantize gives a tied token_embd the output
+    type too), or the --embedding choice when only that is given."""
+    if embedding is not None and lm_head is None:
+        return dtypes[Kind.EMBED]
+    return dtypes[Kind.LM_HEAD]
 
 
 def output_path(out) -> Path:
@@ -127,6 +139,10 @@ def shape_and_desc(c: hf.HFConfig, num_experts, top_k, max_seq_len, max_batch: i
     try:
         shape.validate()
         desc = c.desc or fmt.Description()
+        if c.tie_word_embeddings:
+            # One matrix for the embedding and the LM head (FORMAT.md 2,
+            # TIED_LM_HEAD): vocab x hidden weights not stored twice.
+            desc = dataclasses.replace(desc, features=desc.features | fmt.Feat.TIED_LM_HEAD)
         desc.validate(shape)
     except ColibriError as exc:
         raise ConversionError(f"this model does not fit the .colibri header: {exc}") from exc

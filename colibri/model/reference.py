@@ -280,9 +280,14 @@ class Reference:
         elif blocks.is_block(emb.dtype):   # a lookup reads the blocks' exact values
             self._emb_values = blocks.dequantize(emb.values, emb.dtype, emb.cols)
             self._emb_scales = None
+        elif DType(emb.dtype) == DType.I8_GROUP:   # float(q) * its group's scale
+            g = sh.group_size
+            scale = np.repeat(emb.scales.astype(F32), g, axis=1)[:, :emb.cols]
+            self._emb_values = (emb.values.astype(F32) * scale).astype(F32)
+            self._emb_scales = None
         else:
             raise ColibriError(f"EMBED: storage type {emb.dtype} is not supported "
-                               f"(F32, I16_ROW or a block type)")
+                               f"(F32, I16_ROW, I8_GROUP or a block type)")
 
         def norm(kind, layer=None):
             return f.tensor(kind, layer).values.reshape(-1).astype(F32)
@@ -322,7 +327,9 @@ class Reference:
                     layer["shared_gate"] = Linear(f.tensor(Kind.SHARED_GATE, l), gs)
             self.layers.append(layer)
         self.final_norm = norm(Kind.FINAL_NORM)
-        self.lm_head = Linear(f.tensor(Kind.LM_HEAD), gs)
+        # TIED_LM_HEAD: the embedding matrix, with its own storage type
+        self.lm_head = Linear(f.tensor(Kind.EMBED if d.has(Feat.TIED_LM_HEAD)
+                                       else Kind.LM_HEAD), gs)
         self._rope_cos, self._rope_sin = rope_tables(
             np.arange(sh.max_seq_len), sh.head_dim, sh.rope_theta)     # [max_seq, d/2]
         self.reset()

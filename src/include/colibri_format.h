@@ -115,7 +115,8 @@
 #define COLIBRI_FEAT_DENSE_LAYERS 0x100 /* some layers are a dense SwiGLU */
 #define COLIBRI_FEAT_RELU_FFN 0x200     /* FFNs are W2 . relu(W1 . x), no W3 */
 #define COLIBRI_FEAT_ENC_DEC 0x400      /* encoder-decoder (Switch, T5) */
-#define COLIBRI_FEAT_ALL 0x7FF          /* every bit this reader knows */
+#define COLIBRI_FEAT_TIED_LM_HEAD 0x800 /* no LM_HEAD: the LM head is EMBED */
+#define COLIBRI_FEAT_ALL 0xFFF          /* every bit this reader knows */
 
 /* --- DESC section: float32 words (FORMAT.md 3), read in file order ------ */
 #define COLIBRI_DESC_SHARED_INTERMEDIATE 0  /* integer valued, 0 = none */
