@@ -12,7 +12,7 @@ bits per byte on the demo model's held-out windows, models/demo/eval_windows.bin
     python bench/sensitivity.py mixes   [--model demo|rand256]
     python bench/sensitivity.py bpw                # whole-model bits per weight
 
-`kinds`: one kind at a time in Q4_K (Q4_0 on rows not a multiple of 256)
+`kinds`: one kind at a time in Q4_K (Q5_0 or int8 on rows not a multiple of 256)
 and in Q6_K, the rest float32: KL per kind and the KL removed per extra bit.
 `mixes`: whole-model mixes (the q4 preset and variants), with and without
 the importance matrix measured on the demo corpus's training documents
@@ -52,8 +52,10 @@ KIND_GROUPS = {
 # Bits per weight of each storage type (our float32 block scales) and of
 # llama.cpp's GGUF types (fp16 scales), for the budget comparison.
 BPW = {DType.F32: 32, DType.I16_ROW: 16, DType.I8_GROUP: 8 + 32 / 32,
-       DType.Q4_0: 20 * 8 / 32, DType.Q4_K: 148 * 8 / 256, DType.Q6_K: 212 * 8 / 256}
-GGUF_BPW = {"F32": 32, "Q4_K": 4.5, "Q5_K": 5.5, "Q6_K": 6.5625, "Q8_0": 8.5, "Q4_0": 4.5}
+       DType.Q4_0: 20 * 8 / 32, DType.Q5_0: 24 * 8 / 32, DType.Q4_K: 148 * 8 / 256,
+       DType.Q5_K: 180 * 8 / 256, DType.Q6_K: 212 * 8 / 256}
+GGUF_BPW = {"F32": 32, "Q4_K": 4.5, "Q5_K": 5.5, "Q6_K": 6.5625, "Q8_0": 8.5, "Q4_0": 4.5,
+            "Q5_0": 5.5}
 
 
 def model_dir(name: str, tmp: Path) -> Path:

@@ -13,7 +13,7 @@ descriptions cover every feature flag (biases, both q/k norms, clip_qkv,
 shared expert with and without gate, the multipliers, a dense layer), and
 encoder-decoder (ENC_DEC, RELU_FFN) files in both byte orders, and the block
 types: `--quant q4`'s mix on narrow rows (Q5_0 with int8 fallbacks) and a
-file holding Q4_0, Q5_0, Q4_K and Q6_K in both byte orders (BLOCKS_Q4: K blocks on
+file holding Q4_0, Q5_0, Q4_K, Q5_K and Q6_K in both byte orders (BLOCKS_Q4: K blocks on
 rows narrower than 256 columns, each row one padded block, so the file stays
 under the fuzzer's -max_len). Weights are seeded random numbers; the files
 are a few KB (the block ones about 16 KB) so the fuzzer runs thousands of
@@ -82,7 +82,7 @@ TIED_I8 = {**F.PRESET_INT8, Kind.EMBED: DType.I8_GROUP}
 # 16-column rows are one padded block a row, valid (FORMAT.md 4) though not
 # what the converter chooses, so the fuzzer reaches Q4_K and Q6_K in a file
 # of ~16 KB. ONE_LAYER keeps it small: one layer, two experts.
-BLOCKS_Q4 = {**F.PRESET_INT8, Kind.EMBED: DType.Q4_K, Kind.WQ: DType.Q4_K, Kind.WK: DType.Q6_K,
+BLOCKS_Q4 = {**F.PRESET_INT8, Kind.EMBED: DType.Q4_K, Kind.WQ: DType.Q5_K, Kind.WK: DType.Q6_K,
              Kind.WV: DType.Q4_0, Kind.WO: DType.Q5_0, Kind.EXPERT_W1: DType.Q4_K,
              Kind.EXPERT_W3: DType.Q6_K, Kind.EXPERT_W2: DType.Q4_0, Kind.LM_HEAD: DType.Q6_K}
 ONE_LAYER = dataclasses.replace(TINY, n_layers=1, n_experts=2)
@@ -125,7 +125,7 @@ def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int
 
 
 def block_bytes(byte_order: str = "little", seed: int = 0) -> bytes:
-    """ONE_LAYER with BLOCKS_Q4: Q4_0, Q5_0, Q4_K and Q6_K in one file of ~16 KB."""
+    """ONE_LAYER with BLOCKS_Q4: Q4_0, Q5_0, Q4_K, Q5_K and Q6_K in one file of ~16 KB."""
     return model_bytes(ONE_LAYER, BLOCKS_Q4, byte_order, seed=seed, exact_dtypes=True)
 
 
@@ -199,7 +199,7 @@ def seeds() -> dict[str, bytes]:
         "seed-v2-encdec-be-f32": model_bytes(ENCDEC, F.PRESET_F32, "big", seed=13,
                                              desc=ENCDEC_DESC) + tail(base | VIA_FILE, seq=5),
         # The block types: --quant q4 on narrow rows (Q5_0, int8), and all
-        # four block types in both byte orders (the big-endian one through
+        # five block types in both byte orders (the big-endian one through
         # colibri_init, which swaps only the blocks' float32 fields).
         "seed-q4-mix": model_bytes(TINY, F.PRESET_Q4, seed=14) + tail(base | MASK, batch=1,
                                                                        mask=0b110),

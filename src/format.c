@@ -211,7 +211,8 @@ static void kind_shape(const colibri_shape *s, const clb_desc *d, unsigned kind,
      * types (FORMAT.md 4). */
     const unsigned F = 1u << COLIBRI_DTYPE_F32,
                    BLK = 1u << COLIBRI_DTYPE_Q4_0 | 1u << COLIBRI_DTYPE_Q5_0 |
-                         1u << COLIBRI_DTYPE_Q4_K | 1u << COLIBRI_DTYPE_Q6_K,
+                         1u << COLIBRI_DTYPE_Q4_K | 1u << COLIBRI_DTYPE_Q5_K |
+                         1u << COLIBRI_DTYPE_Q6_K,
                    I8 = 1u << COLIBRI_DTYPE_I8_GROUP | BLK,
                    I16 = 1u << COLIBRI_DTYPE_I16_ROW;
     *cols = s->hidden;
@@ -689,12 +690,12 @@ static int check_finite(const uint8_t *sec, const uint8_t *en, uint32_t group,
         count = rows;
     }
     /* Block types: the float32 fields at the start of each block (d, and
-     * dmin for Q4_K) are its scales; stride = the block's bytes. */
+     * dmin for Q4_K and Q5_K) are its scales; stride = the block's bytes. */
     uint64_t stride = 4, per_block = 1;
     if (clb_block_cols(dtype)) {
         uint64_t B = clb_block_cols(dtype);
         stride = clb_block_bytes(dtype);
-        per_block = dtype == COLIBRI_DTYPE_Q4_K ? 2 : 1;
+        per_block = dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
         count = rows * ((cols + B - 1) / B) * per_block;
     }
     for (uint64_t k = 0; k < count; k++) {

@@ -15,13 +15,15 @@
 static inline uint32_t clb_block_cols(unsigned dtype)
 {
     return dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0 ? COLIBRI_Q4_0_COLS
-         : dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_QK_COLS : 0;
+         : dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ||
+                   dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_QK_COLS : 0;
 }
 static inline uint32_t clb_block_bytes(unsigned dtype)
 {
     return dtype == COLIBRI_DTYPE_Q4_0 ? COLIBRI_Q4_0_BYTES
          : dtype == COLIBRI_DTYPE_Q5_0 ? COLIBRI_Q5_0_BYTES
          : dtype == COLIBRI_DTYPE_Q4_K ? COLIBRI_Q4_K_BYTES
+         : dtype == COLIBRI_DTYPE_Q5_K ? COLIBRI_Q5_K_BYTES
          : dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_Q6_K_BYTES : 0;
 }
 /* Bytes of one row of a block-type matrix of `cols` columns. */

@@ -61,7 +61,7 @@ enum { CLB_LOAD_MMAP = 1, CLB_LOAD_READ = 2, CLB_LOAD_MEMORY = 3,
 /* A weight matrix [rows, cols] in the file, in host byte order. */
 typedef struct clb_weight {
     const void *q;        /* F32: float[rows*cols]; I8_GROUP: int8; I16_ROW: int16;
-                             Q4_0/Q5_0/Q4_K/Q6_K: [rows, nb] blocks (FORMAT.md 4) */
+                             Q4_0/Q5_0/Q4_K/Q5_K/Q6_K: [rows, nb] blocks (FORMAT.md 4) */
     const float *scales;  /* I8_GROUP [rows, ngroups]; I16_ROW [rows]; else NULL */
     uint32_t rows, cols;
     uint8_t dtype;        /* COLIBRI_DTYPE_* */

@@ -43,9 +43,11 @@ TARGET = Target(
         # since the tokenizer's Unicode 16 General_Category table and the
         # flash-schedule attention; 128 KiB before); 168.3 with the
         # Precompiled normaliser of T5 / Switch files (FORMAT.md 7.5, +2.2):
-        # 176 KiB keeps 7.7 (an AArch64 board has megabytes for code; the
+        # 176 KiB kept 7.7 (an AArch64 board has megabytes for code; the
         # budget is there to catch a jump, as the NEON kernels' 20 KiB was).
-        runtime=176 << 10,
+        # 180.5 with the Q5_0 and Q5_K blocks (FORMAT.md 4: Q5_0 in both
+        # NEON tables, Q5_K one form shared by both), so 188 KiB.
+        runtime=188 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2.60 MiB)
         firmware_ram=8 << 20,
         image=4 << 20,

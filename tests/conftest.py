@@ -35,10 +35,10 @@ GOLDEN_NAMES = ("tiny", "awkward", "wide")
 Q4_NAMES = ("tiny", "k256")
 GOLDEN_MAX_SEQ = 64     # = max_position_embeddings of every golden config
 GOLDEN_MAX_BATCH = 4    # the golden tests use batches up to 3
-# "q4+q4_0": the q4 mix with the experts in Q4_0 (--experts q4_0): the mix
-# itself never picks Q4_0 (narrow rows fall back to Q5_0), so this file is
-# what keeps Q4_0 under the golden tests.
-QUANTS = ("f32", "int8", "q4", "q4+q4_0")
+# "q4+q4_0" / "q4+q5_k": the q4 mix with the experts in Q4_0 / Q5_K
+# (--experts ...): the mix itself picks neither, so these files keep them
+# under the golden tests.
+QUANTS = ("f32", "int8", "q4", "q4+q4_0", "q4+q5_k")
 
 
 def _check_name(name: str) -> None:

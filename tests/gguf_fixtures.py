@@ -100,7 +100,7 @@ def copy_metadata(reader, writer) -> None:
 
 def requantize(src: Path, dst: Path, rule) -> dict[str, str]:
     """Rewrite GGUF `src` as `dst` with each tensor whose rule(name, shape)
-    gives "Q4_0" / "Q5_0" / "Q4_K" / "Q6_K" quantised by llama.cpp's ggml-quants.c
+    gives "Q4_0" / "Q5_0" / "Q4_K" / "Q5_K" / "Q6_K" quantised by llama.cpp's ggml-quants.c
     (row by row, as llama-quantize does without an imatrix); others copied.
     Returns {tensor name: type written}."""
     import gguf
@@ -109,7 +109,7 @@ def requantize(src: Path, dst: Path, rule) -> dict[str, str]:
     if lib is None:
         raise RuntimeError(why)
     ids = {"Q4_0": LQ.GGML_Q4_0, "Q5_0": LQ.GGML_Q5_0, "Q4_K": LQ.GGML_Q4_K,
-           "Q6_K": LQ.GGML_Q6_K}
+           "Q5_K": LQ.GGML_Q5_K, "Q6_K": LQ.GGML_Q6_K}
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
     copy_metadata(r, w)

@@ -24,21 +24,23 @@ VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 BUILD = ROOT / "build" / "test-llama-quants"
 
 # GGML type ids and block geometry (ggml.h, ggml-common.h).
-GGML_Q4_0, GGML_Q5_0, GGML_Q4_K, GGML_Q6_K = 2, 6, 12, 14
+GGML_Q4_0, GGML_Q5_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 2, 6, 12, 13, 14
 BLOCK = {GGML_Q4_0: (32, 18), GGML_Q5_0: (32, 22), GGML_Q4_K: (256, 144),
-         GGML_Q6_K: (256, 210)}
-NAME = {GGML_Q4_0: "q4_0", GGML_Q5_0: "q5_0", GGML_Q4_K: "q4_K", GGML_Q6_K: "q6_K"}
+         GGML_Q5_K: (256, 176), GGML_Q6_K: (256, 210)}
+NAME = {GGML_Q4_0: "q4_0", GGML_Q5_0: "q5_0", GGML_Q4_K: "q4_K", GGML_Q5_K: "q5_K",
+        GGML_Q6_K: "q6_K"}
 
 SHIM = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
-/* The ggml.c functions ggml-quants.c calls, for the four types we judge. */
+/* The ggml.c functions ggml-quants.c calls, for the five types we judge. */
 static size_t blk(int t, int which) {
     switch (t) {
     case 2:  return which ? 18 : 32;
     case 6:  return which ? 22 : 32;
     case 12: return which ? 144 : 256;
+    case 13: return which ? 176 : 256;
     case 14: return which ? 210 : 256;
     default: fprintf(stderr, "shim: type %d not supported\n", t); abort();
     }
@@ -81,8 +83,9 @@ def load():
     BUILD.mkdir(parents=True, exist_ok=True)
     so = BUILD / "libggmlquants.so"
     quants = src / "src" / "ggml-quants.c"
-    if not so.exists() or so.stat().st_mtime < quants.stat().st_mtime:
-        shim = BUILD / "shim.c"
+    shim = BUILD / "shim.c"
+    stale_shim = not shim.exists() or shim.read_text() != SHIM   # the types it knows
+    if stale_shim or not so.exists() or so.stat().st_mtime < quants.stat().st_mtime:
         shim.write_text(SHIM)
         cmd = [cc, "-O2", "-shared", "-fPIC", f"-I{src / 'include'}", f"-I{src / 'src'}",
                f"-I{src / 'src' / 'ggml-cpu'}", str(quants), str(shim), "-o", str(so), "-lm"]

@@ -11,7 +11,7 @@ users build it:
 - the static arena the build reserves (memory.py's formula with the
   target compiler's struct sizes, firmware/arena_tables.c) is exactly what
   the runtime's colibri_arena_size_ex asks for on the target, for the
-  tiny int8 model and a 4-bit (q4: Q4_K/Q6_K/Q4_0) model, and the i8 arena
+  tiny int8 model and a 4-bit (q4: Q4_K/Q6_K/Q5_0) model, and the i8 arena
   is smaller than the f32 one by the caches' difference;
 - kv= misuse stops the build with one line.
 """
@@ -107,7 +107,7 @@ def test_i8_firmware_matches_the_i8_reference_and_its_arena_is_exact(name, model
     assert int(fw.header["arena_needed"]) == int(fw.header["arena_bytes"])
     if model == "q4":
         dts = {cformat.DType(e.dtype) for e in cformat.read_file(models[model]).entries}
-        assert {cformat.DType.Q4_K, cformat.DType.Q6_K, cformat.DType.Q4_0} <= dts
+        assert {cformat.DType.Q4_K, cformat.DType.Q6_K, cformat.DType.Q5_0} <= dts
     # Really an 8-bit cache: the rows are at float rounding from the i8
     # reference and an order of magnitude further from the f32 one.
     for p in fw.prompts:

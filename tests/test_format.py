@@ -335,3 +335,24 @@ def test_optional_unknown_section_is_skipped_but_checked(tmp_path):
     out.write_bytes(bytes(body))
     with pytest.raises(CRCError, match="unknown kind 200"):
         F.read_file(out)
+
+
+@pytest.mark.parametrize("dtype, cols, kind, want", [
+    (F.DType.Q4_K, 2816, F.Kind.EXPERT_W2, F.DType.Q4_K),    # whole blocks
+    (F.DType.Q4_K, 1408, F.Kind.EXPERT_W2, F.DType.Q4_K),    # padded: 5.05 bits < Q5_0's 6.0
+    (F.DType.Q4_K, 320, F.Kind.EXPERT_W2, F.DType.Q5_0),     # padded 7.4 bits > 6.0
+    (F.DType.Q4_K, 128, F.Kind.EMBED, F.DType.Q5_0),
+    (F.DType.Q4_K, 112, F.Kind.EXPERT_W2, F.DType.I8_GROUP),  # Q5_0 would pad: int8, 9.1
+    (F.DType.Q5_K, 320, F.Kind.WO, F.DType.Q5_0),
+    (F.DType.Q6_K, 1408, F.Kind.LM_HEAD, F.DType.Q6_K),      # padded 7.2 < int8's 9.2
+    (F.DType.Q6_K, 128, F.Kind.LM_HEAD, F.DType.I8_GROUP),
+    (F.DType.Q6_K, 128, F.Kind.EMBED, F.DType.I8_GROUP),
+    (F.DType.I8_GROUP, 100, F.Kind.WQ, F.DType.I8_GROUP),    # not a K type: as asked
+])
+def test_narrow_rows_take_the_type_of_fewest_bits(dtype, cols, kind, want):
+    """A K type on a row that is not a multiple of 256 wide: the candidate
+    of fewest bits a weight (FORMAT.md 4), among the K type padded and the
+    fallbacks that fit the width and the kind."""
+    got = F.fit_dtype(dtype, cols, kind)
+    assert got == want, (F.DType(got).name, {d.name: round(F.bits_per_weight(d, cols), 2)
+                                            for d in (dtype, *F.NARROW_FALLBACK.get(dtype, ()))})

@@ -275,6 +275,20 @@ def test_q5_0_gguf_imports_exactly(models, tmp_path):
     _check_bit_exact(path, out, ex, {("Q5_0", "Q5_0")})
 
 
+def test_q5_k_gguf_imports_exactly(models, tmp_path):
+    """Q5_K (llama.cpp's quantize_q5_K: Q4_K_M's attn_output in 8-expert
+    models, most of a Q5_K_M file) -> Colibri's Q5_K, bit for bit."""
+    import llama_quants as LQ
+    if LQ.load()[0] is None:
+        pytest.skip(LQ.load()[1])
+    path = tmp_path / "k256.q5_k.gguf"
+    GF.requantize(models["k256"][2]["f32"], path,
+                  lambda name, shape: None if len(shape) < 2 or "gate_inp" in name else "Q5_K")
+    out = tmp_path / "q5_k.colibri"
+    ex = _export(path, out)
+    _check_bit_exact(path, out, ex, {("Q5_K", "Q5_K")})
+
+
 def test_c_runtime_runs_the_q4_k_m_import(models, q4_k_m_file, c_build, tmp_path):
     """The C runtime on the import (attn_v and ffn_down Q4_K in layer 0,
     Q6_K in layer 1: one kind, two block types) equals the numpy reference

@@ -679,11 +679,11 @@ def test_encoder_decoder_wrong_crc_in_each_section(replay_exe, encdec_file, tmp_
     check_crc_in_each_section(replay_exe, tmp_path, encdec_file)
 
 
-# ---- the block types (Q4_0, Q5_0, Q4_K, Q6_K), in both byte orders ------------
+# ---- the block types (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), in both byte orders ------
 #
 # fuzz/gen_seeds.py's block file: ONE_LAYER (hidden 16, 2 experts) with
-# EMBED / WQ / EXPERT_W1 Q4_K, WK / EXPERT_W3 / LM_HEAD Q6_K, WV / EXPERT_W2
-# Q4_0, WO Q5_0 (each row one block: FORMAT.md 4 pads the last block), the
+# EMBED / EXPERT_W1 Q4_K, WQ Q5_K, WK / EXPERT_W3 / LM_HEAD Q6_K, WV /
+# EXPERT_W2 Q4_0, WO Q5_0 (each row one block: FORMAT.md 4 pads the last block), the
 # router int16, norms float32. Every case runs on the little- and the
 # big-endian file: both readers must give the same verdict either way.
 
@@ -724,7 +724,7 @@ def block_file(request) -> tuple[str, bytes]:
     """(byte-order char, the block file in that order)."""
     raw = gen_seeds.block_bytes(request.param, seed=30)
     dtypes = {F.DType(e.dtype) for e in F.parse(raw).entries}
-    assert {F.DType.Q4_0, F.DType.Q5_0, F.DType.Q4_K, F.DType.Q6_K} <= dtypes
+    assert {F.DType.Q4_0, F.DType.Q5_0, F.DType.Q4_K, F.DType.Q5_K, F.DType.Q6_K} <= dtypes
     return BYTE_ORDERS[request.param], raw
 
 
@@ -771,8 +771,11 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
         Case("Q4_K relabelled F32", set_(i_w1, "dtype", 0), BAD_FORMAT,
              rf"tensor {i_w1} \(EXPERT_W1\): size {w1.size}, dtype 0 \[8, 16\] "
              rf"needs {sizes(w1, 0)}", rf"size = {w1.size}, expected {sizes(w1, 0)}"),
-        Case("dtype one past Q5_0", set_(i_emb, "dtype", 7), BAD_FORMAT,
-             rf"tensor {i_emb} \(EMBED\): unknown dtype 7", r"entry 0 \(EMBED\).*dtype"),
+        Case("dtype one past Q5_K", set_(i_emb, "dtype", 8), BAD_FORMAT,
+             rf"tensor {i_emb} \(EMBED\): unknown dtype 8", r"entry 0 \(EMBED\).*dtype"),
+        Case("Q4_K relabelled Q5_K", set_(i_emb, "dtype", 7), BAD_FORMAT,
+             rf"tensor {i_emb} \(EMBED\): size {emb.size}, dtype 7 \[17, 16\] needs "
+             rf"{sizes(emb, 7)}", rf"size = {emb.size}, expected {sizes(emb, 7)}"),
         # A block type on a kind that does not allow one (norms, router).
         Case("ATTN_NORM as Q4_0", set_(i_norm, "dtype", 3), BAD_FORMAT,
              rf"tensor {i_norm} \(ATTN_NORM\): dtype 3 not allowed for this kind",
@@ -792,6 +795,9 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
         Case("ATTN_NORM as Q5_0", set_(i_norm, "dtype", 6), BAD_FORMAT,
              rf"tensor {i_norm} \(ATTN_NORM\): dtype 6 not allowed for this kind",
              r"dtype Q5_0 is not allowed for ATTN_NORM"),
+        Case("ROUTER as Q5_K", set_(i_router, "dtype", 7), BAD_FORMAT,
+             rf"tensor {i_router} \(ROUTER\): dtype 7 not allowed for this kind",
+             r"dtype Q5_K is not allowed for ROUTER"),
         # A block's padding columns (16..31 of a 16-column Q4_0 row: the
         # high nibbles of qs) hold other values: still valid (a reader never
         # uses them), and the logits stay finite.
@@ -824,9 +830,9 @@ def test_block_hostile_cases_in_c_and_python(replay_exe, block_file, tmp_path):
 def _block_floats(e: F.Entry) -> list[tuple[int, int]]:
     """(float index as both readers count it, byte offset in the section) of
     the float32 fields of the first and the last block of a block tensor:
-    d (and Q4_K's dmin at +4) of each block, block after block."""
+    d (and Q4_K's or Q5_K's dmin at +4) of each block, block after block."""
     nb = e.rows * F.blocks.n_blocks(e.cols, e.dtype)
-    per = 2 if e.dtype == F.DType.Q4_K else 1
+    per = 2 if e.dtype in (F.DType.Q4_K, F.DType.Q5_K) else 1
     size = F.blocks.BLOCK_BYTES[e.dtype]
     picks = [(0, 0), (per * (nb - 1), size * (nb - 1))]
     if per == 2:

@@ -20,8 +20,8 @@ from colibri.file import kquants
 
 ROWS, COLS = 64, 1024
 GGML = {B.Q4_0: LQ.GGML_Q4_0, B.Q5_0: LQ.GGML_Q5_0, B.Q4_K: LQ.GGML_Q4_K,
-        B.Q6_K: LQ.GGML_Q6_K}
-NAMES = {B.Q4_0: "Q4_0", B.Q5_0: "Q5_0", B.Q4_K: "Q4_K", B.Q6_K: "Q6_K"}
+        B.Q5_K: LQ.GGML_Q5_K, B.Q6_K: LQ.GGML_Q6_K}
+NAMES = {B.Q4_0: "Q4_0", B.Q5_0: "Q5_0", B.Q4_K: "Q4_K", B.Q5_K: "Q5_K", B.Q6_K: "Q6_K"}
 
 # llama.cpp's relative RMS error on weights(kind), importance(use):
 # LLAMA_RMS[(type, kind, use)], measured with tests/llama_quants.py (0.3.36);
@@ -39,6 +39,10 @@ LLAMA_RMS = {
     (B.Q4_K, 'gauss', True): 0.03253,   # ours 0.03231
     (B.Q4_K, 't3', False): 0.09273,   # ours 0.09199
     (B.Q4_K, 't3', True): 0.04935,   # ours 0.04799
+    (B.Q5_K, 'gauss', False): 0.03616,   # ours 0.03534
+    (B.Q5_K, 'gauss', True): 0.01743,   # ours 0.01722
+    (B.Q5_K, 't3', False): 0.04682,   # ours 0.04617
+    (B.Q5_K, 't3', True): 0.02781,   # ours 0.02662
     (B.Q6_K, 'gauss', False): 0.01774,   # ours 0.01727
     (B.Q6_K, 'gauss', True): 0.01100,   # ours 0.01070
     (B.Q6_K, 't3', False): 0.02540,   # ours 0.02501
@@ -72,7 +76,7 @@ def ours(dtype: int, kind: str, use: bool) -> float:
     return rel_rms(B.dequantize(blk, dtype, COLS), w, imp)
 
 
-CASES = [(t, k, u) for t in (B.Q4_0, B.Q5_0, B.Q4_K, B.Q6_K) for k in ("gauss", "t3")
+CASES = [(t, k, u) for t in (B.Q4_0, B.Q5_0, B.Q4_K, B.Q5_K, B.Q6_K) for k in ("gauss", "t3")
          for u in (False, True)]
 
 
@@ -98,7 +102,7 @@ def test_rms_no_worse_than_llama_cpp_run(case):
     assert ours(*case) <= theirs
 
 
-@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q5_0, B.Q4_K, B.Q6_K])
+@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q5_0, B.Q4_K, B.Q5_K, B.Q6_K])
 def test_importance_lowers_the_weighted_error(dtype):
     w, imp = weights("t3"), importance()
     with_imp = rel_rms(B.dequantize(kquants.quantize(w, dtype, imp), dtype, COLS), w, imp)
@@ -106,7 +110,7 @@ def test_importance_lowers_the_weighted_error(dtype):
     assert with_imp < 0.9 * without
 
 
-@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q5_0, B.Q4_K, B.Q6_K])
+@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q5_0, B.Q4_K, B.Q5_K, B.Q6_K])
 def test_unreached_columns_still_quantised(dtype):
     """Importance 0 on half the columns (no calibration token reached them):
     those columns keep a bounded error instead of going anywhere."""

@@ -39,7 +39,8 @@ def _params(cfg: dict) -> int:
     shared = cfg.get("shared_expert_intermediate_size", 0)
     if shared:
         ffn += 3 * h * shared + h                          # shared expert, its gate
-    return V * h * 2 + L * (attn + ffn + 2 * h) + h        # embed, LM head (written untied)
+    tied = cfg.get("tie_word_embeddings", False)           # one matrix (TIED_LM_HEAD)
+    return V * h * (1 if tied else 2) + L * (attn + ffn + 2 * h) + h   # embed, LM head
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

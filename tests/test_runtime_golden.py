@@ -75,12 +75,12 @@ def _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, nam
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("name", Q4_NAMES)
-@pytest.mark.parametrize("quant", ["q4", "q4+q4_0"])
+@pytest.mark.parametrize("name, quant", [(n, q) for n in Q4_NAMES for q in ("q4", "q4+q4_0")]
+                         + [("k256", "q4+q5_k")])
 def test_q4_logits_match_reference_of_same_file(c_build, colibri_file, reference,
                                                 tmp_path, name, batch, quant):
     """The 4-bit mix (Q4_K, Q6_K, Q5_0, int8 where rows are narrow; Q4_0
-    with --experts q4_0): the block products are exact integer sums with
+    and Q5_K with --experts q4_0 / q5_k): the block products are exact integer sums with
     the float order of FORMAT.md 5 in both C and numpy, so rows agree as the
     int8 ones do, and for the same reason (activation rounding flips after
     1-ulp differences elsewhere: attention, norms, the f32 sums of BLAS)."""
@@ -88,7 +88,8 @@ def test_q4_logits_match_reference_of_same_file(c_build, colibri_file, reference
     D = cformat.DType
     dtypes = {D(e.dtype) for e in cformat.read_file(colibri_file(name, quant)).entries}
     want_types = {("tiny", "q4"): {D.Q5_0}, ("k256", "q4"): {D.Q4_K, D.Q6_K, D.Q5_0},
-                  ("tiny", "q4+q4_0"): {D.Q4_0}, ("k256", "q4+q4_0"): {D.Q4_0, D.Q6_K}}
+                  ("tiny", "q4+q4_0"): {D.Q4_0}, ("k256", "q4+q4_0"): {D.Q4_0, D.Q6_K},
+                  ("k256", "q4+q5_k"): {D.Q5_K, D.Q5_0, D.Q6_K}}
     assert want_types[name, quant] <= dtypes, f"{name} {quant} file holds {sorted(dtypes)}"
     _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, name, quant,
                                  batch)

@@ -26,10 +26,10 @@ kernel configuration share their compiled libraries: tests/shared_builds.py):
               the firmware encodes each prompt, then decodes from the start
               token; capacity overflow, cross-attention), int8
   q4          the golden "k256" Mixtral (tests/golden_configs.py: hidden 256,
-              intermediate 320) converted with `--quant q4 --lm-head q4_0`:
-              Q4_K (embedding, experts' W1/W3), Q6_K (attention), Q5_0
-              (experts' W2, 320 columns), Q4_0 (LM head), int16 router;
-              default kernels
+              intermediate 320) converted with `--quant q4 --attention q5_k
+              --embedding q6_k --lm-head q4_0`: Q4_K (experts' W1/W3), Q5_K
+              (attention), Q6_K (embedding), Q5_0 (experts' W2, 320 columns),
+              Q4_0 (LM head), int16 router; default kernels
   ref-q4      the same file with the reference kernels only: the block
               kernels bit-identical on every Linux target
 Each family model is a version 2 file: on ppc the firmware embeds it
@@ -55,7 +55,7 @@ LINUX_REF_TARGETS = [n for n, t in TARGETS.items() if t.is_linux]
 OTHER_CPUS = [(n, cpu) for n, t in TARGETS.items() for cpu in list(t.cpu_kernels)[1:]]
 
 # The block types the q4 matrix model must hold.
-Q4_DTYPES = {3, 4, 5, 6}     # format.DType.Q4_0, Q4_K, Q6_K, Q5_0
+Q4_DTYPES = {3, 4, 5, 6, 7}     # format.DType.Q4_0, Q4_K, Q6_K, Q5_0, Q5_K
 
 FAMILY_BUILDS = {"qwen2_moe": ("qwen2_moe", "int8"),
                  "granitemoe_shared": ("granitemoe_shared", "f32"),
@@ -75,18 +75,19 @@ def _family_model(d: Path, family: str, quant: str) -> Path:
 
 def _q4_model(d: Path) -> Path:
     """The golden "k256" Mixtral converted by the real converter with the
-    4-bit mix (`colibri convert --quant q4`: Q4_K, Q6_K, Q5_0 on the experts'
-    320-wide W2) and the LM head in Q4_0 (`--lm-head q4_0`: the mix itself
-    never picks it), a 16-position cache; it must hold all four block types
-    (else the matrix would not test them)."""
+    4-bit mix (`colibri convert --quant q4`: Q4_K, Q5_0 on the experts'
+    320-wide W2) with the attention in Q5_K, the embedding in Q6_K and the
+    LM head in Q4_0 (overrides: the mix itself never picks Q4_0 or Q5_K), a
+    16-position cache; it must hold all five block types (else the matrix
+    would not test them)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from colibri.file import format as cformat
     from colibri.model.convert import ColibriExporter
     from golden_configs import save_mixtral
     ck = save_mixtral("k256", d / "hf-k256", seed=0)
-    out = ColibriExporter(ck, quant="q4", quantize_lm_head="q4_0",
-                          max_seq_len=16).export(d / "k256-q4.colibri")
+    out = ColibriExporter(ck, quant="q4", quantize_attention="q5_k", quantize_embedding="q6_k",
+                          quantize_lm_head="q4_0", max_seq_len=16).export(d / "k256-q4.colibri")
     f = cformat.read_file(out)
     held = {cformat.DType(e.dtype) for e in f.entries}
     f.close()
@@ -279,7 +280,7 @@ def test_ref_kernels_bit_identical_across_targets(build, matrix_build):
     """With the reference kernels and -ffp-contract=off, every Linux target
     (x86_64, armv7, ppc, aarch64, riscv64) produces the same float bits for
     every logit (DESIGN.md 7), Mixtral and a version 2 family alike, and
-    the 4-bit blocks (Q4_0, Q5_0, Q4_K, Q6_K: integer sums, then float32 in the
+    the 4-bit blocks (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K: integer sums, then float32 in the
     order FORMAT.md 5 fixes; ppc uses the file big-endian in place)."""
     bdir = matrix_build(build)
     runs = {}

@@ -32,7 +32,7 @@ TOLERANCE = {"f32": 1e-4, "int8": 1e-3, "q4": 3e-2}
 
 def quantisation(model) -> str:
     """"f32" if every tensor of the file is float32, "q4" if any is a block
-    type (Q4_0, Q5_0, Q4_K, Q6_K), else "int8"."""
+    type (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), else "int8"."""
     f = cformat.read_file(model)
     try:
         dtypes = {e.dtype for e in f.entries if e.kind in cformat.Kind._value2member_map_}

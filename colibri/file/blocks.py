@@ -1,4 +1,4 @@
-"""The block storage types Q4_0, Q5_0, Q4_K and Q6_K (docs/FORMAT.md section 4,
+"""The block storage types Q4_0, Q5_0, Q4_K, Q5_K and Q6_K (docs/FORMAT.md section 4,
 "Block types"): their byte layouts as numpy structured dtypes, packing and
 unpacking of the 4- and 6-bit values, the exact values a block holds
 (`dequantize`), and the block matrix-vector product of FORMAT.md section 5
@@ -10,7 +10,7 @@ file's order on disk (format.py swaps them). The quantisers that choose the
 values live in colibri/file/kquants.py; any block is valid.
 
 Layouts are llama.cpp's (ggml-common.h block_q4_0, block_q5_0, block_q4_K,
-block_q6_K)
+block_q5_K, block_q6_K)
 with the fp16 scales widened to float32.
 """
 from __future__ import annotations
@@ -20,20 +20,25 @@ import numpy as np
 from .quant import quantize_activations_i8
 from ..errors import ColibriError
 
-Q4_0, Q4_K, Q6_K, Q5_0 = 3, 4, 5, 6   # storage.DType values (storage.py names them)
+Q4_0, Q4_K, Q6_K, Q5_0, Q5_K = 3, 4, 5, 6, 7   # storage.DType values (storage.py names them)
 
 # Columns per block and the block's fields (float32 fields first).
-BLOCK_COLS = {Q4_0: 32, Q5_0: 32, Q4_K: 256, Q6_K: 256}
+BLOCK_COLS = {Q4_0: 32, Q5_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
 BLOCK_DTYPES = {
     Q4_0: np.dtype([("d", "<f4"), ("qs", "u1", 16)]),
     # qh: bit 4 of column i's value is bit i % 8 of qh[i / 8] (llama.cpp's
     # uint32 qh read little-endian, kept as bytes so no reader swaps it)
     Q5_0: np.dtype([("d", "<f4"), ("qh", "u1", 4), ("qs", "u1", 16)]),
     Q4_K: np.dtype([("d", "<f4"), ("dmin", "<f4"), ("scales", "u1", 12), ("qs", "u1", 128)]),
+    # Q4_K's fields with bit 4 of every value in qh (FORMAT.md 4)
+    Q5_K: np.dtype([("d", "<f4"), ("dmin", "<f4"), ("scales", "u1", 12), ("qh", "u1", 32),
+                    ("qs", "u1", 128)]),
     Q6_K: np.dtype([("d", "<f4"), ("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16)]),
 }
-BLOCK_BYTES = {k: v.itemsize for k, v in BLOCK_DTYPES.items()}   # 20, 24, 148, 212
-assert BLOCK_BYTES == {Q4_0: 20, Q5_0: 24, Q4_K: 148, Q6_K: 212}
+BLOCK_BYTES = {k: v.itemsize for k, v in BLOCK_DTYPES.items()}   # 20, 24, 148, 180, 212
+assert BLOCK_BYTES == {Q4_0: 20, Q5_0: 24, Q4_K: 148, Q5_K: 180, Q6_K: 212}
+# The K types with Q4_K's scale/min pairs: sub-blocks of 32, x ~ d sc q - dmin m.
+AFFINE_K = (Q4_K, Q5_K)
 # What the value of Q4_0 / Q5_0 subtracts from the stored integer.
 ZERO_OFFSET = {Q4_0: 8, Q5_0: 16}
 
@@ -92,7 +97,8 @@ def pack_q4k_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 def unpack_values(blocks: np.ndarray, dtype: int) -> np.ndarray:
     """The stored integers of every column, [rows, nb, B] int32: Q4_0 and
-    Q4_K 0..15, Q5_0 0..31, Q6_K 0..63 (before the -8 / -16 / -32 offsets)."""
+    Q4_K 0..15, Q5_0 and Q5_K 0..31, Q6_K 0..63 (before the -8 / -16 / -32
+    offsets)."""
     dtype = int(dtype)
     if dtype == Q4_0:
         qs = blocks["qs"].astype(np.int32)                        # [..., 16]
@@ -101,9 +107,13 @@ def unpack_values(blocks: np.ndarray, dtype: int) -> np.ndarray:
         qs = blocks["qs"].astype(np.int32)                        # [..., 16]
         hi = np.unpackbits(blocks["qh"], axis=-1, bitorder="little")  # [..., 32]
         return np.concatenate([qs & 15, qs >> 4], axis=-1) | (hi.astype(np.int32) << 4)
-    if dtype == Q4_K:
+    if dtype in AFFINE_K:
         qs = blocks["qs"].astype(np.int32).reshape(blocks.shape + (4, 32))
         out = np.stack([qs & 15, qs >> 4], axis=-2)              # [..., 4, 2, 32]
+        if dtype == Q5_K:   # bit 4 of sub-block j (= 2c + half) is bit j of qh[l]
+            qh = blocks["qh"].astype(np.int32)[..., None, None, :]    # [..., 1, 1, 32]
+            j = np.arange(8, dtype=np.int32).reshape(4, 2, 1)
+            out = out | (((qh >> j) & 1) << 4)
         return out.reshape(blocks.shape + (256,))
     if dtype == Q6_K:
         ql = blocks["ql"].astype(np.int32).reshape(blocks.shape + (2, 2, 32))  # h, s%2, l
@@ -123,9 +133,13 @@ def pack_values(blocks: np.ndarray, dtype: int, q: np.ndarray) -> None:
         blocks["qs"] = lo[..., :16] | (lo[..., 16:] << 4)
         if dtype == Q5_0:
             blocks["qh"] = np.packbits(q >> 4, axis=-1, bitorder="little")
-    elif dtype == Q4_K:
+    elif dtype in AFFINE_K:
         q = q.reshape(blocks.shape + (4, 2, 32))
-        blocks["qs"] = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(blocks.shape + (128,))
+        lo = q & 15
+        blocks["qs"] = (lo[..., 0, :] | (lo[..., 1, :] << 4)).reshape(blocks.shape + (128,))
+        if dtype == Q5_K:
+            bits = (q >> 4).reshape(blocks.shape + (8, 32))           # [..., j, l]
+            blocks["qh"] = sum((bits[..., j, :] << j) for j in range(8)).astype(np.uint8)
     elif dtype == Q6_K:
         q = q.reshape(blocks.shape + (2, 4, 32))                  # h, s, l
         lo, hi = q & 15, q >> 4
@@ -144,7 +158,7 @@ def _sub_scales(blocks: np.ndarray, dtype: int):
     d = blocks["d"].astype(np.float32)[..., None]
     if dtype in ZERO_OFFSET:
         return d, None
-    if dtype == Q4_K:
+    if dtype in AFFINE_K:
         sc, m = unpack_q4k_scales(blocks["scales"])
         dmin = blocks["dmin"].astype(np.float32)[..., None]
         return (d * sc.astype(np.float32)).astype(np.float32), \
@@ -161,7 +175,7 @@ def dequantize(blocks: np.ndarray, dtype: int, cols: int) -> np.ndarray:
     d1, m1 = _sub_scales(blocks, dtype)
     if dtype in ZERO_OFFSET:
         w = (q - np.float32(ZERO_OFFSET[dtype])) * d1
-    elif dtype == Q4_K:
+    elif dtype in AFFINE_K:
         w = (np.repeat(d1, 32, axis=-1) * q) - np.repeat(m1, 32, axis=-1)
     else:
         w = np.repeat(d1, 16, axis=-1) * (q - np.float32(32))
@@ -202,10 +216,10 @@ def matmul(blocks: np.ndarray, dtype: int, x: np.ndarray) -> np.ndarray:
         for b in range(nb):
             acc += dots[:, :, b].astype(np.float32) * (d[None, :, b] * xs[:, b, None])
         return acc
-    sub = 32 if dtype == Q4_K else 16
+    sub = 32 if dtype in AFFINE_K else 16
     ns = 256 // sub
     xq_s = xq.astype(np.int64).reshape(n, nb, ns, sub)
-    if dtype == Q4_K:
+    if dtype in AFFINE_K:
         sc, m = unpack_q4k_scales(blocks["scales"])               # [rows, nb, 8]
         dots = np.einsum("tbjk,rbjk->trbj", xq_s, q.reshape(rows, nb, ns, sub))
         isum = np.einsum("trbj,rbj->trb", dots, sc.astype(np.int64))

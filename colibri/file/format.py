@@ -248,34 +248,49 @@ PRESET_Q4.update({
                                Kind.XWV, Kind.XWO)},
 })
 
-# A K block is 256 columns: on a row of another width most of a block would
-# be padding, so the writer stores such a tensor in a type with blocks of 32,
-# as llama.cpp's llama-quantize falls back: Q4_K -> Q5_0, Q6_K -> I8_GROUP
-# (Q8_0's values with group_size 32), or I16_ROW for a kind that cannot be
-# I8_GROUP. Q5_0 rather than Q4_0 for Q4_K: a 32-column block pays for its
-# scale (f32 here: Q4_0 5.0 bits, Q5_0 6.0), so Q4_0 would be more bits than
-# Q4_K for far more error (bench/quality.py). A row that is not a multiple
-# of 32 wide either (the demo model's 112-wide W2) would pad its last Q5_0
-# block: it takes I8_GROUP, whose last group may be short (llama-quantize
-# has no such type and keeps those rows in F16). The first candidate that
-# fits the width and that the kind allows wins.
+# A K block is 256 columns: on a row of another width the last block is
+# partly padding (FORMAT.md 4), so a K type may cost more bits a weight than
+# a type with blocks of 32 of at least its precision. The writer stores the
+# tensor in the candidate of fewest bits a weight: the K type itself
+# (padded) or, as llama.cpp's llama-quantize falls back, Q5_0 for Q4_K and
+# Q5_K (llama.cpp: Q5_1 for Q5_K, which Colibri does not have) and
+# I8_GROUP (Q8_0's values) for Q6_K, then I8_GROUP, or I16_ROW for a kind
+# that has no I8_GROUP. Not Q4_0: with its float32 scale it is 5.0 bits,
+# more than Q4_K for more error. A block type must not pad a row
+# further: Q5_0 needs a multiple of 32 (the demo model's 112-wide W2 takes
+# I8_GROUP, whose last group may be short; llama-quantize keeps it F16).
+# So a 128- or 320-wide row takes Q5_0 for Q4_K (6.0 bits against 9.25 or
+# 7.4 padded) and Qwen1.5-MoE's 1408-wide W2 stays Q4_K (5.05 bits).
 NARROW_FALLBACK = {DType.Q4_K: (DType.Q5_0, DType.I8_GROUP),
+                   DType.Q5_K: (DType.Q5_0, DType.I8_GROUP),
                    DType.Q6_K: (DType.I8_GROUP, DType.I16_ROW)}
+
+
+def bits_per_weight(dtype: DType, cols: int, group_size: int = 32) -> float:
+    """Stored bits per real weight of a row of `cols` columns (scales and a
+    block type's padding included)."""
+    dtype = DType(dtype)
+    if blocks.is_block(dtype):
+        return 8.0 * blocks.n_blocks(cols, dtype) * blocks.BLOCK_BYTES[dtype] / cols
+    if dtype == DType.I8_GROUP:
+        return 8.0 + 32.0 * -(-cols // group_size) / cols
+    return {DType.F32: 32.0, DType.I16_ROW: 16.0 + 32.0 / cols}[dtype]
 
 
 def fit_dtype(dtype: DType, cols: int, kind: Kind | None = None) -> DType:
     """The storage type a tensor of `cols` columns gets for the kind's
     `dtype`: the dtype itself unless it is a K type and cols is not a
-    multiple of 256; then the first fallback that fits (a block type: cols a
-    multiple of its block) and the kind allows."""
+    multiple of 256; then the candidate of fewest bits a weight among the
+    K type and its fallbacks (NARROW_FALLBACK) that fit the width (a block
+    type of 32: cols a multiple of 32) and the kind allows."""
     dtype = DType(dtype)
-    if dtype in NARROW_FALLBACK and cols % blocks.BLOCK_COLS[dtype]:
-        allowed = ALLOWED_DTYPES.get(kind, ()) if kind is not None else None
-        for fb in NARROW_FALLBACK[dtype]:
-            fits = not blocks.is_block(fb) or cols % blocks.BLOCK_COLS[fb] == 0
-            if fits and (allowed is None or fb in allowed):
-                return fb
-    return dtype
+    if dtype not in NARROW_FALLBACK or cols % blocks.BLOCK_COLS[dtype] == 0:
+        return dtype
+    allowed = ALLOWED_DTYPES.get(kind, ()) if kind is not None else None
+    cands = [dtype] + [fb for fb in NARROW_FALLBACK[dtype]
+                       if (not blocks.is_block(fb) or cols % blocks.BLOCK_COLS[fb] == 0)
+                       and (allowed is None or fb in allowed)]
+    return min(cands, key=lambda d: bits_per_weight(d, cols))   # ties: the earlier
 
 
 def align64(n: int) -> int:

@@ -5,8 +5,8 @@ the runtime computes what the block says; these choose good blocks.
 The searches are llama.cpp's (ggml-quants.c, read for the algorithm and
 rewritten here vectorised over all sub-blocks at once):
 
-- Q4_K: make_qkx3_quants per sub-block of 32 (affine x ~ s*q - m, q in
-  0..15: a sweep of candidate inverse scales, each followed by a weighted
+- Q4_K (Q5_K): make_qkx3_quants per sub-block of 32 (affine x ~ s*q - m, q in
+  0..15 (0..31): a sweep of candidate inverse scales, each followed by a weighted
   least-squares fit of (s, m)), then make_qp_quants for the block's 8 scales
   and 8 mins (6 bits each, a sweep of candidate super-scales plus a
   coordinate refinement of the 6-bit values, weighted by the sub-block's
@@ -20,7 +20,7 @@ Weights of the squared error per column: with an importance matrix
 (`importance`, float [cols] >= 0: the mean squared activation each column
 sees, colibri/model/imatrix.py) llama.cpp's quantize_row_*_impl choices: imp *
 sqrt(sigma2 + x^2), sigma2 the mean x^2 of the row (Q4_0, Q5_0) or twice that of
-the block (Q4_K), and imp itself for Q6_K. Without one, the same with imp = 1
+the block (Q4_K, Q5_K), and imp itself for Q6_K. Without one, the same with imp = 1
 on every column: llama.cpp's reference quantisers use other heuristics
 there (Q4_K: rms(sub-block) + |x|; Q6_K: x^2; Q4_0: no search at all), and
 on Gaussian and Student-t weights these give a larger RMS error than the
@@ -270,14 +270,14 @@ def _refit_symmetric(x, w, unit, lo, hi, d):
     return d, q
 
 
-def _refit_affine(x, w, sc, m, d, dmin):
-    """x [..., n] ~ d * sc * q - dmin * m, q in 0..15 (sc, m [..., n] the
+def _refit_affine(x, w, sc, m, d, dmin, nmax=15):
+    """x [..., n] ~ d * sc * q - dmin * m, q in 0..nmax (sc, m [..., n] the
     integer scale and min of each value's sub-block): alternate nearest
     rounding of q and the weighted least-squares (d, dmin) >= 0. Returns
     (d, dmin, q)."""
     def rounded(dd, dm):
         step = dd[..., None] * sc
-        return np.clip(np.rint(_safe_div(x + dm[..., None] * m, step)), 0, 15)
+        return np.clip(np.rint(_safe_div(x + dm[..., None] * m, step)), 0, nmax)
 
     def err(dd, dm, q):
         return (w * (x - (dd[..., None] * sc * q - dm[..., None] * m)) ** 2).sum(-1)
@@ -306,7 +306,7 @@ def _refit_affine(x, w, sc, m, d, dmin):
 
 
 # --------------------------------------------------------------------------
-# The four block types
+# The five block types
 # --------------------------------------------------------------------------
 
 def _quantize_q_0(w: np.ndarray, importance, dtype: int) -> np.ndarray:
@@ -341,29 +341,39 @@ def quantize_q5_0(w: np.ndarray, importance=None) -> np.ndarray:
 def quantize_q4_k(w: np.ndarray, importance=None) -> np.ndarray:
     """Q4_K: per sub-block of 32 x ~ s q - m (q in 0..15), s = d sc, m =
     dmin mn with the 8 sc and 8 mn of a block of 256 6-bit integers."""
-    x = _padded(w, B.Q4_K)
+    return _quantize_affine_k(w, importance, B.Q4_K, 15)
+
+
+def quantize_q5_k(w: np.ndarray, importance=None) -> np.ndarray:
+    """Q5_K: Q4_K with q in 0..31 (llama.cpp's quantize_row_q5_K_impl: the
+    same searches with nmax 31)."""
+    return _quantize_affine_k(w, importance, B.Q5_K, 31)
+
+
+def _quantize_affine_k(w: np.ndarray, importance, dtype: int, nmax: int) -> np.ndarray:
+    x = _padded(w, dtype)
     rows, width = x.shape
     nb = width // 256
-    imp = _padded_importance(importance, np.shape(w)[1], B.Q4_K)
-    out = np.zeros((rows, nb), B.BLOCK_DTYPES[B.Q4_K])
+    imp = _padded_importance(importance, np.shape(w)[1], dtype)
+    out = np.zeros((rows, nb), B.BLOCK_DTYPES[dtype])
     for rs in _row_chunks(rows, width):
         xc = x[rs]
         xs = xc.reshape(-1, nb, 8, 32)
         sigma2 = 2 * (xs * xs).mean(axis=(-1, -2), keepdims=True)
         wt = imp.reshape(nb, 8, 32) * np.sqrt(sigma2 + xs * xs)
-        scale, mins, _ = make_qkx_quants(xs, wt, 15, Q4K_RMIN, Q4K_RDELTA, Q4K_NSTEP)
+        scale, mins, _ = make_qkx_quants(xs, wt, nmax, Q4K_RMIN, Q4K_RDELTA, Q4K_NSTEP)
         sw = wt.sum(-1)                                           # [r, nb, 8]
         d, sc = make_qp_quants(scale, sw, 63)
         dmin, mn = make_qp_quants(mins, sw, 63)
         scf = np.repeat(sc.astype(np.float32), 32, axis=-1)       # [r, nb, 256]
         mnf = np.repeat(mn.astype(np.float32), 32, axis=-1)
         d, dmin, q = _refit_affine(xs.reshape(-1, nb, 256), wt.reshape(-1, nb, 256),
-                                   scf, mnf, d, dmin)
+                                   scf, mnf, d, dmin, nmax)
         blk = out[rs]
         blk["d"] = d
         blk["dmin"] = dmin
         blk["scales"] = B.pack_q4k_scales(sc, mn)
-        B.pack_values(blk, B.Q4_K, q)
+        B.pack_values(blk, dtype, q)
         out[rs] = blk
     return out
 
@@ -398,7 +408,7 @@ def quantize_q6_k(w: np.ndarray, importance=None) -> np.ndarray:
 
 
 QUANTIZERS = {B.Q4_0: quantize_q4_0, B.Q5_0: quantize_q5_0, B.Q4_K: quantize_q4_k,
-              B.Q6_K: quantize_q6_k}
+              B.Q5_K: quantize_q5_k, B.Q6_K: quantize_q6_k}
 
 
 def quantize(w: np.ndarray, dtype: int, importance=None) -> np.ndarray:

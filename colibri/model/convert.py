@@ -491,9 +491,9 @@ def add_convert_parser(subparsers) -> None:
                    help="preset: int8 = router int16, experts/attention int8, embedding "
                         "int16, lm_head int8; q4 = the 4-bit mix (docs/FORMAT.md 4: "
                         "Q4_K, Q6_K for attention keys/values/output and the LM head; rows not a "
-                        "multiple of 256 wide Q4_0 / int8); f32 = exact "
+                        "multiple of 256 wide Q5_0 / int8); f32 = exact "
                         "(default: int8 for a checkpoint; for a GGUF file, keep its own "
-                        "types: F32/F16/BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K without a second "
+                        "types: F32/F16/BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K without a second "
                         "rounding, other types requantised with the measured error printed)")
     for option in QUANT_CHOICES:
         p.add_argument("--" + option.replace("_", "-"), dest=option,
@@ -520,7 +520,7 @@ def add_convert_parser(subparsers) -> None:
                        help="calibration text: run the float32 model over it first and "
                             "weight the 4-bit quantisers' error per input column by the "
                             "mean squared activation there (llama.cpp's imatrix; only the "
-                            "block types Q4_0/Q5_0/Q4_K/Q6_K use it). Text like what the model "
+                            "block types Q4_0/Q5_0/Q4_K/Q5_K/Q6_K use it). Text like what the model "
                             "will see, not the text you evaluate it on")
     calib.add_argument("--imatrix", metavar="FILE.npz",
                        help="the same from a file `colibri imatrix HF_DIR --text TEXT_FILE "

@@ -21,7 +21,7 @@ What llama.cpp's convert_hf_to_gguf.py did to a checkpoint, undone here:
 
 Storage types (docs/FORMAT.md 4): F32, F16, BF16 widen to float32 exactly;
 Q8_0 is I8_GROUP with group_size 32 value for value (fp16 scale widened);
-Q4_0, Q5_0, Q4_K, Q6_K are Colibri's block types of the same names. Where the
+Q4_0, Q5_0, Q4_K, Q5_K, Q6_K are Colibri's block types of the same names. Where the
 chosen storage type of a tensor is the one its GGUF type maps to (or
 float32), its values are copied without a second rounding. Anything else
 (other GGUF types, or another --quant target) is dequantised by gguf-py and
@@ -72,6 +72,7 @@ def is_gguf(path: str | os.PathLike) -> bool:
 def exact_dtype(ggml_name: str) -> DType | None:
     return {"F32": DType.F32, "F16": DType.F32, "BF16": DType.F32, "F64": DType.F32,
             "Q8_0": DType.I8_GROUP, "Q4_0": DType.Q4_0, "Q5_0": DType.Q5_0, "Q4_K": DType.Q4_K,
+            "Q5_K": DType.Q5_K,
             "Q6_K": DType.Q6_K}.get(ggml_name)
 
 
@@ -512,7 +513,7 @@ def to_float(raw: bytes, t: GTensor, rows: int) -> np.ndarray:
         except NotImplementedError:
             raise ConversionError(f"tensor {t.name!r} is {name}, which gguf-py cannot "
                                   "dequantise; colibri reads F32, F16, BF16, Q8_0, Q4_0, Q5_0, "
-                                  "Q4_K, Q6_K exactly and dequantises the other types gguf-py "
+                                  "Q4_K, Q5_K, Q6_K exactly and dequantises the other types gguf-py "
                                   "knows") from None
     return np.ascontiguousarray(w, dtype=np.float32).reshape(rows, t.cols)
 
@@ -523,12 +524,14 @@ _GGML_BLOCKS = {
     "Q4_0": np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
     "Q5_0": np.dtype([("d", "<f2"), ("qh", "u1", 4), ("qs", "u1", 16)]),
     "Q4_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)]),
+    "Q5_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32),
+                      ("qs", "u1", 128)]),
     "Q6_K": np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")]),
 }
 
 
 def to_exact(raw: bytes, t: GTensor, rows: int):
-    """Rows of a Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K tensor -> (dtype, values, scales)
+    """Rows of a Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K tensor -> (dtype, values, scales)
     as the .colibri writer takes them, the same values: blocks with the fp16
     fields widened to float32, or Q8_0 as I8_GROUP int8 [rows, cols] with
     float32 scales [rows, cols / 32]."""

@@ -145,12 +145,14 @@
 #define COLIBRI_DTYPE_Q4_K 4   /* 256 columns, 148 bytes */
 #define COLIBRI_DTYPE_Q6_K 5   /* 256 columns, 212 bytes */
 #define COLIBRI_DTYPE_Q5_0 6   /* 32 columns, 24 bytes */
-#define COLIBRI_DTYPE_MAX 6
+#define COLIBRI_DTYPE_Q5_K 7   /* 256 columns, 180 bytes */
+#define COLIBRI_DTYPE_MAX 7
 #define COLIBRI_Q4_0_COLS 32     /* columns of a Q4_0 or Q5_0 block */
 #define COLIBRI_Q4_0_BYTES 20    /* f32 d, u8 qs[16] */
 #define COLIBRI_Q5_0_BYTES 24    /* f32 d, u8 qh[4], u8 qs[16] */
-#define COLIBRI_QK_COLS 256      /* columns of a Q4_K or Q6_K block */
+#define COLIBRI_QK_COLS 256      /* columns of a Q4_K, Q5_K or Q6_K block */
 #define COLIBRI_Q4_K_BYTES 148   /* f32 d, f32 dmin, u8 scales[12], u8 qs[128] */
+#define COLIBRI_Q5_K_BYTES 180   /* Q4_K's fields, then u8 qh[32] at 20, qs[128] at 52 */
 #define COLIBRI_Q6_K_BYTES 212   /* f32 d, u8 ql[128], u8 qh[64], i8 scales[16] */
 
 #endif /* COLIBRI_FORMAT_H */

@@ -889,8 +889,8 @@ TGT static void avx2_evex_vnni_matmul_i8(float *Y, const int8_t *Q, const float 
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types (FORMAT.md 4-5: Q4_0, Q5_0, Q4_K, Q6_K): quantize_act_blk and
- * the four block matmuls, bit-identical to ref.c's for every n, rows, cols and
+/* Block types (FORMAT.md 4-5: Q4_0, Q5_0, Q4_K, Q5_K, Q6_K): quantize_act_blk
+ * and the five block matmuls, bit-identical to ref.c's for every n, rows, cols and
  * tiling (kernels.h).
  *
  * Exactness: per (row, token, block) the integer results (Q4_0 dot, Q4_K
@@ -1146,29 +1146,42 @@ TGT static inline void q4k_scales_mins(const uint8_t *sc12, __m256i *scb, __m256
         scm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
 }
 
-/* Q4_K block b of R rows x T tokens: lane k of *isum = sum_j sc_j * dot_j,
- * of *msum = sum_j m_j * bsum_j. */
-BLOCK void q4k_sums(const int vnni, const int R, const int T, __m256i *isum, __m256i *msum,
-                    const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
+/* Q4_K (five: Q5_K) block b of R rows x T tokens: lane k of *isum = sum_j
+ * sc_j * dot_j, of *msum = sum_j m_j * bsum_j. Q5_K's values have bit 4 of
+ * sub-block j at bit j of qh[l] (FORMAT.md 4); values to 31 keep the pair
+ * sums exact (2 * 31 * 127). */
+BLOCK void q4k_sums(const int vnni, const int five, const int R, const int T, __m256i *isum,
+                    __m256i *msum, const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
                     const int16_t *const xb[BT_MAXT], uint32_t b)
 {
-    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
+    const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES, qo = five ? 52 : 20;
     __m256i acc[8], macc[8];
     UNROLL
     for (int k = 0; k < R * T; k++)
         acc[k] = _mm256_setzero_si256();
     UNROLL
     for (int r = 0; r < R; r++) {
-        const uint8_t *blk = w[r] + (size_t)b * CLB_Q4_K_BYTES;
+        const uint8_t *blk = w[r] + (size_t)b * bytes;
         __m256i scb, mdup;
         q4k_scales_mins(blk + 8, &scb, &mdup);
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 20))
+                                : _mm256_setzero_si256();
         /* qs bytes 32c..32c+32: low nibbles sub-block 2c (columns 64c..+32),
          * high nibbles sub-block 2c + 1 (64c + 32..+32) */
         UNROLL
         for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 20 + 32 * c));
-            const __m256i lo = _mm256_and_si256(q, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + qo + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (five) { /* bits 2c, 2c + 1 of qh to bit 4 (16-bit shifts, byte masks) */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(
+                    c == 0 ? _mm256_slli_epi16(qh, 4) : c == 1 ? _mm256_slli_epi16(qh, 2)
+                    : c == 2 ? qh : _mm256_srli_epi16(qh, 2), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(
+                    c == 0 ? _mm256_slli_epi16(qh, 3) : c == 1 ? _mm256_slli_epi16(qh, 1)
+                    : c == 2 ? _mm256_srli_epi16(qh, 1) : _mm256_srli_epi16(qh, 3), b4));
+            }
             /* int16 lane pattern (2j, 2j+1) picks sc_j into every int16 */
             const __m256i slo = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
             const __m256i shi = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
@@ -1290,7 +1303,10 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 /* Bytes and columns of a block of dtype dt (a compile-time constant). */
 #define BT_BYTES(dt) ((dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES \
                       : (dt) == COLIBRI_DTYPE_Q5_0 ? CLB_Q5_0_BYTES \
-                      : (dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES)
+                      : (dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES \
+                      : (dt) == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES : CLB_Q6_K_BYTES)
+/* Q4_K or Q5_K: sub-block scales and mins, d and dmin */
+#define BT_AFFINE(dt) ((dt) == COLIBRI_DTYPE_Q4_K || (dt) == COLIBRI_DTYPE_Q5_K)
 #define BT_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 || (dt) == COLIBRI_DTYPE_Q5_0 ? CLB_Q4_0_COLS \
                      : CLB_QK_COLS)
 
@@ -1332,14 +1348,14 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         for (int t = 0; t < T; t++)
             xsb[t] = xs[t][b];
         __m256 dv, dmv = _mm256_setzero_ps();
-        if (dt == COLIBRI_DTYPE_Q4_K && R == 8 && T == 1) {
+        if (BT_AFFINE(dt) && R == 8 && T == 1) {
             rows8_d_dmin(w, (size_t)b * bytes, &dv, &dmv);
         } else {
             UNROLL
             for (int r = 0; r < R; r++)
                 d[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 0);
             dv = lanes_of_rows(R, d);
-            if (dt == COLIBRI_DTYPE_Q4_K) {
+            if (BT_AFFINE(dt)) {
                 float dm[MAXR];
                 UNROLL
                 for (int r = 0; r < R; r++)
@@ -1352,10 +1368,10 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
             /* acc += float(dot) * (d * xs) */
             const __m256i dot = q4_0_dots(vnni, dt == COLIBRI_DTYPE_Q5_0, R, T, w, x, xb, b);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dv, xsv)));
-        } else if (dt == COLIBRI_DTYPE_Q4_K) {
+        } else if (BT_AFFINE(dt)) {
             /* acc += xs * (d * float(isum) - dmin * float(msum)) */
             __m256i isum, msum;
-            q4k_sums(vnni, R, T, &isum, &msum, w, x, xb, b);
+            q4k_sums(vnni, dt == COLIBRI_DTYPE_Q5_K, R, T, &isum, &msum, w, x, xb, b);
             const __m256 dd = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(isum));
             const __m256 mm = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(msum));
             acc = _mm256_add_ps(acc, _mm256_mul_ps(xsv, _mm256_sub_ps(dd, mm)));
@@ -1424,6 +1440,10 @@ BT_ENTRY(avx2_matmul_q4_0, 0, COLIBRI_DTYPE_Q4_0)
 BT_ENTRY(avx2_matmul_q4_k, 0, COLIBRI_DTYPE_Q4_K)
 BT_ENTRY(avx2_matmul_q6_k, 0, COLIBRI_DTYPE_Q6_K)
 BT_ENTRY(avx2_matmul_q5_0, 0, COLIBRI_DTYPE_Q5_0)
+/* Q5_K (GGUF imports, --experts q5_k; not in the q4 mix): one instance, the
+ * plain AVX2 one, in all three tables: the same bits, and 2 x 17 KiB less
+ * code than a VNNI form each (its decode is bound by the memory anyway). */
+BT_ENTRY(avx2_matmul_q5_k, 0, COLIBRI_DTYPE_Q5_K)
 BT_ENTRY(avx2_vnni_matmul_q4_0, 1, COLIBRI_DTYPE_Q4_0)
 BT_ENTRY(avx2_vnni_matmul_q4_k, 1, COLIBRI_DTYPE_Q4_K)
 BT_ENTRY(avx2_vnni_matmul_q6_k, 1, COLIBRI_DTYPE_Q6_K)
@@ -1792,6 +1812,7 @@ static const colibri_kernels avx2_kernels = {
     avx2_matmul_q4_k,
     avx2_matmul_q6_k,
     avx2_matmul_q5_0,
+    avx2_matmul_q5_k,
     avx2_attend,
     avx2_attend_rows,
 };
@@ -1815,6 +1836,7 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_vnni_matmul_q4_k,
     avx2_vnni_matmul_q6_k,
     avx2_vnni_matmul_q5_0,
+    avx2_matmul_q5_k,
     avx2_attend,
     avx2_attend_rows,
 };
@@ -1830,6 +1852,7 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_evex_vnni_matmul_q4_k,
     avx2_evex_vnni_matmul_q6_k,
     avx2_evex_vnni_matmul_q5_0,
+    avx2_matmul_q5_k,
     avx2_attend,
     avx2_attend_rows,
 };

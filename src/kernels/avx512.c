@@ -33,7 +33,7 @@
  *   2816 x 1024, on a Xeon with 2 tokens a tile Q4_K 104 -> 142 GOPS and
  *   Q6_K 94 -> 124 against avx2-vnni's; on Zen 4, 4 tokens against 2: Q4_K
  *   116 -> 148, Q6_K 121-130 -> 141-153.
- * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0, Q5_0,
+ * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0, Q5_0, Q5_K,
  * the block types' rows past the last strip of 8) is avx2.c's EVEX-VNNI
  * table, called through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
@@ -1196,6 +1196,12 @@ static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
     base()->matmul_q5_0(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
+static void z_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                          const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    base()->matmul_q5_k(Y, W, XQ, XS, XB, n, rows, cols);
+}
+
 /* Tokens a call of the rows past the last whole strip hands avx2.c at a
  * time (its outputs go through a stack buffer: avx2.c's Y has their
  * count as its row stride). */
@@ -1260,6 +1266,7 @@ static const colibri_kernels avx512_vnni_kernels = {
     z_matmul_q4_k,
     z_matmul_q6_k,
     z_matmul_q5_0,
+    z_matmul_q5_k,
     z_attend,
     z_attend_rows,
 };

@@ -95,7 +95,8 @@ typedef struct colibri_kernels {
                        const float *X, uint32_t n, uint32_t rows, uint32_t cols);
 
     /* --- Block-quantised weights (docs/FORMAT.md 4, "Block types"; the
-     * arithmetic of section 5). B = 32 for Q4_0 and Q5_0, 256 for Q4_K and Q6_K;
+     * arithmetic of section 5). B = 32 for Q4_0 and Q5_0, 256 for Q4_K, Q5_K
+     * and Q6_K;
      * nb = ceil(cols / B); a weight row is nb consecutive blocks. */
 
     /* Activations for block weights: X float [n, cols] -> XQ int8
@@ -120,6 +121,9 @@ typedef struct colibri_kernels {
                         const float *XS, const int16_t *XB, uint32_t n,
                         uint32_t rows, uint32_t cols);
     void (*matmul_q5_0)(float *Y, const uint8_t *W, const int8_t *XQ,
+                        const float *XS, const int16_t *XB, uint32_t n,
+                        uint32_t rows, uint32_t cols);
+    void (*matmul_q5_k)(float *Y, const uint8_t *W, const int8_t *XQ,
                         const float *XS, const int16_t *XB, uint32_t n,
                         uint32_t rows, uint32_t cols);
 
@@ -152,6 +156,9 @@ void clb_ref_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
                          const float *XS, const int16_t *XB, uint32_t n,
                          uint32_t rows, uint32_t cols);
 void clb_ref_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols);
+void clb_ref_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ,
                          const float *XS, const int16_t *XB, uint32_t n,
                          uint32_t rows, uint32_t cols);
 
@@ -204,11 +211,12 @@ static inline float clb_att_exp(float x)
 #define CLB_Q5_0_BYTES ((uint32_t)COLIBRI_Q5_0_BYTES)
 #define CLB_QK_COLS ((uint32_t)COLIBRI_QK_COLS)
 #define CLB_Q4_K_BYTES ((uint32_t)COLIBRI_Q4_K_BYTES)
+#define CLB_Q5_K_BYTES ((uint32_t)COLIBRI_Q5_K_BYTES)
 #define CLB_Q6_K_BYTES ((uint32_t)COLIBRI_Q6_K_BYTES)
 
 /* Shared by every table (ref.c): the exact values of one block row, for
  * embedding lookups. out[cols] = the first cols values of a row of nb
- * blocks of dtype (COLIBRI_DTYPE_Q4_0/Q5_0/Q4_K/Q6_K). */
+ * blocks of dtype (COLIBRI_DTYPE_Q4_0/Q5_0/Q4_K/Q5_K/Q6_K). */
 void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
                      uint32_t cols);
 
@@ -218,6 +226,16 @@ static inline unsigned clb_q5_0_value(const uint8_t *blk, unsigned i)
 {
     unsigned lo = i < 16 ? blk[8 + i] & 15u : (unsigned)blk[8 + i - 16] >> 4;
     return lo | (((unsigned)blk[4 + i / 8] >> (i % 8)) & 1u) << 4;
+}
+
+/* The stored value of column i (0..255) of a Q4_K block (0..15) or, with
+ * five, of a Q5_K block (0..31: bit 4 is bit i / 32 of qh[i % 32]). */
+static inline unsigned clb_qk_value(const uint8_t *blk, unsigned i, int five)
+{
+    unsigned j = i / 32, l = i % 32;
+    const uint8_t *qs = blk + (five ? 52 : 20);
+    unsigned q = ((unsigned)qs[32 * (j / 2) + l] >> ((j & 1) * 4)) & 15u;
+    return five ? q | (((unsigned)blk[20 + l] >> j) & 1u) << 4 : q;
 }
 
 /* Q4_K's 6-bit scale and min of sub-block j (0..7) from scales[12]. */
@@ -235,7 +253,7 @@ static inline void clb_q4k_scale_min(const uint8_t *sc12, unsigned j,
 
 /* A block's float32 field at byte offset off, in host order (the loader
  * swapped a foreign-order file). Blocks are 4-byte aligned in a section
- * (20, 24, 148, 212 are multiples of 4), so this is an aligned load. */
+ * (20, 24, 148, 180, 212 are multiples of 4), so this is an aligned load. */
 static inline float clb_blk_f32(const uint8_t *blk, unsigned off)
 {
     float f;

@@ -31,7 +31,7 @@
  *   neon_dotprod.c) the result is bit-identical to ref: each output's float
  *   operations are ref's, in ref's order (neon_a64_i8.h).
  * - quantize_act_blk: bit-identical to ref (quantize_act_i8 per block).
- * - matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q6_k: bit-identical to ref on both
+ * - matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q5_k, matmul_q6_k: bit-identical to ref on both
  *   ISAs, for any tiling (neon_blocks.h, shared with neon_dotprod.c).
  *
  * Blocking (float kernels, ARMv7 int8): dot-product form as in avx2.c: R
@@ -423,13 +423,19 @@ static void neon_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const
 static void neon_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                              const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    nb_matmul_kq(0, Y, W, XQ, XS, XB, n, rows, cols);
+    nb_matmul_kq(NB_Q4_K, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 static void neon_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                              const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    nb_matmul_kq(1, Y, W, XQ, XS, XB, n, rows, cols);
+    nb_matmul_kq(NB_Q6_K, Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+static void neon_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                             const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    nb_matmul_kq(NB_Q5_K, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -630,6 +636,7 @@ static const colibri_kernels neon_kernels = {
     neon_matmul_q4_k,
     neon_matmul_q6_k,
     neon_matmul_q5_0,
+    neon_matmul_q5_k,
     clb_ref_attend, /* no NEON form yet: ref's, the same bits */
     clb_ref_attend_rows,
 };
@@ -648,6 +655,7 @@ static const colibri_kernels neon_dotprod_kernels = {
     colibri_neon_dotprod_matmul_q4_k,
     colibri_neon_dotprod_matmul_q6_k,
     colibri_neon_dotprod_matmul_q5_0,
+    neon_matmul_q5_k, /* one form in both tables (code size; the same bits) */
     clb_ref_attend, /* no NEON form yet: ref's, the same bits */
     clb_ref_attend_rows,
 };

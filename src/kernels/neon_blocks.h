@@ -1,6 +1,6 @@
 /*
  * neon_blocks.h - NEON kernels for the block-quantised weights (kernels.h
- * matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q6_k), included by neon.c (the "neon"
+ * matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q5_k, matmul_q6_k), included by neon.c (the "neon"
  * table, ARMv7-A and AArch64) and by neon_dotprod.c (AArch64
  * "neon-dotprod"). The one difference between the includers is the integer
  * dot-product step, chosen by __ARM_FEATURE_DOTPROD (defined only in
@@ -11,7 +11,7 @@
  * computes, block by block in order, one exact int32 sum (or two for
  * Q4_K) and then a few float32 operations in a fixed order (FORMAT.md 5):
  *   Q4_0, Q5_0: acc = acc + float(dot) * (d * xs)
- *   Q4_K: acc = acc + xs * (d * float(isum) - dmin * float(msum))
+ *   Q4_K, Q5_K: acc = acc + xs * (d * float(isum) - dmin * float(msum))
  *   Q6_K: acc = acc + xs * (d * float(isum))
  * Here the integer sums are exact (every partial sum is an int32 or a
  * non-overflowing int16, see nb_dot16 / nb_dot32), and an exact integer
@@ -99,7 +99,7 @@ NB_INLINE int32x4_t nb_dot16(int8x16_t w, int8x16_t x)
 /* The 32 products of (w0, w1) and (x0, x1), summed into 4 int32 lanes.
  * Without SDOT four products per int16 lane: exact when |w| <= 32 and
  * |x| <= 127 (4 * 32 * 127 = 16256 < 32767): Q4_0 |q - 8| <= 8, Q5_0
- * |q - 16| <= 16, Q4_K q <= 15. */
+ * |q - 16| <= 16, Q4_K q <= 15, Q5_K q <= 31. */
 NB_INLINE int32x4_t nb_dot32(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x1)
 {
 #ifdef __ARM_FEATURE_DOTPROD
@@ -347,10 +347,13 @@ NB_INLINE void nb_matmul_q4_0(const int five, float *Y, const uint8_t *W, const 
 }
 
 /* ------------------------------------------------------------------------ */
-/* Q4_K and Q6_K: 256 columns a block, unpacked per row into nb_kblock. */
+/* Q4_K, Q5_K and Q6_K: 256 columns a block, unpacked per row into nb_kblock. */
+
+enum { NB_Q4_K, NB_Q6_K, NB_Q5_K }; /* nb_matmul_kq's kq */
 
 typedef struct {
-    int8_t q[256];   /* values in column order: Q4_K q (0..15), Q6_K q - 32 */
+    int8_t q[256];   /* values in column order: Q4_K q (0..15), Q5_K q (0..31),
+                        Q6_K q - 32 */
     int32_t sc[16];  /* sub-block scales: Q4_K 8 (0..63, 32 columns each),
                         Q6_K 16 (-128..127, 16 columns each) */
     int32_t m[8];    /* Q4_K sub-block mins (0..63) */
@@ -390,6 +393,28 @@ NB_INLINE void nb_unpack_q4_k(nb_kblock *u, const uint8_t *blk)
         vst1q_u8((uint8_t *)u->q + 64 * k + 16, vandq_u8(q1, m4));
         vst1q_u8((uint8_t *)u->q + 64 * k + 32, vshrq_n_u8(q0, 4));
         vst1q_u8((uint8_t *)u->q + 64 * k + 48, vshrq_n_u8(q1, 4));
+    }
+    nb_q4_k_scales(u, blk + 8);
+    u->d = clb_blk_f32(blk, 0);
+    u->dmin = clb_blk_f32(blk, 4);
+}
+
+/* Q5_K: Q4_K's fields then qh[32] at 20 and qs at 52; bit 4 of sub-block
+ * j's value l is bit j of qh[l]. */
+NB_INLINE void nb_unpack_q5_k(nb_kblock *u, const uint8_t *blk)
+{
+    const uint8_t *qs = blk + 52, *qh = blk + 20;
+    const uint8x16_t m4 = vdupq_n_u8(15), b4 = vdupq_n_u8(16);
+    const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
+    for (int k = 0; k < 4; k++) {
+        /* bit 2k (low nibbles) and 2k + 1 (high) of qh moved to bit 4 */
+        const int8x16_t lo_sh = vdupq_n_s8((int8_t)(4 - 2 * k)), hi_sh = vdupq_n_s8((int8_t)(3 - 2 * k));
+        const uint8x16_t q0 = vld1q_u8(qs + 32 * k), q1 = vld1q_u8(qs + 32 * k + 16);
+        uint8_t *q = (uint8_t *)u->q + 64 * k;
+        vst1q_u8(q, vorrq_u8(vandq_u8(q0, m4), vandq_u8(vshlq_u8(h0, lo_sh), b4)));
+        vst1q_u8(q + 16, vorrq_u8(vandq_u8(q1, m4), vandq_u8(vshlq_u8(h1, lo_sh), b4)));
+        vst1q_u8(q + 32, vorrq_u8(vshrq_n_u8(q0, 4), vandq_u8(vshlq_u8(h0, hi_sh), b4)));
+        vst1q_u8(q + 48, vorrq_u8(vshrq_n_u8(q1, 4), vandq_u8(vshlq_u8(h1, hi_sh), b4)));
     }
     nb_q4_k_scales(u, blk + 8);
     u->d = clb_blk_f32(blk, 0);
@@ -516,11 +541,12 @@ NB_INLINE void nb_kq_tile(const int q6, const int V, const int T,
  * tiles of 4 rows x NB_TP tokens, the last tokens one at a time with all
  * NB_G rows in flight (rows past the matrix: copies of the last row,
  * computed, not stored; two tile shapes only: code size). */
-NB_INLINE void nb_kq_chunk(const int q6, float *Y, const uint8_t *W, const int8_t *XQ,
+NB_INLINE void nb_kq_chunk(const int kq, float *Y, const uint8_t *W, const int8_t *XQ,
                            const float *XS, const int16_t *XB, uint32_t nb,
                            uint32_t rows, uint32_t r0, uint32_t t0, uint32_t nt)
 {
-    const size_t bytes = q6 ? CLB_Q6_K_BYTES : CLB_Q4_K_BYTES;
+    const int q6 = kq == NB_Q6_K;
+    const size_t bytes = q6 ? CLB_Q6_K_BYTES : kq == NB_Q5_K ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES;
     /* row groups of 4 that hold a real row: the prefill tiles skip the
      * others */
     const int nv = rows - r0 >= NB_G ? NB_G / 4 : (int)((rows - r0 + 3) / 4);
@@ -534,6 +560,8 @@ NB_INLINE void nb_kq_chunk(const int q6, float *Y, const uint8_t *W, const int8_
             const uint8_t *blk = W + ((size_t)nb_row(r0, i, rows) * nb + b) * bytes;
             if (q6)
                 nb_unpack_q6_k(&u[i], blk);
+            else if (kq == NB_Q5_K)
+                nb_unpack_q5_k(&u[i], blk);
             else
                 nb_unpack_q4_k(&u[i], blk);
         }
@@ -558,16 +586,16 @@ NB_INLINE void nb_kq_chunk(const int q6, float *Y, const uint8_t *W, const int8_
             nb_store_rows(Y + (size_t)(t0 + t) * rows, acc[t][v], r0 + 4u * (uint32_t)v, rows);
 }
 
-/* Q4_K (q6 = 0) or Q6_K (q6 = 1): row groups of NB_G, token chunks of
- * NB_TT. */
-NB_INLINE void nb_matmul_kq(const int q6, float *Y, const uint8_t *W, const int8_t *XQ,
+/* Q4_K, Q5_K or Q6_K (kq = NB_Q4_K, ...): row groups of NB_G, token chunks
+ * of NB_TT. */
+NB_INLINE void nb_matmul_kq(const int kq, float *Y, const uint8_t *W, const int8_t *XQ,
                             const float *XS, const int16_t *XB, uint32_t n,
                             uint32_t rows, uint32_t cols)
 {
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
     for (uint32_t r0 = 0; r0 < rows; r0 += NB_G)
         for (uint32_t t0 = 0; t0 < n; t0 += NB_TT)
-            nb_kq_chunk(q6, Y, W, XQ, XS, XB, nb, rows, r0, t0,
+            nb_kq_chunk(kq, Y, W, XQ, XS, XB, nb, rows, r0, t0,
                         n - t0 < NB_TT ? n - t0 : NB_TT);
 }
 

@@ -15,7 +15,7 @@
  * Linux): on other cores these instructions would be illegal.
  *
  * Results: bit-identical to ref.c's matmul_i8 and block matmuls (Q4_0, Q5_0,
- * Q4_K, Q6_K), as the plain "neon" forms (see neon_a64_i8.h,
+ * Q4_K, Q6_K; Q5_K is neon.c's form in both tables), as the plain "neon" forms (see neon_a64_i8.h,
  * neon_blocks.h).
  */
 #include "kernels.h"
@@ -60,15 +60,16 @@ void colibri_neon_dotprod_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *
                                       const float *XS, const int16_t *XB, uint32_t n,
                                       uint32_t rows, uint32_t cols)
 {
-    nb_matmul_kq(0, Y, W, XQ, XS, XB, n, rows, cols);
+    nb_matmul_kq(NB_Q4_K, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 void colibri_neon_dotprod_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
                                       const float *XS, const int16_t *XB, uint32_t n,
                                       uint32_t rows, uint32_t cols)
 {
-    nb_matmul_kq(1, Y, W, XQ, XS, XB, n, rows, cols);
+    nb_matmul_kq(NB_Q6_K, Y, W, XQ, XS, XB, n, rows, cols);
 }
+
 
 #else
 /* ISO C wants at least one declaration in a translation unit. */

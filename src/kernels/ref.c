@@ -117,7 +117,7 @@ static void ref_matmul_i16(float *Y, const int16_t *Q, const float *S,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types (FORMAT.md 4-5): Q4_0, Q5_0, Q4_K, Q6_K                      */
+/* Block types (FORMAT.md 4-5): Q4_0, Q5_0, Q4_K, Q5_K, Q6_K                */
 /* ------------------------------------------------------------------------ */
 
 /* Per row t and block b of `block` columns: the I8 activation quantisation
@@ -199,32 +199,31 @@ void clb_ref_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
     }
 }
 
-/* acc += xs * (d * float(sum_j sc_j dot_j) - dmin * float(sum_j m_j bsum_j)) */
-void clb_ref_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,
-                            const float *XS, const int16_t *XB, uint32_t n,
-                            uint32_t rows, uint32_t cols)
+/* acc += xs * (d * float(sum_j sc_j dot_j) - dmin * float(sum_j m_j bsum_j)),
+ * Q4_K (five = 0) or Q5_K (five = 1: the values have a fifth bit). */
+static void ref_matmul_qk_affine(int five, float *Y, const uint8_t *W, const int8_t *XQ,
+                                 const float *XS, const int16_t *XB, uint32_t n,
+                                 uint32_t rows, uint32_t cols)
 {
+    const uint32_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES;
     uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
     for (uint32_t t = 0; t < n; t++) {
         const int8_t *xq = XQ + (size_t)t * nb * CLB_QK_COLS;
         const int16_t *xb = XB + (size_t)t * nb * (CLB_QK_COLS / 16);
         const float *xs = XS + (size_t)t * nb;
         for (uint32_t r = 0; r < rows; r++) {
-            const uint8_t *blk = W + (size_t)r * nb * CLB_Q4_K_BYTES;
+            const uint8_t *blk = W + (size_t)r * nb * bytes;
             float acc = 0.0f;
-            for (uint32_t b = 0; b < nb; b++, blk += CLB_Q4_K_BYTES) {
-                const uint8_t *qs = blk + 20;
+            for (uint32_t b = 0; b < nb; b++, blk += bytes) {
                 const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
                 const int16_t *bs = xb + (size_t)b * (CLB_QK_COLS / 16);
                 int32_t isum = 0, msum = 0;
                 for (unsigned j = 0; j < 8; j++) {
                     uint8_t sc, m;
                     clb_q4k_scale_min(blk + 8, j, &sc, &m);
-                    const uint8_t *q = qs + 32 * (j / 2);
-                    unsigned shift = (j & 1) * 4;
                     int32_t dot = 0;
                     for (unsigned l = 0; l < 32; l++)
-                        dot += (int32_t)((q[l] >> shift) & 15) * x[32 * j + l];
+                        dot += (int32_t)clb_qk_value(blk, 32 * j + l, five) * x[32 * j + l];
                     isum += (int32_t)sc * dot;
                     msum += (int32_t)m * ((int32_t)bs[2 * j] + bs[2 * j + 1]);
                 }
@@ -235,6 +234,20 @@ void clb_ref_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,
             Y[(size_t)t * rows + r] = acc;
         }
     }
+}
+
+void clb_ref_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols)
+{
+    ref_matmul_qk_affine(0, Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+void clb_ref_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols)
+{
+    ref_matmul_qk_affine(1, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 /* acc += xs * (d * float(sum_j sc_j dot_j)), q - 32 signed. */
@@ -286,12 +299,13 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
         } else if (dtype == COLIBRI_DTYPE_Q5_0) {
             const uint8_t *blk = row + (size_t)(i / 32) * CLB_Q5_0_BYTES;
             out[i] = clb_blk_f32(blk, 0) * (float)((int)clb_q5_0_value(blk, i % 32) - 16);
-        } else if (dtype == COLIBRI_DTYPE_Q4_K) {
-            const uint8_t *blk = row + (size_t)(i / 256) * CLB_Q4_K_BYTES;
+        } else if (dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K) {
+            int five = dtype == COLIBRI_DTYPE_Q5_K;
+            const uint8_t *blk = row + (size_t)(i / 256) * (five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES);
             unsigned k = i % 256, j = k / 32;
             uint8_t sc, m;
             clb_q4k_scale_min(blk + 8, j, &sc, &m);
-            unsigned q = (blk[20 + 32 * (j / 2) + k % 32] >> ((j & 1) * 4)) & 15;
+            unsigned q = clb_qk_value(blk, k, five);
             float d1 = clb_blk_f32(blk, 0) * (float)sc;
             float m1 = clb_blk_f32(blk, 4) * (float)m;
             out[i] = d1 * (float)q - m1;
@@ -481,6 +495,7 @@ static const colibri_kernels ref_kernels = {
     clb_ref_matmul_q4_k,
     clb_ref_matmul_q6_k,
     clb_ref_matmul_q5_0,
+    clb_ref_matmul_q5_k,
     clb_ref_attend,
     clb_ref_attend_rows,
 };

@@ -483,7 +483,7 @@ static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t 
     buf_free(&YT);
 }
 
-/* ---- block types (Q4_0, Q5_0, Q4_K, Q6_K) -------------------------------- */
+/* ---- block types (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) -------------------------- */
 /* kernels.h promises every table's block kernels bit-identical to ref's
  * (FORMAT.md 5: exact integer sums, a fixed float order per element), so
  * XQ/XS/XB and Y are compared bit for bit. Blocks are random bytes with
@@ -491,7 +491,8 @@ static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t 
  * blocks and rounding ties. */
 
 static const unsigned BLK_DTYPES[] = {COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_Q4_K,
-                                      COLIBRI_DTYPE_Q6_K, COLIBRI_DTYPE_Q5_0};
+                                      COLIBRI_DTYPE_Q6_K, COLIBRI_DTYPE_Q5_0,
+                                      COLIBRI_DTYPE_Q5_K};
 static const uint32_t BLK_COLS[] = {1, 17, 31, 32, 33, 64, 100, 255, 256, 257, 512, 700, 1100};
 static const uint32_t BLK_ROWS[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 65};
 
@@ -505,7 +506,8 @@ static uint32_t blk_bytes_of(unsigned dtype)
 {
     return dtype == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES
          : dtype == COLIBRI_DTYPE_Q5_0 ? CLB_Q5_0_BYTES
-         : dtype == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+         : dtype == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES
+         : dtype == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES : CLB_Q6_K_BYTES;
 }
 
 typedef void (*blk_matmul_fn)(float *, const uint8_t *, const int8_t *, const float *,
@@ -516,7 +518,8 @@ static blk_matmul_fn blk_matmul_of(const colibri_kernels *k, unsigned dtype)
 {
     return dtype == COLIBRI_DTYPE_Q4_0 ? k->matmul_q4_0
          : dtype == COLIBRI_DTYPE_Q5_0 ? k->matmul_q5_0
-         : dtype == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k : k->matmul_q6_k;
+         : dtype == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k
+         : dtype == COLIBRI_DTYPE_Q5_K ? k->matmul_q5_k : k->matmul_q6_k;
 }
 
 static void fill_blocks(uint8_t *w, unsigned dtype, size_t nblocks)
@@ -526,7 +529,7 @@ static void fill_blocks(uint8_t *w, unsigned dtype, size_t nblocks)
         w[i] = (uint8_t)rng_below(256);
     for (size_t b = 0; b < nblocks; b++) {
         uint8_t *blk = w + b * bytes;
-        unsigned nf = dtype == COLIBRI_DTYPE_Q4_K ? 2 : 1;
+        unsigned nf = dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
         for (unsigned f = 0; f < nf; f++) {
             float v = rng_below(16) == 0 ? 0.0f : rng_sym() * 0.01f;
             memcpy(blk + 4 * f, &v, 4);
@@ -1142,7 +1145,8 @@ static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels *
         {1, 2816, 1024}, {1, 1024, 2816}, {4, 2816, 1024}, {8, 2816, 1024},
         {128, 2816, 1024}, {128, 1024, 2816},
     };
-    static const char *names[] = {"matmul_q4_0", "matmul_q4_k", "matmul_q6_k", "matmul_q5_0"};
+    static const char *names[] = {"matmul_q4_0", "matmul_q4_k", "matmul_q6_k", "matmul_q5_0",
+                                  "matmul_q5_k"};
     const uint32_t maxn = 128, maxc = 2816;
     uint8_t *w = xmalloc(BB_ROTATE + (4u << 20));
     float *x = xmalloc((size_t)maxn * maxc * sizeof(float));

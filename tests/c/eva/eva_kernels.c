@@ -7,7 +7,7 @@
  *
  *   n (tokens) 1..EVA_N, rows 1..EVA_ROWS;
  *   F32 / I8_GROUP / I16_ROW: cols 1..EVA_COLS, group 32 and 7;
- *   block types (Q4_0, Q5_0, Q4_K, Q6_K): cols 1..EVA_BCOLS, i.e. one or two
+ *   block types (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K): cols 1..EVA_BCOLS, i.e. one or two
  *     256-column blocks (one to sixteen Q4_0 / Q5_0 blocks);
  *   attention: 3, 16 and EVA_POS = 20 positions (part of a CLB_ATT_BLOCK
  *     block, one block, a block and a partial one), head size d 1..EVA_D,
@@ -140,6 +140,11 @@ static void block_kernels(const colibri_kernels *k)
     set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q4_K_BYTES, 2);
     k->matmul_q4_k(BY, BW, BXQ, BXS, BXB, n, rows, cols);
     clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q4_K, cols);
+
+    Frama_C_make_unknown((char *)BW, sizeof BW);
+    set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q5_K_BYTES, 2);
+    k->matmul_q5_k(BY, BW, BXQ, BXS, BXB, n, rows, cols);
+    clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q5_K, cols);
 
     Frama_C_make_unknown((char *)BW, sizeof BW);
     set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q6_K_BYTES, 1);
