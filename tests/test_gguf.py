@@ -247,46 +247,23 @@ def test_q4_k_m_gguf_imports_exactly(models, q4_k_m_file, tmp_path):
     assert {"Q4_K", "Q6_K"} <= kept
 
 
-def test_q4_0_gguf_imports_exactly(models, tmp_path):
-    """Q4_0 (llama.cpp's quantize_q4_0) -> Colibri's Q4_0, bit for bit."""
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q5_0", "Q5_K"])
+def test_block_gguf_imports_exactly(models, tmp_path, ggml_type):
+    """Every matrix in one of llama.cpp's block types (its own quantize_*,
+    as llama-quantize writes them) -> Colibri's type of that name, bit for
+    bit. Q5_0 is what Q4_K_M writes for a Q4_K tensor whose rows are not a
+    multiple of 256 (Qwen1.5-MoE's 1408-wide ffn_down), Q5_K what it writes
+    for an 8-expert model's attn_output and most of a Q5_K_M file."""
     import llama_quants as LQ
     if LQ.load()[0] is None:
         pytest.skip(LQ.load()[1])
-    path = tmp_path / "k256.q4_0.gguf"
+    path = tmp_path / f"k256.{ggml_type.lower()}.gguf"
     GF.requantize(models["k256"][2]["f32"], path,
-                  lambda name, shape: None if len(shape) < 2 or "gate_inp" in name else "Q4_0")
-    out = tmp_path / "q4_0.colibri"
+                  lambda name, shape: None if len(shape) < 2 or "gate_inp" in name
+                  else ggml_type)
+    out = tmp_path / f"{ggml_type.lower()}.colibri"
     ex = _export(path, out)
-    _check_bit_exact(path, out, ex, {("Q4_0", "Q4_0")})
-
-
-def test_q5_0_gguf_imports_exactly(models, tmp_path):
-    """Q5_0 (llama.cpp's quantize_q5_0: what llama-quantize's Q4_K_M writes
-    for a Q4_K tensor whose rows are not a multiple of 256, such as
-    Qwen1.5-MoE's 1408-wide ffn_down) -> Colibri's Q5_0, bit for bit."""
-    import llama_quants as LQ
-    if LQ.load()[0] is None:
-        pytest.skip(LQ.load()[1])
-    path = tmp_path / "k256.q5_0.gguf"
-    GF.requantize(models["k256"][2]["f32"], path,
-                  lambda name, shape: None if len(shape) < 2 or "gate_inp" in name else "Q5_0")
-    out = tmp_path / "q5_0.colibri"
-    ex = _export(path, out)
-    _check_bit_exact(path, out, ex, {("Q5_0", "Q5_0")})
-
-
-def test_q5_k_gguf_imports_exactly(models, tmp_path):
-    """Q5_K (llama.cpp's quantize_q5_K: Q4_K_M's attn_output in 8-expert
-    models, most of a Q5_K_M file) -> Colibri's Q5_K, bit for bit."""
-    import llama_quants as LQ
-    if LQ.load()[0] is None:
-        pytest.skip(LQ.load()[1])
-    path = tmp_path / "k256.q5_k.gguf"
-    GF.requantize(models["k256"][2]["f32"], path,
-                  lambda name, shape: None if len(shape) < 2 or "gate_inp" in name else "Q5_K")
-    out = tmp_path / "q5_k.colibri"
-    ex = _export(path, out)
-    _check_bit_exact(path, out, ex, {("Q5_K", "Q5_K")})
+    _check_bit_exact(path, out, ex, {(ggml_type, ggml_type)})
 
 
 def test_c_runtime_runs_the_q4_k_m_import(models, q4_k_m_file, c_build, tmp_path):

@@ -220,12 +220,14 @@ static inline float clb_att_exp(float x)
 void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
                      uint32_t cols);
 
-/* Q5_0's stored value (0..31) of column i (0..31) of a block: the nibble
- * of qs (low for i < 16) and bit i of the little-endian qh[4] as bit 4. */
-static inline unsigned clb_q5_0_value(const uint8_t *blk, unsigned i)
+/* The stored value of column i (0..31) of a Q4_0 block (0..15: the nibble
+ * of qs, low for i < 16) or, with five, of a Q5_0 block (0..31: qs at 8,
+ * bit i of the little-endian qh[4] as bit 4). */
+static inline unsigned clb_q_0_value(const uint8_t *blk, unsigned i, int five)
 {
-    unsigned lo = i < 16 ? blk[8 + i] & 15u : (unsigned)blk[8 + i - 16] >> 4;
-    return lo | (((unsigned)blk[4 + i / 8] >> (i % 8)) & 1u) << 4;
+    const uint8_t *qs = blk + (five ? 8 : 4);
+    unsigned lo = i < 16 ? qs[i] & 15u : (unsigned)qs[i - 16] >> 4;
+    return five ? lo | (((unsigned)blk[4 + i / 8] >> (i % 8)) & 1u) << 4 : lo;
 }
 
 /* The stored value of column i (0..255) of a Q4_K block (0..15) or, with

@@ -457,15 +457,18 @@ NB_INLINE void nb_unpack_q6_k(nb_kblock *u, const uint8_t *blk)
 /* msum of 4 rows and one token: sum_j m_j * (bsum of sub-block j), with
  * xb the token's 16 sums of 16 (sub-block j = xb[2j] + xb[2j+1]). Exact:
  * |msum| <= 8 * 63 * 4064. */
+/* Row u's m_j * bsum_j in 4 lanes (j and j + 4 added). */
+NB_INLINE int32x4_t nb_q4_k_mrow(const nb_kblock *u, int32x4_t b0, int32x4_t b1)
+{
+    return vmlaq_s32(vmulq_s32(vld1q_s32(u->m), b0), vld1q_s32(u->m + 4), b1);
+}
+
 NB_INLINE int32x4_t nb_q4_k_msum(const nb_kblock *u, const int16_t *xb)
 {
     const int32x4_t b0 = vpaddlq_s16(vld1q_s16(xb));     /* j = 0..3 */
     const int32x4_t b1 = vpaddlq_s16(vld1q_s16(xb + 8)); /* j = 4..7 */
-    int32x4_t s[4];
-    NB_UNROLL
-    for (int i = 0; i < 4; i++)
-        s[i] = vmlaq_s32(vmulq_s32(vld1q_s32(u[i].m), b0), vld1q_s32(u[i].m + 4), b1);
-    return nb_hsum4(s[0], s[1], s[2], s[3]);
+    return nb_hsum4(nb_q4_k_mrow(&u[0], b0, b1), nb_q4_k_mrow(&u[1], b0, b1),
+                    nb_q4_k_mrow(&u[2], b0, b1), nb_q4_k_mrow(&u[3], b0, b1));
 }
 
 /* One block of the rows u[4 v0 .. 4 (v0 + V)) and tokens 0 .. T: the

@@ -146,27 +146,25 @@ void clb_ref_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB,
     }
 }
 
-/* y = sum_b float(dot_b) * (d_b * xs_b): the I8 form with 4-bit values. */
-void clb_ref_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
-                            const float *XS, const int16_t *XB, uint32_t n,
-                            uint32_t rows, uint32_t cols)
+/* y = sum_b float(dot_b) * (d_b * xs_b): the I8 form with 4-bit (five = 0:
+ * Q4_0, dot = sum (q - 8) x) or 5-bit values (Q5_0, sum (q - 16) x). */
+static void ref_matmul_q_0(int five, float *Y, const uint8_t *W, const int8_t *XQ,
+                           const float *XS, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    (void)XB;
+    const uint32_t bytes = five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES;
+    const int32_t zero = five ? 16 : 8;
     uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
     for (uint32_t t = 0; t < n; t++) {
         const int8_t *xq = XQ + (size_t)t * nb * CLB_Q4_0_COLS;
         const float *xs = XS + (size_t)t * nb;
         for (uint32_t r = 0; r < rows; r++) {
-            const uint8_t *blk = W + (size_t)r * nb * CLB_Q4_0_BYTES;
+            const uint8_t *blk = W + (size_t)r * nb * bytes;
             float acc = 0.0f;
-            for (uint32_t b = 0; b < nb; b++, blk += CLB_Q4_0_BYTES) {
-                const uint8_t *qs = blk + 4;
+            for (uint32_t b = 0; b < nb; b++, blk += bytes) {
                 const int8_t *x = xq + (size_t)b * CLB_Q4_0_COLS;
                 int32_t dot = 0;
-                for (unsigned i = 0; i < 16; i++) {
-                    dot += ((int32_t)(qs[i] & 15) - 8) * x[i];
-                    dot += ((int32_t)(qs[i] >> 4) - 8) * x[i + 16];
-                }
+                for (unsigned i = 0; i < 32; i++)
+                    dot += ((int32_t)clb_q_0_value(blk, i, five) - zero) * x[i];
                 acc += (float)dot * (clb_blk_f32(blk, 0) * xs[b]);
             }
             Y[(size_t)t * rows + r] = acc;
@@ -174,29 +172,20 @@ void clb_ref_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
     }
 }
 
-/* Q4_0's form with 5-bit values: dot = sum (q - 16) x. */
+void clb_ref_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    ref_matmul_q_0(0, Y, W, XQ, XS, n, rows, cols);
+}
+
 void clb_ref_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
                          const float *XS, const int16_t *XB, uint32_t n,
                          uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
-    for (uint32_t t = 0; t < n; t++) {
-        const int8_t *xq = XQ + (size_t)t * nb * CLB_Q4_0_COLS;
-        const float *xs = XS + (size_t)t * nb;
-        for (uint32_t r = 0; r < rows; r++) {
-            const uint8_t *blk = W + (size_t)r * nb * CLB_Q5_0_BYTES;
-            float acc = 0.0f;
-            for (uint32_t b = 0; b < nb; b++, blk += CLB_Q5_0_BYTES) {
-                const int8_t *x = xq + (size_t)b * CLB_Q4_0_COLS;
-                int32_t dot = 0;
-                for (unsigned i = 0; i < 32; i++)
-                    dot += ((int32_t)clb_q5_0_value(blk, i) - 16) * x[i];
-                acc += (float)dot * (clb_blk_f32(blk, 0) * xs[b]);
-            }
-            Y[(size_t)t * rows + r] = acc;
-        }
-    }
+    ref_matmul_q_0(1, Y, W, XQ, XS, n, rows, cols);
 }
 
 /* acc += xs * (d * float(sum_j sc_j dot_j) - dmin * float(sum_j m_j bsum_j)),
@@ -291,14 +280,11 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
                      uint32_t cols)
 {
     for (uint32_t i = 0; i < cols; i++) {
-        if (dtype == COLIBRI_DTYPE_Q4_0) {
-            const uint8_t *blk = row + (size_t)(i / 32) * CLB_Q4_0_BYTES;
-            unsigned k = i % 32;
-            unsigned q = k < 16 ? blk[4 + k] & 15 : blk[4 + k - 16] >> 4;
-            out[i] = clb_blk_f32(blk, 0) * (float)((int)q - 8);
-        } else if (dtype == COLIBRI_DTYPE_Q5_0) {
-            const uint8_t *blk = row + (size_t)(i / 32) * CLB_Q5_0_BYTES;
-            out[i] = clb_blk_f32(blk, 0) * (float)((int)clb_q5_0_value(blk, i % 32) - 16);
+        if (dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0) {
+            int five = dtype == COLIBRI_DTYPE_Q5_0;
+            const uint8_t *blk = row + (size_t)(i / 32) * (five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES);
+            int q = (int)clb_q_0_value(blk, i % 32, five) - (five ? 16 : 8);
+            out[i] = clb_blk_f32(blk, 0) * (float)q;
         } else if (dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K) {
             int five = dtype == COLIBRI_DTYPE_Q5_K;
             const uint8_t *blk = row + (size_t)(i / 256) * (five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES);
