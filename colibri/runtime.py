@@ -92,7 +92,7 @@ class _Options(ctypes.Structure):
     fields this binding filled."""
     _fields_ = [("size", ctypes.c_uint32), ("kv_dtype", ctypes.c_uint32),
                 ("expert_slots", ctypes.c_uint32), ("slot_policy", ctypes.c_uint32),
-                ("ram_bytes", ctypes.c_uint64)]
+                ("ram_bytes", ctypes.c_uint64), ("prefetch", ctypes.c_uint32)]
 
 
 class _StreamStats(ctypes.Structure):
@@ -100,7 +100,10 @@ class _StreamStats(ctypes.Structure):
     _fields_ = [("slots", ctypes.c_uint32), ("policy", ctypes.c_uint32)] + \
                [(n, ctypes.c_uint64) for n in ("slot_bytes", "resident_bytes", "hits",
                                                "misses", "evictions", "bytes_read",
-                                               "read_ns", "errors", "wait_ns")]
+                                               "read_ns", "errors", "wait_ns",
+                                               "prefetched", "prefetch_hits",
+                                               "prefetch_cancelled")] + \
+               [("prefetch", ctypes.c_uint32)]
 
 
 # colibri_reader.read: (user, offset, dst, n) -> 0 or negative
@@ -114,6 +117,7 @@ class _Reader(ctypes.Structure):
 
 # COLIBRI_SLOTS_REUSE (the default), _FREQ, _LRU
 SLOT_POLICIES = {"reuse": 2, "freq": 0, "lru": 1}
+PREFETCH_DEFAULT = 8   # COLIBRI_PREFETCH_DEFAULT
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -148,7 +152,7 @@ KV_DTYPES = {"f32": 0, "i8": 1}                # COLIBRI_KV_F32, COLIBRI_KV_I8
 
 
 def _options(kv: str, ram=None, slots: int | None = None,
-             policy: str = "reuse") -> "_Options":
+             policy: str = "reuse", prefetch: int = PREFETCH_DEFAULT) -> "_Options":
     if kv not in KV_DTYPES:
         raise errors.ArgumentError(-7, "bad argument", f"kv={kv!r}: choose f32 or i8",
                                    "init", "")
@@ -158,9 +162,12 @@ def _options(kv: str, ram=None, slots: int | None = None,
     if slots is not None and (not isinstance(slots, int) or slots < 1):
         raise errors.ArgumentError(-7, "bad argument", f"slots={slots!r}: a count >= 1",
                                    "init", "")
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch < 2**32:
+        raise errors.ArgumentError(-7, "bad argument", f"prefetch={prefetch!r}: a count >= 0",
+                                   "init", "")
     return _Options(size=ctypes.sizeof(_Options), kv_dtype=KV_DTYPES[kv],
                     expert_slots=slots or 0, slot_policy=SLOT_POLICIES[policy],
-                    ram_bytes=parse_size(ram) if ram is not None else 0)
+                    ram_bytes=parse_size(ram) if ram is not None else 0, prefetch=prefetch)
 
 
 class _TokInfo(ctypes.Structure):
@@ -473,6 +480,11 @@ class Model:
     policy   which expert a full slot cache gives up: "reuse" (default),
              "freq" or "lru" (docs/STREAMING.md, "Policies"). The logits
              are the same bits for every budget, slot count and policy.
+    prefetch with ram or slots and a path: up to this many of a MoE layer's
+             experts, predicted from the hidden state before its attention,
+             are read while it runs (default 8, lowered to top_k and to
+             what the slots allow; 0: none). Changes what is read, never a
+             logit.
     reader   instead of source, a function read(offset, n) -> bytes over a
              file of reader_size bytes: colibri_init_stream with the
              caller's reader (bare metal's flash driver, or a test's),
@@ -486,7 +498,7 @@ class Model:
     def __init__(self, source=None, *, arena: int | None = None, library=None,
                  threads: int = 1, spin: bool = False, kv: str = "f32", ram=None,
                  slots: int | None = None, policy: str = "reuse", reader=None,
-                 reader_size: int | None = None):
+                 reader_size: int | None = None, prefetch: int = PREFETCH_DEFAULT):
         self._lib = load_library(library)
         self._lock = threading.Lock()
         self._m = None
@@ -495,7 +507,7 @@ class Model:
         lib = self._lib.lib
         m = ctypes.create_string_buffer(self._lib.sizeof_model)
         self._blob = self._arena = None
-        opt = _options(kv, ram, slots, policy)
+        opt = _options(kv, ram, slots, policy, prefetch)
         streamed = ram is not None or slots is not None
         self._reader = None
         if reader is not None:
@@ -569,7 +581,10 @@ class Model:
     def stream_stats(self, reset: bool = False) -> dict:
         """What the expert slots did (colibri_get_stream_stats): slots,
         policy, slot_bytes, resident_bytes, hits, misses, evictions,
-        bytes_read, read_ns, errors, wait_ns; slots 0 for an all-resident
+        bytes_read, read_ns, errors, wait_ns, prefetched (reads a prediction
+        started), prefetch_hits (hits on them), prefetch_cancelled (of them,
+        those the routing did not use, cancelled before any byte was read),
+        prefetch (experts a layer may prefetch); slots 0 for an all-resident
         model.
         reset: clear the counters afterwards."""
         with self._lock:

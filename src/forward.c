@@ -137,6 +137,10 @@ static int forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
             p->x[i] *= p->d.embed_scale;
     for (uint32_t l = 0; l < s->n_layers; l++) {
         const clb_layer *L = &p->layers[l];
+#if CLB_STREAM_PREFETCH
+        if (p->prefetch && !L->dense) /* its experts read while attention runs */
+            clb_moe_prefetch(p, L, p->x, n);
+#endif
         clb_rmsnorm(p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
         qkv(p, L, l, n);
         clb_attention(p, l, n);
@@ -154,6 +158,8 @@ static int forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         residual(p->x, p->tmp, nh, p->d.residual_scale);
     }
     lm_head(p, n, last_pos, logits);
+    if (p->settle) /* reads a prefetch began that nothing took: done before infer returns */
+        p->settle(p);
     return COLIBRI_OK;
 }
 

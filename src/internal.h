@@ -37,6 +37,15 @@
 #endif
 #endif
 
+/* Builds whose library reader has a thread (load.c's CLB_READER_THREAD, stream.c):
+ * the only reader a prefetch overlaps with compute, so the prefetch's code
+ * is in these builds only (bare metal has none of it). */
+#if !defined(COLIBRI_STATIC_WORKBUF) && COLIBRI_ENABLE_POSIX_IO && COLIBRI_THREADS
+#define CLB_STREAM_PREFETCH 1
+#else
+#define CLB_STREAM_PREFETCH 0
+#endif
+
 /* priv_.magic of an initialised instance ("CLBR"), and priv_.load_mode. */
 #define CLB_MODEL_MAGIC 0x434C4252u
 enum { CLB_LOAD_MMAP = 1, CLB_LOAD_READ = 2, CLB_LOAD_MEMORY = 3,
@@ -152,20 +161,33 @@ typedef struct clb_plan {
     struct clb_stream *stream;
     /* told each MoE layer pass's routing (p->offsets) before the others */
     void (*routed)(const struct clb_plan *p, uint32_t layer);
-    /* 1 with *ex when a slot holds the expert (a use), else 0 */
+    /* CLB_HELD with *ex when a slot holds the expert (a use), CLB_IN_FLIGHT
+     * when a prefetch is reading it, else CLB_ABSENT */
     int (*held)(const struct clb_plan *p, uint32_t layer, uint32_t expert,
                 const clb_expert **ex);
-    /* a slot for an expert no slot holds, and its read started */
+    /* a slot for an expert no slot holds, and its read started (nothing if
+     * a read of it is in flight, or a slot has it by now) */
     void (*fetch)(const struct clb_plan *p, uint32_t layer, uint32_t expert);
     /* the fetched expert, once read and checked, or the error */
     int (*take)(const struct clb_plan *p, uint32_t layer, uint32_t expert,
                 const clb_expert **ex, char *detail);
     uint32_t read_ahead;        /* fetches ahead of the take (1 or 2) */
+    /* start the reads of what votes [E] (rows whose predicted top-k has the
+     * expert) predict for MoE layer `layer`'s coming pass; set only where
+     * the instance prefetches (stream.c clb_stream_prefetch_on) */
+    void (*prefetch)(const struct clb_plan *p, uint32_t layer, const uint32_t *votes);
+    /* every read still in flight finished (infer returns with none) */
+    void (*settle)(const struct clb_plan *p);
 
     /* colibri_set_route_observer's, else NULL. */
     colibri_route_fn route_fn;
     void *route_user;
 } clb_plan;
+
+/* clb_plan.held's answers */
+#define CLB_ABSENT 0
+#define CLB_HELD 1
+#define CLB_IN_FLIGHT 2
 
 /* --- plan.c --------------------------------------------------------------- */
 
@@ -198,6 +220,7 @@ typedef struct clb_opts {
     uint32_t slots;      /* expert_slots (0: none asked) */
     uint32_t policy;     /* COLIBRI_SLOTS_* */
     uint64_t ram;        /* ram_bytes (0: no budget) */
+    uint32_t prefetch;   /* prefetch (0: none) */
 } clb_opts;
 
 /* Read and check *opt into *o; detail says what is wrong. COLIBRI_OK,
@@ -311,6 +334,15 @@ void clb_debug_dump(const char *what, const char *role, const void *data,
  * with detail set. */
 int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
             uint32_t n, float *Y, char *detail);
+
+/* A streamed instance that prefetches (p->prefetch set): predict MoE layer
+ * `layer`'s routing of the chunk from the residual X[n, hidden] that enters
+ * the layer (its FFN norm and router applied as if attention added nothing;
+ * the residual dominates, so most choices hold) and start the reads of the
+ * experts predicted. Uses p->xn and the routing buffers as scratch: call it
+ * before the layer's attention norm. Changes no logit, only what is read. */
+void clb_moe_prefetch(const clb_plan *p, const clb_layer *layer, const float *X,
+                      uint32_t n);
 
 /* p[0..n) = softmax(v[0..n)) in float32 (max-subtracted). */
 void clb_softmax(float *p, const float *v, uint32_t n);

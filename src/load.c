@@ -137,12 +137,13 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
  * order by the reader thread, their results taken in order (read_finish).
  * `begun`, `done` and `taken` count reads; the mutex orders every access
  * to the ring and the counters. Started at init, joined at colibri_free. */
-#define CLB_READS_IN_FLIGHT 2u
+#define CLB_READS_IN_FLIGHT CLB_STREAM_FIFO
 typedef struct read_job {
     uint64_t off;
     void *dst;
     size_t n;
     int rc;
+    int cancelled;       /* read_cancel's: the thread skips it */
 } read_job;
 
 typedef struct file_reader {
@@ -156,6 +157,7 @@ typedef struct file_reader {
     pthread_cond_t job, result;
     read_job ring[CLB_READS_IN_FLIGHT];
     uint64_t begun, done, taken;
+    uint64_t picked;     /* reads the thread has begun (done, or done + 1) */
     int running, quit;
 #endif
 } file_reader;
@@ -270,9 +272,13 @@ static void *reader_main(void *user)
         if (r->done == r->begun) /* quit, and nothing left to read */
             break;
         read_job *j = &r->ring[r->done % CLB_READS_IN_FLIGHT];
-        pthread_mutex_unlock(&r->mu);
-        int rc = file_read(r, j->off, j->dst, j->n);
-        pthread_mutex_lock(&r->mu);
+        r->picked = r->done + 1;
+        int rc = CLB_READ_CANCELLED;
+        if (!j->cancelled) {
+            pthread_mutex_unlock(&r->mu);
+            rc = file_read(r, j->off, j->dst, j->n);
+            pthread_mutex_lock(&r->mu);
+        }
         j->rc = rc;
         r->done++;
         pthread_cond_signal(&r->result);
@@ -281,18 +287,34 @@ static void *reader_main(void *user)
     return NULL;
 }
 
-/* clb_stream_io.start: -1 when the ring is full (never, with stream.c's
- * read_ahead of 2 at most). */
+/* clb_stream_io.start: -1 when the ring is full (never: stream.c keeps at
+ * most its capacity in flight). */
 static int read_start(void *user, uint64_t off, void *dst, size_t n)
 {
     file_reader *r = (file_reader *)user;
     int rc = -1;
     pthread_mutex_lock(&r->mu);
     if (r->begun - r->taken < CLB_READS_IN_FLIGHT) {
-        r->ring[r->begun % CLB_READS_IN_FLIGHT] = (read_job){ off, dst, n, -1 };
+        r->ring[r->begun % CLB_READS_IN_FLIGHT] = (read_job){ off, dst, n, -1, 0 };
         r->begun++;
         pthread_cond_signal(&r->job);
         rc = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* clb_stream_io.cancel: the k-th oldest read not yet taken, unless the
+ * thread has begun it. */
+static int read_cancel(void *user, uint32_t k)
+{
+    file_reader *r = (file_reader *)user;
+    int rc = 0;
+    pthread_mutex_lock(&r->mu);
+    uint64_t n = r->taken + k;
+    if (n >= r->picked && n < r->begun) {
+        r->ring[n % CLB_READS_IN_FLIGHT].cancelled = 1;
+        rc = 1;
     }
     pthread_mutex_unlock(&r->mu);
     return rc;
@@ -965,9 +987,12 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
         if (start_reader_thread(r)) {
             p->stream->io.start = read_start;
             p->stream->io.finish = read_finish;
+            p->stream->io.cancel = read_cancel;
             p->stream->io.user = r;
+            p->stream->io.capacity = CLB_READS_IN_FLIGHT;
         }
 #endif
+        clb_stream_prefetch_on(p, o->prefetch);
 #ifdef POSIX_FADV_DONTNEED
         /* the resident sections are copied: their pages need not stay */
         (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_DONTNEED);

@@ -56,12 +56,10 @@ void clb_topk(const float *probs, uint32_t n, uint32_t k, int renorm,
         w[j] = w[j] / total;
 }
 
-/* Route every row: fills p->sel/selw [n, K], then groups the n*K
- * selections per expert (counting sort, ascending within an expert) into
- * p->tok_list[p->offsets[e] .. p->offsets[e+1]): each entry is a selection
- * index i = row * K + slot. */
-static void route(const clb_plan *p, const clb_layer *layer, const float *X,
-                  uint32_t n)
+/* Every row's top-k of the router over X [n, hidden]: p->sel/selw [n, K],
+ * and p->counts [E] the rows that chose each expert. */
+static void choose(const clb_plan *p, const clb_layer *layer, const float *X,
+                   uint32_t n)
 {
     uint32_t E = p->s.n_experts, K = p->s.top_k;
     clb_linear(p, &layer->router, X, n, p->router_logits, "router");
@@ -74,6 +72,27 @@ static void route(const clb_plan *p, const clb_layer *layer, const float *X,
     memset(p->counts, 0, E * sizeof(uint32_t));
     for (uint32_t i = 0; i < n * K; i++)
         p->counts[p->sel[i]]++;
+}
+
+#if CLB_STREAM_PREFETCH
+void clb_moe_prefetch(const clb_plan *p, const clb_layer *layer, const float *X,
+                      uint32_t n)
+{
+    clb_rmsnorm(p->xn, X, layer->ffn_norm, n, p->s.hidden, p->s.rms_eps);
+    choose(p, layer, p->xn, n);
+    p->prefetch(p, (uint32_t)(layer - p->layers), p->counts);
+}
+#endif
+
+/* Route every row: fills p->sel/selw [n, K], then groups the n*K
+ * selections per expert (counting sort, ascending within an expert) into
+ * p->tok_list[p->offsets[e] .. p->offsets[e+1]): each entry is a selection
+ * index i = row * K + slot. */
+static void route(const clb_plan *p, const clb_layer *layer, const float *X,
+                  uint32_t n)
+{
+    uint32_t E = p->s.n_experts, K = p->s.top_k;
+    choose(p, layer, X, n);
     p->offsets[0] = 0;
     for (uint32_t e = 0; e < E; e++)
         p->offsets[e + 1] = p->offsets[e] + p->counts[e];
@@ -133,23 +152,33 @@ static void run_expert(const clb_plan *p, const clb_expert *ex, uint32_t e,
 }
 
 /* A streamed instance's experts (stream.c): those a slot holds first, then
- * the others in expert order, each read into a slot just before it runs,
- * the next one's read started (p->read_ahead) before this one is taken,
- * so the reader works while an expert computes. Each expert writes only
- * its own (row, slot) outputs, so the order changes no bit. The missing
- * experts' list reuses p->counts (route's, read by the observer already). */
+ * those a prefetch is reading (their reads are the oldest), then the others
+ * in expert order, each read into a slot just before it runs, the next
+ * one's read started (p->read_ahead) before this one is taken, so the
+ * reader works while an expert computes. Each expert writes only its own
+ * (row, slot) outputs, so the order changes no bit. The missing experts'
+ * list reuses p->counts (route's, read by the observer already), each
+ * expert's state p->chosen (top-k scratch). */
+#define NOT_ROUTED 0xFFu
 static int run_streamed(const clb_plan *p, uint32_t l, const float *X, char *detail)
 {
-    uint32_t *miss = p->counts, n_miss = 0;
-    for (uint32_t e = 0; e < p->s.n_experts; e++) {
+    uint32_t E = p->s.n_experts, *miss = p->counts, n_miss = 0;
+    uint8_t *state = p->chosen;
+    for (uint32_t e = 0; e < E; e++) {
         const clb_expert *ex;
+        state[e] = NOT_ROUTED;
         if (p->offsets[e + 1] == p->offsets[e])
             continue;
-        if (p->held(p, l, e, &ex))
+        state[e] = (uint8_t)p->held(p, l, e, &ex);
+        if (state[e] == CLB_HELD)
             run_expert(p, ex, e, X);
-        else
-            miss[n_miss++] = e;
     }
+    for (uint32_t e = 0; e < E; e++)
+        if (state[e] == CLB_IN_FLIGHT)
+            miss[n_miss++] = e;
+    for (uint32_t e = 0; e < E; e++)
+        if (state[e] == CLB_ABSENT)
+            miss[n_miss++] = e;
     for (uint32_t i = 0, f = 0; i < n_miss; i++) {
         for (; f < n_miss && f < i + p->read_ahead; f++)
             p->fetch(p, l, miss[f]);

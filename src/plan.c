@@ -181,6 +181,7 @@ colibri_options colibri_options_default(void)
     o.size = (uint32_t)sizeof o;
     o.kv_dtype = COLIBRI_KV_F32;
     o.slot_policy = COLIBRI_SLOTS_REUSE;
+    o.prefetch = COLIBRI_PREFETCH_DEFAULT;
     return o;
 }
 
@@ -196,6 +197,7 @@ int clb_read_options(const colibri_options *opt, clb_opts *o, char *detail)
     memset(o, 0, sizeof *o);
     o->kv_dtype = COLIBRI_KV_F32;
     o->policy = COLIBRI_SLOTS_REUSE;
+    o->prefetch = COLIBRI_PREFETCH_DEFAULT;
     if (!opt)
         return COLIBRI_OK;
     if (opt->size < 8u) {
@@ -224,6 +226,8 @@ int clb_read_options(const colibri_options *opt, clb_opts *o, char *detail)
         o->policy = opt->slot_policy;
     if (has_field(opt, offsetof(colibri_options, ram_bytes), 8))
         o->ram = opt->ram_bytes;
+    if (has_field(opt, offsetof(colibri_options, prefetch), 4))
+        o->prefetch = opt->prefetch;
     if (o->policy > COLIBRI_SLOTS_REUSE) {
         clb_detail(detail, DETAIL_CAP, "slot_policy %u (COLIBRI_SLOTS_FREQ 0, "
                    "COLIBRI_SLOTS_LRU 1 or COLIBRI_SLOTS_REUSE 2)", (unsigned)o->policy);

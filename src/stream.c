@@ -193,6 +193,18 @@ static void count_use(clb_stream *st, clb_stream_expert *x)
 static void stream_routed(const clb_plan *p, uint32_t layer)
 {
     clb_stream *st = p->stream;
+#if CLB_STREAM_PREFETCH
+    /* The reads a prefetch queued for experts the routing does not use:
+     * those the reader has not begun are not done (a disk that is the
+     * bottleneck reads only what is used, and what was begun). */
+    for (uint32_t k = 0; st->io.cancel && k < st->fifo_len; k++) {
+        uint32_t idx = st->fifo[(st->fifo_head + k) % CLB_STREAM_FIFO];
+        uint32_t e = idx % st->n_experts;
+        if (idx / st->n_experts == layer && st->experts[idx].prefetched &&
+            p->offsets[e + 1] == p->offsets[e] && st->io.cancel(st->io.user, k))
+            st->st.prefetch_cancelled++;
+    }
+#endif
     if (st->policy != COLIBRI_SLOTS_REUSE)
         return;
     clb_stream_expert *x = &st->experts[(size_t)layer * st->n_experts];
@@ -224,9 +236,11 @@ static uint64_t reuse_value(const clb_stream *st, int32_t idx, uint32_t now,
 
 /* The slot the next expert goes into (for layer `now`'s pass): an empty one
  * while there is one (at the start, or after a failed read), else the one
- * the policy gives up. A slot whose read is in flight is never given up;
- * stream_fetch leaves at least one other (read_ahead <= n_slots). */
-static uint32_t victim(const clb_stream *st, uint32_t now)
+ * the policy gives up. A slot whose read is in flight is never given up,
+ * nor one the running pass awaits, nor (keep non-NULL: a prefetch for layer keep_layer) one holding an
+ * expert of keep_layer that keep[expert] predicts. UINT32_MAX: none. */
+static uint32_t victim(const clb_stream *st, uint32_t now, uint32_t keep_layer,
+                       const uint32_t *keep)
 {
     uint32_t best = UINT32_MAX;
     for (uint32_t s = 0; s < st->n_slots; s++) {
@@ -235,6 +249,11 @@ static uint32_t victim(const clb_stream *st, uint32_t now)
             continue;
         if (a->expert < 0)
             return s;
+        if (st->experts[a->expert].awaited)
+            continue;
+        if (keep && (uint32_t)a->expert / st->n_experts == keep_layer &&
+            keep[(uint32_t)a->expert % st->n_experts])
+            continue;
         if (best == UINT32_MAX) {
             best = s;
             continue;
@@ -299,53 +318,6 @@ static int check_expert(clb_stream *st, const clb_stream_expert *x, uint64_t a,
     return COLIBRI_OK;
 }
 
-/* clb_plan.held of a streamed instance (internal.h): 1 with *ex the
- * expert's views when a slot holds it (a use), else 0. */
-static int stream_held(const clb_plan *p, uint32_t layer, uint32_t expert,
-                       const clb_expert **ex)
-{
-    clb_stream *st = p->stream;
-    clb_stream_expert *x = &st->experts[layer * st->n_experts + expert];
-    st->tick++;
-    if (x->slot < 0)
-        return 0;
-    clb_slot *s = &st->slots[x->slot];
-    s->last_use = st->tick;
-    count_use(st, x);
-    st->st.hits++;
-    *ex = &s->views;
-    return 1;
-}
-
-/* clb_plan.fetch: give expert (layer, expert), which no slot holds, the
- * policy's slot and start its read: through the asynchronous reader where
- * the instance has one, else now. What the read gave is stream_take's. */
-static void stream_fetch(const clb_plan *p, uint32_t layer, uint32_t expert)
-{
-    clb_stream *st = p->stream;
-    uint32_t idx = layer * st->n_experts + expert;
-    clb_stream_expert *x = &st->experts[idx];
-    st->tick++;
-    st->st.misses++;
-    count_use(st, x);
-    uint32_t si = victim(st, layer);
-    clb_slot *s = &st->slots[si];
-    if (s->expert >= 0) {
-        st->experts[s->expert].slot = -1;
-        st->st.evictions++;
-    }
-    s->expert = -1; /* until the read and its checks succeed */
-    s->pending = 1;
-    s->last_use = st->tick;
-    x->fetching = (int32_t)si;
-    uint64_t a, b;
-    read_range(st, x, &a, &b);
-    if (st->io.start)
-        s->read_rc = st->io.start(st->io.user, a, s->mem, (size_t)(b - a));
-    else
-        s->read_rc = st->rd.read(st->rd.user, a, s->mem, (size_t)(b - a));
-}
-
 /* The read of slot s is over (the asynchronous reader's reads finish in
  * the order they started): its result. */
 static int finish_read(clb_stream *st, clb_slot *s)
@@ -357,36 +329,30 @@ static int finish_read(clb_stream *st, clb_slot *s)
     return rc;
 }
 
-/* After a failed take: every other read in flight finished and its slot
- * left empty, so the instance starts the next call with none. */
-static void drain(clb_stream *st)
-{
-    for (uint32_t k = 0; k < st->n_exp; k++) {
-        clb_stream_expert *x = &st->experts[k];
-        if (x->fetching < 0)
-            continue;
-        (void)finish_read(st, &st->slots[x->fetching]);
-        x->fetching = -1;
-    }
-}
-
-/* clb_plan.take: wait for the read stream_fetch started for (layer,
- * expert), check the expert and give its views: COLIBRI_OK with *ex, or
- * the error of reading or checking it (its slot left empty, and every
- * other read in flight drained). */
-static int stream_take(const clb_plan *p, uint32_t layer, uint32_t expert,
-                       const clb_expert **ex, char *detail)
+/* Finish the oldest read in flight: its expert checked and its slot given
+ * the expert's views, or its slot left empty: a cancelled read (COLIBRI_OK),
+ * a failed read or a damaged expert (the error, with detail, counted).
+ * *idx receives the expert. */
+static int complete_oldest(const clb_plan *p, uint32_t *idx, char *detail)
 {
     clb_stream *st = p->stream;
-    uint32_t idx = layer * st->n_experts + expert;
-    clb_stream_expert *x = &st->experts[idx];
-    uint32_t si = (uint32_t)x->fetching;
+    uint32_t i = st->fifo[st->fifo_head];
+    st->fifo_head = (st->fifo_head + 1) % CLB_STREAM_FIFO;
+    st->fifo_len--;
+    *idx = i;
+    clb_stream_expert *x = &st->experts[i];
+    uint32_t si = (uint32_t)x->fetching, layer = i / st->n_experts,
+             expert = i % st->n_experts;
     clb_slot *s = &st->slots[si];
     x->fetching = -1;
     uint64_t a, b;
     read_range(st, x, &a, &b);
     const uint8_t *data = NULL;
     int rc = finish_read(st, s);
+    if (rc == CLB_READ_CANCELLED) { /* a prefetch the routing did not use */
+        x->prefetched = 0;
+        return COLIBRI_OK;
+    }
     if (rc != 0) {
         clb_detail(detail, DETAIL_CAP, "reading expert %u of layer %u (%llu bytes "
                    "at offset %llu) failed", (unsigned)expert, (unsigned)layer,
@@ -398,7 +364,7 @@ static int stream_take(const clb_plan *p, uint32_t layer, uint32_t expert,
     }
     if (rc || !data) {
         st->st.errors++;
-        drain(st);
+        x->prefetched = 0;
         return rc ? rc : COLIBRI_E_IO;
     }
     /* The expert's own views: its entries' shapes and dtypes, its slot's
@@ -411,10 +377,219 @@ static int stream_take(const clb_plan *p, uint32_t layer, uint32_t expert,
         const uint8_t *en = st->table + (size_t)(x->entry + j) * COLIBRI_ENTRY_SIZE;
         *w[j] = clb_weight_at(data + x->rel[j], en, st->be, st->group);
     }
-    s->expert = (int32_t)idx;
+    s->expert = (int32_t)i;
     x->slot = (int32_t)si;
+    return COLIBRI_OK;
+}
+
+/* Give expert idx, which no slot holds and no read brings, the policy's
+ * slot (victim's now, keep_layer, keep) and start its read: through the
+ * asynchronous reader where the instance has one, else now. The oldest
+ * reads in flight are finished first where the reader holds no more, or
+ * where every slot is taken by one (never with a prefetch: it gives up
+ * instead). 0, or -1 when a prefetch finds no slot. */
+static int start_read(const clb_plan *p, uint32_t idx, uint32_t now,
+                      uint32_t keep_layer, const uint32_t *keep)
+{
+    clb_stream *st = p->stream;
+    char ignored[DETAIL_CAP];
+    uint32_t done, cap = st->io.start && st->io.capacity < CLB_STREAM_FIFO
+                         ? st->io.capacity : CLB_STREAM_FIFO;
+    uint32_t si = victim(st, now, keep_layer, keep);
+    while (!keep && st->fifo_len && (st->fifo_len >= cap || si == UINT32_MAX)) {
+        (void)complete_oldest(p, &done, ignored); /* its take reports a failure */
+        si = victim(st, now, keep_layer, keep);
+    }
+    if (si == UINT32_MAX || st->fifo_len >= cap)
+        return -1;
+    clb_stream_expert *x = &st->experts[idx];
+    clb_slot *s = &st->slots[si];
+    if (s->expert >= 0) {
+        st->experts[s->expert].slot = -1;
+        st->experts[s->expert].prefetched = 0;
+        st->st.evictions++;
+    }
+    s->expert = -1; /* until the read and its checks succeed */
+    s->pending = 1;
+    s->last_use = st->tick;
+    x->fetching = (int32_t)si;
+    st->fifo[(st->fifo_head + st->fifo_len++) % CLB_STREAM_FIFO] = idx;
+    uint64_t a, b;
+    read_range(st, x, &a, &b);
+    if (st->io.start)
+        s->read_rc = st->io.start(st->io.user, a, s->mem, (size_t)(b - a));
+    else
+        s->read_rc = st->rd.read(st->rd.user, a, s->mem, (size_t)(b - a));
+    return 0;
+}
+
+/* A use of expert x, which slot s holds: a hit (and a prefetch's hit the
+ * first time a prefetched expert is used). */
+static void use_held(clb_stream *st, clb_stream_expert *x, clb_slot *s)
+{
+    s->last_use = st->tick;
+    count_use(st, x);
+    st->st.hits++;
+    if (x->prefetched) {
+        x->prefetched = 0;
+        st->st.prefetch_hits++;
+    }
+}
+
+/* clb_plan.held of a streamed instance (internal.h). */
+static int stream_held(const clb_plan *p, uint32_t layer, uint32_t expert,
+                       const clb_expert **ex)
+{
+    clb_stream *st = p->stream;
+    clb_stream_expert *x = &st->experts[layer * st->n_experts + expert];
+    st->tick++;
+    if (x->fetching >= 0) {
+        x->awaited = 1;
+        return CLB_IN_FLIGHT; /* a use, counted when taken */
+    }
+    if (x->slot < 0)
+        return CLB_ABSENT;
+    clb_slot *s = &st->slots[x->slot];
+    use_held(st, x, s);
+    *ex = &s->views;
+    return CLB_HELD;
+}
+
+/* clb_plan.fetch: start the read of expert (layer, expert) in the policy's
+ * slot, unless a read of it is in flight (a prefetch's) or a slot has it
+ * by now (that read finished while an older one was taken). What the read
+ * gave is stream_take's. */
+static void stream_fetch(const clb_plan *p, uint32_t layer, uint32_t expert)
+{
+    clb_stream *st = p->stream;
+    uint32_t idx = layer * st->n_experts + expert;
+    clb_stream_expert *x = &st->experts[idx];
+    if (x->fetching >= 0 || x->slot >= 0)
+        return;
+    st->tick++;
+    st->st.misses++;
+    count_use(st, x);
+    x->awaited = 1;
+    (void)start_read(p, idx, layer, 0, NULL); /* a slot, always: see start_read */
+}
+
+/* After a failed take: every other read in flight finished and its slot
+ * left empty, so the instance starts the next call with none. */
+static void drain(clb_stream *st)
+{
+    for (; st->fifo_len; st->fifo_len--) {
+        clb_stream_expert *x = &st->experts[st->fifo[st->fifo_head]];
+        st->fifo_head = (st->fifo_head + 1) % CLB_STREAM_FIFO;
+        (void)finish_read(st, &st->slots[x->fetching]);
+        x->fetching = -1;
+        x->prefetched = 0;
+    }
+    for (uint32_t i = 0; i < st->n_exp; i++)
+        st->experts[i].awaited = 0;
+}
+
+/* clb_plan.take: the expert stream_fetch (or a prefetch) started reading,
+ * once read and checked: COLIBRI_OK with *ex, or the error of reading or
+ * checking it (its slot left empty, and every other read in flight
+ * drained). Older reads finish first; one of them that fails is counted
+ * and its slot left empty: its expert is read again when a pass needs it,
+ * and that read reports the error. */
+static int stream_take(const clb_plan *p, uint32_t layer, uint32_t expert,
+                       const clb_expert **ex, char *detail)
+{
+    clb_stream *st = p->stream;
+    uint32_t idx = layer * st->n_experts + expert;
+    clb_stream_expert *x = &st->experts[idx];
+    if (x->fetching < 0 && x->slot < 0)
+        stream_fetch(p, layer, expert); /* its read finished early and failed */
+    x->awaited = 0; /* running now: from here on the policy may give it up */
+    while (x->fetching >= 0) {
+        uint32_t done;
+        int rc = complete_oldest(p, &done, detail);
+        if (rc && done == idx) {
+            drain(st);
+            return rc;
+        }
+    }
+    if (x->slot < 0) { /* no slot for it: not with the read-ahead's limits */
+        clb_detail(detail, DETAIL_CAP, "no slot for expert %u of layer %u",
+                   (unsigned)expert, (unsigned)layer);
+        drain(st);
+        return COLIBRI_E_IO;
+    }
+    clb_slot *s = &st->slots[x->slot];
+    if (x->prefetched) /* the use stream_held found in flight */
+        use_held(st, x, s);
     *ex = &s->views;
     return COLIBRI_OK;
+}
+
+#if CLB_STREAM_PREFETCH
+/* clb_plan.prefetch: the experts votes [E] predict for layer `layer`, most
+ * votes first (the lower index among equals), up to the instance's
+ * prefetch count, each neither held nor in flight given a slot the policy
+ * gives up as after the layer before (never one holding a predicted expert
+ * of this layer) and its read started. */
+static void stream_prefetch(const clb_plan *p, uint32_t layer, const uint32_t *votes)
+{
+    clb_stream *st = p->stream;
+    uint32_t E = st->n_experts, before = (layer + st->n_layers - 1) % st->n_layers;
+    for (uint32_t k = 0, last = UINT32_MAX, last_e = 0; k < st->st.prefetch; k++) {
+        /* the next in (votes descending, index ascending) order */
+        uint32_t pick = UINT32_MAX;
+        for (uint32_t e = 0; e < E; e++) {
+            uint32_t v = votes[e];
+            int after_last = last == UINT32_MAX || v < last || (v == last && e > last_e);
+            if (v && after_last && (pick == UINT32_MAX || v > votes[pick]))
+                pick = e;
+        }
+        if (pick == UINT32_MAX)
+            return;
+        last = votes[pick];
+        last_e = pick;
+        uint32_t idx = layer * E + pick;
+        clb_stream_expert *x = &st->experts[idx];
+        if (x->slot >= 0 || x->fetching >= 0)
+            continue;
+        if (start_read(p, idx, before, layer, votes))
+            return;
+        x->prefetched = 1;
+        st->st.prefetched++;
+    }
+}
+
+/* clb_plan.settle: the reads of experts a prefetch predicted and no pass
+ * took, finished (a failure is counted; the expert is read again if used). */
+static void stream_settle(const clb_plan *p)
+{
+    char ignored[DETAIL_CAP];
+    uint32_t done;
+    while (p->stream->fifo_len)
+        (void)complete_oldest(p, &done, ignored);
+}
+
+#endif
+
+void clb_stream_prefetch_on(clb_plan *p, uint32_t want)
+{
+#if CLB_STREAM_PREFETCH
+    clb_stream *st = p->stream;
+    uint32_t k = st->top_k, cap = st->io.capacity < CLB_STREAM_FIFO
+                                  ? st->io.capacity : CLB_STREAM_FIFO;
+    uint32_t n = want < k ? want : k;
+    /* in flight at once: the prefetch and the read-ahead; the slots hold a
+     * layer pass's experts twice over beside them (the read-ahead's rule) */
+    if (n + p->read_ahead > cap)
+        n = cap > p->read_ahead ? cap - p->read_ahead : 0;
+    if (!st->io.start || (uint64_t)st->n_slots < 2ull * k + n + p->read_ahead)
+        n = 0;
+    st->st.prefetch = n;
+    p->prefetch = n ? stream_prefetch : NULL;
+    p->settle = n ? stream_settle : NULL;
+#else
+    (void)p;
+    (void)want;
+#endif
 }
 
 /* ------------------------------------------------------------------------ */
@@ -446,6 +621,7 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     st->n_experts = g->s.n_experts;
     st->n_exp = (uint32_t)g->s.n_layers * g->s.n_experts;
     st->n_layers = g->s.n_layers;
+    st->top_k = g->s.top_k;
     st->table = arena + COLIBRI_TABLE_OFFSET;
     st->st.slots = n_slots;
     st->st.policy = policy;
@@ -535,6 +711,7 @@ int colibri_get_stream_stats(colibri_model *m, colibri_stream_stats *out, int re
     if (reset) {
         st->st.hits = st->st.misses = st->st.evictions = 0;
         st->st.bytes_read = st->st.errors = 0;
+        st->st.prefetched = st->st.prefetch_hits = st->st.prefetch_cancelled = 0;
         if (st->read_ns)
             *st->read_ns = 0;
         if (st->wait_ns)

@@ -45,6 +45,10 @@ typedef struct clb_stream_expert {
     int32_t slot;      /* the slot holding it, or -1 */
     int32_t fetching;  /* the slot its read in flight goes to, or -1 */
     uint8_t n_mats;    /* 3 (SwiGLU) or 2 (RELU_FFN) */
+    uint8_t prefetched; /* its read (in flight or done) was a prefetch's,
+                           and no use has met it yet */
+    uint8_t awaited;   /* the pass running uses it and has not taken it
+                          yet: its slot is not given up */
 } clb_stream_expert;
 
 /* One slot: memory for one expert, and the views into it while full. */
@@ -61,12 +65,23 @@ typedef struct clb_slot {
  * start(user, off, dst, n) begins a read as colibri_reader.read would do it
  * (0, or -1 if it cannot begin); finish(user) waits for the oldest read
  * begun and not yet finished and returns its result (0 or -1). At most
- * clb_plan.read_ahead reads are in flight. */
+ * `capacity` reads are in flight (stream.c finishes the oldest first when
+ * it would pass that). */
 typedef struct clb_stream_io {
     int (*start)(void *user, uint64_t off, void *dst, size_t n);
     int (*finish)(void *user);
+    /* cancel(user, k): the k-th oldest read not yet finished (0: the
+     * oldest) is not done if the reader has not begun it: 1 then (its
+     * finish returns CLB_READ_CANCELLED), else 0 */
+    int (*cancel)(void *user, uint32_t k);
     void *user;
+    uint32_t capacity;
 } clb_stream_io;
+#define CLB_READ_CANCELLED 1
+
+/* The most reads a stream keeps in flight: a prefetched layer's experts and
+ * the read-ahead. */
+#define CLB_STREAM_FIFO 16u
 
 typedef struct clb_stream {
     colibri_reader rd;
@@ -90,6 +105,11 @@ typedef struct clb_stream {
     clb_stream_expert *experts; /* [L*E]; entries of dense layers unused */
     uint32_t *visits;           /* [L] MoE passes of each layer (REUSE) */
     clb_slot *slots;            /* [n_slots] */
+    /* the experts (L*E index) whose reads are in flight, oldest first:
+     * reads finish in the order they started */
+    uint32_t fifo[CLB_STREAM_FIFO];
+    uint32_t fifo_head, fifo_len;
+    uint32_t top_k;
     colibri_stream_stats st;
 } clb_stream;
 
@@ -125,5 +145,13 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
                      uint32_t align, uint32_t n_slots, uint32_t policy,
                      uint32_t chunk_limit, unsigned kv_dtype, clb_plan **plan,
                      char *detail);
+
+/* Let a streamed instance whose reads are asynchronous (st->io set) read
+ * up to `want` of a MoE layer's experts predicted before its attention
+ * (colibri_options.prefetch; clb_moe_prefetch): lowered to top_k and to
+ * what the reader and the slots allow, 0 where they allow none (a caller's
+ * reader reads on infer's thread: nothing would overlap). What it allows
+ * goes to the stats' `prefetch`. */
+void clb_stream_prefetch_on(clb_plan *p, uint32_t want);
 
 #endif /* COLIBRI_STREAM_H */

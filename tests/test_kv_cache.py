@@ -112,7 +112,8 @@ def test_options_misuse_is_a_code_with_a_detail(c_build, colibri_file, tmp_path)
     class Bigger(ctypes.Structure):   # a newer header's struct: one more field
         _fields_ = [("size", ctypes.c_uint32), ("kv_dtype", ctypes.c_uint32),
                     ("expert_slots", ctypes.c_uint32), ("slot_policy", ctypes.c_uint32),
-                    ("ram_bytes", ctypes.c_uint64), ("future", ctypes.c_uint32)]
+                    ("ram_bytes", ctypes.c_uint64), ("prefetch", ctypes.c_uint32),
+                    ("padding", ctypes.c_uint32), ("future", ctypes.c_uint32)]
     now = ctypes.sizeof(runtime._Options)   # this library's colibri_options
     assert now == Bigger.future.offset
     f = lib.lib.colibri_arena_size_ex
@@ -124,7 +125,7 @@ def test_options_misuse_is_a_code_with_a_detail(c_build, colibri_file, tmp_path)
             ((now, 0, 3, 0), -7),                    # no such slot policy
             ((now + 4, 1, 1, 0), 0),                 # a newer one, its extra at 0
             ((now + 4, 0, 0, 5), -12)):              # ... set: not in this library
-        opt = Bigger(size, kv, 0, policy, 0, future)
+        opt = Bigger(size, kv, 0, policy, 0, 0, 0, future)
         rc = f(blob.ctypes.data, blob.size, ctypes.byref(opt), ctypes.byref(out))
         assert rc == code, (size, kv, policy, future, rc)
     rc = f(blob.ctypes.data, blob.size, None, ctypes.byref(out))

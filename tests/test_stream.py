@@ -98,9 +98,17 @@ def test_logits_equal_all_resident(so, model, name, quant):
                     st = m.stream_stats()
                 assert np.array_equal(got, want), (slots, policy, threads)
                 assert st["slots"] == slots and st["errors"] == 0
-                assert st["misses"] >= 1 and st["bytes_read"] >= st["misses"]
+                assert st["misses"] + st["prefetched"] >= 1
+                assert st["bytes_read"] >= st["misses"] + st["prefetched"]
+                # the default prefetch where the slots allow it (a layer
+                # pass's experts twice, the prefetch and the read-ahead)
+                allowed = slots >= 2 * SHAPE.top_k + SHAPE.top_k + 2
+                assert st["prefetch"] == (SHAPE.top_k if allowed else 0), slots
+                assert st["prefetch_hits"] <= st["prefetched"] and \
+                    (st["prefetched"] >= 1) == allowed, st
                 if slots == total:  # every expert read once at most
-                    assert st["evictions"] == 0 and st["misses"] <= total
+                    assert st["evictions"] == 0
+                    assert st["misses"] + st["prefetched"] <= total
 
 
 def test_big_endian_file_streams_to_the_same_bits(so, model):
@@ -276,7 +284,9 @@ def test_streaming_under_asan_ubsan(c_build, model, tmp_path):
                  model("olmoe", "int8", "big")):
         base = [str(cli), "--model", str(path), "--tokens", "1,2,3,4,5", "--generate", "4"]
         runs = {"resident": [], "one": ["--slots", "1"],
-                "lru": ["--slots", "2", "--policy", "lru", "--threads", "2"]}
+                "lru": ["--slots", "2", "--policy", "lru", "--threads", "2"],
+                # every slot: the prefetch where the file has room for it
+                "all": ["--slots", str(routed_experts(path))]}
         outs = {}
         for key, extra in runs.items():
             out = tmp_path / f"{path.stem}-{key}.bin"
@@ -284,7 +294,7 @@ def test_streaming_under_asan_ubsan(c_build, model, tmp_path):
                                capture_output=True, text=True, timeout=300)
             assert r.returncode == 0 and "runtime error" not in r.stderr, r.stderr
             outs[key] = out.read_bytes()
-        assert outs["one"] == outs["resident"] == outs["lru"], path
+        assert outs["one"] == outs["resident"] == outs["lru"] == outs["all"], path
     bad = damaged(model("qwen2", "int8"), tmp_path, layer=0, expert=1,
                   kind=F.Kind.EXPERT_W1)
     r = subprocess.run([str(cli), "--model", str(bad), "--slots", "1", "--tokens",
@@ -305,14 +315,17 @@ def test_reader_thread_under_tsan(c_build, model, tmp_path):
     outs = {}
     # read-ahead needs more slots than a layer pass's 2 * top_k experts
     ahead = str(2 * SHAPE.top_k + 1)
+    # and the prefetch: its reads queued, cancelled and settled
+    every = str(routed_experts(path))
     for key, extra in {"resident": [], "two": ["--slots", "2"],
-                       "three": ["--slots", ahead, "--threads", "2"]}.items():
+                       "three": ["--slots", ahead, "--threads", "2"],
+                       "prefetch": ["--slots", every, "--threads", "2"]}.items():
         out = tmp_path / f"{key}.bin"
         r = subprocess.run(base + extra + ["--logits-out", str(out)],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0 and "ThreadSanitizer" not in r.stderr, r.stderr
         outs[key] = out.read_bytes()
-    assert outs["two"] == outs["resident"] == outs["three"]
+    assert outs["two"] == outs["resident"] == outs["three"] == outs["prefetch"]
     bad = damaged(path, tmp_path, layer=SHAPE.n_layers - 1, expert=2)
     r = subprocess.run([str(cli), "--model", str(bad), "--slots", ahead, "--tokens",
                         ",".join(map(str, range(40)))], capture_output=True, text=True,
@@ -408,7 +421,7 @@ def test_route_trace_replays_to_the_runtimes_own_counts(c_build, model, tmp_path
         for policy in rt.POLICIES:
             out = tmp_path / f"s{slots}-{policy}.txt"
             _, (got_slots, uses, hits, reads) = _traced_run(
-                cli, path, out, "--slots", str(slots), "--policy", policy)
+                cli, path, out, "--slots", str(slots), "--policy", policy, "--prefetch", "0")
             assert out.read_text() == resident, (slots, policy)
             want = rt.replay(trace, slots, policy)
             assert (got_slots, uses, hits, reads) == (slots, want["uses"], want["hits"],
@@ -495,3 +508,76 @@ def test_reuse_policy_reads_less_than_lru_and_freq_on_trained_routing(c_build, t
                  for slots in range(2, n_exp)] for p in rt.POLICIES}
     assert all(a <= b for a, b in zip(reads["reuse"], reads["lru"])), reads
     assert sum(reads["reuse"]) < min(sum(reads["lru"]), sum(reads["freq"])), reads
+
+
+def test_a_prefetched_damaged_expert_is_an_error_only_where_a_pass_uses_it(so, model,
+                                                                          tmp_path):
+    """A prefetch reads what the hidden state predicts, used or not: a
+    damaged expert it reads is counted, and is an error exactly at the
+    steps whose routing uses it, as without prefetch (the slot stays empty;
+    the use reads it again). Never wrong logits; the all-resident judge."""
+    path = model("mixtral", "int8")
+    bad = damaged(path, tmp_path, layer=SHAPE.n_layers - 1, expert=2)
+    total = routed_experts(path)
+    outcomes, stats = {}, {}
+    with runtime.Model(path, library=so) as good:
+        for prefetch in (0, SHAPE.top_k):
+            got = []
+            with runtime.Model(bad, library=so, slots=total, prefetch=prefetch) as m:
+                for t in range(SHAPE.vocab):   # each token alone, position 0
+                    try:
+                        logits = m.infer([[t]])
+                    except errors.RuntimeCRCError as exc:
+                        assert "EXPERT_W2 layer 2 expert 2" in str(exc)
+                        got.append("crc")
+                        continue
+                    assert np.array_equal(logits, good.infer([[t]]))
+                    got.append("ok")
+                stats[prefetch] = m.stream_stats()
+            outcomes[prefetch] = got
+    assert outcomes[0] == outcomes[SHAPE.top_k] and {"ok", "crc"} <= set(outcomes[0])
+    on = stats[SHAPE.top_k]
+    assert on["prefetch"] == SHAPE.top_k and on["prefetched"] >= 1
+    # each failing step read it at least once (a prefetch that predicted it
+    # for a step that did not use it, and began it, counts one more)
+    assert on["errors"] >= outcomes[0].count("crc") == stats[0]["errors"]
+
+
+def test_prefetch_predicts_trained_routing(c_build, tmp_path):
+    """The prediction on a trained router: the demo model (4 layers x 8
+    experts, top 2) over two held-out windows and 60 greedy tokens each,
+    with 12 slots for its 32 experts. With prefetch, most of what is
+    predicted is used, and most of the reads a pass would have waited for
+    are done or in flight when it needs them: the uses that start a read
+    fall to under half. The logits are the same bits."""
+    import importlib.util
+    from colibri.model.convert import ColibriExporter
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("demo_eval", root / "models/demo/eval.py")
+    demo_eval = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_eval)
+    path = ColibriExporter(root / "models/demo/checkpoint", quant="int8").export(
+        tmp_path / "demo-int8.colibri")
+    stats = re.compile(r"experts: \d+ slots, (\d+) uses, (\d+) hits \([^)]*\), (\d+) read"
+                       r".*prefetch (\d+) a layer: (\d+) read, (\d+) hit, (\d+) cancelled")
+    cli = str(c_build("host").cli)
+    for k, ids in enumerate(demo_eval.window_ids(demo_eval.load_windows()[:2])):
+        runs = {}
+        for prefetch in ("0", "2"):
+            out = tmp_path / f"w{k}-{prefetch}.bin"
+            r = subprocess.run([cli, "--model", str(path), "--tokens",
+                                ",".join(map(str, ids.tolist())), "--generate", "60",
+                                "--slots", "12", "--prefetch", prefetch, "--logits-out",
+                                str(out)], capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            runs[prefetch] = (out.read_bytes(), r.stderr)
+        assert runs["0"][0] == runs["2"][0]
+        assert "prefetch" not in runs["0"][1].split("experts:")[1]
+        uses0, hits0, _ = map(int, _STATS.search(runs["0"][1]).groups()[1:])
+        uses, hits, reads, per, fetched, used, cancelled = map(
+            int, stats.search(runs["2"][1]).groups())
+        assert per == 2 and uses == uses0   # the same routing
+        misses0, misses = uses0 - hits0, uses - hits
+        assert reads == misses + fetched - cancelled
+        assert used >= 0.7 * fetched, runs["2"][1]
+        assert misses < 0.5 * misses0, (misses0, runs["2"][1])

@@ -47,10 +47,12 @@ def plan(path, ram=None, slots=None, kv="f32", library=None) -> dict:
 def measure(path, tokens: list[int], steps: int, ram=None, slots=None,
             library=None) -> dict:
     """A greedy run of `tokens` then `steps` decode steps under each policy:
-    hits, reads and bytes per token (the logits are the same bits)."""
+    hits, reads and bytes per token (the logits are the same bits). Without
+    the prefetch, so that the counts are the policy's alone (the replay's)."""
     res = {}
     for policy in runtime.SLOT_POLICIES:
-        with runtime.Model(path, ram=ram, slots=slots, policy=policy, library=library) as m:
+        with runtime.Model(path, ram=ram, slots=slots, policy=policy, library=library,
+                           prefetch=0) as m:
             logits = m.infer([tokens])
             nxt = int(np.argmax(logits[0, -1]))
             for i in range(steps):
@@ -113,6 +115,9 @@ def cmd_plan(args) -> int:
           f"experts), policy {p['policy']}")
     print(f"reads per token, uniform random routing: {_mb(p['uniform_bytes_per_token'])} "
           f"({p['moe_layers'] * p['top_k'] * (1 - p['held']):.1f} experts)")
+    print(f"prefetch: {p['prefetch']} experts a layer, predicted before its attention"
+          if p["prefetch"] else "prefetch: none (it needs 2 x top_k + its count + 2 slots "
+          "and the library's reader thread)")
     for policy, r in replay.items():
         print(f"replayed {args.trace} ({r['tokens']} tokens), policy {policy}: hit rate "
               f"{r['hit_rate']:.1%}, {_mb(r['bytes_per_token'])} read per token "

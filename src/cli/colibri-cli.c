@@ -70,6 +70,9 @@ static const char *usage_text =
     "                      least expected reuse before its layer runs again\n"
     "                      (default), the least often chosen, or the least\n"
     "                      recently used (the logits are the same bits)\n"
+    "  --prefetch N        with --ram or --slots: read up to N of a layer's\n"
+    "                      experts predicted before its attention, while it\n"
+    "                      runs (default 8, at most top_k; 0: none)\n"
     "  --route-trace OUT   with --tokens or --prompt: write the routing of every\n"
     "                      MoE layer pass to OUT (a text line each: layer, then\n"
     "                      expert:tokens; `colibri plan FILE --trace OUT`\n"
@@ -108,7 +111,7 @@ static void write_route(void *user, uint32_t layer, const uint32_t *counts,
     if (fputc('\n', t->f) == EOF)
         t->failed = 1;
 }
-static colibri_options options; /* --kv, --ram, --slots, --policy */
+static colibri_options options; /* --kv, --ram, --slots, --policy, --prefetch */
 
 /* What the user can do about an error code returned by `call` (-1 means a
  * bad file from init, too much input from infer: colibri.h). */
@@ -340,15 +343,23 @@ static void print_stream(colibri_model *m, FILE *to, int info)
                                                   : "reuse");
         fprintf(to, "resident_weights: %llu bytes (every section but the routed "
                 "experts)\n", (unsigned long long)st.resident_bytes);
+        fprintf(to, "prefetch: %u experts a layer%s\n", (unsigned)st.prefetch,
+                st.prefetch ? "" : " (none)");
         return;
     }
     uint64_t uses = st.hits + st.misses;
     fprintf(to, "experts: %u slots, %llu uses, %llu hits (%.1f%%), %llu read "
-            "(%.1f MB, %.1f ms in reads, %.1f ms waited)\n", (unsigned)st.slots,
+            "(%.1f MB, %.1f ms in reads, %.1f ms waited)", (unsigned)st.slots,
             (unsigned long long)uses, (unsigned long long)st.hits,
             uses ? 100.0 * (double)st.hits / (double)uses : 0.0,
-            (unsigned long long)st.misses, (double)st.bytes_read / 1e6,
-            (double)st.read_ns / 1e6, (double)st.wait_ns / 1e6);
+            (unsigned long long)(st.misses + st.prefetched - st.prefetch_cancelled),
+            (double)st.bytes_read / 1e6, (double)st.read_ns / 1e6, (double)st.wait_ns / 1e6);
+    if (st.prefetch)
+        fprintf(to, ", prefetch %u a layer: %llu read, %llu hit, %llu cancelled",
+                (unsigned)st.prefetch, (unsigned long long)st.prefetched,
+                (unsigned long long)st.prefetch_hits,
+                (unsigned long long)st.prefetch_cancelled);
+    fputc('\n', to);
 }
 
 static int do_info(colibri_model *m)
@@ -911,6 +922,12 @@ int main(int argc, char **argv)
             else if (!strcmp(k, "freq")) options.slot_policy = COLIBRI_SLOTS_FREQ;
             else if (!strcmp(k, "lru")) options.slot_policy = COLIBRI_SLOTS_LRU;
             else return usage_error("--policy takes reuse, freq or lru");
+        } else if (!strcmp(a, "--prefetch") && has_val) {
+            long v = 0;
+            const char *k = argv[++i];
+            if (strcmp(k, "0") && (parse_count(k, &v) || v > 1024))
+                return usage_error("--prefetch needs a count from 0 to 1024");
+            options.prefetch = (uint32_t)v;
         } else if (!strcmp(a, "--spin")) {
             spin = 1;
         } else if (!strcmp(a, "--bench") && has_val) {

@@ -180,7 +180,16 @@ typedef struct colibri_options {
     uint64_t ram_bytes;    /* budget for everything the instance holds
                               (resident weights, arena, KV cache, slots);
                               0: no budget */
+    uint32_t prefetch;     /* streamed with the library's own reader: up to
+                              this many of a MoE layer's experts predicted
+                              before its attention and read meanwhile
+                              (COLIBRI_PREFETCH_DEFAULT; 0: none; "Experts
+                              from storage" below) */
 } colibri_options;
+
+/* colibri_options_default()'s prefetch: a decode step's top_k of 8 (the
+ * library lowers it to the model's top_k and to what its slots allow). */
+#define COLIBRI_PREFETCH_DEFAULT 8u
 
 /* Which expert a full slot cache gives up (colibri_options.slot_policy).
  * None changes a bit of the logits, only what is read (docs/STREAMING.md
@@ -571,7 +580,14 @@ int colibri_abi_api_version(void);
  * (pread) while one expert computes and waits for it on a mutex and
  * condition variable (clock_gettime times the reads and the waits;
  * COLIBRI_STREAM_SYNC=1 in the environment at init reads on the calling
- * thread instead). A read that fails or an expert whose
+ * thread instead). With it, colibri_options.prefetch: before a MoE layer's
+ * attention, infer applies the layer's FFN norm and router to the residual
+ * that enters it, and queues the reads of up to `prefetch` of the experts
+ * that predicts (most rows first), so the thread reads while attention
+ * runs. When the true routing is known, queued reads it does not use are
+ * cancelled; begun ones finish into their slots. Every read is finished
+ * before infer returns. A prediction changes which slots hold what, never
+ * a logit. A read that fails or an expert whose
  * CRC or floats are wrong makes the call return COLIBRI_E_IO or
  * COLIBRI_E_CRC / COLIBRI_E_BAD_FORMAT (the detail names the expert):
  * never wrong logits. The slot is emptied, the instance stays usable and
@@ -640,6 +656,12 @@ typedef struct colibri_stream_stats {
                                 reader (its reader thread reads the next
                                 expert while one computes; 0 with a
                                 caller's reader) */
+    uint64_t prefetched;     /* reads a prediction started (not misses) */
+    uint64_t prefetch_hits;  /* hits on what a prediction read */
+    uint64_t prefetch_cancelled; /* of the prefetched, those the routing did
+                                not use, cancelled before the reader began
+                                them (no bytes read) */
+    uint32_t prefetch;       /* experts a layer may prefetch (0: none) */
 } colibri_stream_stats;
 
 /* Fill `out` (zeros and slots 0 for an all-resident instance); reset 1
