@@ -235,5 +235,40 @@ def prepare(name: str, base: Path, seed: int = 0, log=print, with_gguf: bool = T
     return ms
 
 
+# The 4-bit pair of a 7B-class model (bench/stream.py --quant q4): llama.cpp's
+# own Q4_K_M of the Q8_0 GGUF (llama-quantize --allow-requantize: the float32
+# checkpoint is gone by then, and requantising costs quality, not bytes), and
+# the .colibri file imported from that GGUF (`colibri convert FILE.gguf`, every
+# tensor copied exactly), so both engines read the same bytes per expert.
+LLAMA_QUANTIZE = ROOT / "build" / "bench" / "llama.cpp" / "native" / "bin" / "llama-quantize"
+
+
+def prepare_q4_from_gguf(ms: ModelSet, log=print) -> tuple[Path, Path]:
+    """(model-q4.colibri, model-q4_k_m.gguf) of model set ms, made once."""
+    import os
+    import subprocess
+    from colibri import cli
+
+    gguf, colibri = ms.dir / "model-q4_k_m.gguf", ms.dir / "model-q4.colibri"
+    stamp = ms.dir / ".q4-gguf-done"
+    if stamp.exists() and gguf.exists() and colibri.exists():
+        return colibri, gguf
+    if not LLAMA_QUANTIZE.exists():
+        raise RuntimeError(f"no {LLAMA_QUANTIZE}: scripts/build_llama_bench.sh builds it")
+    log(f"  llama-quantize --allow-requantize Q4_K_M -> {gguf.name}")
+    tmp = gguf.with_suffix(".part")
+    r = subprocess.run([str(LLAMA_QUANTIZE), "--allow-requantize", str(ms.gguf["q8_0"]),
+                        str(tmp), "Q4_K_M", str(os.cpu_count() or 1)],
+                       capture_output=True, text=True, errors="replace")
+    if r.returncode:
+        raise RuntimeError(f"llama-quantize: {(r.stderr or r.stdout)[-1500:]}")
+    tmp.rename(gguf)
+    log(f"  colibri convert {gguf.name} -> {colibri.name}")
+    if cli.main(["convert", str(gguf), "-o", str(colibri), "-q"]):
+        raise RuntimeError(f"colibri convert {gguf.name} failed")
+    stamp.write_text("v1\n")
+    return colibri, gguf
+
+
 def _stamp_text(name: str, seed: int, with_gguf: bool) -> str:
     return f"{name} seed={seed} gguf={with_gguf} v1\n"

@@ -7,9 +7,13 @@ is dropped (a cold start, as a device after boot):
   colibri mmap    colibri-cli, all-resident, the file mapped (today's default
                   on a file bigger than memory: the page cache thrashes)
   colibri ram     colibri-cli --ram LIMIT-HEADROOM: the routed experts read
-                  into as many slots as the budget holds (docs/STREAMING.md)
-  llama.cpp       llama-bench, the same shapes as a Q8_0 GGUF, mmap (its
-                  default), the same limit
+                  into as many slots as the budget holds (docs/STREAMING.md),
+                  a layer's experts predicted and read during its attention
+                  (the default prefetch); "(no prefetch)": --prefetch 0;
+                  "(sync reads)": no reader thread (so no prefetch either);
+                  "(page cache)": buffered reads
+  llama.cpp       llama-bench, the same shapes as a Q8_0 GGUF (--quant q4:
+                  Q4_K_M), mmap (its default), the same limit
 
 First token: wall time of a process that loads the model and runs a
 4-token prompt to its first logits (colibri-cli --tokens .. --generate 1,
@@ -21,6 +25,7 @@ time (user + system of the process) are both printed.
     python -m bench.stream [--model small] [--limits 256M,384M,512M,1G] [--steps 8]
     python -m bench.stream --model moe7b --limits 512M,1G,2G,4G   # the 7B class
     python -m bench.stream --model moe7b-skewed ...                # skewed routers
+    python -m bench.stream --model moe7b --quant q4 ...            # Q4_K_M, both engines
 
 Writes bench/results/stream-<cpu>.{json,md} (stream-<model>-<cpu> for a
 model other than small); bench/models.py describes the models. Needs root (cgroups, the drop
@@ -97,6 +102,10 @@ def colibri_decode(stderr: str) -> dict:
     if m:
         out.update(slots=int(m[1]), hit_rate=float(m[4]) / 100, reads=int(m[5]),
                    mb_read=float(m[6]), read_ms=float(m[7]), wait_ms=float(m[8]))
+    m = re.search(r"prefetch (\d+) a layer: (\d+) read, (\d+) hit, (\d+) cancelled", stderr)
+    if m:
+        out.update(prefetch=int(m[1]), prefetched=int(m[2]), prefetch_hits=int(m[3]),
+                   prefetch_cancelled=int(m[4]))
     return out
 
 
@@ -108,8 +117,13 @@ def llama_tps(stdout: str) -> float | None:
     return rows[0]["avg_ts"] if rows else None
 
 
-ENGINES = ("colibri mmap", "colibri ram", "colibri ram (sync reads)",
-           "colibri ram (page cache)", "llama.cpp")
+ENGINES = ("colibri mmap", "colibri ram", "colibri ram (no prefetch)",
+           "colibri ram (sync reads)", "colibri ram (page cache)", "llama.cpp",
+           "llama.cpp (repack 0)")
+# llama-bench as it comes, and without its CPU repacking (which copies
+# Q4_K and Q4_0 weights into anonymous memory at load: a mapped model then
+# no longer fits a limit smaller than the file)
+LLAMA_VARIANTS = {"llama.cpp": [], "llama.cpp (repack 0)": ["--repack", "0"]}
 
 
 def top_quarter_share(tr) -> float:
@@ -126,7 +140,8 @@ def top_quarter_share(tr) -> float:
 
 
 def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int,
-            engines=ENGINES, trace: Path | None = None) -> list[dict]:
+            engines=ENGINES, trace: Path | None = None, gguf_kind: str = "Q8_0",
+            kv: str = "f32") -> list[dict]:
     llama = [str(LLAMA_BIN / "llama-bench"), "-m", str(gguf), "-t", "1", "-r", "1",
              "--no-warmup", "-o", "json"]
     lenv = {"LD_LIBRARY_PATH": str(LLAMA_BIN)}
@@ -137,6 +152,8 @@ def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int,
         runs = {
             "colibri mmap": ([], {}),
             "colibri ram": (ram, {}),
+            # what predicting the next layer's experts is worth
+            "colibri ram (no prefetch)": (ram + ["--prefetch", "0"], {}),
             # the reader thread's worth: the same reads on infer's thread
             "colibri ram (sync reads)": (ram, {"COLIBRI_STREAM_SYNC": "1"}),
             "colibri ram (page cache)": (ram, {"COLIBRI_STREAM_BUFFERED": "1"}),
@@ -144,7 +161,7 @@ def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int,
         for name, (extra, env) in runs.items():
             if name not in engines:
                 continue
-            base = [str(cli), "--model", str(model), "--tokens", PROMPT] + extra
+            base = [str(cli), "--model", str(model), "--tokens", PROMPT, "--kv", kv] + extra
             first = g.run(base + ["--generate", "1"], env)
             warm = g.run(base + ["--generate", "1"], env, cold=False)
             traced = ["--route-trace", str(trace)] if trace and name == "colibri ram" else []
@@ -159,20 +176,22 @@ def run_all(model: Path, gguf: Path, cli: Path, limits: list[int], steps: int,
                 row["mb_per_token"] = row["mb_read"] / (steps + 1 + 1)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items()}), flush=True)
-        if "llama.cpp" not in engines:
-            g.remove()
-            continue
-        first = g.run(llama + ["-p", "4", "-n", "0"], lenv)
-        warm = g.run(llama + ["-p", "4", "-n", "0"], lenv, cold=False)
-        dec = g.run(llama + ["-p", "0", "-n", str(steps)], lenv)
-        row = {"limit": limit, "engine": "llama.cpp Q8_0 mmap", "first_token_s": first["wall_s"],
-               "first_token_warm_s": warm["wall_s"],
-               "first_rc": first["rc"], "rc": dec["rc"], "wall_s": dec["wall_s"],
-               "cpu_s": dec["cpu_s"], "peak": dec["peak"], "decode_tps": llama_tps(dec["stdout"])}
-        if dec["rc"]:
-            row["error"] = (dec["stderr"].strip().splitlines() or ["killed"])[-1][:200]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        for name, extra in LLAMA_VARIANTS.items():
+            if name not in engines:
+                continue
+            first = g.run(llama + extra + ["-p", "4", "-n", "0"], lenv)
+            warm = g.run(llama + extra + ["-p", "4", "-n", "0"], lenv, cold=False)
+            dec = g.run(llama + extra + ["-p", "0", "-n", str(steps)], lenv)
+            row = {"limit": limit, "engine": f"llama.cpp {gguf_kind} mmap" + (
+                       f", {' '.join(extra)}" if extra else ""),
+                   "first_token_s": first["wall_s"], "first_token_warm_s": warm["wall_s"],
+                   "first_rc": first["rc"], "rc": dec["rc"], "wall_s": dec["wall_s"],
+                   "cpu_s": dec["cpu_s"], "peak": dec["peak"],
+                   "decode_tps": llama_tps(dec["stdout"])}
+            if dec["rc"]:
+                row["error"] = (dec["stderr"].strip().splitlines() or ["killed"])[-1][:200]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
         g.remove()
     return rows
 
@@ -193,10 +212,15 @@ def report(rows: list[dict], meta: dict) -> str:
                if "top_quarter_share" in meta else []),
              "First token: a process that loads the model and runs a 4-token prompt, "
              "after the page cache is dropped (cold) and run again at once (warm).", "",
+             "Prefetch: experts a layer's prediction started reading / used / "
+             "cancelled before a byte was read.", "",
              "| limit | engine | first token s, cold | warm | decode tok/s | vs llama.cpp "
-             "| wall s | CPU s | peak MB | slots | hit rate | MB read/token |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    peer = {r["limit"]: r.get("decode_tps") for r in rows if r["engine"].startswith("llama")}
+             "| wall s | CPU s | peak MB | slots | hit rate | MB read/token | prefetch |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    peer = {}   # the faster llama.cpp row of each limit
+    for r in rows:
+        if r["engine"].startswith("llama") and r.get("decode_tps"):
+            peer[r["limit"]] = max(peer.get(r["limit"], 0.0), r["decode_tps"])
     for r in rows:
         tps = r.get("decode_tps")
         ratio = f"{tps / peer[r['limit']]:.1f}x" if tps and peer.get(r["limit"]) else "-"
@@ -204,10 +228,12 @@ def report(rows: list[dict], meta: dict) -> str:
         hit = f"{r['hit_rate']:.0%}" if "hit_rate" in r else "-"
         mb = f"{r['mb_per_token']:.0f}" if "mb_per_token" in r else "-"
         tps_text = f"{tps:.2f}" if tps else "-"
+        pf = (f"{r['prefetched']} / {r['prefetch_hits']} / {r['prefetch_cancelled']}"
+              if r.get("prefetch") else "-")
         lines.append(
             f"| {r['limit'] >> 20} MiB | {r['engine']}{err} | {r['first_token_s']:.2f} | "
             f"{r.get('first_token_warm_s', float('nan')):.2f} | {tps_text} | {ratio} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-            f"{r['peak'] / 2**20:.0f} | {r.get('slots', '-')} | {hit} | {mb} |")
+            f"{r['peak'] / 2**20:.0f} | {r.get('slots', '-')} | {hit} | {mb} | {pf} |")
     return "\n".join(lines) + "\n"
 
 
@@ -224,6 +250,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="small")
     ap.add_argument("--limits", default="256M,384M,512M,1G")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--quant", choices=("int8", "q4"), default="int8",
+                    help="int8: the .colibri int8 file beside the Q8_0 GGUF; q4: llama.cpp's "
+                         "Q4_K_M of the Q8_0 GGUF and the .colibri file imported from it")
+    ap.add_argument("--append", action="store_true",
+                    help="merge these rows into the results file (same limit and engine: "
+                         "replaced) instead of writing it anew")
     ap.add_argument("--engines", default=",".join(ENGINES),
                     help="a comma-separated subset of: " + ", ".join(ENGINES))
     a = ap.parse_args(argv)
@@ -242,16 +274,22 @@ def main(argv=None) -> int:
     ms = models.prepare(a.model, ROOT / "build" / "bench" / "models")
     cli = Path(cbuild.build(ROOT / "build" / "bench" / "stream-cli",
                             kernels=cbuild.host_kernels())["cli"])
-    model, gguf = ms.colibri["int8"], ms.gguf["q8_0"]
+    if a.quant == "q4":
+        model, gguf = models.prepare_q4_from_gguf(ms)
+    else:
+        model, gguf = ms.colibri["int8"], ms.gguf["q8_0"]
     limits = [parse_size(x) for x in a.limits.split(",")]
     cpu = cpu_description()
     meta = {"cpu": cpu["model"] or "?", "cores": cpu["cores"], "cpu_features": cpu["flags"],
-            "model": a.model, "model_bytes": model.stat().st_size,
+            "model": a.model + (" q4, i8 KV cache" if a.quant == "q4" else " int8"),
+            "model_bytes": model.stat().st_size,
             "gguf_bytes": gguf.stat().st_size, "disk_mb_s": disk_speed(model),
             "steps": a.steps, "load": os.getloadavg()[0]}
     trace = ROOT / "build" / "bench" / f"stream-{a.model}-trace.txt"
     trace.unlink(missing_ok=True)
-    rows = run_all(model, gguf, cli, limits, a.steps, engines, trace)
+    # q4: the compact cache too (the seed's 512 MiB class needs both)
+    rows = run_all(model, gguf, cli, limits, a.steps, engines, trace,
+                   "Q4_K_M" if a.quant == "q4" else "Q8_0", "i8" if a.quant == "q4" else "f32")
     if trace.exists():
         from colibri.model import route_trace
         tr = route_trace.read_trace(trace)
@@ -261,7 +299,14 @@ def main(argv=None) -> int:
     tag = re.sub(r"\W+", "-", meta["cpu"]).strip("-").lower()[:24] + (
         "-avx512" if " avx512f" in flags else "-avx2")
     name = "stream" if a.model == "small" else f"stream-{a.model}"
+    name += "-q4" if a.quant == "q4" else ""
     out = ROOT / "bench" / "results" / f"{name}-{tag}"
+    if a.append and out.with_suffix(".json").exists():
+        old = json.loads(out.with_suffix(".json").read_text())
+        new = {(r["limit"], r["engine"]) for r in rows}
+        rows = [r for r in old["rows"] if (r["limit"], r["engine"]) not in new] + rows
+        rows.sort(key=lambda r: r["limit"])   # stable: a limit's rows in run order
+        meta = {**old["meta"], "appended": f"{', '.join(engines)} (load {meta['load']:.1f})"}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = report(rows, meta)
     out.with_suffix(".md").write_text(md)
