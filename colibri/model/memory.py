@@ -106,7 +106,7 @@ class Tables:
     xattn: int
 
 
-TABLES_LP64 = Tables(plan=696, layer=464, expert=96, encdec=80, xattn=136)
+TABLES_LP64 = Tables(plan=712, layer=464, expert=96, encdec=80, xattn=136)
 
 
 def tables_bound(pointer_bytes: int) -> Tables:
