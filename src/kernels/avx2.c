@@ -524,17 +524,61 @@ BLOCK void i8_group(const int vnni, const int R, __m256i d[MAXR],
 /* Groups per chunk of scale products (pv below). */
 enum { I8R_GCH = 256 };
 
+/* pv[g] = the 4 rows' scale products S[r, gc + g] * XS[gc + g] (g < nch),
+ * formed along groups (contiguous in S) and transposed to one 4-float
+ * vector per group. With `prefetch`, the next 4 rows' scales are requested
+ * into L2. */
+BLOCK void scale_products4(float pv[I8R_GCH][4], const float *const s[MAXR],
+                           const float *xs, uint32_t gc, uint32_t nch, uint32_t ng,
+                           int prefetch)
+{
+    for (uint32_t gb = 0; gb < nch; gb += 8) {
+        const uint32_t nb = nch - gb < 8 ? nch - gb : 8;
+        const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask(nb);
+        const __m256 xsv = _mm256_maskload_ps(xs + gc + gb, m);
+        __m256 p[4];
+        UNROLL
+        for (int r = 0; r < 4; r++) {
+            p[r] = _mm256_mul_ps(_mm256_maskload_ps(s[r] + gc + gb, m), xsv);
+            if (prefetch && gb % 16 == 0)
+                _mm_prefetch((const char *)(s[r] + (size_t)4 * ng + gc + gb), _MM_HINT_T1);
+        }
+        /* 4 rows x 8 groups -> per group the 4 rows (groups j, j + 4 in
+         * the two 128-bit halves) */
+        const __m256 t0 = _mm256_unpacklo_ps(p[0], p[1]), t1 = _mm256_unpackhi_ps(p[0], p[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(p[2], p[3]), t3 = _mm256_unpackhi_ps(p[2], p[3]);
+        const __m256 u[4] = {_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+                             _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2))};
+        UNROLL
+        for (int j = 0; j < 4; j++) {
+            _mm_store_ps(pv[gb + (uint32_t)j], _mm256_castps256_ps128(u[j]));
+            _mm_store_ps(pv[gb + 4 + (uint32_t)j], _mm256_extractf128_ps(u[j], 1));
+        }
+    }
+}
+
+/* acc + the 4 rows' group dots d[0..3] (exact hadd tree) times their scale
+ * products p: ref's multiply then add, one group, 4 rows in the lanes. */
+BLOCK __m128 add_group4(__m128 acc, const __m256i d[MAXR], const float p[4])
+{
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]),
+                                        _mm256_hadd_epi32(d[2], d[3]));
+    const __m128 dots = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
+                                                      _mm256_extracti128_si256(h, 1)));
+    return _mm_add_ps(acc, _mm_mul_ps(dots, _mm_load_ps(p)));
+}
+
 /* Y[t, r0 .. r0 + 4) for one token (xq [cols], xs [ng]): lanes are the 4
  * rows, each lane the row's ref-order sum over groups. Groups go in chunks of
- * I8R_GCH: first the chunk's scale products of the 4 rows are formed along
- * groups (contiguous in S), transposed to one 4-float vector per group and
- * kept in pv (4 KiB of stack at most), then one simple loop per group does
- * the integer dots, an exact hadd tree over the 4 rows' lane vectors and
- * ref's multiply and add. With `prefetch`, the next 4 rows' weights and
- * scales are requested into L2 at the pace this block reads its own
- * (PREFETCH at i8_matmul). 8 rows a block (lanes of a 256-bit vector) did
- * the same work with fewer instructions but read memory slower: decode
- * 10.2 against 12.4 GB/s at 2816 x 1024. */
+ * I8R_GCH: first the chunk's scale products (scale_products4, 4 KiB of stack
+ * at most), then one simple loop per group does the integer dots, an exact
+ * hadd tree over the 4 rows' lane vectors and ref's multiply and add. With
+ * `prefetch`, the next 4 rows' weights and scales are requested into L2 at
+ * the pace this block reads its own (PREFETCH at i8_matmul). 8 rows a block
+ * (lanes of a 256-bit vector) did the same work with fewer instructions but
+ * read memory slower: decode 10.2 against 12.4 GB/s at 2816 x 1024. */
 BLOCK void i8_rows4(const int vnni, float *y, const int8_t *Q, const float *S,
                     const int8_t *xq, const float *xs, uint32_t cols,
                     uint32_t group, uint32_t ng, uint32_t r0, int prefetch)
@@ -550,31 +594,7 @@ BLOCK void i8_rows4(const int vnni, float *y, const int8_t *Q, const float *S,
     __m128 acc = _mm_setzero_ps();
     for (uint32_t gc = 0; gc < ng; gc += I8R_GCH) {
         const uint32_t nch = ng - gc < I8R_GCH ? ng - gc : I8R_GCH;
-        for (uint32_t gb = 0; gb < nch; gb += 8) {
-            const uint32_t nb = nch - gb < 8 ? nch - gb : 8;
-            const __m256i m = nb == 8 ? _mm256_set1_epi32(-1) : tail_mask(nb);
-            const __m256 xsv = _mm256_maskload_ps(xs + gc + gb, m);
-            __m256 p[4];
-            UNROLL
-            for (int r = 0; r < 4; r++) {
-                p[r] = _mm256_mul_ps(_mm256_maskload_ps(s[r] + gc + gb, m), xsv);
-                if (prefetch && gb % 16 == 0)
-                    _mm_prefetch((const char *)(s[r] + (size_t)4 * ng + gc + gb), _MM_HINT_T1);
-            }
-            /* 4 rows x 8 groups -> per group the 4 rows (groups j, j + 4 in
-             * the two 128-bit halves) */
-            const __m256 t0 = _mm256_unpacklo_ps(p[0], p[1]), t1 = _mm256_unpackhi_ps(p[0], p[1]);
-            const __m256 t2 = _mm256_unpacklo_ps(p[2], p[3]), t3 = _mm256_unpackhi_ps(p[2], p[3]);
-            const __m256 u[4] = {_mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
-                                 _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2))};
-            UNROLL
-            for (int j = 0; j < 4; j++) {
-                _mm_store_ps(pv[gb + (uint32_t)j], _mm256_castps256_ps128(u[j]));
-                _mm_store_ps(pv[gb + 4 + (uint32_t)j], _mm256_extractf128_ps(u[j], 1));
-            }
-        }
+        scale_products4(pv, s, xs, gc, nch, ng, prefetch);
         for (uint32_t g = gc; g < gc + nch; g++) {
             const uint32_t c0 = g * group;
             const uint32_t c1 = cols - c0 < group ? cols : c0 + group;
@@ -585,11 +605,66 @@ BLOCK void i8_rows4(const int vnni, float *y, const int8_t *Q, const float *S,
                         _mm_prefetch((const char *)(q[r] + (size_t)4 * cols + c), _MM_HINT_T1);
             __m256i d[MAXR];
             i8_group(vnni, 4, d, q, xq, c0, c1);
-            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]),
-                                                _mm256_hadd_epi32(d[2], d[3]));
-            const __m128 dots = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
-                                                              _mm256_extracti128_si256(h, 1)));
-            acc = _mm_add_ps(acc, _mm_mul_ps(dots, _mm_load_ps(pv[g - gc])));
+            acc = add_group4(acc, d, pv[g - gc]);
+        }
+    }
+    _mm_storeu_ps(y + r0, acc);
+}
+
+/* Rows ahead that i8_rows4_g32 prefetches into L2 (two blocks ahead). */
+enum { I8R_PF_ROWS = 8 };
+
+/* i8_rows4 for the converter's group of 32 columns with cols a multiple of
+ * 32 (every matrix of a converted model): the same bits, one 32-byte load
+ * per row a group, and each group's weights loaded into registers while the
+ * group before is computed. In i8_rows4 each group's integer ops take their
+ * weights straight from memory, so the vector scheduler fills with ops that
+ * wait on loads and few groups overlap: in L2 (test_kernels-like shape 256 x
+ * 1024, bench/c/i8_matmul.c) 20 -> 28 GB/s on Zen 3 (AVX2 only); decode,
+ * small int8 model, interleaved: 1 thread +4-7 %, 2 threads +1-10 %
+ * (bench/results/FINDINGS.md 13). */
+BLOCK void i8_rows4_g32(const int vnni, float *y, const int8_t *Q, const float *S,
+                        const int8_t *xq, const float *xs, uint32_t cols, uint32_t ng,
+                        uint32_t r0, int prefetch)
+{
+    const int8_t *q[MAXR];
+    const float *s[MAXR];
+    UNROLL
+    for (int r = 0; r < 4; r++) {
+        q[r] = Q + (size_t)(r0 + r) * cols;
+        s[r] = S + (size_t)(r0 + r) * ng;
+    }
+    const size_t qnext = (size_t)I8R_PF_ROWS * cols;
+    __attribute__((aligned(32))) float pv[I8R_GCH][4];
+    __m128 acc = _mm_setzero_ps();
+    for (uint32_t gc = 0; gc < ng; gc += I8R_GCH) {
+        const uint32_t nch = ng - gc < I8R_GCH ? ng - gc : I8R_GCH;
+        scale_products4(pv, s, xs, gc, nch, ng, prefetch);
+        uint32_t c = gc * 32;
+        __m256i qn[MAXR], xn = _mm256_loadu_si256((const __m256i *)(const void *)(xq + c));
+        UNROLL
+        for (int r = 0; r < 4; r++)
+            qn[r] = _mm256_loadu_si256((const __m256i *)(const void *)(q[r] + c));
+        for (uint32_t g = 0; g < nch; g++, c += 32) {
+            const __m256i xv = xn;
+            __m256i qv[MAXR], d[MAXR];
+            UNROLL
+            for (int r = 0; r < 4; r++)
+                qv[r] = qn[r];
+            if (g + 1 < nch) { /* the next group's bytes, loaded ahead */
+                UNROLL
+                for (int r = 0; r < 4; r++)
+                    qn[r] = _mm256_loadu_si256((const __m256i *)(const void *)(q[r] + c + 32));
+                xn = _mm256_loadu_si256((const __m256i *)(const void *)(xq + c + 32));
+            }
+            if (prefetch && c % 64 == 0)
+                UNROLL
+                for (int r = 0; r < 4; r++)
+                    _mm_prefetch((const char *)(q[r] + qnext + c), _MM_HINT_T1);
+            UNROLL
+            for (int r = 0; r < 4; r++)
+                d[r] = dot_acc(vnni, _mm256_setzero_si256(), _mm256_abs_epi8(qv[r]), qv[r], xv);
+            acc = add_group4(acc, d, pv[g]);
         }
     }
     _mm_storeu_ps(y + r0, acc);
@@ -830,7 +905,8 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
 
 /* Few tokens (decode): the dot-product form, token after token over row
  * panels that fit in L2 (so tokens after the first find the panel's weights
- * in cache), 4 rows at a time (i8_rows4), the last rows % 4 one by one.
+ * in cache), 4 rows at a time (i8_rows4, or i8_rows4_g32 for the
+ * converter's group 32), the last rows % 4 one by one.
  * PREFETCH (decode): one token reads every weight once, row block after row
  * block, and a block of 4 rows x 1024 int8 columns is one 4 KiB page: the
  * hardware prefetchers stop at page boundaries and start again only after
@@ -859,6 +935,10 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
             const int8_t *xq = XQ + (size_t)t * cols;
             const float *xs = XS + (size_t)t * ng;
             uint32_t r = p0;
+            if (group == 32 && cols % 32 == 0)
+                for (; r + 4 <= pe; r += 4)
+                    i8_rows4_g32(vnni, y, Q, S, xq, xs, cols, ng, r,
+                                 r + 4 + I8R_PF_ROWS <= rows);
             for (; r + 4 <= pe; r += 4)
                 i8_rows4(vnni, y, Q, S, xq, xs, cols, group, ng, r, r + 8 <= rows);
             for (; r < pe; r++)

@@ -892,8 +892,10 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
     /* Decode shapes (few tokens, the converter's group 32) over several
      * 256-column chunks, with and without a remainder of whole and short
      * groups, and row blocks whose next block is prefetched or missing
-     * (avx512.c's decode form). */
-    static const uint32_t dec[][3] = {{1, 37, 512}, {2, 9, 1100}, {5, 12, 2816}, {1, 65, 1056}};
+     * (avx512.c's decode form), and more than 256 groups a row (avx2.c's
+     * chunks of scale products, the last with one group). */
+    static const uint32_t dec[][3] = {{1, 37, 512}, {2, 9, 1100}, {5, 12, 2816}, {1, 65, 1056},
+                                      {1, 14, 8224}};
     for (size_t i = 0; i < LEN(dec); i++)
         for (int mode = 0; mode < 3; mode++)
             test_matmul_i8(ref, k, dec[i][0], dec[i][1], dec[i][2], 32, mode);
