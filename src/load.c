@@ -41,6 +41,11 @@
 #include <pthread.h>
 #define CLB_READER_THREAD 1
 #endif
+#if COLIBRI_ENABLE_POSIX_IO && defined(__linux__)
+/* The streamed reader asks the page cache what it holds (mincore over a
+ * mapping of the file it never touches): see file_read. */
+#define CLB_CACHE_PROBE 1
+#endif
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -151,6 +156,13 @@ typedef struct file_reader {
     uint64_t size;       /* of the file, when opened */
     uint64_t ns;         /* time in reads (the thread's, when it reads) */
     uint64_t wait_ns;    /* time infer waited for reads */
+#ifdef CLB_CACHE_PROBE
+    /* The file mapped read-only and never touched: mincore's window on
+     * which of its pages the page cache holds (NULL: not known, e.g. no
+     * address space for it on a 32-bit host). */
+    const uint8_t *view;
+    size_t page;         /* the page size */
+#endif
 #ifdef CLB_READER_THREAD
     pthread_t thread;
     pthread_mutex_t mu;
@@ -191,6 +203,10 @@ static void close_file_reader(void *user)
     close(r->fd);
     if (r->fd_direct >= 0)
         close(r->fd_direct);
+#ifdef CLB_CACHE_PROBE
+    if (r->view)
+        munmap((void *)(uintptr_t)r->view, (size_t)r->size);
+#endif
     free(r);
 #else
     (void)user;
@@ -224,6 +240,87 @@ static int pread_all(int fd, uint64_t off, uint8_t *dst, size_t n, size_t at_lea
     return got >= at_least ? 0 : -1;
 }
 
+#ifdef CLB_CACHE_PROBE
+/* 1 when every page of the file's bytes [off, off + n) is in the page
+ * cache now (mincore, 4096 pages a call); 0 when one is not, or unknown. */
+static int in_page_cache(const file_reader *r, uint64_t off, size_t n)
+{
+    if (!r->view || n == 0 || off >= r->size)
+        return 0;
+    const uint64_t end = off + n > r->size ? r->size : off + n;
+    uint64_t p = off - off % r->page;
+    unsigned char vec[4096];
+    while (p < end) {
+        const uint64_t span = (uint64_t)sizeof vec * r->page;
+        const size_t len = (size_t)(end - p < span ? end - p : span);
+        if (mincore((void *)(uintptr_t)(r->view + p), len, vec) != 0)
+            return 0;
+        for (size_t i = 0; i < (len + r->page - 1) / r->page; i++)
+            if (!(vec[i] & 1))
+                return 0;
+        p += len;
+    }
+    return 1;
+}
+
+/* A bit a page of the file: in the page cache (1) or not, now; NULL when
+ * not known (no view, or no memory: 1 bit a page, 32 KiB a GiB). */
+static uint8_t *page_cache_map(const file_reader *r)
+{
+    if (!r->view)
+        return NULL;
+    const uint64_t pages = (r->size + r->page - 1) / r->page;
+    uint8_t *bits = (uint8_t *)calloc((size_t)((pages + 7) / 8), 1);
+    unsigned char vec[4096];
+    for (uint64_t p = 0; bits && p < pages; p += sizeof vec) {
+        const uint64_t k = pages - p < sizeof vec ? pages - p : sizeof vec;
+        const uint64_t len = p + k == pages ? r->size - p * r->page : k * r->page;
+        if (mincore((void *)(uintptr_t)(r->view + p * r->page), (size_t)len, vec) != 0) {
+            free(bits);
+            return NULL;
+        }
+        for (uint64_t i = 0; i < k; i++)
+            bits[(p + i) / 8] |= (uint8_t)((vec[i] & 1u) << ((p + i) % 8));
+    }
+    return bits;
+}
+
+/* After init: takes out of the page cache every page that was not in it
+ * before (`before`, page_cache_map's; NULL: the whole file), i.e. what
+ * init's reads and the kernel's readahead brought in, so that what a
+ * memory cgroup charges is the arena, not a second copy of the resident
+ * part; pages that were cached stay. */
+static void drop_new_pages(const file_reader *r, const uint8_t *before)
+{
+#ifdef POSIX_FADV_DONTNEED
+    const uint64_t pages = (r->size + r->page - 1) / r->page;
+    uint64_t p = 0;
+    while (p < pages) {
+        while (p < pages && before && (before[p / 8] >> (p % 8) & 1u))
+            p++;
+        const uint64_t a = p;
+        while (p < pages && !(before && (before[p / 8] >> (p % 8) & 1u)))
+            p++;
+        if (p > a)
+            (void)posix_fadvise(r->fd, (off_t)(a * r->page), (off_t)((p - a) * r->page),
+                                POSIX_FADV_DONTNEED);
+    }
+#else
+    (void)r;
+    (void)before;
+#endif
+}
+#endif
+
+/* An expert read already in the page cache (a warm file: another process
+ * mapped it, or a run read it buffered) is read from there, at memory
+ * speed; one that is not is read direct (O_DIRECT) where the file system
+ * takes it, so it does not enter the cache. Init's reads (the resident part)
+ * go through the cache, and what they bring in is dropped after init
+ * (drop_new_pages). So a budgeted run never leaves pages in the page
+ * cache and takes none away, and a warm file loads and streams without
+ * waiting for the disk (docs/STREAMING.md). A page evicted between the
+ * check and the read is read from the disk through the cache. */
 static int file_read(void *user, uint64_t off, void *dst, size_t n)
 {
     file_reader *r = (file_reader *)user;
@@ -237,7 +334,12 @@ static int file_read(void *user, uint64_t off, void *dst, size_t n)
                 (uintptr_t)dst % CLB_DIRECT_ALIGN == 0;
     if (!whole && need < n)
         return -1; /* only a whole-block read may pass the end */
-    if (r->fd_direct >= 0 && whole) {
+#ifdef CLB_CACHE_PROBE
+    const int warm = in_page_cache(r, off, need);
+#else
+    const int warm = 0;
+#endif
+    if (r->fd_direct >= 0 && whole && !warm) {
         rc = pread_all(r->fd_direct, off, (uint8_t *)dst, n, need);
         if (rc != 0 && errno == EINVAL) { /* the file system refuses it */
             close(r->fd_direct);
@@ -960,8 +1062,22 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
         return COLIBRI_E_IO;
     }
     r->size = (uint64_t)st.st_size;
+#ifdef CLB_CACHE_PROBE
+    {
+        long pg = sysconf(_SC_PAGESIZE);
+        void *view = r->size && r->size <= SIZE_MAX && pg > 0
+                   ? mmap(NULL, (size_t)r->size, PROT_READ, MAP_SHARED, r->fd, 0)
+                   : MAP_FAILED;
+        r->view = view == MAP_FAILED ? NULL : (const uint8_t *)view;
+        r->page = pg > 0 ? (size_t)pg : 4096;
+    }
+    uint8_t *cached_before = page_cache_map(r);
+#endif
     colibri_reader rd = { file_read, r, r->size };
     if (o->ram && !o->slots && fits_resident(&rd, o)) {
+#ifdef CLB_CACHE_PROBE
+        free(cached_before);
+#endif
         close_file_reader(r);
         return CLB_FITS_RESIDENT;
     }
@@ -977,6 +1093,10 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
 #endif
     v->file_reader = r;
     int rc = stream_open(m, &rd, align, NULL, 0, o);
+#ifdef CLB_CACHE_PROBE
+    drop_new_pages(r, cached_before);
+    free(cached_before);
+#endif
     if (rc == COLIBRI_OK) {
         clb_plan *p = (clb_plan *)v->plan;
         p->stream->read_ns = &r->ns;
@@ -993,8 +1113,9 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
         }
 #endif
         clb_stream_prefetch_on(p, o->prefetch);
-#ifdef POSIX_FADV_DONTNEED
-        /* the resident sections are copied: their pages need not stay */
+#if !defined(CLB_CACHE_PROBE) && defined(POSIX_FADV_DONTNEED)
+        /* the resident sections are copied: their pages need not stay
+         * (with the probe, file_read drops what init brought in) */
         (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_DONTNEED);
 #endif
     }

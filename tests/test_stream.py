@@ -334,6 +334,70 @@ def test_reader_thread_under_tsan(c_build, model, tmp_path):
     assert "EXPERT_W2 layer 2 expert 2" in r.stderr
 
 
+def page_cache_pages(path: Path) -> tuple[int, int]:
+    """(pages of the file the page cache holds, pages of the file): mincore
+    over a mapping this process never touches."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size, page = path.stat().st_size, os.sysconf("SC_PAGE_SIZE")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+        try:
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vec), len(vec)
+
+
+def drop_from_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)   # dirty pages cannot be dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or os.uname().sysname != "Linux",
+                    reason="the page-cache probe (mincore) is the Linux reader's")
+def test_a_streamed_run_leaves_the_page_cache_as_it_found_it(so, model, tmp_path):
+    """The library's reader adds nothing to the page cache and takes nothing
+    from it: cold, init's reads of the resident part are dropped after
+    reading and experts are read direct; warm (every page cached, as after a
+    mapped run), everything is read from the cache and stays there (before,
+    init dropped the whole file, so a warm file was cold at every start).
+    The same bits either way."""
+    path = tmp_path / "m.colibri"
+    shutil.copyfile(model("olmoe", "int8"), path)
+    with runtime.Model(path, library=so) as m:
+        want = session(m, m.vocab)
+    drop_from_page_cache(path)
+    held, total = page_cache_pages(path)
+    if held:
+        pytest.skip(f"the page cache kept {held} of {total} pages after POSIX_FADV_DONTNEED")
+    with runtime.Model(path, library=so, slots=2) as m:
+        got = session(m, m.vocab)
+        st = m.stream_stats()
+    assert np.array_equal(got, want) and st["misses"] >= 2
+    assert page_cache_pages(path) == (0, total)
+    path.read_bytes()   # warm: every page cached
+    assert page_cache_pages(path) == (total, total)
+    with runtime.Model(path, library=so, slots=2) as m:
+        got = session(m, m.vocab)
+    assert np.array_equal(got, want)
+    assert page_cache_pages(path) == (total, total)
+
+
 def test_own_reader_writes_only_the_bytes_asked_for(c_build, model):
     """The library's reader reads the header into a stack buffer of exactly
     its size. When that buffer happened to start on a 4096-byte boundary it

@@ -577,7 +577,8 @@ int colibri_abi_api_version(void);
  * calling thread, between the parallel regions. The library's own file
  * reader (colibri_init_ex) instead reads on a thread of its own, started at
  * init and joined by colibri_free: infer hands it the next expert's read
- * (pread) while one expert computes and waits for it on a mutex and
+ * (pread; on Linux after a mincore that says whether the page cache holds
+ * it already) while one expert computes and waits for it on a mutex and
  * condition variable (clock_gettime times the reads and the waits;
  * COLIBRI_STREAM_SYNC=1 in the environment at init reads on the calling
  * thread instead). With it, colibri_options.prefetch: before a MoE layer's
