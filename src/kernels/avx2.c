@@ -559,6 +559,17 @@ BLOCK void scale_products4(float pv[I8R_GCH][4], const float *const s[MAXR],
     }
 }
 
+/* q[r], s[r] = the weights and scales of row r0 + r (r < 4). */
+BLOCK void rows4_at(const int8_t *q[MAXR], const float *s[MAXR], const int8_t *Q,
+                    const float *S, uint32_t cols, uint32_t ng, uint32_t r0)
+{
+    UNROLL
+    for (int r = 0; r < 4; r++) {
+        q[r] = Q + (size_t)(r0 + r) * cols;
+        s[r] = S + (size_t)(r0 + r) * ng;
+    }
+}
+
 /* acc + the 4 rows' group dots d[0..3] (exact hadd tree) times their scale
  * products p: ref's multiply then add, one group, 4 rows in the lanes. */
 BLOCK __m128 add_group4(__m128 acc, const __m256i d[MAXR], const float p[4])
@@ -585,11 +596,7 @@ BLOCK void i8_rows4(const int vnni, float *y, const int8_t *Q, const float *S,
 {
     const int8_t *q[MAXR];
     const float *s[MAXR];
-    UNROLL
-    for (int r = 0; r < 4; r++) {
-        q[r] = Q + (size_t)(r0 + r) * cols;
-        s[r] = S + (size_t)(r0 + r) * ng;
-    }
+    rows4_at(q, s, Q, S, cols, ng, r0);
     __attribute__((aligned(32))) float pv[I8R_GCH][4];
     __m128 acc = _mm_setzero_ps();
     for (uint32_t gc = 0; gc < ng; gc += I8R_GCH) {
@@ -629,11 +636,7 @@ BLOCK void i8_rows4_g32(const int vnni, float *y, const int8_t *Q, const float *
 {
     const int8_t *q[MAXR];
     const float *s[MAXR];
-    UNROLL
-    for (int r = 0; r < 4; r++) {
-        q[r] = Q + (size_t)(r0 + r) * cols;
-        s[r] = S + (size_t)(r0 + r) * ng;
-    }
+    rows4_at(q, s, Q, S, cols, ng, r0);
     const size_t qnext = (size_t)I8R_PF_ROWS * cols;
     __attribute__((aligned(32))) float pv[I8R_GCH][4];
     __m128 acc = _mm_setzero_ps();
