@@ -241,24 +241,35 @@ static int pread_all(int fd, uint64_t off, uint8_t *dst, size_t n, size_t at_lea
 }
 
 #ifdef CLB_CACHE_PROBE
+/* Pages mincore is asked about at once (its answer: a byte a page). */
+enum { CLB_PROBE_PAGES = 4096 };
+
+/* vec[i] & 1: page first + i of the file is in the page cache, for the k
+ * (<= CLB_PROBE_PAGES) pages from `first` that the file holds; 0, or -1
+ * when mincore fails. */
+static int probe_pages(const file_reader *r, uint64_t first, uint64_t k, unsigned char *vec)
+{
+    const uint64_t a = first * r->page, b = (first + k) * r->page;
+    return mincore((void *)(uintptr_t)(r->view + a), (size_t)((b < r->size ? b : r->size) - a),
+                   vec);
+}
+
 /* 1 when every page of the file's bytes [off, off + n) is in the page
- * cache now (mincore, 4096 pages a call); 0 when one is not, or unknown. */
+ * cache now; 0 when one is not, or unknown. */
 static int in_page_cache(const file_reader *r, uint64_t off, size_t n)
 {
     if (!r->view || n == 0 || off >= r->size)
         return 0;
     const uint64_t end = off + n > r->size ? r->size : off + n;
-    uint64_t p = off - off % r->page;
-    unsigned char vec[4096];
-    while (p < end) {
-        const uint64_t span = (uint64_t)sizeof vec * r->page;
-        const size_t len = (size_t)(end - p < span ? end - p : span);
-        if (mincore((void *)(uintptr_t)(r->view + p), len, vec) != 0)
+    const uint64_t last = (end + r->page - 1) / r->page;
+    unsigned char vec[CLB_PROBE_PAGES];
+    for (uint64_t p = off / r->page; p < last; p += CLB_PROBE_PAGES) {
+        const uint64_t k = last - p < CLB_PROBE_PAGES ? last - p : CLB_PROBE_PAGES;
+        if (probe_pages(r, p, k, vec) != 0)
             return 0;
-        for (size_t i = 0; i < (len + r->page - 1) / r->page; i++)
-            if (!(vec[i] & 1))
+        for (uint64_t i = 0; i < k; i++)
+            if (!(vec[i] & 1u))
                 return 0;
-        p += len;
     }
     return 1;
 }
@@ -271,11 +282,10 @@ static uint8_t *page_cache_map(const file_reader *r)
         return NULL;
     const uint64_t pages = (r->size + r->page - 1) / r->page;
     uint8_t *bits = (uint8_t *)calloc((size_t)((pages + 7) / 8), 1);
-    unsigned char vec[4096];
-    for (uint64_t p = 0; bits && p < pages; p += sizeof vec) {
-        const uint64_t k = pages - p < sizeof vec ? pages - p : sizeof vec;
-        const uint64_t len = p + k == pages ? r->size - p * r->page : k * r->page;
-        if (mincore((void *)(uintptr_t)(r->view + p * r->page), (size_t)len, vec) != 0) {
+    unsigned char vec[CLB_PROBE_PAGES];
+    for (uint64_t p = 0; bits && p < pages; p += CLB_PROBE_PAGES) {
+        const uint64_t k = pages - p < CLB_PROBE_PAGES ? pages - p : CLB_PROBE_PAGES;
+        if (probe_pages(r, p, k, vec) != 0) {
             free(bits);
             return NULL;
         }
@@ -335,7 +345,7 @@ static int file_read(void *user, uint64_t off, void *dst, size_t n)
     if (!whole && need < n)
         return -1; /* only a whole-block read may pass the end */
 #ifdef CLB_CACHE_PROBE
-    const int warm = in_page_cache(r, off, need);
+    const int warm = r->fd_direct >= 0 && whole && in_page_cache(r, off, need);
 #else
     const int warm = 0;
 #endif
@@ -1115,7 +1125,8 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
         clb_stream_prefetch_on(p, o->prefetch);
 #if !defined(CLB_CACHE_PROBE) && defined(POSIX_FADV_DONTNEED)
         /* the resident sections are copied: their pages need not stay
-         * (with the probe, file_read drops what init brought in) */
+         * (with the probe, drop_new_pages above drops only what init
+         * brought in) */
         (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_DONTNEED);
 #endif
     }
