@@ -103,7 +103,8 @@ class _StreamStats(ctypes.Structure):
                                                "read_ns", "errors", "wait_ns",
                                                "prefetched", "prefetch_hits",
                                                "prefetch_cancelled")] + \
-               [("prefetch", ctypes.c_uint32)]
+               [("prefetch", ctypes.c_uint32), ("resident_mapped", ctypes.c_uint32),
+                ("mapped", ctypes.c_uint64)]
 
 
 # colibri_reader.read: (user, offset, dst, n) -> 0 or negative
@@ -584,8 +585,11 @@ class Model:
         bytes_read, read_ns, errors, wait_ns, prefetched (reads a prediction
         started), prefetch_hits (hits on them), prefetch_cancelled (of them,
         those the routing did not use, cancelled before any byte was read),
-        prefetch (experts a layer may prefetch); slots 0 for an all-resident
-        model.
+        prefetch (experts a layer may prefetch), resident_mapped (1: the
+        resident sections are used from the mapped file, not the arena),
+        mapped (experts used from the page cache through the mapped file
+        instead of read);
+        slots 0 for an all-resident model.
         reset: clear the counters afterwards."""
         with self._lock:
             if self._m is None:

@@ -249,10 +249,12 @@ void clb_swap_section(uint8_t *sec, const uint8_t *en, int be, uint32_t group);
  * instance's experts (stream.c rewrites its resident copy of the table). */
 #define CLB_NOT_RESIDENT UINT64_MAX
 
-/* Point every tensor view of the plan into a validated, host-order blob
- * (sections at their table offsets; CLB_NOT_RESIDENT: a view with shape
- * and dtype but no data) and compute the RoPE tables. */
-void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
+/* Point every tensor view of the plan into validated, host-order data:
+ * the table is blob's, its offsets count from `data` (blob itself, or the
+ * mapped file a streamed instance uses its resident sections from;
+ * CLB_NOT_RESIDENT: a view with shape and dtype but no data), and compute
+ * the RoPE tables. */
+void clb_build_plan(clb_plan *p, const uint8_t *blob, const uint8_t *data, int be,
                     const colibri_kernels *k);
 
 /* The fastest kernel table this build and CPU can run. */

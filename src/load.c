@@ -157,11 +157,21 @@ typedef struct file_reader {
     uint64_t ns;         /* time in reads (the thread's, when it reads) */
     uint64_t wait_ns;    /* time infer waited for reads */
 #ifdef CLB_CACHE_PROBE
-    /* The file mapped read-only and never touched: mincore's window on
-     * which of its pages the page cache holds (NULL: not known, e.g. no
-     * address space for it on a 32-bit host). */
+    /* The file mapped read-only (NULL: no address space for it, e.g. on
+     * a 32-bit host): mincore's window on which of its pages the page
+     * cache holds, and where the instance uses its resident sections
+     * (stream.h clb_stream_map; its experts' pages made inaccessible). */
     const uint8_t *view;
     size_t page;         /* the page size */
+    /* 1: mincore tells the truth about this file. Linux tells it only to a
+     * process that owns the file or may write it, and answers "cached" for
+     * every page to any other: then nothing is known, as without a view. */
+    int probe;
+    /* the instance uses its resident sections from the view: their pages
+     * stay cached while it lives, and colibri_free drops those that were
+     * not cached before (cached_before: page_cache_map's before init) */
+    int resident_mapped;
+    uint8_t *cached_before;
 #endif
 #ifdef CLB_READER_THREAD
     pthread_t thread;
@@ -191,6 +201,10 @@ static void stop_reader_thread(file_reader *r)
 }
 #endif
 
+#ifdef CLB_CACHE_PROBE
+static void drop_new_pages(const file_reader *r, const uint8_t *before);
+#endif
+
 static void close_file_reader(void *user)
 {
 #if COLIBRI_ENABLE_POSIX_IO
@@ -200,13 +214,16 @@ static void close_file_reader(void *user)
 #ifdef CLB_READER_THREAD
     stop_reader_thread(r);
 #endif
-    close(r->fd);
-    if (r->fd_direct >= 0)
-        close(r->fd_direct);
 #ifdef CLB_CACHE_PROBE
     if (r->view)
         munmap((void *)(uintptr_t)r->view, (size_t)r->size);
+    if (r->resident_mapped) /* unmapped first: mapped pages are not dropped */
+        drop_new_pages(r, r->cached_before);
+    free(r->cached_before);
 #endif
+    close(r->fd);
+    if (r->fd_direct >= 0)
+        close(r->fd_direct);
     free(r);
 #else
     (void)user;
@@ -258,7 +275,7 @@ static int probe_pages(const file_reader *r, uint64_t first, uint64_t k, unsigne
  * cache now; 0 when one is not, or unknown. */
 static int in_page_cache(const file_reader *r, uint64_t off, size_t n)
 {
-    if (!r->view || n == 0 || off >= r->size)
+    if (!r->probe || n == 0 || off >= r->size)
         return 0;
     const uint64_t end = off + n > r->size ? r->size : off + n;
     const uint64_t last = (end + r->page - 1) / r->page;
@@ -278,7 +295,7 @@ static int in_page_cache(const file_reader *r, uint64_t off, size_t n)
  * not known (no view, or no memory: 1 bit a page, 32 KiB a GiB). */
 static uint8_t *page_cache_map(const file_reader *r)
 {
-    if (!r->view)
+    if (!r->probe)
         return NULL;
     const uint64_t pages = (r->size + r->page - 1) / r->page;
     uint8_t *bits = (uint8_t *)calloc((size_t)((pages + 7) / 8), 1);
@@ -319,6 +336,53 @@ static void drop_new_pages(const file_reader *r, const uint8_t *before)
     (void)r;
     (void)before;
 #endif
+}
+
+/* The whole pages of the file's bytes [off, off + n): [*a, *b). */
+static void whole_pages(const file_reader *r, uint64_t off, uint64_t n, uint64_t *a,
+                        uint64_t *b)
+{
+    *a = (off + r->page - 1) / r->page * r->page;
+    *b = (off + n) / r->page * r->page;
+}
+
+/* clb_stream_map.hide: the whole pages of an expert's bytes in the view
+ * leave the process's memory and become inaccessible, so that a fault on
+ * a resident page next to them (the kernel maps up to 64 KiB around it
+ * from the page cache) maps none of them: the process holds the resident
+ * part of the file and the experts its slots show, nothing more. mincore
+ * still answers for them. */
+static void hide_expert(void *user, uint64_t off, uint64_t n)
+{
+    const file_reader *r = (const file_reader *)user;
+    uint64_t a, b;
+    whole_pages(r, off, n, &a, &b);
+    if (b <= a)
+        return;
+    void *at = (void *)(uintptr_t)(r->view + a);
+    (void)mprotect(at, (size_t)(b - a), PROT_NONE);
+    (void)madvise(at, (size_t)(b - a), MADV_DONTNEED);
+}
+
+/* clb_stream_map.show: an expert whose every page the page cache holds is
+ * made readable in the view (and its pages mapped now, where the kernel
+ * can: MADV_POPULATE_READ, 5.14), for a slot to use in place of a read. A
+ * page evicted since is read back by the fault that needs it. */
+static int show_expert(void *user, uint64_t off, uint64_t n)
+{
+    const file_reader *r = (const file_reader *)user;
+    if (!in_page_cache(r, off, (size_t)n))
+        return 0;
+    uint64_t a, b;
+    whole_pages(r, off, n, &a, &b);
+    void *at = (void *)(uintptr_t)(r->view + a);
+    if (b > a && mprotect(at, (size_t)(b - a), PROT_READ) != 0)
+        return 0;
+#ifdef MADV_POPULATE_READ
+    if (b > a)
+        (void)madvise(at, (size_t)(b - a), MADV_POPULATE_READ);
+#endif
+    return 1;
 }
 #endif
 
@@ -594,7 +658,7 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size,
     carver c = { (uint8_t *)arena, 0, 0 };
     clb_plan *p;
     clb_layout(&c, &v->shape, &d, chunk_limit, kv_dtype, &p);
-    clb_build_plan(p, v->blob, v->file_big_endian, clb_pick_kernels());
+    clb_build_plan(p, v->blob, v->blob, v->file_big_endian, clb_pick_kernels());
     v->arena = arena;
     v->arena_size = arena_size;
     v->plan = p;
@@ -863,9 +927,13 @@ static int slots_of(const clb_stream_geom *g, const clb_opts *o, uint32_t align,
 }
 
 /* Open a streamed instance through rd (align: the reader's, 1 or
- * CLB_DIRECT_ALIGN), into the caller's arena or an allocated one. */
+ * CLB_DIRECT_ALIGN), into the caller's arena or an allocated one. map: the
+ * whole file mapped read-only, or NULL; where the file's byte order is the
+ * host's, the instance uses its resident sections from there (stream.h)
+ * and keeps the mapping as its blob. */
 static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t align,
-                       void *arena, size_t arena_size, const clb_opts *o)
+                       const clb_stream_map *map, void *arena, size_t arena_size,
+                       const clb_opts *o)
 {
     struct colibri_model_private_ *v = &m->priv_;
     uint8_t hdr[COLIBRI_HEADER_SIZE];
@@ -903,6 +971,7 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
 #endif
     }
     clb_stream_geom g;
+    memset(&g, 0, sizeof g);
     uint32_t slots = 0;
     size_t need = 0;
     uint32_t chunk = COLIBRI_CHUNK_TOKENS_OWNED;
@@ -914,14 +983,22 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
         rc = clb_stream_geometry(pre, rd->size, &g, v->detail);
     if (rc == COLIBRI_OK)
         rc = clb_kv_supported(&g.d, o->kv_dtype, v->detail);
+    /* The budget counts the resident sections, mapped or not; the arena
+     * (ga's image) holds them only where they are not mapped. */
+    clb_stream_geom ga = g;
     if (rc == COLIBRI_OK)
         rc = slots_of(&g, o, align, arena_size, &slots, v->detail);
-    if (rc == COLIBRI_OK)
-        rc = clb_stream_arena_bytes(&g, slots, align, chunk, o->kv_dtype, &need);
+    if (rc == COLIBRI_OK) {
+        if (map && g.be != host_is_big_endian())
+            map = NULL; /* they need swapping: read into the arena */
+        if (map)
+            ga.image_bytes = (g.prefix_bytes + 63) / 64 * 64;
+        rc = clb_stream_arena_bytes(&ga, slots, align, chunk, o->kv_dtype, &need);
+    }
     if (rc == COLIBRI_OK && arena && arena_size < need) {
         /* as attach_arena: a smaller caller arena gets the small chunk */
         chunk = COLIBRI_CHUNK_TOKENS;
-        rc = clb_stream_arena_bytes(&g, slots, align, chunk, o->kv_dtype, &need);
+        rc = clb_stream_arena_bytes(&ga, slots, align, chunk, o->kv_dtype, &need);
         if (rc == COLIBRI_OK && arena_size < need) {
             clb_detail(v->detail, DETAIL_CAP, "arena of %llu bytes, %u expert "
                        "slots need %llu", (unsigned long long)arena_size,
@@ -942,7 +1019,7 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
             arena_size = need;
             /* the description reads its layer words where the prefix now is */
             if (g.d.layers)
-                g.d.layers = (const uint8_t *)arena + (g.d.layers - pre);
+                g.d.layers = ga.d.layers = (const uint8_t *)arena + (g.d.layers - pre);
         }
 #endif
     }
@@ -951,14 +1028,14 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
 #endif
     if (rc)
         return rc;
-    memset((uint8_t *)arena + prefix, 0, need - (size_t)prefix);
     clb_plan *p;
-    rc = clb_stream_build((uint8_t *)arena, &g, rd, align, slots, o->policy, chunk,
-                          o->kv_dtype, &p, v->detail);
+    rc = clb_stream_build((uint8_t *)arena, &ga, rd, map, align, slots, o->policy,
+                          chunk, o->kv_dtype, &p, v->detail);
     if (rc)
         return rc;
-    v->blob = (const uint8_t *)arena; /* the image: header, table, resident */
-    v->blob_size = (size_t)g.image_bytes;
+    /* the image (header, table, resident sections), or the mapped file */
+    v->blob = map ? map->base : (const uint8_t *)arena;
+    v->blob_size = (size_t)(map ? g.file_size : g.image_bytes);
     v->file_big_endian = (uint8_t)g.be;
     v->byte_swapped = g.be != host_is_big_endian() ? 1u : 0u;
     v->load_mode = CLB_LOAD_STREAM;
@@ -980,7 +1057,7 @@ int colibri_init_stream(colibri_model *m, const colibri_reader *rd, void *arena,
     clb_opts o;
     int rc = clb_read_options(opt, &o, m->priv_.detail);
     if (rc == COLIBRI_OK)
-        rc = stream_open(m, rd, 1, arena, arena ? arena_size : 0, &o);
+        rc = stream_open(m, rd, 1, NULL, arena, arena ? arena_size : 0, &o);
     if (rc)
         release(m);
     return rc;
@@ -1080,6 +1157,10 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
                    : MAP_FAILED;
         r->view = view == MAP_FAILED ? NULL : (const uint8_t *)view;
         r->page = pg > 0 ? (size_t)pg : 4096;
+        /* mincore's rule (r->probe): the owner, or a process that could
+         * open the file for writing (root can) */
+        r->probe = r->view && (geteuid() == 0 || st.st_uid == geteuid() ||
+                               faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0);
     }
     uint8_t *cached_before = page_cache_map(r);
 #endif
@@ -1102,10 +1183,24 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
         align = CLB_DIRECT_ALIGN;
 #endif
     v->file_reader = r;
-    int rc = stream_open(m, &rd, align, NULL, 0, o);
+    const clb_stream_map *map = NULL;
+#ifdef CLB_CACHE_PROBE
+    /* The resident sections used where the view has them, from the page
+     * cache: no copy, and no fresh pages for the kernel to zero (on a warm
+     * 4.3 GB file, 318 MB resident, the first token comes 1.7x sooner;
+     * STREAMING.md). COLIBRI_STREAM_COPY=1: read into the arena instead
+     * (to measure one against the other; bench/stream.py). */
+    const clb_stream_map view_map = { r->view, hide_expert, show_expert, r };
+    const char *copy = getenv("COLIBRI_STREAM_COPY");
+    if (r->view && !(copy && copy[0] == '1'))
+        map = &view_map;
+#endif
+    int rc = stream_open(m, &rd, align, map, NULL, 0, o);
 #ifdef CLB_CACHE_PROBE
     drop_new_pages(r, cached_before);
-    free(cached_before);
+    r->resident_mapped = rc == COLIBRI_OK &&
+                         ((clb_plan *)v->plan)->stream->st.resident_mapped;
+    r->cached_before = cached_before; /* for colibri_free */
 #endif
     if (rc == COLIBRI_OK) {
         clb_plan *p = (clb_plan *)v->plan;

@@ -371,7 +371,7 @@ static void bind_model_wide(clb_plan *p, unsigned kind, const clb_weight *w)
 /* Point every tensor view of the plan into a validated blob, and compute the
  * RoPE tables in double precision (then rounded to float) so every libm
  * gives the same table. */
-void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
+void clb_build_plan(clb_plan *p, const uint8_t *blob, const uint8_t *data, int be,
                     const colibri_kernels *k)
 {
     const colibri_shape *s = &p->s;
@@ -389,7 +389,7 @@ void clb_build_plan(clb_plan *p, const uint8_t *blob, int be,
         /* A streamed instance's experts are not in the blob (stream.c):
          * their views get shape and dtype only. */
         uint64_t where = rd64(en + COLIBRI_ENT_OFFSET, be);
-        clb_weight w = clb_weight_at(where == CLB_NOT_RESIDENT ? NULL : blob + where,
+        clb_weight w = clb_weight_at(where == CLB_NOT_RESIDENT ? NULL : data + where,
                                      en, be, s->group_size);
         if (l == COLIBRI_NO_LAYER) { /* format.c: only model-wide kinds have no layer */
             bind_model_wide(p, kind, &w);

@@ -97,10 +97,12 @@ uint64_t clb_slot_stride(const clb_stream_geom *g, uint32_t align)
     return up(g->max_span, align) + align;
 }
 
-/* The layout of stream.h, counting (c->base NULL) or carving. */
+/* The layout of stream.h, counting (c->base NULL) or carving; *slots_at
+ * receives the offset where the slots (the last part) begin. */
 static void stream_layout(carver *c, const clb_stream_geom *g, uint32_t n_slots,
                           uint32_t align, uint32_t chunk_limit, unsigned kv_dtype,
-                          clb_stream **st, clb_plan **p, uint8_t **slot_mem)
+                          clb_stream **st, clb_plan **p, uint8_t **slot_mem,
+                          uint64_t *slots_at)
 {
     int ovf = 0;
     uint64_t n_exp = (uint64_t)g->s.n_layers * g->s.n_experts;
@@ -112,6 +114,7 @@ static void stream_layout(carver *c, const clb_stream_geom *g, uint32_t n_slots,
     uint32_t *visits = (uint32_t *)clb_carve(c, (uint64_t)g->s.n_layers * sizeof(uint32_t));
     clb_layout(c, &g->s, &g->d, chunk_limit, kv_dtype, p);
     uint64_t stride = clb_slot_stride(g, align);
+    *slots_at = c->off;
     uint8_t *mem = (uint8_t *)clb_carve(
         c, cadd(cmul(n_slots, stride, &ovf), align > 64 ? align : 0, &ovf));
     if (ovf)
@@ -134,7 +137,8 @@ int clb_stream_arena_bytes(const clb_stream_geom *g, uint32_t n_slots,
     clb_stream *st;
     clb_plan *p;
     uint8_t *mem;
-    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem);
+    uint64_t slots_at;
+    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
     if (c.ovf || c.off > (uint64_t)SIZE_MAX)
         return COLIBRI_E_NO_MEMORY;
     *out = (size_t)c.off;
@@ -197,12 +201,24 @@ static void stream_routed(const clb_plan *p, uint32_t layer)
     /* The reads a prefetch queued for experts the routing does not use:
      * those the reader has not begun are not done (a disk that is the
      * bottleneck reads only what is used, and what was begun). */
-    for (uint32_t k = 0; st->io.cancel && k < st->fifo_len; k++) {
+    /* k: the fill's place in the fifo; r: its read's among the reader's
+     * (a shown expert's fill is no read) */
+    for (uint32_t k = 0, r = 0; k < st->fifo_len; k++) {
         uint32_t idx = st->fifo[(st->fifo_head + k) % CLB_STREAM_FIFO];
         uint32_t e = idx % st->n_experts;
-        if (idx / st->n_experts == layer && st->experts[idx].prefetched &&
-            p->offsets[e + 1] == p->offsets[e] && st->io.cancel(st->io.user, k))
+        clb_slot *s = &st->slots[st->experts[idx].fetching];
+        int unused = idx / st->n_experts == layer && st->experts[idx].prefetched &&
+                     p->offsets[e + 1] == p->offsets[e];
+        if (s->mapped) {
+            if (unused && s->read_rc == 0) {
+                s->read_rc = CLB_READ_CANCELLED;
+                st->st.prefetch_cancelled++;
+            }
+            continue;
+        }
+        if (unused && st->io.cancel && st->io.cancel(st->io.user, r))
             st->st.prefetch_cancelled++;
+        r++;
     }
 #endif
     if (st->policy != COLIBRI_SLOTS_REUSE)
@@ -298,7 +314,8 @@ static void read_range(const clb_stream *st, const clb_stream_expert *x,
     }
 }
 
-/* Check expert idx, read into slot memory `mem` from file offset a: each
+/* Check expert idx, read into slot memory `mem` from file offset a (or
+ * shown there by the map: then in the host's order, never written): each
  * section's CRC and floats, then the host byte order. *data receives where
  * its first section landed. */
 static int check_expert(clb_stream *st, const clb_stream_expert *x, uint64_t a,
@@ -319,14 +336,23 @@ static int check_expert(clb_stream *st, const clb_stream_expert *x, uint64_t a,
 }
 
 /* The read of slot s is over (the asynchronous reader's reads finish in
- * the order they started): its result. */
+ * the order they started; a shown expert's fill is no read): its result. */
 static int finish_read(clb_stream *st, clb_slot *s)
 {
     int rc = s->read_rc;
-    if (st->io.start && rc == 0)
+    if (st->io.start && rc == 0 && !s->mapped)
         rc = st->io.finish(st->io.user);
     s->pending = 0;
     return rc;
+}
+
+/* Slot s no longer uses the map's bytes of expert x. */
+static void unshow(clb_stream *st, clb_slot *s, const clb_stream_expert *x)
+{
+    if (!s->mapped)
+        return;
+    st->map.hide(st->map.user, x->off, x->span);
+    s->mapped = 0;
 }
 
 /* Finish the oldest read in flight: its expert checked and its slot given
@@ -351,6 +377,7 @@ static int complete_oldest(const clb_plan *p, uint32_t *idx, char *detail)
     int rc = finish_read(st, s);
     if (rc == CLB_READ_CANCELLED) { /* a prefetch the routing did not use */
         x->prefetched = 0;
+        unshow(st, s, x);
         return COLIBRI_OK;
     }
     if (rc != 0) {
@@ -358,6 +385,8 @@ static int complete_oldest(const clb_plan *p, uint32_t *idx, char *detail)
                    "at offset %llu) failed", (unsigned)expert, (unsigned)layer,
                    (unsigned long long)(b - a), (unsigned long long)a);
         rc = COLIBRI_E_IO;
+    } else if (s->mapped) { /* the map's order is the host's: not written */
+        rc = check_expert(st, x, a, (uint8_t *)(uintptr_t)(st->map.base + a), &data, detail);
     } else {
         st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
         rc = check_expert(st, x, a, s->mem, &data, detail);
@@ -365,6 +394,7 @@ static int complete_oldest(const clb_plan *p, uint32_t *idx, char *detail)
     if (rc || !data) {
         st->st.errors++;
         x->prefetched = 0;
+        unshow(st, s, x);
         return rc ? rc : COLIBRI_E_IO;
     }
     /* The expert's own views: its entries' shapes and dtypes, its slot's
@@ -379,6 +409,7 @@ static int complete_oldest(const clb_plan *p, uint32_t *idx, char *detail)
     }
     s->expert = (int32_t)i;
     x->slot = (int32_t)si;
+    st->st.mapped += s->mapped;
     return COLIBRI_OK;
 }
 
@@ -405,15 +436,27 @@ static int start_read(const clb_plan *p, uint32_t idx, uint32_t now,
     clb_stream_expert *x = &st->experts[idx];
     clb_slot *s = &st->slots[si];
     if (s->expert >= 0) {
-        st->experts[s->expert].slot = -1;
-        st->experts[s->expert].prefetched = 0;
+        clb_stream_expert *old = &st->experts[s->expert];
+        old->slot = -1;
+        old->prefetched = 0;
         st->st.evictions++;
+        unshow(st, s, old);
     }
     s->expert = -1; /* until the read and its checks succeed */
     s->pending = 1;
     s->last_use = st->tick;
     x->fetching = (int32_t)si;
     st->fifo[(st->fifo_head + st->fifo_len++) % CLB_STREAM_FIFO] = idx;
+    /* A slot no read has touched takes the expert from the page cache if
+     * the map shows it there (stream.h clb_stream_map): its memory, then,
+     * stays untouched, and RSS grows by the expert, not by both. */
+    s->mapped = !s->touched && st->map.show &&
+                st->map.show(st->map.user, x->off, x->span) == 1;
+    if (s->mapped) {
+        s->read_rc = 0; /* counted in the stats' `mapped` once checked */
+        return 0;
+    }
+    s->touched = 1;
     uint64_t a, b;
     read_range(st, x, &a, &b);
     if (st->io.start)
@@ -481,6 +524,7 @@ static void drain(clb_stream *st)
         clb_stream_expert *x = &st->experts[st->fifo[st->fifo_head]];
         st->fifo_head = (st->fifo_head + 1) % CLB_STREAM_FIFO;
         (void)finish_read(st, &st->slots[x->fetching]);
+        unshow(st, &st->slots[x->fetching], x);
         x->fetching = -1;
         x->prefetched = 0;
     }
@@ -597,20 +641,33 @@ void clb_stream_prefetch_on(clb_plan *p, uint32_t want)
 /* ------------------------------------------------------------------------ */
 
 int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_reader *rd,
-                     uint32_t align, uint32_t n_slots, uint32_t policy,
-                     uint32_t chunk_limit, unsigned kv_dtype, clb_plan **plan,
-                     char *detail)
+                     const clb_stream_map *map, uint32_t align, uint32_t n_slots,
+                     uint32_t policy, uint32_t chunk_limit, unsigned kv_dtype,
+                     clb_plan **plan, char *detail)
 {
-    carver c = { arena, 0, 0 };
+    /* Zero all but the prefix and the slots, which reads fill: memory a
+     * slot never reads into is never touched (a fresh mapping's pages are
+     * never faulted in; a slot that holds mapped experts uses none). */
+    carver c = { NULL, 0, 0 };
     clb_stream *st;
     clb_plan *p;
     uint8_t *mem;
-    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem);
+    uint64_t slots_at;
+    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
+    if (c.ovf || slots_at < g->prefix_bytes) {
+        clb_detail(detail, DETAIL_CAP, "the streamed layout does not fit the arena");
+        return COLIBRI_E_NO_MEMORY;
+    }
+    memset(arena + g->prefix_bytes, 0, (size_t)(slots_at - g->prefix_bytes));
+    c = (carver){ arena, 0, 0 };
+    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
     if (!st || !p || !mem || c.ovf) { /* the caller sized the arena with the same layout */
         clb_detail(detail, DETAIL_CAP, "the streamed layout does not fit the arena");
         return COLIBRI_E_NO_MEMORY;
     }
     st->rd = *rd;
+    if (map)
+        st->map = *map;
     st->align = align;
     st->n_slots = n_slots;
     st->policy = policy;
@@ -627,40 +684,56 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     st->st.policy = policy;
     st->st.slot_bytes = st->stride;
     st->st.resident_bytes = g->resident_bytes;
+    st->st.resident_mapped = map != NULL;
     for (uint32_t i = 0; i < st->n_exp; i++)
         st->experts[i].slot = st->experts[i].fetching = -1;
     for (uint32_t s = 0; s < n_slots; s++) {
         st->slots[s].mem = mem + (size_t)s * st->stride;
         st->slots[s].expert = -1;
     }
-    /* The resident sections into the image, each checked where it lands;
-     * the experts into the expert table. Table entries are rewritten after
-     * their offset is read. */
+    /* First the experts into the expert table (their entries rewritten
+     * after their offset is read), each hidden from a mapping; then the
+     * resident sections into the image, each checked where it lands (or,
+     * mapped, where it is in the file, its offset kept). */
     uint8_t *tab = arena + COLIBRI_TABLE_OFFSET;
     unsigned per = (g->d.features & COLIBRI_FEAT_RELU_FFN) ? 2u : 3u;
+    for (uint32_t i = 0; i < g->s.n_tensors; i++) {
+        uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        unsigned kind = rd16(en + COLIBRI_ENT_KIND, g->be);
+        unsigned expert = rd16(en + COLIBRI_ENT_EXPERT, g->be);
+        if (!is_expert_matrix(kind, expert))
+            continue;
+        unsigned layer = rd16(en + COLIBRI_ENT_LAYER, g->be);
+        uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
+        uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, g->be);
+        clb_stream_expert *x = &st->experts[layer * g->s.n_experts + expert];
+        if (kind == COLIBRI_KIND_EXPERT_W1) {
+            x->off = off;
+            x->entry = i;
+            x->n_mats = (uint8_t)per;
+        }
+        uint32_t j = kind == COLIBRI_KIND_EXPERT_W1 ? 0
+                   : kind == COLIBRI_KIND_EXPERT_W3 || per == 2 ? 1 : 2;
+        x->rel[j] = (uint32_t)(off - x->off);
+        x->span = off + sz - x->off;
+        wr64(en + COLIBRI_ENT_OFFSET, CLB_NOT_RESIDENT, g->be);
+        if (map && map->hide && kind == COLIBRI_KIND_EXPERT_W2) /* its last */
+            map->hide(map->user, x->off, x->span);
+    }
     uint64_t pos = up(g->prefix_bytes, 64);
     int host_be = host_is_big_endian();
     for (uint32_t i = 0; i < g->s.n_tensors; i++) {
         uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
         unsigned kind = rd16(en + COLIBRI_ENT_KIND, g->be);
-        unsigned layer = rd16(en + COLIBRI_ENT_LAYER, g->be);
-        unsigned expert = rd16(en + COLIBRI_ENT_EXPERT, g->be);
         uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
         uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, g->be);
-        if (kind == COLIBRI_KIND_DESC)
+        if (kind == COLIBRI_KIND_DESC || off == CLB_NOT_RESIDENT)
             continue;
-        if (is_expert_matrix(kind, expert)) {
-            clb_stream_expert *x = &st->experts[layer * g->s.n_experts + expert];
-            if (kind == COLIBRI_KIND_EXPERT_W1) {
-                x->off = off;
-                x->entry = i;
-                x->n_mats = (uint8_t)per;
-            }
-            uint32_t j = kind == COLIBRI_KIND_EXPERT_W1 ? 0
-                       : kind == COLIBRI_KIND_EXPERT_W3 || per == 2 ? 1 : 2;
-            x->rel[j] = (uint32_t)(off - x->off);
-            x->span = off + sz - x->off;
-            wr64(en + COLIBRI_ENT_OFFSET, CLB_NOT_RESIDENT, g->be);
+        if (map) { /* the caller's promise: the file's order is the host's */
+            int rc = clb_check_section(map->base + off, en, i, g->s.group_size, g->be,
+                                       detail);
+            if (rc)
+                return rc;
             continue;
         }
         if (sz && rd->read(rd->user, off, arena + pos, (size_t)sz) != 0) {
@@ -677,7 +750,7 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         wr64(en + COLIBRI_ENT_OFFSET, pos, g->be);
         pos = up(pos + sz, 64);
     }
-    clb_build_plan(p, arena, g->be, clb_pick_kernels());
+    clb_build_plan(p, arena, map ? map->base : arena, g->be, clb_pick_kernels());
     p->stream = st;
     p->held = stream_held;
     p->fetch = stream_fetch;
@@ -710,7 +783,7 @@ int colibri_get_stream_stats(colibri_model *m, colibri_stream_stats *out, int re
         out->wait_ns = *st->wait_ns;
     if (reset) {
         st->st.hits = st->st.misses = st->st.evictions = 0;
-        st->st.bytes_read = st->st.errors = 0;
+        st->st.bytes_read = st->st.errors = st->st.mapped = 0;
         st->st.prefetched = st->st.prefetch_hits = st->st.prefetch_cancelled = 0;
         if (st->read_ns)
             *st->read_ns = 0;

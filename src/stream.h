@@ -13,6 +13,11 @@
  *   [N slots, each `stride` bytes, aligned to the reader's alignment]
  * so that colibri_stream_arena_size, the budget and the build agree on one
  * number, and bare metal can hand the whole of it over as a static array.
+ * Where the file is mapped in the host's byte order (load.c's own reader on
+ * Linux), the resident sections stay where they are in it, used from the
+ * page cache: the image is then the prefix alone (its table keeps their
+ * file offsets), the arena smaller by them, and the budget counts them all
+ * the same (clb_stream_slots_for with the whole image).
  */
 #ifndef COLIBRI_STREAM_H
 #define COLIBRI_STREAM_H
@@ -31,6 +36,28 @@ typedef struct clb_stream_geom {
     uint64_t max_span;       /* the largest expert's sections, first to last */
     uint32_t n_streamed;     /* experts in the file (routed, all layers) */
 } clb_stream_geom;
+
+/* A streamed file mapped in memory in the host's byte order (load.c's own
+ * reader on Linux): the instance uses its resident sections where they
+ * are in it. */
+typedef struct clb_stream_map {
+    const uint8_t *base; /* the whole file, valid while the instance lives */
+    /* hide(user, off, n), or NULL: called for every expert before any
+     * resident section is touched; the instance never reads the expert's
+     * bytes [off, off + n) through base, so the mapper may make them
+     * inaccessible (load.c does, so that the kernel maps no expert page
+     * around a resident one it faults in) */
+    void (*hide)(void *user, uint64_t off, uint64_t n);
+    /* show(user, off, n), or NULL: 1 when the expert's bytes [off, off + n)
+     * are all in the page cache now and readable through base from now on
+     * (until hide, which also takes them out of the process's memory); 0:
+     * read them instead. A slot whose memory no read has touched takes an
+     * expert shown so, in place of a read: a warm file fills it with no
+     * copy, and the process's memory grows by the expert's pages, not by
+     * the slot's. */
+    int (*show)(void *user, uint64_t off, uint64_t n);
+    void *user;
+} clb_stream_map;
 
 /* One routed expert of the file. */
 typedef struct clb_stream_expert {
@@ -58,6 +85,9 @@ typedef struct clb_slot {
     uint64_t last_use;  /* the stream's tick at its last use */
     uint8_t pending;    /* a read into it is in flight (stream_fetch) */
     int read_rc;        /* what starting (or doing) that read returned */
+    uint8_t mapped;     /* its expert (or the one it is filling with) is
+                           the map's bytes, shown, not read into mem */
+    uint8_t touched;    /* a read has filled mem: its pages are in use */
     clb_expert views;   /* the expert's matrices in mem */
 } clb_slot;
 
@@ -86,6 +116,7 @@ typedef struct clb_stream_io {
 typedef struct clb_stream {
     colibri_reader rd;
     clb_stream_io io;      /* start NULL: every read on rd, when fetched */
+    clb_stream_map map;    /* base NULL: none (every expert read) */
     uint32_t align;        /* the reader's offset/length/address alignment
                               (1, or 4096 for the library's O_DIRECT file) */
     uint32_t n_slots, policy;
@@ -135,16 +166,19 @@ uint32_t clb_stream_slots_for(const clb_stream_geom *g, uint64_t ram, uint32_t a
                               uint32_t chunk_limit, unsigned kv_dtype,
                               uint64_t *least);
 
+
 /* Build a streamed instance in `arena` (at least clb_stream_arena_bytes,
- * 64-byte aligned, zeroed except its first g->prefix_bytes, which hold the
- * file's prefix already): read the resident sections through rd, check
+ * 64-byte aligned, its first g->prefix_bytes holding the file's prefix
+ * already; it zeroes what needs it, never the slots): read the resident sections through rd, check
  * each one's CRC and floats, swap them to the host order, rewrite the
- * image's table, build the plan. *plan and *image receive the plan and the
- * image (the instance's blob, *image_bytes long). */
+ * image's table, build the plan; *plan receives it. With `map` (g->be the
+ * host's order; g's image_bytes then the prefix's, rounded to 64) the
+ * resident sections are checked and used where they are in map->base
+ * instead, nothing read. */
 int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_reader *rd,
-                     uint32_t align, uint32_t n_slots, uint32_t policy,
-                     uint32_t chunk_limit, unsigned kv_dtype, clb_plan **plan,
-                     char *detail);
+                     const clb_stream_map *map, uint32_t align, uint32_t n_slots,
+                     uint32_t policy, uint32_t chunk_limit, unsigned kv_dtype,
+                     clb_plan **plan, char *detail);
 
 /* Let a streamed instance whose reads are asynchronous (st->io set) read
  * up to `want` of a MoE layer's experts predicted before its attention

@@ -80,9 +80,26 @@ def session(m: runtime.Model, vocab: int) -> np.ndarray:
     return np.concatenate([o.reshape(-1) for o in out])
 
 
+# How a streamed instance of the library's own reader fills its slots from a
+# file the page cache holds (every test file here is, just written): used
+# where they are through the mapped file (the default on Linux), or read
+# (COLIBRI_STREAM_COPY=1: the resident part read into the arena too, as a
+# caller's reader and a big-endian file do).
+FILLS = {"mapped": None, "read": "1"}
+
+
+@pytest.fixture(params=sorted(FILLS))
+def fill(request, monkeypatch):
+    if FILLS[request.param]:
+        monkeypatch.setenv("COLIBRI_STREAM_COPY", FILLS[request.param])
+    else:
+        monkeypatch.delenv("COLIBRI_STREAM_COPY", raising=False)
+    return request.param
+
+
 @pytest.mark.parametrize("quant", sorted(PRESETS))
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_logits_equal_all_resident(so, model, name, quant):
+def test_logits_equal_all_resident(so, model, name, quant, fill):
     path = model(name, quant)
     with runtime.Model(path, library=so) as m:
         want = session(m, m.vocab)
@@ -99,7 +116,14 @@ def test_logits_equal_all_resident(so, model, name, quant):
                 assert np.array_equal(got, want), (slots, policy, threads)
                 assert st["slots"] == slots and st["errors"] == 0
                 assert st["misses"] + st["prefetched"] >= 1
-                assert st["bytes_read"] >= st["misses"] + st["prefetched"]
+                # every fill a read (of a byte at least) or a mapped expert
+                assert st["bytes_read"] >= st["misses"] + st["prefetched"] - \
+                    st["prefetch_cancelled"] - st["mapped"]
+                if fill == "mapped":  # warm: every fill the page cache's
+                    assert st["resident_mapped"] == 1 and st["bytes_read"] == 0
+                    assert st["mapped"] >= 1
+                else:
+                    assert st["resident_mapped"] == 0 and st["mapped"] == 0
                 # the default prefetch where the slots allow it (a layer
                 # pass's experts twice, the prefetch and the read-ahead)
                 allowed = slots >= 2 * SHAPE.top_k + SHAPE.top_k + 2
@@ -161,7 +185,7 @@ def damaged(path, tmp_path, layer, expert, kind=F.Kind.EXPERT_W2):
     return out
 
 
-def test_damaged_expert_is_an_error_at_the_step_that_reads_it(so, model, tmp_path):
+def test_damaged_expert_is_an_error_at_the_step_that_reads_it(so, model, tmp_path, fill):
     path = model("mixtral", "int8")
     bad = damaged(path, tmp_path, layer=SHAPE.n_layers - 1, expert=2)
     with pytest.raises(errors.RuntimeCRCError, match="EXPERT_W2 layer 2 expert 2"):
@@ -398,6 +422,76 @@ def test_a_streamed_run_leaves_the_page_cache_as_it_found_it(so, model, tmp_path
     assert page_cache_pages(path) == (total, total)
 
 
+def file_rss(path: Path) -> int:
+    """Bytes of `path` this process has mapped in memory (the Rss of its
+    mappings in /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"),
+                    reason="counts the mapped file in /proc/self/smaps (Linux)")
+def test_a_warm_run_maps_the_resident_part_and_what_the_slots_hold_only(so, model, tmp_path):
+    """Warm, the resident part and the experts the slots hold are used where
+    the page cache has them, through the mapped file, not copied: the
+    process maps those pages and no more, not the experts' pages next to a
+    resident one (which the kernel maps around a fault) nor an expert a slot
+    gave up, so the budget holds. Half warm, a slot that a read has filled
+    goes on reading. The same bits every way; the page cache as found."""
+    path = tmp_path / "m.colibri"
+    shutil.copyfile(model("qwen3", "int8", wide=True), path)
+    page = os.sysconf("SC_PAGE_SIZE")
+    entries = F.read_file(path).entries
+    experts = [e for e in entries if e.kind in (F.Kind.EXPERT_W1, F.Kind.EXPERT_W3,
+                                                F.Kind.EXPERT_W2)]
+    resident = [e for e in entries if e not in experts]
+    assert min(e.size for e in experts) > 4 * page   # whole pages to hide
+    with runtime.Model(path, library=so) as m:
+        want = session(m, m.vocab)
+    # the pages of the header, the table and every resident section; then
+    # the experts of the slots, at most a slot each (and a page either end)
+    pages = set(range(-(-min(e.offset for e in entries) // page)))
+    for e in resident:
+        pages |= set(range(e.offset // page, (e.offset + e.size - 1) // page + 1))
+    bound = len(pages) * page
+    slots = 2
+    with runtime.Model(path, library=so, slots=slots) as m:
+        at_init = file_rss(path)
+        got = session(m, m.vocab)
+        st = m.stream_stats()
+        mapped = file_rss(path)
+    assert np.array_equal(got, want)
+    assert st["resident_mapped"] == 1 and st["bytes_read"] == 0 and st["evictions"] > 0
+    assert st["mapped"] > 2 * slots
+    assert 0 < at_init <= bound, (at_init, bound)
+    bound += slots * (st["slot_bytes"] + 2 * page)
+    assert 0 < mapped <= bound, (mapped, bound)
+    if not hasattr(os, "posix_fadvise"):
+        return
+    drop_from_page_cache(path)
+    fd = os.open(path, os.O_RDONLY)   # half warm: the file's first half,
+    try:                              # no readahead past it
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, path.stat().st_size // 2, 0)
+    finally:
+        os.close(fd)
+    before = page_cache_pages(path)
+    if not 0 < before[0] < before[1]:
+        pytest.skip(f"the page cache holds {before[0]} of {before[1]} pages, not half")
+    with runtime.Model(path, library=so, slots=4) as m:
+        got = session(m, m.vocab)
+        st = m.stream_stats()
+    assert np.array_equal(got, want)
+    assert st["mapped"] >= 1 and st["bytes_read"] > 0, st
+    assert page_cache_pages(path) == before
+
+
 def test_own_reader_writes_only_the_bytes_asked_for(c_build, model):
     """The library's reader reads the header into a stack buffer of exactly
     its size. When that buffer happened to start on a 4096-byte boundary it
@@ -575,7 +669,7 @@ def test_reuse_policy_reads_less_than_lru_and_freq_on_trained_routing(c_build, t
 
 
 def test_a_prefetched_damaged_expert_is_an_error_only_where_a_pass_uses_it(so, model,
-                                                                          tmp_path):
+                                                                          tmp_path, fill):
     """A prefetch reads what the hidden state predicts, used or not: a
     damaged expert it reads is counted, and is an error exactly at the
     steps whose routing uses it, as without prefetch (the slot stays empty;

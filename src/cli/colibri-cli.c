@@ -283,10 +283,19 @@ static int print_memory(colibri_model *m, const colibri_info *in)
     uint64_t rest = in->arena_bytes - in->kv_bytes;
     printf("kv_cache: %s\n", in->kv_dtype == COLIBRI_KV_I8 ? "i8" : "f32");
     printf("arena_without_kv: %llu bytes\n", (unsigned long long)rest);
-    if (!strcmp(in->load_mode, "stream")) {
-        /* the arena holds it all: resident sections, slots, KV cache */
-        printf("resident_total: %llu bytes (the arena: resident weights, expert "
-               "slots, kv cache)\n", (unsigned long long)in->arena_bytes);
+    colibri_stream_stats st;
+    if (!strcmp(in->load_mode, "stream") && colibri_get_stream_stats(m, &st, 0) == 0) {
+        /* the arena holds slots and KV cache, and the resident sections
+         * unless they are used from the mapped file */
+        if (st.resident_mapped)
+            printf("resident_total: %llu bytes (resident weights mapped from the "
+                   "file %llu + the arena's expert slots and kv cache %llu)\n",
+                   (unsigned long long)(st.resident_bytes + in->arena_bytes),
+                   (unsigned long long)st.resident_bytes,
+                   (unsigned long long)in->arena_bytes);
+        else
+            printf("resident_total: %llu bytes (the arena: resident weights, expert "
+                   "slots, kv cache)\n", (unsigned long long)in->arena_bytes);
         return 0;
     }
     for (unsigned k = 0; k < 2; k++)
@@ -342,7 +351,8 @@ static void print_stream(colibri_model *m, FILE *to, int info)
                 : st.policy == COLIBRI_SLOTS_FREQ ? "freq"
                                                   : "reuse");
         fprintf(to, "resident_weights: %llu bytes (every section but the routed "
-                "experts)\n", (unsigned long long)st.resident_bytes);
+                "experts%s)\n", (unsigned long long)st.resident_bytes,
+                st.resident_mapped ? "; mapped from the file, in the page cache" : "");
         fprintf(to, "prefetch: %u experts a layer%s\n", (unsigned)st.prefetch,
                 st.prefetch ? "" : " (none)");
         return;
@@ -354,6 +364,8 @@ static void print_stream(colibri_model *m, FILE *to, int info)
             uses ? 100.0 * (double)st.hits / (double)uses : 0.0,
             (unsigned long long)(st.misses + st.prefetched - st.prefetch_cancelled),
             (double)st.bytes_read / 1e6, (double)st.read_ns / 1e6, (double)st.wait_ns / 1e6);
+    if (st.mapped) /* no bytes read for them: used where the page cache has them */
+        fprintf(to, ", %llu of them mapped from the page cache", (unsigned long long)st.mapped);
     if (st.prefetch)
         fprintf(to, ", prefetch %u a layer: %llu read, %llu hit, %llu cancelled",
                 (unsigned)st.prefetch, (unsigned long long)st.prefetched,

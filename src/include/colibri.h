@@ -588,7 +588,19 @@ int colibri_abi_api_version(void);
  * runs. When the true routing is known, queued reads it does not use are
  * cancelled; begun ones finish into their slots. Every read is finished
  * before infer returns. A prediction changes which slots hold what, never
- * a logit. A read that fails or an expert whose
+ * a logit.
+ * On Linux the library's reader maps the file read-only (a file in the
+ * host's byte order; COLIBRI_STREAM_COPY=1 at init: not): the resident
+ * sections are checked at init and used where the page cache holds them,
+ * not copied into the arena, and an expert the page cache holds whole is
+ * used there by a slot no read has filled yet, in place of a read (checked
+ * as a read is, the mapping opened to it with mprotect and madvise, and
+ * closed again when the slot gives it up). So infer may also take page
+ * faults on those pages, which read them back if the kernel evicted them,
+ * and the file must not change while the instance lives (as with a mapped
+ * all-resident file). What the process holds is still the budget: the
+ * arena, the resident sections and at most a slot's worth a slot.
+ * A read that fails or an expert whose
  * CRC or floats are wrong makes the call return COLIBRI_E_IO or
  * COLIBRI_E_CRC / COLIBRI_E_BAD_FORMAT (the detail names the expert):
  * never wrong logits. The slot is emptied, the instance stays usable and
@@ -663,6 +675,15 @@ typedef struct colibri_stream_stats {
                                 not use, cancelled before the reader began
                                 them (no bytes read) */
     uint32_t prefetch;       /* experts a layer may prefetch (0: none) */
+    uint32_t resident_mapped; /* 1: the resident sections are used where
+                                they are in the mapped file (page cache,
+                                counted in resident_bytes, not in the
+                                arena); 0: read into the arena */
+    uint64_t mapped;         /* of the misses and prefetches (not
+                                cancelled), experts found in the page cache
+                                and used there through the mapped file (no
+                                read, no copy) by a slot no read has filled
+                                yet */
 } colibri_stream_stats;
 
 /* Fill `out` (zeros and slots 0 for an all-resident instance); reset 1
