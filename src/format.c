@@ -665,53 +665,102 @@ int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
     return COLIBRI_OK;
 }
 
-/* Every float32 a known tensor stores (F32 values, I8/I16 scales) must be
- * finite: a CRC-valid file can still carry NaN or infinity (crafted, or
- * written by a buggy tool), which would turn every logit into NaN. Run after
- * the section's CRC matched, so corruption is reported as a CRC error. */
-static int check_finite(const uint8_t *sec, const uint8_t *en, uint32_t group,
-                        int be, uint32_t index, char *detail)
+/* Every float32 a known tensor stores (F32 values, I8/I16 scales, the
+ * block types' d and dmin) must be finite: a CRC-valid file can still carry
+ * NaN or infinity (crafted, or written by a buggy tool), which would turn
+ * every logit into NaN. They lie at first + stride * b + 4 * j (b < blocks,
+ * j < per) from the section's start. */
+typedef struct float_fields {
+    uint64_t first, stride, per, blocks;
+} float_fields;
+
+/* The float32 fields of the section entry `en` describes (none for an
+ * optional unknown kind: not ours to read). */
+static float_fields fields_of(const uint8_t *en, uint32_t group, int be)
 {
+    float_fields f = { 0, 4, 1, 0 };
     unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
     if (kind < 1 || kind > COLIBRI_KIND_MAX)
-        return COLIBRI_OK; /* optional unknown section: not ours to read */
+        return f;
     unsigned dtype = en[COLIBRI_ENT_DTYPE];
     uint64_t rows = rd32(en + COLIBRI_ENT_ROWS, be);
     uint64_t cols = rd32(en + COLIBRI_ENT_COLS, be);
-    uint64_t first = 0, count = 0; /* float32 values: byte offset, count */
     if (dtype == COLIBRI_DTYPE_F32) {
-        count = rows * cols;
+        f.blocks = rows * cols;
     } else if (dtype == COLIBRI_DTYPE_I8_GROUP) {
-        first = (rows * cols + 63) & ~(uint64_t)63;
+        f.first = (rows * cols + 63) & ~(uint64_t)63;
         /* group >= 1 in a checked header; 0 is no count, never a division */
-        count = group ? rows * ((cols + group - 1) / group) : 0;
+        f.blocks = group ? rows * ((cols + group - 1) / group) : 0;
     } else if (dtype == COLIBRI_DTYPE_I16_ROW) {
-        first = (2 * rows * cols + 63) & ~(uint64_t)63;
-        count = rows;
-    }
-    /* Block types: the float32 fields at the start of each block (d, and
-     * dmin for Q4_K and Q5_K) are its scales; stride = the block's bytes. */
-    uint64_t stride = 4, per_block = 1;
-    if (clb_block_cols(dtype)) {
+        f.first = (2 * rows * cols + 63) & ~(uint64_t)63;
+        f.blocks = rows;
+    } else if (clb_block_cols(dtype)) {
+        /* a block's scales start it (d, and dmin for Q4_K and Q5_K) */
         uint64_t B = clb_block_cols(dtype);
-        stride = clb_block_bytes(dtype);
-        per_block = dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
-        count = rows * ((cols + B - 1) / B) * per_block;
+        f.stride = clb_block_bytes(dtype);
+        f.per = dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
+        f.blocks = rows * ((cols + B - 1) / B);
     }
-    for (uint64_t k = 0; k < count; k++) {
-        uint32_t bits = rd32(sec + first + stride * (k / per_block) + 4 * (k % per_block), be);
-        if ((bits & 0x7f800000u) == 0x7f800000u) {
-            char label[64];
-            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): float %llu of its %s is "
-                       "%s: the file holds non-finite weights (re-convert it)",
-                       (unsigned)index, entry_label(label, sizeof label, kind,
-                                      rd16(en + COLIBRI_ENT_LAYER, be),
-                                      rd16(en + COLIBRI_ENT_EXPERT, be)),
-                       (unsigned long long)k,
-                       dtype == COLIBRI_DTYPE_F32 ? "values" : "scales",
-                       (bits & 0x007fffffu) ? "NaN" : "infinite");
-            return COLIBRI_E_BAD_FORMAT;
-        }
+    return f;
+}
+
+/* The first non-finite field among the blocks that start in the section's
+ * bytes [lo, hi): its index (b * per + j), or UINT64_MAX. */
+static uint64_t first_non_finite(const uint8_t *sec, const float_fields *f, uint64_t lo,
+                                 uint64_t hi, int be)
+{
+    uint64_t b0 = lo <= f->first ? 0 : (lo - f->first + f->stride - 1) / f->stride;
+    uint64_t b1 = hi <= f->first ? 0 : (hi - f->first + f->stride - 1) / f->stride;
+    if (b1 > f->blocks)
+        b1 = f->blocks;
+    for (uint64_t b = b0; b < b1; b++)
+        for (uint64_t j = 0; j < f->per; j++)
+            if ((rd32(sec + f->first + f->stride * b + 4 * j, be) & 0x7f800000u) == 0x7f800000u)
+                return b * f->per + j;
+    return UINT64_MAX;
+}
+
+/* CRC and floats in one pass over pieces that stay in the cache (the
+ * second look at a piece costs nothing; at a section's end it would read
+ * the section again from memory). Corruption is reported as a CRC error
+ * before a non-finite value. */
+#define CHECK_PIECE ((uint64_t)64 << 10)
+
+int clb_check_section(const uint8_t *sec, const uint8_t *en, uint32_t index,
+                      uint32_t group, int be, char *detail)
+{
+    char label[64];
+    const uint64_t size = rd64(en + COLIBRI_ENT_SIZE, be);
+    const float_fields f = fields_of(en, group, be);
+    uint64_t bad = UINT64_MAX;
+    uint32_t got_crc = 0;
+    for (uint64_t lo = 0; lo < size; lo += CHECK_PIECE) {
+        const uint64_t hi = size - lo < CHECK_PIECE ? size : lo + CHECK_PIECE;
+        got_crc = colibri_crc32(got_crc, sec + lo, (size_t)(hi - lo));
+        if (bad == UINT64_MAX)
+            bad = first_non_finite(sec, &f, lo, hi, be);
+    }
+    uint32_t want_crc = rd32(en + COLIBRI_ENT_CRC, be);
+    unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
+    if (want_crc != got_crc) {
+        clb_detail(detail, DETAIL_CAP, "tensor %u (%s): crc %x != computed %x",
+                   (unsigned)index, entry_label(label, sizeof label, kind,
+                                  rd16(en + COLIBRI_ENT_LAYER, be),
+                                  rd16(en + COLIBRI_ENT_EXPERT, be)),
+                   (unsigned)want_crc, (unsigned)got_crc);
+        return COLIBRI_E_CRC;
+    }
+    if (bad != UINT64_MAX) {
+        uint32_t bits = rd32(sec + f.first + f.stride * (bad / f.per) + 4 * (bad % f.per), be);
+        clb_detail(detail, DETAIL_CAP, "tensor %u (%s): float %llu of its %s is "
+                   "%s: the file holds non-finite weights (re-convert it)",
+                   (unsigned)index, entry_label(label, sizeof label, kind,
+                                  rd16(en + COLIBRI_ENT_LAYER, be),
+                                  rd16(en + COLIBRI_ENT_EXPERT, be)),
+                   (unsigned long long)bad,
+                   en[COLIBRI_ENT_DTYPE] == COLIBRI_DTYPE_F32 ? "values" : "scales",
+                   (bits & 0x007fffffu) ? "NaN" : "infinite");
+        return COLIBRI_E_BAD_FORMAT;
     }
     return COLIBRI_OK;
 }
@@ -891,24 +940,6 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
         }
     }
     return COLIBRI_OK;
-}
-
-int clb_check_section(const uint8_t *sec, const uint8_t *en, uint32_t index,
-                      uint32_t group, int be, char *detail)
-{
-    uint32_t want_crc = rd32(en + COLIBRI_ENT_CRC, be);
-    uint32_t got_crc = colibri_crc32(0, sec, rd64(en + COLIBRI_ENT_SIZE, be));
-    if (want_crc != got_crc) {
-        char label[64];
-        clb_detail(detail, DETAIL_CAP, "tensor %u (%s): crc %x != computed %x",
-                   (unsigned)index, entry_label(label, sizeof label,
-                                  rd16(en + COLIBRI_ENT_KIND, be),
-                                  rd16(en + COLIBRI_ENT_LAYER, be),
-                                  rd16(en + COLIBRI_ENT_EXPERT, be)),
-                   (unsigned)want_crc, (unsigned)got_crc);
-        return COLIBRI_E_CRC;
-    }
-    return check_finite(sec, en, group, be, index, detail);
 }
 
 uint64_t clb_prefix_bytes(const uint8_t *hdr, const colibri_shape *s, int be)

@@ -167,11 +167,13 @@ typedef struct file_reader {
      * process that owns the file or may write it, and answers "cached" for
      * every page to any other: then nothing is known, as without a view. */
     int probe;
-    /* the instance uses its resident sections from the view: their pages
-     * stay cached while it lives, and colibri_free drops those that were
-     * not cached before (cached_before: page_cache_map's before init) */
-    int resident_mapped;
-    uint8_t *cached_before;
+    /* What the reader may bring into the page cache, and whether it was
+     * there before: a bit a page each (NULL: not known), set by note_pages
+     * before a read through the cache (or the kernel's, for a resident
+     * section the view maps), so that drop_new_pages takes out exactly what
+     * the reader brought in. The file's readahead is off (FADV_RANDOM,
+     * MADV_RANDOM): nothing else comes in. */
+    uint8_t *known, *cached;
 #endif
 #ifdef CLB_READER_THREAD
     pthread_t thread;
@@ -202,7 +204,7 @@ static void stop_reader_thread(file_reader *r)
 #endif
 
 #ifdef CLB_CACHE_PROBE
-static void drop_new_pages(const file_reader *r, const uint8_t *before);
+static void drop_new_pages(const file_reader *r);
 #endif
 
 static void close_file_reader(void *user)
@@ -217,9 +219,10 @@ static void close_file_reader(void *user)
 #ifdef CLB_CACHE_PROBE
     if (r->view)
         munmap((void *)(uintptr_t)r->view, (size_t)r->size);
-    if (r->resident_mapped) /* unmapped first: mapped pages are not dropped */
-        drop_new_pages(r, r->cached_before);
-    free(r->cached_before);
+    if (r->known) /* unmapped first: mapped pages are not dropped */
+        drop_new_pages(r);
+    free(r->known);
+    free(r->cached);
 #endif
     close(r->fd);
     if (r->fd_direct >= 0)
@@ -291,42 +294,76 @@ static int in_page_cache(const file_reader *r, uint64_t off, size_t n)
     return 1;
 }
 
-/* A bit a page of the file: in the page cache (1) or not, now; NULL when
- * not known (no view, or no memory: 1 bit a page, 32 KiB a GiB). */
-static uint8_t *page_cache_map(const file_reader *r)
+static int bit(const uint8_t *bits, uint64_t i)
 {
-    if (!r->probe)
-        return NULL;
-    const uint64_t pages = (r->size + r->page - 1) / r->page;
-    uint8_t *bits = (uint8_t *)calloc((size_t)((pages + 7) / 8), 1);
-    unsigned char vec[CLB_PROBE_PAGES];
-    for (uint64_t p = 0; bits && p < pages; p += CLB_PROBE_PAGES) {
-        const uint64_t k = pages - p < CLB_PROBE_PAGES ? pages - p : CLB_PROBE_PAGES;
-        if (probe_pages(r, p, k, vec) != 0) {
-            free(bits);
-            return NULL;
-        }
-        for (uint64_t i = 0; i < k; i++)
-            bits[(p + i) / 8] |= (uint8_t)((vec[i] & 1u) << ((p + i) % 8));
-    }
-    return bits;
+    return bits[i / 8] >> (i % 8) & 1;
 }
 
-/* After init: takes out of the page cache every page that was not in it
- * before (`before`, page_cache_map's; NULL: the whole file), i.e. what
- * init's reads and the kernel's readahead brought in, so that what a
- * memory cgroup charges is the arena, not a second copy of the resident
- * part; pages that were cached stay. */
-static void drop_new_pages(const file_reader *r, const uint8_t *before)
+/* The bitmaps of file_reader.known and .cached (1 bit a page: 32 KiB a
+ * GiB each), empty; left NULL when the page cache cannot be asked (no
+ * probe) or there is no memory for them. */
+static void page_maps(file_reader *r)
+{
+    if (!r->probe)
+        return;
+    const size_t bytes = (size_t)((r->size / r->page + 8) / 8);
+    r->known = (uint8_t *)calloc(bytes, 1);
+    r->cached = (uint8_t *)calloc(bytes, 1);
+    if (!r->known || !r->cached) {
+        free(r->known);
+        free(r->cached);
+        r->known = r->cached = NULL;
+    }
+}
+
+/* Before a read (or a fault) that may bring the file's bytes [off, off + n)
+ * into the page cache: which of their pages not yet known the cache holds
+ * now (one mincore for those it has not been asked about). */
+static void note_pages(file_reader *r, uint64_t off, uint64_t n)
+{
+    if (!r->known || n == 0 || off >= r->size)
+        return;
+    const uint64_t end = off + n > r->size ? r->size : off + n;
+    const uint64_t last = (end + r->page - 1) / r->page;
+    unsigned char vec[CLB_PROBE_PAGES];
+    for (uint64_t p = off / r->page; p < last; p += CLB_PROBE_PAGES) {
+        const uint64_t k = last - p < CLB_PROBE_PAGES ? last - p : CLB_PROBE_PAGES;
+        uint64_t i = 0;
+        while (i < k && bit(r->known, p + i))
+            i++;
+        if (i == k)
+            continue; /* all asked about before */
+        if (probe_pages(r, p, k, vec) != 0)
+            memset(vec, 1, (size_t)k); /* unknown: say cached, never dropped */
+        for (; i < k; i++) {
+            if (bit(r->known, p + i))
+                continue;
+            r->known[(p + i) / 8] |= (uint8_t)(1u << ((p + i) % 8));
+            r->cached[(p + i) / 8] |= (uint8_t)((vec[i] & 1u) << ((p + i) % 8));
+        }
+    }
+}
+
+/* Takes out of the page cache every page the reader brought in (note_pages
+ * knows it and it was not cached before; without the maps and the view,
+ * the whole file), after init (the prefix, and the resident part where it was
+ * read) and at colibri_free (the resident part used from the view, once
+ * unmapped), so that what a memory cgroup charges is the instance's own
+ * memory and what it maps; pages that were cached stay. */
+static void drop_new_pages(const file_reader *r)
 {
 #ifdef POSIX_FADV_DONTNEED
+    if (!r->known && r->view)
+        return; /* the cache cannot be asked (not the file's owner): what
+                   the reader brings in is the resident part the view
+                   maps, no second copy; the experts are read direct */
     const uint64_t pages = (r->size + r->page - 1) / r->page;
     uint64_t p = 0;
     while (p < pages) {
-        while (p < pages && before && (before[p / 8] >> (p % 8) & 1u))
+        while (p < pages && r->known && !(bit(r->known, p) && !bit(r->cached, p)))
             p++;
         const uint64_t a = p;
-        while (p < pages && !(before && (before[p / 8] >> (p % 8) & 1u)))
+        while (p < pages && !(r->known && !(bit(r->known, p) && !bit(r->cached, p))))
             p++;
         if (p > a)
             (void)posix_fadvise(r->fd, (off_t)(a * r->page), (off_t)((p - a) * r->page),
@@ -334,7 +371,18 @@ static void drop_new_pages(const file_reader *r, const uint8_t *before)
     }
 #else
     (void)r;
-    (void)before;
+#endif
+}
+
+/* clb_stream_map.want: a resident section's pages noted, and their reading
+ * begun (the view's readahead is off), so that the CRC pass over them
+ * waits for the disk no longer than the disk takes. */
+static void want_section(void *user, uint64_t off, uint64_t n)
+{
+    file_reader *r = (file_reader *)user;
+    note_pages(r, off, n);
+#ifdef POSIX_FADV_WILLNEED
+    (void)posix_fadvise(r->fd, (off_t)off, (off_t)n, POSIX_FADV_WILLNEED);
 #endif
 }
 
@@ -420,8 +468,13 @@ static int file_read(void *user, uint64_t off, void *dst, size_t n)
             r->fd_direct = -1;
         }
     }
-    if (rc != 0)
+    if (rc != 0) {
+#ifdef CLB_CACHE_PROBE
+        if (!warm) /* through the cache: what it brings in is noted */
+            note_pages(r, off, need);
+#endif
         rc = pread_all(r->fd, off, (uint8_t *)dst, n, need);
+    }
     r->ns += now_ns() - t0;
     return rc;
 }
@@ -1015,6 +1068,17 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
                        "bytes", (unsigned long long)need);
             rc = COLIBRI_E_NO_MEMORY;
         } else {
+#if CLB_HUGE_ALLOC && defined(MADV_NOHUGEPAGE)
+            /* Slots that take mapped experts are only partly faulted in (a
+             * read's), or not at all: with huge pages, a fault in one would
+             * bring in 2 MiB of its neighbours', which may hold mapped
+             * experts too, and the process would pass its budget. */
+            if (map && v->huge_arena) { /* a mapping of its own, 2 MiB aligned */
+                uint64_t at = clb_stream_slots_at(&ga, slots, align, chunk, o->kv_dtype);
+                uint8_t *from = (uint8_t *)arena + at / 4096 * 4096;
+                (void)madvise(from, (size_t)((uint8_t *)arena + need - from), MADV_NOHUGEPAGE);
+            }
+#endif
             memcpy(arena, pre, (size_t)prefix);
             arena_size = need;
             /* the description reads its layer words where the prefix now is */
@@ -1161,14 +1225,17 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
          * open the file for writing (root can) */
         r->probe = r->view && (geteuid() == 0 || st.st_uid == geteuid() ||
                                faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0);
+        page_maps(r);
+        /* no readahead: the reader brings in what it reads and notes, and
+         * the kernel nothing around it (want_section asks for a resident
+         * section's reading ahead of its CRC pass) */
+        (void)posix_fadvise(r->fd, 0, 0, POSIX_FADV_RANDOM);
+        if (r->view)
+            (void)madvise((void *)(uintptr_t)r->view, (size_t)r->size, MADV_RANDOM);
     }
-    uint8_t *cached_before = page_cache_map(r);
 #endif
     colibri_reader rd = { file_read, r, r->size };
     if (o->ram && !o->slots && fits_resident(&rd, o)) {
-#ifdef CLB_CACHE_PROBE
-        free(cached_before);
-#endif
         close_file_reader(r);
         return CLB_FITS_RESIDENT;
     }
@@ -1190,17 +1257,15 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
      * 4.3 GB file, 318 MB resident, the first token comes 1.7x sooner;
      * STREAMING.md). COLIBRI_STREAM_COPY=1: read into the arena instead
      * (to measure one against the other; bench/stream.py). */
-    const clb_stream_map view_map = { r->view, hide_expert, show_expert, r };
+    const clb_stream_map view_map = { r->view, want_section, hide_expert, show_expert, r };
     const char *copy = getenv("COLIBRI_STREAM_COPY");
     if (r->view && !(copy && copy[0] == '1'))
         map = &view_map;
 #endif
     int rc = stream_open(m, &rd, align, map, NULL, 0, o);
 #ifdef CLB_CACHE_PROBE
-    drop_new_pages(r, cached_before);
-    r->resident_mapped = rc == COLIBRI_OK &&
-                         ((clb_plan *)v->plan)->stream->st.resident_mapped;
-    r->cached_before = cached_before; /* for colibri_free */
+    /* what init brought in but the view maps stays until colibri_free */
+    drop_new_pages(r);
 #endif
     if (rc == COLIBRI_OK) {
         clb_plan *p = (clb_plan *)v->plan;

@@ -145,6 +145,18 @@ int clb_stream_arena_bytes(const clb_stream_geom *g, uint32_t n_slots,
     return COLIBRI_OK;
 }
 
+uint64_t clb_stream_slots_at(const clb_stream_geom *g, uint32_t n_slots, uint32_t align,
+                             uint32_t chunk_limit, unsigned kv_dtype)
+{
+    carver c = { NULL, 0, 0 };
+    clb_stream *st;
+    clb_plan *p;
+    uint8_t *mem;
+    uint64_t slots_at;
+    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
+    return slots_at;
+}
+
 uint32_t clb_stream_slots_for(const clb_stream_geom *g, uint64_t ram, uint32_t align,
                               uint32_t chunk_limit, unsigned kv_dtype,
                               uint64_t *least)
@@ -693,8 +705,9 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
     }
     /* First the experts into the expert table (their entries rewritten
      * after their offset is read), each hidden from a mapping; then the
-     * resident sections into the image, each checked where it lands (or,
-     * mapped, where it is in the file, its offset kept). */
+     * resident sections (a mapping told of them all first) into the image,
+     * each checked where it lands (or, mapped, where it is in the file, its
+     * offset kept). */
     uint8_t *tab = arena + COLIBRI_TABLE_OFFSET;
     unsigned per = (g->d.features & COLIBRI_FEAT_RELU_FFN) ? 2u : 3u;
     for (uint32_t i = 0; i < g->s.n_tensors; i++) {
@@ -719,6 +732,12 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         wr64(en + COLIBRI_ENT_OFFSET, CLB_NOT_RESIDENT, g->be);
         if (map && map->hide && kind == COLIBRI_KIND_EXPERT_W2) /* its last */
             map->hide(map->user, x->off, x->span);
+    }
+    for (uint32_t i = 0; map && map->want && i < g->s.n_tensors; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
+        if (rd16(en + COLIBRI_ENT_KIND, g->be) != COLIBRI_KIND_DESC && off != CLB_NOT_RESIDENT)
+            map->want(map->user, off, rd64(en + COLIBRI_ENT_SIZE, g->be));
     }
     uint64_t pos = up(g->prefix_bytes, 64);
     int host_be = host_is_big_endian();

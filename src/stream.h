@@ -42,6 +42,9 @@ typedef struct clb_stream_geom {
  * are in it. */
 typedef struct clb_stream_map {
     const uint8_t *base; /* the whole file, valid while the instance lives */
+    /* want(user, off, n), or NULL: called for every resident section
+     * before any is checked (the mapper may begin reading them in) */
+    void (*want)(void *user, uint64_t off, uint64_t n);
     /* hide(user, off, n), or NULL: called for every expert before any
      * resident section is touched; the instance never reads the expert's
      * bytes [off, off + n) through base, so the mapper may make them
@@ -159,6 +162,10 @@ uint64_t clb_slot_stride(const clb_stream_geom *g, uint32_t align);
 int clb_stream_arena_bytes(const clb_stream_geom *g, uint32_t n_slots,
                            uint32_t align, uint32_t chunk_limit, unsigned kv_dtype,
                            size_t *out);
+
+/* Where the slots begin in that arena (they are its last part). */
+uint64_t clb_stream_slots_at(const clb_stream_geom *g, uint32_t n_slots, uint32_t align,
+                             uint32_t chunk_limit, unsigned kv_dtype);
 
 /* The most slots a budget of `ram` bytes holds (capped at the file's
  * experts); 0 if not even one. *least gets the budget one slot needs. */

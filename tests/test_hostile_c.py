@@ -464,6 +464,57 @@ def test_non_finite_weights_are_refused_in_c_and_python(replay_exe, tmp_path, qu
 
 from feature_models import DESCRIPTIONS, write_model  # noqa: E402
 
+def _last_float_at(cf, e) -> int:
+    """The offset in its section of the last float32 a tensor stores (an F32
+    value, an I8/I16 scale, or the last block's d, or dmin for Q4_K/Q5_K)."""
+    from colibri.file import blocks as B
+    n = e.rows * e.cols
+    if e.dtype == 0:
+        return 4 * (n - 1)
+    if e.dtype == 1:
+        g = cf.shape.group_size
+        return F.align64(n) + 4 * (e.rows * -(-e.cols // g) - 1)
+    if e.dtype == 2:
+        return F.align64(2 * n) + 4 * (e.rows - 1)
+    last_block = e.rows * -(-e.cols // B.BLOCK_COLS[e.dtype]) - 1
+    return last_block * B.BLOCK_BYTES[e.dtype] + (4 if e.dtype in B.AFFINE_K else 0)
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8", "q4"])
+def test_a_non_finite_scale_deep_in_a_large_section_is_refused(replay_exe, tmp_path, quant):
+    """The C reader checks a section's CRC and floats together, a piece at a
+    time (64 KiB); a NaN in a section's last float, pieces past its first,
+    is refused as the first is, in every storage type (F32 values, int8
+    group scales, the block types' d and dmin), by both readers."""
+    import dataclasses
+    path = write_model(tmp_path / f"{quant}.colibri", None,
+                       shape=dataclasses.replace(SHAPE, hidden=256, intermediate=512),
+                       dtypes={"f32": None, "int8": F.PRESET_INT8, "q4": F.PRESET_Q4}[quant],
+                       seed=4)
+    raw = path.read_bytes()
+    cf = F.parse(raw)
+    big = [i for i, e in enumerate(cf.entries)
+           if e.kind != F.Kind.DESC and _last_float_at(cf, e) >= 65536]
+    assert big, [e.size for e in cf.entries]
+    files = {}
+    for i in big:
+        e = cf.entries[i]
+        out = bytearray(raw)
+        struct.pack_into("<f", out, e.offset + _last_float_at(cf, e), float("nan"))
+        struct.pack_into("<I", out, 64 + 40 * i + 32,
+                         zlib.crc32(bytes(out[e.offset:e.offset + e.size])))
+        n_t = len(cf.entries)
+        struct.pack_into("<I", out, 52, zlib.crc32(bytes(out[64:64 + 40 * n_t])))
+        struct.pack_into("<I", out, 60, zlib.crc32(bytes(out[:60])))
+        files[i] = bytes(out)
+    got = run_c(replay_exe, tmp_path, files)
+    for i, data in files.items():
+        r = got[i]
+        assert r.init == -1 and f"tensor {i} (" in r.detail and "NaN" in r.detail, (i, r)
+        with pytest.raises(FormatError, match=f"entry {i} .*non-finite"):
+            F.parse(data)
+
+
 Feat = F.Feat
 
 

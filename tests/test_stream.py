@@ -492,6 +492,48 @@ def test_a_warm_run_maps_the_resident_part_and_what_the_slots_hold_only(so, mode
     assert page_cache_pages(path) == before
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or os.uname().sysname != "Linux"
+                    or os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="runs the reader as another user (root, setpriv, Linux)")
+def test_a_reader_that_may_not_ask_the_page_cache_reads_experts_direct(c_build, model):
+    """Linux tells mincore's truth only to a process that owns the file or
+    may write it; to any other it says every page is cached. A model file
+    installed read-only for others (root's, 0644) run by another user: the
+    reader must not believe it (it would read every expert through the
+    cache, which a cgroup charges, and take the cache's pages for its own),
+    so experts are read direct and leave nothing in the cache; the logits
+    are the owner's."""
+    import tempfile
+    src = model("olmoe", "int8", wide=True)
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        os.chmod(d, 0o755)
+        path, cli = d / "m.colibri", d / "colibri-cli"
+        shutil.copyfile(src, path)
+        shutil.copyfile(c_build("host").cli, cli)
+        os.chmod(path, 0o644)
+        os.chmod(cli, 0o755)
+        args = [str(cli), "--model", str(path), "--tokens", "1,2,3", "--generate", "4",
+                "--slots", "2"]
+        want = subprocess.run(args[:-2], capture_output=True, text=True, timeout=300)
+        assert want.returncode == 0, want.stderr
+        experts = sum(e.size for e in F.read_file(path).entries
+                      if e.kind in (F.Kind.EXPERT_W1, F.Kind.EXPERT_W3, F.Kind.EXPERT_W2))
+        drop_from_page_cache(path)
+        assert page_cache_pages(path)[0] == 0
+        got = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup",
+                              "--clear-groups", *args], capture_output=True, text=True,
+                             timeout=300)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == want.stdout   # the same greedy tokens
+        m = re.search(r"\((\d+\.\d) MB, ", got.stderr)
+        assert m and float(m[1]) > 0, got.stderr   # experts read, not "cached"
+        held, total = page_cache_pages(path)
+        page = os.sysconf("SC_PAGE_SIZE")
+        # what stays is the resident part the run mapped, not its experts
+        assert held * page <= path.stat().st_size - experts + 64 * page, (held, total)
+
+
 def test_own_reader_writes_only_the_bytes_asked_for(c_build, model):
     """The library's reader reads the header into a stack buffer of exactly
     its size. When that buffer happened to start on a 4096-byte boundary it
