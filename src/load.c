@@ -405,11 +405,14 @@ static void hide_expert(void *user, uint64_t off, uint64_t n)
     const file_reader *r = (const file_reader *)user;
     uint64_t a, b;
     whole_pages(r, off, n, &a, &b);
-    if (b <= a)
-        return;
-    void *at = (void *)(uintptr_t)(r->view + a);
-    (void)mprotect(at, (size_t)(b - a), PROT_NONE);
-    (void)madvise(at, (size_t)(b - a), MADV_DONTNEED);
+    if (b > a)
+        (void)mprotect((void *)(uintptr_t)(r->view + a), (size_t)(b - a), PROT_NONE);
+    /* out of memory with the pages it shares at either end (a neighbour
+     * that needs one faults it back in from the page cache) */
+    const uint64_t first = off / r->page * r->page;
+    const uint64_t end = (off + n + r->page - 1) / r->page * r->page;
+    (void)madvise((void *)(uintptr_t)(r->view + first),
+                  (size_t)((end < r->size ? end : r->size) - first), MADV_DONTNEED);
 }
 
 /* clb_stream_map.show: an expert whose every page the page cache holds is
