@@ -704,65 +704,49 @@ static float_fields fields_of(const uint8_t *en, uint32_t group, int be)
     return f;
 }
 
-/* The first non-finite field among the blocks that start in the section's
- * bytes [lo, hi): its index (b * per + j), or UINT64_MAX. */
-static uint64_t first_non_finite(const uint8_t *sec, const float_fields *f, uint64_t lo,
-                                 uint64_t hi, int be)
-{
-    uint64_t b0 = lo <= f->first ? 0 : (lo - f->first + f->stride - 1) / f->stride;
-    uint64_t b1 = hi <= f->first ? 0 : (hi - f->first + f->stride - 1) / f->stride;
-    if (b1 > f->blocks)
-        b1 = f->blocks;
-    for (uint64_t b = b0; b < b1; b++)
-        for (uint64_t j = 0; j < f->per; j++)
-            if ((rd32(sec + f->first + f->stride * b + 4 * j, be) & 0x7f800000u) == 0x7f800000u)
-                return b * f->per + j;
-    return UINT64_MAX;
-}
-
 /* CRC and floats in one pass over pieces that stay in the cache (the
  * second look at a piece costs nothing; at a section's end it would read
- * the section again from memory). Corruption is reported as a CRC error
+ * the section again from memory): the floats of the blocks that start in
+ * a piece are checked after its CRC. Corruption is reported as a CRC error
  * before a non-finite value. */
 #define CHECK_PIECE ((uint64_t)64 << 10)
 
 int clb_check_section(const uint8_t *sec, const uint8_t *en, uint32_t index,
                       uint32_t group, int be, char *detail)
 {
-    char label[64];
     const uint64_t size = rd64(en + COLIBRI_ENT_SIZE, be);
     const float_fields f = fields_of(en, group, be);
-    uint64_t bad = UINT64_MAX;
-    uint32_t got_crc = 0;
+    uint64_t bad = UINT64_MAX, b = 0; /* b: the next block to check */
+    uint32_t got_crc = 0, bits = 0;
     for (uint64_t lo = 0; lo < size; lo += CHECK_PIECE) {
         const uint64_t hi = size - lo < CHECK_PIECE ? size : lo + CHECK_PIECE;
         got_crc = colibri_crc32(got_crc, sec + lo, (size_t)(hi - lo));
-        if (bad == UINT64_MAX)
-            bad = first_non_finite(sec, &f, lo, hi, be);
+        for (; bad == UINT64_MAX && b < f.blocks && f.first + f.stride * b < hi; b++)
+            for (uint64_t j = 0; j < f.per; j++) {
+                bits = rd32(sec + f.first + f.stride * b + 4 * j, be);
+                if ((bits & 0x7f800000u) == 0x7f800000u) {
+                    bad = b * f.per + j;
+                    break;
+                }
+            }
     }
     uint32_t want_crc = rd32(en + COLIBRI_ENT_CRC, be);
-    unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
+    if (want_crc == got_crc && bad == UINT64_MAX)
+        return COLIBRI_OK;
+    char label[64];
+    entry_label(label, sizeof label, rd16(en + COLIBRI_ENT_KIND, be),
+                rd16(en + COLIBRI_ENT_LAYER, be), rd16(en + COLIBRI_ENT_EXPERT, be));
     if (want_crc != got_crc) {
         clb_detail(detail, DETAIL_CAP, "tensor %u (%s): crc %x != computed %x",
-                   (unsigned)index, entry_label(label, sizeof label, kind,
-                                  rd16(en + COLIBRI_ENT_LAYER, be),
-                                  rd16(en + COLIBRI_ENT_EXPERT, be)),
-                   (unsigned)want_crc, (unsigned)got_crc);
+                   (unsigned)index, label, (unsigned)want_crc, (unsigned)got_crc);
         return COLIBRI_E_CRC;
     }
-    if (bad != UINT64_MAX) {
-        uint32_t bits = rd32(sec + f.first + f.stride * (bad / f.per) + 4 * (bad % f.per), be);
-        clb_detail(detail, DETAIL_CAP, "tensor %u (%s): float %llu of its %s is "
-                   "%s: the file holds non-finite weights (re-convert it)",
-                   (unsigned)index, entry_label(label, sizeof label, kind,
-                                  rd16(en + COLIBRI_ENT_LAYER, be),
-                                  rd16(en + COLIBRI_ENT_EXPERT, be)),
-                   (unsigned long long)bad,
-                   en[COLIBRI_ENT_DTYPE] == COLIBRI_DTYPE_F32 ? "values" : "scales",
-                   (bits & 0x007fffffu) ? "NaN" : "infinite");
-        return COLIBRI_E_BAD_FORMAT;
-    }
-    return COLIBRI_OK;
+    clb_detail(detail, DETAIL_CAP, "tensor %u (%s): float %llu of its %s is "
+               "%s: the file holds non-finite weights (re-convert it)",
+               (unsigned)index, label, (unsigned long long)bad,
+               en[COLIBRI_ENT_DTYPE] == COLIBRI_DTYPE_F32 ? "values" : "scales",
+               (bits & 0x007fffffu) ? "NaN" : "infinite");
+    return COLIBRI_E_BAD_FORMAT;
 }
 
 /* Table: fits, table_crc, every entry (order, dtype, flags, reserved, layer

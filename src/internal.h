@@ -45,6 +45,13 @@
 #else
 #define CLB_STREAM_PREFETCH 0
 #endif
+/* The library's own reader on Linux maps the file it streams (stream.h
+ * clb_stream_map): the code that uses a mapping is in these builds only. */
+#if !defined(COLIBRI_STATIC_WORKBUF) && COLIBRI_ENABLE_POSIX_IO && defined(__linux__)
+#define CLB_STREAM_MAP 1
+#else
+#define CLB_STREAM_MAP 0
+#endif
 
 /* priv_.magic of an initialised instance ("CLBR"), and priv_.load_mode. */
 #define CLB_MODEL_MAGIC 0x434C4252u

@@ -345,18 +345,14 @@ static void note_pages(file_reader *r, uint64_t off, uint64_t n)
 }
 
 /* Takes out of the page cache every page the reader brought in (note_pages
- * knows it and it was not cached before; without the maps and the view,
- * the whole file), after init (the prefix, and the resident part where it was
+ * knows it and it was not cached before; without the maps, e.g. where the
+ * cache cannot be asked, the whole file but what is mapped), after init (the prefix, and the resident part where it was
  * read) and at colibri_free (the resident part used from the view, once
  * unmapped), so that what a memory cgroup charges is the instance's own
  * memory and what it maps; pages that were cached stay. */
 static void drop_new_pages(const file_reader *r)
 {
 #ifdef POSIX_FADV_DONTNEED
-    if (!r->known && r->view)
-        return; /* the cache cannot be asked (not the file's owner): what
-                   the reader brings in is the resident part the view
-                   maps, no second copy; the experts are read direct */
     const uint64_t pages = (r->size + r->page - 1) / r->page;
     uint64_t p = 0;
     while (p < pages) {
@@ -372,6 +368,12 @@ static void drop_new_pages(const file_reader *r)
 #else
     (void)r;
 #endif
+}
+
+/* clb_stream_map.cached */
+static int cached_range(void *user, uint64_t off, uint64_t n)
+{
+    return in_page_cache((const file_reader *)user, off, (size_t)n);
 }
 
 /* clb_stream_map.want: a resident section's pages noted, and their reading
@@ -1045,8 +1047,20 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
     if (rc == COLIBRI_OK)
         rc = slots_of(&g, o, align, arena_size, &slots, v->detail);
     if (rc == COLIBRI_OK) {
+#if CLB_STREAM_MAP
         if (map && g.be != host_is_big_endian())
-            map = NULL; /* they need swapping: read into the arena */
+            map = NULL; /* the experts need swapping: read */
+        /* Warm: used where they are, and so are the experts the page
+         * cache holds. Cold: the resident sections read into the arena
+         * (stream.h), and every expert too (its slot memory is faulted
+         * in at init, in huge pages: faulted a page at a time during the
+         * reads instead, a cold 7B q4 run inside 2 GiB decoded 40 %
+         * slower). */
+        if (map && !clb_stream_resident_cached(pre, &g, map))
+            map = NULL;
+#else
+        map = NULL;
+#endif
         if (map)
             ga.image_bytes = (g.prefix_bytes + 63) / 64 * 64;
         rc = clb_stream_arena_bytes(&ga, slots, align, chunk, o->kv_dtype, &need);
@@ -1095,6 +1109,20 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
 #endif
     if (rc)
         return rc;
+    /* Zeroed but for the prefix. Where a map may show experts, the arena's
+     * own fresh mapping is zero already and is left untouched: its pages
+     * fault in as they are first used (a KV cache row when its position
+     * is, a slot when a read fills it, never where it takes mapped
+     * experts): in perf of a warm 1-token run of the 7B q4 model, the
+     * kernel's page clearing fell from 27 % to 1.5 %. Else written now,
+     * faulted in at init in huge pages. */
+#if CLB_HUGE_ALLOC
+    const int fresh = map && v->huge_arena;
+#else
+    const int fresh = 0;
+#endif
+    if (!fresh)
+        memset((uint8_t *)arena + prefix, 0, need - (size_t)prefix);
     clb_plan *p;
     rc = clb_stream_build((uint8_t *)arena, &ga, rd, map, align, slots, o->policy,
                           chunk, o->kv_dtype, &p, v->detail);
@@ -1255,12 +1283,14 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
     v->file_reader = r;
     const clb_stream_map *map = NULL;
 #ifdef CLB_CACHE_PROBE
-    /* The resident sections used where the view has them, from the page
-     * cache: no copy, and no fresh pages for the kernel to zero (on a warm
-     * 4.3 GB file, 318 MB resident, the first token comes 1.7x sooner;
+    /* A warm file's resident sections used where the view has them, from
+     * the page cache, and its cached experts too: no copy, and no fresh
+     * pages for the kernel to zero (a 4.3 GB file, 318 MB resident, inside
+     * --ram 488M: the first token of a 1-token prompt 0.33 s against 0.47;
      * STREAMING.md). COLIBRI_STREAM_COPY=1: read into the arena instead
-     * (to measure one against the other; bench/stream.py). */
-    const clb_stream_map view_map = { r->view, want_section, hide_expert, show_expert, r };
+     * (to measure one against the other). */
+    const clb_stream_map view_map = { r->view, cached_range, want_section, hide_expert,
+                                      show_expert, r };
     const char *copy = getenv("COLIBRI_STREAM_COPY");
     if (r->view && !(copy && copy[0] == '1'))
         map = &view_map;

@@ -145,6 +145,24 @@ int clb_stream_arena_bytes(const clb_stream_geom *g, uint32_t n_slots,
     return COLIBRI_OK;
 }
 
+#if CLB_STREAM_MAP
+int clb_stream_resident_cached(const uint8_t *prefix, const clb_stream_geom *g,
+                               const clb_stream_map *map)
+{
+    const uint8_t *tab = prefix + COLIBRI_TABLE_OFFSET;
+    for (uint32_t i = 0; i < g->s.n_tensors; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        unsigned kind = rd16(en + COLIBRI_ENT_KIND, g->be);
+        uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, g->be);
+        if (kind == COLIBRI_KIND_DESC || is_expert_matrix(kind, rd16(en + COLIBRI_ENT_EXPERT,
+                                                                     g->be)) || sz == 0)
+            continue;
+        if (!map->cached || map->cached(map->user, rd64(en + COLIBRI_ENT_OFFSET, g->be), sz) != 1)
+            return 0;
+    }
+    return 1;
+}
+
 uint64_t clb_stream_slots_at(const clb_stream_geom *g, uint32_t n_slots, uint32_t align,
                              uint32_t chunk_limit, unsigned kv_dtype)
 {
@@ -156,6 +174,7 @@ uint64_t clb_stream_slots_at(const clb_stream_geom *g, uint32_t n_slots, uint32_
     stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
     return slots_at;
 }
+#endif
 
 uint32_t clb_stream_slots_for(const clb_stream_geom *g, uint64_t ram, uint32_t align,
                               uint32_t chunk_limit, unsigned kv_dtype,
@@ -221,6 +240,7 @@ static void stream_routed(const clb_plan *p, uint32_t layer)
         clb_slot *s = &st->slots[st->experts[idx].fetching];
         int unused = idx / st->n_experts == layer && st->experts[idx].prefetched &&
                      p->offsets[e + 1] == p->offsets[e];
+#if CLB_STREAM_MAP
         if (s->mapped) {
             if (unused && s->read_rc == 0) {
                 s->read_rc = CLB_READ_CANCELLED;
@@ -228,6 +248,7 @@ static void stream_routed(const clb_plan *p, uint32_t layer)
             }
             continue;
         }
+#endif
         if (unused && st->io.cancel && st->io.cancel(st->io.user, r))
             st->st.prefetch_cancelled++;
         r++;
@@ -361,10 +382,16 @@ static int finish_read(clb_stream *st, clb_slot *s)
 /* Slot s no longer uses the map's bytes of expert x. */
 static void unshow(clb_stream *st, clb_slot *s, const clb_stream_expert *x)
 {
+#if CLB_STREAM_MAP
     if (!s->mapped)
         return;
     st->map.hide(st->map.user, x->off, x->span);
     s->mapped = 0;
+#else
+    (void)st;
+    (void)s;
+    (void)x;
+#endif
 }
 
 /* Finish the oldest read in flight: its expert checked and its slot given
@@ -397,8 +424,10 @@ static int complete_oldest(const clb_plan *p, uint32_t *idx, char *detail)
                    "at offset %llu) failed", (unsigned)expert, (unsigned)layer,
                    (unsigned long long)(b - a), (unsigned long long)a);
         rc = COLIBRI_E_IO;
+#if CLB_STREAM_MAP
     } else if (s->mapped) { /* the map's order is the host's: not written */
         rc = check_expert(st, x, a, (uint8_t *)(uintptr_t)(st->map.base + a), &data, detail);
+#endif
     } else {
         st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
         rc = check_expert(st, x, a, s->mem, &data, detail);
@@ -462,6 +491,7 @@ static int start_read(const clb_plan *p, uint32_t idx, uint32_t now,
     /* A slot no read has touched takes the expert from the page cache if
      * the map shows it there (stream.h clb_stream_map): its memory, then,
      * stays untouched, and RSS grows by the expert, not by both. */
+#if CLB_STREAM_MAP
     s->mapped = !s->touched && st->map.show &&
                 st->map.show(st->map.user, x->off, x->span) == 1;
     if (s->mapped) {
@@ -469,6 +499,7 @@ static int start_read(const clb_plan *p, uint32_t idx, uint32_t now,
         return 0;
     }
     s->touched = 1;
+#endif
     uint64_t a, b;
     read_range(st, x, &a, &b);
     if (st->io.start)
@@ -657,29 +688,23 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
                      uint32_t policy, uint32_t chunk_limit, unsigned kv_dtype,
                      clb_plan **plan, char *detail)
 {
-    /* Zero all but the prefix and the slots, which reads fill: memory a
-     * slot never reads into is never touched (a fresh mapping's pages are
-     * never faulted in; a slot that holds mapped experts uses none). */
-    carver c = { NULL, 0, 0 };
+    carver c = { arena, 0, 0 };
     clb_stream *st;
     clb_plan *p;
     uint8_t *mem;
     uint64_t slots_at;
-    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
-    if (c.ovf || slots_at < g->prefix_bytes) {
-        clb_detail(detail, DETAIL_CAP, "the streamed layout does not fit the arena");
-        return COLIBRI_E_NO_MEMORY;
-    }
-    memset(arena + g->prefix_bytes, 0, (size_t)(slots_at - g->prefix_bytes));
-    c = (carver){ arena, 0, 0 };
     stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
     if (!st || !p || !mem || c.ovf) { /* the caller sized the arena with the same layout */
         clb_detail(detail, DETAIL_CAP, "the streamed layout does not fit the arena");
         return COLIBRI_E_NO_MEMORY;
     }
     st->rd = *rd;
+#if CLB_STREAM_MAP
     if (map)
         st->map = *map;
+#else
+    map = NULL; /* no build without a mapping reader passes one */
+#endif
     st->align = align;
     st->n_slots = n_slots;
     st->policy = policy;
@@ -730,15 +755,19 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         x->rel[j] = (uint32_t)(off - x->off);
         x->span = off + sz - x->off;
         wr64(en + COLIBRI_ENT_OFFSET, CLB_NOT_RESIDENT, g->be);
+#if CLB_STREAM_MAP
         if (map && map->hide && kind == COLIBRI_KIND_EXPERT_W2) /* its last */
             map->hide(map->user, x->off, x->span);
+#endif
     }
+#if CLB_STREAM_MAP
     for (uint32_t i = 0; map && map->want && i < g->s.n_tensors; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
         uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
         if (rd16(en + COLIBRI_ENT_KIND, g->be) != COLIBRI_KIND_DESC && off != CLB_NOT_RESIDENT)
             map->want(map->user, off, rd64(en + COLIBRI_ENT_SIZE, g->be));
     }
+#endif
     uint64_t pos = up(g->prefix_bytes, 64);
     int host_be = host_is_big_endian();
     for (uint32_t i = 0; i < g->s.n_tensors; i++) {
@@ -748,7 +777,7 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, g->be);
         if (kind == COLIBRI_KIND_DESC || off == CLB_NOT_RESIDENT)
             continue;
-        if (map) { /* the caller's promise: the file's order is the host's */
+        if (CLB_STREAM_MAP && map) { /* the caller's promise: the host's byte order */
             int rc = clb_check_section(map->base + off, en, i, g->s.group_size, g->be,
                                        detail);
             if (rc)
@@ -769,7 +798,8 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         wr64(en + COLIBRI_ENT_OFFSET, pos, g->be);
         pos = up(pos + sz, 64);
     }
-    clb_build_plan(p, arena, map ? map->base : arena, g->be, clb_pick_kernels());
+    clb_build_plan(p, arena, CLB_STREAM_MAP && map ? map->base : arena, g->be,
+                   clb_pick_kernels());
     p->stream = st;
     p->held = stream_held;
     p->fetch = stream_fetch;

@@ -23,7 +23,11 @@ TARGET = Target(
     # library colibri.buildsteps.cbuild makes, and libcolibri.so, have them).
     defines=("COLIBRI_NO_TOK_NORM",),
     budgets=dict(
-        runtime=128 << 10,
+        # libcolibri.a text+rodata+data (`scons size`): 125.3 KiB with the
+        # streamed reader's page-cache probe; 128.0 (51 bytes short of
+        # 128 KiB) with its mapping of a warm file and the CRC and float
+        # check in one pass, so 132.
+        runtime=132 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)
         firmware_ram=8 << 20,
         image=4 << 20,

@@ -398,9 +398,9 @@ def test_a_streamed_run_leaves_the_page_cache_as_it_found_it(so, model, tmp_path
     """The library's reader adds nothing to the page cache and takes nothing
     from it: cold, init's reads of the resident part are dropped after
     reading and experts are read direct; warm (every page cached, as after a
-    mapped run), everything is read from the cache and stays there (before,
+    mapped run), everything is used from the cache and stays there (before,
     init dropped the whole file, so a warm file was cold at every start).
-    The same bits either way."""
+    The same bits either way; mapped only where warm."""
     path = tmp_path / "m.colibri"
     shutil.copyfile(model("olmoe", "int8"), path)
     with runtime.Model(path, library=so) as m:
@@ -413,6 +413,7 @@ def test_a_streamed_run_leaves_the_page_cache_as_it_found_it(so, model, tmp_path
         got = session(m, m.vocab)
         st = m.stream_stats()
     assert np.array_equal(got, want) and st["misses"] >= 2
+    assert st["resident_mapped"] == 0 and st["mapped"] == 0   # cold: read
     assert page_cache_pages(path) == (0, total)
     path.read_bytes()   # warm: every page cached
     assert page_cache_pages(path) == (total, total)
@@ -442,7 +443,8 @@ def test_a_warm_run_maps_the_resident_part_and_what_the_slots_hold_only(so, mode
     the page cache has them, through the mapped file, not copied: the
     process maps those pages and no more, not the experts' pages next to a
     resident one (which the kernel maps around a fault) nor an expert a slot
-    gave up, so the budget holds. Half warm, a slot that a read has filled
+    gave up, so the budget holds. Half warm (the resident part and half the
+    experts cached), the others are read, and a slot that a read has filled
     goes on reading. The same bits every way; the page cache as found."""
     path = tmp_path / "m.colibri"
     shutil.copyfile(model("qwen3", "int8", wide=True), path)
@@ -475,10 +477,14 @@ def test_a_warm_run_maps_the_resident_part_and_what_the_slots_hold_only(so, mode
     if not hasattr(os, "posix_fadvise"):
         return
     drop_from_page_cache(path)
-    fd = os.open(path, os.O_RDONLY)   # half warm: the file's first half,
-    try:                              # no readahead past it
+    # half warm: the resident part and every other expert's sections
+    # cached (no readahead past them), the other experts not
+    fd = os.open(path, os.O_RDONLY)
+    try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        os.pread(fd, path.stat().st_size // 2, 0)
+        os.pread(fd, min(e.offset for e in entries), 0)   # header and table
+        for e in resident + [e for e in experts if e.expert % 2 == 0]:
+            os.pread(fd, e.size, e.offset)
     finally:
         os.close(fd)
     before = page_cache_pages(path)

@@ -589,13 +589,15 @@ int colibri_abi_api_version(void);
  * cancelled; begun ones finish into their slots. Every read is finished
  * before infer returns. A prediction changes which slots hold what, never
  * a logit.
- * On Linux the library's reader maps the file read-only (a file in the
- * host's byte order; COLIBRI_STREAM_COPY=1 at init: not): the resident
- * sections are checked at init and used where the page cache holds them,
- * not copied into the arena, and an expert the page cache holds whole is
- * used there by a slot no read has filled yet, in place of a read (checked
- * as a read is, the mapping opened to it with mprotect and madvise, and
- * closed again when the slot gives it up). So infer may also take page
+ * On Linux the library's reader maps the file read-only, and where the
+ * page cache holds all of its resident sections at init (a warm file in
+ * the host's byte order; COLIBRI_STREAM_COPY=1 at init: never) they are
+ * checked and used where they are, not copied into the arena, and an
+ * expert the page cache holds whole is used there by a slot no read has
+ * filled yet, in place of a read (checked as a read is, the mapping opened
+ * to it with mprotect and madvise, and closed again when the slot gives
+ * it up; colibri_get_stream_stats' resident_mapped and mapped say what
+ * was). So infer may also take page
  * faults on those pages, which read them back if the kernel evicted them,
  * and the file must not change while the instance lives (as with a mapped
  * all-resident file). What the process holds is still the budget: the
