@@ -129,16 +129,24 @@ static void stream_layout(carver *c, const clb_stream_geom *g, uint32_t n_slots,
     *slot_mem = mem;
 }
 
-int clb_stream_arena_bytes(const clb_stream_geom *g, uint32_t n_slots,
-                           uint32_t align, uint32_t chunk_limit, unsigned kv_dtype,
-                           size_t *out)
+/* The layout counted: its carver (off: the bytes, ovf) and *slots_at. */
+static carver counted(const clb_stream_geom *g, uint32_t n_slots, uint32_t align,
+                      uint32_t chunk_limit, unsigned kv_dtype, uint64_t *slots_at)
 {
     carver c = { NULL, 0, 0 };
     clb_stream *st;
     clb_plan *p;
     uint8_t *mem;
+    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, slots_at);
+    return c;
+}
+
+int clb_stream_arena_bytes(const clb_stream_geom *g, uint32_t n_slots,
+                           uint32_t align, uint32_t chunk_limit, unsigned kv_dtype,
+                           size_t *out)
+{
     uint64_t slots_at;
-    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
+    carver c = counted(g, n_slots, align, chunk_limit, kv_dtype, &slots_at);
     if (c.ovf || c.off > (uint64_t)SIZE_MAX)
         return COLIBRI_E_NO_MEMORY;
     *out = (size_t)c.off;
@@ -166,12 +174,8 @@ int clb_stream_resident_cached(const uint8_t *prefix, const clb_stream_geom *g,
 uint64_t clb_stream_slots_at(const clb_stream_geom *g, uint32_t n_slots, uint32_t align,
                              uint32_t chunk_limit, unsigned kv_dtype)
 {
-    carver c = { NULL, 0, 0 };
-    clb_stream *st;
-    clb_plan *p;
-    uint8_t *mem;
     uint64_t slots_at;
-    stream_layout(&c, g, n_slots, align, chunk_limit, kv_dtype, &st, &p, &mem, &slots_at);
+    (void)counted(g, n_slots, align, chunk_limit, kv_dtype, &slots_at);
     return slots_at;
 }
 #endif

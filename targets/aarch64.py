@@ -48,7 +48,7 @@ TARGET = Target(
         # 180.2 with the Q5_0 and Q5_K blocks (FORMAT.md 4: Q5_0 in both
         # NEON tables, Q5_K one form shared by both), so 188 KiB; 183.2 with
         # the prefetch of streamed experts; 184.5 with the streamed
-        # reader's page-cache probe (docs/STREAMING.md); 188.0 with its
+        # reader's page-cache probe (docs/STREAMING.md); 187.9 with its
         # mapping of a warm file (the resident part and cached experts
         # used from the page cache) and the CRC and float check in one
         # pass, so 192.

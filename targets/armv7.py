@@ -24,7 +24,7 @@ TARGET = Target(
     defines=("COLIBRI_NO_TOK_NORM",),
     budgets=dict(
         # libcolibri.a text+rodata+data (`scons size`): 125.3 KiB with the
-        # streamed reader's page-cache probe; 128.0 (51 bytes short of
+        # streamed reader's page-cache probe; 127.9 (a few bytes short of
         # 128 KiB) with its mapping of a warm file and the CRC and float
         # check in one pass, so 132.
         runtime=132 << 10,
