@@ -137,17 +137,15 @@ static void swap_sections(uint8_t *b, const colibri_shape *s, int be)
 #define CLB_DIRECT_ALIGN 4096u
 
 /* Its thread (CLB_READER_THREAD builds), so that infer computes one expert
- * while the next is read (stream.h clb_stream_io): reads queue in a ring of
- * CLB_READS_IN_FLIGHT, begun by the infer thread (read_start), done in
- * order by the reader thread, their results taken in order (read_finish).
- * `begun`, `done` and `taken` count reads; the mutex orders every access
- * to the ring and the counters. Started at init, joined at colibri_free. */
+ * while the next is read, or shown and checked (stream.h clb_stream_io):
+ * fills queue in a ring of CLB_READS_IN_FLIGHT, begun by the infer thread
+ * (read_start), done in order by the reader thread, taken in order
+ * (read_finish). `begun`, `done` and `taken` count fills; the mutex orders
+ * every access to the ring and the counters, and hands each fill's results
+ * over. Started at init, joined at colibri_free. */
 #define CLB_READS_IN_FLIGHT CLB_STREAM_FIFO
 typedef struct read_job {
-    uint64_t off;
-    void *dst;
-    size_t n;
-    int rc;
+    clb_fill *fill;
     int cancelled;       /* read_cancel's: the thread skips it */
 } read_job;
 
@@ -507,13 +505,13 @@ static void *reader_main(void *user)
             break;
         read_job *j = &r->ring[r->done % CLB_READS_IN_FLIGHT];
         r->picked = r->done + 1;
-        int rc = CLB_READ_CANCELLED;
-        if (!j->cancelled) {
+        if (j->cancelled) {
+            j->fill->read_rc = CLB_READ_CANCELLED;
+        } else {
             pthread_mutex_unlock(&r->mu);
-            rc = file_read(r, j->off, j->dst, j->n);
+            clb_fill_run(j->fill, file_read, r);
             pthread_mutex_lock(&r->mu);
         }
-        j->rc = rc;
         r->done++;
         pthread_cond_signal(&r->result);
     }
@@ -523,13 +521,13 @@ static void *reader_main(void *user)
 
 /* clb_stream_io.start: -1 when the ring is full (never: stream.c keeps at
  * most its capacity in flight). */
-static int read_start(void *user, uint64_t off, void *dst, size_t n)
+static int read_start(void *user, clb_fill *f)
 {
     file_reader *r = (file_reader *)user;
     int rc = -1;
     pthread_mutex_lock(&r->mu);
     if (r->begun - r->taken < CLB_READS_IN_FLIGHT) {
-        r->ring[r->begun % CLB_READS_IN_FLIGHT] = (read_job){ off, dst, n, -1, 0 };
+        r->ring[r->begun % CLB_READS_IN_FLIGHT] = (read_job){ f, 0 };
         r->begun++;
         pthread_cond_signal(&r->job);
         rc = 0;
@@ -554,22 +552,19 @@ static int read_cancel(void *user, uint32_t k)
     return rc;
 }
 
-/* clb_stream_io.finish: the oldest read not yet taken. */
-static int read_finish(void *user)
+/* clb_stream_io.finish: the oldest fill not yet taken. */
+static void read_finish(void *user)
 {
     file_reader *r = (file_reader *)user;
     uint64_t t0 = now_ns();
     pthread_mutex_lock(&r->mu);
-    int rc = -1;
     if (r->taken < r->begun) {
         while (r->done <= r->taken)
             pthread_cond_wait(&r->result, &r->mu);
-        rc = r->ring[r->taken % CLB_READS_IN_FLIGHT].rc;
         r->taken++;
     }
     pthread_mutex_unlock(&r->mu);
     r->wait_ns += now_ns() - t0;
-    return rc;
 }
 
 /* The reader thread, unless COLIBRI_STREAM_SYNC=1 (to measure one against

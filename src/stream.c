@@ -233,29 +233,17 @@ static void stream_routed(const clb_plan *p, uint32_t layer)
 {
     clb_stream *st = p->stream;
 #if CLB_STREAM_PREFETCH
-    /* The reads a prefetch queued for experts the routing does not use:
+    /* The fills a prefetch queued for experts the routing does not use:
      * those the reader has not begun are not done (a disk that is the
-     * bottleneck reads only what is used, and what was begun). */
-    /* k: the fill's place in the fifo; r: its read's among the reader's
-     * (a shown expert's fill is no read) */
-    for (uint32_t k = 0, r = 0; k < st->fifo_len; k++) {
+     * bottleneck reads only what is used, and what was begun). The fifo's
+     * order is the reader's. */
+    for (uint32_t k = 0; st->io.cancel && k < st->fifo_len; k++) {
         uint32_t idx = st->fifo[(st->fifo_head + k) % CLB_STREAM_FIFO];
         uint32_t e = idx % st->n_experts;
-        clb_slot *s = &st->slots[st->experts[idx].fetching];
         int unused = idx / st->n_experts == layer && st->experts[idx].prefetched &&
                      p->offsets[e + 1] == p->offsets[e];
-#if CLB_STREAM_MAP
-        if (s->mapped) {
-            if (unused && s->read_rc == 0) {
-                s->read_rc = CLB_READ_CANCELLED;
-                st->st.prefetch_cancelled++;
-            }
-            continue;
-        }
-#endif
-        if (unused && st->io.cancel && st->io.cancel(st->io.user, r))
+        if (unused && st->io.cancel(st->io.user, k))
             st->st.prefetch_cancelled++;
-        r++;
     }
 #endif
     if (st->policy != COLIBRI_SLOTS_REUSE)
@@ -351,36 +339,70 @@ static void read_range(const clb_stream *st, const clb_stream_expert *x,
     }
 }
 
-/* Check expert idx, read into slot memory `mem` from file offset a (or
- * shown there by the map: then in the host's order, never written): each
- * section's CRC and floats, then the host byte order. *data receives where
- * its first section landed. */
-static int check_expert(clb_stream *st, const clb_stream_expert *x, uint64_t a,
-                        uint8_t *mem, const uint8_t **data, char *detail)
+/* Check expert x, whose bytes from file offset a are at `mem` (read into
+ * its slot, or shown by the map: then in the host's order, never written):
+ * each section's CRC and floats, then, all of them good, the host byte
+ * order (so that a failed check, run again, fails the same way). */
+static int check_expert(const clb_stream *st, const clb_stream_expert *x, uint64_t a,
+                        uint8_t *mem, char *detail)
 {
     uint8_t *first = mem + (x->off - a);
     for (uint32_t j = 0; j < x->n_mats; j++) {
         const uint8_t *en = st->table + (size_t)(x->entry + j) * COLIBRI_ENTRY_SIZE;
-        uint8_t *sec = first + x->rel[j];
-        int rc = clb_check_section(sec, en, x->entry + j, st->group, st->be, detail);
+        int rc = clb_check_section(first + x->rel[j], en, x->entry + j, st->group,
+                                   st->be, detail);
         if (rc)
             return rc;
-        if (st->be != host_is_big_endian())
-            clb_swap_section(sec, en, st->be, st->group);
     }
-    *data = first;
+    for (uint32_t j = 0; st->be != host_is_big_endian() && j < x->n_mats; j++)
+        clb_swap_section(first + x->rel[j], st->table + (size_t)(x->entry + j) *
+                         COLIBRI_ENTRY_SIZE, st->be, st->group);
     return COLIBRI_OK;
 }
 
-/* The read of slot s is over (the asynchronous reader's reads finish in
- * the order they started; a shown expert's fill is no read): its result. */
-static int finish_read(clb_stream *st, clb_slot *s)
+/* Where fill f's bytes are: the file offset a of the first, and `mem`
+ * holding them from there (the map's view of the file, or the slot). */
+static uint8_t *fill_bytes(const clb_fill *f, uint64_t *a)
 {
-    int rc = s->read_rc;
-    if (st->io.start && rc == 0 && !s->mapped)
-        rc = st->io.finish(st->io.user);
+    const clb_stream *st = f->st;
+    uint64_t b;
+    read_range(st, &st->experts[f->idx], a, &b);
+#if CLB_STREAM_MAP
+    if (f->shown)
+        return (uint8_t *)(uintptr_t)(st->map.base + *a);
+#endif
+    return st->slots[f->slot].mem;
+}
+
+void clb_fill_run(clb_fill *f, int (*read)(void *user, uint64_t off, void *dst, size_t n),
+                  void *user)
+{
+    const clb_stream *st = f->st;
+    const clb_stream_expert *x = &st->experts[f->idx];
+    char ignored[DETAIL_CAP];
+    uint64_t a, b;
+    read_range(st, x, &a, &b);
+    f->shown = 0;
+#if CLB_STREAM_MAP
+    f->shown = f->may_show && st->map.show &&
+               st->map.show(st->map.user, x->off, x->span) == 1;
+#endif
+    f->read_rc = f->shown ? 0 : read(user, a, st->slots[f->slot].mem, (size_t)(b - a));
+    f->check_rc = 0;
+    if (f->read_rc == 0)
+        f->check_rc = check_expert(st, x, a, fill_bytes(f, &a), ignored);
+}
+
+/* The fill of slot s is over (the asynchronous reader's fills finish in
+ * the order they started): waited for, and what it did taken over. */
+static void finish_fill(clb_stream *st, clb_slot *s)
+{
+    if (s->fill.queued)
+        st->io.finish(st->io.user);
     s->pending = 0;
-    return rc;
+    s->mapped = s->fill.shown;
+    if (!s->fill.shown && s->fill.read_rc != CLB_READ_CANCELLED)
+        s->touched = 1;
 }
 
 /* Slot s no longer uses the map's bytes of expert x. */
@@ -416,32 +438,32 @@ static int complete_oldest(const clb_plan *p, uint32_t *idx, char *detail)
     x->fetching = -1;
     uint64_t a, b;
     read_range(st, x, &a, &b);
-    const uint8_t *data = NULL;
-    int rc = finish_read(st, s);
-    if (rc == CLB_READ_CANCELLED) { /* a prefetch the routing did not use */
+    finish_fill(st, s);
+    const clb_fill *f = &s->fill;
+    if (f->read_rc == CLB_READ_CANCELLED) { /* a prefetch the routing did not use */
         x->prefetched = 0;
-        unshow(st, s, x);
         return COLIBRI_OK;
     }
-    if (rc != 0) {
+    int rc = f->check_rc;
+    uint8_t *mem = fill_bytes(f, &a);
+    if (f->read_rc != 0) {
         clb_detail(detail, DETAIL_CAP, "reading expert %u of layer %u (%llu bytes "
                    "at offset %llu) failed", (unsigned)expert, (unsigned)layer,
                    (unsigned long long)(b - a), (unsigned long long)a);
         rc = COLIBRI_E_IO;
-#if CLB_STREAM_MAP
-    } else if (s->mapped) { /* the map's order is the host's: not written */
-        rc = check_expert(st, x, a, (uint8_t *)(uintptr_t)(st->map.base + a), &data, detail);
-#endif
     } else {
-        st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
-        rc = check_expert(st, x, a, s->mem, &data, detail);
+        if (!f->shown)
+            st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
+        if (rc) /* its detail: the same check again, here */
+            (void)check_expert(st, x, a, mem, detail);
     }
-    if (rc || !data) {
+    if (rc) {
         st->st.errors++;
         x->prefetched = 0;
         unshow(st, s, x);
-        return rc ? rc : COLIBRI_E_IO;
+        return rc;
     }
+    const uint8_t *data = mem + (x->off - a);
     /* The expert's own views: its entries' shapes and dtypes, its slot's
      * bytes (the plan's views of it carry no data). */
     const clb_expert *meta = &p->layers[layer].experts[expert];
@@ -487,29 +509,20 @@ static int start_read(const clb_plan *p, uint32_t idx, uint32_t now,
         st->st.evictions++;
         unshow(st, s, old);
     }
-    s->expert = -1; /* until the read and its checks succeed */
+    s->expert = -1; /* until the fill and its checks succeed */
     s->pending = 1;
+    s->mapped = 0;
     s->last_use = st->tick;
     x->fetching = (int32_t)si;
     st->fifo[(st->fifo_head + st->fifo_len++) % CLB_STREAM_FIFO] = idx;
     /* A slot no read has touched takes the expert from the page cache if
      * the map shows it there (stream.h clb_stream_map): its memory, then,
      * stays untouched, and RSS grows by the expert, not by both. */
-#if CLB_STREAM_MAP
-    s->mapped = !s->touched && st->map.show &&
-                st->map.show(st->map.user, x->off, x->span) == 1;
-    if (s->mapped) {
-        s->read_rc = 0; /* counted in the stats' `mapped` once checked */
-        return 0;
-    }
-    s->touched = 1;
-#endif
-    uint64_t a, b;
-    read_range(st, x, &a, &b);
-    if (st->io.start)
-        s->read_rc = st->io.start(st->io.user, a, s->mem, (size_t)(b - a));
-    else
-        s->read_rc = st->rd.read(st->rd.user, a, s->mem, (size_t)(b - a));
+    s->fill = (clb_fill){ st, idx, si, (uint8_t)!s->touched, 0, 0, -1, 0 };
+    if (st->io.start && st->io.start(st->io.user, &s->fill) == 0)
+        s->fill.queued = 1;
+    else if (!st->io.start)
+        clb_fill_run(&s->fill, st->rd.read, st->rd.user);
     return 0;
 }
 
@@ -570,7 +583,7 @@ static void drain(clb_stream *st)
     for (; st->fifo_len; st->fifo_len--) {
         clb_stream_expert *x = &st->experts[st->fifo[st->fifo_head]];
         st->fifo_head = (st->fifo_head + 1) % CLB_STREAM_FIFO;
-        (void)finish_read(st, &st->slots[x->fetching]);
+        finish_fill(st, &st->slots[x->fetching]);
         unshow(st, &st->slots[x->fetching], x);
         x->fetching = -1;
         x->prefetched = 0;

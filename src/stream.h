@@ -89,31 +89,60 @@ typedef struct clb_stream_expert {
                           yet: its slot is not given up */
 } clb_stream_expert;
 
+struct clb_stream;
+
+/* One fill of a slot: expert idx's bytes shown through the map where the
+ * slot may take them so (may_show) and the map can, else read into the
+ * slot's memory; then checked (each section's CRC and floats) and put in
+ * the host's byte order. clb_fill_run does it, on the reader's thread
+ * (clb_stream_io) or at once: either way the same bits, and infer's thread
+ * left free to compute while the next expert is read, or shown and checked. */
+typedef struct clb_fill {
+    const struct clb_stream *st;
+    uint32_t idx;       /* the expert (layer * n_experts + expert) */
+    uint32_t slot;      /* the slot it fills */
+    uint8_t may_show;   /* the slot's memory is untouched (clb_slot.touched) */
+    uint8_t queued;     /* begun on the reader's thread: its finish awaits it */
+    /* what it did */
+    uint8_t shown;      /* the map's bytes, shown: nothing read */
+    int read_rc;        /* 0, -1 (the read failed) or CLB_READ_CANCELLED */
+    int check_rc;       /* the check's (COLIBRI_E_*), 0 when it passed or
+                           did not run; its detail is found again on
+                           infer's thread (the check is repeatable: nothing
+                           is swapped unless all of it passes) */
+} clb_fill;
+
+/* Do fill f: show or read through `read` (colibri_reader.read's contract,
+ * with its user), then check. Touches only the slot's memory, the map's
+ * pages of the expert and f's results: safe on another thread while the
+ * instance runs, as long as nothing else touches that slot. */
+void clb_fill_run(clb_fill *f, int (*read)(void *user, uint64_t off, void *dst, size_t n),
+                  void *user);
+
 /* One slot: memory for one expert, and the views into it while full. */
 typedef struct clb_slot {
     uint8_t *mem;       /* stride bytes, aligned to the reader's alignment */
     int32_t expert;     /* layer * n_experts + expert, or -1 (empty) */
     uint64_t last_use;  /* the stream's tick at its last use */
-    uint8_t pending;    /* a read into it is in flight (stream_fetch) */
-    int read_rc;        /* what starting (or doing) that read returned */
-    uint8_t mapped;     /* its expert (or the one it is filling with) is
-                           the map's bytes, shown, not read into mem */
+    uint8_t pending;    /* a fill of it is in flight (stream_fetch) */
+    uint8_t mapped;     /* its expert is the map's bytes, shown, not read
+                           into mem */
     uint8_t touched;    /* a read has filled mem: its pages are in use */
+    clb_fill fill;      /* the last fill begun */
     clb_expert views;   /* the expert's matrices in mem */
 } clb_slot;
 
 /* An asynchronous reader (the library's own, with a reader thread: load.c):
- * start(user, off, dst, n) begins a read as colibri_reader.read would do it
- * (0, or -1 if it cannot begin); finish(user) waits for the oldest read
- * begun and not yet finished and returns its result (0 or -1). At most
- * `capacity` reads are in flight (stream.c finishes the oldest first when
- * it would pass that). */
+ * start(user, f) begins fill f on the reader's thread (clb_fill_run with
+ * its own read; 0, or -1 if it cannot begin); finish(user) waits for the
+ * oldest fill begun and not yet finished. At most `capacity` fills are in
+ * flight (stream.c finishes the oldest first when it would pass that). */
 typedef struct clb_stream_io {
-    int (*start)(void *user, uint64_t off, void *dst, size_t n);
-    int (*finish)(void *user);
-    /* cancel(user, k): the k-th oldest read not yet finished (0: the
+    int (*start)(void *user, clb_fill *f);
+    void (*finish)(void *user);
+    /* cancel(user, k): the k-th oldest fill not yet finished (0: the
      * oldest) is not done if the reader has not begun it: 1 then (its
-     * finish returns CLB_READ_CANCELLED), else 0 */
+     * read_rc CLB_READ_CANCELLED), else 0 */
     int (*cancel)(void *user, uint32_t k);
     void *user;
     uint32_t capacity;
@@ -125,7 +154,7 @@ typedef struct clb_stream_io {
 #define CLB_STREAM_FIFO 16u
 
 typedef struct clb_stream {
-    colibri_reader rd;
+    colibri_reader rd;     /* infer's own reads (timed as waiting) */
     clb_stream_io io;      /* start NULL: every read on rd, when fetched */
     clb_stream_map map;    /* base NULL: none (every expert read) */
     uint32_t align;        /* the reader's offset/length/address alignment
