@@ -19,9 +19,9 @@ DRIVER = r"""
 #include <stdlib.h>
 #include "colibri.h"
 /* stdin: bytes. Prints the CRC of data[off:off+len] for every (off, len) in
- * a grid (every length below 80, then LONG's: the folding path's 64-byte
- * steps, 16-byte steps and tails), and a chained CRC of the whole input in
- * two parts. */
+ * a grid (every length below 80, then LONG's: the folding paths' 64- and
+ * 128-byte steps, 16-byte steps and tails), and a chained CRC of the whole
+ * input in two parts. */
 int main(void) {
     static unsigned char buf[1 << 16];
     static const size_t LONG[] = { LONG_LENGTHS };
@@ -41,8 +41,8 @@ int main(void) {
 """
 
 
-LONG_LENGTHS = (80, 95, 96, 111, 127, 128, 129, 143, 144, 191, 192, 200, 255, 256, 257, 1000,
-                4095, 4096, 4097, 4990)
+LONG_LENGTHS = (80, 95, 96, 111, 127, 128, 129, 143, 144, 191, 192, 200, 255, 256, 257, 271,
+                272, 383, 384, 385, 400, 511, 512, 640, 1000, 1023, 1024, 4095, 4096, 4097, 4990)
 
 
 def expected(data: bytes) -> str:
@@ -56,22 +56,34 @@ def expected(data: bytes) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("slice8,clmul", [(1, 1), (1, 0), (0, 0)],
-                         ids=["clmul", "slicing-by-8", "byte-table"])
+def cpu_has(flag: str) -> bool:
+    try:
+        return f" {flag}" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("slice8,clmul,vclmul", [(1, 1, 1), (1, 1, 0), (1, 0, 0), (0, 0, 0)],
+                         ids=["vpclmulqdq", "clmul", "slicing-by-8", "byte-table"])
 @pytest.mark.parametrize("cc,run", [
     ("gcc", ()),
     ("powerpc-linux-gnu-gcc", ("qemu-ppc", "-L", "/usr/powerpc-linux-gnu")),
 ])
-def test_crc32_equals_zlib(tmp_path, cc, run, slice8, clmul):
+def test_crc32_equals_zlib(tmp_path, cc, run, slice8, clmul, vclmul):
     """clmul: the x86-64 folding path (on a CPU with PCLMULQDQ; elsewhere,
-    and on ppc, the build leaves it out and the tables answer)."""
+    and on ppc, the build leaves it out and the tables answer); vpclmulqdq:
+    its 256-bit form, from 256 bytes, where the CPU has it."""
     if shutil.which(cc) is None or (run and shutil.which(run[0]) is None):
         pytest.skip(f"{cc} or its emulator is not installed")
+    if vclmul and not run and not cpu_has("vpclmulqdq"):
+        pytest.skip("this CPU has no VPCLMULQDQ: the 256-bit folding path cannot run "
+                    "(the clmul case covers the 128-bit one)")
     exe = tmp_path / "crc"
     (tmp_path / "d.c").write_text(DRIVER.replace("LONG_LENGTHS",
                                                  ", ".join(map(str, LONG_LENGTHS))))
     subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-static",
                     f"-DCOLIBRI_CRC32_SLICE8={slice8}", f"-DCOLIBRI_CRC32_CLMUL={clmul}",
+                    f"-DCOLIBRI_CRC32_VCLMUL={vclmul}",
                     "-I", str(ROOT / "src" / "include"), "-o", str(exe),
                     str(tmp_path / "d.c"), str(ROOT / "src" / "crc32.c")],
                    check=True, capture_output=True)
