@@ -221,6 +221,30 @@ def test_damaged_expert_is_an_error_at_the_step_that_reads_it(so, model, tmp_pat
     good.close()
 
 
+def test_a_damaged_expert_of_a_big_endian_file_is_named_by_its_section(so, model, tmp_path):
+    """A byte-swapped expert is swapped only once all of its sections pass
+    their checks: the check, run again on infer's thread for the error's
+    detail (the reader thread checked it first), names the damaged section,
+    W2 (the expert's last), not W1 that an earlier swap would have made
+    fail."""
+    path = model("mixtral", "int8", "big")
+    bad = damaged(path, tmp_path, layer=SHAPE.n_layers - 1, expert=2)
+    with runtime.Model(path, library=so) as good, \
+            runtime.Model(bad, library=so, slots=2) as m:
+        assert m.info.load_mode == "stream" and m.info.byte_swapped
+        failed = 0
+        for t in range(SHAPE.vocab):
+            try:
+                got = m.infer([[t]])
+            except errors.RuntimeCRCError as exc:
+                assert "EXPERT_W2 layer 2 expert 2" in str(exc)
+                failed += 1
+                continue
+            assert np.array_equal(got, good.infer([[t]]))
+        assert failed >= 1
+        assert m.stream_stats()["errors"] == failed
+
+
 def test_a_failing_read_is_an_io_error_and_the_instance_recovers(so, model):
     path = model("granite", "int8")
     data = path.read_bytes()
