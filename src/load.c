@@ -342,9 +342,16 @@ static void note_pages(file_reader *r, uint64_t off, uint64_t n)
     }
 }
 
-/* Takes out of the page cache every page the reader brought in (note_pages
- * knows it and it was not cached before; without the maps, e.g. where the
- * cache cannot be asked, the whole file but what is mapped), after init (the prefix, and the resident part where it was
+/* 1: page p of the file is one the reader brought into the page cache
+ * (note_pages knows it, and it was not cached before), or nothing is known */
+static int brought_in(const file_reader *r, uint64_t p)
+{
+    return !r->known || (bit(r->known, p) && !bit(r->cached, p));
+}
+
+/* Takes out of the page cache every page the reader brought in (without
+ * the maps, e.g. where the cache cannot be asked, the whole file but what
+ * is mapped), after init (the prefix, and the resident part where it was
  * read) and at colibri_free (the resident part used from the view, once
  * unmapped), so that what a memory cgroup charges is the instance's own
  * memory and what it maps; pages that were cached stay. */
@@ -354,24 +361,43 @@ static void drop_new_pages(const file_reader *r)
     const uint64_t pages = (r->size + r->page - 1) / r->page;
     uint64_t p = 0;
     while (p < pages) {
-        while (p < pages && r->known && !(bit(r->known, p) && !bit(r->cached, p)))
+        /* eight pages a step where none of them was brought in (of a warm
+         * file's million pages, most) */
+        if (r->known && p % 8 == 0 && p + 8 <= pages &&
+            !(r->known[p / 8] & (uint8_t)~r->cached[p / 8])) {
+            p += 8;
+            continue;
+        }
+        if (!brought_in(r, p)) {
             p++;
+            continue;
+        }
         const uint64_t a = p;
-        while (p < pages && !(r->known && !(bit(r->known, p) && !bit(r->cached, p))))
+        while (p < pages && brought_in(r, p))
             p++;
-        if (p > a)
-            (void)posix_fadvise(r->fd, (off_t)(a * r->page), (off_t)((p - a) * r->page),
-                                POSIX_FADV_DONTNEED);
+        (void)posix_fadvise(r->fd, (off_t)(a * r->page), (off_t)((p - a) * r->page),
+                            POSIX_FADV_DONTNEED);
     }
 #else
     (void)r;
 #endif
 }
 
-/* clb_stream_map.cached */
+/* clb_stream_map.cached: with the maps, the pages noted (the resident
+ * sections it asks about are the ones init then uses or reads: one mincore
+ * each, not one here and one in want_section or file_read) and answered
+ * from them. */
 static int cached_range(void *user, uint64_t off, uint64_t n)
 {
-    return in_page_cache((const file_reader *)user, off, (size_t)n);
+    file_reader *r = (file_reader *)user;
+    if (!r->known || n == 0 || off >= r->size)
+        return in_page_cache(r, off, (size_t)n);
+    note_pages(r, off, n);
+    const uint64_t end = off + n > r->size ? r->size : off + n;
+    for (uint64_t p = off / r->page; p < (end + r->page - 1) / r->page; p++)
+        if (!bit(r->cached, p))
+            return 0;
+    return 1;
 }
 
 /* clb_stream_map.want: a resident section's pages noted, and their reading
@@ -386,33 +412,36 @@ static void want_section(void *user, uint64_t off, uint64_t n)
 #endif
 }
 
-/* The whole pages of the file's bytes [off, off + n): [*a, *b). */
-static void whole_pages(const file_reader *r, uint64_t off, uint64_t n, uint64_t *a,
-                        uint64_t *b)
+/* The pages of the file's bytes [off, off + n) in the view, [*a, *b):
+ * whole, those that hold nothing else; else every page any of them is in
+ * (up to the view's last page). */
+static void pages_of(const file_reader *r, uint64_t off, uint64_t n, int whole,
+                     uint64_t *a, uint64_t *b)
 {
-    *a = (off + r->page - 1) / r->page * r->page;
-    *b = (off + n) / r->page * r->page;
+    const uint64_t pg = r->page, last = (r->size + pg - 1) / pg * pg;
+    *a = whole ? (off + pg - 1) / pg * pg : off / pg * pg;
+    *b = whole ? (off + n) / pg * pg : (off + n + pg - 1) / pg * pg;
+    if (*b > last)
+        *b = last;
 }
 
-/* clb_stream_map.hide: the whole pages of an expert's bytes in the view
- * leave the process's memory and become inaccessible, so that a fault on
- * a resident page next to them (the kernel maps up to 64 KiB around it
- * from the page cache) maps none of them: the process holds the resident
- * part of the file and the experts its slots show, nothing more. mincore
- * still answers for them. */
+/* clb_stream_map.hide: the whole pages of an expert's bytes (or of a run
+ * of experts) in the view leave the process's memory and become
+ * inaccessible, so that a fault on a resident page next to them (the
+ * kernel maps up to 64 KiB around it from the page cache) maps none of
+ * them: the process holds the resident part of the file and the experts
+ * its slots show, nothing more. mincore still answers for them. */
 static void hide_expert(void *user, uint64_t off, uint64_t n)
 {
     const file_reader *r = (const file_reader *)user;
     uint64_t a, b;
-    whole_pages(r, off, n, &a, &b);
+    pages_of(r, off, n, 1, &a, &b);
     if (b > a)
         (void)mprotect((void *)(uintptr_t)(r->view + a), (size_t)(b - a), PROT_NONE);
     /* out of memory with the pages it shares at either end (a neighbour
      * that needs one faults it back in from the page cache) */
-    const uint64_t first = off / r->page * r->page;
-    const uint64_t end = (off + n + r->page - 1) / r->page * r->page;
-    (void)madvise((void *)(uintptr_t)(r->view + first),
-                  (size_t)((end < r->size ? end : r->size) - first), MADV_DONTNEED);
+    pages_of(r, off, n, 0, &a, &b);
+    (void)madvise((void *)(uintptr_t)(r->view + a), (size_t)(b - a), MADV_DONTNEED);
 }
 
 /* clb_stream_map.show: an expert whose every page the page cache holds is
@@ -424,8 +453,10 @@ static int show_expert(void *user, uint64_t off, uint64_t n)
     const file_reader *r = (const file_reader *)user;
     if (!in_page_cache(r, off, (size_t)n))
         return 0;
+    /* every page the expert is in: one it shares with an expert next to
+     * it was made inaccessible with the run they are in at init */
     uint64_t a, b;
-    whole_pages(r, off, n, &a, &b);
+    pages_of(r, off, n, 0, &a, &b);
     void *at = (void *)(uintptr_t)(r->view + a);
     if (b > a && mprotect(at, (size_t)(b - a), PROT_READ) != 0)
         return 0;

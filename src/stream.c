@@ -746,12 +746,16 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         st->slots[s].expert = -1;
     }
     /* First the experts into the expert table (their entries rewritten
-     * after their offset is read), each hidden from a mapping; then the
+     * after their offset is read), hidden from a mapping a run of adjacent
+     * ones at a time (a layer's, where the file keeps them together: one
+     * call, not one an expert, so init sets up a few mappings, not
+     * thousands); then the
      * resident sections (a mapping told of them all first) into the image,
      * each checked where it lands (or, mapped, where it is in the file, its
      * offset kept). */
     uint8_t *tab = arena + COLIBRI_TABLE_OFFSET;
     unsigned per = (g->d.features & COLIBRI_FEAT_RELU_FFN) ? 2u : 3u;
+    uint64_t run_off = 0, run_end = 0; /* the run of adjacent experts not hidden yet */
     for (uint32_t i = 0; i < g->s.n_tensors; i++) {
         uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
         unsigned kind = rd16(en + COLIBRI_ENT_KIND, g->be);
@@ -773,10 +777,22 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         x->span = off + sz - x->off;
         wr64(en + COLIBRI_ENT_OFFSET, CLB_NOT_RESIDENT, g->be);
 #if CLB_STREAM_MAP
-        if (map && map->hide && kind == COLIBRI_KIND_EXPERT_W2) /* its last */
-            map->hide(map->user, x->off, x->span);
+        if (map && map->hide && kind == COLIBRI_KIND_EXPERT_W2) { /* its last */
+            /* the next section is at align64 of the one before (FORMAT.md) */
+            if (run_end > run_off && x->off != up(run_end, 64)) {
+                map->hide(map->user, run_off, run_end - run_off);
+                run_off = run_end;
+            }
+            if (run_end == run_off)
+                run_off = x->off;
+            run_end = x->off + x->span;
+        }
 #endif
     }
+#if CLB_STREAM_MAP
+    if (map && map->hide && run_end > run_off)
+        map->hide(map->user, run_off, run_end - run_off);
+#endif
 #if CLB_STREAM_MAP
     for (uint32_t i = 0; map && map->want && i < g->s.n_tensors; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;

@@ -54,10 +54,13 @@ typedef struct clb_stream_map {
      * before any is checked (the mapper may begin reading them in) */
     void (*want)(void *user, uint64_t off, uint64_t n);
     /* hide(user, off, n), or NULL: called for every expert before any
-     * resident section is touched; the instance never reads the expert's
-     * bytes [off, off + n) through base, so the mapper may make them
-     * inaccessible (load.c does, so that the kernel maps no expert page
-     * around a resident one it faults in) */
+     * resident section is touched (at init, once for each run of experts
+     * adjacent in the file: [off, off + n) from the first's bytes to the
+     * last's, the padding between them included), and for an expert a
+     * slot gives up; the instance never reads those bytes through base
+     * (but where it shows them), so the mapper may make them inaccessible
+     * (load.c does, so that the kernel maps no expert page around a
+     * resident one it faults in) */
     void (*hide)(void *user, uint64_t off, uint64_t n);
     /* show(user, off, n), or NULL: 1 when the expert's bytes [off, off + n)
      * are all in the page cache now and readable through base from now on
