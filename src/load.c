@@ -550,6 +550,34 @@ static void *reader_main(void *user)
     return NULL;
 }
 
+/* clb_stream_map.both: fn(arg, 1) on a thread of its own while this one
+ * runs fn(arg, 0) (init checks the resident part in halves: 318 MB of the
+ * 7B q4 model, the CRC at one core's read speed); one after the other if
+ * the thread cannot start. */
+typedef struct half_job {
+    void (*fn)(void *arg, int half);
+    void *arg;
+} half_job;
+
+static void *second_half(void *user)
+{
+    const half_job *j = (const half_job *)user;
+    j->fn(j->arg, 1);
+    return NULL;
+}
+
+static void run_both(void (*fn)(void *arg, int half), void *arg)
+{
+    half_job j = { fn, arg };
+    pthread_t t;
+    int threaded = pthread_create(&t, NULL, second_half, &j) == 0;
+    fn(arg, 0);
+    if (threaded)
+        pthread_join(t, NULL);
+    else
+        fn(arg, 1);
+}
+
 /* clb_stream_io.start: -1 when the ring is full (never: stream.c keeps at
  * most its capacity in flight). */
 static int read_start(void *user, clb_fill *f)
@@ -1315,8 +1343,13 @@ static int open_streamed_file(colibri_model *m, const char *path, const clb_opts
      * --ram 488M: the first token of a 1-token prompt 0.33 s against 0.47;
      * STREAMING.md). COLIBRI_STREAM_COPY=1: read into the arena instead
      * (to measure one against the other). */
+#ifdef CLB_READER_THREAD
+    void (*both)(void (*)(void *, int), void *) = run_both;
+#else
+    void (*both)(void (*)(void *, int), void *) = NULL;
+#endif
     const clb_stream_map view_map = { r->view, cached_range, want_section, hide_expert,
-                                      show_expert, r };
+                                      show_expert, both, r };
     const char *copy = getenv("COLIBRI_STREAM_COPY");
     if (r->view && !(copy && copy[0] == '1'))
         map = &view_map;

@@ -700,6 +700,78 @@ void clb_stream_prefetch_on(clb_plan *p, uint32_t want)
 /* Building an instance                                                     */
 /* ------------------------------------------------------------------------ */
 
+#if CLB_STREAM_MAP
+/* The resident sections of a mapped file, checked in two halves (by bytes,
+ * at file offset half_at) that may run on two threads: each half's first
+ * damaged section (UINT32_MAX: none) and its result. */
+typedef struct resident_check {
+    const clb_stream_geom *g;
+    const uint8_t *tab, *base;
+    uint64_t half_at;
+    uint32_t bad[2];
+    int rc[2];
+} resident_check;
+
+/* Whether table entry en (the image's: experts CLB_NOT_RESIDENT) is a
+ * resident section. */
+static int resident_section(const clb_stream_geom *g, const uint8_t *en)
+{
+    return rd16(en + COLIBRI_ENT_KIND, g->be) != COLIBRI_KIND_DESC &&
+           rd64(en + COLIBRI_ENT_OFFSET, g->be) != CLB_NOT_RESIDENT;
+}
+
+static void check_resident_half(void *arg, int half)
+{
+    resident_check *c = (resident_check *)arg;
+    const clb_stream_geom *g = c->g;
+    char ignored[DETAIL_CAP];
+    c->bad[half] = UINT32_MAX;
+    c->rc[half] = COLIBRI_OK;
+    for (uint32_t i = 0; i < g->s.n_tensors; i++) {
+        const uint8_t *en = c->tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
+        if (!resident_section(g, en) || (off >= c->half_at) != half)
+            continue;
+        int rc = clb_check_section(c->base + off, en, i, g->s.group_size, g->be, ignored);
+        if (rc) {
+            c->bad[half] = i;
+            c->rc[half] = rc;
+            return;
+        }
+    }
+}
+
+/* Check every resident section of a mapped file where it is (both halves
+ * on two threads where the map offers them): COLIBRI_OK, or the first
+ * damaged section's error, its detail from the same check run again. */
+static int check_resident_mapped(const clb_stream_geom *g, const uint8_t *tab,
+                                 const clb_stream_map *map, char *detail)
+{
+    resident_check c = { g, tab, map->base, UINT64_MAX, { 0, 0 }, { 0, 0 } };
+    uint64_t seen = 0;
+    for (uint32_t i = 0; i < g->s.n_tensors && c.half_at == UINT64_MAX; i++) {
+        const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
+        if (!resident_section(g, en))
+            continue;
+        seen += rd64(en + COLIBRI_ENT_SIZE, g->be);
+        if (seen >= g->resident_bytes / 2) /* sections are in file order */
+            c.half_at = rd64(en + COLIBRI_ENT_OFFSET, g->be) + 1;
+    }
+    if (map->both) {
+        map->both(check_resident_half, &c);
+    } else {
+        check_resident_half(&c, 0);
+        check_resident_half(&c, 1);
+    }
+    uint32_t bad = c.bad[0] < c.bad[1] ? c.bad[0] : c.bad[1];
+    if (bad == UINT32_MAX)
+        return COLIBRI_OK;
+    const uint8_t *en = tab + (size_t)bad * COLIBRI_ENTRY_SIZE;
+    return clb_check_section(map->base + rd64(en + COLIBRI_ENT_OFFSET, g->be), en, bad,
+                             g->s.group_size, g->be, detail);
+}
+#endif
+
 int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_reader *rd,
                      const clb_stream_map *map, uint32_t align, uint32_t n_slots,
                      uint32_t policy, uint32_t chunk_limit, unsigned kv_dtype,
@@ -810,13 +882,8 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, g->be);
         if (kind == COLIBRI_KIND_DESC || off == CLB_NOT_RESIDENT)
             continue;
-        if (CLB_STREAM_MAP && map) { /* the caller's promise: the host's byte order */
-            int rc = clb_check_section(map->base + off, en, i, g->s.group_size, g->be,
-                                       detail);
-            if (rc)
-                return rc;
+        if (CLB_STREAM_MAP && map) /* checked below, where they are */
             continue;
-        }
         if (sz && rd->read(rd->user, off, arena + pos, (size_t)sz) != 0) {
             clb_detail(detail, DETAIL_CAP, "reading tensor %u (%llu bytes at offset "
                        "%llu) failed", (unsigned)i, (unsigned long long)sz,
@@ -831,6 +898,13 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
         wr64(en + COLIBRI_ENT_OFFSET, pos, g->be);
         pos = up(pos + sz, 64);
     }
+#if CLB_STREAM_MAP
+    if (map) { /* the caller's promise: the host's byte order */
+        int rc = check_resident_mapped(g, tab, map, detail);
+        if (rc)
+            return rc;
+    }
+#endif
     clb_build_plan(p, arena, CLB_STREAM_MAP && map ? map->base : arena, g->be,
                    clb_pick_kernels());
     p->stream = st;

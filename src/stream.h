@@ -70,6 +70,10 @@ typedef struct clb_stream_map {
      * copy, and the process's memory grows by the expert's pages, not by
      * the slot's. */
     int (*show)(void *user, uint64_t off, uint64_t n);
+    /* both(fn, arg), or NULL: fn(arg, 0) and fn(arg, 1), on two threads
+     * where the mapper can start one (else one after the other), returning
+     * once both have: init's check of the resident sections, in halves */
+    void (*both)(void (*fn)(void *arg, int half), void *arg);
     void *user;
 } clb_stream_map;
 

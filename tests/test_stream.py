@@ -245,6 +245,31 @@ def test_a_damaged_expert_of_a_big_endian_file_is_named_by_its_section(so, model
         assert m.stream_stats()["errors"] == failed
 
 
+def test_of_two_damaged_resident_sections_the_first_is_named(so, model, tmp_path, fill):
+    """A warm file's resident sections are checked where they are, in two
+    halves on two threads; read, one by one into the arena: either way the
+    error names the first damaged section in the file, as the all-resident
+    init does, whichever half meets its damage first."""
+    path = model("mixtral", "int8")
+    cf = F.read_file(path)
+    experts = (F.Kind.EXPERT_W1, F.Kind.EXPERT_W2, F.Kind.EXPERT_W3)
+    resident = [i for i, e in enumerate(cf.entries)
+                if e.kind != F.Kind.DESC and e.kind not in experts]
+    first, last = resident[0], resident[-1]
+    raw = bytearray(path.read_bytes())
+    for i in (first, last):     # a mantissa bit of the first value: finite
+        raw[cf.entries[i].offset + 1] ^= 0x40
+    bad = tmp_path / "two-damaged.colibri"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(errors.RuntimeCRCError) as whole:
+        runtime.Model(bad, library=so)
+    with pytest.raises(errors.RuntimeCRCError) as streamed:
+        runtime.Model(bad, library=so, slots=2)
+    for exc in (whole, streamed):
+        assert f"tensor {first} (" in str(exc.value), str(exc.value)
+        assert f"tensor {last} (" not in str(exc.value)
+
+
 def test_a_failing_read_is_an_io_error_and_the_instance_recovers(so, model):
     path = model("granite", "int8")
     data = path.read_bytes()

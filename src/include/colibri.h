@@ -578,8 +578,9 @@ int colibri_abi_api_version(void);
  * reader (colibri_init_ex) instead reads on a thread of its own, started at
  * init and joined by colibri_free: infer hands it the next expert's read
  * (pread; on Linux after a mincore that says whether the page cache holds
- * it already) while one expert computes and waits for it on a mutex and
- * condition variable (clock_gettime times the reads and the waits;
+ * it already) and the expert's CRC and float check while one expert
+ * computes, and waits for it on a mutex and condition variable
+ * (clock_gettime times the reads and the waits;
  * COLIBRI_STREAM_SYNC=1 in the environment at init reads on the calling
  * thread instead). With it, colibri_options.prefetch: before a MoE layer's
  * attention, infer applies the layer's FFN norm and router to the residual
@@ -597,7 +598,9 @@ int colibri_abi_api_version(void);
  * filled yet, in place of a read (checked as a read is, the mapping opened
  * to it with mprotect and madvise, and closed again when the slot gives
  * it up; colibri_get_stream_stats' resident_mapped and mapped say what
- * was). So infer may also take page
+ * was; that check too on the reader's thread, and at init the resident
+ * sections' in two halves, one on a thread started and joined there). So
+ * infer may also take page
  * faults on those pages, which read them back if the kernel evicted them,
  * and the file must not change while the instance lives (as with a mapped
  * all-resident file). What the process holds is still the budget: the
