@@ -389,7 +389,7 @@ void clb_fill_run(clb_fill *f, int (*read)(void *user, uint64_t off, void *dst, 
 #endif
     f->read_rc = f->shown ? 0 : read(user, a, st->slots[f->slot].mem, (size_t)(b - a));
     f->check_rc = 0;
-    if (f->read_rc == 0)
+    if (f->shown)
         f->check_rc = check_expert(st, x, a, fill_bytes(f, &a), ignored);
 }
 
@@ -451,11 +451,11 @@ static int complete_oldest(const clb_plan *p, uint32_t *idx, char *detail)
                    "at offset %llu) failed", (unsigned)expert, (unsigned)layer,
                    (unsigned long long)(b - a), (unsigned long long)a);
         rc = COLIBRI_E_IO;
-    } else {
-        if (!f->shown)
-            st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
-        if (rc) /* its detail: the same check again, here */
-            (void)check_expert(st, x, a, mem, detail);
+    } else if (!f->shown) { /* read: checked here (clb_fill_run) */
+        st->st.bytes_read += (b < st->file_size ? b : st->file_size) - a;
+        rc = check_expert(st, x, a, mem, detail);
+    } else if (rc) { /* its detail: the same check again, here */
+        (void)check_expert(st, x, a, mem, detail);
     }
     if (rc) {
         st->st.errors++;
