@@ -38,7 +38,12 @@ TARGET = Target(
     # library colibri.buildsteps.cbuild makes, and libcolibri.so, have them).
     defines=("COLIBRI_NO_TOK_NORM",),
     budgets=dict(
-        runtime=128 << 10,        # libcolibri.a: text+rodata+data (`scons target=riscv64 size`)
+        # libcolibri.a: text+rodata+data (`scons target=riscv64 size`): 127.3
+        # KiB with the streamed reader's page-cache mapping, then 128.9 with
+        # its checks on the reader thread and the resident part checked in
+        # two halves at init (a warm first token of the 7B q4 model 0.35 ->
+        # 0.20 s on x86_64; docs/STREAMING.md), so 132 KiB.
+        runtime=132 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2.46 MiB)
         firmware_ram=8 << 20,
         image=4 << 20,

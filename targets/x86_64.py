@@ -51,8 +51,12 @@ TARGET = Target(
         # (a 7.9 GB file's check 3.9 s -> 1.1 s) 0.6: 380.4; the int8
         # decode form that loads a group ahead (three tables; bench/results/
         # FINDINGS.md 13) and the streamed reader's page-cache probe: 385.6,
-        # so 392 KiB. The embedded targets keep their own budgets.
-        runtime=392 << 10,
+        # so 392 KiB; the mapping of a warm file 389.3; the VPCLMULQDQ CRC
+        # (16-21 GB/s against 9-10 on Zen 3), checks on the reader thread
+        # and the resident part checked in two halves (a warm first token
+        # 0.35 -> 0.20 s, docs/STREAMING.md): 391.7, so 400 KiB. The
+        # embedded targets keep their own budgets.
+        runtime=400 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)
         firmware_ram=16 << 20,    # data+bss (arena included)
         image=4 << 20,            # packed firmware.bin against the slot
