@@ -518,7 +518,7 @@ static int start_read(const clb_plan *p, uint32_t idx, uint32_t now,
     /* A slot no read has touched takes the expert from the page cache if
      * the map shows it there (stream.h clb_stream_map): its memory, then,
      * stays untouched, and RSS grows by the expert, not by both. */
-    s->fill = (clb_fill){ st, idx, si, (uint8_t)!s->touched, 0, 0, -1, 0 };
+    s->fill = (clb_fill){ st, idx, si, !s->touched, 0, 0, -1, 0 };
     if (st->io.start && st->io.start(st->io.user, &s->fill) == 0)
         s->fill.queued = 1;
     else if (!st->io.start)
@@ -827,7 +827,9 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
      * offset kept). */
     uint8_t *tab = arena + COLIBRI_TABLE_OFFSET;
     unsigned per = (g->d.features & COLIBRI_FEAT_RELU_FFN) ? 2u : 3u;
+#if CLB_STREAM_MAP
     uint64_t run_off = 0, run_end = 0; /* the run of adjacent experts not hidden yet */
+#endif
     for (uint32_t i = 0; i < g->s.n_tensors; i++) {
         uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
         unsigned kind = rd16(en + COLIBRI_ENT_KIND, g->be);
