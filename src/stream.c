@@ -700,18 +700,6 @@ void clb_stream_prefetch_on(clb_plan *p, uint32_t want)
 /* Building an instance                                                     */
 /* ------------------------------------------------------------------------ */
 
-#if CLB_STREAM_MAP
-/* The resident sections of a mapped file, checked in two halves (by bytes,
- * at file offset half_at) that may run on two threads: each half's first
- * damaged section (UINT32_MAX: none) and its result. */
-typedef struct resident_check {
-    const clb_stream_geom *g;
-    const uint8_t *tab, *base;
-    uint64_t half_at;
-    uint32_t bad[2];
-    int rc[2];
-} resident_check;
-
 /* Whether table entry en (the image's: experts CLB_NOT_RESIDENT) is a
  * resident section. */
 static int resident_section(const clb_stream_geom *g, const uint8_t *en)
@@ -720,22 +708,30 @@ static int resident_section(const clb_stream_geom *g, const uint8_t *en)
            rd64(en + COLIBRI_ENT_OFFSET, g->be) != CLB_NOT_RESIDENT;
 }
 
+#if CLB_STREAM_MAP
+/* The resident sections of a mapped file, checked in two halves (by bytes,
+ * at file offset half_at) that may run on two threads: each half's first
+ * damaged section (UINT32_MAX: none; its detail is found again after). */
+typedef struct resident_check {
+    const clb_stream_geom *g;
+    const uint8_t *tab, *base;
+    uint64_t half_at;
+    uint32_t bad[2];
+} resident_check;
+
 static void check_resident_half(void *arg, int half)
 {
     resident_check *c = (resident_check *)arg;
     const clb_stream_geom *g = c->g;
     char ignored[DETAIL_CAP];
     c->bad[half] = UINT32_MAX;
-    c->rc[half] = COLIBRI_OK;
     for (uint32_t i = 0; i < g->s.n_tensors; i++) {
         const uint8_t *en = c->tab + (size_t)i * COLIBRI_ENTRY_SIZE;
         uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
         if (!resident_section(g, en) || (off >= c->half_at) != half)
             continue;
-        int rc = clb_check_section(c->base + off, en, i, g->s.group_size, g->be, ignored);
-        if (rc) {
+        if (clb_check_section(c->base + off, en, i, g->s.group_size, g->be, ignored)) {
             c->bad[half] = i;
-            c->rc[half] = rc;
             return;
         }
     }
@@ -747,7 +743,7 @@ static void check_resident_half(void *arg, int half)
 static int check_resident_mapped(const clb_stream_geom *g, const uint8_t *tab,
                                  const clb_stream_map *map, char *detail)
 {
-    resident_check c = { g, tab, map->base, UINT64_MAX, { 0, 0 }, { 0, 0 } };
+    resident_check c = { g, tab, map->base, UINT64_MAX, { 0, 0 } };
     uint64_t seen = 0;
     for (uint32_t i = 0; i < g->s.n_tensors && c.half_at == UINT64_MAX; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
@@ -866,25 +862,21 @@ int clb_stream_build(uint8_t *arena, const clb_stream_geom *g, const colibri_rea
 #if CLB_STREAM_MAP
     if (map && map->hide && run_end > run_off)
         map->hide(map->user, run_off, run_end - run_off);
-#endif
-#if CLB_STREAM_MAP
     for (uint32_t i = 0; map && map->want && i < g->s.n_tensors; i++) {
         const uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
-        uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
-        if (rd16(en + COLIBRI_ENT_KIND, g->be) != COLIBRI_KIND_DESC && off != CLB_NOT_RESIDENT)
-            map->want(map->user, off, rd64(en + COLIBRI_ENT_SIZE, g->be));
+        if (resident_section(g, en))
+            map->want(map->user, rd64(en + COLIBRI_ENT_OFFSET, g->be),
+                      rd64(en + COLIBRI_ENT_SIZE, g->be));
     }
 #endif
     uint64_t pos = up(g->prefix_bytes, 64);
     int host_be = host_is_big_endian();
-    for (uint32_t i = 0; i < g->s.n_tensors; i++) {
+    /* read into the image unless mapped (then checked below, where they are) */
+    for (uint32_t i = 0; !map && i < g->s.n_tensors; i++) {
         uint8_t *en = tab + (size_t)i * COLIBRI_ENTRY_SIZE;
-        unsigned kind = rd16(en + COLIBRI_ENT_KIND, g->be);
         uint64_t off = rd64(en + COLIBRI_ENT_OFFSET, g->be);
         uint64_t sz = rd64(en + COLIBRI_ENT_SIZE, g->be);
-        if (kind == COLIBRI_KIND_DESC || off == CLB_NOT_RESIDENT)
-            continue;
-        if (CLB_STREAM_MAP && map) /* checked below, where they are */
+        if (!resident_section(g, en))
             continue;
         if (sz && rd->read(rd->user, off, arena + pos, (size_t)sz) != 0) {
             clb_detail(detail, DETAIL_CAP, "reading tensor %u (%llu bytes at offset "

@@ -51,7 +51,7 @@ TARGET = Target(
         # reader's page-cache probe (docs/STREAMING.md); 187.9 with its
         # mapping of a warm file (the resident part and cached experts
         # used from the page cache) and the CRC and float check in one
-        # pass, so 192; 189.5 with checks on the reader thread and the
+        # pass, so 192; 189.4 with checks on the reader thread and the
         # resident part checked in two halves at init.
         runtime=192 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2.82 MiB)

@@ -26,7 +26,7 @@ TARGET = Target(
         # libcolibri.a text+rodata+data (`scons size`): 125.3 KiB with the
         # streamed reader's page-cache probe; 127.9 (a few bytes short of
         # 128 KiB) with its mapping of a warm file and the CRC and float
-        # check in one pass, so 132; 129.4 with checks on the reader thread
+        # check in one pass, so 132; 129.1 with checks on the reader thread
         # and the resident part checked in two halves at init.
         runtime=132 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)
