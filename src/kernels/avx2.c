@@ -72,6 +72,19 @@ enum { MAXR = 8, MAXT = 4 };
  * blocks of a prefill pass over it. 128 KiB is under every AVX2 CPU's L2. */
 #define PANEL_BYTES (128u * 1024u)
 
+/* STREAMS (decode): a one-token matmul reads each weight once, so it is as
+ * fast as the memory feeds it. One core of a Zen 3 reads 21.5 GB/s from
+ * four far-apart sequential streams (bench/c/bandwidth.c) but 14 GB/s from
+ * one: the hardware prefetchers keep more lines in flight for more
+ * streams. A decode block of 4 or 8 rows therefore takes one row from each
+ * quarter (eighth) of W, not adjacent rows, so each of its rows walks its
+ * own sequential stream, and requests its stream's bytes STREAM_PFB ahead:
+ * int8 decode 11 -> 19 GB/s at 2816 x 1024 (bench/c/i8_matmul.c), small
+ * model int8 decode 53 -> 88 tokens/s (bench/results/FINDINGS.md 14).
+ * Every row is still computed by ref's operations in ref's order: which
+ * rows share a block changes no bit. */
+#define STREAM_PFB 1024u
+
 /* mask_tab + 8 - k gives a load mask whose first k int32 lanes are set. */
 static const int32_t mask_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
                                      0,  0,  0,  0,  0,  0,  0,  0};
@@ -98,11 +111,13 @@ TGT static inline float hsum1(__m256 a)
     return _mm_cvtss_f32(s);
 }
 
-/* Store acc[r][t] horizontally summed (times scale[r] when scale is given)
- * into Y[t0 + t, r0 + r], or add it there when `add` (a later column chunk). */
+/* Store acc[r][t] horizontally summed (times scale[r * stride] when scale is
+ * given) into Y[t0 + t, r0 + r * stride], or add it there when `add` (a
+ * later column chunk). Rows are adjacent (stride 1) or one per stream of a
+ * decode (stride > 1, one token, no add: see STREAM_PFB). */
 BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
                        float *Y, uint32_t rows, uint32_t r0, uint32_t t0,
-                       const float *scale, int add)
+                       const float *scale, int add, uint32_t stride)
 {
     UNROLL
     for (int t = 0; t < T; t++) {
@@ -111,6 +126,19 @@ BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
         UNROLL
         for (; r + 4 <= R; r += 4) {
             __m128 v = hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]);
+            if (stride != 1) {
+                __attribute__((aligned(16))) float l[4];
+                if (scale)
+                    v = _mm_mul_ps(v, _mm_setr_ps(scale[(uint32_t)r * stride],
+                                                  scale[(uint32_t)(r + 1) * stride],
+                                                  scale[(uint32_t)(r + 2) * stride],
+                                                  scale[(uint32_t)(r + 3) * stride]));
+                _mm_store_ps(l, v);
+                UNROLL
+                for (int k = 0; k < 4; k++)
+                    y[(uint32_t)(r + k) * stride] = l[k];
+                continue;
+            }
             if (scale)
                 v = _mm_mul_ps(v, _mm_loadu_ps(scale + r));
             if (add)
@@ -119,9 +147,10 @@ BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
         }
         UNROLL
         for (; r < R; r++) {
+            const size_t i = (size_t)r * stride;
             float v = hsum1(acc[r][t]);
-            v = scale ? scale[r] * v : v;
-            y[r] = add ? y[r] + v : v;
+            v = scale ? scale[i] * v : v;
+            y[i] = add ? y[i] + v : v;
         }
     }
 }
@@ -172,14 +201,17 @@ BLOCK void fx_step(const int i16, const int R, const int T, __m256 acc[MAXR][MAX
 /* Y[t0..t0+T, r0..r0+R] (+)= the products over columns [c0, c1) for float
  * activations X [n, cols] and weights W [rows, cols] (float, or int16 with
  * per-row scales S when i16); `add` for every column chunk after the first.
- * One accumulator per (row, token). With `prefetch`, the same columns of the
- * next R rows are requested into L2 at the pace this block reads its own
- * (one line per row per 64 bytes), so the next strip's pages are walked and
- * its lines on their way before the strip starts (fx_strip). */
+ * One accumulator per (row, token). Row r of the block is r0 + r * stride
+ * (1: adjacent rows; a decode takes one row per stream, STREAMS). With
+ * `prefetch`, the same columns of the next R rows (stride 1) or each row's
+ * own stream STREAM_PFB bytes on are requested into L2 at the pace this
+ * block reads its own (one line per row per 64 bytes), so the next strip's
+ * pages are walked and its lines on their way before the strip starts
+ * (fx_strip). */
 BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
                     const void *W, const float *S, const float *X, uint32_t rows,
-                    uint32_t cols, uint32_t r0, uint32_t t0, uint32_t c0,
-                    uint32_t c1, int add, int prefetch)
+                    uint32_t cols, uint32_t r0, uint32_t stride, uint32_t t0,
+                    uint32_t c0, uint32_t c1, int add, int prefetch)
 {
     const size_t esz = i16 ? sizeof(int16_t) : sizeof(float);
     const uint32_t line_cols = 64 / (uint32_t)esz; /* 16 float or 32 int16 */
@@ -188,7 +220,7 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
     __m256 acc[MAXR][MAXT];
     UNROLL
     for (int r = 0; r < R; r++)
-        w[r] = (const char *)W + (size_t)(r0 + r) * cols * esz;
+        w[r] = (const char *)W + (size_t)(r0 + (uint32_t)r * stride) * cols * esz;
     UNROLL
     for (int t = 0; t < T; t++)
         x[t] = X + (size_t)(t0 + t) * cols;
@@ -200,7 +232,8 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
 
     uint32_t c = c0;
     if (prefetch) {
-        const size_t next = (size_t)R * cols * esz; /* bytes from row r to r + R */
+        /* stride 1: the same columns of row r + R; else STREAM_PFB on */
+        const size_t next = stride == 1 ? (size_t)R * cols * esz : (size_t)STREAM_PFB;
         for (; c + line_cols <= c1; c += line_cols) {
             UNROLL
             for (int r = 0; r < R; r++)
@@ -227,7 +260,7 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
                 acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
     }
-    store_block(R, T, acc, Y, rows, r0, t0, i16 ? S + r0 : NULL, add);
+    store_block(R, T, acc, Y, rows, r0, t0, i16 ? S + r0 : NULL, add, stride);
 }
 
 /* Rows per panel: a multiple of 8 whose weights fit in PANEL_BYTES. */
@@ -252,11 +285,11 @@ BLOCK void fx_strip(const int i16, const int R, float *Y, const void *W,
     const int prefetch = r + 2 * (uint32_t)R <= rows;
     uint32_t t = 0;
     for (; t + 3 <= n; t += 3)
-        fx_block(i16, R, 3, Y, W, S, X, rows, cols, r, t, c0, c1, add, prefetch && t == 0);
+        fx_block(i16, R, 3, Y, W, S, X, rows, cols, r, 1, t, c0, c1, add, prefetch && t == 0);
     if (n - t == 2)
-        fx_block(i16, R, 2, Y, W, S, X, rows, cols, r, t, c0, c1, add, prefetch && t == 0);
+        fx_block(i16, R, 2, Y, W, S, X, rows, cols, r, 1, t, c0, c1, add, prefetch && t == 0);
     else if (n - t == 1)
-        fx_block(i16, R, 1, Y, W, S, X, rows, cols, r, t, c0, c1, add, prefetch && t == 0);
+        fx_block(i16, R, 1, Y, W, S, X, rows, cols, r, 1, t, c0, c1, add, prefetch && t == 0);
 }
 
 /* Y[n, rows] = X W^T for float activations, in one of two orders:
@@ -276,14 +309,15 @@ BLOCK void fx_strip(const int i16, const int R, float *Y, const void *W,
 BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
                      const float *X, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    if (n == 1) { /* the next 8 rows prefetched as in i8_matmul (PREFETCH) */
+    if (n == 1) { /* 8 rows, one from each eighth of W (STREAM_PFB) */
+        const uint32_t eighth = rows / 8;
         uint32_t r = 0;
-        for (; r + 8 <= rows; r += 8)
-            fx_block(i16, 8, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, r + 16 <= rows);
-        for (; r + 4 <= rows; r += 4)
-            fx_block(i16, 4, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, 0);
+        for (; r < eighth; r++)
+            fx_block(i16, 8, 1, Y, W, S, X, rows, cols, r, eighth, 0, 0, cols, 0, r + 1 < eighth);
+        for (r = 8 * eighth; r + 4 <= rows; r += 4)
+            fx_block(i16, 4, 1, Y, W, S, X, rows, cols, r, 1, 0, 0, cols, 0, 0);
         for (; r < rows; r++)
-            fx_block(i16, 1, 1, Y, W, S, X, rows, cols, r, 0, 0, cols, 0, 0);
+            fx_block(i16, 1, 1, Y, W, S, X, rows, cols, r, 1, 0, 0, cols, 0, 0);
         return;
     }
     const uint32_t chunk = STRIP_ROW_BYTES / (i16 ? 2u : 4u);
@@ -526,8 +560,8 @@ enum { I8R_GCH = 256 };
 
 /* pv[g] = the 4 rows' scale products S[r, gc + g] * XS[gc + g] (g < nch),
  * formed along groups (contiguous in S) and transposed to one 4-float
- * vector per group. With `prefetch`, the next 4 rows' scales are requested
- * into L2. */
+ * vector per group. With `prefetch`, the scales 4 rows on in each row's
+ * stream (STREAMS) are requested into L2. */
 BLOCK void scale_products4(float pv[I8R_GCH][4], const float *const s[MAXR],
                            const float *xs, uint32_t gc, uint32_t nch, uint32_t ng,
                            int prefetch)
@@ -559,15 +593,30 @@ BLOCK void scale_products4(float pv[I8R_GCH][4], const float *const s[MAXR],
     }
 }
 
-/* q[r], s[r] = the weights and scales of row r0 + r (r < 4). */
+/* q[r], s[r] = the weights and scales of row r0 + r * stride (r < 4). */
 BLOCK void rows4_at(const int8_t *q[MAXR], const float *s[MAXR], const int8_t *Q,
-                    const float *S, uint32_t cols, uint32_t ng, uint32_t r0)
+                    const float *S, uint32_t cols, uint32_t ng, uint32_t r0,
+                    uint32_t stride)
 {
     UNROLL
     for (int r = 0; r < 4; r++) {
-        q[r] = Q + (size_t)(r0 + r) * cols;
-        s[r] = S + (size_t)(r0 + r) * ng;
+        q[r] = Q + (size_t)(r0 + (uint32_t)r * stride) * cols;
+        s[r] = S + (size_t)(r0 + (uint32_t)r * stride) * ng;
     }
+}
+
+/* y[r0 + r * stride] = lane r of acc (r < 4). */
+BLOCK void store_rows4(float *y, __m128 acc, uint32_t r0, uint32_t stride)
+{
+    if (stride == 1) {
+        _mm_storeu_ps(y + r0, acc);
+        return;
+    }
+    __attribute__((aligned(16))) float v[4];
+    _mm_store_ps(v, acc);
+    UNROLL
+    for (int r = 0; r < 4; r++)
+        y[r0 + (uint32_t)r * stride] = v[r];
 }
 
 /* acc + the 4 rows' group dots d[0..3] (exact hadd tree) times their scale
@@ -581,22 +630,23 @@ BLOCK __m128 add_group4(__m128 acc, const __m256i d[MAXR], const float p[4])
     return _mm_add_ps(acc, _mm_mul_ps(dots, _mm_load_ps(p)));
 }
 
-/* Y[t, r0 .. r0 + 4) for one token (xq [cols], xs [ng]): lanes are the 4
- * rows, each lane the row's ref-order sum over groups. Groups go in chunks of
+/* Y[t, r0 + k * stride] (k < 4) for one token (xq [cols], xs [ng]): lanes
+ * are the 4 rows, one from each stream (STREAMS), each lane the row's
+ * ref-order sum over groups. Groups go in chunks of
  * I8R_GCH: first the chunk's scale products (scale_products4, 4 KiB of stack
  * at most), then one simple loop per group does the integer dots, an exact
  * hadd tree over the 4 rows' lane vectors and ref's multiply and add. With
- * `prefetch`, the next 4 rows' weights and scales are requested into L2 at
+ * `prefetch`, each row's stream STREAM_PFB bytes on is requested into L2 at
  * the pace this block reads its own (PREFETCH at i8_matmul). 8 rows a block
  * (lanes of a 256-bit vector) did the same work with fewer instructions but
  * read memory slower: decode 10.2 against 12.4 GB/s at 2816 x 1024. */
 BLOCK void i8_rows4(const int vnni, float *y, const int8_t *Q, const float *S,
                     const int8_t *xq, const float *xs, uint32_t cols,
-                    uint32_t group, uint32_t ng, uint32_t r0, int prefetch)
+                    uint32_t group, uint32_t ng, uint32_t r0, uint32_t stride, int prefetch)
 {
     const int8_t *q[MAXR];
     const float *s[MAXR];
-    rows4_at(q, s, Q, S, cols, ng, r0);
+    rows4_at(q, s, Q, S, cols, ng, r0, stride);
     __attribute__((aligned(32))) float pv[I8R_GCH][4];
     __m128 acc = _mm_setzero_ps();
     for (uint32_t gc = 0; gc < ng; gc += I8R_GCH) {
@@ -609,17 +659,14 @@ BLOCK void i8_rows4(const int vnni, float *y, const int8_t *Q, const float *S,
                 for (uint32_t c = (c0 + 63) & ~63u; c < c1; c += 64)
                     UNROLL
                     for (int r = 0; r < 4; r++)
-                        _mm_prefetch((const char *)(q[r] + (size_t)4 * cols + c), _MM_HINT_T1);
+                        _mm_prefetch((const char *)(q[r] + STREAM_PFB + c), _MM_HINT_T1);
             __m256i d[MAXR];
             i8_group(vnni, 4, d, q, xq, c0, c1);
             acc = add_group4(acc, d, pv[g - gc]);
         }
     }
-    _mm_storeu_ps(y + r0, acc);
+    store_rows4(y, acc, r0, stride);
 }
-
-/* Rows ahead that i8_rows4_g32 prefetches into L2 (two blocks ahead). */
-enum { I8R_PF_ROWS = 8 };
 
 /* i8_rows4 for the converter's group of 32 columns with cols a multiple of
  * 32 (every matrix of a converted model): the same bits, one 32-byte load
@@ -632,12 +679,11 @@ enum { I8R_PF_ROWS = 8 };
  * (bench/results/FINDINGS.md 13). */
 BLOCK void i8_rows4_g32(const int vnni, float *y, const int8_t *Q, const float *S,
                         const int8_t *xq, const float *xs, uint32_t cols, uint32_t ng,
-                        uint32_t r0, int prefetch)
+                        uint32_t r0, uint32_t stride, int prefetch)
 {
     const int8_t *q[MAXR];
     const float *s[MAXR];
-    rows4_at(q, s, Q, S, cols, ng, r0);
-    const size_t qnext = (size_t)I8R_PF_ROWS * cols;
+    rows4_at(q, s, Q, S, cols, ng, r0, stride);
     __attribute__((aligned(32))) float pv[I8R_GCH][4];
     __m128 acc = _mm_setzero_ps();
     for (uint32_t gc = 0; gc < ng; gc += I8R_GCH) {
@@ -663,14 +709,14 @@ BLOCK void i8_rows4_g32(const int vnni, float *y, const int8_t *Q, const float *
             if (prefetch && c % 64 == 0)
                 UNROLL
                 for (int r = 0; r < 4; r++)
-                    _mm_prefetch((const char *)(q[r] + qnext + c), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(q[r] + STREAM_PFB + c), _MM_HINT_T1);
             UNROLL
             for (int r = 0; r < 4; r++)
                 d[r] = dot_acc(vnni, _mm256_setzero_si256(), _mm256_abs_epi8(qv[r]), qv[r], xv);
             acc = add_group4(acc, d, pv[g]);
         }
     }
-    _mm_storeu_ps(y + r0, acc);
+    store_rows4(y, acc, r0, stride);
 }
 
 /* Y[t, r] for a single row (the rows past the last whole block of 8):
@@ -908,16 +954,17 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
 
 /* Few tokens (decode): the dot-product form, token after token over row
  * panels that fit in L2 (so tokens after the first find the panel's weights
- * in cache), 4 rows at a time (i8_rows4, or i8_rows4_g32 for the
+ * in cache; one token: the whole matrix), 4 rows at a time, one from each
+ * quarter of the panel (STREAMS; i8_rows4, or i8_rows4_g32 for the
  * converter's group 32), the last rows % 4 one by one.
- * PREFETCH (decode): one token reads every weight once, row block after row
- * block, and a block of 4 rows x 1024 int8 columns is one 4 KiB page: the
- * hardware prefetchers stop at page boundaries and start again only after
- * a few misses, so without help each block waited for memory (int8 decode
- * read 7 GB/s of the machine's 13). Each block therefore requests the next
- * block's weights and scales into L2 as it goes: small-model int8 decode
- * 34 -> 46 tokens/s (bench/results/FINDINGS.md). fx_matmul does the same
- * for one float token (+5 %: float decode was already near the bandwidth).
+ * PREFETCH (decode): one token reads every weight once, and the hardware
+ * prefetchers stop at page boundaries and start again only after a few
+ * misses, so without help each block waited for memory (int8 decode read 7
+ * GB/s of the machine's 13). Each block therefore requests its streams'
+ * bytes STREAM_PFB ahead into L2 as it goes: small-model int8 decode 34 ->
+ * 46 tokens/s with adjacent rows (bench/results/FINDINGS.md), and 53 -> 88
+ * with four streams on Zen 3 (FINDINGS.md 14). fx_matmul and blk_matmul do
+ * the same for one token.
  * Many tokens (prefill, from I8G_MIN_N): the GEMM form (i8_gemm). Both are
  * bit-identical to ref, so which one runs, and how a caller splits rows or
  * tokens between calls, never changes a bit of Y. */
@@ -930,20 +977,23 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
         return;
     }
     const uint32_t ng = (cols + group - 1) / group;
-    const uint32_t pr = panel_rows(rows, cols);
+    const uint32_t pr = n == 1 ? rows : panel_rows(rows, cols);
     for (uint32_t p0 = 0; p0 < rows; p0 += pr) {
         const uint32_t pe = rows - p0 < pr ? rows : p0 + pr;
         for (uint32_t t = 0; t < n; t++) {
             float *y = Y + (size_t)t * rows;
             const int8_t *xq = XQ + (size_t)t * cols;
             const float *xs = XS + (size_t)t * ng;
-            uint32_t r = p0;
-            if (group == 32 && cols % 32 == 0)
-                for (; r + 4 <= pe; r += 4)
-                    i8_rows4_g32(vnni, y, Q, S, xq, xs, cols, ng, r,
-                                 r + 4 + I8R_PF_ROWS <= rows);
-            for (; r + 4 <= pe; r += 4)
-                i8_rows4(vnni, y, Q, S, xq, xs, cols, group, ng, r, r + 8 <= rows);
+            /* block i: rows p0 + i + k * quarter, k < 4 (STREAMS) */
+            const uint32_t quarter = (pe - p0) / 4;
+            for (uint32_t i = 0; i < quarter; i++) {
+                const int prefetch = i + 1 < quarter;
+                if (group == 32 && cols % 32 == 0)
+                    i8_rows4_g32(vnni, y, Q, S, xq, xs, cols, ng, p0 + i, quarter, prefetch);
+                else
+                    i8_rows4(vnni, y, Q, S, xq, xs, cols, group, ng, p0 + i, quarter, prefetch);
+            }
+            uint32_t r = p0 + 4 * quarter;
             for (; r < pe; r++)
                 i8_row1(vnni, y, Q, S, xq, xs, cols, group, ng, r);
         }
@@ -1370,14 +1420,20 @@ BLOCK void rows8_d_dmin(const uint8_t *const w[MAXR], size_t o, __m256 *dv, __m2
 
 /* Y[t0 + t, r0 + r] = lane t * R + r of v. */
 BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t rows,
-                      uint32_t r0, uint32_t t0)
+                      uint32_t r0, uint32_t t0, uint32_t stride)
 {
-    if (T == 1 && R == 8) {
+    if (T == 1 && R == 8 && stride == 1) {
         _mm256_storeu_ps(Y + (size_t)t0 * rows + r0, v);
         return;
     }
     float l[8];
     _mm256_storeu_ps(l, v);
+    if (T == 1 && stride != 1) { /* row r of the tile is r0 + r * stride */
+        UNROLL
+        for (int r = 0; r < R; r++)
+            Y[(size_t)t0 * rows + r0 + (uint32_t)r * stride] = l[r];
+        return;
+    }
     UNROLL
     for (int t = 0; t < T; t++)
         memcpy(Y + (size_t)(t0 + t) * rows + r0, l + t * R, (size_t)R * sizeof(float));
@@ -1395,14 +1451,18 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 
 /* Y[t0 .. t0 + T, r0 .. r0 + R) for blocks of dtype dt: per block the
  * integer results of all combos (q4_0_dots, q4k_sums, q6k_sums), then ref's
- * float update in lanes, blocks in order. With `prefetch`, the R rows' worth
- * of bytes from BT_PF_AHEAD past this tile (the next tile's weights onward,
- * contiguous; none past W's end) are requested into L2 at the pace this
- * tile reads its own: one tile's rows are a few KiB, and the hardware
- * prefetchers restart at every 4 KiB page (PREFETCH at i8_matmul). */
+ * float update in lanes, blocks in order. Row r of the tile is r0 + r *
+ * stride (a decode tile takes one row per stream, STREAMS). With
+ * `prefetch`, adjacent rows (stride 1) request the R rows' worth of bytes
+ * from BT_PF_AHEAD past this tile (the next tile's weights onward,
+ * contiguous; none past W's end), and a decode tile each row's stream
+ * STREAM_PFB bytes on, into L2 at the pace this tile reads its own: one
+ * tile's rows are a few KiB, and the hardware prefetchers restart at every
+ * 4 KiB page (PREFETCH at i8_matmul). */
 BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T, float *Y,
                     const uint8_t *W, const int8_t *XQ, const float *XS, const int16_t *XB,
-                    uint32_t rows, uint32_t nb, uint32_t r0, uint32_t t0, int prefetch)
+                    uint32_t rows, uint32_t nb, uint32_t r0, uint32_t stride, uint32_t t0,
+                    int prefetch)
 {
     const uint32_t bytes = BT_BYTES(dt), B = BT_COLS(dt);
     const size_t row_bytes = (size_t)nb * bytes;
@@ -1412,7 +1472,7 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     const float *xs[BT_MAXT];
     UNROLL
     for (int r = 0; r < R; r++)
-        w[r] = W + (size_t)(r0 + r) * row_bytes;
+        w[r] = W + (size_t)(r0 + (uint32_t)r * stride) * row_bytes;
     UNROLL
     for (int t = 0; t < T; t++) {
         x[t] = XQ + (size_t)(t0 + t) * nb * B;
@@ -1423,9 +1483,14 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     const size_t pf = (size_t)(r0 + R) * row_bytes + BT_PF_AHEAD, w_bytes = (size_t)rows * row_bytes;
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
+        if (prefetch && stride == 1 && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
                 _mm_prefetch((const char *)(W + pf + (size_t)b * R * bytes + o), _MM_HINT_T1);
+        if (prefetch && stride != 1) /* each row's stream, STREAM_PFB ahead */
+            UNROLL
+            for (int r = 0; r < R; r++)
+                for (uint32_t o = 0; o < bytes; o += 64)
+                    _mm_prefetch((const char *)(w[r] + (size_t)b * bytes + STREAM_PFB + o), _MM_HINT_T1);
         float xsb[BT_MAXT], d[MAXR];
         UNROLL
         for (int t = 0; t < T; t++)
@@ -1464,10 +1529,11 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
             acc = _mm256_add_ps(acc, _mm256_mul_ps(xsv, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(isum))));
         }
     }
-    store_tile(R, T, acc, Y, rows, r0, t0);
+    store_tile(R, T, acc, Y, rows, r0, t0, stride);
 }
 
-/* Tile shapes. Decode (one token): BT_DEC_R rows a tile, lanes along rows.
+/* Tile shapes. Decode (one token): BT_DEC_R rows a tile, one from each
+ * eighth of W (STREAMS), lanes along rows.
  * Several tokens: BT_R rows x BT_T tokens, each weight block unpacked once
  * per BT_T tokens. */
 /* (Measured on Zen 4, test_kernels --bench: decode R = 8 beat R = 4 by
@@ -1490,23 +1556,26 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
     const uint32_t nb = (cols + BT_COLS(dt) - 1) / BT_COLS(dt);
     uint32_t r = 0;
     if (n == 1) {
-        for (; r + BT_DEC_R <= rows; r += BT_DEC_R)
-            blk_tile(vnni, dt, BT_DEC_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 0, 1);
+        const uint32_t eighth = rows / BT_DEC_R;
+        for (; r < eighth; r++)
+            blk_tile(vnni, dt, BT_DEC_R, 1, Y, W, XQ, XS, XB, rows, nb, r, eighth, 0,
+                     r + 1 < eighth);
+        r = BT_DEC_R * eighth;
     }
     for (; r + BT_R <= rows; r += BT_R) {
         const int prefetch = r + 2 * BT_R <= rows;
         uint32_t t = 0;
         for (; t + BT_T <= n; t += BT_T)
-            blk_tile(vnni, dt, BT_R, BT_T, Y, W, XQ, XS, XB, rows, nb, r, t, prefetch && t == 0);
+            blk_tile(vnni, dt, BT_R, BT_T, Y, W, XQ, XS, XB, rows, nb, r, 1, t, prefetch && t == 0);
         for (; t < n; t++)
-            blk_tile(vnni, dt, BT_R, 1, Y, W, XQ, XS, XB, rows, nb, r, t, prefetch && t == 0);
+            blk_tile(vnni, dt, BT_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t, prefetch && t == 0);
     }
     for (; r < rows; r++) {
         uint32_t t = 0;
         for (; t + BT_MAXT <= n; t += BT_MAXT)
-            blk_tile(vnni, dt, 1, BT_MAXT, Y, W, XQ, XS, XB, rows, nb, r, t, 0);
+            blk_tile(vnni, dt, 1, BT_MAXT, Y, W, XQ, XS, XB, rows, nb, r, 1, t, 0);
         for (; t < n; t++)
-            blk_tile(vnni, dt, 1, 1, Y, W, XQ, XS, XB, rows, nb, r, t, 0);
+            blk_tile(vnni, dt, 1, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t, 0);
     }
 }
 
