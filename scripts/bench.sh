@@ -59,16 +59,30 @@ if [ "${1:-}" = --context ]; then
         "$LLAMA_CPP_PYTHON_VERSION" native
     exec "$py" bench/context.py "$@"
 fi
-if ! have llama_cpp_python "$LLAMA_CPP_PYTHON_VERSION"; then
-    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source (CPU only; several minutes)"
+# AVX-VNNI only where this CPU has it: a build with it dies on SIGILL on an
+# AVX2-only CPU (Zen 2/3), and one made on another machine is rebuilt here.
+# pip's wheel cache is keyed by the version, not by CMAKE_ARGS, so it is
+# never used for this build.
+avx_vnni=OFF
+grep -qw avx_vnni /proc/cpuinfo 2>/dev/null && avx_vnni=ON
+llama_vnni_mismatch() {
+    [ "$avx_vnni" = OFF ] && "$py" -c 'import llama_cpp, sys
+sys.exit(0 if b"AVX_VNNI = 1" in llama_cpp.llama_print_system_info() else 1)' 2>/dev/null
+}
+reinstall=()
+llama_vnni_mismatch && reinstall=(--force-reinstall --no-deps)
+if ! have llama_cpp_python "$LLAMA_CPP_PYTHON_VERSION" || [ ${#reinstall[@]} -gt 0 ]; then
+    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source (CPU only, AVX-VNNI $avx_vnni; several minutes)"
     # CPU back-end only; no CUDA/Metal/Vulkan/BLAS; no OpenMP so that the
     # ggml thread pool honours n_threads=1 without an idle spinning team.
-    # Same instruction set as Colibri's x86 kernels (AVX2 + FMA + F16C +
-    # AVX-VNNI), not -march=native: this CPU also has AVX-512 and AMX, which
-    # Colibri does not use, and the comparison is of engines, not of ISAs.
-    CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_BLAS=OFF -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_BMI2=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+    # Same instruction set as Colibri's x86 kernels (AVX2 + FMA + F16C, and
+    # AVX-VNNI where present), not -march=native: a CPU may also have
+    # AVX-512 and AMX, which Colibri's avx2 table does not use, and the
+    # comparison is of engines, not of ISAs.
+    CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_BLAS=OFF -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=$avx_vnni -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_BMI2=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
     CMAKE_BUILD_PARALLEL_LEVEL=2 \
-        pipq --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+        pipq --no-binary llama-cpp-python --no-cache-dir "${reinstall[@]}" \
+            "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
 fi
 "$py" -c 'import llama_cpp, gguf, matplotlib' \
     || { echo "[bench] bench packages did not install (see pip output above)" >&2; exit 1; }
