@@ -54,8 +54,10 @@ TARGET = Target(
         # so 392 KiB; the mapping of a warm file 389.3; the VPCLMULQDQ CRC
         # (16-21 GB/s against 9-10 on Zen 3), checks on the reader thread
         # and the resident part checked in two halves (a warm first token
-        # 0.35 -> 0.20 s, docs/STREAMING.md): 391.6, so 400 KiB. The
-        # embedded targets keep their own budgets.
+        # 0.35 -> 0.20 s, docs/STREAMING.md): 391.6, so 400 KiB; one decode
+        # row per memory stream (int8 decode 53 -> 96 tokens/s on Zen 3,
+        # bench/results/FINDINGS.md 14): 395.3. The embedded targets keep
+        # their own budgets.
         runtime=400 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)
         firmware_ram=16 << 20,    # data+bss (arena included)

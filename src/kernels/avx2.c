@@ -1449,6 +1449,28 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 #define BT_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 || (dt) == COLIBRI_DTYPE_Q5_0 ? CLB_Q4_0_COLS \
                      : CLB_QK_COLS)
 
+/* The bytes [off, off + n) of each of the R rows w[r] into L2: a decode
+ * tile's streams (STREAMS), once per block. Out of line: unrolled into
+ * each of the 13 block-type instances it cost 3 KiB of code, for no speed
+ * (a call per block of 256 columns). */
+static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const w[MAXR], int R,
+                                                           size_t off, uint32_t n)
+{
+    for (int r = 0; r < R; r++)
+        for (uint32_t o = 0; o < n; o += 64)
+            _mm_prefetch((const char *)(w[r] + off + o), _MM_HINT_T1);
+}
+
+/* Tile shapes. Decode (one token): BT_DEC_R rows a tile, one from each
+ * eighth of W (STREAMS), lanes along rows.
+ * Several tokens: BT_R rows x BT_T tokens, each weight block unpacked once
+ * per BT_T tokens. */
+/* (Measured on Zen 4, test_kernels --bench: decode R = 8 beat R = 4 by
+ * 1.3-1.8x on Q4_0 and Q6_K; for prefill 4 x 2 beat 2 x 4 and 8 x 1 on Q4_0
+ * and Q4_K, 2 x 4 was within noise on Q6_K. A gather for the rows' d lanes
+ * was slower than the scalar loads: Q4_0 prefill 100 -> 78 GOPS.) */
+enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
+
 /* Y[t0 .. t0 + T, r0 .. r0 + R) for blocks of dtype dt: per block the
  * integer results of all combos (q4_0_dots, q4k_sums, q6k_sums), then ref's
  * float update in lanes, blocks in order. Row r of the tile is r0 + r *
@@ -1470,9 +1492,11 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     const int8_t *x[BT_MAXT];
     const int16_t *xb[BT_MAXT];
     const float *xs[BT_MAXT];
+    /* a decode tile (a compile-time shape) is the only one with streams */
+    const int streams = R == BT_DEC_R && T == 1;
     UNROLL
     for (int r = 0; r < R; r++)
-        w[r] = W + (size_t)(r0 + (uint32_t)r * stride) * row_bytes;
+        w[r] = W + (size_t)(r0 + (uint32_t)r * (streams ? stride : 1u)) * row_bytes;
     UNROLL
     for (int t = 0; t < T; t++) {
         x[t] = XQ + (size_t)(t0 + t) * nb * B;
@@ -1483,14 +1507,11 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     const size_t pf = (size_t)(r0 + R) * row_bytes + BT_PF_AHEAD, w_bytes = (size_t)rows * row_bytes;
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        if (prefetch && stride == 1 && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
+        if (prefetch && streams)
+            prefetch_streams(w, R, (size_t)b * bytes + STREAM_PFB, bytes);
+        else if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
                 _mm_prefetch((const char *)(W + pf + (size_t)b * R * bytes + o), _MM_HINT_T1);
-        if (prefetch && stride != 1) /* each row's stream, STREAM_PFB ahead */
-            UNROLL
-            for (int r = 0; r < R; r++)
-                for (uint32_t o = 0; o < bytes; o += 64)
-                    _mm_prefetch((const char *)(w[r] + (size_t)b * bytes + STREAM_PFB + o), _MM_HINT_T1);
         float xsb[BT_MAXT], d[MAXR];
         UNROLL
         for (int t = 0; t < T; t++)
@@ -1529,18 +1550,8 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
             acc = _mm256_add_ps(acc, _mm256_mul_ps(xsv, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(isum))));
         }
     }
-    store_tile(R, T, acc, Y, rows, r0, t0, stride);
+    store_tile(R, T, acc, Y, rows, r0, t0, streams ? stride : 1u);
 }
-
-/* Tile shapes. Decode (one token): BT_DEC_R rows a tile, one from each
- * eighth of W (STREAMS), lanes along rows.
- * Several tokens: BT_R rows x BT_T tokens, each weight block unpacked once
- * per BT_T tokens. */
-/* (Measured on Zen 4, test_kernels --bench: decode R = 8 beat R = 4 by
- * 1.3-1.8x on Q4_0 and Q6_K; for prefill 4 x 2 beat 2 x 4 and 8 x 1 on Q4_0
- * and Q4_K, 2 x 4 was within noise on Q6_K. A gather for the rows' d lanes
- * was slower than the scalar loads: Q4_0 prefill 100 -> 78 GOPS.) */
-enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
 
 /* Y[n, rows] for blocks of dtype dt. Rows go in strips of R (whose weights,
  * a few KiB, stay in L1 while every token of the call passes over them), so
