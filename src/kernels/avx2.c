@@ -1431,7 +1431,7 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
     if (T == 1 && stride != 1) { /* row r of the tile is r0 + r * stride */
         UNROLL
         for (int r = 0; r < R; r++)
-            Y[(size_t)t0 * rows + r0 + (uint32_t)r * stride] = l[r];
+            Y[(size_t)t0 * rows + r0 + (size_t)r * stride] = l[r];
         return;
     }
     UNROLL
