@@ -97,23 +97,21 @@ BLOCK512 float hsum16(__m512 v)
  *   the 4 rows' 8 scales), F = float(C) * P lane by lane, and the 4 rows'
  *   running sums (one xmm) add F's 128-bit lanes in group order: ref's
  *   acc += float(dot) * (s * xs), unfused, groups in order.
- * Groups past the last whole chunk go one at a time (i8_group_tail).
- * The 4 lanes are 2 rows, each twice (r0, r0 + 1, r0, r0 + 1), and each
- * lane prefetches its row's lines ahead, so every line is asked for twice.
- * Measured on Zen 4 (bench/results/FINDINGS.md 12: int8 small model, one
- * thread, interleaved rounds, tokens/s): 4 distinct rows 65-79; 2 rows
- * twice 90-108; the same with each line prefetched once 86-95; a 2-row
- * form computing each row once (8 vpdpbusd an iteration, not 16) 74-92.
- * The second pass over lines already in L1 costs a memory-bound step
- * nothing; why the repeated prefetch helps is not pinned down (a prefetch
- * the core drops while its miss buffers are full gets a second chance?).
+ * Groups past the last whole chunk go one at a time (dot_tail).
+ * The 4 lanes are 4 rows, one from each quarter of W (avx2.c's STREAMS),
+ * and each row's stream is requested Z_STREAM_PFB bytes ahead into L2.
+ * Measured (bench/c/i8_matmul.c at 2816 x 1024 and 1024 x 2048 from DRAM,
+ * 2-core Intel Xeon, interleaved, weight GB/s; FINDINGS.md 15): adjacent
+ * rows r0, r0 + 1, each in two lanes, prefetched 8 rows ahead 9.0-9.5;
+ * rows i and i + rows/2, each twice, 13.0-13.4; four quarters 14.5-15.3,
+ * as fast as avx2.c's streams. (On Zen 4, before streams, the two rows
+ * twice had beaten 4 adjacent rows: FINDINGS.md 12.) Which rows share a
+ * block changes no bit: each is ref's operations in ref's order.
  */
 enum { ZG = 32, Z_MAXG = 2048 }; /* group size of this form; groups a row at most */
-/* Rows ahead that i8z_rows2 prefetches (into L2): 8, four blocks ahead.
- * End to end on the shared Zen 4 (decode, int8 small model, CPU time, 3
- * alternations each): 4 rows ahead 5-12 % slower than avx2-vnni, 8 rows
- * ahead level with it (0.93-1.03x); in cache the form is 1.7-2.2x faster. */
-enum { Z_PF_ROWS = 8 };
+/* Bytes ahead of each row's stream that i8z_rows4 prefetches: avx2.c's
+ * STREAM_PFB (512 and 2048 within 2 % of it on the Xeon). */
+enum { Z_STREAM_PFB = 1024 };
 
 /* 128 * sum of x[0 .. len) (len <= 32, masked-out bytes never read). */
 BLOCK512 int32_t bias_of(const int8_t *x, uint32_t len)
@@ -182,20 +180,22 @@ BLOCK512 __m512i dots4x4(const int8_t *const q[4], const __m512i xv[2], uint32_t
     return pair128(b[0], b[1]);
 }
 
-/* Y[r0], Y[r0 + 1] for one token with group 32, the 4 lanes rows r0,
- * r0 + 1, r0, r0 + 1: see the comment above. */
-BLOCK512 void i8z_rows2(float *y, const int8_t *Q, const float *S, const int8_t *xq,
+/* Y[i + k * quarter] (k < 4) for one token with group 32: see the
+ * comment above. With `prefetch`, each row's stream Z_STREAM_PFB bytes on
+ * (its scales one row on) is requested into L2, each line once. */
+BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t *xq,
                         const float *xs, const int32_t *xc, uint32_t cols, uint32_t ng,
-                        uint32_t r0, int prefetch)
+                        uint32_t i, uint32_t quarter, int prefetch)
 {
+    uint32_t row[4];
     const int8_t *q[4];
     const float *s[4];
     UNROLL
     for (int r = 0; r < 4; r++) {
-        q[r] = Q + (size_t)(r0 + (uint32_t)(r & 1)) * cols;
-        s[r] = S + (size_t)(r0 + (uint32_t)(r & 1)) * ng;
+        row[r] = i + (uint32_t)r * quarter;
+        q[r] = Q + (size_t)row[r] * cols;
+        s[r] = S + (size_t)row[r] * ng;
     }
-    const size_t qnext = (size_t)Z_PF_ROWS * cols, snext = (size_t)Z_PF_ROWS * ng;
     /* lane 4g + r of a scale vector <- [s0 g0..7 | s1 g0..7] (idx < 16) or
      * [s2 | s3] (idx 16..31); of the bias / xs vectors <- element g */
     const __m512i sidx_lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
@@ -206,16 +206,16 @@ BLOCK512 void i8z_rows2(float *y, const int8_t *Q, const float *S, const int8_t 
     uint32_t g = 0;
     for (; g + 8 <= ng && (g + 8) * ZG <= cols; g += 8) {
         const uint32_t c = g * ZG;
-        if (prefetch) {   /* per lane, so each line twice: measured, see above */
+        if (prefetch) {
             UNROLL
             for (int r = 0; r < 4; r++)
                 UNROLL
                 for (int l = 0; l < 4; l++)
-                    _mm_prefetch((const char *)(q[r] + qnext + c + 64 * l), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(q[r] + Z_STREAM_PFB + c + 64 * l), _MM_HINT_T1);
             if (g % 16 == 0)
                 UNROLL
                 for (int r = 0; r < 4; r++)
-                    _mm_prefetch((const char *)(s[r] + snext + g), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(s[r] + ng + g), _MM_HINT_T1);
         }
         const __m512i x0[2] = {_mm512_loadu_si512((const void *)(xq + c)),
                                _mm512_loadu_si512((const void *)(xq + c + 64))};
@@ -250,14 +250,15 @@ BLOCK512 void i8z_rows2(float *y, const int8_t *Q, const float *S, const int8_t 
     for (; g < ng; g++) { /* the rest, group by group (the last may be short) */
         const uint32_t c0 = g * ZG, len = cols - c0 < ZG ? cols - c0 : ZG;
         UNROLL
-        for (int r = 0; r < 2; r++)
+        for (int r = 0; r < 4; r++)
             a[r] += (float)dot_tail(q[r] + c0, xq + c0, len, xc[g]) * (s[r][g] * xs[g]);
     }
-    y[r0] = a[0];
-    y[r0 + 1] = a[1];
+    UNROLL
+    for (int r = 0; r < 4; r++)
+        y[row[r]] = a[r];
 }
 
-/* One row (the last of an odd count): ref's loop with exact dots. */
+/* One row (the last rows % 4): ref's loop with exact dots. */
 BLOCK512 void i8z_row1(float *y, const int8_t *Q, const float *S, const int8_t *xq,
                        const float *xs, const int32_t *xc, uint32_t cols, uint32_t ng,
                        uint32_t r)
@@ -291,10 +292,10 @@ TGT512 static void z_matmul_i8(float *Y, const int8_t *Q, const float *S, const 
         const float *xs = XS + (size_t)t * ng;
         for (uint32_t g = 0; g < ng; g++)
             xc[g] = bias_of(xq + g * ZG, cols - g * ZG < ZG ? cols - g * ZG : ZG);
-        uint32_t r = 0;
-        for (; r + 2 <= rows; r += 2)
-            i8z_rows2(y, Q, S, xq, xs, xc, cols, ng, r, r + 2 + Z_PF_ROWS <= rows);
-        for (; r < rows; r++)
+        const uint32_t quarter = rows / 4; /* block i: rows i + k * quarter */
+        for (uint32_t i = 0; i < quarter; i++)
+            i8z_rows4(y, Q, S, xq, xs, xc, cols, ng, i, quarter, i + 1 < quarter);
+        for (uint32_t r = 4 * quarter; r < rows; r++)
             i8z_row1(y, Q, S, xq, xs, xc, cols, ng, r);
     }
 }
@@ -695,6 +696,17 @@ BLOCK512 void zb_prefetch(const uint8_t *p, const uint8_t *end, int lines)
         _mm_prefetch((const char *)(p + 64 * l), _MM_HINT_T1);
 }
 
+/* The `bytes` at w[r] + off of each of the 8 rows into L2 (a decode
+ * tile's streams, Z_STREAM_PFB ahead). Out of line: a call per block costs
+ * nothing next to the block, and the tiles stay small. */
+static TGT512 __attribute__((noinline)) void zb_prefetch_rows(const uint8_t *const w[ZB_R], size_t off,
+                                                             uint32_t bytes)
+{
+    for (int r = 0; r < ZB_R; r++)
+        for (uint32_t o = 0; o < bytes; o += 64)
+            _mm_prefetch((const char *)(w[r] + off + o), _MM_HINT_T1);
+}
+
 /* The call's first tile and the prefetch distance, all at once. */
 BLOCK512 void zb_prefetch_start(const uint8_t *W, size_t bytes)
 {
@@ -750,16 +762,19 @@ BLOCK512 __m512i q4k_row(const uint8_t *q, __m512i br, const __m512i xv[4])
                                _mm512_shuffle_epi8(br, pick16x2(5, 7)));
 }
 
-/* y[0 .. 8) for one token: rows w[0..7] of nb Q4_K blocks. Per block: acc
- * += xs * (d * float(isum) - dmin * float(msum)), 8 rows in lanes. */
-BLOCK512 void q4k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
-                       const int16_t *xb, uint32_t nb, const uint8_t *pf, const uint8_t *pf_end)
+/* Lane r = y of row w[r] for one token, rows w[0..7] of nb Q4_K blocks.
+ * Per block: acc += xs * (d * float(isum) - dmin * float(msum)), 8 rows in
+ * lanes. With `prefetch`, each row's stream Z_STREAM_PFB bytes on. Out
+ * of line (also q6k_tile): decode and prefill's odd token share one copy. */
+static TGT512 __attribute__((noinline)) __m256 q4k_tile(const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
+                         const int16_t *xb, uint32_t nb, int prefetch)
 {
-    enum { BYTES = CLB_Q4_K_BYTES, PF_LINES = (ZB_R * CLB_Q4_K_BYTES + 63) / 64 };
+    enum { BYTES = CLB_Q4_K_BYTES };
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        zb_prefetch(pf + (size_t)b * ZB_R * BYTES, pf_end, PF_LINES);
         const size_t o = (size_t)b * BYTES;
+        if (prefetch)
+            zb_prefetch_rows(w, o + Z_STREAM_PFB, BYTES);
         const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
         const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
         const __m512i x2 = _mm512_loadu_si512((const void *)(x + 128)), x3 = _mm512_loadu_si512((const void *)(x + 192));
@@ -783,7 +798,7 @@ BLOCK512 void q4k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq,
         const __m256 mm = _mm256_mul_ps(rows8_f32(h0, h1, 1), _mm256_cvtepi32_ps(msum));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xs[b]), _mm256_sub_ps(dd, mm)));
     }
-    _mm256_storeu_ps(y, acc);
+    return acc;
 }
 
 /* One row's isum of a Q6_K block as 16 int32 lanes. Per half h (128
@@ -831,16 +846,18 @@ BLOCK512 __m512i q6k_row(const uint8_t *blk, const __m512i xv[4], __m512i nxb)
     return acc;
 }
 
-/* y[0 .. 8) for one token: rows w[0..7] of nb Q6_K blocks. Per block:
- * acc += xs * (d * float(isum)), 8 rows in lanes. */
-BLOCK512 void q6k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
-                       const int16_t *xb, uint32_t nb, const uint8_t *pf, const uint8_t *pf_end)
+/* Lane r = y of row w[r] for one token, rows w[0..7] of nb Q6_K blocks.
+ * Per block: acc += xs * (d * float(isum)), 8 rows in lanes. With
+ * `prefetch`, each row's stream Z_STREAM_PFB bytes on. */
+static TGT512 __attribute__((noinline)) __m256 q6k_tile(const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
+                         const int16_t *xb, uint32_t nb, int prefetch)
 {
-    enum { BYTES = CLB_Q6_K_BYTES, PF_LINES = (ZB_R * CLB_Q6_K_BYTES + 63) / 64 };
+    enum { BYTES = CLB_Q6_K_BYTES };
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        zb_prefetch(pf + (size_t)b * ZB_R * BYTES, pf_end, PF_LINES);
         const size_t o = (size_t)b * BYTES;
+        if (prefetch)
+            zb_prefetch_rows(w, o + Z_STREAM_PFB, BYTES);
         const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
         const __m512i xv[4] = {_mm512_loadu_si512((const void *)x), _mm512_loadu_si512((const void *)(x + 64)),
                                _mm512_loadu_si512((const void *)(x + 128)),
@@ -856,7 +873,7 @@ BLOCK512 void q6k_tile(float *y, const uint8_t *const w[ZB_R], const int8_t *xq,
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xs[b]),
                                                _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum))));
     }
-    _mm256_storeu_ps(y, acc);
+    return acc;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1107,8 +1124,8 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
         _mm256_storeu_ps(y[t], acc[t]);
 }
 
-/* Y[n, rows] for block dtype dt (Q4_K or Q6_K): strips of 8 rows, token
- * pairs over each strip, a last odd token (a decode's one) by the decode
+/* Y[n, rows] for block dtype dt (Q4_K or Q6_K), n > 1: strips of 8 rows,
+ * token quads and pairs over each strip, a last odd token by the decode
  * tile; the strip's first tile streams the bytes from ZB_PF_AHEAD past the
  * next strip on. Returns the rows done (whole strips; the caller takes the
  * rest). */
@@ -1151,16 +1168,43 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
             zb_tile2(dt, Y + (size_t)t * rows + (size_t)s * ZB_R, Y + (size_t)(t + 1) * rows + (size_t)s * ZB_R,
                      w, xq, xs, xb, nb, t == 0 ? pf : end, end);
         }
-        if (t < n) {
-            float *y = Y + (size_t)t * rows + (size_t)s * ZB_R;
-            const uint8_t *p = t == 0 ? pf : end;
-            if (dt == COLIBRI_DTYPE_Q4_K)
-                q4k_tile(y, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, p, end);
-            else
-                q6k_tile(y, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, p, end);
-        }
+        if (t < n) /* the strip is in L1 by now: no prefetch */
+            _mm256_storeu_ps(Y + (size_t)t * rows + (size_t)s * ZB_R,
+                             dt == COLIBRI_DTYPE_Q4_K
+                                 ? q4k_tile(w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, 0)
+                                 : q6k_tile(w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, 0));
     }
     return tiles * ZB_R;
+}
+
+/* Y[rows] for one token (decode), block dtype dt: tile s takes row s of
+ * each eighth of the first 8 * (rows / 8) rows (avx2.c's STREAMS), each
+ * row's stream prefetched Z_STREAM_PFB ahead. Returns the rows done. */
+BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
+                            const float *XS, const int16_t *XB, uint32_t rows, uint32_t cols)
+{
+    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    const size_t row_bytes = (size_t)nb * bytes;
+    const uint32_t eighth = rows / ZB_R;
+    const uint8_t *w[ZB_R];
+    UNROLL
+    for (int r = 0; r < ZB_R; r++)
+        w[r] = W + (size_t)r * eighth * row_bytes;
+    if (eighth > 0)
+        zb_prefetch_rows(w, 0, Z_STREAM_PFB);
+    for (uint32_t s = 0; s < eighth; s++) {
+        const int prefetch = s + 1 < eighth;
+        float y[ZB_R];
+        _mm256_storeu_ps(y, dt == COLIBRI_DTYPE_Q4_K ? q4k_tile(w, XQ, XS, XB, nb, prefetch)
+                                                     : q6k_tile(w, XQ, XS, XB, nb, prefetch));
+        UNROLL
+        for (int r = 0; r < ZB_R; r++) {
+            Y[s + (uint32_t)r * eighth] = y[r];
+            w[r] += row_bytes;
+        }
+    }
+    return eighth * ZB_R;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1215,7 +1259,8 @@ BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int
 {
     const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
-    const uint32_t done = zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols);
+    const uint32_t done = n == 1 ? zb_decode(dt, Y, W, XQ, XS, XB, rows, cols)
+                                 : zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols);
     if (done == rows)
         return;
     const colibri_kernels *k = base();
