@@ -56,7 +56,9 @@ TARGET = Target(
         # and the resident part checked in two halves (a warm first token
         # 0.35 -> 0.20 s, docs/STREAMING.md): 391.6, so 400 KiB; one decode
         # row per memory stream (int8 decode 53 -> 96 tokens/s on Zen 3,
-        # bench/results/FINDINGS.md 14): 395.3. The embedded targets keep
+        # bench/results/FINDINGS.md 14): 395.3; the int8 KV row in one
+        # load and avx512.c's decode streams (Xeon q4 decode 88.5 -> 135.3
+        # tokens/s, FINDINGS.md 15): 397.7. The embedded targets keep
         # their own budgets.
         runtime=400 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)
