@@ -78,12 +78,12 @@ enum { MAXR = 8, MAXT = 4 };
  * one: the hardware prefetchers keep more lines in flight for more
  * streams. A decode block of 4 or 8 rows therefore takes one row from each
  * quarter (eighth) of W, not adjacent rows, so each of its rows walks its
- * own sequential stream, and requests its stream's bytes STREAM_PFB ahead:
+ * own sequential stream, and requests its stream's bytes CLB_STREAM_PFB
+ * ahead (kernels.h):
  * int8 decode 11 -> 19 GB/s at 2816 x 1024 (bench/c/i8_matmul.c), small
  * model int8 decode 53 -> 88 tokens/s (bench/results/FINDINGS.md 14).
  * Every row is still computed by ref's operations in ref's order: which
  * rows share a block changes no bit. */
-#define STREAM_PFB 1024u
 
 /* mask_tab + 8 - k gives a load mask whose first k int32 lanes are set. */
 static const int32_t mask_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
@@ -111,10 +111,24 @@ TGT static inline float hsum1(__m256 a)
     return _mm_cvtss_f32(s);
 }
 
+/* y[r0 + r * stride] = lane r of acc (r < 4). */
+BLOCK void store_rows4(float *y, __m128 acc, uint32_t r0, uint32_t stride)
+{
+    if (stride == 1) {
+        _mm_storeu_ps(y + r0, acc);
+        return;
+    }
+    __attribute__((aligned(16))) float v[4];
+    _mm_store_ps(v, acc);
+    UNROLL
+    for (int r = 0; r < 4; r++)
+        y[r0 + (uint32_t)r * stride] = v[r];
+}
+
 /* Store acc[r][t] horizontally summed (times scale[r * stride] when scale is
  * given) into Y[t0 + t, r0 + r * stride], or add it there when `add` (a
  * later column chunk). Rows are adjacent (stride 1) or one per stream of a
- * decode (stride > 1, one token, no add: see STREAM_PFB). */
+ * decode (stride > 1, one token, no add: see CLB_STREAM_PFB). */
 BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
                        float *Y, uint32_t rows, uint32_t r0, uint32_t t0,
                        const float *scale, int add, uint32_t stride)
@@ -127,16 +141,12 @@ BLOCK void store_block(const int R, const int T, __m256 acc[MAXR][MAXT],
         for (; r + 4 <= R; r += 4) {
             __m128 v = hsum4(acc[r][t], acc[r + 1][t], acc[r + 2][t], acc[r + 3][t]);
             if (stride != 1) {
-                __attribute__((aligned(16))) float l[4];
                 if (scale)
                     v = _mm_mul_ps(v, _mm_setr_ps(scale[(uint32_t)r * stride],
                                                   scale[(uint32_t)(r + 1) * stride],
                                                   scale[(uint32_t)(r + 2) * stride],
                                                   scale[(uint32_t)(r + 3) * stride]));
-                _mm_store_ps(l, v);
-                UNROLL
-                for (int k = 0; k < 4; k++)
-                    y[(uint32_t)(r + k) * stride] = l[k];
+                store_rows4(y, v, (uint32_t)r * stride, stride);
                 continue;
             }
             if (scale)
@@ -204,7 +214,7 @@ BLOCK void fx_step(const int i16, const int R, const int T, __m256 acc[MAXR][MAX
  * One accumulator per (row, token). Row r of the block is r0 + r * stride
  * (1: adjacent rows; a decode takes one row per stream, STREAMS). With
  * `prefetch`, the same columns of the next R rows (stride 1) or each row's
- * own stream STREAM_PFB bytes on are requested into L2 at the pace this
+ * own stream CLB_STREAM_PFB bytes on are requested into L2 at the pace this
  * block reads its own (one line per row per 64 bytes), so the next strip's
  * pages are walked and its lines on their way before the strip starts
  * (fx_strip). */
@@ -232,8 +242,8 @@ BLOCK void fx_block(const int i16, const int R, const int T, float *Y,
 
     uint32_t c = c0;
     if (prefetch) {
-        /* stride 1: the same columns of row r + R; else STREAM_PFB on */
-        const size_t next = stride == 1 ? (size_t)R * cols * esz : (size_t)STREAM_PFB;
+        /* stride 1: the same columns of row r + R; else CLB_STREAM_PFB on */
+        const size_t next = stride == 1 ? (size_t)R * cols * esz : (size_t)CLB_STREAM_PFB;
         for (; c + line_cols <= c1; c += line_cols) {
             UNROLL
             for (int r = 0; r < R; r++)
@@ -309,7 +319,7 @@ BLOCK void fx_strip(const int i16, const int R, float *Y, const void *W,
 BLOCK void fx_matmul(const int i16, float *Y, const void *W, const float *S,
                      const float *X, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    if (n == 1) { /* 8 rows, one from each eighth of W (STREAM_PFB) */
+    if (n == 1) { /* 8 rows, one from each eighth of W (CLB_STREAM_PFB) */
         const uint32_t eighth = rows / 8;
         uint32_t r = 0;
         for (; r < eighth; r++)
@@ -605,20 +615,6 @@ BLOCK void rows4_at(const int8_t *q[MAXR], const float *s[MAXR], const int8_t *Q
     }
 }
 
-/* y[r0 + r * stride] = lane r of acc (r < 4). */
-BLOCK void store_rows4(float *y, __m128 acc, uint32_t r0, uint32_t stride)
-{
-    if (stride == 1) {
-        _mm_storeu_ps(y + r0, acc);
-        return;
-    }
-    __attribute__((aligned(16))) float v[4];
-    _mm_store_ps(v, acc);
-    UNROLL
-    for (int r = 0; r < 4; r++)
-        y[r0 + (uint32_t)r * stride] = v[r];
-}
-
 /* acc + the 4 rows' group dots d[0..3] (exact hadd tree) times their scale
  * products p: ref's multiply then add, one group, 4 rows in the lanes. */
 BLOCK __m128 add_group4(__m128 acc, const __m256i d[MAXR], const float p[4])
@@ -636,7 +632,7 @@ BLOCK __m128 add_group4(__m128 acc, const __m256i d[MAXR], const float p[4])
  * I8R_GCH: first the chunk's scale products (scale_products4, 4 KiB of stack
  * at most), then one simple loop per group does the integer dots, an exact
  * hadd tree over the 4 rows' lane vectors and ref's multiply and add. With
- * `prefetch`, each row's stream STREAM_PFB bytes on is requested into L2 at
+ * `prefetch`, each row's stream CLB_STREAM_PFB bytes on is requested into L2 at
  * the pace this block reads its own (PREFETCH at i8_matmul). 8 rows a block
  * (lanes of a 256-bit vector) did the same work with fewer instructions but
  * read memory slower: decode 10.2 against 12.4 GB/s at 2816 x 1024. */
@@ -659,7 +655,7 @@ BLOCK void i8_rows4(const int vnni, float *y, const int8_t *Q, const float *S,
                 for (uint32_t c = (c0 + 63) & ~63u; c < c1; c += 64)
                     UNROLL
                     for (int r = 0; r < 4; r++)
-                        _mm_prefetch((const char *)(q[r] + STREAM_PFB + c), _MM_HINT_T1);
+                        _mm_prefetch((const char *)(q[r] + CLB_STREAM_PFB + c), _MM_HINT_T1);
             __m256i d[MAXR];
             i8_group(vnni, 4, d, q, xq, c0, c1);
             acc = add_group4(acc, d, pv[g - gc]);
@@ -709,7 +705,7 @@ BLOCK void i8_rows4_g32(const int vnni, float *y, const int8_t *Q, const float *
             if (prefetch && c % 64 == 0)
                 UNROLL
                 for (int r = 0; r < 4; r++)
-                    _mm_prefetch((const char *)(q[r] + STREAM_PFB + c), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(q[r] + CLB_STREAM_PFB + c), _MM_HINT_T1);
             UNROLL
             for (int r = 0; r < 4; r++)
                 d[r] = dot_acc(vnni, _mm256_setzero_si256(), _mm256_abs_epi8(qv[r]), qv[r], xv);
@@ -961,7 +957,7 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
  * prefetchers stop at page boundaries and start again only after a few
  * misses, so without help each block waited for memory (int8 decode read 7
  * GB/s of the machine's 13). Each block therefore requests its streams'
- * bytes STREAM_PFB ahead into L2 as it goes: small-model int8 decode 34 ->
+ * bytes CLB_STREAM_PFB ahead into L2 as it goes: small-model int8 decode 34 ->
  * 46 tokens/s with adjacent rows (bench/results/FINDINGS.md), and 53 -> 88
  * with four streams on Zen 3 (FINDINGS.md 14). fx_matmul and blk_matmul do
  * the same for one token.
@@ -1478,7 +1474,7 @@ enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
  * `prefetch`, adjacent rows (stride 1) request the R rows' worth of bytes
  * from BT_PF_AHEAD past this tile (the next tile's weights onward,
  * contiguous; none past W's end), and a decode tile each row's stream
- * STREAM_PFB bytes on, into L2 at the pace this tile reads its own: one
+ * CLB_STREAM_PFB bytes on, into L2 at the pace this tile reads its own: one
  * tile's rows are a few KiB, and the hardware prefetchers restart at every
  * 4 KiB page (PREFETCH at i8_matmul). */
 BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T, float *Y,
@@ -1508,7 +1504,7 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         if (prefetch && streams)
-            prefetch_streams(w, R, (size_t)b * bytes + STREAM_PFB, bytes);
+            prefetch_streams(w, R, (size_t)b * bytes + CLB_STREAM_PFB, bytes);
         else if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
                 _mm_prefetch((const char *)(W + pf + (size_t)b * R * bytes + o), _MM_HINT_T1);

@@ -99,7 +99,7 @@ BLOCK512 float hsum16(__m512 v)
  *   acc += float(dot) * (s * xs), unfused, groups in order.
  * Groups past the last whole chunk go one at a time (dot_tail).
  * The 4 lanes are 4 rows, one from each quarter of W (avx2.c's STREAMS),
- * and each row's stream is requested Z_STREAM_PFB bytes ahead into L2.
+ * and each row's stream is requested CLB_STREAM_PFB bytes ahead into L2.
  * Measured (bench/c/i8_matmul.c at 2816 x 1024 and 1024 x 2048 from DRAM,
  * 2-core Intel Xeon, interleaved, weight GB/s; FINDINGS.md 15): adjacent
  * rows r0, r0 + 1, each in two lanes, prefetched 8 rows ahead 9.0-9.5;
@@ -109,9 +109,6 @@ BLOCK512 float hsum16(__m512 v)
  * block changes no bit: each is ref's operations in ref's order.
  */
 enum { ZG = 32, Z_MAXG = 2048 }; /* group size of this form; groups a row at most */
-/* Bytes ahead of each row's stream that i8z_rows4 prefetches: avx2.c's
- * STREAM_PFB (512 and 2048 within 2 % of it on the Xeon). */
-enum { Z_STREAM_PFB = 1024 };
 
 /* 128 * sum of x[0 .. len) (len <= 32, masked-out bytes never read). */
 BLOCK512 int32_t bias_of(const int8_t *x, uint32_t len)
@@ -181,7 +178,7 @@ BLOCK512 __m512i dots4x4(const int8_t *const q[4], const __m512i xv[2], uint32_t
 }
 
 /* Y[i + k * quarter] (k < 4) for one token with group 32: see the
- * comment above. With `prefetch`, each row's stream Z_STREAM_PFB bytes on
+ * comment above. With `prefetch`, each row's stream CLB_STREAM_PFB bytes on
  * (its scales one row on) is requested into L2, each line once. */
 BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t *xq,
                         const float *xs, const int32_t *xc, uint32_t cols, uint32_t ng,
@@ -211,7 +208,7 @@ BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t 
             for (int r = 0; r < 4; r++)
                 UNROLL
                 for (int l = 0; l < 4; l++)
-                    _mm_prefetch((const char *)(q[r] + Z_STREAM_PFB + c + 64 * l), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(q[r] + CLB_STREAM_PFB + c + 64 * l), _MM_HINT_T1);
             if (g % 16 == 0)
                 UNROLL
                 for (int r = 0; r < 4; r++)
@@ -697,7 +694,7 @@ BLOCK512 void zb_prefetch(const uint8_t *p, const uint8_t *end, int lines)
 }
 
 /* The `bytes` at w[r] + off of each of the 8 rows into L2 (a decode
- * tile's streams, Z_STREAM_PFB ahead). Out of line: a call per block costs
+ * tile's streams, CLB_STREAM_PFB ahead). Out of line: a call per block costs
  * nothing next to the block, and the tiles stay small. */
 static TGT512 __attribute__((noinline)) void zb_prefetch_rows(const uint8_t *const w[ZB_R], size_t off,
                                                              uint32_t bytes)
@@ -764,7 +761,7 @@ BLOCK512 __m512i q4k_row(const uint8_t *q, __m512i br, const __m512i xv[4])
 
 /* Lane r = y of row w[r] for one token, rows w[0..7] of nb Q4_K blocks.
  * Per block: acc += xs * (d * float(isum) - dmin * float(msum)), 8 rows in
- * lanes. With `prefetch`, each row's stream Z_STREAM_PFB bytes on. Out
+ * lanes. With `prefetch`, each row's stream CLB_STREAM_PFB bytes on. Out
  * of line (also q6k_tile): decode and prefill's odd token share one copy. */
 static TGT512 __attribute__((noinline)) __m256 q4k_tile(const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
                          const int16_t *xb, uint32_t nb, int prefetch)
@@ -774,7 +771,7 @@ static TGT512 __attribute__((noinline)) __m256 q4k_tile(const uint8_t *const w[Z
     for (uint32_t b = 0; b < nb; b++) {
         const size_t o = (size_t)b * BYTES;
         if (prefetch)
-            zb_prefetch_rows(w, o + Z_STREAM_PFB, BYTES);
+            zb_prefetch_rows(w, o + CLB_STREAM_PFB, BYTES);
         const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
         const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
         const __m512i x2 = _mm512_loadu_si512((const void *)(x + 128)), x3 = _mm512_loadu_si512((const void *)(x + 192));
@@ -848,7 +845,7 @@ BLOCK512 __m512i q6k_row(const uint8_t *blk, const __m512i xv[4], __m512i nxb)
 
 /* Lane r = y of row w[r] for one token, rows w[0..7] of nb Q6_K blocks.
  * Per block: acc += xs * (d * float(isum)), 8 rows in lanes. With
- * `prefetch`, each row's stream Z_STREAM_PFB bytes on. */
+ * `prefetch`, each row's stream CLB_STREAM_PFB bytes on. */
 static TGT512 __attribute__((noinline)) __m256 q6k_tile(const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
                          const int16_t *xb, uint32_t nb, int prefetch)
 {
@@ -857,7 +854,7 @@ static TGT512 __attribute__((noinline)) __m256 q6k_tile(const uint8_t *const w[Z
     for (uint32_t b = 0; b < nb; b++) {
         const size_t o = (size_t)b * BYTES;
         if (prefetch)
-            zb_prefetch_rows(w, o + Z_STREAM_PFB, BYTES);
+            zb_prefetch_rows(w, o + CLB_STREAM_PFB, BYTES);
         const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
         const __m512i xv[4] = {_mm512_loadu_si512((const void *)x), _mm512_loadu_si512((const void *)(x + 64)),
                                _mm512_loadu_si512((const void *)(x + 128)),
@@ -1179,7 +1176,7 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
 
 /* Y[rows] for one token (decode), block dtype dt: tile s takes row s of
  * each eighth of the first 8 * (rows / 8) rows (avx2.c's STREAMS), each
- * row's stream prefetched Z_STREAM_PFB ahead. Returns the rows done. */
+ * row's stream prefetched CLB_STREAM_PFB ahead. Returns the rows done. */
 BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                             const float *XS, const int16_t *XB, uint32_t rows, uint32_t cols)
 {
@@ -1192,7 +1189,7 @@ BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const
     for (int r = 0; r < ZB_R; r++)
         w[r] = W + (size_t)r * eighth * row_bytes;
     if (eighth > 0)
-        zb_prefetch_rows(w, 0, Z_STREAM_PFB);
+        zb_prefetch_rows(w, 0, CLB_STREAM_PFB);
     for (uint32_t s = 0; s < eighth; s++) {
         const int prefetch = s + 1 < eighth;
         float y[ZB_R];

@@ -53,6 +53,13 @@ typedef struct clb_att_args {
 /* Positions per block of the attention schedule (ref.c clb_ref_attend). */
 #define CLB_ATT_BLOCK 16u
 
+/* Bytes ahead of each weight row's stream that a one-token (decode)
+ * matmul requests into L2, in the forms that take one row per memory
+ * stream (avx2.c STREAMS, avx512.c). Measured on Zen 3 and an Intel Xeon:
+ * 512 B and 2 KiB within 2-5 % of it, none and 4 KiB slower
+ * (bench/results/FINDINGS.md 14, 15). */
+#define CLB_STREAM_PFB 1024u
+
 /* Several queries over the same cached positions (clb_att_args without
  * q and n): the heads of one GQA group, for one or more rows of one
  * sequence. Query (i, g), i < nr rows, g < nh heads, is the d floats at
