@@ -446,7 +446,9 @@ def test_cli_convert_with_options(hf_checkpoint, tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line_exit_2(hf_checkpoint, tmp_path, capsys):
-    rc = cli.main(["convert", str(hf_checkpoint("tiny")), "-o", str(tmp_path / "x.colibri"),
+    src = hf_checkpoint("tiny")
+    capsys.readouterr()   # what making the checkpoint printed (transformers' progress bar)
+    rc = cli.main(["convert", str(src), "-o", str(tmp_path / "x.colibri"),
                    "--num-experts", "3"])
     err = capsys.readouterr().err
     assert rc == 2
