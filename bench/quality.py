@@ -67,15 +67,22 @@ from bench import gguf_export, models  # noqa: E402
 
 LLAMA_BIN = ROOT / "build" / "bench" / "llama.cpp" / "native" / "bin"
 DEMO_DIR = ROOT / "models" / "demo"
-SUBJECTS = {  # name -> tokens per chunk, chunks (None: as many as the text gives)
-    "demo": dict(n_ctx=128, n_chunk=None),
-    "tiny": dict(n_ctx=64, n_chunk=8),
-    "wide": dict(n_ctx=64, n_chunk=8),
-    "k256": dict(n_ctx=64, n_chunk=8),
-    "mid": dict(n_ctx=128, n_chunk=4),
+# name -> tokens per chunk, chunks. A mean KL is carried by its few large
+# values (a token that swaps experts), so the sample is as large as the run
+# time allows: its standard error is in the report. `calibrated`: the model
+# has calibration text (the demo's training documents), so both engines are
+# also measured with an importance matrix from it.
+SUBJECTS = {
+    "demo": dict(n_ctx=128, n_chunk=64, calibrated=True),
+    "tiny": dict(n_ctx=64, n_chunk=32, calibrated=False),
+    "wide": dict(n_ctx=64, n_chunk=32, calibrated=False),
+    "k256": dict(n_ctx=64, n_chunk=32, calibrated=False),
+    "mid": dict(n_ctx=128, n_chunk=16, calibrated=False),
 }
 GGUF_TYPES = ("Q8_0", "Q4_K_M", "Q4_0")      # llama-quantize's names
+GGUF_IMATRIX_TYPES = ("Q4_K_M",)             # also made with the importance matrix
 COLIBRI_QUANTS = ("f32", "int8", "q4")
+IMATRIX = "+imatrix"                         # the suffix of a calibrated row's quant
 LN2 = math.log(2.0)
 
 
@@ -113,13 +120,23 @@ def _demo_eval():
     return demo_eval
 
 
-def token_chunks(name: str, vocab: int, n_ctx: int, n_chunk: int | None):
-    """(ids [n_chunk, n_ctx] int32, bytes per vocabulary piece [V] or None)."""
+def token_chunks(name: str, vocab: int, n_ctx: int, n_chunk: int):
+    """(ids [n_chunk, n_ctx] int32, bytes per vocabulary piece [V] or None).
+    Demo: the held-out documents (Debian's python3.11-doc, which
+    scripts/setup.sh installs) tokenised whole by the checkpoint's tokenizer,
+    n_chunk windows evenly spaced over them."""
     if name == "demo":
         ev = _demo_eval()
-        ids = np.concatenate(ev.window_ids(ev.load_windows()))
-        n = len(ids) // n_ctx if n_chunk is None else n_chunk
-        return ids[:n * n_ctx].reshape(n, n_ctx).astype(np.int32), np.asarray(ev.piece_lengths())
+        corpus = ev.corpus                     # models/demo/prepare_corpus.py
+        try:
+            _, heldout = corpus.split()
+        except corpus.CorpusError as exc:
+            raise SystemExit(f"quality: {exc}") from None
+        tokens = np.array(ev.train_tokenizer.encode_bytes(ev.tokenizer(), corpus.join(heldout)),
+                          dtype=np.int32)
+        starts = [i * (len(tokens) - n_ctx) // (n_chunk - 1) for i in range(n_chunk)]
+        return (np.stack([tokens[s:s + n_ctx] for s in starts]),
+                np.asarray(ev.piece_lengths()))
     rng = np.random.default_rng([7, vocab, n_ctx])
     return rng.integers(0, vocab, size=(n_chunk, n_ctx), dtype=np.int32), None
 
@@ -138,9 +155,24 @@ def llama_tool(tool: str) -> Path:
     return p
 
 
-def make_ggufs(hf_dir: Path, out_dir: Path) -> dict[str, Path]:
+def llama_quantize(src: Path, dst: Path, qtype: str, log_path: Path, imatrix=None) -> None:
+    """`llama-quantize [--imatrix FILE] SRC DST QTYPE 1`, written via a .part file."""
+    tmp = dst.with_suffix(".part")
+    cmd = ["nice", "-n", "10", str(llama_tool("llama-quantize"))]
+    cmd += ["--imatrix", str(imatrix)] if imatrix else []
+    r = subprocess.run(cmd + [str(src), str(tmp), qtype, "1"],
+                       capture_output=True, text=True, errors="replace")
+    if r.returncode:
+        raise RuntimeError(f"llama-quantize {qtype} failed:\n{(r.stderr or r.stdout)[-2000:]}")
+    log_path.write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+    tmp.rename(dst)
+
+
+def make_ggufs(hf_dir: Path, out_dir: Path, imatrix: Path | None = None) -> dict[str, Path]:
     """{"f32": ..., "Q8_0": ..., "Q4_K_M": ..., "Q4_0": ...} (cached: the f32 file
-    and the llama-quantize outputs only depend on the checkpoint and llama.cpp)."""
+    and the llama-quantize outputs only depend on the checkpoint and llama.cpp),
+    and with `imatrix` (llama.cpp's imatrix file) "Q4_K_M+imatrix" (made anew:
+    the importance matrix comes from our reference)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"f32": out_dir / "model-f32.gguf"}
     if not files["f32"].exists():
@@ -153,14 +185,12 @@ def make_ggufs(hf_dir: Path, out_dir: Path) -> dict[str, Path]:
         if files[t].exists():
             continue
         log(f"  llama-quantize {t} -> {files[t].name}")
-        tmp = files[t].with_suffix(".part")
-        r = subprocess.run(["nice", "-n", "10", str(llama_tool("llama-quantize")),
-                            str(files["f32"]), str(tmp), t, "1"],
-                           capture_output=True, text=True, errors="replace")
-        if r.returncode:
-            raise RuntimeError(f"llama-quantize {t} failed:\n{(r.stderr or r.stdout)[-2000:]}")
-        (out_dir / f"quantize-{t.lower()}.log").write_text(r.stdout + r.stderr)
-        tmp.rename(files[t])
+        llama_quantize(files["f32"], files[t], t, out_dir / f"quantize-{t.lower()}.log")
+    for t in GGUF_IMATRIX_TYPES if imatrix else ():
+        files[t + IMATRIX] = out_dir / f"model-{t.lower()}-imatrix.gguf"
+        log(f"  llama-quantize --imatrix {t} -> {files[t + IMATRIX].name}")
+        llama_quantize(files["f32"], files[t + IMATRIX], t,
+                       out_dir / f"quantize-{t.lower()}-imatrix.log", imatrix)
     return files
 
 
@@ -180,19 +210,84 @@ def gguf_tensor_bits(path: Path) -> dict:
 
 # --- Colibri files ------------------------------------------------------------
 
-def make_colibri(hf_dir: Path, out_dir: Path, n_ctx: int) -> dict[str, Path]:
-    """`colibri convert --quant Q` for every Q (in-process: the command's own code)."""
+def make_colibri(hf_dir: Path, out_dir: Path, n_ctx: int,
+                 imatrix: Path | None = None) -> dict[str, Path]:
+    """`colibri convert --quant Q` for every Q (in-process: the command's own
+    code), and with `imatrix` (`colibri imatrix`'s file) q4 with it too."""
     from colibri import cli
     out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(q, []) for q in COLIBRI_QUANTS]
+    jobs += [("q4" + IMATRIX, ["--imatrix", str(imatrix)])] if imatrix else []
     files = {}
-    for q in COLIBRI_QUANTS:
-        files[q] = out_dir / f"model-{q}.colibri"
-        log(f"  colibri convert --quant {q} -> {files[q].name}")
-        rc = cli.main(["convert", str(hf_dir), "-o", str(files[q]), "--quant", q,
-                       "--max-seq-len", str(n_ctx), "-q"])
+    for name, extra in jobs:
+        files[name] = out_dir / f"model-{name.replace(IMATRIX, '-imatrix')}.colibri"
+        log(f"  colibri convert --quant {name} -> {files[name].name}")
+        rc = cli.main(["convert", str(hf_dir), "-o", str(files[name]), "--quant",
+                       name.replace(IMATRIX, ""), "--max-seq-len", str(n_ctx), "-q", *extra])
         if rc:
-            raise RuntimeError(f"colibri convert --quant {q} failed ({rc})")
+            raise RuntimeError(f"colibri convert --quant {name} failed ({rc})")
     return files
+
+
+# --- calibration: one importance matrix for both engines ----------------------
+
+# Our matrix kinds -> llama.cpp's tensor names (bench/gguf_export.py writes them).
+GGUF_MATRIX = {"WQ": "attn_q", "WK": "attn_k", "WV": "attn_v", "WO": "attn_output",
+               "EXPERT_W1": "ffn_gate_exps", "EXPERT_W3": "ffn_up_exps",
+               "EXPERT_W2": "ffn_down_exps"}
+
+
+def make_imatrix(hf_dir: Path, out_dir: Path) -> tuple[Path, Path]:
+    """The demo's importance matrix on its training documents (never the
+    held-out text the KL is measured on), measured once by `colibri imatrix`
+    (the numpy reference in float32; its default 32768 tokens), and the same
+    numbers as a llama.cpp imatrix file: both quantisers get the same
+    importance of every column. Returns (the .npz, the llama.cpp file)."""
+    from colibri import cli
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = out_dir / "calibration.txt"
+    corpus = _demo_eval().corpus
+    train, _ = corpus.split()
+    text.write_bytes(corpus.join(train))
+    npz, dat = out_dir / "imatrix.npz", out_dir / "imatrix.dat"
+    log(f"  colibri imatrix --text {text.name} -> {npz.name}")
+    if cli.main(["imatrix", str(hf_dir), "--text", str(text), "-o", str(npz)]):
+        raise RuntimeError("colibri imatrix failed")
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    write_llama_imatrix(npz, cfg, dat)
+    return npz, dat
+
+
+def write_llama_imatrix(npz: Path, cfg: dict, out: Path) -> None:
+    """llama.cpp's legacy imatrix file (common/imatrix-loader.cpp:
+    int32 n_entries; per entry int32 name length, the name, int32 ncall,
+    int32 nval, float32 values[nval], which the loader divides by ncall) of the
+    mean squared inputs in `npz`. An experts tensor's entry is its experts'
+    columns one after another (llama-quantize reads expert e's at e * cols);
+    an expert no calibration token reached gets 1.0 everywhere, what
+    llama.cpp's own loader gives it and what our converter's no-importance is."""
+    from colibri.model import imatrix as im
+    table = im.load(npz)
+    entries = {}
+    for (kind, layer, expert), mean in table.items():
+        if kind.name in GGUF_MATRIX and expert is None:
+            entries[f"blk.{layer}.{GGUF_MATRIX[kind.name]}.weight"] = mean
+        elif kind.name == "LM_HEAD":
+            tied = bool(cfg.get("tie_word_embeddings"))
+            entries["token_embd.weight" if tied else "output.weight"] = mean
+    n_exp = cfg["num_local_experts"]
+    for (kind, layer, expert), mean in table.items():
+        if kind.name in GGUF_MATRIX and expert is not None:
+            name = f"blk.{layer}.{GGUF_MATRIX[kind.name]}.weight"
+            if name not in entries:
+                entries[name] = np.ones((n_exp, mean.size), np.float32)
+            entries[name][expert] = mean
+    with open(out, "wb") as f:
+        f.write(struct.pack("<i", len(entries)))
+        for name, values in entries.items():
+            v = np.ascontiguousarray(values, "<f4").reshape(-1)
+            f.write(struct.pack("<i", len(name)) + name.encode())
+            f.write(struct.pack("<ii", 1, v.size) + v.tobytes())
 
 
 def colibri_tensor_bits(path: Path) -> dict:
@@ -328,7 +423,10 @@ def kl_stats(logits: np.ndarray, base: Path) -> dict:
         same += int((x.argmax(axis=1) == p_log_base.argmax(axis=1)).sum())
     kld = np.sort(np.concatenate(klds))
     nll = np.concatenate(nlls)
-    return {"kld_mean": float(kld.mean()), "kld_median": _percentile(kld, 0.5),
+    return {"kld_mean": float(kld.mean()),
+            # perplexity.cpp's uncertainty of the mean: sqrt(var / (n - 1))
+            "kld_se": float(math.sqrt(kld.var() / (len(kld) - 1))),
+            "kld_median": _percentile(kld, 0.5),
             "kld_p99": _percentile(kld, 0.99), "kld_max": float(kld[-1]),
             "same_top": same / len(kld), "ppl": float(np.exp(nll.mean())),
             "ppl_base": float(np.exp(np.concatenate(nll_bases).mean())),
@@ -339,6 +437,7 @@ _LP = {  # llama-perplexity's summary lines -> our keys
     "ppl": r"Mean PPL\(Q\)\s*:\s*([-\d.]+)",
     "ppl_base": r"Mean PPL\(base\)\s*:\s*([-\d.]+)",
     "kld_mean": r"Mean\s+KLD:\s*([-\d.]+)",
+    "kld_se": r"Mean\s+KLD:\s*[-\d.]+\s*±\s*([-\d.]+)",
     "kld_max": r"Maximum KLD:\s*([-\d.]+)",
     "kld_p99": r"99\.0%\s+KLD:\s*([-\d.]+)",
     "kld_median": r"Median\s+KLD:\s*([-\d.]+)",
@@ -391,8 +490,9 @@ def run_subject(name: str, work: Path, threads: int, library: Path) -> dict:
     log(f"{name}: {params / 1e6:.2f} M parameters, {ids.shape[0]} chunks of {n_ctx} tokens "
         f"({ids.shape[0] * (n_ctx - 1 - n_ctx // 2)} scored positions)")
     d = work / name
-    ggufs = make_ggufs(hf_dir, d / "gguf")
-    colibris = make_colibri(hf_dir, d / "colibri", n_ctx)
+    npz, dat = make_imatrix(hf_dir, d / "imatrix") if spec["calibrated"] else (None, None)
+    ggufs = make_ggufs(hf_dir, d / "gguf", dat)
+    colibris = make_colibri(hf_dir, d / "colibri", n_ctx, npz)
 
     log(f"  reference: C runtime on the f32 .colibri file")
     ref = colibri_logits(colibris["f32"], ids, library, threads)
@@ -455,7 +555,12 @@ def markdown(res: dict) -> str:
          "model, same tokens: KL near 0). bpw file = file bytes x 8 / checkpoint "
          "parameters; bpw tensors = tensor data x 8 / stored elements; types = the "
          "storage types of the matrices (count of tensors). bpb: the demo's held-out "
-         "text, bits per byte of the scored tokens.", ""]
+         "text, bits per byte of the scored tokens. KL mean ± its standard error "
+         "(llama-perplexity's: a few tokens that swap experts carry much of a mean). "
+         "+imatrix: quantised with one importance matrix for both engines, measured "
+         "by `colibri imatrix` (the numpy reference) on the demo's training "
+         "documents and handed to `llama-quantize --imatrix` as llama.cpp's own "
+         "imatrix file.", ""]
     for s in res["subjects"]:
         c = s["config"]
         L += [f"## {s['name']}: hidden {c['hidden_size']}, intermediate "
@@ -476,7 +581,8 @@ def markdown(res: dict) -> str:
                          f"{r['error'][:80]!r} | | | | | | | |")
                 continue
             L.append(f"| {r['engine']} | {r['quant']} | {r['file_bytes'] / 1e6:.2f} | "
-                     f"{r['bpw_file']:.2f} | {r['bpw_tensors']:.2f} | {_f(r['kld_mean'], 5)} | "
+                     f"{r['bpw_file']:.2f} | {r['bpw_tensors']:.2f} | {_f(r['kld_mean'], 5)} ± "
+                     f"{_f(r.get('kld_se'), 5)} | "
                      f"{_f(r.get('kld_median'), 5)} | {_f(r.get('kld_p99'), 5)} | "
                      f"{_f(r.get('kld_max'), 4)} | {100 * r['same_top']:.1f} % | "
                      f"{_f(r.get('ppl'), 3)} | {_f(r.get('bpb'), 4)} | {_types(r['types'])} |")
