@@ -239,14 +239,32 @@ PRESET_Q4 = dict(PRESET_INT8)
 # (whose Q6_K on ffn_down in half the layers would cost us +0.29 bpw).
 # bench/quality.py, WQ Q4_K -> Q6_K: KL 0.0111 -> 0.0104 on k256 (5.10
 # bpw), 0.0153 -> 0.0151 on "mid" (5.00 bpw).
+#
+# The embedding and the LM head: Q5_K each (llama.cpp: Q4_K and Q6_K, the
+# same bits together). bench/quality.py, KL of the q4 mix per model: moving
+# one bit from the LM head to the embedding takes "mid" from 0.0141 to
+# 0.0081 (Q4_K_M 0.0142) and an 8-layer random model (hidden 512, vocab
+# 8192) from 0.065 to 0.048 (Q4_K_M 0.065), at the same bits a weight; the
+# embedding's bit alone buys 46 % / 27 %, the LM head's bit costs 6 % / 1 %.
+# An embedding error enters the residual stream whole, and a lookup reads one
+# row a token, so its bits cost no decode bandwidth; the LM head's product
+# reads all of it every token, so decode gains. A tied matrix serves both
+# uses: TIED_TYPE.
 PRESET_Q4.update({
-    Kind.EMBED: DType.Q4_K,
-    Kind.LM_HEAD: DType.Q6_K,
+    Kind.EMBED: DType.Q5_K,
+    Kind.LM_HEAD: DType.Q5_K,
     **{k: DType.Q4_K for k in (*EXPERT_KINDS, *SHARED_KINDS,
                                *DENSE_KINDS)},
     **{k: DType.Q6_K for k in (Kind.WQ, Kind.WK, Kind.WV, Kind.WO, Kind.XWQ, Kind.XWK,
                                Kind.XWV, Kind.XWO)},
 })
+
+# The storage type of a tied embedding (Feat.TIED_LM_HEAD: one matrix for the
+# lookup and the LM head) per `--quant` preset: the type llama.cpp's
+# llama-quantize gives a tied token_embd, its output's (Q6_K in Q4_K_M),
+# since the product that reads every weight at every token is the sensitive
+# use. --lm-head / --embedding override it (colibri/model/export.py).
+TIED_TYPE = {"f32": DType.F32, "int8": DType.I8_GROUP, "q4": DType.Q6_K}
 
 # A K block is 256 columns: on a row of another width the last block is
 # partly padding (FORMAT.md 4), so a K type may cost more bits a weight than

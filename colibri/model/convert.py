@@ -151,7 +151,7 @@ class ColibriExporter:
                                     lm_head=quantize_lm_head)
         self.shape = self._shape(num_experts, top_k, max_seq_len, max_batch, group_size)
         if self.desc.has(fmt.Feat.TIED_LM_HEAD):
-            self.dtypes[Kind.EMBED] = tied_dtype(self.dtypes, quantize_embedding,
+            self.dtypes[Kind.EMBED] = tied_dtype(quant, self.dtypes, quantize_embedding,
                                                  quantize_lm_head)
         self.expert_map: dict[str, str] = {}
         self.tokenizer = self._tokenizer(warn) if tokenizer else None
@@ -490,8 +490,9 @@ def add_convert_parser(subparsers) -> None:
     p.add_argument("--quant", choices=tuple(PRESETS), default=None,
                    help="preset: int8 = router int16, experts/attention int8, embedding "
                         "int16, lm_head int8; q4 = the 4-bit mix (docs/FORMAT.md 4: "
-                        "Q4_K, Q6_K for attention keys/values/output and the LM head; rows not a "
-                        "multiple of 256 wide Q5_0 / int8); f32 = exact "
+                        "experts Q4_K, embedding and LM head Q5_K, attention Q6_K, a tied "
+                        "embedding Q6_K; rows not a multiple of 256 wide Q5_0 / int8); "
+                        "f32 = exact "
                         "(default: int8 for a checkpoint; for a GGUF file, keep its own "
                         "types: F32/F16/BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K without a second "
                         "rounding, other types requantised with the measured error printed)")

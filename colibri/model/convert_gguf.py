@@ -121,9 +121,9 @@ class GGUFExporter:
                 for kind in QUANT_CHOICES[option][1]:
                     self.overrides[kind] = dtype_for(option, value)
         if self.desc.has(fmt.Feat.TIED_LM_HEAD):
-            # the one matrix gets the LM head's type (export.tied_dtype)
+            # the one matrix gets the preset's tied type (export.tied_dtype)
             if self.preset is not None:
-                self.preset[Kind.EMBED] = tied_dtype(self.preset, quantize_embedding,
+                self.preset[Kind.EMBED] = tied_dtype(quant, self.preset, quantize_embedding,
                                                      quantize_lm_head)
             if Kind.LM_HEAD in self.overrides:
                 self.overrides[Kind.EMBED] = self.overrides[Kind.LM_HEAD]

@@ -63,15 +63,17 @@ def preset_dtypes(quant: str, **overrides: str | None) -> dict[Kind, DType]:
     return dtypes
 
 
-def tied_dtype(dtypes: dict[Kind, DType], embedding: str | None,
+def tied_dtype(quant: str, dtypes: dict[Kind, DType], embedding: str | None,
                lm_head: str | None) -> DType:
-    """The storage type of a tied embedding (TIED_LM_HEAD): the LM head's
-    (its product reads every weight each token and is the more sensitive
-    use; llama.cpp's llama-quantize gives a tied token_embd the output
-    type too), or the --embedding choice when only that is given."""
-    if embedding is not None and lm_head is None:
+    """The storage type of a tied embedding (TIED_LM_HEAD) in `dtypes`
+    (preset_dtypes(quant, ...)): the --lm-head choice, else the --embedding
+    choice, else the preset's type for a tied matrix (format.TIED_TYPE: the
+    LM head's use is the sensitive one)."""
+    if lm_head is not None:
+        return dtypes[Kind.LM_HEAD]
+    if embedding is not None:
         return dtypes[Kind.EMBED]
-    return dtypes[Kind.LM_HEAD]
+    return fmt.TIED_TYPE[quant]
 
 
 def output_path(out) -> Path:

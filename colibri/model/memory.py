@@ -215,10 +215,10 @@ def planned_entries(shape: fmt.ModelShape, desc: fmt.Description | None, quant: 
     """The table a conversion with `--quant quant` writes: format.tensor_order,
     format.expected_shape, the preset's storage type per kind fitted to the
     row width (format.fit_dtype), format.section_size; a tied embedding in
-    the LM head's type (export.tied_dtype)."""
+    the preset's tied type (format.TIED_TYPE, as export.tied_dtype)."""
     dtypes = dict(_presets()[quant])
     if desc is not None and desc.has(fmt.Feat.TIED_LM_HEAD):
-        dtypes[Kind.EMBED] = dtypes[Kind.LM_HEAD]
+        dtypes[Kind.EMBED] = fmt.TIED_TYPE[quant]
     out = []
     for kind, layer, expert in fmt.tensor_order(shape, desc):
         rows, cols = fmt.expected_shape(shape, kind, desc)
