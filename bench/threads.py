@@ -10,8 +10,8 @@ Engines (each loaded once, in its own process, then driven round after round):
                               the int8 table "avx2-vnni" where the CPU has VNNI)
   colibri int8 vnni=0         the same with COLIBRI_AVX2_NO_VNNI (`scons vnni=0`):
                               the int8 kernels an AVX2-only CPU (Zen 2/3) runs
-  colibri q4                  `colibri convert --quant q4` (the 4-bit mix: Q4_K, Q6_K;
-                              Q4_0 / int8 on rows not a multiple of 256)
+  colibri q4                  `colibri convert --quant q4` (the 4-bit mix: Q4_K, Q5_K,
+                              Q6_K; Q5_0 / int8 on rows not a multiple of 256)
   colibri int8/q4 avx2-vnni   on an AVX-512 VNNI CPU: the same files with the AVX2 VNNI
                               table forced (COLIBRI_KERNELS), beside the default
                               avx512-vnni: what the 512-bit forms add
@@ -245,7 +245,7 @@ def _q4_sources_digest() -> str:
     import hashlib
     h = hashlib.sha256()
     for rel in ("colibri/file/kquants.py", "colibri/file/blocks.py", "colibri/file/format.py",
-                "colibri/model/convert.py", "colibri/file/quant.py"):
+                "colibri/model/convert.py", "colibri/model/export.py", "colibri/file/quant.py"):
         p = ROOT / rel
         h.update(p.read_bytes() if p.exists() else b"")
     return h.hexdigest()[:16]
