@@ -160,6 +160,33 @@ def test_tied_embeddings_use_embed_tokens_for_lm_head(hf_checkpoint, tmp_path):
                                   tensors["model.embed_tokens.weight"].numpy())
 
 
+@pytest.mark.parametrize("options, embed", [
+    ({}, DType.I8_GROUP),                                  # format.TIED_TYPE: Q6_K -> int8
+    ({"quantize_embedding": "q4_k"}, DType.Q5_0),          # --embedding alone names it
+    ({"quantize_embedding": "q4_k", "quantize_lm_head": "f32"}, DType.F32),  # --lm-head wins
+])
+def test_q4_tied_matrix_type(hf_checkpoint, tmp_path, options, embed):
+    """A tied matrix of a q4 conversion takes the preset's tied type (Q6_K,
+    the LM head's use), not the untied embedding's or LM head's (Q5_K each);
+    on tiny's 32-wide rows Q6_K falls back to int8 and Q4_K / Q5_K to Q5_0.
+    The planner (`colibri info --config`) agrees with the file."""
+    from colibri.model import memory
+    src = shutil.copytree(hf_checkpoint("tiny"), tmp_path / "tied")
+    tensors = load_file(src / "model.safetensors")
+    del tensors["lm_head.weight"]
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    (src / "config.json").write_text(json.dumps(cfg))
+    cf = convert(src, tmp_path / "m.colibri", quant="q4", **options)
+    assert cf.entry(Kind.EMBED).dtype == embed
+    assert F.fit_dtype(F.PRESET_Q4[Kind.LM_HEAD], 32, Kind.LM_HEAD) == DType.Q5_0
+    if not options:
+        planned = memory.plan_from_config(src, quant="q4", max_seq_len=cf.shape.max_seq_len)
+        assert [e.dtype for e in planned.entries] == [e.dtype for e in cf.entries
+                                                      if e.kind in Kind._value2member_map_]
+
+
 # --- quantised conversions ----------------------------------------------------------
 
 def test_int8_error_bounds_per_tensor(hf_checkpoint, tmp_path):
