@@ -16,6 +16,7 @@
    1.0 for an expert no token reached; and, when llama-quantize is built, it
    loads every entry and changes what it writes.
 """
+import json
 import re
 import struct
 import sys
@@ -66,12 +67,17 @@ def test_kl_mirror_matches_exact_kl(tmp_path):
     assert self_kl["same_top"] == 1.0 and abs(self_kl["kld_mean"]) < 1e-5
 
 
-def test_llama_perplexity_reads_our_base_file(tmp_path):
-    tool = quality.LLAMA_BIN / "llama-perplexity"
+def _llama_tool_or_skip(name: str) -> None:
+    """Skip unless llama.cpp's tool `name` and the bench-only packages are there."""
+    tool = quality.LLAMA_BIN / name
     if not tool.exists():
         pytest.skip(f"no {tool}: scripts/build_llama_bench.sh builds it (bench only)")
     pytest.importorskip("gguf", reason="gguf is a bench-only package (scripts/bench.sh)")
     pytest.importorskip("transformers")
+
+
+def test_llama_perplexity_reads_our_base_file(tmp_path):
+    _llama_tool_or_skip("llama-perplexity")
     from bench import gguf_export
     from colibri import cli
 
@@ -150,13 +156,8 @@ def test_llama_imatrix_file_layout(tmp_path):
 
 
 def test_llama_quantize_reads_our_imatrix(tmp_path):
-    tool = quality.LLAMA_BIN / "llama-quantize"
-    if not tool.exists():
-        pytest.skip(f"no {tool}: scripts/build_llama_bench.sh builds it (bench only)")
-    pytest.importorskip("gguf", reason="gguf is a bench-only package (scripts/bench.sh)")
-    pytest.importorskip("transformers")
+    _llama_tool_or_skip("llama-quantize")
     from bench import gguf_export
-    import json
     hf = quality.checkpoint_dir("tiny", tmp_path)
     cfg = json.loads((hf / "config.json").read_text())
     _fake_imatrix(tmp_path, cfg["num_hidden_layers"], cfg["num_local_experts"],

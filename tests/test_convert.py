@@ -144,7 +144,9 @@ def test_fused_transformers5_layout(tmp_path):
     np.testing.assert_array_equal(cf.dequantized(Kind.EXPERT_W3, 1, 4), gu[inter:])
 
 
-def test_tied_embeddings_use_embed_tokens_for_lm_head(hf_checkpoint, tmp_path):
+def tied_tiny(hf_checkpoint, tmp_path) -> tuple[Path, dict]:
+    """A copy of the tiny checkpoint with tie_word_embeddings and no
+    lm_head.weight: (its directory, its tensors)."""
     src = shutil.copytree(hf_checkpoint("tiny"), tmp_path / "tied")
     tensors = load_file(src / "model.safetensors")
     del tensors["lm_head.weight"]
@@ -152,6 +154,11 @@ def test_tied_embeddings_use_embed_tokens_for_lm_head(hf_checkpoint, tmp_path):
     cfg = json.loads((src / "config.json").read_text())
     cfg["tie_word_embeddings"] = True
     (src / "config.json").write_text(json.dumps(cfg))
+    return src, tensors
+
+
+def test_tied_embeddings_use_embed_tokens_for_lm_head(hf_checkpoint, tmp_path):
+    src, tensors = tied_tiny(hf_checkpoint, tmp_path)
     cf = convert(src, tmp_path / "m.colibri", quant="f32")
     # one matrix for both (FORMAT.md 2, TIED_LM_HEAD): no LM_HEAD entry
     assert cf.version == 2 and cf.desc.has(F.Feat.TIED_LM_HEAD)
@@ -171,13 +178,7 @@ def test_q4_tied_matrix_type(hf_checkpoint, tmp_path, options, embed):
     on tiny's 32-wide rows Q6_K falls back to int8 and Q4_K / Q5_K to Q5_0.
     The planner (`colibri info --config`) agrees with the file."""
     from colibri.model import memory
-    src = shutil.copytree(hf_checkpoint("tiny"), tmp_path / "tied")
-    tensors = load_file(src / "model.safetensors")
-    del tensors["lm_head.weight"]
-    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["tie_word_embeddings"] = True
-    (src / "config.json").write_text(json.dumps(cfg))
+    src, _ = tied_tiny(hf_checkpoint, tmp_path)
     cf = convert(src, tmp_path / "m.colibri", quant="q4", **options)
     assert cf.entry(Kind.EMBED).dtype == embed
     assert F.fit_dtype(F.PRESET_Q4[Kind.LM_HEAD], 32, Kind.LM_HEAD) == DType.Q5_0
