@@ -6,9 +6,10 @@ Q4_K_M, Q4_0 (and Q8_0), measured as llama.cpp measures its own quantisations.
 
 Models (each with its float32 reference):
   demo   the trained demo (models/demo/checkpoint: Mixtral, hidden 128, vocab 2048,
-         byte-level BPE); tokens = its held-out evaluation windows
-         (models/demo/eval_windows.bin), each tokenised on its own by the
-         checkpoint's tokenizer.json (as models/demo/eval.py does), concatenated
+         byte-level BPE); tokens = its whole held-out text (the documents
+         models/demo/prepare_corpus.py holds out), tokenised at once by the
+         checkpoint's tokenizer.json, 64 chunks evenly spaced over it; also
+         measured with one importance matrix for both engines (make_imatrix)
   tiny, wide, k256   tests/golden_configs.py's random models (k256: hidden 256, so
          the K block types apply); random token ids
   mid    bench/models.py MID: the bench "small" model's shapes with 2 layers

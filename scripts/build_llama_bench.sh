@@ -2,8 +2,7 @@
 # Builds llama.cpp's own `llama-bench` from THE SAME sources as the pinned
 # llama-cpp-python of scripts/bench.sh (the llama.cpp vendored in its sdist),
 # twice, into build/bench/llama.cpp/ (ignored by git). The native flavour also
-# builds `llama-quantize` (Q4_K_M / Q4_0 files), `llama-imatrix` (its
-# importance matrix from calibration text) and `llama-perplexity`
+# builds `llama-quantize` (Q4_K_M / Q4_0 files) and `llama-perplexity`
 # (--kl-divergence), the peers of bench/quality.py; the same sdist's
 # vendor/llama.cpp holds convert_hf_to_gguf.py and gguf-py:
 #
@@ -30,7 +29,7 @@ say() { printf '[llama-bench] %s\n' "$*"; }
 # The programs each flavour builds (llama-bench first: the thread benchmark).
 targets_of() {
     case $1 in
-        native) echo llama-bench llama-quantize llama-perplexity llama-imatrix ;;
+        native) echo llama-bench llama-quantize llama-perplexity ;;
         *) echo llama-bench ;;
     esac
 }
