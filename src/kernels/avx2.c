@@ -1599,9 +1599,10 @@ BT_ENTRY(avx2_matmul_q4_0, 0, COLIBRI_DTYPE_Q4_0)
 BT_ENTRY(avx2_matmul_q4_k, 0, COLIBRI_DTYPE_Q4_K)
 BT_ENTRY(avx2_matmul_q6_k, 0, COLIBRI_DTYPE_Q6_K)
 BT_ENTRY(avx2_matmul_q5_0, 0, COLIBRI_DTYPE_Q5_0)
-/* Q5_K (GGUF imports, --experts q5_k; not in the q4 mix): one instance, the
- * plain AVX2 one, in all three tables: the same bits, and 2 x 17 KiB less
- * code than a VNNI form each (its decode is bound by the memory anyway). */
+/* Q5_K (GGUF imports, --experts q5_k, the q4 mix's embedding and LM head):
+ * one instance, the plain AVX2 one, in all three tables: the same bits, and
+ * 2 x 17 KiB less code than a VNNI form each (its decode is bound by the
+ * memory anyway; avx512.c has its own prefill tiles). */
 BT_ENTRY(avx2_matmul_q5_k, 0, COLIBRI_DTYPE_Q5_K)
 BT_ENTRY(avx2_vnni_matmul_q4_0, 1, COLIBRI_DTYPE_Q4_0)
 BT_ENTRY(avx2_vnni_matmul_q4_k, 1, COLIBRI_DTYPE_Q4_K)

@@ -33,8 +33,12 @@
  *   2816 x 1024, on a Xeon with 2 tokens a tile Q4_K 104 -> 142 GOPS and
  *   Q6_K 94 -> 124 against avx2-vnni's; on Zen 4, 4 tokens against 2: Q4_K
  *   116 -> 148, Q6_K 121-130 -> 141-153.
- * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0, Q5_0, Q5_K,
- * the block types' rows past the last strip of 8) is avx2.c's EVEX-VNNI
+ * - matmul_q5_k for several tokens: Q4_K's prefill tiles with the fifth
+ *   bit (the 4-bit mix's embedding and LM head, GGUF Q5_K_M imports): 128
+ *   tokens x 2816 x 1024 on a Xeon 64 -> 128 GOPS against avx2.c's one
+ *   plain-AVX2 form; a decode step stays there (memory-bound: 31 GOPS both).
+ * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0, Q5_0, Q5_K
+ * decode, the block types' rows past the last strip of 8) is avx2.c's EVEX-VNNI
  * table, called through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
  * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
@@ -628,6 +632,14 @@ TGT512 static void z_attend(float *out, const clb_att_args *a)
  * ref's bits, so the mix changes none. */
 
 enum { ZB_R = 8 };          /* rows a decode tile */
+/* Bytes of a block of the K types with 512-bit forms here. */
+/* Q4_K and Q5_K: scales and mins, d and dmin; Q5_K's fifth bits (qh at
+ * 20) and where each type's low nibbles start. */
+#define ZB_AFFINE(dt) ((dt) != COLIBRI_DTYPE_Q6_K)
+#define ZB_FIVE(dt) ((dt) == COLIBRI_DTYPE_Q5_K)
+#define ZB_QS(dt) ((dt) == COLIBRI_DTYPE_Q5_K ? 52u : 20u)
+#define ZB_BYTES(dt) ((dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES \
+                      : (dt) == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES : CLB_Q6_K_BYTES)
 /* Bytes past the next tile that the stream prefetch runs ahead (as
  * avx2.c's BT_PF_AHEAD). */
 enum { ZB_PF_AHEAD = 4096 };
@@ -894,18 +906,42 @@ static TGT512 __attribute__((noinline)) __m256 q6k_tile(const uint8_t *const w[Z
  * the high nibbles shifted down in the high half (sub-block 2j + 1), so
  * each token's 64 activations are one plain load. */
 
-/* Q4_K: one row's isum lanes for tokens x0 and x1 (block activations at
- * x0, x1), the row's scales and mins lane broadcast in br. */
-BLOCK512 void q4k_row_x2(const uint8_t *q, __m512i br, const int8_t *x0, const int8_t *x1,
-                         __m512i *a0, __m512i *a1)
+/* Q4_K (Q5_K): chunk j's 64 values of a row as unpacked above, from its
+ * qs bytes v (broadcast to both halves) and, for Q5_K (five), the fifth
+ * bits from qh (its 32 bytes in both halves): sub-block s's bit 4 is bit s
+ * of qh[column % 32] (FORMAT.md 4), so the low half takes bit 2j, the high
+ * half bit 2j + 1. Values to 31 keep maddubs' pair sums exact (2 * 31 * 127). */
+BLOCK512 __m512i q4k_chunk(const int five, __m512i v, __m512i qh, int j)
 {
-    const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, hi), _mm512_set1_epi8(15));
+    if (!five)
+        return w;
+    const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)),
+                                          _mm256_set1_epi16((short)(2 * j + 1)), 1);
+    return _mm512_or_si512(w, _mm512_slli_epi16(
+        _mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(1)), 4));
+}
+
+/* Q5_K's 32 qh bytes in both halves (five), or nothing to read (Q4_K). */
+BLOCK512 __m512i q5k_qh(const int five, const uint8_t *qh)
+{
+    return five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)qh))
+                : _mm512_setzero_si512();
+}
+
+/* Q4_K (five: Q5_K, its qh at qh): one row's isum lanes for tokens x0 and
+ * x1 (block activations at x0, x1), the row's scales and mins lane
+ * broadcast in br. */
+BLOCK512 void q4k_row_x2(const int five, const uint8_t *q, const uint8_t *qh, __m512i br,
+                         const int8_t *x0, const int8_t *x1, __m512i *a0, __m512i *a1)
+{
+    const __m512i h5 = q5k_qh(five, qh);
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     UNROLL
     for (int j = 0; j < 4; j++) {
         const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * j)));
-        const __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, hi), m4);
+        const __m512i w = q4k_chunk(five, v, h5, j);
         const __m512i sc = _mm512_shuffle_epi8(br, pick16x2(2 * j, 2 * j + 1));
         s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(w, _mm512_loadu_si512((const void *)(x0 + 64 * j))), sc);
         s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(w, _mm512_loadu_si512((const void *)(x1 + 64 * j))), sc);
@@ -957,7 +993,7 @@ BLOCK512 void zb_tile2(const unsigned dt, float *y0, float *y1, const uint8_t *c
                        const int8_t *const xq[2], const float *const xs[2], const int16_t *const xb[2],
                        uint32_t nb, const uint8_t *pf, const uint8_t *pf_end)
 {
-    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t bytes = ZB_BYTES(dt);
     const int lines = (int)((ZB_R * bytes + 63) / 64);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
@@ -968,11 +1004,12 @@ BLOCK512 void zb_tile2(const unsigned dt, float *y0, float *y1, const uint8_t *c
         __m512i a0[ZB_R], a1[ZB_R];
         const __m512i h0 = rows4_16(w, o), h1 = rows4_16(w + 4, o); /* [d (dmin) ..] a row */
         const __m256 d = rows8_f32(h0, h1, 0);
-        if (dt == COLIBRI_DTYPE_Q4_K) {
+        if (ZB_AFFINE(dt)) {
             const __m512i scm[2] = {q4k_scm4(w, o), q4k_scm4(w + 4, o)};
             UNROLL
             for (int r = 0; r < ZB_R; r++)
-                q4k_row_x2(w[r] + o + 20, lane_bcast(scm[r / 4], r % 4), x0, x1, &a0[r], &a1[r]);
+                q4k_row_x2(ZB_FIVE(dt), w[r] + o + ZB_QS(dt), w[r] + o + 20,
+                           lane_bcast(scm[r / 4], r % 4), x0, x1, &a0[r], &a1[r]);
             const __m256 dmin = rows8_f32(h0, h1, 1);
             /* acc += xs * (d * float(isum) - dmin * float(msum)) */
             acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_set1_ps(xs[0][b]), _mm256_sub_ps(
@@ -1000,21 +1037,21 @@ BLOCK512 void zb_tile2(const unsigned dt, float *y0, float *y1, const uint8_t *c
     _mm256_storeu_ps(y1, acc1);
 }
 
-/* Q4_K, four tokens: the unpacked weights of a row serve four tokens (its
+/* Q4_K (Q5_K), four tokens: the unpacked weights of a row serve four tokens (its
  * unpacking costs as much as two tokens' products: twice q4k_row_x2's
  * tokens for 1.5x its operations), 4 rows x 4 tokens of int32
  * accumulators at a time (16 zmm). One row's isum lanes for tokens x[0..3]. */
-BLOCK512 void q4k_row_x4(const uint8_t *q, __m512i br, const int8_t *const x[4], __m512i s[4])
+BLOCK512 void q4k_row_x4(const int five, const uint8_t *q, const uint8_t *qh, __m512i br,
+                         const int8_t *const x[4], __m512i s[4])
 {
-    const __m512i m4 = _mm512_set1_epi8(15);
-    const __m512i hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i h5 = q5k_qh(five, qh);
     UNROLL
     for (int t = 0; t < 4; t++)
         s[t] = _mm512_setzero_si512();
     UNROLL
     for (int j = 0; j < 4; j++) {
         const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * j)));
-        const __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, hi), m4);
+        const __m512i w = q4k_chunk(five, v, h5, j);
         const __m512i sc = _mm512_shuffle_epi8(br, pick16x2(2 * j, 2 * j + 1));
         UNROLL
         for (int t = 0; t < 4; t++)
@@ -1062,7 +1099,7 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
                        const int16_t *const xb[4], uint32_t nb, const uint8_t *pf,
                        const uint8_t *pf_end)
 {
-    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t bytes = ZB_BYTES(dt);
     const int lines = (int)((ZB_R * bytes + 63) / 64);
     __m256 acc[4];
     UNROLL
@@ -1082,7 +1119,7 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
                 _mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)(const void *)xbb[t])));
         }
         const __m512i h0 = rows4_16(w, o), h1 = rows4_16(w + 4, o); /* [d (dmin) ..] a row */
-        const __m512i scm[2] = {q4k_scm4(w, o), q4k_scm4(w + 4, o)}; /* Q4_K only */
+        const __m512i scm[2] = {q4k_scm4(w, o), q4k_scm4(w + 4, o)}; /* Q4_K, Q5_K only */
         __m128i isum[2][4]; /* [rows 0-3 | 4-7][token] */
         UNROLL
         for (int h = 0; h < 2; h++) {
@@ -1090,8 +1127,9 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
             UNROLL
             for (int r = 0; r < 4; r++) {
                 __m512i sr[4];
-                if (dt == COLIBRI_DTYPE_Q4_K)
-                    q4k_row_x4(w[4 * h + r] + o + 20, lane_bcast(scm[h], r), x, sr);
+                if (ZB_AFFINE(dt))
+                    q4k_row_x4(ZB_FIVE(dt), w[4 * h + r] + o + ZB_QS(dt), w[4 * h + r] + o + 20,
+                               lane_bcast(scm[h], r), x, sr);
                 else
                     q6k_row_x4(w[4 * h + r] + o, x, nxb, sr);
                 UNROLL
@@ -1107,7 +1145,7 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
         for (int t = 0; t < 4; t++) {
             const __m256 fi = _mm256_cvtepi32_ps(
                 _mm256_inserti128_si256(_mm256_castsi128_si256(isum[0][t]), isum[1][t], 1));
-            if (dt == COLIBRI_DTYPE_Q4_K)
+            if (ZB_AFFINE(dt))
                 /* acc += xs * (d * float(isum) - dmin * float(msum)) */
                 acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[t][b]), _mm256_sub_ps(
                     _mm256_mul_ps(d, fi),
@@ -1130,9 +1168,10 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
                              const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
                              uint32_t cols)
 {
-    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t bytes = ZB_BYTES(dt);
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
     const size_t row_bytes = (size_t)nb * bytes, tile = ZB_R * row_bytes;
+    const colibri_kernels *avx2 = base();
     const size_t xq_stride = (size_t)nb * CLB_QK_COLS, xb_stride = (size_t)nb * 16;
     const uint32_t tiles = rows / ZB_R;
     const uint8_t *end = W + (size_t)tiles * tile;
@@ -1165,7 +1204,10 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
             zb_tile2(dt, Y + (size_t)t * rows + (size_t)s * ZB_R, Y + (size_t)(t + 1) * rows + (size_t)s * ZB_R,
                      w, xq, xs, xb, nb, t == 0 ? pf : end, end);
         }
-        if (t < n) /* the strip is in L1 by now: no prefetch */
+        if (t < n && ZB_FIVE(dt)) /* no Q5_K decode tile here: avx2.c's, the same bits */
+            avx2->matmul_q5_k(Y + (size_t)t * rows + (size_t)s * ZB_R, w[0], XQ + t * xq_stride,
+                           XS + (size_t)t * nb, XB + t * xb_stride, 1, ZB_R, cols);
+        else if (t < n) /* the strip is in L1 by now: no prefetch */
             _mm256_storeu_ps(Y + (size_t)t * rows + (size_t)s * ZB_R,
                              dt == COLIBRI_DTYPE_Q4_K
                                  ? q4k_tile(w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, 0)
@@ -1180,7 +1222,7 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
 BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                             const float *XS, const int16_t *XB, uint32_t rows, uint32_t cols)
 {
-    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t bytes = ZB_BYTES(dt);
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
     const size_t row_bytes = (size_t)nb * bytes;
     const uint32_t eighth = rows / ZB_R;
@@ -1237,32 +1279,29 @@ static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
     base()->matmul_q5_0(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
-static void z_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
-                          const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
-{
-    base()->matmul_q5_k(Y, W, XQ, XS, XB, n, rows, cols);
-}
-
 /* Tokens a call of the rows past the last whole strip hands avx2.c at a
  * time (its outputs go through a stack buffer: avx2.c's Y has their
  * count as its row stride). */
 enum { ZB_TAIL_T = 64 };
 
-/* Y[n, rows] for Q4_K or Q6_K: whole strips of 8 rows here (decode and
- * prefill forms), the last rows % 8 by avx2.c's form. */
+/* Y[n, rows] for Q4_K, Q5_K or Q6_K: whole strips of 8 rows here (decode
+ * and prefill forms; Q5_K prefill only: its decode, of a GGUF import or the
+ * 4-bit mix's LM head, reads memory as fast in avx2.c's one form), the last
+ * rows % 8 by avx2.c's form. */
 BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                         const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
                         uint32_t cols)
 {
-    const uint32_t bytes = dt == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES : CLB_Q6_K_BYTES;
+    const uint32_t bytes = ZB_BYTES(dt);
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
-    const uint32_t done = n == 1 ? zb_decode(dt, Y, W, XQ, XS, XB, rows, cols)
-                                 : zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols);
+    const uint32_t done = n > 1 ? zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols)
+                          : ZB_FIVE(dt) ? 0u : zb_decode(dt, Y, W, XQ, XS, XB, rows, cols);
     if (done == rows)
         return;
     const colibri_kernels *k = base();
     void (*mm)(float *, const uint8_t *, const int8_t *, const float *, const int16_t *, uint32_t,
-               uint32_t, uint32_t) = dt == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k : k->matmul_q6_k;
+               uint32_t, uint32_t) = dt == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k
+                                     : ZB_FIVE(dt) ? k->matmul_q5_k : k->matmul_q6_k;
     const uint8_t *wt = W + (size_t)done * nb * bytes;
     const uint32_t left = rows - done; /* < ZB_R */
     if (n == 1) {
@@ -1289,6 +1328,12 @@ TGT512 static void z_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ, c
                                  const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
     zb_matmul(COLIBRI_DTYPE_Q6_K, Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+TGT512 static void z_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                                 const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    zb_matmul(COLIBRI_DTYPE_Q5_K, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 static void z_matmul_f32(float *Y, const float *W, const float *X, uint32_t n,
