@@ -232,12 +232,6 @@ def make_colibri(hf_dir: Path, out_dir: Path, n_ctx: int,
 
 # --- calibration: one importance matrix for both engines ----------------------
 
-# Our matrix kinds -> llama.cpp's tensor names (bench/gguf_export.py writes them).
-GGUF_MATRIX = {"WQ": "attn_q", "WK": "attn_k", "WV": "attn_v", "WO": "attn_output",
-               "EXPERT_W1": "ffn_gate_exps", "EXPERT_W3": "ffn_up_exps",
-               "EXPERT_W2": "ffn_down_exps"}
-
-
 def make_imatrix(hf_dir: Path, out_dir: Path) -> tuple[Path, Path]:
     """The demo's importance matrix on its training documents (never the
     held-out text the KL is measured on), measured once by `colibri imatrix`
@@ -267,22 +261,22 @@ def write_llama_imatrix(npz: Path, cfg: dict, out: Path) -> None:
     columns one after another (llama-quantize reads expert e's at e * cols);
     an expert no calibration token reached gets 1.0 everywhere, what
     llama.cpp's own loader gives it and what our converter's no-importance is."""
+    from colibri.file.format import EXPERT_KINDS, Kind
     from colibri.model import imatrix as im
+    from colibri.model.families.common import GGUF_GLOBAL_TENSORS, GGUF_LAYER_TENSORS
     table = im.load(npz)
+    quantised = {Kind.WQ, Kind.WK, Kind.WV, Kind.WO, *EXPERT_KINDS}  # not the f32 router
+    head = GGUF_GLOBAL_TENSORS[Kind.EMBED if cfg.get("tie_word_embeddings") else Kind.LM_HEAD]
     entries = {}
-    for (kind, layer, expert), mean in table.items():
-        if kind.name in GGUF_MATRIX and expert is None:
-            entries[f"blk.{layer}.{GGUF_MATRIX[kind.name]}.weight"] = mean
-        elif kind.name == "LM_HEAD":
-            tied = bool(cfg.get("tie_word_embeddings"))
-            entries["token_embd.weight" if tied else "output.weight"] = mean
     n_exp = cfg["num_local_experts"]
     for (kind, layer, expert), mean in table.items():
-        if kind.name in GGUF_MATRIX and expert is not None:
-            name = f"blk.{layer}.{GGUF_MATRIX[kind.name]}.weight"
-            if name not in entries:
-                entries[name] = np.ones((n_exp, mean.size), np.float32)
-            entries[name][expert] = mean
+        if kind == Kind.LM_HEAD:
+            entries[head] = mean
+        elif kind in quantised and expert is None:
+            entries[f"blk.{layer}.{GGUF_LAYER_TENSORS[kind]}"] = mean
+        elif kind in quantised:
+            name = f"blk.{layer}.{GGUF_LAYER_TENSORS[kind]}"
+            entries.setdefault(name, np.ones((n_exp, mean.size), np.float32))[expert] = mean
     with open(out, "wb") as f:
         f.write(struct.pack("<i", len(entries)))
         for name, values in entries.items():
