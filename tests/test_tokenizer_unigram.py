@@ -213,3 +213,90 @@ def test_hostile_scores_are_refused_by_both_readers(driver, unigram, tmp_path):
         p.write_bytes(bytes(b))
         proc = run_raw(driver("asan"), p, HOSTILE_REQUESTS, tmp_path)
         assert proc.returncode == 11 and proc.stdout.startswith("error -31"), (k, proc.stdout)
+
+
+# --- scores as `tokenizers` reads them (colibri/text/json_number.py) ----------
+METASPACE = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+             "split": True}
+
+
+def _unigram_json_text(scores: list[tuple[str, str]]) -> str:
+    """A Unigram tokenizer.json (Metaspace) with <unk> then scores' pieces,
+    each score written exactly as its text."""
+    vocab = ", ".join(f'[{json.dumps(p)}, {s}]' for p, s in scores)
+    tj = json.loads(tokenizers.Tokenizer(tokenizers.models.Unigram()).to_str())
+    tj["model"]["vocab"] = "@VOCAB@"
+    tj["pre_tokenizer"] = tj["decoder"] = METASPACE
+    return json.dumps(tj).replace('"@VOCAB@"', f'[["<unk>", 0.0], {vocab}]')
+
+
+def _number_texts() -> list[str]:
+    """Scores written the ways files write them: 17-digit shortest forms
+    (Python, ryu), fixed and exponent forms with extra digits, integers,
+    more digits than a u64 holds, leading zeros, the range's edges."""
+    rng = random.Random(3)
+    xs = [-rng.uniform(0, 20) for _ in range(3000)] + [-rng.expovariate(1e-3) for _ in range(200)]
+    texts = [repr(x) for x in xs]
+    texts += [f"{x:.22f}" for x in xs[:300]] + [f"{x:.16e}" for x in xs[300:600]]
+    texts += [f"{x:.25E}" for x in xs[600:700]] + [f"{x:.3f}" for x in xs[700:800]]
+    texts += ["-10", "0", "-0", "-123456789012345678901234", "12345678901234567890.5",
+              "-0.0000000000001234567890123456789", "-1e-320", "-2.5e-310", "1e308",
+              "-18446744073709551615.9", "-18446744073709551616", "-1.7976931348623157e308",
+              "17976931348623157129e289".replace("e289", "e280")]
+    return texts
+
+
+def test_scores_are_the_doubles_tokenizers_reads(tmp_path):
+    """`tokenizers` (serde_json without float_roundtrip) reads 17-digit
+    numbers an ulp off the nearest double about one time in six; the
+    converter reads each score as it does, from a file (spec_from_dir) and
+    from a dict (json.dumps' repr), and not as Python's float() would."""
+    from colibri.text import json_number
+    texts = _number_texts()
+    raw = _unigram_json_text([(f"p{i}", t) for i, t in enumerate(texts)])
+    hf = tokenizers.Tokenizer.from_str(raw)
+    theirs = [s for _, s in json.loads(hf.to_str())["model"]["vocab"][1:]]  # exact (shortest)
+    mine = [json_number.serde_f64(t) for t in texts]
+    bad = [(t, m, h) for t, m, h in zip(texts, mine, theirs) if m != h]
+    assert not bad, f"{len(bad)} of {len(texts)} differ, first {bad[:3]}"
+    python = sum(float(t) != h for t, h in zip(texts, theirs))
+    assert python > len(texts) // 10, python          # the case this guards is common
+    (tmp_path / "tokenizer.json").write_text(raw)
+    assert T.spec_from_dir(tmp_path).scores[1:] == theirs      # id i + 1 is p{i}
+    from_dict = T.spec_from_json(json.loads(raw))
+    want_dict = [s for _, s in json.loads(tokenizers.Tokenizer.from_str(
+        json.dumps(json.loads(raw))).to_str())["model"]["vocab"][1:]]
+    assert from_dict.scores[1:] == want_dict
+
+
+def test_a_score_tokenizers_refuses_is_refused(tmp_path):
+    """A number Python reads as the largest double but serde_json's two
+    roundings take past it: `tokenizers` refuses the file, and so does the
+    converter, by entry."""
+    raw = _unigram_json_text([("p0", "-1.5"), ("p1", "17976931348623157129e289")])
+    with pytest.raises(Exception, match="out of range"):
+        tokenizers.Tokenizer.from_str(raw)
+    (tmp_path / "tokenizer.json").write_text(raw)
+    with pytest.raises(T.TokenizerError, match="entry 2's score is out of range"):
+        T.spec_from_dir(tmp_path)
+
+
+def test_a_near_tie_goes_the_way_tokenizers_reads_the_scores(driver, tmp_path):
+    """Scores from a T5-style vocabulary trained here (the one that made
+    test_the_older_hub_shape_of_t5s_tokenizer_json flaky): "▁865551" is
+    ▁8 6 5 55 1 to `tokenizers`, and ▁8 6 55 5 1 with the correctly rounded
+    scores (the two sums an ulp apart). Python and C give `tokenizers`'."""
+    scores = [("\u25818", "-8.594438339209509"), ("6", "-6.981349513322318"),
+              ("5", "-6.87316490781536"), ("55", "-9.065630226507807"),
+              ("1", "-6.609986116544975"), ("\u2581", "-3.5")]
+    raw = _unigram_json_text(scores)
+    hf = tokenizers.Tokenizer.from_str(raw)
+    want = hf.encode("865551", add_special_tokens=False).ids
+    assert hf.encode("865551", add_special_tokens=False).tokens == ["\u25818", "6", "5", "55", "1"]
+    spec = T.spec_from_json(json.loads(raw))
+    tok = T.Tokenizer(T.parse_section(T.pack_section(spec)))
+    assert tok.encode(b"865551") == want
+    check_kind(driver("host"), tokenizers.Tokenizer.from_str(raw), [b"865551", b"5565 1 86"],
+               tmp_path, n_random=20)
+    spec.scores = [float(s) for s in [0.0] + [t for _, t in scores]]   # Python's float()
+    assert T.Tokenizer(spec).encode(b"865551") != want

@@ -34,7 +34,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import grapheme, normalizer, precompiled, tokregex
+from . import grapheme, json_number, normalizer, precompiled, tokregex
 from ..errors import ColibriError, FormatError
 
 # --- the section (docs/FORMAT.md section 7) ---------------------------------
@@ -718,7 +718,8 @@ def spec_from_json(tj: dict, config: dict | None = None, builtin: bool = True) -
 
 def _unigram_vocab(items) -> tuple[dict, dict]:
     """A Unigram model's vocab ([[piece, score], ...], the id is the index)
-    -> ({piece: id}, {piece: score})."""
+    -> ({piece: id}, {piece: score}); a score is the double `tokenizers`
+    reads from the JSON number (json_number.as_tokenizers_reads)."""
     if not isinstance(items, list) or not items:
         raise TokenizerError("tokenizer.json: Unigram vocab is not a non-empty list")
     if len(items) > MAX_VOCAB:
@@ -738,7 +739,13 @@ def _unigram_vocab(items) -> tuple[dict, dict]:
             raise UnsupportedTokenizer(f"Unigram piece {i} of {len(piece.encode())} bytes "
                                        f"(at most {MAX_UNIGRAM_PIECE_BYTES})")
         vocab[piece] = i
-        scores[piece] = float(it[1])
+        try:
+            # tokenizers' own parse of the number, not the nearest double: a
+            # near-tie in the Viterbi search goes its way (json_number.py)
+            scores[piece] = json_number.as_tokenizers_reads(it[1])
+        except ValueError:
+            raise TokenizerError(f"tokenizer.json: Unigram vocab entry {i}'s score is out "
+                                 "of range") from None
     return vocab, scores
 
 
@@ -749,7 +756,7 @@ def spec_from_dir(model_dir: str | Path) -> TokenizerSpec | None:
     if not path.is_file():
         return None
     try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
+        tj = json_number.load_json(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise TokenizerError(f"{path}: not valid JSON: {exc}") from None
     config = {}
@@ -1182,7 +1189,8 @@ class Tokenizer:
 
     @classmethod
     def from_json(cls, path: str | Path, config: dict | None = None) -> "Tokenizer":
-        return cls(spec_from_json(json.loads(Path(path).read_text(encoding="utf-8")), config))
+        return cls(spec_from_json(json_number.load_json(Path(path).read_text(encoding="utf-8")),
+                                  config))
 
     # -- encode --
     def _split_added(self, text: str, parse_special: bool) -> list[tuple[str, int]]:
