@@ -1655,8 +1655,16 @@ TGT static void avx2_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const 
  * transposed (8 x 8 in registers) into kt, lane = position, and the
  * tile's YA_T queries sum their products from kt in c order as ref does,
  * YA_T independent chains; the output update runs along head_dim. A query
- * the block does not reach is left as it was (alpha 1, no add). */
-enum { YA_T = 4, YA_C = 256 };
+ * the block does not reach is left as it was (alpha 1, no add).
+ *
+ * attend_rows runs up to YA_G tiles as a group, block by block: each
+ * block's keys are transposed once for the group (and an int8 cache's
+ * values widened to float once) instead of once per tile. A prefill
+ * chunk's tiles all read the same cache rows, so this is most of the
+ * transposing gone; each query still sees its blocks in order, so its bits
+ * do not change. A lone tile (a decode step) and heads wider than YA_C
+ * columns transpose per tile. */
+enum { YA_T = 4, YA_C = 256, YA_G = 8 };
 
 typedef struct ya_tile {
     const float *q[YA_T];
@@ -1697,6 +1705,23 @@ BLOCK __m256 att_exp8(__m256 x)
         _mm256_cvtps_epi32(_mm256_and_ps(n, ok)), _mm256_set1_epi32(127)), 23);
     const __m256 v = _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
     return _mm256_blendv_ps(v, x, nan);
+}
+
+/* ref's running max of s[i] over the lanes i of bits (at least one), in
+ * position order, as a vector max: the same value whatever the order but
+ * for the sign of a zero (which changes no result: s - m of equal values
+ * is a zero either way, whose exp is exactly 1, and comparisons take the
+ * two zeros as equal) and for a NaN (which makes that lane's weight NaN,
+ * so the query's sum and output are NaN whatever the max). */
+BLOCK float ya_max16(const float *s, uint32_t bits)
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 m = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_loadu_ps(s), ya_lanes(bits)),
+                                   _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8), ya_lanes(bits >> 8)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
 }
 
 /* ref's halving tree over 16 lanes (lo = lanes 0-7, hi = 8-15). */
@@ -1788,9 +1813,28 @@ static TGT __attribute__((noinline)) void ya_keys(float *kt, const clb_att_args 
     }
 }
 
-/* One block b of the tile (avx512.c za_block). */
+/* vf[i * d + c] = value row (b + i)'s column c as float (int8 cache), for
+ * the rows i in keep: widened once for a group of tiles (exact). */
+static TGT __attribute__((noinline)) void ya_vals(float *vf, const clb_att_args *a, uint32_t b,
+                                                  uint32_t nb, uint32_t keep)
+{
+    for (uint32_t i = 0; i < nb; i++) {
+        if (!(keep >> i & 1u))
+            continue;
+        const int8_t *vq = a->Vq + (size_t)(b + i) * a->ld;
+        for (uint32_t c = 0; c < a->d; c += 8) {
+            const uint32_t k = a->d - c < 8 ? a->d - c : 8;
+            _mm256_maskstore_ps(vf + (size_t)i * a->d + c, tail_mask(k), ya_i8x8(vq + c, k));
+        }
+    }
+}
+
+/* One block b of the tile (avx512.c za_block). shared: kt already holds
+ * the block's keys for every column (d <= YA_C) and, for an int8 cache,
+ * vf its values as float (ya_run's group); otherwise the tile transposes
+ * its own and reads the values from the cache. */
 BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb, uint32_t keep,
-                    const uint32_t *kj, float *kt)
+                    const uint32_t *kj, float *kt, int shared, const float *vf)
 {
     const uint32_t d = a->d;
     __m256 acc[YA_T][2];
@@ -1799,7 +1843,8 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
         acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     for (uint32_t c0 = 0; c0 < d; c0 += YA_C) {
         const uint32_t cn = d - c0 < YA_C ? d - c0 : YA_C;
-        ya_keys(kt, a, b, keep, c0, cn);
+        if (!shared)
+            ya_keys(kt, a, b, keep, c0, cn);
         for (uint32_t c = 0; c < cn; c++) {
             const __m256 k0 = _mm256_loadu_ps(kt + 16 * c), k1 = _mm256_loadu_ps(kt + 16 * c + 8);
             UNROLL
@@ -1829,28 +1874,32 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
                 : _mm256_mul_ps(_mm256_mul_ps(acc[j][h], _mm256_loadu_ps(ks + 8 * h)), sc);
             _mm256_storeu_ps(s + 8 * h, sv);
         }
-        float mb = -INFINITY; /* ref's max, in position order */
-        int live = 0;
-        for (uint32_t i = 0; i < nb; i++)
-            if (kj[j] >> i & 1u) {
-                mb = !live || s[i] > mb ? s[i] : mb;
-                live = 1;
-            }
+        const float mb = ya_max16(s, kj[j]);
         const float mn = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
         alpha[j] = t->any[j] ? clb_att_exp(t->m[j] - mn) : 0.0f;
-        __m256 pv[2];
-        for (int h = 0; h < 2; h++) {
-            pv[h] = _mm256_and_ps(ya_lanes(kj[j] >> (8 * h)),
-                                  att_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * h),
-                                                         _mm256_set1_ps(mn))));
-            /* the weight of v_i: p_i (int8: p_i * vs_i, ref's product) */
-            _mm256_storeu_ps(w[j] + 8 * h, a->K ? pv[h]
-                                                : _mm256_mul_ps(pv[h], _mm256_loadu_ps(vs + 8 * h)));
-        }
-        t->l[j] = t->l[j] * alpha[j] + ya_sum16(pv[0], pv[1]);
+        /* p_i for lanes 0-7 and 8-15 (straight-line: the analysers see
+         * both written) */
+        const __m256 mv = _mm256_set1_ps(mn);
+        const __m256 p0 = _mm256_and_ps(ya_lanes(kj[j]),
+                                        att_exp8(_mm256_sub_ps(_mm256_loadu_ps(s), mv)));
+        const __m256 p1 = _mm256_and_ps(ya_lanes(kj[j] >> 8),
+                                        att_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8), mv)));
+        /* the weight of v_i: p_i (int8: p_i * vs_i, ref's product) */
+        _mm256_storeu_ps(w[j], a->K ? p0 : _mm256_mul_ps(p0, _mm256_loadu_ps(vs)));
+        _mm256_storeu_ps(w[j] + 8, a->K ? p1 : _mm256_mul_ps(p1, _mm256_loadu_ps(vs + 8)));
+        t->l[j] = t->l[j] * alpha[j] + ya_sum16(p0, p1);
         t->m[j] = mn;
         t->any[j] = 1;
     }
+    /* The values: float rows at vr + i * vld (the f32 cache, or vf), or
+     * the int8 cache widened here. full: every query of the tile takes
+     * all 16 positions (a block away from the causal edge and the mask's
+     * holes), so the loop needs no test of a lane. */
+    const float *vr = a->V ? a->V + (size_t)b * a->ld : shared ? vf : NULL;
+    const size_t vld = a->V ? a->ld : d;
+    int full = keep == 0xffffu;
+    for (int j = 0; j < T; j++)
+        full = full && kj[j] == 0xffffu;
     for (uint32_t c = 0; c < d; c += 8) {
         const uint32_t k = d - c < 8 ? d - c : 8;
         const __m256i mk = tail_mask(k);
@@ -1859,20 +1908,25 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
         for (int j = 0; j < T; j++)
             o[j] = kj[j] ? _mm256_mul_ps(_mm256_maskload_ps(t->o[j] + c, mk),
                                          _mm256_set1_ps(alpha[j])) : _mm256_setzero_ps();
-        for (uint32_t i = 0; i < nb; i++) {
-            if (!(keep >> i & 1u))
-                continue;
-            const size_t at = (size_t)(b + i) * a->ld + c;
-            __m256 v;
-            if (a->V) {
-                v = _mm256_maskload_ps(a->V + at, mk);
-            } else {
-                v = ya_i8x8(a->Vq + at, k);
-            }
-            UNROLL
-            for (int j = 0; j < T; j++)
-                if (kj[j] >> i & 1u)
+        if (full && k == 8) {
+            for (uint32_t i = 0; i < CLB_ATT_BLOCK; i++) {
+                const __m256 v = vr ? _mm256_loadu_ps(vr + i * vld + c)
+                                    : ya_i8x8(a->Vq + (size_t)(b + i) * a->ld + c, 8);
+                UNROLL
+                for (int j = 0; j < T; j++)
                     o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(_mm256_set1_ps(w[j][i]), v));
+            }
+        } else {
+            for (uint32_t i = 0; i < nb; i++) {
+                if (!(keep >> i & 1u))
+                    continue;
+                const __m256 v = vr ? _mm256_maskload_ps(vr + i * vld + c, mk)
+                                    : ya_i8x8(a->Vq + (size_t)(b + i) * a->ld + c, k);
+                UNROLL
+                for (int j = 0; j < T; j++)
+                    if (kj[j] >> i & 1u)
+                        o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(_mm256_set1_ps(w[j][i]), v));
+            }
         }
         UNROLL
         for (int j = 0; j < T; j++)
@@ -1881,56 +1935,96 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
     }
 }
 
-/* The queries of t (n[j] positions each, outputs zeroed) to the end. */
-BLOCK void ya_run(const int T, ya_tile *t, const clb_att_args *a)
+/* Prefetch (into L2) the keys and values of positions b .. b + nb: a block
+ * of one KV head is 16 rows a cache row apart, which the hardware
+ * prefetchers do not follow (decode at 2048 positions on Zen 4 waited on
+ * memory for most of its attention time without this). Plain SSE, so
+ * avx512.c's attention calls this one too. */
+void clb_att_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb);
+void clb_att_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb)
 {
-    float kt[YA_C * CLB_ATT_BLOCK];
-    uint32_t nmax = 0;
-    for (int j = 0; j < T; j++) {
-        t->m[j] = -INFINITY;
-        t->l[j] = 0.0f;
-        t->any[j] = 0;
-        nmax = t->n[j] > nmax ? t->n[j] : nmax;
-    }
-    for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
-        const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
-        uint32_t keep = 0, reach = 0, kj[YA_T]; /* lane bits of the unmasked positions */
-        for (uint32_t i = 0; i < nb; i++)
-            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
-        for (int j = 0; j < T; j++) {
-            const uint32_t left = t->n[j] > b ? t->n[j] - b : 0u;
-            kj[j] = keep & (left >= 16 ? 0xffffu : (1u << left) - 1u);
-            reach |= kj[j];
+    const size_t bytes = a->K ? (size_t)a->d * sizeof(float) : a->d;
+    const char *k = a->K ? (const char *)(a->K + (size_t)b * a->ld) : (const char *)(a->Kq + (size_t)b * a->ld);
+    const char *v = a->V ? (const char *)(a->V + (size_t)b * a->ld) : (const char *)(a->Vq + (size_t)b * a->ld);
+    const size_t ld = a->K ? a->ld * sizeof(float) : a->ld;
+    for (uint32_t i = 0; i < nb; i++)
+        for (size_t c = 0; c < bytes; c += 64) {
+            _mm_prefetch(k + i * ld + c, _MM_HINT_T1);
+            _mm_prefetch(v + i * ld + c, _MM_HINT_T1);
         }
-        if (reach)
-            ya_block(T, t, a, b, nb, reach, kj, kt);
-    }
-    for (int j = 0; j < T; j++) {
-        if (!t->any[j])
-            continue;
-        const __m256 lv = _mm256_set1_ps(t->l[j]);
-        for (uint32_t c = 0; c < a->d; c += 8) {
-            const __m256i mk = tail_mask(a->d - c < 8 ? a->d - c : 8);
-            _mm256_maskstore_ps(t->o[j] + c, mk,
-                                _mm256_div_ps(_mm256_maskload_ps(t->o[j] + c, mk), lv));
-        }
-    }
 }
 
-/* t's queries at tile width T (1, 2, 4): a constant in each inlined copy,
- * so a tile's chains stay in registers and few queries (a decode step's
- * GQA group) pay for no padding queries. */
-TGT static void ya_run_width(int T, ya_tile *t, const clb_att_args *a)
+/* The queries of the nt tiles t (n[j] positions each, outputs zeroed) to
+ * the end, block by block for the group. */
+BLOCK void ya_run(const int T, ya_tile *t, uint32_t nt, const clb_att_args *a)
+{
+    float kt[YA_C * CLB_ATT_BLOCK], vf[YA_C * CLB_ATT_BLOCK];
+    const int shared = nt > 1 && a->d <= YA_C; /* one tile: nothing to share */
+    uint32_t nmax = 0;
+    for (uint32_t k = 0; k < nt; k++)
+        for (int j = 0; j < T; j++) {
+            t[k].m[j] = -INFINITY;
+            t[k].l[j] = 0.0f;
+            t[k].any[j] = 0;
+            nmax = t[k].n[j] > nmax ? t[k].n[j] : nmax;
+        }
+    for (uint32_t b = 0; b < CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
+        clb_att_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
+    for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
+        const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
+        const uint32_t pf = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
+        if (pf < nmax)
+            clb_att_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
+        uint32_t keep = 0, all = 0, reach[YA_G], kj[YA_G][YA_T]; /* lane bits of the unmasked positions */
+        for (uint32_t i = 0; i < nb; i++)
+            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
+        for (uint32_t k = 0; k < nt; k++) {
+            reach[k] = 0;
+            for (int j = 0; j < T; j++) {
+                const uint32_t left = t[k].n[j] > b ? t[k].n[j] - b : 0u;
+                kj[k][j] = keep & (left >= 16 ? 0xffffu : (1u << left) - 1u);
+                reach[k] |= kj[k][j];
+            }
+            all |= reach[k];
+        }
+        if (!all)
+            continue;
+        if (shared) {
+            ya_keys(kt, a, b, all, 0, a->d);
+            if (!a->V)
+                ya_vals(vf, a, b, nb, all);
+        }
+        for (uint32_t k = 0; k < nt; k++)
+            if (reach[k])
+                ya_block(T, t + k, a, b, nb, reach[k], kj[k], kt, shared, vf);
+    }
+    for (uint32_t k = 0; k < nt; k++)
+        for (int j = 0; j < T; j++) {
+            if (!t[k].any[j])
+                continue;
+            const __m256 lv = _mm256_set1_ps(t[k].l[j]);
+            for (uint32_t c = 0; c < a->d; c += 8) {
+                const __m256i mk = tail_mask(a->d - c < 8 ? a->d - c : 8);
+                _mm256_maskstore_ps(t[k].o[j] + c, mk,
+                                    _mm256_div_ps(_mm256_maskload_ps(t[k].o[j] + c, mk), lv));
+            }
+        }
+}
+
+/* The nt tiles t at tile width T (1, 2, 4): a constant in each inlined
+ * copy, so a tile's chains stay in registers and few queries (a decode
+ * step's GQA group) pay for no padding queries. */
+TGT static void ya_run_width(int T, ya_tile *t, uint32_t nt, const clb_att_args *a)
 {
     switch (T) {
     case 1:
-        ya_run(1, t, a);
+        ya_run(1, t, nt, a);
         break;
     case 2:
-        ya_run(2, t, a);
+        ya_run(2, t, nt, a);
         break;
     default:
-        ya_run(4, t, a);
+        ya_run(4, t, nt, a);
         break;
     }
 }
@@ -1939,18 +2033,20 @@ TGT static void avx2_attend_rows(const clb_att_rows *r, const clb_att_args *a)
 {
     const uint32_t nq = r->nr * r->nh;
     const int T = nq >= 4u ? 4 : nq > 2u ? 4 : (int)nq;
-    for (uint32_t t0 = 0; t0 < nq; t0 += (uint32_t)T) {
-        ya_tile t;
-        for (uint32_t j = 0; j < (uint32_t)T; j++) {
-            /* past the last query: the last one's input again, reaching nothing */
-            const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
-            t.q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
-            t.o[j] = r->out + (size_t)i * r->ldo + (size_t)g * a->d;
-            t.n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
-            if (t.n[j])
-                memset(t.o[j], 0, (size_t)a->d * sizeof(float));
-        }
-        ya_run_width(T, &t, a);
+    for (uint32_t g0 = 0; g0 < nq; g0 += (uint32_t)T * YA_G) {
+        ya_tile t[YA_G];
+        uint32_t nt = 0;
+        for (uint32_t t0 = g0; t0 < nq && nt < YA_G; t0 += (uint32_t)T, nt++)
+            for (uint32_t j = 0; j < (uint32_t)T; j++) {
+                /* past the last query: the last one's input again, reaching nothing */
+                const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
+                t[nt].q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
+                t[nt].o[j] = r->out + (size_t)i * r->ldo + (size_t)g * a->d;
+                t[nt].n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
+                if (t[nt].n[j])
+                    memset(t[nt].o[j], 0, (size_t)a->d * sizeof(float));
+            }
+        ya_run_width(T, t, nt, a);
     }
 }
 
@@ -1961,7 +2057,7 @@ TGT static void avx2_attend(float *out, const clb_att_args *a)
     t.q[0] = a->q;
     t.o[0] = out;
     t.n[0] = a->n;
-    ya_run_width(1, &t, a);
+    ya_run_width(1, &t, 1, a);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -71,6 +71,9 @@
  * replace. Declared here, not in kernels.h: only this file needs it. */
 const colibri_kernels *clb_avx2_form_table(int form);
 
+/* avx2.c's prefetch of a block of keys and values (attention). */
+void clb_att_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb);
+
 static const colibri_kernels *base(void)
 {
     return clb_avx2_form_table(2);
@@ -346,8 +349,11 @@ BLOCK512 __m512 att_exp16(__m512 x)
  * and one gather of a key column for ZA_T queries instead of one each.
  * A query's own operations are ref's, in ref's order, whatever tile it is
  * in; a query the block does not reach (n <= b, or only masked
- * positions) is left as it was (alpha 1: o * 1 = o exactly, no add). */
-enum { ZA_T = 8, ZA_C = 256 };
+ * positions) is left as it was (alpha 1: o * 1 = o exactly, no add).
+ * attend_rows runs up to ZA_G tiles as a group, block by block, each
+ * block's keys transposed (and an int8 cache's values widened) once for
+ * the group, as avx2.c's ya_run. */
+enum { ZA_T = 8, ZA_C = 256, ZA_G = 4 };
 
 typedef struct za_tile {
     const float *q[ZA_T];
@@ -416,10 +422,29 @@ static TGT512 __attribute__((noinline)) void za_keys(float *kt, const clb_att_ar
     }
 }
 
+/* vf[i * d + c] = value row (b + i)'s column c as float (int8 cache), for
+ * the rows i in keep: widened once for a group of tiles (exact). */
+static TGT512 __attribute__((noinline)) void za_vals(float *vf, const clb_att_args *a, uint32_t b,
+                                                     uint32_t nb, uint32_t keep)
+{
+    for (uint32_t i = 0; i < nb; i++) {
+        if (!(keep >> i & 1u))
+            continue;
+        const int8_t *vq = a->Vq + (size_t)(b + i) * a->ld;
+        for (uint32_t c = 0; c < a->d; c += 16) {
+            const __mmask16 mk = lanes16(a->d - c);
+            _mm512_mask_storeu_ps(vf + (size_t)i * a->d + c, mk,
+                                  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, vq + c))));
+        }
+    }
+}
+
 /* One block b of the tile: the scores, the running max and sum, and the
- * output update of every query the block reaches (kj: its lanes). */
+ * output update of every query the block reaches (kj: its lanes). shared:
+ * kt already holds the block's keys for every column (d <= ZA_C) and, for
+ * an int8 cache, vf its values as float (za_run's group). */
 BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t b, uint32_t nb,
-                       uint32_t keep, const uint32_t *kj, float *kt)
+                       uint32_t keep, const uint32_t *kj, float *kt, int shared, const float *vf)
 {
     const uint32_t d = a->d;
     __m512 acc[ZA_T];
@@ -428,7 +453,8 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
         acc[j] = _mm512_setzero_ps();
     for (uint32_t c0 = 0; c0 < d; c0 += ZA_C) {
         const uint32_t cn = d - c0 < ZA_C ? d - c0 : ZA_C;
-        za_keys(kt, a, b, (__mmask16)keep, c0, cn);
+        if (!shared)
+            za_keys(kt, a, b, (__mmask16)keep, c0, cn);
         for (uint32_t c = 0; c < cn; c++) {
             const __m512 k = _mm512_loadu_ps(kt + 16 * c);
             UNROLL
@@ -453,13 +479,8 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
                                : _mm512_mul_ps(_mm512_mul_ps(acc[j], ks), _mm512_set1_ps(a->scale));
         float s[CLB_ATT_BLOCK];
         _mm512_storeu_ps(s, sv);
-        float mb = -INFINITY; /* ref's max, in position order */
-        int live = 0;
-        for (uint32_t i = 0; i < nb; i++)
-            if (kj[j] >> i & 1u) {
-                mb = !live || s[i] > mb ? s[i] : mb;
-                live = 1;
-            }
+        /* ref's max, as a vector max (avx2.c ya_max16 says why that is exact) */
+        const float mb = _mm512_mask_reduce_max_ps((__mmask16)kj[j], sv);
         const float mn = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
         alpha[j] = t->any[j] ? clb_att_exp(t->m[j] - mn) : 0.0f;
         const __m512 pv = _mm512_maskz_mov_ps((__mmask16)kj[j],
@@ -470,6 +491,14 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
         t->m[j] = mn;
         t->any[j] = 1;
     }
+    /* The values: float rows at vr + i * vld (the f32 cache, or vf), or
+     * the int8 cache widened here. full: every query of the tile takes
+     * all 16 positions, so the loop needs no test of a lane (avx2.c). */
+    const float *vr = a->V ? a->V + (size_t)b * a->ld : shared ? vf : NULL;
+    const size_t vld = a->V ? a->ld : d;
+    int full = keep == 0xffffu;
+    for (int j = 0; j < T; j++)
+        full = full && kj[j] == 0xffffu;
     for (uint32_t c = 0; c < d; c += 16) {
         const __mmask16 mk = lanes16(d - c);
         __m512 o[ZA_T];
@@ -477,16 +506,27 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
         for (int j = 0; j < T; j++)
             o[j] = kj[j] ? _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, t->o[j] + c),
                                          _mm512_set1_ps(alpha[j])) : _mm512_setzero_ps();
-        for (uint32_t i = 0; i < nb; i++) {
-            if (!(keep >> i & 1u))
-                continue;
-            const size_t at = (size_t)(b + i) * a->ld + c;
-            const __m512 v = a->V ? _mm512_maskz_loadu_ps(mk, a->V + at)
-                : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, a->Vq + at)));
-            UNROLL
-            for (int j = 0; j < T; j++)
-                if (kj[j] >> i & 1u)
+        if (full) {
+            for (uint32_t i = 0; i < CLB_ATT_BLOCK; i++) {
+                const __m512 v = vr ? _mm512_maskz_loadu_ps(mk, vr + i * vld + c)
+                    : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                          _mm_maskz_loadu_epi8(mk, a->Vq + (size_t)(b + i) * a->ld + c)));
+                UNROLL
+                for (int j = 0; j < T; j++)
                     o[j] = _mm512_add_ps(o[j], _mm512_mul_ps(_mm512_set1_ps(w[j][i]), v));
+            }
+        } else {
+            for (uint32_t i = 0; i < nb; i++) {
+                if (!(keep >> i & 1u))
+                    continue;
+                const __m512 v = vr ? _mm512_maskz_loadu_ps(mk, vr + i * vld + c)
+                    : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                          _mm_maskz_loadu_epi8(mk, a->Vq + (size_t)(b + i) * a->ld + c)));
+                UNROLL
+                for (int j = 0; j < T; j++)
+                    if (kj[j] >> i & 1u)
+                        o[j] = _mm512_add_ps(o[j], _mm512_mul_ps(_mm512_set1_ps(w[j][i]), v));
+            }
         }
         UNROLL
         for (int j = 0; j < T; j++)
@@ -495,83 +535,79 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
     }
 }
 
-/* Prefetch (into L2) the keys and values of positions b .. b + nb: a block
- * of one KV head is 16 rows a cache row apart, which the hardware
- * prefetchers do not follow (decode at 2048 positions on Zen 4 waited on
- * memory for most of its attention time without this). */
-BLOCK512 void za_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb)
+/* The queries of the nt tiles t (n[j] positions each, outputs zeroed) to
+ * the end, block by block for the group. */
+BLOCK512 void za_run(const int T, za_tile *t, uint32_t nt, const clb_att_args *a)
 {
-    const size_t bytes = a->K ? (size_t)a->d * sizeof(float) : a->d;
-    const char *k = a->K ? (const char *)(a->K + (size_t)b * a->ld) : (const char *)(a->Kq + (size_t)b * a->ld);
-    const char *v = a->V ? (const char *)(a->V + (size_t)b * a->ld) : (const char *)(a->Vq + (size_t)b * a->ld);
-    const size_t ld = a->K ? a->ld * sizeof(float) : a->ld;
-    for (uint32_t i = 0; i < nb; i++)
-        for (size_t c = 0; c < bytes; c += 64) {
-            _mm_prefetch(k + i * ld + c, _MM_HINT_T1);
-            _mm_prefetch(v + i * ld + c, _MM_HINT_T1);
-        }
-}
-
-/* Blocks ahead that za_run prefetches. */
-enum { ZA_PF_BLOCKS = 2 };
-
-/* The queries of t (n[j] positions each, outputs zeroed) to the end. */
-BLOCK512 void za_run(const int T, za_tile *t, const clb_att_args *a)
-{
-    float kt[ZA_C * CLB_ATT_BLOCK];
+    float kt[ZA_C * CLB_ATT_BLOCK], vf[ZA_C * CLB_ATT_BLOCK];
+    const int shared = nt > 1 && a->d <= ZA_C; /* one tile: nothing to share */
     uint32_t nmax = 0;
-    for (int j = 0; j < T; j++) {
-        t->m[j] = -INFINITY;
-        t->l[j] = 0.0f;
-        t->any[j] = 0;
-        nmax = t->n[j] > nmax ? t->n[j] : nmax;
-    }
-    for (uint32_t b = 0; b < ZA_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
-        za_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
+    for (uint32_t k = 0; k < nt; k++)
+        for (int j = 0; j < T; j++) {
+            t[k].m[j] = -INFINITY;
+            t[k].l[j] = 0.0f;
+            t[k].any[j] = 0;
+            nmax = t[k].n[j] > nmax ? t[k].n[j] : nmax;
+        }
+    for (uint32_t b = 0; b < CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
+        clb_att_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
     for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
         const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
-        const uint32_t pf = b + ZA_PF_BLOCKS * CLB_ATT_BLOCK;
+        const uint32_t pf = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
         if (pf < nmax)
-            za_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
-        uint32_t keep = 0, reach = 0, kj[ZA_T]; /* lane bits of the unmasked positions */
+            clb_att_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
+        uint32_t keep = 0, all = 0, reach[ZA_G], kj[ZA_G][ZA_T]; /* lane bits of the unmasked positions */
         for (uint32_t i = 0; i < nb; i++)
             keep |= (uint32_t)(a->mask[b + i] != 0) << i;
-        for (int j = 0; j < T; j++) {
-            kj[j] = t->n[j] > b ? keep & lanes16(t->n[j] - b) : 0u;
-            reach |= kj[j];
+        for (uint32_t k = 0; k < nt; k++) {
+            reach[k] = 0;
+            for (int j = 0; j < T; j++) {
+                kj[k][j] = t[k].n[j] > b ? keep & lanes16(t[k].n[j] - b) : 0u;
+                reach[k] |= kj[k][j];
+            }
+            all |= reach[k];
         }
-        if (reach)
-            za_block(T, t, a, b, nb, reach, kj, kt);
-    }
-    for (int j = 0; j < T; j++) {
-        if (!t->any[j])
+        if (!all)
             continue;
-        const __m512 lv = _mm512_set1_ps(t->l[j]);
-        for (uint32_t c = 0; c < a->d; c += 16) {
-            const __mmask16 mk = lanes16(a->d - c);
-            _mm512_mask_storeu_ps(t->o[j] + c, mk,
-                                  _mm512_div_ps(_mm512_maskz_loadu_ps(mk, t->o[j] + c), lv));
+        if (shared) {
+            za_keys(kt, a, b, (__mmask16)all, 0, a->d);
+            if (!a->V)
+                za_vals(vf, a, b, nb, all);
         }
+        for (uint32_t k = 0; k < nt; k++)
+            if (reach[k])
+                za_block(T, t + k, a, b, nb, reach[k], kj[k], kt, shared, vf);
     }
+    for (uint32_t k = 0; k < nt; k++)
+        for (int j = 0; j < T; j++) {
+            if (!t[k].any[j])
+                continue;
+            const __m512 lv = _mm512_set1_ps(t[k].l[j]);
+            for (uint32_t c = 0; c < a->d; c += 16) {
+                const __mmask16 mk = lanes16(a->d - c);
+                _mm512_mask_storeu_ps(t[k].o[j] + c, mk,
+                                      _mm512_div_ps(_mm512_maskz_loadu_ps(mk, t[k].o[j] + c), lv));
+            }
+        }
 }
 
-/* t's queries at tile width T (1, 2, 4, 8): a constant in each inlined copy,
- * so a tile's chains stay in registers and few queries (a decode step's
- * GQA group) pay for no padding queries. */
-TGT512 static void za_run_width(int T, za_tile *t, const clb_att_args *a)
+/* The nt tiles t at tile width T (1, 2, 4, 8): a constant in each inlined
+ * copy, so a tile's chains stay in registers and few queries (a decode
+ * step's GQA group) pay for no padding queries. */
+TGT512 static void za_run_width(int T, za_tile *t, uint32_t nt, const clb_att_args *a)
 {
     switch (T) {
     case 1:
-        za_run(1, t, a);
+        za_run(1, t, nt, a);
         break;
     case 2:
-        za_run(2, t, a);
+        za_run(2, t, nt, a);
         break;
     case 4:
-        za_run(4, t, a);
+        za_run(4, t, nt, a);
         break;
     default:
-        za_run(8, t, a);
+        za_run(8, t, nt, a);
         break;
     }
 }
@@ -580,18 +616,20 @@ TGT512 static void z_attend_rows(const clb_att_rows *r, const clb_att_args *a)
 {
     const uint32_t nq = r->nr * r->nh;
     const int T = nq >= 8u ? 8 : nq > 2u ? 4 : (int)nq;
-    for (uint32_t t0 = 0; t0 < nq; t0 += (uint32_t)T) {
-        za_tile t;
-        for (uint32_t j = 0; j < (uint32_t)T; j++) {
-            /* past the last query: the last one's input again, reaching nothing */
-            const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
-            t.q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
-            t.o[j] = r->out + (size_t)i * r->ldo + (size_t)g * a->d;
-            t.n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
-            if (t.n[j])
-                memset(t.o[j], 0, (size_t)a->d * sizeof(float));
-        }
-        za_run_width(T, &t, a);
+    for (uint32_t g0 = 0; g0 < nq; g0 += (uint32_t)T * ZA_G) {
+        za_tile t[ZA_G];
+        uint32_t nt = 0;
+        for (uint32_t t0 = g0; t0 < nq && nt < ZA_G; t0 += (uint32_t)T, nt++)
+            for (uint32_t j = 0; j < (uint32_t)T; j++) {
+                /* past the last query: the last one's input again, reaching nothing */
+                const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
+                t[nt].q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
+                t[nt].o[j] = r->out + (size_t)i * r->ldo + (size_t)g * a->d;
+                t[nt].n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
+                if (t[nt].n[j])
+                    memset(t[nt].o[j], 0, (size_t)a->d * sizeof(float));
+            }
+        za_run_width(T, t, nt, a);
     }
 }
 
@@ -602,7 +640,7 @@ TGT512 static void z_attend(float *out, const clb_att_args *a)
     t.q[0] = a->q;
     t.o[0] = out;
     t.n[0] = a->n;
-    za_run_width(1, &t, a);
+    za_run_width(1, &t, 1, a);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -53,6 +53,10 @@ typedef struct clb_att_args {
 /* Positions per block of the attention schedule (ref.c clb_ref_attend). */
 #define CLB_ATT_BLOCK 16u
 
+/* Blocks of keys and values ahead that the x86 attention forms prefetch
+ * (avx2.c clb_att_prefetch). */
+#define CLB_ATT_PF_BLOCKS 2u
+
 /* Bytes ahead of each weight row's stream that a one-token (decode)
  * matmul requests into L2, in the forms that take one row per memory
  * stream (avx2.c STREAMS, avx512.c). Measured on Zen 3 and an Intel Xeon:

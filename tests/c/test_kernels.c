@@ -838,6 +838,60 @@ static void test_attend_rows(const colibri_kernels *k, uint32_t nr, uint32_t nh,
     att_cache_free(&cache);
 }
 
+/* Keys holding NaNs (a model gone wrong), one first in a block (ref's max
+ * starts from it): a query that reaches one is NaN throughout, as ref's;
+ * the others keep ref's bits. (A NaN's payload is not promised: the x86
+ * forms and ref differed in it before the vector max.) */
+static int same_or_both_nan(const float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(x + i, y + i, sizeof *x) != 0 && !(isnan(x[i]) && isnan(y[i])))
+            return 0;
+    return 1;
+}
+
+static void test_attend_nan(const colibri_kernels *k)
+{
+    static const uint32_t at[][3] = {{5, 0, 0x7fc00001u}, {21, 3, 0xffc00abcu}, {32, 7, 0x7fc12345u}};
+    const uint32_t n = 70, d = 64, nr = 5, nh = 2;
+    att_cache cache = att_cache_new(n, d, 0);
+    float *kf = cache.KF.p;
+    for (size_t i = 0; i < LEN(at); i++) {
+        float v;
+        memcpy(&v, &at[i][2], sizeof v);
+        kf[at[i][0] * ((size_t)d + 3) + at[i][1]] = v;
+    }
+    const size_t ldq = (size_t)nh * d;
+    buf Q = buf_new(nr * ldq, sizeof(float), 1), O1 = buf_new(nr * ldq, sizeof(float), 0);
+    buf O2 = buf_new(nr * ldq, sizeof(float), 1), P = buf_new(nr, sizeof(uint32_t), 0);
+    float *q = Q.p, *o1 = O1.p, *o2 = O2.p;
+    uint32_t *pos = P.p;
+    for (size_t i = 0; i < nr * ldq; i++)
+        q[i] = 4.0f * rng_sym();
+    for (uint32_t i = 0; i < nr; i++)
+        pos[i] = 3u + 16u * i; /* before, at and after each NaN */
+    clb_att_args a = att_cache_args(&cache, d, 0);
+    for (uint32_t i = 0; i < nr; i++)
+        for (uint32_t g = 0; g < nh; g++) {
+            a.q = q + i * ldq + (size_t)g * d;
+            a.n = pos[i] + 1;
+            clb_ref_attend(o1 + i * ldq + (size_t)g * d, &a);
+        }
+    clb_att_rows r = {q, o2, pos, ldq, ldq, nr, nh};
+    k->attend_rows(&r, &a);
+    n_checks++;
+    if (!same_or_both_nan(o1, o2, nr * ldq))
+        FAIL("%s attend_rows with NaN keys: not ref's bits", k->name);
+    a.q = q + (nr - 1) * ldq;
+    a.n = pos[nr - 1] + 1;
+    k->attend(o2, &a);
+    n_checks++;
+    if (!same_or_both_nan(o1 + (nr - 1) * ldq, o2, d))
+        FAIL("%s attend with NaN keys: not ref's bits", k->name);
+    buf_free(&Q); buf_free(&O1); buf_free(&O2); buf_free(&P);
+    att_cache_free(&cache);
+}
+
 static void test_attend_all(const colibri_kernels *k)
 {
     static const uint32_t AN[] = {1, 2, 15, 16, 17, 33, 100, 300};
@@ -859,6 +913,7 @@ static void test_attend_all(const colibri_kernels *k)
             for (int i8 = 0; i8 < 2; i8++)
                 for (int holes = 0; holes < 3; holes++)
                     test_attend_rows(k, RN[a][0], RN[a][1], RN[a][2], RD[b], i8, holes);
+    test_attend_nan(k);
 }
 
 static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
@@ -1140,6 +1195,78 @@ static double blk_time_call(const colibri_kernels *k, const blk_bench_args *a)
     return best;
 }
 
+/* --bench, attention: attend_rows of one KV head at depth npos, as the
+ * bench model's (head_dim 64, GQA pairs) decode step (1 row) and the last
+ * prefill chunk of 128 rows, float32 and int8 caches. Figures: ms per
+ * call and G pairs (query, position) per second. */
+typedef struct {
+    const colibri_kernels *k;
+    clb_att_rows r;
+    clb_att_args a;
+} att_bench_args;
+
+static double att_time_call(const att_bench_args *b)
+{
+    b->k->attend_rows(&b->r, &b->a); /* warm caches */
+    double best = 1e30, total = 0;
+    for (int batch = 0; batch < 5 && total < 1.5; batch++) {
+        int reps = 0;
+        double t0 = now_s(), t1;
+        do {
+            b->k->attend_rows(&b->r, &b->a);
+            reps++;
+            t1 = now_s();
+        } while (t1 - t0 < 0.1);
+        total += t1 - t0;
+        if ((t1 - t0) / reps < best)
+            best = (t1 - t0) / reps;
+    }
+    return best;
+}
+
+static void run_bench_attend(const colibri_kernels *ref, const colibri_kernels **opt, int nopt,
+                             const char *filter)
+{
+    const uint32_t npos = 2048, d = 64, nh = 2, rows[] = {1, 128};
+    att_cache cache = att_cache_new(npos, d, 0);
+    const size_t ldq = (size_t)nh * d;
+    buf Q = buf_new(128 * ldq, sizeof(float), 1), O = buf_new(128 * ldq, sizeof(float), 0);
+    buf P = buf_new(128, sizeof(uint32_t), 0);
+    printf("%-16s %-18s %10s %10s", "kernel", "rows x heads @ pos", "ref ms", "ref Gp/s");
+    for (int i = 0; i < nopt; i++)
+        printf(" %8s ms %7s Gp/s %6s", opt[i]->name, opt[i]->name, "x ref");
+    printf("\n");
+    for (int i8 = 0; i8 < 2; i8++)
+        for (size_t ri = 0; ri < LEN(rows); ri++) {
+            const char *name = i8 ? "attend i8" : "attend f32";
+            char shape[32];
+            snprintf(shape, sizeof shape, "%ux%u@%u", rows[ri], nh, npos);
+            if (filter && !strstr(name, filter) && !strstr(shape, filter))
+                continue;
+            uint32_t *pos = P.p;
+            double pairs = 0;
+            for (uint32_t i = 0; i < rows[ri]; i++) {
+                pos[i] = npos - rows[ri] + i;
+                pairs += (double)nh * (pos[i] + 1);
+            }
+            att_bench_args b;
+            b.a = att_cache_args(&cache, d, i8);
+            b.r = (clb_att_rows){Q.p, O.p, pos, ldq, ldq, rows[ri], nh};
+            b.k = ref;
+            double tr = att_time_call(&b);
+            printf("%-16s %-18s %10.3f %10.3f", name, shape, tr * 1e3, pairs / tr * 1e-9);
+            for (int i = 0; i < nopt; i++) {
+                b.k = opt[i];
+                double tk = att_time_call(&b);
+                printf(" %11.3f %12.3f %6.1f", tk * 1e3, pairs / tk * 1e-9, tr / tk);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+    buf_free(&Q); buf_free(&O); buf_free(&P);
+    att_cache_free(&cache);
+}
+
 static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels **opt, int nopt,
                              const char *filter)
 {
@@ -1256,6 +1383,7 @@ int main(int argc, char **argv)
     if (bench) {
         run_bench(ref, opt, nopt, filter);
         run_bench_blocks(ref, opt, nopt, filter);
+        run_bench_attend(ref, opt, nopt, filter);
         return 0;
     }
     test_attend_all(NULL); /* ref's attend against softmax in double */
