@@ -4,6 +4,8 @@ interleaved, at 1 and 2 threads.
 
     .venv/bin/python bench/context.py                  # N = 2048, int8 and q4
     .venv/bin/python bench/context.py --positions 128,2048 --precisions int8
+    .venv/bin/python bench/context.py --kernels avx2 --llama-build avx2
+                                      # an AVX2-only CPU's pair, on an AVX-512 one
 
 The model is bench/threads.py's "small" Mixtral (bench/models.py: hidden 1024,
 8 layers, 16 heads of 64, 8 KV heads), converted again with room for N + steps
@@ -74,9 +76,9 @@ def long_file(ms: models.ModelSet, precision: str, max_seq: int) -> Path:
     return out
 
 
-def llama_bench(gguf: Path, args: list) -> dict:
-    """One llama-bench run (native build) at 1 and 2 threads: {threads: tokens/s}."""
-    cmd = [str(threads.LLAMA_BENCH["native"]), "-m", str(gguf), *args, "-r", str(LLAMA_REPS),
+def llama_bench(gguf: Path, args: list, build: str) -> dict:
+    """One llama-bench run (build: native or avx2) at 1 and 2 threads: {threads: tokens/s}."""
+    cmd = [str(threads.LLAMA_BENCH[build]), "-m", str(gguf), *args, "-r", str(LLAMA_REPS),
            "-t", ",".join(map(str, THREADS)), "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     if proc.returncode:
@@ -140,7 +142,7 @@ def markdown(res: dict) -> str:
          f"- CPU: {cpu['model']}, {cpu['cores']} cores; {flags}",
          "- git: " + ", ".join(f"{k} {v}" for k, v in env["git"].items()),
          "- Colibri kernels: " + ", ".join(f"{k}: {v}" for k, v in res["kernels"].items()),
-         f"- llama-bench native (scripts/build_llama_bench.sh), `-r {LLAMA_REPS}`, defaults "
+         f"- llama-bench {res['llama_build']} (scripts/build_llama_bench.sh), `-r {LLAMA_REPS}`, defaults "
          "otherwise (flash attention auto)",
          f"- load average start/end: {env['loadavg_start']} / {env.get('loadavg_end')}",
          "- read bandwidth (bench/c/bandwidth.c, each round): " + "; ".join(
@@ -180,6 +182,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=32, help="decode steps (default 32)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     ap.add_argument("--no-llama", action="store_true", help="Colibri rows only")
+    ap.add_argument("--llama-build", choices=sorted(threads.LLAMA_BENCH), default="native",
+                    help="llama-bench build (default native; avx2: its AVX2-only build, the "
+                         "peer of Colibri's --kernels avx2 on an AVX-512 CPU)")
+    ap.add_argument("--kernels", help="Colibri's kernel table (COLIBRI_KERNELS: avx2, "
+                                      "avx2-vnni, avx512-vnni; default the best the CPU has)")
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "bench")
     ap.add_argument("--out", type=Path, help="results directory (default "
                                              "bench/results/context-<cpu>)")
@@ -202,7 +209,7 @@ def main(argv=None) -> int:
     ms = models.prepare("small", a.work / "models", log=log, with_gguf=not a.no_llama)
     ggufs = {}
     if not a.no_llama:
-        if not threads.LLAMA_BENCH["native"].exists():
+        if not threads.LLAMA_BENCH[a.llama_build].exists():
             log("no llama-bench (scripts/build_llama_bench.sh builds it): Colibri rows only")
         else:
             q4 = threads.prepare_q4(ms, True) if "q4" in precisions else {}
@@ -213,6 +220,8 @@ def main(argv=None) -> int:
     for k in kvs:
         if k not in ("f32", "i8"):
             ap.error(f"--kv: unknown {k!r} (f32, i8)")
+    if a.kernels:
+        os.environ["COLIBRI_KERNELS"] = a.kernels      # the servers inherit it
     servers = [threads.Server(engine(p, k), [progs["vnni"], long_file(ms, p, max_seq), tokens,
                                              *(["kv=i8"] if k == "i8" else [])], "colibri", p)
                for p in precisions for k in kvs]
@@ -233,8 +242,9 @@ def main(argv=None) -> int:
                 eng = f"llama-bench {PEER[p]}"
                 for n in positions:
                     log(f"round {r + 1}/{a.rounds}: {eng}, N = {n}")
-                    pre = llama_bench(g, ["-p", str(n), "-n", "0"])
-                    dec = llama_bench(g, ["-p", "0", "-n", str(a.steps), "-d", str(n)])
+                    pre = llama_bench(g, ["-p", str(n), "-n", "0"], a.llama_build)
+                    dec = llama_bench(g, ["-p", "0", "-n", str(a.steps), "-d", str(n)],
+                                      a.llama_build)
                     for t in map(str, THREADS):
                         cell = rnd.setdefault(eng, {}).setdefault(str(n), {}).setdefault(t, {})
                         for m, res in (("prefill", pre), ("decode", dec)):
@@ -254,6 +264,7 @@ def main(argv=None) -> int:
     bw = {t: threads._median([rnd["bandwidth_gb_s"].get(t) for rnd in rounds
                               if rnd["bandwidth_gb_s"].get(t)]) for t in map(str, THREADS)}
     res = {"env": env, "positions": positions, "precisions": precisions, "kv": kvs,
+           "llama_build": a.llama_build,
            "steps": a.steps,
            "rounds": a.rounds, "kernels": {s.name: s.info.get("kernels") for s in servers},
            "command": "bench/context.py " + " ".join(argv if argv is not None else sys.argv[1:]),
