@@ -620,15 +620,7 @@ TGT512 static void z_attend_rows(const clb_att_rows *r, const clb_att_args *a)
         za_tile t[ZA_G];
         uint32_t nt = 0;
         for (uint32_t t0 = g0; t0 < nq && nt < ZA_G; t0 += (uint32_t)T, nt++)
-            for (uint32_t j = 0; j < (uint32_t)T; j++) {
-                /* past the last query: the last one's input again, reaching nothing */
-                const uint32_t q = t0 + j < nq ? t0 + j : nq - 1, i = q / r->nh, g = q % r->nh;
-                t[nt].q[j] = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
-                t[nt].o[j] = r->out + (size_t)i * r->ldo + (size_t)g * a->d;
-                t[nt].n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
-                if (t[nt].n[j])
-                    memset(t[nt].o[j], 0, (size_t)a->d * sizeof(float));
-            }
+            clb_att_tile_queries(r, a->d, t0, (uint32_t)T, t[nt].q, t[nt].o, t[nt].n);
         za_run_width(T, t, nt, a);
     }
 }

@@ -77,6 +77,24 @@ typedef struct clb_att_rows {
     uint32_t nr, nh;
 } clb_att_rows;
 
+/* The T queries of the tile that starts at query t0 of r (query x: row
+ * x / nh, head x % nh, kernels' attend_rows forms): their inputs, their
+ * outputs (zeroed) and positions attended; past the last query, the last
+ * one's input again with none (a padding query, reaching nothing). */
+static inline void clb_att_tile_queries(const clb_att_rows *r, uint32_t d, uint32_t t0, uint32_t T,
+                                        const float **q, float **o, uint32_t *n)
+{
+    const uint32_t nq = r->nr * r->nh;
+    for (uint32_t j = 0; j < T; j++) {
+        const uint32_t x = t0 + j < nq ? t0 + j : nq - 1, i = x / r->nh, g = x % r->nh;
+        q[j] = r->q + (size_t)i * r->ldq + (size_t)g * d;
+        o[j] = r->out + (size_t)i * r->ldo + (size_t)g * d;
+        n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
+        if (n[j])
+            memset(o[j], 0, (size_t)d * sizeof(float));
+    }
+}
+
 typedef struct colibri_kernels {
     const char *name; /* "ref", "avx2", "avx2-vnni", "avx512-vnni", "neon",
                           "neon-dotprod" */
