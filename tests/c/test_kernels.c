@@ -1026,16 +1026,17 @@ static void bench_call(const colibri_kernels *k, int what, const bench_args *a)
     }
 }
 
-/* Seconds per call: best of several timed batches (the least disturbed). */
-static double time_call(const colibri_kernels *k, int what, const bench_args *a)
+/* Seconds per call of call(ctx): the best of up to 5 batches of at least
+ * 0.1 s each (the least disturbed), after one call to warm the caches. */
+static double best_seconds(void (*call)(void *ctx), void *ctx)
 {
-    bench_call(k, what, a); /* warm caches */
+    call(ctx);
     double best = 1e30, total = 0;
     for (int batch = 0; batch < 5 && total < 1.5; batch++) {
         int reps = 0;
         double t0 = now_s(), t1;
         do {
-            bench_call(k, what, a);
+            call(ctx);
             reps++;
             t1 = now_s();
         } while (t1 - t0 < 0.1);
@@ -1044,6 +1045,24 @@ static double time_call(const colibri_kernels *k, int what, const bench_args *a)
             best = (t1 - t0) / reps;
     }
     return best;
+}
+
+typedef struct {
+    const colibri_kernels *k;
+    int what;
+    const bench_args *a;
+} bench_ctx;
+
+static void bench_ctx_call(void *ctx)
+{
+    const bench_ctx *c = ctx;
+    bench_call(c->k, c->what, c->a);
+}
+
+static double time_call(const colibri_kernels *k, int what, const bench_args *a)
+{
+    bench_ctx c = {k, what, a};
+    return best_seconds(bench_ctx_call, &c);
 }
 
 static void *xmalloc(size_t bytes)
@@ -1169,25 +1188,23 @@ static void blk_bench_call(const colibri_kernels *k, const blk_bench_args *a, ui
     blk_matmul_of(k, a->dtype)(a->y, w, a->xq, a->xs, a->xb, a->n, a->rows, a->cols);
 }
 
-/* Seconds per call: best of several timed batches (as time_call). */
+/* Seconds per call (best_seconds), each call on the next copy of the weights. */
+typedef struct {
+    const colibri_kernels *k;
+    const blk_bench_args *a;
+    uint32_t i; /* the weights' copy, rotating */
+} blk_ctx;
+
+static void blk_ctx_call(void *ctx)
+{
+    blk_ctx *c = ctx;
+    blk_bench_call(c->k, c->a, c->i++);
+}
+
 static double blk_time_call(const colibri_kernels *k, const blk_bench_args *a)
 {
-    uint32_t i = 0;
-    blk_bench_call(k, a, i++);
-    double best = 1e30, total = 0;
-    for (int batch = 0; batch < 5 && total < 1.5; batch++) {
-        int reps = 0;
-        double t0 = now_s(), t1;
-        do {
-            blk_bench_call(k, a, i++);
-            reps++;
-            t1 = now_s();
-        } while (t1 - t0 < 0.1);
-        total += t1 - t0;
-        if ((t1 - t0) / reps < best)
-            best = (t1 - t0) / reps;
-    }
-    return best;
+    blk_ctx c = {k, a, 0};
+    return best_seconds(blk_ctx_call, &c);
 }
 
 /* --bench, attention: attend_rows of one KV head at depth npos, as the
@@ -1200,23 +1217,10 @@ typedef struct {
     clb_att_args a;
 } att_bench_args;
 
-static double att_time_call(const att_bench_args *b)
+static void att_call(void *ctx)
 {
-    b->k->attend_rows(&b->r, &b->a); /* warm caches */
-    double best = 1e30, total = 0;
-    for (int batch = 0; batch < 5 && total < 1.5; batch++) {
-        int reps = 0;
-        double t0 = now_s(), t1;
-        do {
-            b->k->attend_rows(&b->r, &b->a);
-            reps++;
-            t1 = now_s();
-        } while (t1 - t0 < 0.1);
-        total += t1 - t0;
-        if ((t1 - t0) / reps < best)
-            best = (t1 - t0) / reps;
-    }
-    return best;
+    const att_bench_args *b = ctx;
+    b->k->attend_rows(&b->r, &b->a);
 }
 
 static void run_bench_attend(const colibri_kernels *ref, const colibri_kernels **opt, int nopt,
@@ -1248,11 +1252,11 @@ static void run_bench_attend(const colibri_kernels *ref, const colibri_kernels *
             b.a = att_cache_args(&cache, d, i8);
             b.r = (clb_att_rows){Q.p, O.p, pos, ldq, ldq, rows[ri], nh};
             b.k = ref;
-            double tr = att_time_call(&b);
+            double tr = best_seconds(att_call, &b);
             printf("%-16s %-18s %10.3f %10.3f", name, shape, tr * 1e3, pairs / tr * 1e-9);
             for (int i = 0; i < nopt; i++) {
                 b.k = opt[i];
-                double tk = att_time_call(&b);
+                double tk = best_seconds(att_call, &b);
                 printf(" %11.3f %12.3f %6.1f", tk * 1e3, pairs / tk * 1e-9, tr / tk);
             }
             printf("\n");
