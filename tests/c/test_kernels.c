@@ -1271,7 +1271,7 @@ static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels *
 {
     static const uint32_t shapes[][3] = {
         {1, 2816, 1024}, {1, 1024, 2816}, {4, 2816, 1024}, {8, 2816, 1024},
-        {128, 2816, 1024}, {128, 1024, 2816},
+        {32, 2816, 1024}, {32, 1024, 2816}, {128, 2816, 1024}, {128, 1024, 2816},
     };
     static const char *names[] = {"matmul_q4_0", "matmul_q4_k", "matmul_q6_k", "matmul_q5_0",
                                   "matmul_q5_k"};
