@@ -1467,13 +1467,21 @@ static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const 
 
 /* Tile shapes. Decode (one token): BT_DEC_R rows a tile, one from each
  * eighth of W (STREAMS), lanes along rows.
- * Several tokens: BT_R rows x BT_T tokens, each weight block unpacked once
- * per BT_T tokens. */
+ * Several tokens, Q4_0 / Q5_0: BT_R rows x BT_T tokens, each weight block
+ * unpacked once per BT_T tokens.
+ * Several tokens, the K types (Q4_K, Q5_K, Q6_K): one row x BT_MAXT tokens
+ * (blk_panels), a block's scales and unpacked values serving 8 tokens. */
 /* (Measured on Zen 4, test_kernels --bench: decode R = 8 beat R = 4 by
  * 1.3-1.8x on Q4_0 and Q6_K; for prefill 4 x 2 beat 2 x 4 and 8 x 1 on Q4_0
  * and Q4_K, 2 x 4 was within noise on Q6_K. A gather for the rows' d lanes
- * was slower than the scalar loads: Q4_0 prefill 100 -> 78 GOPS.) */
+ * was slower than the scalar loads: Q4_0 prefill 100 -> 78 GOPS. Those
+ * tiles still spilled every product (scaled_acc); see blk_panels for the
+ * K types' 1 x 8.) */
 enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
+
+/* Rows of a K-type panel (blk_panels): its weights, at most this many
+ * bytes, stay in L2 while every 8-token tile of the call passes over them. */
+enum { BT_PANEL_BYTES = 128 << 10 };
 
 /* Y[t0 .. t0 + T, r0 .. r0 + R) for blocks of dtype dt: per block the
  * integer results of all combos (q4_0_dots, q4k_sums, q6k_sums), then ref's
@@ -1564,12 +1572,52 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
  * (R = 1, 8 tokens a tile). Every tile computes each of its outputs with
  * ref's operations in ref's order, so no tiling, here or by the caller,
  * changes a bit. */
+/* Y[n, rows] for a K type, n >= BT_MAXT: tiles of one row x 8 tokens.
+ * One row's block (144-212 bytes) is unpacked, its scales decoded, once for
+ * 8 tokens, against 4 rows x 2 tokens' once per 2 (fewer operations per
+ * product: a Q4_K row-block's unpacking costs about two tokens' products).
+ * A one-row tile reads its 8 tokens' activations (8 x 1-3 KiB) for every
+ * row, so rows go in panels of BT_PANEL_BYTES: each 8-token tile passes
+ * over a whole panel, its activations staying in L1 from row to row and the
+ * panel's weights in L2 from tile to tile; each weight is read from memory
+ * once per call (the first tile, prefetching ahead). Tokens past the last
+ * 8 use BT_R x 1 tiles, rows past the last BT_R of those 1 x 1.
+ * test_kernels --bench without VNNI on a Xeon, Q4_K / Q6_K, against 4 x 2:
+ * 32 x 2816 x 1024 2.32 -> 1.88 / 2.85 -> 1.99 ms, 128 tokens 8.7 -> 8.3 /
+ * 11.3 -> 8.7 ms. */
+BLOCK void blk_panels(const int vnni, const unsigned dt, float *Y, const uint8_t *W,
+                      const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
+                      uint32_t rows, uint32_t nb)
+{
+    const size_t row_bytes = (size_t)nb * BT_BYTES(dt);
+    const uint32_t pr = row_bytes >= BT_PANEL_BYTES ? 1u : (uint32_t)(BT_PANEL_BYTES / row_bytes);
+    for (uint32_t p0 = 0; p0 < rows; p0 += pr) {
+        const uint32_t pe = rows - p0 < pr ? rows : p0 + pr;
+        uint32_t t = 0;
+        for (; t + BT_MAXT <= n; t += BT_MAXT)
+            for (uint32_t r = p0; r < pe; r++)
+                blk_tile(vnni, dt, 1, BT_MAXT, Y, W, XQ, XS, XB, rows, nb, r, 1, t,
+                         t == 0 && r + 2 <= rows);
+        for (; t < n; t++) {
+            uint32_t r = p0;
+            for (; r + BT_R <= pe; r += BT_R)
+                blk_tile(vnni, dt, BT_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t, 0);
+            for (; r < pe; r++)
+                blk_tile(vnni, dt, 1, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t, 0);
+        }
+    }
+}
+
 BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t *W,
                       const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
                       uint32_t rows, uint32_t cols)
 {
     const uint32_t nb = (cols + BT_COLS(dt) - 1) / BT_COLS(dt);
     uint32_t r = 0;
+    if (BT_COLS(dt) == CLB_QK_COLS && n >= BT_MAXT) {
+        blk_panels(vnni, dt, Y, W, XQ, XS, XB, n, rows, nb);
+        return;
+    }
     if (n == 1) {
         const uint32_t eighth = rows / BT_DEC_R;
         for (; r < eighth; r++)
