@@ -33,8 +33,8 @@ TARGET = Target(
     budgets=dict(
         # libcolibri.a text+rodata+data. The host carries four x86 tables
         # (AVX2, VEX and EVEX VNNI, AVX-512 VNNI), each with its block
-        # kernels specialised per tile shape (decode 8 rows, prefill 4 x 2,
-        # tails; AVX-512's own Q4_K / Q6_K decode and 8 x 4, 8 x 2 prefill tiles),
+        # kernels specialised per tile shape (decode 8 rows, prefill 4 x 2 or
+        # 1 x 8, tails; AVX-512's own Q4_K / Q6_K decode and 8 x 4, 8 x 2 prefill tiles),
         # about 125 KiB, the tokenizer's Unicode 16 General_Category table
         # (16 KiB, for stored regex programs) and the streamed experts:
         # 289.7 KiB (294.3 with Unigram and NFKC, FORMAT.md 7.3; 296.8 with the normaliser programs and the byte-alphabet steps, 7.4; 301.3 with the streamed reader's thread in this mmap=0 build), so 320 KiB (the AVX-512 prefill forms, 1.3-1.4x avx2's
@@ -64,7 +64,9 @@ TARGET = Target(
         # tiles grouped over a block (keys transposed once for 8 or 4
         # tiles), a branch-free form for whole blocks and a vector max
         # (prefill attention at 2048 positions 1.5x, FINDINGS.md 17):
-        # 417.9, so 424 KiB. The embedded targets keep their own budgets.
+        # 417.9, so 424 KiB; the K types' prefill in one-row x 8-token tiles
+        # over L2 panels in the AVX2 tables (q4 prefill 1.37x there,
+        # FINDINGS.md 18): 416.2. The embedded targets keep their own budgets.
         runtime=424 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)
         firmware_ram=16 << 20,    # data+bss (arena included)

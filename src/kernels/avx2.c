@@ -1221,7 +1221,10 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
 #undef Q40_SRC
         }
     } else {
-        __m256i acc[8];
+        __m256i acc[8]; /* all 8 zeroed: as q4k_sums */
+        UNROLL
+        for (int k = 0; k < 8; k++)
+            acc[k] = _mm256_setzero_si256();
         UNROLL
         for (int r = 0; r < R; r++) {
             /* qs[16] -> [low nibbles = columns 0..15 | high nibbles = 16..31] */
@@ -1249,7 +1252,7 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
         sums = lane_sums(R * T, acc);
     }
     /* sum (q - z) x = sum q x - z * (sum of the block's 32 xq = XB 2b, 2b+1) */
-    int32_t off[BT_MAXT];
+    int32_t off[BT_MAXT] = {0}; /* lanes_of_tokens_i reads T of them */
     UNROLL
     for (int t = 0; t < T; t++)
         off[t] = zero * ((int32_t)xb[t][2 * b] + xb[t][2 * b + 1]);
@@ -1293,10 +1296,12 @@ BLOCK void q4k_sums(const int vnni, const int five, const int R, const int T, __
 {
     const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
     const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES, qo = five ? 52 : 20;
+    /* all 8 zeroed, though lane_sums reads only the first R * T: the
+     * compiler drops the rest, and the analysers need not follow NK */
     __m256i acc[8], macc[8];
     UNROLL
-    for (int k = 0; k < R * T; k++)
-        acc[k] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++)
+        acc[k] = macc[k] = _mm256_setzero_si256();
     UNROLL
     for (int r = 0; r < R; r++) {
         const uint8_t *blk = w[r] + (size_t)b * bytes;
@@ -1351,9 +1356,9 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
                        const int16_t *const xb[BT_MAXT], uint32_t b)
 {
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
-    __m256i acc[8];
+    __m256i acc[8]; /* all 8 zeroed: as q4k_sums */
     UNROLL
-    for (int k = 0; k < R * T; k++)
+    for (int k = 0; k < 8; k++)
         acc[k] = _mm256_setzero_si256();
     UNROLL
     for (int r = 0; r < R; r++) {
@@ -1524,7 +1529,7 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         else if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
                 _mm_prefetch((const char *)(W + pf + (size_t)b * R * bytes + o), _MM_HINT_T1);
-        float xsb[BT_MAXT], d[MAXR];
+        float xsb[BT_MAXT] = {0.0f}, d[MAXR]; /* xsb: lanes_of_tokens reads T of them */
         UNROLL
         for (int t = 0; t < T; t++)
             xsb[t] = xs[t][b];
@@ -1565,65 +1570,81 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     store_tile(R, T, acc, Y, rows, r0, t0, streams ? stride : 1u);
 }
 
-/* Y[n, rows] for blocks of dtype dt. Rows go in strips of R (whose weights,
- * a few KiB, stay in L1 while every token of the call passes over them), so
- * each weight is read from memory once per call; the activations (n x
- * padded cols) come from L2. Rows past the last whole strip go one at a time
- * (R = 1, 8 tokens a tile). Every tile computes each of its outputs with
- * ref's operations in ref's order, so no tiling, here or by the caller,
- * changes a bit. */
-/* Y[n, rows] for a K type, n >= BT_MAXT: tiles of one row x 8 tokens.
- * One row's block (144-212 bytes) is unpacked, its scales decoded, once for
- * 8 tokens, against 4 rows x 2 tokens' once per 2 (fewer operations per
- * product: a Q4_K row-block's unpacking costs about two tokens' products).
- * A one-row tile reads its 8 tokens' activations (8 x 1-3 KiB) for every
- * row, so rows go in panels of BT_PANEL_BYTES: each 8-token tile passes
- * over a whole panel, its activations staying in L1 from row to row and the
- * panel's weights in L2 from tile to tile; each weight is read from memory
- * once per call (the first tile, prefetching ahead). Tokens past the last
- * 8 use BT_R x 1 tiles, rows past the last BT_R of those 1 x 1.
+/* Y[n, rows) from row r0 on, for a K type: tiles of one row x 8 tokens.
+ * One row's block (148-212 bytes) is unpacked, its scales decoded, once
+ * for 8 tokens, against 4 rows x 2 tokens' once per 2 (fewer operations
+ * per product: a Q4_K row-block's unpacking costs about two tokens'
+ * products). A one-row tile reads its 8 tokens' activations (8 x 1-3 KiB)
+ * for every row, so rows go in panels of BT_PANEL_BYTES: each 8-token tile
+ * passes over a whole panel, its activations staying in L1 from row to row
+ * and the panel's weights in L2 from tile to tile; each weight is read from
+ * memory once per call (the first pass over the panel prefetches ahead).
+ * Tokens past the last 8 (all of them below 8) use BT_R x BT_T and BT_R x
+ * 1 tiles, rows past the last panel's last BT_R 1 x 1: the shapes of the
+ * Q4_0 strips, each inlined once per instance.
  * test_kernels --bench without VNNI on a Xeon, Q4_K / Q6_K, against 4 x 2:
- * 32 x 2816 x 1024 2.32 -> 1.88 / 2.85 -> 1.99 ms, 128 tokens 8.7 -> 8.3 /
- * 11.3 -> 8.7 ms. */
+ * 32 x 2816 x 1024 2.35 -> 1.74 / 2.72 -> 1.80 ms, 128 tokens 9.0 -> 6.8 /
+ * 10.5 -> 7.5 ms (bench/results/FINDINGS.md 18). */
 BLOCK void blk_panels(const int vnni, const unsigned dt, float *Y, const uint8_t *W,
                       const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
-                      uint32_t rows, uint32_t nb)
+                      uint32_t rows, uint32_t nb, uint32_t r0)
 {
     const size_t row_bytes = (size_t)nb * BT_BYTES(dt);
-    const uint32_t pr = row_bytes >= BT_PANEL_BYTES ? 1u : (uint32_t)(BT_PANEL_BYTES / row_bytes);
-    for (uint32_t p0 = 0; p0 < rows; p0 += pr) {
+    /* a multiple of BT_R, so only the last panel has rows past its strips */
+    const uint32_t pr = row_bytes * BT_R >= BT_PANEL_BYTES
+                            ? BT_R : (uint32_t)(BT_PANEL_BYTES / row_bytes) / BT_R * BT_R;
+    for (uint32_t p0 = r0; p0 < rows; p0 += pr) {
         const uint32_t pe = rows - p0 < pr ? rows : p0 + pr;
         uint32_t t = 0;
         for (; t + BT_MAXT <= n; t += BT_MAXT)
             for (uint32_t r = p0; r < pe; r++)
                 blk_tile(vnni, dt, 1, BT_MAXT, Y, W, XQ, XS, XB, rows, nb, r, 1, t,
                          t == 0 && r + 2 <= rows);
-        for (; t < n; t++) {
+        /* the last n % 8 tokens (all of them below 8) as the Q4_0 strips
+         * take tokens: pairs, then one */
+        for (const uint32_t t1 = t; t < n; t += BT_T) {
+            const int pair = t + BT_T <= n, prefetch = t == t1;
             uint32_t r = p0;
-            for (; r + BT_R <= pe; r += BT_R)
-                blk_tile(vnni, dt, BT_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t, 0);
+            for (; r + BT_R <= pe; r += BT_R) {
+                if (pair)
+                    blk_tile(vnni, dt, BT_R, BT_T, Y, W, XQ, XS, XB, rows, nb, r, 1, t,
+                             prefetch && r + 2 * BT_R <= rows);
+                else
+                    blk_tile(vnni, dt, BT_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t,
+                             prefetch && r + 2 * BT_R <= rows);
+            }
             for (; r < pe; r++)
-                blk_tile(vnni, dt, 1, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t, 0);
+                for (uint32_t k = t; k < n && k < t + BT_T; k++)
+                    blk_tile(vnni, dt, 1, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, k, 0);
         }
     }
 }
 
+/* Y[n, rows] for blocks of dtype dt. One token: decode tiles (STREAMS),
+ * then the rows past the last eighth as below. The K types: blk_panels.
+ * Q4_0 and Q5_0: rows in strips of BT_R (whose weights, a few KiB, stay in
+ * L1 while every token of the call passes over them), so each weight is
+ * read from memory once per call; the activations (n x padded cols) come
+ * from L2. Rows past the last whole strip go one at a time (R = 1, 8
+ * tokens a tile). Every tile computes each of its outputs with ref's
+ * operations in ref's order, so no tiling, here or by the caller, changes
+ * a bit. */
 BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t *W,
                       const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
                       uint32_t rows, uint32_t cols)
 {
     const uint32_t nb = (cols + BT_COLS(dt) - 1) / BT_COLS(dt);
     uint32_t r = 0;
-    if (BT_COLS(dt) == CLB_QK_COLS && n >= BT_MAXT) {
-        blk_panels(vnni, dt, Y, W, XQ, XS, XB, n, rows, nb);
-        return;
-    }
     if (n == 1) {
         const uint32_t eighth = rows / BT_DEC_R;
         for (; r < eighth; r++)
             blk_tile(vnni, dt, BT_DEC_R, 1, Y, W, XQ, XS, XB, rows, nb, r, eighth, 0,
                      r + 1 < eighth);
         r = BT_DEC_R * eighth;
+    }
+    if (BT_COLS(dt) == CLB_QK_COLS) {
+        blk_panels(vnni, dt, Y, W, XQ, XS, XB, n, rows, nb, r);
+        return;
     }
     for (; r + BT_R <= rows; r += BT_R) {
         const int prefetch = r + 2 * BT_R <= rows;
