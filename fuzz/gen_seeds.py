@@ -200,7 +200,7 @@ def seeds() -> dict[str, bytes]:
                                              desc=ENCDEC_DESC) + tail(base | VIA_FILE, seq=5),
         # The block types: --quant q4 on narrow rows (Q5_0, int8), and all
         # five block types in both byte orders (the big-endian one through
-        # colibri_init, which swaps only the blocks' float32 fields).
+        # colibri_init, which swaps only the blocks' fp16 scale fields).
         "seed-q4-mix": model_bytes(TINY, F.PRESET_Q4, seed=14) + tail(base | MASK, batch=1,
                                                                        mask=0b110),
         "seed-q4-blocks": block_bytes(seed=15) + tail(base | REWIND, seq=6),

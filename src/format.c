@@ -665,20 +665,21 @@ int clb_check_desc(const uint8_t *b, size_t size, const colibri_shape *s,
     return COLIBRI_OK;
 }
 
-/* Every float32 a known tensor stores (F32 values, I8/I16 scales, the
- * block types' d and dmin) must be finite: a CRC-valid file can still carry
+/* Every float a known tensor stores (F32 values, I8/I16 scales, the block
+ * types' fp16 d and dmin) must be finite: a CRC-valid file can still carry
  * NaN or infinity (crafted, or written by a buggy tool), which would turn
- * every logit into NaN. They lie at first + stride * b + 4 * j (b < blocks,
- * j < per) from the section's start. */
+ * every logit into NaN. They lie at first + stride * b + width * j (b <
+ * blocks, j < per) from the section's start; width 4 is a float32, 2 an
+ * fp16. */
 typedef struct float_fields {
-    uint64_t first, stride, per, blocks;
+    uint64_t first, stride, per, blocks, width;
 } float_fields;
 
-/* The float32 fields of the section entry `en` describes (none for an
+/* The float fields of the section entry `en` describes (none for an
  * optional unknown kind: not ours to read). */
 static float_fields fields_of(const uint8_t *en, uint32_t group, int be)
 {
-    float_fields f = { 0, 4, 1, 0 };
+    float_fields f = { 0, 4, 1, 0, 4 };
     unsigned kind = rd16(en + COLIBRI_ENT_KIND, be);
     if (kind < 1 || kind > COLIBRI_KIND_MAX)
         return f;
@@ -695,10 +696,12 @@ static float_fields fields_of(const uint8_t *en, uint32_t group, int be)
         f.first = (2 * rows * cols + 63) & ~(uint64_t)63;
         f.blocks = rows;
     } else if (clb_block_cols(dtype)) {
-        /* a block's scales start it (d, and dmin for Q4_K and Q5_K) */
         uint64_t B = clb_block_cols(dtype);
+        unsigned at;
+        f.per = clb_block_scales(dtype, &at);
+        f.first = at;
         f.stride = clb_block_bytes(dtype);
-        f.per = dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
+        f.width = 2;
         f.blocks = rows * ((cols + B - 1) / B);
     }
     return f;
@@ -716,6 +719,8 @@ int clb_check_section(const uint8_t *sec, const uint8_t *en, uint32_t index,
 {
     const uint64_t size = rd64(en + COLIBRI_ENT_SIZE, be);
     const float_fields f = fields_of(en, group, be);
+    /* all exponent bits set: infinity or NaN (an fp16's, shifted below) */
+    const uint32_t exp_all = f.width == 4 ? 0x7f800000u : 0x0f800000u;
     uint64_t bad = UINT64_MAX, b = 0; /* b: the next block to check */
     uint32_t got_crc = 0, bits = 0;
     for (uint64_t lo = 0; lo < size; lo += CHECK_PIECE) {
@@ -723,8 +728,10 @@ int clb_check_section(const uint8_t *sec, const uint8_t *en, uint32_t index,
         got_crc = colibri_crc32(got_crc, sec + lo, (size_t)(hi - lo));
         for (; bad == UINT64_MAX && b < f.blocks && f.first + f.stride * b < hi; b++)
             for (uint64_t j = 0; j < f.per; j++) {
-                bits = rd32(sec + f.first + f.stride * b + 4 * j, be);
-                if ((bits & 0x7f800000u) == 0x7f800000u) {
+                const uint8_t *at = sec + f.first + f.stride * b + f.width * j;
+                /* an fp16 shifted so that its mantissa sits in float32's */
+                bits = f.width == 4 ? rd32(at, be) : (uint32_t)rd16(at, be) << 13;
+                if ((bits & exp_all) == exp_all) {
                     bad = b * f.per + j;
                     break;
                 }
@@ -805,6 +812,13 @@ static int check_table(const uint8_t *b, size_t size, const colibri_shape *s,
 
         /* An unknown, non-critical kind's dtype and shape are a newer
          * writer's business (FORMAT.md 3): its size is taken as stored. */
+        if (known && dtype >= COLIBRI_DTYPE_RETIRED_MIN &&
+            dtype <= COLIBRI_DTYPE_RETIRED_MAX) {
+            clb_detail(detail, DETAIL_CAP, "tensor %u (%s): dtype %u is a retired "
+                       "float32-scale block of an older colibri: re-convert the model",
+                       (unsigned)i, kind_name(kind), (unsigned)dtype);
+            return COLIBRI_E_BAD_FORMAT;
+        }
         if (known && dtype > COLIBRI_DTYPE_MAX) {
             clb_detail(detail, DETAIL_CAP, "tensor %u (%s): unknown dtype %u",
                        (unsigned)i, kind_name(kind), (unsigned)dtype);

@@ -314,17 +314,15 @@ void clb_swap_section(uint8_t *sec, const uint8_t *en, int be, uint32_t group)
     clb_weight w = clb_weight_at(sec, en, be, group);
     uint8_t *q = sec;
     if (clb_block_cols(w.dtype)) {
-        /* Blocks: only their leading float32 fields (d, Q4_K's / Q5_K's dmin). */
+        /* Blocks: only their fp16 scales (d, Q4_K's / Q5_K's dmin). */
         uint64_t nblk = (uint64_t)w.rows * ((w.cols + clb_block_cols(w.dtype) - 1) /
                                             clb_block_cols(w.dtype));
-        unsigned nf = w.dtype == COLIBRI_DTYPE_Q4_K || w.dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
+        unsigned at, nf = clb_block_scales(w.dtype, &at);
         for (uint64_t k = 0; k < nblk; k++)
             for (unsigned f = 0; f < nf; f++) {
-                uint8_t *x = q + k * clb_block_bytes(w.dtype) + 4 * f, t0 = x[0], t1 = x[1];
-                x[0] = x[3];
-                x[1] = x[2];
-                x[2] = t1;
-                x[3] = t0;
+                uint8_t *x = q + k * clb_block_bytes(w.dtype) + at + 2 * f, t = x[0];
+                x[0] = x[1];
+                x[1] = t;
             }
         return;
     }

@@ -60,7 +60,9 @@ C_EXPECT = {
     "table crc": (CRC, r"table_crc 0x[0-9a-f]+ != computed"),
     "hidden changed": (BAD_FORMAT, r"tensor 0 \(EMBED\): shape \[83, 60\], the header implies \[83, 61\]"),
     "vocab overflow": (BAD_FORMAT, r"tensor 0 \(EMBED\): shape \[83, 60\], the header implies \[4294967295, 60\]"),
-    "unknown dtype": (BAD_FORMAT, r"tensor 0 \(EMBED\): unknown dtype 9"),
+    "unknown dtype": (BAD_FORMAT, r"tensor 0 \(EMBED\): unknown dtype 13"),
+    "retired dtype": (BAD_FORMAT, r"tensor 0 \(EMBED\): dtype 4 is a retired float32-scale "
+                      r"block of an older colibri: re-convert the model"),
     "dtype not allowed": (BAD_FORMAT, r"tensor 1 \(ATTN_NORM\): dtype 1 not allowed"),
     "rows changed": (BAD_FORMAT, r"tensor 0 \(EMBED\): shape \[84, 60\]"),
     "size wrong": (BAD_FORMAT, r"tensor 0 \(EMBED\): size 4, dtype 0 \[83, 60\] needs 19920"),
@@ -464,20 +466,22 @@ def test_non_finite_weights_are_refused_in_c_and_python(replay_exe, tmp_path, qu
 
 from feature_models import DESCRIPTIONS, write_model  # noqa: E402
 
-def _last_float_at(cf, e) -> int:
-    """The offset in its section of the last float32 a tensor stores (an F32
-    value, an I8/I16 scale, or the last block's d, or dmin for Q4_K/Q5_K)."""
+def _last_float_at(cf, e) -> tuple[int, str]:
+    """(offset in its section, struct code) of the last float a tensor
+    stores: an F32 value or an I8/I16 scale ("f"), or the last block's fp16
+    d, or dmin for Q4_K/Q5_K ("e")."""
     from colibri.file import blocks as B
     n = e.rows * e.cols
     if e.dtype == 0:
-        return 4 * (n - 1)
+        return 4 * (n - 1), "f"
     if e.dtype == 1:
         g = cf.shape.group_size
-        return F.align64(n) + 4 * (e.rows * -(-e.cols // g) - 1)
+        return F.align64(n) + 4 * (e.rows * -(-e.cols // g) - 1), "f"
     if e.dtype == 2:
-        return F.align64(2 * n) + 4 * (e.rows - 1)
+        return F.align64(2 * n) + 4 * (e.rows - 1), "f"
     last_block = e.rows * -(-e.cols // B.BLOCK_COLS[e.dtype]) - 1
-    return last_block * B.BLOCK_BYTES[e.dtype] + (4 if e.dtype in B.AFFINE_K else 0)
+    fields = B.BLOCK_DTYPES[e.dtype].fields
+    return last_block * B.BLOCK_BYTES[e.dtype] + fields["dmin" if "dmin" in fields else "d"][1], "e"
 
 
 @pytest.mark.parametrize("quant", ["f32", "int8", "q4"])
@@ -494,13 +498,14 @@ def test_a_non_finite_scale_deep_in_a_large_section_is_refused(replay_exe, tmp_p
     raw = path.read_bytes()
     cf = F.parse(raw)
     big = [i for i, e in enumerate(cf.entries)
-           if e.kind != F.Kind.DESC and _last_float_at(cf, e) >= 65536]
+           if e.kind != F.Kind.DESC and _last_float_at(cf, e)[0] >= 65536]
     assert big, [e.size for e in cf.entries]
     files = {}
     for i in big:
         e = cf.entries[i]
         out = bytearray(raw)
-        struct.pack_into("<f", out, e.offset + _last_float_at(cf, e), float("nan"))
+        at, code = _last_float_at(cf, e)
+        struct.pack_into("<" + code, out, e.offset + at, float("nan"))
         struct.pack_into("<I", out, 64 + 40 * i + 32,
                          zlib.crc32(bytes(out[e.offset:e.offset + e.size])))
         n_t = len(cf.entries)
@@ -743,7 +748,7 @@ BYTE_ORDERS = {"little": "<", "big": ">"}
 
 def _replay_flags(bc: str) -> int:
     """A big-endian file goes through colibri_init (a path: read, then the
-    blocks' float32 fields swapped), as a little-endian host loads it;
+    blocks' fp16 fields swapped), as a little-endian host loads it;
     zero-copy would refuse it with COLIBRI_E_BYTE_ORDER before any check."""
     return FLAGS | (replay.VIA_FILE if bc == ">" else 0)
 
@@ -788,75 +793,81 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
     i_wo = idx[(F.Kind.WO, 0, NI)]
     i_norm, i_ffn = idx[(F.Kind.ATTN_NORM, 0, NI)], idx[(F.Kind.FFN_NORM, 0, NI)]
     i_router, i_final = idx[(F.Kind.ROUTER, 0, NI)], idx[(F.Kind.FINAL_NORM, NI, NI)]
-    emb, lm, wv, w1, wo = (cf.entries[i] for i in (i_emb, i_lm, i_wv, i_w1, i_wo))
+    emb, lm, wv, wo = (cf.entries[i] for i in (i_emb, i_lm, i_wv, i_wo))
     set_ = lambda i, name, v: (lambda r: _entry_set(r, bc, i, name, v))  # noqa: E731
 
     def sizes(e, dtype):
         return F.section_size(dtype, e.rows, e.cols, cf.shape.group_size)
 
+    def relabelled(what, i, dtype):
+        """Entry i's dtype set to another: its stored size is the other type's."""
+        e = cf.entries[i]
+        return Case(what, set_(i, "dtype", dtype), BAD_FORMAT,
+                    rf"tensor {i} \({F.Kind(e.kind).name}\): size {e.size}, dtype {dtype} "
+                    rf"\[{e.rows}, {e.cols}\] needs {sizes(e, dtype)}",
+                    rf"size = {e.size}, expected {sizes(e, dtype)}")
+
+    Q4_0, Q4_K, Q6_K, Q5_0, Q5_K = (int(F.DType[n]) for n in ("Q4_0", "Q4_K", "Q6_K", "Q5_0", "Q5_K"))
+    nbytes = F.blocks.BLOCK_BYTES
+    qs_at = {t: F.blocks.BLOCK_DTYPES[t].fields["qs"][1] for t in (Q4_0, Q5_0)}
+    qh_at = F.blocks.BLOCK_DTYPES[Q5_0].fields["qh"][1]
     cases = [
         # A block section one block short, or one block long: the size no
         # longer matches rows * ceil(cols / B) blocks.
-        Case("Q4_K size one block short", set_(i_emb, "size", emb.size - 148), BAD_FORMAT,
-             rf"tensor {i_emb} \(EMBED\): size {emb.size - 148}, dtype 4 \[17, 16\] needs {emb.size}",
-             rf"entry {i_emb} \(EMBED\): size = {emb.size - 148}, expected {emb.size}"),
-        Case("Q6_K size one block long", set_(i_lm, "size", lm.size + 212), BAD_FORMAT,
-             rf"tensor {i_lm} \(LM_HEAD\): size {lm.size + 212}, dtype 5 \[17, 16\] needs {lm.size}",
-             rf"entry {i_lm} \(LM_HEAD\): size = {lm.size + 212}, expected {lm.size}"),
+        Case("Q4_K size one block short", set_(i_emb, "size", emb.size - nbytes[Q4_K]), BAD_FORMAT,
+             rf"tensor {i_emb} \(EMBED\): size {emb.size - nbytes[Q4_K]}, dtype {Q4_K} \[17, 16\] needs {emb.size}",
+             rf"entry {i_emb} \(EMBED\): size = {emb.size - nbytes[Q4_K]}, expected {emb.size}"),
+        Case("Q6_K size one block long", set_(i_lm, "size", lm.size + nbytes[Q6_K]), BAD_FORMAT,
+             rf"tensor {i_lm} \(LM_HEAD\): size {lm.size + nbytes[Q6_K]}, dtype {Q6_K} \[17, 16\] needs {lm.size}",
+             rf"entry {i_lm} \(LM_HEAD\): size = {lm.size + nbytes[Q6_K]}, expected {lm.size}"),
         # The dtype relabelled: the stored bytes have the other type's size.
-        Case("Q4_K relabelled Q4_0", set_(i_emb, "dtype", 3), BAD_FORMAT,
-             rf"tensor {i_emb} \(EMBED\): size {emb.size}, dtype 3 \[17, 16\] needs "
-             rf"{sizes(emb, 3)}", rf"size = {emb.size}, expected {sizes(emb, 3)}"),
-        Case("Q6_K relabelled Q4_K", set_(i_lm, "dtype", 4), BAD_FORMAT,
-             rf"tensor {i_lm} \(LM_HEAD\): size {lm.size}, dtype 4 \[17, 16\] needs "
-             rf"{sizes(lm, 4)}", rf"size = {lm.size}, expected {sizes(lm, 4)}"),
-        Case("Q5_0 relabelled Q4_0", set_(i_wo, "dtype", 3), BAD_FORMAT,
-             rf"tensor {i_wo} \(WO\): size {wo.size}, dtype 3 \[{wo.rows}, {wo.cols}\] needs "
-             rf"{sizes(wo, 3)}", rf"size = {wo.size}, expected {sizes(wo, 3)}"),
-        Case("Q4_0 relabelled Q5_0", set_(i_wv, "dtype", 6), BAD_FORMAT,
-             rf"tensor {i_wv} \(WV\): size {wv.size}, dtype 6 \[4, 16\] needs "
-             rf"{sizes(wv, 6)}", rf"size = {wv.size}, expected {sizes(wv, 6)}"),
-        Case("Q4_0 relabelled I8_GROUP", set_(i_wv, "dtype", 1), BAD_FORMAT,
-             rf"tensor {i_wv} \(WV\): size {wv.size}, dtype 1 \[4, 16\] needs "
-             rf"{sizes(wv, 1)}", rf"size = {wv.size}, expected {sizes(wv, 1)}"),
-        Case("Q4_K relabelled F32", set_(i_w1, "dtype", 0), BAD_FORMAT,
-             rf"tensor {i_w1} \(EXPERT_W1\): size {w1.size}, dtype 0 \[8, 16\] "
-             rf"needs {sizes(w1, 0)}", rf"size = {w1.size}, expected {sizes(w1, 0)}"),
-        Case("dtype one past Q5_K", set_(i_emb, "dtype", 8), BAD_FORMAT,
-             rf"tensor {i_emb} \(EMBED\): unknown dtype 8", r"entry 0 \(EMBED\).*dtype"),
-        Case("Q4_K relabelled Q5_K", set_(i_emb, "dtype", 7), BAD_FORMAT,
-             rf"tensor {i_emb} \(EMBED\): size {emb.size}, dtype 7 \[17, 16\] needs "
-             rf"{sizes(emb, 7)}", rf"size = {emb.size}, expected {sizes(emb, 7)}"),
+        relabelled("Q4_K relabelled Q4_0", i_emb, Q4_0),
+        relabelled("Q6_K relabelled Q4_K", i_lm, Q4_K),
+        relabelled("Q5_0 relabelled Q4_0", i_wo, Q4_0),
+        relabelled("Q4_0 relabelled Q5_0", i_wv, Q5_0),
+        relabelled("Q4_0 relabelled I8_GROUP", i_wv, 1),
+        relabelled("Q4_K relabelled F32", i_w1, 0),
+        relabelled("Q4_K relabelled Q5_K", i_emb, Q5_K),
+        Case("dtype one past the last", set_(i_emb, "dtype", int(max(F.DType)) + 1), BAD_FORMAT,
+             rf"tensor {i_emb} \(EMBED\): unknown dtype {int(max(F.DType)) + 1}",
+             r"entry 0 \(EMBED\).*dtype"),
+        # A retired id (the float32-scale blocks, 3..7): refused by name,
+        # whatever the section size, so an old file asks to be re-converted.
+        *(Case(f"retired dtype {r}", set_(i_emb, "dtype", r), BAD_FORMAT,
+               rf"tensor {i_emb} \(EMBED\): dtype {r} is a retired float32-scale block.*"
+               "re-convert", rf"entry {i_emb} \(EMBED\): dtype {r} is a retired "
+               "float32-scale block.*re-convert") for r in F.blocks.RETIRED),
         # A block type on a kind that does not allow one (norms, router).
-        Case("ATTN_NORM as Q4_0", set_(i_norm, "dtype", 3), BAD_FORMAT,
-             rf"tensor {i_norm} \(ATTN_NORM\): dtype 3 not allowed for this kind",
+        Case("ATTN_NORM as Q4_0", set_(i_norm, "dtype", Q4_0), BAD_FORMAT,
+             rf"tensor {i_norm} \(ATTN_NORM\): dtype {Q4_0} not allowed for this kind",
              r"dtype Q4_0 is not allowed for ATTN_NORM"),
-        Case("FFN_NORM as Q4_K", set_(i_ffn, "dtype", 4), BAD_FORMAT,
-             rf"tensor {i_ffn} \(FFN_NORM\): dtype 4 not allowed for this kind",
+        Case("FFN_NORM as Q4_K", set_(i_ffn, "dtype", Q4_K), BAD_FORMAT,
+             rf"tensor {i_ffn} \(FFN_NORM\): dtype {Q4_K} not allowed for this kind",
              r"dtype Q4_K is not allowed for FFN_NORM"),
-        Case("FINAL_NORM as Q6_K", set_(i_final, "dtype", 5), BAD_FORMAT,
-             rf"tensor {i_final} \(FINAL_NORM\): dtype 5 not allowed for this kind",
+        Case("FINAL_NORM as Q6_K", set_(i_final, "dtype", Q6_K), BAD_FORMAT,
+             rf"tensor {i_final} \(FINAL_NORM\): dtype {Q6_K} not allowed for this kind",
              r"dtype Q6_K is not allowed for FINAL_NORM"),
-        Case("ROUTER as Q4_K", set_(i_router, "dtype", 4), BAD_FORMAT,
-             rf"tensor {i_router} \(ROUTER\): dtype 4 not allowed for this kind",
+        Case("ROUTER as Q4_K", set_(i_router, "dtype", Q4_K), BAD_FORMAT,
+             rf"tensor {i_router} \(ROUTER\): dtype {Q4_K} not allowed for this kind",
              r"dtype Q4_K is not allowed for ROUTER"),
-        Case("ROUTER as Q4_0", set_(i_router, "dtype", 3), BAD_FORMAT,
-             rf"tensor {i_router} \(ROUTER\): dtype 3 not allowed for this kind",
+        Case("ROUTER as Q4_0", set_(i_router, "dtype", Q4_0), BAD_FORMAT,
+             rf"tensor {i_router} \(ROUTER\): dtype {Q4_0} not allowed for this kind",
              r"dtype Q4_0 is not allowed for ROUTER"),
-        Case("ATTN_NORM as Q5_0", set_(i_norm, "dtype", 6), BAD_FORMAT,
-             rf"tensor {i_norm} \(ATTN_NORM\): dtype 6 not allowed for this kind",
+        Case("ATTN_NORM as Q5_0", set_(i_norm, "dtype", Q5_0), BAD_FORMAT,
+             rf"tensor {i_norm} \(ATTN_NORM\): dtype {Q5_0} not allowed for this kind",
              r"dtype Q5_0 is not allowed for ATTN_NORM"),
-        Case("ROUTER as Q5_K", set_(i_router, "dtype", 7), BAD_FORMAT,
-             rf"tensor {i_router} \(ROUTER\): dtype 7 not allowed for this kind",
+        Case("ROUTER as Q5_K", set_(i_router, "dtype", Q5_K), BAD_FORMAT,
+             rf"tensor {i_router} \(ROUTER\): dtype {Q5_K} not allowed for this kind",
              r"dtype Q5_K is not allowed for ROUTER"),
         # A block's padding columns (16..31 of a 16-column Q4_0 row: the
         # high nibbles of qs) hold other values: still valid (a reader never
         # uses them), and the logits stay finite.
         Case("padding nibbles of a Q4_0 block changed", lambda r: _section_crc_fixed(
-            _set_high_nibbles(r, wv.offset + 4, 16), bc, i_wv), 0, "", None),
-        # Q5_0's padding: the high nibbles and qh bits 16..31 (bytes 6, 7)
+            _set_high_nibbles(r, wv.offset + qs_at[Q4_0], 16), bc, i_wv), 0, "", None),
+        # Q5_0's padding: the high nibbles and qh bits 16..31 (qh's bytes 2, 3)
         Case("padding nibbles and high bits of a Q5_0 block changed", lambda r: _section_crc_fixed(
-            _set_high_nibbles(_set_high_nibbles(r, wo.offset + 8, 16), wo.offset + 6, 2),
+            _set_high_nibbles(_set_high_nibbles(r, wo.offset + qs_at[Q5_0], 16),
+                              wo.offset + qh_at + 2, 2),
             bc, i_wo), 0, "", None),
     ]
     return cases
@@ -880,19 +891,20 @@ def test_block_hostile_cases_in_c_and_python(replay_exe, block_file, tmp_path):
 
 def _block_floats(e: F.Entry) -> list[tuple[int, int]]:
     """(float index as both readers count it, byte offset in the section) of
-    the float32 fields of the first and the last block of a block tensor:
-    d (and Q4_K's or Q5_K's dmin at +4) of each block, block after block."""
+    the fp16 fields of the first and the last block of a block tensor: d
+    (and Q4_K's or Q5_K's dmin) of each block, block after block."""
+    fields = F.blocks.BLOCK_DTYPES[e.dtype].fields
+    offs = [fields[f][1] for f in ("d", "dmin") if f in fields]
     nb = e.rows * F.blocks.n_blocks(e.cols, e.dtype)
-    per = 2 if e.dtype in (F.DType.Q4_K, F.DType.Q5_K) else 1
-    size = F.blocks.BLOCK_BYTES[e.dtype]
-    picks = [(0, 0), (per * (nb - 1), size * (nb - 1))]
+    per, size = len(offs), F.blocks.BLOCK_BYTES[e.dtype]
+    picks = [(0, offs[0]), (per * (nb - 1), size * (nb - 1) + offs[0])]
     if per == 2:
-        picks.append((per * (nb - 1) + 1, size * (nb - 1) + 4))   # the last dmin
+        picks.append((per * (nb - 1) + 1, size * (nb - 1) + offs[1]))   # the last dmin
     return picks
 
 
 def test_non_finite_block_scales_are_refused_in_c_and_python(replay_exe, block_file, tmp_path):
-    """NaN or infinity in a block's d (or a Q4_K block's dmin), first block
+    """NaN or infinity in a block's fp16 d (or a Q4_K block's dmin), first block
     and last, with every CRC valid, in either byte order: C check_finite and
     Python _check_finite both refuse the file, naming the tensor and the
     same float of its scales (counted d, dmin, d, dmin, ... block by block)."""
@@ -905,7 +917,7 @@ def test_non_finite_block_scales_are_refused_in_c_and_python(replay_exe, block_f
         for k, at in _block_floats(e):
             for v in (float("nan"), float("inf")):
                 b = bytearray(raw)
-                struct.pack_into(bc + "f", b, e.offset + at, v)
+                struct.pack_into(bc + "e", b, e.offset + at, v)
                 files[(i, k, v)] = bytes(_section_crc_fixed(b, bc, i))
     # EMBED, WQ, WK, WV, WO, LM_HEAD and three per expert.
     assert len({i for i, _, _ in files}) == 6 + 3 * cf.shape.n_experts

@@ -148,3 +148,20 @@ def test_searches_beat_their_starting_points():
     e0 = ((s0[:, None] * l0 + lo[:, None] - x) ** 2).sum(-1)
     assert np.all(e <= e0 * (1 + 1e-5))
     assert np.all(m >= 0) and np.all(l <= 15)
+
+
+@pytest.mark.parametrize("dtype", [B.Q4_0, B.Q5_0, B.Q4_K, B.Q5_K, B.Q6_K])
+def test_scales_are_fp16_and_too_large_ones_are_refused(dtype):
+    """Every stored scale is an fp16 (the block layout's type); weights
+    whose block scale would pass fp16's largest value are refused with a
+    message, not written as infinity."""
+    from colibri.errors import ColibriError
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((4, 512)).astype(np.float32)
+    blk = kquants.quantize(w, dtype)
+    assert blk.dtype["d"] == np.float16
+    assert np.all(np.isfinite(blk["d"].astype(np.float32)))
+    top = w / np.abs(w).max() * np.float32(B.F16_MAX)       # the largest weight that fits
+    assert np.all(np.isfinite(kquants.quantize(top, dtype)["d"].astype(np.float32)))
+    with pytest.raises(ColibriError, match="beyond fp16's range"):
+        kquants.quantize(top * np.float32(1.01), dtype)

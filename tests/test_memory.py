@@ -40,8 +40,8 @@ def _entry_bytes(e, group):
         return up(n) + 4 * e.rows * -(-e.cols // group)
     if e.dtype == 2:
         return up(2 * n) + 4 * e.rows
-    cols, nbytes = {3: (32, 20), 4: (256, 148), 5: (256, 212), 6: (32, 24),
-                    7: (256, 180)}[e.dtype]
+    cols, nbytes = {8: (32, 18), 9: (256, 144), 10: (256, 210), 11: (32, 22),
+                    12: (256, 176)}[e.dtype]
     return e.rows * -(-e.cols // cols) * nbytes
 
 

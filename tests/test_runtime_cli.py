@@ -86,7 +86,8 @@ def test_verify_names_a_damaged_block_section(c_build, colibri_file, tmp_path):
     i = cf.entries.index(e)
     assert cformat.DType(e.dtype) == cformat.DType.Q5_0
     data = bytearray(path.read_bytes())
-    data[e.offset + 24 * 7 + 9] ^= 0x10              # block 7's qs, not its d
+    nbytes = cformat.blocks.BLOCK_BYTES[e.dtype]
+    data[e.offset + nbytes * 7 + 9] ^= 0x10          # block 7's qs, not its d
     crc = tmp_path / "crc.colibri"
     crc.write_bytes(bytes(data))
     proc = cli(build, "--model", crc, "--verify", check=False)
@@ -98,7 +99,7 @@ def test_verify_names_a_damaged_block_section(c_build, colibri_file, tmp_path):
     import zlib
     from test_hostile_c import _section_crc_fixed
     data = bytearray(path.read_bytes())
-    struct.pack_into("<f", data, e.offset + 24 * 7, float("nan"))
+    struct.pack_into("<e", data, e.offset + nbytes * 7, float("nan"))   # fp16 d at 0
     nan = tmp_path / "nan.colibri"
     nan.write_bytes(bytes(_section_crc_fixed(data, "<", i)))
     assert zlib.crc32(bytes(nan.read_bytes()[e.offset:e.offset + e.size])) != e.crc

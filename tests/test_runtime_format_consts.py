@@ -48,6 +48,9 @@ def python_constants() -> dict[str, int | str]:
     want.update({f"COLIBRI_KIND_{k.name}": int(k) for k in cformat.Kind})
     want.update({f"COLIBRI_DTYPE_{d.name}": int(d) for d in cformat.DType})
     want["COLIBRI_DTYPE_MAX"] = max(cformat.DType)
+    want["COLIBRI_DTYPE_RETIRED_MIN"] = min(blocks.RETIRED)
+    want["COLIBRI_DTYPE_RETIRED_MAX"] = max(blocks.RETIRED)
+    want["COLIBRI_Q6_K_D"] = blocks.BLOCK_DTYPES[blocks.Q6_K].fields["d"][1]
     want["COLIBRI_Q4_0_COLS"] = blocks.BLOCK_COLS[blocks.Q4_0]
     want["COLIBRI_QK_COLS"] = blocks.BLOCK_COLS[blocks.Q4_K]
     assert blocks.BLOCK_COLS[blocks.Q6_K] == blocks.BLOCK_COLS[blocks.Q4_K]

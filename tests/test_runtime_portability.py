@@ -29,7 +29,7 @@ COLIBRI_E_BYTE_ORDER = -6
 def tiny_files(colibri_file, tmp_path_factory):
     """tiny int8 (every dtype path: I16 embed/router, I8 experts) in both
     byte orders, plus tiny f32 big-endian, and k256 with `--quant q4`
-    (Q4_K, Q6_K, Q4_0 blocks: a swap touches only their float32 fields) in
+    (Q4_K, Q6_K, Q4_0 blocks: a swap touches only their fp16 scale fields) in
     both byte orders."""
     d = tmp_path_factory.mktemp("byteorder")
     le = colibri_file("tiny", "int8")

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import targets  # noqa: E402
 from colibri.buildsteps import check, golden, testmodel, toolchain  # noqa: E402
+from colibri.file import storage  # noqa: E402
 
 TARGETS = targets.load_all()
 LINUX_REF_TARGETS = [n for n, t in TARGETS.items() if t.is_linux]
@@ -55,7 +56,7 @@ LINUX_REF_TARGETS = [n for n, t in TARGETS.items() if t.is_linux]
 OTHER_CPUS = [(n, cpu) for n, t in TARGETS.items() for cpu in list(t.cpu_kernels)[1:]]
 
 # The block types the q4 matrix model must hold.
-Q4_DTYPES = {3, 4, 5, 6, 7}     # format.DType.Q4_0, Q4_K, Q6_K, Q5_0, Q5_K
+Q4_DTYPES = set(storage.BLOCK_TYPES)     # Q4_0, Q5_0, Q4_K, Q5_K, Q6_K
 
 FAMILY_BUILDS = {"qwen2_moe": ("qwen2_moe", "int8"),
                  "granitemoe_shared": ("granitemoe_shared", "f32"),

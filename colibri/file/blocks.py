@@ -5,13 +5,14 @@ unpacking of the 4- and 6-bit values, the exact values a block holds
 (`matmul`), which the C kernels (src/kernels/) compute bit for bit.
 
 A block tensor is a structured array [rows, nb] of one of BLOCK_DTYPES
-(nb = ceil(cols / B)); its float32 fields are in host order here and in the
-file's order on disk (format.py swaps them). The quantisers that choose the
+(nb = ceil(cols / B)); its fp16 scale fields are in host order here and in
+the file's order on disk (format.py swaps them). The quantisers that choose the
 values live in colibri/file/kquants.py; any block is valid.
 
-Layouts are llama.cpp's (ggml-common.h block_q4_0, block_q5_0, block_q4_K,
-block_q5_K, block_q6_K)
-with the fp16 scales widened to float32.
+Layouts are llama.cpp's byte for byte (ggml-common.h block_q4_0, block_q5_0,
+block_q4_K, block_q5_K, block_q6_K, fp16 scales included): a GGUF tensor's
+blocks are a .colibri section's, and the reverse. Every product reads the
+scales widened to float32, which is exact.
 """
 from __future__ import annotations
 
@@ -20,23 +21,29 @@ import numpy as np
 from .quant import quantize_activations_i8
 from ..errors import ColibriError
 
-Q4_0, Q4_K, Q6_K, Q5_0, Q5_K = 3, 4, 5, 6, 7   # storage.DType values (storage.py names them)
+Q4_0, Q4_K, Q6_K, Q5_0, Q5_K = 8, 9, 10, 11, 12   # storage.DType values (storage.py names them)
+# The float32-scale blocks of converters before 2026-12-05 (the same five
+# types, 4 or 8 bytes a block longer): readers refuse them, "re-convert".
+RETIRED = range(3, 8)
 
-# Columns per block and the block's fields (float32 fields first).
+# Columns per block and the block's fields (GGUF's order: Q6_K's d is last).
 BLOCK_COLS = {Q4_0: 32, Q5_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
 BLOCK_DTYPES = {
-    Q4_0: np.dtype([("d", "<f4"), ("qs", "u1", 16)]),
+    Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
     # qh: bit 4 of column i's value is bit i % 8 of qh[i / 8] (llama.cpp's
     # uint32 qh read little-endian, kept as bytes so no reader swaps it)
-    Q5_0: np.dtype([("d", "<f4"), ("qh", "u1", 4), ("qs", "u1", 16)]),
-    Q4_K: np.dtype([("d", "<f4"), ("dmin", "<f4"), ("scales", "u1", 12), ("qs", "u1", 128)]),
+    Q5_0: np.dtype([("d", "<f2"), ("qh", "u1", 4), ("qs", "u1", 16)]),
+    Q4_K: np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)]),
     # Q4_K's fields with bit 4 of every value in qh (FORMAT.md 4)
-    Q5_K: np.dtype([("d", "<f4"), ("dmin", "<f4"), ("scales", "u1", 12), ("qh", "u1", 32),
+    Q5_K: np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32),
                     ("qs", "u1", 128)]),
-    Q6_K: np.dtype([("d", "<f4"), ("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16)]),
+    Q6_K: np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")]),
 }
-BLOCK_BYTES = {k: v.itemsize for k, v in BLOCK_DTYPES.items()}   # 20, 24, 148, 180, 212
-assert BLOCK_BYTES == {Q4_0: 20, Q5_0: 24, Q4_K: 148, Q5_K: 180, Q6_K: 212}
+BLOCK_BYTES = {k: v.itemsize for k, v in BLOCK_DTYPES.items()}   # 18, 22, 144, 176, 210
+assert BLOCK_BYTES == {Q4_0: 18, Q5_0: 22, Q4_K: 144, Q5_K: 176, Q6_K: 210}
+# The largest scale an fp16 holds (a block whose d would exceed it cannot be
+# stored: kquants refuses the tensor).
+F16_MAX = 65504.0
 # The K types with Q4_K's scale/min pairs: sub-blocks of 32, x ~ d sc q - dmin m.
 AFFINE_K = (Q4_K, Q5_K)
 # What the value of Q4_0 / Q5_0 subtracts from the stored integer.
@@ -57,7 +64,7 @@ def section_size(dtype: int, rows: int, cols: int) -> int:
 
 
 def file_dtype(dtype: int, byte_order: str) -> np.dtype:
-    """The structured dtype with its float32 fields in byte order '<' or '>'."""
+    """The structured dtype with its fp16 fields in byte order '<' or '>'."""
     return BLOCK_DTYPES[int(dtype)].newbyteorder(byte_order) if byte_order == ">" \
         else BLOCK_DTYPES[int(dtype)]
 

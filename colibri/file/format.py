@@ -684,7 +684,7 @@ def _byte_char(byte_order: str) -> str:
 def _section_bytes(values: np.ndarray, scales: np.ndarray | None, bc: str) -> bytes:
     """Serialise values then scales (at the next 64-byte boundary) in byte order bc."""
     v = np.ascontiguousarray(values)
-    if v.dtype.names:   # blocks: only their float32 fields have a byte order
+    if v.dtype.names:   # blocks: only their fp16 fields have a byte order
         v = v.astype(v.dtype.newbyteorder(bc), copy=False)
     elif v.dtype.itemsize > 1:
         v = v.astype(v.dtype.newbyteorder(bc), copy=False)
@@ -1087,7 +1087,7 @@ def _read_desc(buf, shape: ModelShape, entries: list[Entry], bc: str, flags: int
 
 
 def _check_finite(cf: ColibriFile) -> None:
-    """Every stored float32 (F32 values, I8/I16 scales) must be finite: a
+    """Every stored float (F32 values, I8/I16 scales, block fp16 scales) must be finite: a
     CRC-valid file can still carry NaN or infinity, which would make every
     logit NaN. Checked after the CRCs, so corruption reads as corruption."""
     for i, e in enumerate(cf.entries):
@@ -1095,9 +1095,9 @@ def _check_finite(cf: ColibriFile) -> None:
             continue
         t = cf.tensor(Kind(e.kind), None if e.layer == NO_INDEX else e.layer,
                       None if e.expert == NO_INDEX else e.expert)
-        if blocks.is_block(t.dtype):   # the blocks' float32 fields are their scales
+        if blocks.is_block(t.dtype):   # the blocks' fp16 fields are their scales
             floats, what = np.stack([t.values[f] for f in t.values.dtype.names
-                                     if t.values.dtype[f] == np.float32], -1), "scales"
+                                     if t.values.dtype[f].kind == "f"], -1), "scales"
         else:
             floats, what = (t.values, "values") if t.dtype == DType.F32 else (t.scales, "scales")
         bad = np.flatnonzero(~np.isfinite(floats))
@@ -1140,6 +1140,9 @@ def _check_entries(shape: ModelShape, entries: list[Entry], file_size: int,
                 expect = "no more tensors" if next_known is None else _label(*next_known)
                 raise FormatError(f"{where}: out of order or out of range, expected {expect}")
             next_known = next(want, None)
+            if e.dtype in blocks.RETIRED:
+                raise FormatError(f"{where}: dtype {e.dtype} is a retired float32-scale "
+                                  "block of an older colibri: re-convert the model")
             if e.dtype not in DType._value2member_map_:
                 raise FormatError(f"{where}: dtype = {e.dtype} is unknown")
             if DType(e.dtype) not in ALLOWED_DTYPES[kind]:

@@ -26,13 +26,11 @@ there (Q4_K: rms(sub-block) + |x|; Q6_K: x^2; Q4_0: no search at all), and
 on Gaussian and Student-t weights these give a larger RMS error than the
 uniform importance does (tests/test_kquants.py measures both).
 
-Two things differ from llama.cpp, both because our super-block scales d and
-dmin are float32 (FORMAT.md 4 allows any float32; llama.cpp rounds them to
-fp16): we do NOT round d to fp16 (it would only add error: the kernels read
-float32), and once the integer scales are fixed we refit d (and dmin) by
-weighted least squares and re-round the values -- a free gain that fp16
-storage would mostly waste. The error can only go down at each refit step
-(nearest rounding is optimal per element for fixed scales).
+One thing differs from llama.cpp: once the integer scales are fixed we refit
+d (and dmin) by weighted least squares, round the fit to fp16 (the blocks'
+scales are fp16, FORMAT.md 4) and re-round the values for the rounded d. A
+refit is kept only where the error goes down (nearest rounding is optimal
+per element for fixed scales), so it can only help.
 
 Rows are zero-padded to whole blocks (FORMAT.md 4: the writer quantises zeros
 past `cols`); padded columns get weight 0 (their activations are 0).
@@ -56,7 +54,7 @@ CHUNK_WEIGHTS = 1 << 19
 # Q4_K sub-block search: inverse scales (15 + RMIN + RDELTA*i) / (max - min),
 # i = 0..NSTEP (llama.cpp make_qkx3_quants' arguments in quantize_row_q4_K_impl).
 Q4K_RMIN, Q4K_RDELTA, Q4K_NSTEP = -0.9, 0.05, 36
-# Refits of the float32 super-scales after the integer scales are fixed.
+# Refits of the fp16 super-scales after the integer scales are fixed.
 REFITS = 2
 
 
@@ -71,6 +69,13 @@ def _padded(w: np.ndarray, dtype: int) -> np.ndarray:
         raise ColibriError(f"expected a 2-D weight matrix, got shape {w.shape}")
     if not np.all(np.isfinite(w)):
         raise ColibriError("weights contain NaN or infinity")
+    amax = float(np.max(np.abs(w))) if w.size else 0.0
+    if amax > B.F16_MAX:
+        # Blocks hold fp16 scales; past fp16's range the searches' float32
+        # sums overflow too. Real checkpoints' weights are far below.
+        raise ColibriError(f"a weight of magnitude {amax:.3g} is beyond fp16's range "
+                           f"({B.F16_MAX:g}), which a block type's scales cannot reach: keep "
+                           "this tensor int8 or f32 (a per-kind override)")
     rows, cols = w.shape
     nb = B.n_blocks(cols, dtype)
     out = np.zeros((rows, nb * B.BLOCK_COLS[dtype]), np.float32)
@@ -242,8 +247,26 @@ def make_qp_quants(x: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray,
 
 
 # --------------------------------------------------------------------------
-# Refits of the float32 super-scales (not in llama.cpp: its d is fp16)
+# Refits of the super-scales (not in llama.cpp), each rounded to fp16
 # --------------------------------------------------------------------------
+
+def _f16(d, candidate: bool = False) -> np.ndarray:
+    """float32 d rounded to the nearest fp16, as float32: the scale a block
+    stores. A d past fp16's range (about 1e6 weights in one block) has no
+    block: the tensor must stay int8 or f32. A refit's candidate is clipped
+    to the range instead (it is kept only if its error is lower)."""
+    d = np.asarray(d, np.float32)
+    if candidate:
+        d = np.clip(d, -B.F16_MAX, B.F16_MAX)
+    with np.errstate(over="ignore"):
+        h = d.astype(np.float16).astype(np.float32)
+    if not np.all(np.isfinite(h)):
+        big = float(np.max(np.abs(np.asarray(d, np.float32))))
+        raise ColibriError(f"a block scale of {big:.3g} exceeds fp16's range ({B.F16_MAX:g}): "
+                           "weights this large cannot take a 4-bit type; keep this tensor "
+                           "int8 or f32 (a per-kind override)")
+    return h
+
 
 def _refit_symmetric(x, w, unit, lo, hi, d):
     """x [..., n] ~ d[...] * unit[..., n] * q, q in lo..hi integers: alternate
@@ -256,11 +279,12 @@ def _refit_symmetric(x, w, unit, lo, hi, d):
     def err(dd, q):
         return (w * (x - dd[..., None] * unit * q) ** 2).sum(-1)
 
+    d = _f16(d)
     q = rounded(d)
     e = err(d, q)
     for _ in range(REFITS):
         a = unit * q
-        d2 = _safe_div((w * a * x).sum(-1), (w * a * a).sum(-1))
+        d2 = _f16(_safe_div((w * a * x).sum(-1), (w * a * a).sum(-1)), candidate=True)
         q2 = rounded(d2)
         e2 = err(d2, q2)
         better = (e2 < e) & (d2 != 0)
@@ -282,6 +306,7 @@ def _refit_affine(x, w, sc, m, d, dmin, nmax=15):
     def err(dd, dm, q):
         return (w * (x - (dd[..., None] * sc * q - dm[..., None] * m)) ** 2).sum(-1)
 
+    d, dmin = _f16(d), _f16(dmin)
     q = rounded(d, dmin)
     e = err(d, dmin, q)
     for _ in range(REFITS):
@@ -295,6 +320,7 @@ def _refit_affine(x, w, sc, m, d, dmin, nmax=15):
         no_min = (det <= 0) | (m2 < 0)         # fit without the mins
         d2 = np.where(no_min, _safe_div(sax + dmin * sab, saa), d2)
         m2 = np.where(no_min, dmin, m2)
+        d2, m2 = _f16(d2, candidate=True), _f16(m2, candidate=True)
         q2 = rounded(d2, m2)
         e2 = err(d2, m2, q2)
         better = (e2 < e) & (d2 > 0)

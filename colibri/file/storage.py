@@ -22,7 +22,7 @@ class DType(enum.IntEnum):
     F32 = 0
     I8_GROUP = 1
     I16_ROW = 2
-    Q4_0 = blocks.Q4_0   # llama.cpp's blocks, float32 scales (colibri/file/blocks.py)
+    Q4_0 = blocks.Q4_0   # llama.cpp's blocks, fp16 scales (colibri/file/blocks.py)
     Q4_K = blocks.Q4_K
     Q6_K = blocks.Q6_K
     Q5_0 = blocks.Q5_0

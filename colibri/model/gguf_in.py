@@ -21,7 +21,8 @@ What llama.cpp's convert_hf_to_gguf.py did to a checkpoint, undone here:
 
 Storage types (docs/FORMAT.md 4): F32, F16, BF16 widen to float32 exactly;
 Q8_0 is I8_GROUP with group_size 32 value for value (fp16 scale widened);
-Q4_0, Q5_0, Q4_K, Q5_K, Q6_K are Colibri's block types of the same names. Where the
+Q4_0, Q5_0, Q4_K, Q5_K, Q6_K are Colibri's block types of the same names, byte for
+byte (their blocks are copied). Where the
 chosen storage type of a tensor is the one its GGUF type maps to (or
 float32), its values are copied without a second rounding. Anything else
 (other GGUF types, or another --quant target) is dequantised by gguf-py and
@@ -518,29 +519,19 @@ def to_float(raw: bytes, t: GTensor, rows: int) -> np.ndarray:
     return np.ascontiguousarray(w, dtype=np.float32).reshape(rows, t.cols)
 
 
-# GGUF block layouts (ggml-common.h) as numpy dtypes: fp16 scales.
-_GGML_BLOCKS = {
-    "Q8_0": np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
-    "Q4_0": np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
-    "Q5_0": np.dtype([("d", "<f2"), ("qh", "u1", 4), ("qs", "u1", 16)]),
-    "Q4_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)]),
-    "Q5_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32),
-                      ("qs", "u1", 128)]),
-    "Q6_K": np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")]),
-}
+# GGUF's Q8_0 block (ggml-common.h); its other block types are Colibri's byte
+# for byte (colibri/file/blocks.py).
+_Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
 
 
 def to_exact(raw: bytes, t: GTensor, rows: int):
     """Rows of a Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K tensor -> (dtype, values, scales)
-    as the .colibri writer takes them, the same values: blocks with the fp16
-    fields widened to float32, or Q8_0 as I8_GROUP int8 [rows, cols] with
-    float32 scales [rows, cols / 32]."""
-    src = np.frombuffer(raw, _GGML_BLOCKS[t.type_name]).reshape(rows, -1)
+    as the .colibri writer takes them, the same values: the blocks as they
+    are (the layouts are the same), or Q8_0 as I8_GROUP int8 [rows, cols]
+    with its fp16 scales widened to float32 [rows, cols / 32]."""
     if t.type_name == "Q8_0":
+        src = np.frombuffer(raw, _Q8_0_BLOCK).reshape(rows, -1)
         values = np.ascontiguousarray(src["qs"]).reshape(rows, t.cols)
         return DType.I8_GROUP, values, src["d"].astype(np.float32)
     dt = exact_dtype(t.type_name)
-    out = np.zeros(src.shape, blocks.BLOCK_DTYPES[dt])
-    for f in blocks.BLOCK_DTYPES[dt].names:
-        out[f] = src[f].astype(np.float32) if f in ("d", "dmin") else src[f]
-    return dt, out, None
+    return dt, np.frombuffer(raw, blocks.BLOCK_DTYPES[dt]).reshape(rows, -1).copy(), None

@@ -140,19 +140,24 @@
 #define COLIBRI_DTYPE_F32 0
 #define COLIBRI_DTYPE_I8_GROUP 1
 #define COLIBRI_DTYPE_I16_ROW 2
-/* Block types: llama.cpp's blocks with float32 scales (FORMAT.md 4). */
-#define COLIBRI_DTYPE_Q4_0 3   /* 32 columns, 20 bytes */
-#define COLIBRI_DTYPE_Q4_K 4   /* 256 columns, 148 bytes */
-#define COLIBRI_DTYPE_Q6_K 5   /* 256 columns, 212 bytes */
-#define COLIBRI_DTYPE_Q5_0 6   /* 32 columns, 24 bytes */
-#define COLIBRI_DTYPE_Q5_K 7   /* 256 columns, 180 bytes */
-#define COLIBRI_DTYPE_MAX 7
+/* Block types: llama.cpp's (GGUF's) blocks byte for byte, fp16 scales
+ * (FORMAT.md 4). Ids 3-7 were float32-scale blocks (converters before
+ * 2026-12-05): retired, a reader refuses them with "re-convert". */
+#define COLIBRI_DTYPE_RETIRED_MIN 3
+#define COLIBRI_DTYPE_RETIRED_MAX 7
+#define COLIBRI_DTYPE_Q4_0 8   /* 32 columns, 18 bytes */
+#define COLIBRI_DTYPE_Q4_K 9   /* 256 columns, 144 bytes */
+#define COLIBRI_DTYPE_Q6_K 10  /* 256 columns, 210 bytes */
+#define COLIBRI_DTYPE_Q5_0 11  /* 32 columns, 22 bytes */
+#define COLIBRI_DTYPE_Q5_K 12  /* 256 columns, 176 bytes */
+#define COLIBRI_DTYPE_MAX 12
 #define COLIBRI_Q4_0_COLS 32     /* columns of a Q4_0 or Q5_0 block */
-#define COLIBRI_Q4_0_BYTES 20    /* f32 d, u8 qs[16] */
-#define COLIBRI_Q5_0_BYTES 24    /* f32 d, u8 qh[4], u8 qs[16] */
+#define COLIBRI_Q4_0_BYTES 18    /* f16 d, u8 qs[16] at 2 */
+#define COLIBRI_Q5_0_BYTES 22    /* f16 d, u8 qh[4] at 2, u8 qs[16] at 6 */
 #define COLIBRI_QK_COLS 256      /* columns of a Q4_K, Q5_K or Q6_K block */
-#define COLIBRI_Q4_K_BYTES 148   /* f32 d, f32 dmin, u8 scales[12], u8 qs[128] */
-#define COLIBRI_Q5_K_BYTES 180   /* Q4_K's fields, then u8 qh[32] at 20, qs[128] at 52 */
-#define COLIBRI_Q6_K_BYTES 212   /* f32 d, u8 ql[128], u8 qh[64], i8 scales[16] */
+#define COLIBRI_Q4_K_BYTES 144   /* f16 d, f16 dmin, u8 scales[12] at 4, u8 qs[128] at 16 */
+#define COLIBRI_Q5_K_BYTES 176   /* Q4_K's fields, then u8 qh[32] at 16, qs[128] at 48 */
+#define COLIBRI_Q6_K_BYTES 210   /* u8 ql[128], u8 qh[64] at 128, i8 scales[16] at 192, f16 d at 208 */
+#define COLIBRI_Q6_K_D 208       /* Q6_K's d: the only block whose scale ends it */
 
 #endif /* COLIBRI_FORMAT_H */

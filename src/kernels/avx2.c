@@ -45,7 +45,7 @@
 #include <math.h>
 #include <string.h>
 
-#define TGT __attribute__((target("avx2,fma")))
+#define TGT __attribute__((target("avx2,fma,f16c")))
 /* The block kernels take R and T as arguments and are always inlined with
  * constants, so each (R, T) pair becomes its own fully unrolled code with the
  * accumulator arrays in registers (a C11 stand-in for templates). */
@@ -1132,14 +1132,14 @@ BLOCK __m256i lanes_of_tokens_i(const int R, const int T, const int32_t v[BT_MAX
 
 /* Q5_0's bit 4 of the 16 values at columns 16h .. 16h + 15 of the blocks at
  * lo_blk (low 128-bit half) and hi_blk (high half): byte j of a half = 16
- * if bit 16h + j of the block's little-endian qh[4] (offset 4) is set, else
+ * if bit 16h + j of the block's little-endian qh[4] (CLB_Q5_0_QH) is set, else
  * 0. Each half's two qh bytes spread over 8 lanes each (pshufb), a lane
  * keeping its own bit (and, cmpeq). */
 BLOCK __m256i q5_0_high16(const uint8_t *lo_blk, const uint8_t *hi_blk, const int h)
 {
     uint32_t a, c;
-    memcpy(&a, lo_blk + 4, 4);
-    memcpy(&c, hi_blk + 4, 4);
+    memcpy(&a, lo_blk + CLB_Q5_0_QH, 4);
+    memcpy(&c, hi_blk + CLB_Q5_0_QH, 4);
     const __m256i v = _mm256_setr_epi32((int)a, 0, 0, 0, (int)c, 0, 0, 0);
     const __m256i spread = h ? _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
                                                 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)
@@ -1153,7 +1153,7 @@ BLOCK __m256i q5_0_high16(const uint8_t *lo_blk, const uint8_t *hi_blk, const in
 /* Q4_0 (Q5_0) block b of R rows x T tokens: lane k = dot = sum_i (q_i - 8)
  * * x_i (q_i - 16) over the block's 32 columns: the 4-bit values of qs
  * (Q5_0: with bit 4 from qh, q5_0_high16), the offset taken out after. Its
- * blocks are small (20 or 24 bytes), so the
+ * blocks are small (18 or 22 bytes), so the
  * per-block work around the products matters: with R even, one vector
  * holds two rows, [row p | row p + R/2] (16 + 16 bytes of qs), against the
  * token's x halves broadcast to both 128-bit halves; the int16 pair sums of
@@ -1167,7 +1167,7 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     /* block bytes, the offset of qs in a block, the values' zero */
     const size_t bytes = five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES;
-    const size_t qo = five ? 8 : 4;
+    const size_t qo = five ? CLB_Q5_0_QS : CLB_Q4_0_QS;
     const int32_t zero = five ? 16 : 8;
     __m256i sums;
     if (R % 2 == 0) {
@@ -1263,7 +1263,7 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
  * | sc0..sc7] int16 (both halves, for the per-sub-block broadcasts), *mdup =
  * [m0 m0 m1 m1 .. m7 m7] int16 (lined up with the block's 16 XB sums:
  * sub-block j is XB 2j, 2j+1). In bytes, with s = scales[0..11] (a 16-byte
- * load from the block's offset 8; bytes 12..15 are qs, unused):
+ * load from the block's CLB_QK_SCALES; bytes 12..15 are qs or qh, unused):
  *   lanes 0-3   sc0..3 = s[0..3] & 63
  *   lanes 4-7   sc4..7 = (s[8..11] & 15) | (s[0..3] >> 6) << 4
  *   lanes 8-11  m0..3  = s[4..7] & 63
@@ -1295,7 +1295,8 @@ BLOCK void q4k_sums(const int vnni, const int five, const int R, const int T, __
                     const int16_t *const xb[BT_MAXT], uint32_t b)
 {
     const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
-    const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES, qo = five ? 52 : 20;
+    const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES,
+                 qo = five ? CLB_Q5_K_QS : CLB_Q4_K_QS;
     /* all 8 zeroed, though lane_sums reads only the first R * T: the
      * compiler drops the rest, and the analysers need not follow NK */
     __m256i acc[8], macc[8];
@@ -1306,8 +1307,8 @@ BLOCK void q4k_sums(const int vnni, const int five, const int R, const int T, __
     for (int r = 0; r < R; r++) {
         const uint8_t *blk = w[r] + (size_t)b * bytes;
         __m256i scb, mdup;
-        q4k_scales_mins(blk + 8, &scb, &mdup);
-        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 20))
+        q4k_scales_mins(blk + CLB_QK_SCALES, &scb, &mdup);
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q5_K_QH))
                                 : _mm256_setzero_si256();
         /* qs bytes 32c..32c+32: low nibbles sub-block 2c (columns 64c..+32),
          * high nibbles sub-block 2c + 1 (64c + 32..+32) */
@@ -1363,16 +1364,16 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
     UNROLL
     for (int r = 0; r < R; r++) {
         const uint8_t *blk = w[r] + (size_t)b * CLB_Q6_K_BYTES;
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 196));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + CLB_Q6_K_SC));
         /* sc0..7 and sc8..15 as int16, in both halves: each 32-column
          * scale pair below is then one in-lane shuffle */
         const __m256i sclo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));
         const __m256i schi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)));
         UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 4 + 64 * h));
-            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 36 + 64 * h));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 132 + 32 * h));
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 32 + 64 * h));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q6_K_QH + 32 * h));
             UNROLL
             for (int s = 0; s < 4; s++) {
                 const __m256i l4 = s == 0 ? _mm256_and_si256(ql0, m4)
@@ -1411,20 +1412,30 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
     return lane_sums(R * T, acc);
 }
 
-/* The d (offset 0) and dmin (offset 4) of block offset o of 8 Q4_K rows w[0..7]
- * -> *dv = [d of rows 0..7], *dmv = [dmin of rows 0..7]: one 8-byte load a
- * row and 8 shuffles, instead of 16 scalar loads and 14 inserts. */
+/* The fp16 d (offset 0) and dmin (offset 2) of block offset o of 8 Q4_K
+ * rows w[0..7] -> *dv = [d of rows 0..7], *dmv = [dmin of rows 0..7]: one
+ * 4-byte load a row, a pack and one F16C conversion each (exact). */
 BLOCK void rows8_d_dmin(const uint8_t *const w[MAXR], size_t o, __m256 *dv, __m256 *dmv)
 {
-#define BT_DDM(r) _mm_loadl_epi64((const __m128i *)(const void *)(w[r] + o)) /* [d dmin 0 0] */
-    /* [d0 dm0 d1 dm1 | d4 dm4 d5 dm5] and [d2 dm2 d3 dm3 | d6 dm6 d7 dm7] */
-    const __m256 a = _mm256_castsi256_ps(_mm256_setr_m128i(_mm_unpacklo_epi64(BT_DDM(0), BT_DDM(1)),
-                                                           _mm_unpacklo_epi64(BT_DDM(4), BT_DDM(5))));
-    const __m256 c = _mm256_castsi256_ps(_mm256_setr_m128i(_mm_unpacklo_epi64(BT_DDM(2), BT_DDM(3)),
-                                                           _mm_unpacklo_epi64(BT_DDM(6), BT_DDM(7))));
-#undef BT_DDM
-    *dv = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0));
-    *dmv = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+    int32_t dd[MAXR]; /* row r: d | dmin << 16 */
+    UNROLL
+    for (int r = 0; r < MAXR; r++)
+        memcpy(&dd[r], w[r] + o, 4);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)dd);
+    /* [d0..d3 dm0..dm3 | d4..d7 dm4..dm7] u16 -> [d0..d7 | dm0..dm7] */
+    const __m256i p = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(v, 16)),
+        _MM_SHUFFLE(3, 1, 2, 0));
+    *dv = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+    *dmv = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+}
+
+/* A block's fp16 field at p as float32 (F16C: exact, as clb_blk_f16). */
+TGT static inline float blk_f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
 }
 
 /* Y[t0 + t, r0 + r] = lane t * R + r of v. */
@@ -1539,13 +1550,13 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         } else {
             UNROLL
             for (int r = 0; r < R; r++)
-                d[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 0);
+                d[r] = blk_f16(w[r] + (size_t)b * bytes + (dt == COLIBRI_DTYPE_Q6_K ? CLB_Q6_K_D : 0));
             dv = lanes_of_rows(R, d);
             if (BT_AFFINE(dt)) {
                 float dm[MAXR];
                 UNROLL
                 for (int r = 0; r < R; r++)
-                    dm[r] = clb_blk_f32(w[r] + (size_t)b * bytes, 4);
+                    dm[r] = blk_f16(w[r] + (size_t)b * bytes + 2);
                 dmv = lanes_of_rows(R, dm);
             }
         }
@@ -1571,7 +1582,7 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
 }
 
 /* Y[n, rows) from row r0 on, for a K type: tiles of one row x 8 tokens.
- * One row's block (148-212 bytes) is unpacked, its scales decoded, once
+ * One row's block (144-210 bytes) is unpacked, its scales decoded, once
  * for 8 tokens, against 4 rows x 2 tokens' once per 2 (fewer operations
  * per product: a Q4_K row-block's unpacking costs about two tokens'
  * products). A one-row tile reads its 8 tokens' activations (8 x 1-3 KiB)
@@ -2187,6 +2198,14 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_attend_rows,
 };
 
+/* F16C (the blocks' fp16 scales): CPUID leaf 1, ECX bit 29. Every AVX2 CPU
+ * has it; clang's __builtin_cpu_supports does not know the name. */
+static int cpu_f16c(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && ((ecx >> 29) & 1u);
+}
+
 /* 1: AVX-VNNI (VEX), 2: AVX512-VNNI with AVX512VL (EVEX; libgcc's
  * __builtin_cpu_supports also checks the OS saves the AVX-512 state), 0:
  * neither, or built with COLIBRI_AVX2_NO_VNNI. */
@@ -2216,7 +2235,7 @@ const colibri_kernels *clb_avx2_form_table(int form)
 const colibri_kernels *colibri_kernels_avx2_plain(void)
 {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !cpu_f16c())
         return NULL;
     return &avx2_kernels;
 }
@@ -2224,7 +2243,7 @@ const colibri_kernels *colibri_kernels_avx2_plain(void)
 const colibri_kernels *colibri_kernels_avx2(void)
 {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !cpu_f16c())
         return NULL;
     switch (cpu_vnni_form()) {
     case 1:

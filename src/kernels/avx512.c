@@ -664,10 +664,10 @@ TGT512 static void z_attend(float *out, const clb_att_args *a)
 enum { ZB_R = 8 };          /* rows a decode tile */
 /* Bytes of a block of the K types with 512-bit forms here. */
 /* Q4_K and Q5_K: scales and mins, d and dmin; Q5_K's fifth bits (qh at
- * 20) and where each type's low nibbles start. */
+ * CLB_Q5_K_QH) and where each type's low nibbles start. */
 #define ZB_AFFINE(dt) ((dt) != COLIBRI_DTYPE_Q6_K)
 #define ZB_FIVE(dt) ((dt) == COLIBRI_DTYPE_Q5_K)
-#define ZB_QS(dt) ((dt) == COLIBRI_DTYPE_Q5_K ? 52u : 20u)
+#define ZB_QS(dt) (ZB_FIVE(dt) ? CLB_Q5_K_QS : CLB_Q4_K_QS)
 #define ZB_BYTES(dt) ((dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES \
                       : (dt) == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES : CLB_Q6_K_BYTES)
 /* Bytes past the next tile that the stream prefetch runs ahead (as
@@ -707,14 +707,23 @@ BLOCK512 __m512i rows4_16(const uint8_t *const p[4], size_t o)
     return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(p[3] + o)), 3);
 }
 
-/* The float32 at byte 4f of each of 8 rows' 16-byte lanes (rows 0-3 in
- * lo, 4-7 in hi, as rows4_16 loads them) -> ymm, lane = row. */
-BLOCK512 __m256 rows8_f32(__m512i lo, __m512i hi, int f)
+/* The fp16 scales of 8 rows' blocks at o (dtype dt) as float32, exactly:
+ * lanes 0-7 d of rows 0-7, lanes 8-15 dmin (Q4_K, Q5_K) or d again (Q6_K).
+ * One 16-byte load a row (rows4_16) that holds them: Q4_K's and Q5_K's
+ * first (d, dmin: its 16-bit lanes 0, 1), Q6_K's last (d at CLB_Q6_K_D ends
+ * the block: 16 bytes from d would read past it); one vpermt2w, one
+ * vcvtph2ps (its 512-bit form is AVX512F's, so no F16C to detect; exact,
+ * subnormals included, as clb_f16_to_f32). */
+BLOCK512 __m512 zb_d_dmin(const unsigned dt, const uint8_t *const w[ZB_R], size_t o)
 {
-    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0),
-                                         _mm512_set1_epi32(f));
-    return _mm512_castps512_ps256(_mm512_permutex2var_ps(_mm512_castsi512_ps(lo), idx,
-                                                         _mm512_castsi512_ps(hi)));
+    const uint32_t at = ZB_AFFINE(dt) ? 0u : CLB_Q6_K_BYTES - 16u;
+    const short k = (short)((ZB_AFFINE(dt) ? 0u : CLB_Q6_K_D - at) / 2); /* d's 16-bit lane */
+    const __m512i lo = rows4_16(w, o + at), hi = rows4_16(w + 4, o + at);
+    /* word 8r + lane of [lo | hi]: row r's lane (rows 4-7 in hi) */
+    const __m256i row = _mm256_setr_epi16(0, 8, 16, 24, 32, 40, 48, 56, 0, 8, 16, 24, 32, 40, 48, 56);
+    const __m256i idx = _mm256_add_epi16(row, _mm256_setr_m128i(_mm_set1_epi16(k),
+                                                                _mm_set1_epi16((short)(k + ZB_AFFINE(dt)))));
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(lo, _mm512_zextsi256_si512(idx), hi)));
 }
 
 /* Lane k (row k of 4) of the result: 128-bit lane k broadcast to all four. */
@@ -755,10 +764,11 @@ BLOCK512 void zb_prefetch_start(const uint8_t *W, size_t bytes)
 
 /* Q4_K: 4 rows' scales and mins of a block (clb_q4k_scale_min), one row a
  * 128-bit lane: [sc0..sc7 | m0..m7] u8; the vector form of avx2.c's
- * q4k_scales_mins, s = the 16 bytes at the block's offset 8. */
+ * q4k_scales_mins, s = the 16 bytes at the block's CLB_QK_SCALES (12..15:
+ * qs or qh, unused). */
 BLOCK512 __m512i q4k_scm4(const uint8_t *const p[4], size_t o)
 {
-    const __m512i s = rows4_16(p, o + 8);
+    const __m512i s = rows4_16(p, o + CLB_QK_SCALES);
     const __m512i a = _mm512_shuffle_epi8(s, ZB_LANES(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
     const __m512i b = _mm512_shuffle_epi8(s, ZB_LANES(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
     const __m512i lo = _mm512_and_si512(a, ZB_LANES(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
@@ -827,17 +837,23 @@ static TGT512 __attribute__((noinline)) __m256 q4k_tile(const uint8_t *const w[Z
         __m512i a[ZB_R];
         UNROLL
         for (int r = 0; r < ZB_R; r++)
-            a[r] = q4k_row(w[r] + o + 20, lane_bcast(scm[r / 4], r % 4), xv);
+            a[r] = q4k_row(w[r] + o + CLB_Q4_K_QS, lane_bcast(scm[r / 4], r % 4), xv);
         const __m256i isum = rowsums8(a);
         const __m512i m0 = q4k_msum4(scm[0], bs), m1 = q4k_msum4(scm[1], bs);
         const __m256i msum = _mm512_castsi512_si256(_mm512_permutex2var_epi32(
             m0, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0), m1));
-        const __m512i h0 = rows4_16(w, o), h1 = rows4_16(w + 4, o); /* [d dmin ..] a row */
-        const __m256 dd = _mm256_mul_ps(rows8_f32(h0, h1, 0), _mm256_cvtepi32_ps(isum));
-        const __m256 mm = _mm256_mul_ps(rows8_f32(h0, h1, 1), _mm256_cvtepi32_ps(msum));
+        const __m512 dm = zb_d_dmin(COLIBRI_DTYPE_Q4_K, w, o);
+        const __m256 dd = _mm256_mul_ps(_mm512_castps512_ps256(dm), _mm256_cvtepi32_ps(isum));
+        const __m256 mm = _mm256_mul_ps(_mm512_extractf32x8_ps(dm, 1), _mm256_cvtepi32_ps(msum));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xs[b]), _mm256_sub_ps(dd, mm)));
     }
     return acc;
+}
+
+/* Q6_K: a block's scales[16] (i8 at CLB_Q6_K_SC) as int16. */
+BLOCK512 __m256i q6k_sc16(const uint8_t *blk)
+{
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + CLB_Q6_K_SC)));
 }
 
 /* One row's isum of a Q6_K block as 16 int32 lanes. Per half h (128
@@ -860,8 +876,9 @@ BLOCK512 void q6k_half(const uint8_t *blk, int h, __m512i sc, __m512i v[2], __m5
     /* int16 lane p -> p / 8: the 128-bit lane's sub-block (+ 8h, + 4) */
     const __m512i lane = _mm512_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001, 0x20002, 0x20002,
                                            0x20002, 0x20002, 0x30003, 0x30003, 0x30003, 0x30003);
-    const __m512i ql = _mm512_loadu_si512((const void *)(blk + 4 + 64 * h));
-    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 132 + 32 * h)));
+    const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * h));
+    const __m512i qh = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q6_K_QH + 32 * h)));
     /* (A & C) | B: the nibble from A, bits 4, 5 from B */
     v[0] = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi16(qh, sl), m30), m4, 0xEC);
     v[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4),
@@ -872,7 +889,7 @@ BLOCK512 void q6k_half(const uint8_t *blk, int h, __m512i sc, __m512i v[2], __m5
 
 BLOCK512 __m512i q6k_row(const uint8_t *blk, const __m512i xv[4], __m512i nxb)
 {
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 196)));
+    const __m256i sc16 = q6k_sc16(blk);
     const __m512i sc = _mm512_castsi256_si512(sc16);
     __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5)), nxb);
     UNROLL
@@ -908,7 +925,7 @@ static TGT512 __attribute__((noinline)) __m256 q6k_tile(const uint8_t *const w[Z
         for (int r = 0; r < ZB_R; r++)
             a[r] = q6k_row(w[r] + o, xv, nxb);
         const __m256i isum = rowsums8(a);
-        const __m256 d = rows8_f32(rows4_16(w, o), rows4_16(w + 4, o), 0);
+        const __m256 d = _mm512_castps512_ps256(zb_d_dmin(COLIBRI_DTYPE_Q6_K, w, o));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xs[b]),
                                                _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum))));
     }
@@ -997,7 +1014,7 @@ BLOCK512 __m256i q4k_msum8(const __m512i scm[2], const int16_t *xb)
 BLOCK512 void q6k_row_x2(const uint8_t *blk, const int8_t *x0, const int8_t *x1,
                          __m512i nxb0, __m512i nxb1, __m512i *a0, __m512i *a1)
 {
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 196)));
+    const __m256i sc16 = q6k_sc16(blk);
     const __m512i sc = _mm512_castsi256_si512(sc16);
     const __m512i sc32 = _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5));
     __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc32, nxb0);
@@ -1032,15 +1049,15 @@ BLOCK512 void zb_tile2(const unsigned dt, float *y0, float *y1, const uint8_t *c
         const int8_t *x0 = xq[0] + (size_t)b * CLB_QK_COLS, *x1 = xq[1] + (size_t)b * CLB_QK_COLS;
         const int16_t *b0 = xb[0] + (size_t)b * 16, *b1 = xb[1] + (size_t)b * 16;
         __m512i a0[ZB_R], a1[ZB_R];
-        const __m512i h0 = rows4_16(w, o), h1 = rows4_16(w + 4, o); /* [d (dmin) ..] a row */
-        const __m256 d = rows8_f32(h0, h1, 0);
+        const __m512 dm = zb_d_dmin(dt, w, o); /* [d | dmin (Q6_K: d)] of the 8 rows */
+        const __m256 d = _mm512_castps512_ps256(dm);
         if (ZB_AFFINE(dt)) {
             const __m512i scm[2] = {q4k_scm4(w, o), q4k_scm4(w + 4, o)};
             UNROLL
             for (int r = 0; r < ZB_R; r++)
-                q4k_row_x2(ZB_FIVE(dt), w[r] + o + ZB_QS(dt), w[r] + o + 20,
+                q4k_row_x2(ZB_FIVE(dt), w[r] + o + ZB_QS(dt), w[r] + o + CLB_Q5_K_QH,
                            lane_bcast(scm[r / 4], r % 4), x0, x1, &a0[r], &a1[r]);
-            const __m256 dmin = rows8_f32(h0, h1, 1);
+            const __m256 dmin = _mm512_extractf32x8_ps(dm, 1);
             /* acc += xs * (d * float(isum) - dmin * float(msum)) */
             acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_set1_ps(xs[0][b]), _mm256_sub_ps(
                 _mm256_mul_ps(d, _mm256_cvtepi32_ps(rowsums8(a0))),
@@ -1094,7 +1111,7 @@ BLOCK512 void q4k_row_x4(const int five, const uint8_t *q, const uint8_t *qh, __
 BLOCK512 void q6k_row_x4(const uint8_t *blk, const int8_t *const x[4], const __m512i nxb[4],
                          __m512i s[4])
 {
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 196)));
+    const __m256i sc16 = q6k_sc16(blk);
     const __m512i sc = _mm512_castsi256_si512(sc16);
     const __m512i sc32 = _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5));
     UNROLL
@@ -1148,7 +1165,7 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
             nxb[t] = _mm512_castsi256_si512(_mm256_sub_epi16(
                 _mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)(const void *)xbb[t])));
         }
-        const __m512i h0 = rows4_16(w, o), h1 = rows4_16(w + 4, o); /* [d (dmin) ..] a row */
+        const __m512 dm = zb_d_dmin(dt, w, o); /* [d | dmin (Q6_K: d)] of the 8 rows */
         const __m512i scm[2] = {q4k_scm4(w, o), q4k_scm4(w + 4, o)}; /* Q4_K, Q5_K only */
         __m128i isum[2][4]; /* [rows 0-3 | 4-7][token] */
         UNROLL
@@ -1158,7 +1175,7 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
             for (int r = 0; r < 4; r++) {
                 __m512i sr[4];
                 if (ZB_AFFINE(dt))
-                    q4k_row_x4(ZB_FIVE(dt), w[4 * h + r] + o + ZB_QS(dt), w[4 * h + r] + o + 20,
+                    q4k_row_x4(ZB_FIVE(dt), w[4 * h + r] + o + ZB_QS(dt), w[4 * h + r] + o + CLB_Q5_K_QH,
                                lane_bcast(scm[h], r), x, sr);
                 else
                     q6k_row_x4(w[4 * h + r] + o, x, nxb, sr);
@@ -1170,7 +1187,7 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
             for (int t = 0; t < 4; t++)
                 isum[h][t] = rowsums4(a[t]);
         }
-        const __m256 d = rows8_f32(h0, h1, 0);
+        const __m256 d = _mm512_castps512_ps256(dm);
         UNROLL
         for (int t = 0; t < 4; t++) {
             const __m256 fi = _mm256_cvtepi32_ps(
@@ -1179,7 +1196,7 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
                 /* acc += xs * (d * float(isum) - dmin * float(msum)) */
                 acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[t][b]), _mm256_sub_ps(
                     _mm256_mul_ps(d, fi),
-                    _mm256_mul_ps(rows8_f32(h0, h1, 1), _mm256_cvtepi32_ps(q4k_msum8(scm, xbb[t]))))));
+                    _mm256_mul_ps(_mm512_extractf32x8_ps(dm, 1), _mm256_cvtepi32_ps(q4k_msum8(scm, xbb[t]))))));
             else /* acc += xs * (d * float(isum)) */
                 acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[t][b]), _mm256_mul_ps(d, fi)));
         }

@@ -242,6 +242,19 @@ static inline float clb_att_exp(float x)
 #define CLB_Q4_K_BYTES ((uint32_t)COLIBRI_Q4_K_BYTES)
 #define CLB_Q5_K_BYTES ((uint32_t)COLIBRI_Q5_K_BYTES)
 #define CLB_Q6_K_BYTES ((uint32_t)COLIBRI_Q6_K_BYTES)
+/* Field offsets (GGUF's layouts): Q4_0's qs[16] and Q5_0's qh[4], qs[16]
+ * after d; Q4_K's and Q5_K's scales[12] after d and dmin, then Q5_K's
+ * qh[32], then qs[128]; Q6_K's qh[64], scales[16] and d after ql[128]. */
+#define CLB_Q4_0_QS 2u
+#define CLB_Q5_0_QH 2u
+#define CLB_Q5_0_QS 6u
+#define CLB_QK_SCALES 4u
+#define CLB_Q5_K_QH 16u
+#define CLB_Q4_K_QS 16u
+#define CLB_Q5_K_QS 48u
+#define CLB_Q6_K_QH 128u
+#define CLB_Q6_K_SC 192u
+#define CLB_Q6_K_D ((unsigned)COLIBRI_Q6_K_D)
 
 /* Shared by every table (ref.c): the exact values of one block row, for
  * embedding lookups. out[cols] = the first cols values of a row of nb
@@ -250,13 +263,13 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
                      uint32_t cols);
 
 /* The stored value of column i (0..31) of a Q4_0 block (0..15: the nibble
- * of qs, low for i < 16) or, with five, of a Q5_0 block (0..31: qs at 8,
+ * of qs, low for i < 16) or, with five, of a Q5_0 block (0..31: qs at CLB_Q5_0_QS,
  * bit i of the little-endian qh[4] as bit 4). */
 static inline unsigned clb_q_0_value(const uint8_t *blk, unsigned i, int five)
 {
-    const uint8_t *qs = blk + (five ? 8 : 4);
+    const uint8_t *qs = blk + (five ? CLB_Q5_0_QS : CLB_Q4_0_QS);
     unsigned lo = i < 16 ? qs[i] & 15u : (unsigned)qs[i - 16] >> 4;
-    return five ? lo | (((unsigned)blk[4 + i / 8] >> (i % 8)) & 1u) << 4 : lo;
+    return five ? lo | (((unsigned)blk[CLB_Q5_0_QH + i / 8] >> (i % 8)) & 1u) << 4 : lo;
 }
 
 /* The stored value of column i (0..255) of a Q4_K block (0..15) or, with
@@ -264,9 +277,9 @@ static inline unsigned clb_q_0_value(const uint8_t *blk, unsigned i, int five)
 static inline unsigned clb_qk_value(const uint8_t *blk, unsigned i, int five)
 {
     unsigned j = i / 32, l = i % 32;
-    const uint8_t *qs = blk + (five ? 52 : 20);
+    const uint8_t *qs = blk + (five ? CLB_Q5_K_QS : CLB_Q4_K_QS);
     unsigned q = ((unsigned)qs[32 * (j / 2) + l] >> ((j & 1) * 4)) & 15u;
-    return five ? q | (((unsigned)blk[20 + l] >> j) & 1u) << 4 : q;
+    return five ? q | (((unsigned)blk[CLB_Q5_K_QH + l] >> j) & 1u) << 4 : q;
 }
 
 /* Q4_K's 6-bit scale and min of sub-block j (0..7) from scales[12]. */
@@ -282,14 +295,32 @@ static inline void clb_q4k_scale_min(const uint8_t *sc12, unsigned j,
     }
 }
 
-/* A block's float32 field at byte offset off, in host order (the loader
- * swapped a foreign-order file). Blocks are 4-byte aligned in a section
- * (20, 24, 148, 180, 212 are multiples of 4), so this is an aligned load. */
-static inline float clb_blk_f32(const uint8_t *blk, unsigned off)
+/* fp16 (IEEE binary16) bits -> float32, exactly (every fp16 is a float32),
+ * in integer operations only (no float arithmetic: soft-float targets pull
+ * in nothing). The ref table's truth, and what the SIMD tables' conversions
+ * (F16C, AVX-512) must equal. A subnormal m * 2^-24 is normalised, one
+ * shift a leading zero; infinity and NaN map to theirs (a checked file has
+ * none). Out of line (ref.c): one copy, called once a block of 32 or 256
+ * weights. */
+float clb_f16_to_f32(uint16_t h);
+
+/* A block's fp16 field at byte offset off, in host order (the loader
+ * swapped a foreign-order file), as float32. Blocks are 2-byte aligned at
+ * best (18, 22 and 210 bytes), so the load goes through memcpy. AArch64
+ * has the conversion in every core (one fcvt, exact as clb_f16_to_f32:
+ * test_kernels checks the NEON tables against ref on subnormal scales);
+ * elsewhere the integer form. */
+static inline float clb_blk_f16(const uint8_t *blk, unsigned off)
 {
-    float f;
-    memcpy(&f, blk + off, 4);
-    return f;
+#if defined(__aarch64__) && defined(__ARM_FP16_FORMAT_IEEE)
+    __fp16 h;
+    memcpy(&h, blk + off, 2);
+    return (float)h;
+#else
+    uint16_t h;
+    memcpy(&h, blk + off, 2);
+    return clb_f16_to_f32(h);
+#endif
 }
 
 /* Always available. */

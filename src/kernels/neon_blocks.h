@@ -15,7 +15,9 @@
  *   Q6_K: acc = acc + xs * (d * float(isum))
  * Here the integer sums are exact (every partial sum is an int32 or a
  * non-overflowing int16, see nb_dot16 / nb_dot32), and an exact integer
- * converts to the same float whatever order produced it. The float part
+ * converts to the same float whatever order produced it. d and dmin are
+ * the blocks' fp16 fields widened to float32 by clb_blk_f16 (exact, the
+ * same code as ref's; ARMv7 NEON has no fp16 conversion). The float part
  * is those operations, each rounded once (no vmla/vfma; -ffp-contract=off
  * keeps GCC from fusing the A64 vector operators):
  * - AArch64: 4 weight rows in the 4 lanes of a vector; A64 vector float
@@ -26,7 +28,7 @@
  *   the 32 or 256 multiply-adds of the integer part.
  *
  * Loop structure:
- * - Q4_0 and Q5_0 (32 columns, 16 + 4 bytes a block): the weights stay in
+ * - Q4_0 and Q5_0 (32 columns, 18 or 22 bytes a block): the weights stay in
  *   registers.
  *   A tile of 4V rows x T tokens unpacks each row's block once into two
  *   int8 vectors and uses them for all T tokens (prefill: 4 rows x NB_TP
@@ -38,7 +40,8 @@
  *   n <= NB_TT, e.g. decode).
  *
  * Contract: static functions (each includer gets its own copy); no
- * allocation, no alignment assumption (vld1 takes any address), no access
+ * allocation, no alignment assumption (vld1 takes any address; blocks are
+ * 2-byte aligned at best and the fp16 fields go through memcpy), no access
  * outside the arguments; at most ~5 KiB of stack.
  */
 #ifndef COLIBRI_NEON_BLOCKS_H
@@ -238,21 +241,23 @@ NB_INLINE void nb_store_rows(float *y, nb_acc4 acc, uint32_t r, uint32_t rows)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Q4_0: 32 columns a block, {float d; uint8 qs[16]}, column i < 16 in the
- * low nibble of qs[i], column 16 + i in its high nibble; value q - 8. */
+/* Q4_0: 32 columns a block, {fp16 d; uint8 qs[16]} (qs at 2), column
+ * i < 16 in the low nibble of qs[i], column 16 + i in its high nibble;
+ * value q - 8. */
 
 /* The block's 32 values q - 8 (-8..7) in column order: lo = columns
  * 0..15, hi = 16..31. */
 NB_INLINE void nb_unpack_q4_0(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi)
 {
-    const uint8x16_t q = vld1q_u8(blk + 4);
+    const uint8x16_t q = vld1q_u8(blk + CLB_Q4_0_QS);
     const int8x16_t eight = vdupq_n_s8(8);
     *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))), eight);
     *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), eight);
 }
 
-/* Q5_0: {float d; uint8 qh[4]; uint8 qs[16]}, Q4_0's nibbles (at offset 8)
- * with bit 4 of column i in bit i of the little-endian qh; value q - 16. */
+/* Q5_0: {fp16 d; uint8 qh[4]; uint8 qs[16]}, Q4_0's nibbles (at offset 6)
+ * with bit 4 of column i in bit i of the little-endian qh (at 2); value
+ * q - 16. */
 NB_INLINE uint8x16_t nb_q5_0_high16(const uint8_t *qh2)
 {
     /* byte j: 16 if bit j % 8 of qh2[j / 8] is set (vtst against a one-bit mask) */
@@ -265,10 +270,10 @@ NB_INLINE uint8x16_t nb_q5_0_high16(const uint8_t *qh2)
  * 0..15, hi = 16..31. */
 NB_INLINE void nb_unpack_q5_0(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi)
 {
-    const uint8x16_t q = vld1q_u8(blk + 8);
+    const uint8x16_t q = vld1q_u8(blk + CLB_Q5_0_QS);
     const int8x16_t sixteen = vdupq_n_s8(16);
-    const uint8x16_t l = vorrq_u8(vandq_u8(q, vdupq_n_u8(15)), nb_q5_0_high16(blk + 4));
-    const uint8x16_t h = vorrq_u8(vshrq_n_u8(q, 4), nb_q5_0_high16(blk + 6));
+    const uint8x16_t l = vorrq_u8(vandq_u8(q, vdupq_n_u8(15)), nb_q5_0_high16(blk + CLB_Q5_0_QH));
+    const uint8x16_t h = vorrq_u8(vshrq_n_u8(q, 4), nb_q5_0_high16(blk + CLB_Q5_0_QH + 2));
     *lo = vsubq_s8(vreinterpretq_s8_u8(l), sixteen);
     *hi = vsubq_s8(vreinterpretq_s8_u8(h), sixteen);
 }
@@ -307,7 +312,7 @@ NB_INLINE void nb_q4_0_tile(const int five, const int V, const int T, float *Y,
                 nb_unpack_q5_0(blk, &lo[i], &hi[i]);
             else
                 nb_unpack_q4_0(blk, &lo[i], &hi[i]);
-            d[i] = clb_blk_f32(blk, 0);
+            d[i] = clb_blk_f16(blk, 0);
         }
         NB_UNROLL
         for (int t = 0; t < T; t++) {
@@ -357,7 +362,7 @@ typedef struct {
     int32_t sc[16];  /* sub-block scales: Q4_K 8 (0..63, 32 columns each),
                         Q6_K 16 (-128..127, 16 columns each) */
     int32_t m[8];    /* Q4_K sub-block mins (0..63) */
-    float d, dmin;   /* the block's float fields (dmin: Q4_K only) */
+    float d, dmin;   /* the block's fp16 fields, widened (dmin: Q4_K only) */
 } nb_kblock;
 
 /* Q4_K's 8 scales and 8 mins (clb_q4k_scale_min) from the 12 bytes
@@ -380,12 +385,12 @@ NB_INLINE void nb_q4_k_scales(nb_kblock *u, const uint8_t *s)
     vst1q_s32(u->m + 4, vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(hi))));
 }
 
-/* Q4_K {float d, dmin; uint8 scales[12]; uint8 qs[128]}: sub-block j's
- * 32 values are the low (j even) or high (j odd) nibbles of qs[32 (j/2)
- * .. 32 (j/2) + 32). */
+/* Q4_K {fp16 d, dmin; uint8 scales[12]; uint8 qs[128]} (scales at 4, qs at
+ * 16): sub-block j's 32 values are the low (j even) or high (j odd)
+ * nibbles of qs[32 (j/2) .. 32 (j/2) + 32). */
 NB_INLINE void nb_unpack_q4_k(nb_kblock *u, const uint8_t *blk)
 {
-    const uint8_t *qs = blk + 20;
+    const uint8_t *qs = blk + CLB_Q4_K_QS;
     const uint8x16_t m4 = vdupq_n_u8(15);
     for (int k = 0; k < 4; k++) {
         const uint8x16_t q0 = vld1q_u8(qs + 32 * k), q1 = vld1q_u8(qs + 32 * k + 16);
@@ -394,16 +399,16 @@ NB_INLINE void nb_unpack_q4_k(nb_kblock *u, const uint8_t *blk)
         vst1q_u8((uint8_t *)u->q + 64 * k + 32, vshrq_n_u8(q0, 4));
         vst1q_u8((uint8_t *)u->q + 64 * k + 48, vshrq_n_u8(q1, 4));
     }
-    nb_q4_k_scales(u, blk + 8);
-    u->d = clb_blk_f32(blk, 0);
-    u->dmin = clb_blk_f32(blk, 4);
+    nb_q4_k_scales(u, blk + CLB_QK_SCALES);
+    u->d = clb_blk_f16(blk, 0);
+    u->dmin = clb_blk_f16(blk, 2);
 }
 
-/* Q5_K: Q4_K's fields then qh[32] at 20 and qs at 52; bit 4 of sub-block
+/* Q5_K: Q4_K's fields then qh[32] at 16 and qs at 48; bit 4 of sub-block
  * j's value l is bit j of qh[l]. */
 NB_INLINE void nb_unpack_q5_k(nb_kblock *u, const uint8_t *blk)
 {
-    const uint8_t *qs = blk + 52, *qh = blk + 20;
+    const uint8_t *qs = blk + CLB_Q5_K_QS, *qh = blk + CLB_Q5_K_QH;
     const uint8x16_t m4 = vdupq_n_u8(15), b4 = vdupq_n_u8(16);
     const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
     for (int k = 0; k < 4; k++) {
@@ -416,18 +421,18 @@ NB_INLINE void nb_unpack_q5_k(nb_kblock *u, const uint8_t *blk)
         vst1q_u8(q + 32, vorrq_u8(vshrq_n_u8(q0, 4), vandq_u8(vshlq_u8(h0, hi_sh), b4)));
         vst1q_u8(q + 48, vorrq_u8(vshrq_n_u8(q1, 4), vandq_u8(vshlq_u8(h1, hi_sh), b4)));
     }
-    nb_q4_k_scales(u, blk + 8);
-    u->d = clb_blk_f32(blk, 0);
-    u->dmin = clb_blk_f32(blk, 4);
+    nb_q4_k_scales(u, blk + CLB_QK_SCALES);
+    u->d = clb_blk_f16(blk, 0);
+    u->dmin = clb_blk_f16(blk, 2);
 }
 
-/* Q6_K {float d; uint8 ql[128]; uint8 qh[64]; int8 scales[16]}: column
+/* Q6_K {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; fp16 d}: column
  * 128 h + 32 s + l (h < 2, s < 4, l < 32) has its low 4 bits in
  * ql[64 h + 32 (s % 2) + l] (low nibble for s < 2, high for s >= 2) and
  * its high 2 bits at bit 2 s of qh[32 h + l]. */
 NB_INLINE void nb_unpack_q6_k(nb_kblock *u, const uint8_t *blk)
 {
-    const uint8_t *ql = blk + 4, *qh = blk + 132;
+    const uint8_t *ql = blk, *qh = blk + CLB_Q6_K_QH;
     const uint8x16_t m4 = vdupq_n_u8(15), m30 = vdupq_n_u8(0x30);
     const int8x16_t off = vdupq_n_s8(32);
     for (int h = 0; h < 2; h++)
@@ -447,10 +452,10 @@ NB_INLINE void nb_unpack_q6_k(nb_kblock *u, const uint8_t *blk)
             vst1q_s8(q + 64, vsubq_s8(vreinterpretq_s8_u8(v2), off));
             vst1q_s8(q + 96, vsubq_s8(vreinterpretq_s8_u8(v3), off));
         }
-    const int8_t *sc = (const int8_t *)(blk + 196);
+    const int8_t *sc = (const int8_t *)(blk + CLB_Q6_K_SC);
     for (int j = 0; j < 16; j++)
         u->sc[j] = sc[j];
-    u->d = clb_blk_f32(blk, 0);
+    u->d = clb_blk_f16(blk, CLB_Q6_K_D);
     u->dmin = 0.0f;
 }
 

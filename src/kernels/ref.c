@@ -165,7 +165,7 @@ static void ref_matmul_q_0(int five, float *Y, const uint8_t *W, const int8_t *X
                 int32_t dot = 0;
                 for (unsigned i = 0; i < 32; i++)
                     dot += ((int32_t)clb_q_0_value(blk, i, five) - zero) * x[i];
-                acc += (float)dot * (clb_blk_f32(blk, 0) * xs[b]);
+                acc += (float)dot * (clb_blk_f16(blk, 0) * xs[b]);
             }
             Y[(size_t)t * rows + r] = acc;
         }
@@ -209,15 +209,15 @@ static void ref_matmul_qk_affine(int five, float *Y, const uint8_t *W, const int
                 int32_t isum = 0, msum = 0;
                 for (unsigned j = 0; j < 8; j++) {
                     uint8_t sc, m;
-                    clb_q4k_scale_min(blk + 8, j, &sc, &m);
+                    clb_q4k_scale_min(blk + CLB_QK_SCALES, j, &sc, &m);
                     int32_t dot = 0;
                     for (unsigned l = 0; l < 32; l++)
                         dot += (int32_t)clb_qk_value(blk, 32 * j + l, five) * x[32 * j + l];
                     isum += (int32_t)sc * dot;
                     msum += (int32_t)m * ((int32_t)bs[2 * j] + bs[2 * j + 1]);
                 }
-                float dd = clb_blk_f32(blk, 0) * (float)isum;
-                float mm = clb_blk_f32(blk, 4) * (float)msum;
+                float dd = clb_blk_f16(blk, 0) * (float)isum;
+                float mm = clb_blk_f16(blk, 2) * (float)msum;
                 acc += xs[b] * (dd - mm);
             }
             Y[(size_t)t * rows + r] = acc;
@@ -253,8 +253,8 @@ void clb_ref_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
             const uint8_t *blk = W + (size_t)r * nb * CLB_Q6_K_BYTES;
             float acc = 0.0f;
             for (uint32_t b = 0; b < nb; b++, blk += CLB_Q6_K_BYTES) {
-                const uint8_t *ql = blk + 4, *qh = blk + 132;
-                const int8_t *sc = (const int8_t *)(blk + 196);
+                const uint8_t *ql = blk, *qh = blk + CLB_Q6_K_QH;
+                const int8_t *sc = (const int8_t *)(blk + CLB_Q6_K_SC);
                 const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
                 int32_t isum = 0;
                 for (unsigned j = 0; j < 16; j++) {
@@ -269,11 +269,32 @@ void clb_ref_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
                     }
                     isum += (int32_t)sc[j] * dot;
                 }
-                acc += xs[b] * (clb_blk_f32(blk, 0) * (float)isum);
+                acc += xs[b] * (clb_blk_f16(blk, CLB_Q6_K_D) * (float)isum);
             }
             Y[(size_t)t * rows + r] = acc;
         }
     }
+}
+
+float clb_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+    uint32_t bits = sign;
+    if (e == 31) {
+        bits |= 0x7f800000u | m << 13;
+    } else if (e != 0) {
+        bits |= (e + 112u) << 23 | m << 13;
+    } else if (m != 0) { /* m * 2^-24 = 1.f * 2^(-14 - s), s the shifts */
+        e = 113;
+        while (!(m & 0x400u)) {
+            m <<= 1;
+            e--;
+        }
+        bits |= e << 23 | (m & 0x3ffu) << 13;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
@@ -284,25 +305,26 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
             int five = dtype == COLIBRI_DTYPE_Q5_0;
             const uint8_t *blk = row + (size_t)(i / 32) * (five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES);
             int q = (int)clb_q_0_value(blk, i % 32, five) - (five ? 16 : 8);
-            out[i] = clb_blk_f32(blk, 0) * (float)q;
+            out[i] = clb_blk_f16(blk, 0) * (float)q;
         } else if (dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K) {
             int five = dtype == COLIBRI_DTYPE_Q5_K;
             const uint8_t *blk = row + (size_t)(i / 256) * (five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES);
             unsigned k = i % 256, j = k / 32;
             uint8_t sc, m;
-            clb_q4k_scale_min(blk + 8, j, &sc, &m);
+            clb_q4k_scale_min(blk + CLB_QK_SCALES, j, &sc, &m);
             unsigned q = clb_qk_value(blk, k, five);
-            float d1 = clb_blk_f32(blk, 0) * (float)sc;
-            float m1 = clb_blk_f32(blk, 4) * (float)m;
+            float d1 = clb_blk_f16(blk, 0) * (float)sc;
+            float m1 = clb_blk_f16(blk, 2) * (float)m;
             out[i] = d1 * (float)q - m1;
         } else { /* COLIBRI_DTYPE_Q6_K */
             const uint8_t *blk = row + (size_t)(i / 256) * CLB_Q6_K_BYTES;
             unsigned k = i % 256, h = k / 128, rr = k % 128;
             unsigned l = rr % 32, s = rr / 32;
-            unsigned lo = blk[4 + 64 * h + l + 32 * (s % 2)];
+            unsigned lo = blk[64 * h + l + 32 * (s % 2)];
             lo = s < 2 ? lo & 15 : lo >> 4;
-            unsigned hi = (blk[132 + 32 * h + l] >> (2 * s)) & 3;
-            float d1 = clb_blk_f32(blk, 0) * (float)((const int8_t *)blk)[196 + k / 16];
+            unsigned hi = (blk[CLB_Q6_K_QH + 32 * h + l] >> (2 * s)) & 3;
+            float d1 = clb_blk_f16(blk, CLB_Q6_K_D) *
+                       (float)((const int8_t *)blk)[CLB_Q6_K_SC + k / 16];
             out[i] = d1 * (float)((int)(lo | hi << 4) - 32);
         }
     }

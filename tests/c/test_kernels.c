@@ -487,7 +487,7 @@ static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t 
 /* kernels.h promises every table's block kernels bit-identical to ref's
  * (FORMAT.md 5: exact integer sums, a fixed float order per element), so
  * XQ/XS/XB and Y are compared bit for bit. Blocks are random bytes with
- * random float32 scales (zero scales included); activations include all-zero
+ * random fp16 scales (zero and subnormal ones included); activations include all-zero
  * blocks and rounding ties. */
 
 static const unsigned BLK_DTYPES[] = {COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_Q4_K,
@@ -522,6 +522,35 @@ static blk_matmul_fn blk_matmul_of(const colibri_kernels *k, unsigned dtype)
          : dtype == COLIBRI_DTYPE_Q5_K ? k->matmul_q5_k : k->matmul_q6_k;
 }
 
+/* clb_f16_to_f32 against the compiler's own fp16 type (_Float16 on x86-64
+ * and AArch64, __fp16 on ARMv7), for all 65536 bit patterns: zeros,
+ * subnormals, normals, infinities (NaN: any NaN). Skipped where the
+ * compiler has neither. */
+#if defined(__FLT16_MAX__)
+__extension__ typedef _Float16 host_f16; /* an ISO/IEC TS 18661-3 type: pedantic asks */
+#elif defined(__ARM_FP16_FORMAT_IEEE)
+__extension__ typedef __fp16 host_f16;
+#endif
+static void test_f16_to_f32(void)
+{
+#if defined(__FLT16_MAX__) || defined(__ARM_FP16_FORMAT_IEEE)
+    long checked = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        host_f16 v;
+        uint16_t b = (uint16_t)h;
+        memcpy(&v, &b, 2);
+        float want = (float)v, got = clb_f16_to_f32(b);
+        if (want != want ? got == got : memcmp(&want, &got, 4) != 0)
+            FAIL("clb_f16_to_f32(0x%04x) = %a, the compiler's fp16 says %a", (unsigned)h,
+                 (double)got, (double)want);
+        checked++;
+    }
+    printf("fp16 -> float32: %ld values checked\n", checked);
+#else
+    printf("fp16 -> float32: skipped (this compiler has no fp16 type)\n");
+#endif
+}
+
 static void fill_blocks(uint8_t *w, unsigned dtype, size_t nblocks)
 {
     uint32_t bytes = blk_bytes_of(dtype);
@@ -530,9 +559,17 @@ static void fill_blocks(uint8_t *w, unsigned dtype, size_t nblocks)
     for (size_t b = 0; b < nblocks; b++) {
         uint8_t *blk = w + b * bytes;
         unsigned nf = dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
+        unsigned at = dtype == COLIBRI_DTYPE_Q6_K ? CLB_Q6_K_D : 0;
         for (unsigned f = 0; f < nf; f++) {
-            float v = rng_below(16) == 0 ? 0.0f : rng_sym() * 0.01f;
-            memcpy(blk + 4 * f, &v, 4);
+            /* fp16 scales, finite as a checked file's: zero (1 in 16),
+             * subnormal (1 in 16: every table's conversion must be exact
+             * there too), else 2^-10 .. 2^2 with any mantissa and sign */
+            unsigned pick = (unsigned)rng_below(16), e = 5 + (unsigned)rng_below(13);
+            uint16_t h = (uint16_t)(pick == 0 ? 0
+                       : pick == 1 ? 1 + rng_below(1023)
+                       : e << 10 | rng_below(1024));
+            h = (uint16_t)(h | (rng_below(2) ? 0x8000u : 0u));
+            memcpy(blk + at + 2 * f, &h, 2);
         }
     }
 }
@@ -1385,6 +1422,7 @@ int main(int argc, char **argv)
         run_bench_attend(ref, opt, nopt, filter);
         return 0;
     }
+    test_f16_to_f32();     /* the block scales' conversion, every value */
     test_attend_all(NULL); /* ref's attend against softmax in double */
     test_attend_all(ref);  /* ref's attend_rows against its attend */
     if (nopt == 0)

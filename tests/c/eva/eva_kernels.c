@@ -62,14 +62,16 @@ static void fill(float *a, size_t k, float lo, float hi)
         a[i] = Frama_C_float_interval(lo, hi);
 }
 
-/* A block row's float32 fields (d, dmin), finite in range, over bytes
- * that are otherwise unknown. */
-static void set_scales(uint8_t *w, size_t nblocks, size_t bytes, unsigned nf)
+/* A block row's fp16 fields (d, dmin) at byte `at` of each block, finite
+ * (exponent below 31, as a checked file's), over bytes that are otherwise
+ * unknown. */
+static void set_scales(uint8_t *w, size_t nblocks, size_t bytes, unsigned at, unsigned nf)
 {
     for (size_t b = 0; b < nblocks; b++)
         for (unsigned f = 0; f < nf; f++) {
-            float v = Frama_C_float_interval(-EVA_FMAX, EVA_FMAX);
-            memcpy(w + b * bytes + 4 * f, &v, 4);
+            uint16_t h = (uint16_t)(Frama_C_interval(0, 0x7bff) |
+                                    Frama_C_interval(0, 1) << 15);
+            memcpy(w + b * bytes + at + 2 * f, &h, 2);
         }
 }
 
@@ -127,27 +129,27 @@ static void block_kernels(const colibri_kernels *k)
     fill(BXS, sizeof BXS / sizeof BXS[0], -EVA_FMAX, EVA_FMAX);
 
     Frama_C_make_unknown((char *)BW, sizeof BW);
-    set_scales(BW, (size_t)EVA_ROWS * NB4_MAX, CLB_Q4_0_BYTES, 1);
+    set_scales(BW, (size_t)EVA_ROWS * NB4_MAX, CLB_Q4_0_BYTES, 0, 1);
     k->matmul_q4_0(BY, BW, BXQ, BXS, BXB, n, rows, cols);
     clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q4_0, cols);
 
     Frama_C_make_unknown((char *)BW, sizeof BW);
-    set_scales(BW, (size_t)EVA_ROWS * NB4_MAX, CLB_Q5_0_BYTES, 1);
+    set_scales(BW, (size_t)EVA_ROWS * NB4_MAX, CLB_Q5_0_BYTES, 0, 1);
     k->matmul_q5_0(BY, BW, BXQ, BXS, BXB, n, rows, cols);
     clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q5_0, cols);
 
     Frama_C_make_unknown((char *)BW, sizeof BW);
-    set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q4_K_BYTES, 2);
+    set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q4_K_BYTES, 0, 2);
     k->matmul_q4_k(BY, BW, BXQ, BXS, BXB, n, rows, cols);
     clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q4_K, cols);
 
     Frama_C_make_unknown((char *)BW, sizeof BW);
-    set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q5_K_BYTES, 2);
+    set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q5_K_BYTES, 0, 2);
     k->matmul_q5_k(BY, BW, BXQ, BXS, BXB, n, rows, cols);
     clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q5_K, cols);
 
     Frama_C_make_unknown((char *)BW, sizeof BW);
-    set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q6_K_BYTES, 1);
+    set_scales(BW, (size_t)EVA_ROWS * NB_MAX, CLB_Q6_K_BYTES, CLB_Q6_K_D, 1);
     k->matmul_q6_k(BY, BW, BXQ, BXS, BXB, n, rows, cols);
     clb_dequant_row(DQ, BW, COLIBRI_DTYPE_Q6_K, cols);
 }
