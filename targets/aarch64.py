@@ -52,7 +52,7 @@ TARGET = Target(
         # mapping of a warm file (the resident part and cached experts
         # used from the page cache) and the CRC and float check in one
         # pass, so 192; 189.4 with checks on the reader thread and the
-        # resident part checked in two halves at init; 190.2 with the blocks'
+        # resident part checked in two halves at init; 190.3 with the blocks'
         # fp16 scales (FORMAT.md 4: fcvt on AArch64).
         runtime=192 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2.82 MiB)

@@ -295,13 +295,14 @@ static inline void clb_q4k_scale_min(const uint8_t *sc12, unsigned j,
     }
 }
 
-/* fp16 (IEEE binary16) bits -> float32, exactly (every fp16 is a float32),
- * in integer operations only (no float arithmetic: soft-float targets pull
- * in nothing). The ref table's truth, and what the SIMD tables' conversions
- * (F16C, AVX-512) must equal. A subnormal m * 2^-24 is normalised, one
- * shift a leading zero; infinity and NaN map to theirs (a checked file has
- * none). Out of line (ref.c): one copy, called once a block of 32 or 256
- * weights. */
+/* fp16 (IEEE binary16) bits -> float32, exactly (every fp16 is a float32):
+ * the 11-bit significand times a power of two from a 31-entry table, both
+ * exact, the sign by negation; infinity and NaN map to theirs (a checked
+ * file has none). Arithmetic rather than bits moved into a float, so that
+ * Frama-C EVA bounds the result (tests/c/eva/eva_kernels.c). The ref
+ * table's truth, and what the SIMD tables' conversions (F16C, AVX-512,
+ * AArch64 fcvt) must equal. Out of line (ref.c): one copy, called once a
+ * block of 32 or 256 weights. */
 float clb_f16_to_f32(uint16_t h);
 
 /* A block's fp16 field at byte offset off, in host order (the loader
@@ -309,7 +310,7 @@ float clb_f16_to_f32(uint16_t h);
  * best (18, 22 and 210 bytes), so the load goes through memcpy. AArch64
  * has the conversion in every core (one fcvt, exact as clb_f16_to_f32:
  * test_kernels checks the NEON tables against ref on subnormal scales);
- * elsewhere the integer form. */
+ * elsewhere clb_f16_to_f32. */
 static inline float clb_blk_f16(const uint8_t *blk, unsigned off)
 {
 #if defined(__aarch64__) && defined(__ARM_FP16_FORMAT_IEEE)

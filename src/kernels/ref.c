@@ -278,23 +278,18 @@ void clb_ref_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *XQ,
 
 float clb_f16_to_f32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
-    uint32_t bits = sign;
-    if (e == 31) {
-        bits |= 0x7f800000u | m << 13;
-    } else if (e != 0) {
-        bits |= (e + 112u) << 23 | m << 13;
-    } else if (m != 0) { /* m * 2^-24 = 1.f * 2^(-14 - s), s the shifts */
-        e = 113;
-        while (!(m & 0x400u)) {
-            m <<= 1;
-            e--;
-        }
-        bits |= e << 23 | (m & 0x3ffu) << 13;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    static const float pow2[31] = { /* 2^(e - 25), e = 0..30 (e = 0 unused) */
+        0x1p-25f, 0x1p-24f, 0x1p-23f, 0x1p-22f, 0x1p-21f, 0x1p-20f, 0x1p-19f, 0x1p-18f,
+        0x1p-17f, 0x1p-16f, 0x1p-15f, 0x1p-14f, 0x1p-13f, 0x1p-12f, 0x1p-11f, 0x1p-10f,
+        0x1p-9f, 0x1p-8f, 0x1p-7f, 0x1p-6f, 0x1p-5f, 0x1p-4f, 0x1p-3f, 0x1p-2f,
+        0x1p-1f, 0x1p0f, 0x1p1f, 0x1p2f, 0x1p3f, 0x1p4f, 0x1p5f };
+    uint32_t e = (h >> 10) & 31u, m = h & 0x3ffu;
+    float v;
+    if (e == 31)
+        v = m ? NAN : INFINITY;
+    else
+        v = (float)(e ? m | 0x400u : m) * pow2[e ? e : 1];
+    return (h & 0x8000u) ? -v : v;
 }
 
 void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,

@@ -63,14 +63,15 @@ static void fill(float *a, size_t k, float lo, float hi)
 }
 
 /* A block row's fp16 fields (d, dmin) at byte `at` of each block, finite
- * (exponent below 31, as a checked file's), over bytes that are otherwise
- * unknown. */
+ * (exponent below 31, as a checked file's) and positive, over bytes that
+ * are otherwise unknown: EVA's intervals cannot keep the exponent below 31
+ * on a value whose sign bit may be set, and a negative scale is the same
+ * magnitudes (clb_f16_to_f32 negates). */
 static void set_scales(uint8_t *w, size_t nblocks, size_t bytes, unsigned at, unsigned nf)
 {
     for (size_t b = 0; b < nblocks; b++)
         for (unsigned f = 0; f < nf; f++) {
-            uint16_t h = (uint16_t)(Frama_C_interval(0, 0x7bff) |
-                                    Frama_C_interval(0, 1) << 15);
+            uint16_t h = (uint16_t)Frama_C_interval(0, 0x7bff);
             memcpy(w + b * bytes + at + 2 * f, &h, 2);
         }
 }
