@@ -174,7 +174,7 @@ def test_tied_embeddings_use_embed_tokens_for_lm_head(hf_checkpoint, tmp_path):
 ])
 def test_q4_tied_matrix_type(hf_checkpoint, tmp_path, options, embed):
     """A tied matrix of a q4 conversion takes the preset's tied type (Q6_K,
-    the LM head's use), not the untied embedding's or LM head's (Q5_K each);
+    the LM head's use), not the untied LM head's (Q5_K);
     on tiny's 32-wide rows Q6_K falls back to int8 and Q4_K / Q5_K to Q5_0.
     The planner (`colibri info --config`) agrees with the file."""
     from colibri.model import memory

@@ -240,18 +240,25 @@ PRESET_Q4 = dict(PRESET_INT8)
 # bench/quality.py, WQ Q4_K -> Q6_K: KL 0.0111 -> 0.0104 on k256 (5.10
 # bpw), 0.0153 -> 0.0151 on "mid" (5.00 bpw).
 #
-# The embedding and the LM head: Q5_K each (llama.cpp: Q4_K and Q6_K, the
-# same bits together). bench/quality.py, KL of the q4 mix per model: moving
-# one bit from the LM head to the embedding takes "mid" from 0.0141 to
-# 0.0081 (Q4_K_M 0.0142) and an 8-layer random model (hidden 512, vocab
-# 8192) from 0.065 to 0.048 (Q4_K_M 0.065), at the same bits a weight; the
-# embedding's bit alone buys 46 % / 27 %, the LM head's bit costs 6 % / 1 %.
-# An embedding error enters the residual stream whole, and a lookup reads one
-# row a token, so its bits cost no decode bandwidth; the LM head's product
-# reads all of it every token, so decode gains. A tied matrix serves both
-# uses: TIED_TYPE.
+# The embedding Q6_K, the LM head Q5_K (llama.cpp: Q4_K and Q6_K). An
+# embedding error enters the residual stream whole, and a lookup reads one
+# row a token, so its bits cost no decode bandwidth (only file and resident
+# bytes: +0.015 bits a weight on OLMoE-1B-7B); the LM head's product reads
+# all of it every token. bench/quality.py, KL of the q4 mix per model (bits
+# a weight; Q4_K_M's KL):
+#   embedding and LM head Q4_K / Q6_K -> Q5_K / Q5_K: "mid" 0.0141 -> 0.0081
+#     (0.0142), an 8-layer random model (hidden 512, vocab 8192) 0.065 ->
+#     0.048 (0.065), the same bits; the LM head's lost bit costs 6 % / 1 %.
+#   embedding Q5_K -> Q6_K: mid 0.0082 -> 0.0064 (4.88 -> 5.04 bpw; 0.0142
+#     at 5.13), k256 0.0057 -> 0.0043 (5.16 -> 5.17; 0.0128), tiny 0.0050
+#     -> 0.0030 (6.20 -> 6.37; 0.0055), wide 0.0128 -> 0.0053 (6.10 ->
+#     6.15; 0.0115 at 6.17): on wide's 64-wide rows Q6_K falls back to
+#     I8_GROUP (9 bits) where Q5_K fell to Q5_0, and the embedding had been
+#     most of its error. The LM head at I8_GROUP as well: wide 0.0044 at
+#     6.20 bpw, over Q4_K_M's bits.
+# A tied matrix serves both uses: TIED_TYPE.
 PRESET_Q4.update({
-    Kind.EMBED: DType.Q5_K,
+    Kind.EMBED: DType.Q6_K,
     Kind.LM_HEAD: DType.Q5_K,
     **{k: DType.Q4_K for k in (*EXPERT_KINDS, *SHARED_KINDS,
                                *DENSE_KINDS)},

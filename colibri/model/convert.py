@@ -490,7 +490,7 @@ def add_convert_parser(subparsers) -> None:
     p.add_argument("--quant", choices=tuple(PRESETS), default=None,
                    help="preset: int8 = router int16, experts/attention int8, embedding "
                         "int16, lm_head int8; q4 = the 4-bit mix (docs/FORMAT.md 4: "
-                        "experts Q4_K, embedding and LM head Q5_K, attention Q6_K, a tied "
+                        "experts Q4_K, embedding Q6_K, LM head Q5_K, attention Q6_K, a tied "
                         "embedding Q6_K; rows not a multiple of 256 wide Q5_0 / int8); "
                         "f32 = exact "
                         "(default: int8 for a checkpoint; for a GGUF file, keep its own "
