@@ -9,30 +9,8 @@
 #include "colibri.h"
 #include "colibri_format.h"
 #include "support.h"
+#include "kernels/kernels.h" /* the block geometry: clb_block_cols, _bytes, _scales */
 
-/* Block geometry of a dtype (FORMAT.md 4): columns and bytes of one block,
- * 0 for the element types (F32, I8_GROUP, I16_ROW). */
-static inline uint32_t clb_block_cols(unsigned dtype)
-{
-    return dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0 ? COLIBRI_Q4_0_COLS
-         : dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ||
-                   dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_QK_COLS : 0;
-}
-static inline uint32_t clb_block_bytes(unsigned dtype)
-{
-    return dtype == COLIBRI_DTYPE_Q4_0 ? COLIBRI_Q4_0_BYTES
-         : dtype == COLIBRI_DTYPE_Q5_0 ? COLIBRI_Q5_0_BYTES
-         : dtype == COLIBRI_DTYPE_Q4_K ? COLIBRI_Q4_K_BYTES
-         : dtype == COLIBRI_DTYPE_Q5_K ? COLIBRI_Q5_K_BYTES
-         : dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_Q6_K_BYTES : 0;
-}
-/* The fp16 scales of a block of dtype (FORMAT.md 4): returns how many (d,
- * then Q4_K's and Q5_K's dmin, 2 bytes apart), *at the byte of the first. */
-static inline unsigned clb_block_scales(unsigned dtype, unsigned *at)
-{
-    *at = dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_Q6_K_D : 0;
-    return dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
-}
 /* Bytes of one row of a block-type matrix of `cols` columns. */
 static inline size_t clb_block_row_bytes(unsigned dtype, uint32_t cols)
 {

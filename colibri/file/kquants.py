@@ -250,22 +250,14 @@ def make_qp_quants(x: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray,
 # Refits of the super-scales (not in llama.cpp), each rounded to fp16
 # --------------------------------------------------------------------------
 
-def _f16(d, candidate: bool = False) -> np.ndarray:
+def _f16(d) -> np.ndarray:
     """float32 d rounded to the nearest fp16, as float32: the scale a block
-    stores. A d past fp16's range (about 1e6 weights in one block) has no
-    block: the tensor must stay int8 or f32. A refit's candidate is clipped
-    to the range instead (it is kept only if its error is lower)."""
-    d = np.asarray(d, np.float32)
-    if candidate:
-        d = np.clip(d, -B.F16_MAX, B.F16_MAX)
-    with np.errstate(over="ignore"):
-        h = d.astype(np.float16).astype(np.float32)
-    if not np.all(np.isfinite(h)):
-        big = float(np.max(np.abs(np.asarray(d, np.float32))))
-        raise ColibriError(f"a block scale of {big:.3g} exceeds fp16's range ({B.F16_MAX:g}): "
-                           "weights this large cannot take a 4-bit type; keep this tensor "
-                           "int8 or f32 (a per-kind override)")
-    return h
+    stores. Clipped to fp16's range: only a refit's least-squares candidate
+    can pass it (it is kept only if its error is lower); a first guess
+    cannot, since _padded refuses weights beyond fp16's range and a block's
+    d is at most its largest weight / 7."""
+    d = np.clip(np.asarray(d, np.float32), -B.F16_MAX, B.F16_MAX)
+    return d.astype(np.float16).astype(np.float32)
 
 
 def _refit_symmetric(x, w, unit, lo, hi, d):
@@ -284,7 +276,7 @@ def _refit_symmetric(x, w, unit, lo, hi, d):
     e = err(d, q)
     for _ in range(REFITS):
         a = unit * q
-        d2 = _f16(_safe_div((w * a * x).sum(-1), (w * a * a).sum(-1)), candidate=True)
+        d2 = _f16(_safe_div((w * a * x).sum(-1), (w * a * a).sum(-1)))
         q2 = rounded(d2)
         e2 = err(d2, q2)
         better = (e2 < e) & (d2 != 0)
@@ -320,7 +312,7 @@ def _refit_affine(x, w, sc, m, d, dmin, nmax=15):
         no_min = (det <= 0) | (m2 < 0)         # fit without the mins
         d2 = np.where(no_min, _safe_div(sax + dmin * sab, saa), d2)
         m2 = np.where(no_min, dmin, m2)
-        d2, m2 = _f16(d2, candidate=True), _f16(m2, candidate=True)
+        d2, m2 = _f16(d2), _f16(m2)
         q2 = rounded(d2, m2)
         e2 = err(d2, m2, q2)
         better = (e2 < e) & (d2 > 0)

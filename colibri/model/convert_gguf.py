@@ -9,7 +9,7 @@ What `--quant` means for a GGUF input (docs/FORMAT.md, "GGUF files"):
 - not given ("keep", the default): every tensor keeps the values it has.
   F32/F16/BF16 -> F32, Q8_0 -> I8_GROUP (group 32), Q4_0/Q5_0/Q4_K/Q5_K/Q6_K -> the
   block type of that name; where the kind cannot use that type (the router
-  is F32 or I16_ROW, the embedding has no I8_GROUP) -> F32, still exact.
+  is F32 or I16_ROW) -> F32, still exact.
   Other GGUF types (Q5_1, Q3_K, IQ4_XS, ...) are dequantised and stored in
   the smallest Colibri type of at least their bits (Q6_K from 5.5 bits a
   weight, else Q4_K; Q5_0 / I8_GROUP on rows not a multiple of 256): a

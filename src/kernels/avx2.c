@@ -1533,6 +1533,8 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     }
     /* prefetch stream: byte offsets into W, stopping at W's end */
     const size_t pf = (size_t)(r0 + R) * row_bytes + BT_PF_AHEAD, w_bytes = (size_t)rows * row_bytes;
+    unsigned d_at; /* d's byte in a block: a constant of dt */
+    (void)clb_block_scales(dt, &d_at);
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         if (prefetch && streams)
@@ -1550,7 +1552,7 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         } else {
             UNROLL
             for (int r = 0; r < R; r++)
-                d[r] = blk_f16(w[r] + (size_t)b * bytes + (dt == COLIBRI_DTYPE_Q6_K ? CLB_Q6_K_D : 0));
+                d[r] = blk_f16(w[r] + (size_t)b * bytes + d_at);
             dv = lanes_of_rows(R, d);
             if (BT_AFFINE(dt)) {
                 float dm[MAXR];

@@ -496,20 +496,6 @@ static const unsigned BLK_DTYPES[] = {COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_Q4_K,
 static const uint32_t BLK_COLS[] = {1, 17, 31, 32, 33, 64, 100, 255, 256, 257, 512, 700, 1100};
 static const uint32_t BLK_ROWS[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 65};
 
-static uint32_t blk_cols_of(unsigned dtype)
-{
-    return dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0 ? CLB_Q4_0_COLS
-                                                                      : CLB_QK_COLS;
-}
-
-static uint32_t blk_bytes_of(unsigned dtype)
-{
-    return dtype == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES
-         : dtype == COLIBRI_DTYPE_Q5_0 ? CLB_Q5_0_BYTES
-         : dtype == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES
-         : dtype == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES : CLB_Q6_K_BYTES;
-}
-
 typedef void (*blk_matmul_fn)(float *, const uint8_t *, const int8_t *, const float *,
                               const int16_t *, uint32_t, uint32_t, uint32_t);
 
@@ -553,13 +539,12 @@ static void test_f16_to_f32(void)
 
 static void fill_blocks(uint8_t *w, unsigned dtype, size_t nblocks)
 {
-    uint32_t bytes = blk_bytes_of(dtype);
+    uint32_t bytes = clb_block_bytes(dtype);
     for (size_t i = 0; i < nblocks * bytes; i++)
         w[i] = (uint8_t)rng_below(256);
     for (size_t b = 0; b < nblocks; b++) {
         uint8_t *blk = w + b * bytes;
-        unsigned nf = dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ? 2 : 1;
-        unsigned at = dtype == COLIBRI_DTYPE_Q6_K ? CLB_Q6_K_D : 0;
+        unsigned at, nf = clb_block_scales(dtype, &at);
         for (unsigned f = 0; f < nf; f++) {
             /* fp16 scales, finite as a checked file's: zero (1 in 16),
              * subnormal (1 in 16: every table's conversion must be exact
@@ -593,10 +578,10 @@ static void fill_blk_act(float *x, size_t count, uint32_t B)
 static void test_blocks(const colibri_kernels *ref, const colibri_kernels *k, unsigned dtype,
                         uint32_t n, uint32_t rows, uint32_t cols)
 {
-    const uint32_t B = blk_cols_of(dtype), nb = (cols + B - 1) / B;
+    const uint32_t B = clb_block_cols(dtype), nb = (cols + B - 1) / B;
     const size_t padded = (size_t)nb * B;
     int mis = (int)(case_no++ & 1);
-    buf W = buf_new((size_t)rows * nb * blk_bytes_of(dtype), 1, 0);
+    buf W = buf_new((size_t)rows * nb * clb_block_bytes(dtype), 1, 0);
     buf X = buf_new((size_t)n * cols, sizeof(float), mis);
     buf XQr = buf_new((size_t)n * padded, 1, 0), XQk = buf_new((size_t)n * padded, 1, mis);
     buf XSr = buf_new((size_t)n * nb, sizeof(float), 0);
@@ -639,8 +624,8 @@ static void test_blocks(const colibri_kernels *ref, const colibri_kernels *k, un
 static void test_blocks_tiles(const colibri_kernels *k, unsigned dtype, uint32_t n,
                               uint32_t rows, uint32_t cols)
 {
-    const uint32_t B = blk_cols_of(dtype), nb = (cols + B - 1) / B;
-    const size_t padded = (size_t)nb * B, rb_bytes = (size_t)nb * blk_bytes_of(dtype);
+    const uint32_t B = clb_block_cols(dtype), nb = (cols + B - 1) / B;
+    const size_t padded = (size_t)nb * B, rb_bytes = (size_t)nb * clb_block_bytes(dtype);
     buf W = buf_new((size_t)rows * rb_bytes, 1, 0);
     buf X = buf_new((size_t)n * cols, sizeof(float), 0);
     buf XQ = buf_new((size_t)n * padded, 1, 0), XS = buf_new((size_t)n * nb, 4, 0);
@@ -1337,8 +1322,8 @@ static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels *
             snprintf(shape, sizeof shape, "%ux%ux%u", a.n, a.rows, a.cols);
             if (filter && !strstr(names[d], filter) && !strstr(shape, filter))
                 continue;
-            const uint32_t B = blk_cols_of(dtype), nb = (a.cols + B - 1) / B;
-            a.wbytes = (size_t)a.rows * nb * blk_bytes_of(dtype);
+            const uint32_t B = clb_block_cols(dtype), nb = (a.cols + B - 1) / B;
+            a.wbytes = (size_t)a.rows * nb * clb_block_bytes(dtype);
             a.copies = (uint32_t)(BB_ROTATE / a.wbytes) + 1;
             fill_blocks(w, dtype, (size_t)a.rows * nb);
             for (uint32_t c = 1; c < a.copies; c++)
