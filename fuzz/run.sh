@@ -5,7 +5,8 @@
 #   fuzz/run.sh SECONDS        build, then fuzz for SECONDS (default 60)
 #   fuzz/run.sh build          build only (build/fuzz/fuzz_init_infer)
 #   fuzz/run.sh merge          minimise the committed corpus fuzz/corpus/ with
-#                              what the runs found (libFuzzer -merge=1)
+#                              what the runs found (libFuzzer -merge=1); its
+#                              regress-* and seed-* inputs are kept
 #   fuzz/run.sh repro FILE...  run the fuzzer binary on given inputs
 #   fuzz/run.sh coverage       line/branch coverage of src/ by the committed
 #                              corpus and the seeds (llvm-cov report)
@@ -53,16 +54,29 @@ build)
     build ;;
 merge)
     build
+    # Kept whatever the budget: regress-* inputs (named after the bug they
+    # found) as they are, and seed-* ones (gen_seeds.py's files that reach
+    # code nothing smaller reaches: the block kernels and their byte swap,
+    # 16 KB each, the first the budget would drop) as gen_seeds.py makes
+    # them today. In the merge's output from the start, so it counts their
+    # features and copies no twin.
     rm -rf "$OUT/merged" && mkdir -p "$OUT/merged"
+    for f in "$ROOT"/fuzz/corpus/regress-* "$ROOT"/fuzz/corpus/seed-*; do
+        [ -f "$f" ] || continue
+        n=$(basename "$f")
+        case "$n" in seed-*) [ -f "$OUT/seeds/$n" ] && f="$OUT/seeds/$n" ;; esac
+        cp "$f" "$OUT/merged/$n"
+    done
     "$OUT/fuzz_init_infer" -merge=1 $FLAGS "$OUT/merged" "$ROOT/fuzz/corpus" \
         "$OUT/seeds" "$OUT/work"
-    # regress-* inputs (named after the bug they found) stay as they are.
-    find "$ROOT/fuzz/corpus" -type f ! -name 'regress-*' -delete
+    find "$ROOT/fuzz/corpus" -type f ! -name 'regress-*' ! -name 'seed-*' -delete
     cp "$OUT"/merged/* "$ROOT/fuzz/corpus/"
-    # Budget: drop the largest inputs until the corpus is under BUDGET_KB
-    # (merge keeps the smallest input per feature, so this loses the least).
+    # Budget: drop the largest other inputs until the corpus is under
+    # BUDGET_KB (merge keeps the smallest input per feature, so this loses
+    # the least).
     while [ "$(du -sk "$ROOT/fuzz/corpus" | cut -f1)" -gt "${BUDGET_KB:-1900}" ]; do
-        big=$(ls -S "$ROOT/fuzz/corpus" | grep -v '^regress-' | head -1)
+        big=$(ls -S "$ROOT/fuzz/corpus" | grep -v -e '^regress-' -e '^seed-' | head -1)
+        [ -n "$big" ] || break
         rm -f "$ROOT/fuzz/corpus/$big"
     done
     echo "fuzz/corpus: $(ls "$ROOT/fuzz/corpus" | wc -l) files, $(du -sk "$ROOT/fuzz/corpus" | cut -f1) KB"

@@ -77,6 +77,21 @@ def test_committed_corpus_holds_every_block_type_in_both_byte_orders():
             assert (order, dt) in seen, (order, dt.name)
 
 
+def test_committed_seeds_are_todays_seeds():
+    """fuzz/run.sh merge keeps the corpus's seed-* inputs whatever its size
+    budget (the block-type files, 16 KB each, were the first it dropped) and
+    refreshes them from gen_seeds.py: each must be what gen_seeds.py makes
+    today, so a format change that stales them shows here, not as a corpus
+    that silently stops reaching the block kernels."""
+    committed = sorted(CORPUS.glob("seed-*"))
+    assert {p.name for p in committed} >= {"seed-q4-blocks", "seed-q4-blocks-be"}
+    today = gen_seeds.seeds()
+    for p in committed:
+        assert p.name in today, f"{p.name}: gen_seeds.py no longer makes it; remove it"
+        assert p.read_bytes() == today[p.name], (
+            f"fuzz/corpus/{p.name} is not gen_seeds.py's today: fuzz/run.sh merge refreshes it")
+
+
 def test_regression_inputs_are_handled(replay_exe):
     """regress-* inputs once crashed the library (UB under UBSan). The NaN
     one (NaN int8 scales with valid CRCs) reached the activation quantiser;
