@@ -434,6 +434,13 @@ def verify(source, library=None) -> list[tuple[int, str]]:
     what), index -2 the header, -1 the table, >= 0 a tensor-table entry, -3
     a structural error (checking stopped there); [] when intact. A file that
     cannot be read raises FileReadError, a newer format RuntimeVersionError."""
+    return verify_code(source, library)[1]
+
+
+def verify_code(source, library=None) -> tuple[int, list[tuple[int, str]]]:
+    """verify() with colibri_verify's own return code: (0 | -1 structure |
+    -3 CRC, the failing parts). A CRC that stops the check (DESC's) is -3
+    with an index -3 part, so the parts alone do not say which."""
     lib = load_library(library)
     blob = _as_bytes(source)
     bad: list[tuple[int, str]] = []
@@ -448,7 +455,7 @@ def verify(source, library=None) -> list[tuple[int, str]]:
     if rc not in (0, -1, -3):   # OK, BAD_FORMAT and CRC are answers, not failures
         raise lib.error(rc, CALL_INIT, bad[0][1] if bad else "",
                         str(source) if isinstance(source, (str, os.PathLike)) else "")
-    return bad
+    return rc, bad
 
 
 class Model:

@@ -190,10 +190,11 @@ static void lin_tile(void *ctx, uint32_t tile, uint32_t worker)
          * prefill's time */
         for (uint32_t t = 0; t < tn && t0 + t < j->n_out; t++) {
             float *dst = j->Y[b] + (size_t)(t0 + t) * w->rows + r0;
+            const float *src = blk + (size_t)t * nr;
             if (nr == CLB_TILE_ROWS_N)
-                memcpy(dst, blk + (size_t)t * CLB_TILE_ROWS_N, CLB_TILE_ROWS_N * sizeof(float));
+                memcpy(dst, src, CLB_TILE_ROWS_N * sizeof(float));
             else
-                memcpy(dst, blk + (size_t)t * nr, nr * sizeof(float));
+                memcpy(dst, src, nr * sizeof(float));
         }
     }
 }
