@@ -1743,9 +1743,10 @@ TGT static void avx2_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const 
  * tiles of avx512.c in 256-bit registers. A block's 16 positions are two
  * vectors (lanes 0-7 and 8-15); per block its keys are loaded once,
  * transposed (8 x 8 in registers) into kt, lane = position, and the
- * tile's YA_T queries sum their products from kt in c order as ref does,
- * YA_T independent chains; the output update runs along head_dim. A query
- * the block does not reach is left as it was (alpha 1, no add).
+ * tile's YA_T queries sum their products from kt in c order as ref does
+ * (fused multiply-adds), 2 YA_T independent chains; the output update
+ * runs along head_dim. A query the block does not reach is left as it
+ * was (alpha 1, no add).
  *
  * attend_rows runs up to YA_G tiles as a group, block by block: each
  * block's keys are transposed once for the group (and an int8 cache's
@@ -1772,7 +1773,8 @@ BLOCK __m256 ya_lanes(uint32_t bits)
         _mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel));
 }
 
-/* clb_att_exp for 8 lanes: the same operations (kernels.h). */
+/* clb_att_exp for 8 lanes: the same operations (kernels.h; -n * c + x
+ * is fma(-n, c, x): the negation is exact). */
 BLOCK __m256 att_exp8(__m256 x)
 {
     const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(CLB_EXP_MIN), _CMP_GE_OQ);
@@ -1780,16 +1782,16 @@ BLOCK __m256 att_exp8(__m256 x)
     const __m256 big = _mm256_set1_ps(12582912.0f);
     __m256 n = _mm256_mul_ps(x, _mm256_set1_ps(CLB_EXP_LOG2E));
     n = _mm256_sub_ps(_mm256_add_ps(n, big), big);
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(CLB_EXP_LN2_HI)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(CLB_EXP_LN2_LO)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CLB_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CLB_EXP_LN2_LO), r);
     __m256 p = _mm256_set1_ps(CLB_EXP_C7);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C6));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C5));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C4));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C3));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(CLB_EXP_C2));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     /* out-of-range lanes hold garbage in n: their exponent is not used */
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(
         _mm256_cvtps_epi32(_mm256_and_ps(n, ok)), _mm256_set1_epi32(127)), 23);
@@ -1940,8 +1942,8 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
             UNROLL
             for (int j = 0; j < T; j++) {
                 const __m256 qc = _mm256_broadcast_ss(t->q[j] + c0 + c);
-                acc[j][0] = _mm256_add_ps(acc[j][0], _mm256_mul_ps(qc, k0));
-                acc[j][1] = _mm256_add_ps(acc[j][1], _mm256_mul_ps(qc, k1));
+                acc[j][0] = _mm256_fmadd_ps(qc, k0, acc[j][0]);
+                acc[j][1] = _mm256_fmadd_ps(qc, k1, acc[j][1]);
             }
         }
     }
@@ -1953,23 +1955,35 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
                 vs[i] = a->Vs[(size_t)(b + i) * a->lds];
             }
     const __m256 sc = _mm256_set1_ps(a->scale);
-    float alpha[YA_T], w[YA_T][CLB_ATT_BLOCK];
+    float alpha[YA_T], w[YA_T][CLB_ATT_BLOCK], sj[YA_T][CLB_ATT_BLOCK];
+    UNROLL
+    for (int j = 0; j < T; j++)
+        for (int h = 0; h < 2; h++) {
+            const __m256 sv = a->K ? _mm256_mul_ps(acc[j][h], sc)
+                : _mm256_mul_ps(_mm256_mul_ps(acc[j][h], _mm256_loadu_ps(ks + 8 * h)), sc);
+            _mm256_storeu_ps(sj[j] + 8 * h, sv);
+        }
+    /* the new running maxima, and alpha = exp(m - m') for the T queries
+     * in one vector exp (lane j: query j) */
+    float mn[YA_T], dm[8] = {0}, ex[8];
+    for (int j = 0; j < T; j++) {
+        mn[j] = t->m[j];
+        if (!kj[j])
+            continue;
+        const float mb = ya_max16(sj[j], kj[j]);
+        mn[j] = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
+        dm[j] = t->any[j] ? t->m[j] - mn[j] : 0.0f;
+    }
+    _mm256_storeu_ps(ex, att_exp8(_mm256_loadu_ps(dm)));
     for (int j = 0; j < T; j++) {
         alpha[j] = 1.0f;
         if (!kj[j])
             continue;
-        float s[CLB_ATT_BLOCK];
-        for (int h = 0; h < 2; h++) {
-            const __m256 sv = a->K ? _mm256_mul_ps(acc[j][h], sc)
-                : _mm256_mul_ps(_mm256_mul_ps(acc[j][h], _mm256_loadu_ps(ks + 8 * h)), sc);
-            _mm256_storeu_ps(s + 8 * h, sv);
-        }
-        const float mb = ya_max16(s, kj[j]);
-        const float mn = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
-        alpha[j] = t->any[j] ? clb_att_exp(t->m[j] - mn) : 0.0f;
+        const float *s = sj[j];
+        alpha[j] = t->any[j] ? ex[j] : 0.0f;
         /* p_i for lanes 0-7 and 8-15 (straight-line: the analysers see
          * both written) */
-        const __m256 mv = _mm256_set1_ps(mn);
+        const __m256 mv = _mm256_set1_ps(mn[j]);
         const __m256 p0 = _mm256_and_ps(ya_lanes(kj[j]),
                                         att_exp8(_mm256_sub_ps(_mm256_loadu_ps(s), mv)));
         const __m256 p1 = _mm256_and_ps(ya_lanes(kj[j] >> 8),
@@ -1978,7 +1992,7 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
         _mm256_storeu_ps(w[j], a->K ? p0 : _mm256_mul_ps(p0, _mm256_loadu_ps(vs)));
         _mm256_storeu_ps(w[j] + 8, a->K ? p1 : _mm256_mul_ps(p1, _mm256_loadu_ps(vs + 8)));
         t->l[j] = t->l[j] * alpha[j] + ya_sum16(p0, p1);
-        t->m[j] = mn;
+        t->m[j] = mn[j];
         t->any[j] = 1;
     }
     /* The values: float rows at vr + i * vld (the f32 cache, or vf), or
@@ -1990,7 +2004,41 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
     int full = keep == 0xffffu;
     for (int j = 0; j < T; j++)
         full = full && kj[j] == 0xffffu;
-    for (uint32_t c = 0; c < d; c += 8) {
+    /* A full block goes 16 columns at a time: 2T chains of fused
+     * multiply-adds, enough to cover an FMA's latency (T = 4: 8 in
+     * flight; 8 columns at a time left the FMA ports half idle). */
+    uint32_t c = 0;
+    if (full)
+        for (; c + 16 <= d; c += 16) {
+            __m256 o0[YA_T], o1[YA_T];
+            UNROLL
+            for (int j = 0; j < T; j++) {
+                o0[j] = _mm256_mul_ps(_mm256_loadu_ps(t->o[j] + c), _mm256_set1_ps(alpha[j]));
+                o1[j] = _mm256_mul_ps(_mm256_loadu_ps(t->o[j] + c + 8), _mm256_set1_ps(alpha[j]));
+            }
+            for (uint32_t i = 0; i < CLB_ATT_BLOCK; i++) {
+                __m256 v0, v1;
+                if (vr) {
+                    v0 = _mm256_loadu_ps(vr + i * vld + c);
+                    v1 = _mm256_loadu_ps(vr + i * vld + c + 8);
+                } else {
+                    v0 = ya_i8x8(a->Vq + (size_t)(b + i) * a->ld + c, 8);
+                    v1 = ya_i8x8(a->Vq + (size_t)(b + i) * a->ld + c + 8, 8);
+                }
+                UNROLL
+                for (int j = 0; j < T; j++) {
+                    const __m256 wv = _mm256_set1_ps(w[j][i]);
+                    o0[j] = _mm256_fmadd_ps(wv, v0, o0[j]);
+                    o1[j] = _mm256_fmadd_ps(wv, v1, o1[j]);
+                }
+            }
+            UNROLL
+            for (int j = 0; j < T; j++) {
+                _mm256_storeu_ps(t->o[j] + c, o0[j]);
+                _mm256_storeu_ps(t->o[j] + c + 8, o1[j]);
+            }
+        }
+    for (; c < d; c += 8) {
         const uint32_t k = d - c < 8 ? d - c : 8;
         const __m256i mk = tail_mask(k);
         __m256 o[YA_T];
@@ -1998,25 +2046,15 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
         for (int j = 0; j < T; j++)
             o[j] = kj[j] ? _mm256_mul_ps(_mm256_maskload_ps(t->o[j] + c, mk),
                                          _mm256_set1_ps(alpha[j])) : _mm256_setzero_ps();
-        if (full && k == 8) {
-            for (uint32_t i = 0; i < CLB_ATT_BLOCK; i++) {
-                const __m256 v = vr ? _mm256_loadu_ps(vr + i * vld + c)
-                                    : ya_i8x8(a->Vq + (size_t)(b + i) * a->ld + c, 8);
-                UNROLL
-                for (int j = 0; j < T; j++)
-                    o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(_mm256_set1_ps(w[j][i]), v));
-            }
-        } else {
-            for (uint32_t i = 0; i < nb; i++) {
-                if (!(keep >> i & 1u))
-                    continue;
-                const __m256 v = vr ? _mm256_maskload_ps(vr + i * vld + c, mk)
-                                    : ya_i8x8(a->Vq + (size_t)(b + i) * a->ld + c, k);
-                UNROLL
-                for (int j = 0; j < T; j++)
-                    if (kj[j] >> i & 1u)
-                        o[j] = _mm256_add_ps(o[j], _mm256_mul_ps(_mm256_set1_ps(w[j][i]), v));
-            }
+        for (uint32_t i = 0; i < nb; i++) {
+            if (!(keep >> i & 1u))
+                continue;
+            const __m256 v = vr ? _mm256_maskload_ps(vr + i * vld + c, mk)
+                                : ya_i8x8(a->Vq + (size_t)(b + i) * a->ld + c, k);
+            UNROLL
+            for (int j = 0; j < T; j++)
+                if (kj[j] >> i & 1u)
+                    o[j] = _mm256_fmadd_ps(_mm256_set1_ps(w[j][i]), v, o[j]);
         }
         UNROLL
         for (int j = 0; j < T; j++)

@@ -316,7 +316,8 @@ BLOCK512 __mmask16 lanes16(uint32_t k)
     return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1u);
 }
 
-/* clb_att_exp for 16 lanes: the same operations (kernels.h). */
+/* clb_att_exp for 16 lanes: the same operations (kernels.h; -n * c + x
+ * is fma(-n, c, x): the negation is exact). */
 BLOCK512 __m512 att_exp16(__m512 x)
 {
     const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(CLB_EXP_MIN), _CMP_GE_OQ);
@@ -324,16 +325,16 @@ BLOCK512 __m512 att_exp16(__m512 x)
     const __m512 big = _mm512_set1_ps(12582912.0f);
     __m512 n = _mm512_mul_ps(x, _mm512_set1_ps(CLB_EXP_LOG2E));
     n = _mm512_sub_ps(_mm512_add_ps(n, big), big);
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(CLB_EXP_LN2_HI)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(CLB_EXP_LN2_LO)));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CLB_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CLB_EXP_LN2_LO), r);
     __m512 p = _mm512_set1_ps(CLB_EXP_C7);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C6));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C5));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C4));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C3));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CLB_EXP_C2));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     /* out-of-range lanes hold garbage in n: their exponent is not used */
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(
         _mm512_cvtps_epi32(_mm512_maskz_mov_ps(ok, n)), _mm512_set1_epi32(127)), 23);
@@ -344,8 +345,8 @@ BLOCK512 __m512 att_exp16(__m512 x)
 /* attend_rows: tiles of up to ZA_T queries (kernels.h clb_att_rows) over
  * the same keys. Per block of 16 positions the keys are gathered once
  * into kt, lane = position, along c (ZA_C columns at a time), and every
- * query of the tile sums its products from kt in c order, as ref does:
- * ZA_T independent chains instead of one latency-bound chain per query,
+ * query of the tile sums its products from kt in c order, as ref does
+ * (fused multiply-adds): ZA_T independent chains instead of one latency-bound chain per query,
  * and one gather of a key column for ZA_T queries instead of one each.
  * A query's own operations are ref's, in ref's order, whatever tile it is
  * in; a query the block does not reach (n <= b, or only masked
@@ -459,7 +460,7 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
             const __m512 k = _mm512_loadu_ps(kt + 16 * c);
             UNROLL
             for (int j = 0; j < T; j++)
-                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_set1_ps(t->q[j][c0 + c]), k));
+                acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(t->q[j][c0 + c]), k, acc[j]);
         }
     }
     const __m512i srows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
@@ -471,24 +472,35 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
         vs = _mm512_mask_i32gather_ps(vs, (__mmask16)keep, srows, a->Vs + (size_t)b * a->lds, 4);
     }
     float alpha[ZA_T], w[ZA_T][CLB_ATT_BLOCK];
+    __m512 sv[ZA_T];
+    /* the scores, the new running maxima, and alpha = exp(m - m') for the
+     * T queries in one vector exp (lane j: query j) */
+    float mn[ZA_T], dm[16] = {0}, ex[16];
+    UNROLL
+    for (int j = 0; j < T; j++)
+        sv[j] = a->K ? _mm512_mul_ps(acc[j], _mm512_set1_ps(a->scale))
+                     : _mm512_mul_ps(_mm512_mul_ps(acc[j], ks), _mm512_set1_ps(a->scale));
+    for (int j = 0; j < T; j++) {
+        mn[j] = t->m[j];
+        if (!kj[j])
+            continue;
+        /* ref's max, as a vector max (avx2.c ya_max16 says why that is exact) */
+        const float mb = _mm512_mask_reduce_max_ps((__mmask16)kj[j], sv[j]);
+        mn[j] = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
+        dm[j] = t->any[j] ? t->m[j] - mn[j] : 0.0f;
+    }
+    _mm512_storeu_ps(ex, att_exp16(_mm512_loadu_ps(dm)));
     for (int j = 0; j < T; j++) {
         alpha[j] = 1.0f;
         if (!kj[j])
             continue;
-        const __m512 sv = a->K ? _mm512_mul_ps(acc[j], _mm512_set1_ps(a->scale))
-                               : _mm512_mul_ps(_mm512_mul_ps(acc[j], ks), _mm512_set1_ps(a->scale));
-        float s[CLB_ATT_BLOCK];
-        _mm512_storeu_ps(s, sv);
-        /* ref's max, as a vector max (avx2.c ya_max16 says why that is exact) */
-        const float mb = _mm512_mask_reduce_max_ps((__mmask16)kj[j], sv);
-        const float mn = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
-        alpha[j] = t->any[j] ? clb_att_exp(t->m[j] - mn) : 0.0f;
+        alpha[j] = t->any[j] ? ex[j] : 0.0f;
         const __m512 pv = _mm512_maskz_mov_ps((__mmask16)kj[j],
-            att_exp16(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
+            att_exp16(_mm512_sub_ps(sv[j], _mm512_set1_ps(mn[j]))));
         t->l[j] = t->l[j] * alpha[j] + hsum16(pv);
         /* the weight of v_i: p_i (int8: p_i * vs_i, ref's product) */
         _mm512_storeu_ps(w[j], a->K ? pv : _mm512_mul_ps(pv, vs));
-        t->m[j] = mn;
+        t->m[j] = mn[j];
         t->any[j] = 1;
     }
     /* The values: float rows at vr + i * vld (the f32 cache, or vf), or
@@ -513,7 +525,7 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
                           _mm_maskz_loadu_epi8(mk, a->Vq + (size_t)(b + i) * a->ld + c)));
                 UNROLL
                 for (int j = 0; j < T; j++)
-                    o[j] = _mm512_add_ps(o[j], _mm512_mul_ps(_mm512_set1_ps(w[j][i]), v));
+                    o[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j][i]), v, o[j]);
             }
         } else {
             for (uint32_t i = 0; i < nb; i++) {
@@ -525,7 +537,7 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
                 UNROLL
                 for (int j = 0; j < T; j++)
                     if (kj[j] >> i & 1u)
-                        o[j] = _mm512_add_ps(o[j], _mm512_mul_ps(_mm512_set1_ps(w[j][i]), v));
+                        o[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j][i]), v, o[j]);
             }
         }
         UNROLL

@@ -159,8 +159,8 @@ typedef struct colibri_kernels {
     /* out[d] = softmax over the unmasked positions of (scale * q.k_i),
      * applied to the v_i: the flash-attention schedule of clb_ref_attend
      * (ref.c), whose float operations and order are the truth; every table
-     * that has this member is bit-identical to it (avx2 and NEON tables
-     * list ref's own). All positions masked: out = 0. */
+     * that has this member is bit-identical to it (the NEON tables list
+     * ref's own). All positions masked: out = 0. */
     void (*attend)(float *out, const clb_att_args *a);
 
     /* attend for every query of r (a->q and a->n are not read): the same
@@ -194,11 +194,44 @@ void clb_ref_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ,
 void clb_ref_attend(float *out, const clb_att_args *a);
 void clb_ref_attend_rows(const clb_att_rows *r, const clb_att_args *a);
 
-/* The attention's exp: exp(x) for x <= 0 in plain float operations
- * (Cody-Waite reduction by ln 2, a degree-6 polynomial, 2^n by the
- * exponent bits), so SIMD forms can repeat it lane by lane bit for bit;
- * relative error ~2e-7. Below -87 (where 2^n would leave the normal
- * range) it returns 0, as it does for -inf; NaN gives NaN. */
+/* a * b + c rounded once (IEEE 754 fusedMultiplyAdd, C's fmaf): the
+ * attention's multiply-adds, so a form can use the CPU's FMA instruction
+ * (x86 FMA3, NEON/VFPv4 vfma, AArch64, POWER, RISC-V F) and every form
+ * still gives the same bits. Where the compiler says fmaf is one
+ * instruction (__FP_FAST_FMAF: not baseline x86-64, not an ARMv7 built
+ * for VFPv3 like the armv7 target) it is that instruction; elsewhere the
+ * same value from double arithmetic, no libm (newlib's fmaf rounds
+ * twice): a * b is exact in double (24 + 24 significant bits) and s, the
+ * sum rounded to double, rounds to the right float unless s is a float
+ * tie (rounding to double cannot carry a sum across a tie, which is
+ * itself a double, only onto one). A tie, or a result below float's
+ * normal range (where the tie bits sit higher), is rounded to odd
+ * instead: s moved to its odd neighbour on the side of its rounding error
+ * (exact by TwoSum) when it was inexact and its last bit even; that
+ * rounded to float is correct (53 >= 24 + 2 bits: Boldo & Melquiond,
+ * "Emulation of FMA and correctly rounded sums: proved algorithms using
+ * rounding to odd", IEEE TC 2008). NaN and infinity pass through the
+ * double sum as the instruction gives them (a NaN's payload aside). */
+/* The double form (ref.c; out of line: 13 inlined copies cost ref 6 KB). */
+float clb_fmaf_double(float a, float b, float c);
+#if defined(__FP_FAST_FMAF)
+static inline float clb_fmaf(float a, float b, float c)
+{
+    return __builtin_fmaf(a, b, c);
+}
+#else
+static inline float clb_fmaf(float a, float b, float c)
+{
+    return clb_fmaf_double(a, b, c);
+}
+#endif
+
+/* The attention's exp: exp(x) for x <= 0 in float operations and fused
+ * multiply-adds (Cody-Waite reduction by ln 2, a degree-6 polynomial by
+ * Horner's rule, 2^n by the exponent bits), so SIMD forms can repeat it
+ * lane by lane bit for bit; relative error ~2e-7. Below -87 (where 2^n
+ * would leave the normal range) it returns 0, as it does for -inf; NaN
+ * gives NaN. */
 #define CLB_EXP_MIN (-87.0f)
 #define CLB_EXP_LOG2E 1.44269504088896341f
 #define CLB_EXP_LN2_HI 0.693359375f
@@ -217,16 +250,16 @@ static inline float clb_att_exp(float x)
     /* round half to even, as the SIMD forms' roundscale / cvtps do */
     float r0 = n + 12582912.0f; /* 1.5 * 2^23: the fraction bits drop out */
     n = r0 - 12582912.0f;
-    float r = x - n * CLB_EXP_LN2_HI;
-    r = r - n * CLB_EXP_LN2_LO;
+    float r = clb_fmaf(-n, CLB_EXP_LN2_HI, x);
+    r = clb_fmaf(-n, CLB_EXP_LN2_LO, r);
     float p = CLB_EXP_C7;
-    p = p * r + CLB_EXP_C6;
-    p = p * r + CLB_EXP_C5;
-    p = p * r + CLB_EXP_C4;
-    p = p * r + CLB_EXP_C3;
-    p = p * r + CLB_EXP_C2;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    p = clb_fmaf(p, r, CLB_EXP_C6);
+    p = clb_fmaf(p, r, CLB_EXP_C5);
+    p = clb_fmaf(p, r, CLB_EXP_C4);
+    p = clb_fmaf(p, r, CLB_EXP_C3);
+    p = clb_fmaf(p, r, CLB_EXP_C2);
+    p = clb_fmaf(p, r, 1.0f);
+    p = clb_fmaf(p, r, 1.0f);
     int32_t e = (int32_t)n + 127;
     uint32_t bits = (uint32_t)e << 23;
     float two_n;

@@ -335,8 +335,9 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
  * positions p = 0) and o = o * alpha + sum_i p_i v_i; at the end out = o / l.
  * One pass over K and V, no buffer of n scores: the work per position is
  * a dot, an exp and an axpy, each in a fixed order that a SIMD form repeats
- * bit for bit (avx512.c):
+ * bit for bit (avx2.c, avx512.c):
  * - q.k: the products q[c] * k[c] (int8: float(k8[c])) summed in c order,
+ *   each one fused with the running sum (clb_fmaf: a * b + c rounded once),
  *   int8 times the key's scale after, then times scale: the order of the
  *   previous one-score-at-a-time loop, which the golden tests' int8 files
  *   are sensitive to (a 16-lane order flipped an int8 activation rounding
@@ -344,9 +345,37 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
  *   puts 16 positions in lanes (gathering K along c) to keep it.
  * - sum of p: lane j += lane j + 8, j + 4, j + 2, j + 1 (a halving tree)
  *   over the block's 16 positions.
- * - o: element by element, positions in order: o[c] = o[c] + p_i * v_i[c]
- *   (int8: (p_i * vs_i) * float(v8[c])).
- * Unfused multiply-adds throughout (-ffp-contract=off). */
+ * - o: element by element, positions in order: o[c] = fma(p_i, v_i[c], o[c])
+ *   (int8: fma(p_i * vs_i, float(v8[c]), o[c])).
+ * The multiply-adds of the dot, the axpy and clb_att_exp are fused, the
+ * rest (o * alpha, l * alpha + sum, the scales) separate operations: fused,
+ * the x86 and ARM forms run one FMA instruction where they ran a multiply
+ * and an add, and the dot and axpy, then bound by the FP ports, take half
+ * the instructions (prefill at 2048 positions on a Xeon, avx2: attention
+ * 23 % -> 17 % of the samples, bench/results/FINDINGS.md 21).
+ * -ffp-contract=off still keeps the compiler from fusing anything else. */
+
+/* kernels.h clb_fmaf where fmaf is not one instruction; any target can
+ * call it (test_kernels holds it to the C library's fmaf). */
+float clb_fmaf_double(float a, float b, float c)
+{
+    const double p = (double)a * (double)b; /* exact */
+    double s = p + (double)c;
+    uint64_t bits;
+    memcpy(&bits, &s, sizeof bits);
+    const uint64_t below = bits & 0x1fffffffu, exponent = bits >> 52 & 0x7ffu;
+    if (below != 0x10000000u && exponent >= 1023u - 126u)
+        return (float)s; /* not a tie, float's normal range (or NaN, inf) */
+    const double z = s - p;
+    const double e = (p - (s - z)) + ((double)c - z); /* s's error */
+    if (e == e && e != 0.0 && !(bits & 1u)) {
+        /* |s| up a step where the error has s's sign, else down (s != 0
+         * here: a sum that rounds to 0 is exact) */
+        bits = (e > 0.0) == (s > 0.0) ? bits + 1u : bits - 1u;
+        memcpy(&s, &bits, sizeof s);
+    }
+    return (float)s;
+}
 
 /* 16 lanes -> lane 0 by the halving tree. */
 static float att_tree16(float v[16])
@@ -371,19 +400,19 @@ static void att_scores(const clb_att_args *a, uint32_t b, uint32_t nb, float *s)
             const float *k = a->K + (size_t)(b + i) * a->ld;
             for (uint32_t c = 0; c < d; c++) {
                 const float qc = a->q[c];
-                d0 = d0 + qc * k[c];
-                d1 = d1 + qc * k[a->ld + c];
-                d2 = d2 + qc * k[2 * a->ld + c];
-                d3 = d3 + qc * k[3 * a->ld + c];
+                d0 = clb_fmaf(qc, k[c], d0);
+                d1 = clb_fmaf(qc, k[a->ld + c], d1);
+                d2 = clb_fmaf(qc, k[2 * a->ld + c], d2);
+                d3 = clb_fmaf(qc, k[3 * a->ld + c], d3);
             }
         } else {
             const int8_t *k = a->Kq + (size_t)(b + i) * a->ld;
             for (uint32_t c = 0; c < d; c++) {
                 const float qc = a->q[c];
-                d0 = d0 + qc * (float)k[c];
-                d1 = d1 + qc * (float)k[a->ld + c];
-                d2 = d2 + qc * (float)k[2 * a->ld + c];
-                d3 = d3 + qc * (float)k[3 * a->ld + c];
+                d0 = clb_fmaf(qc, (float)k[c], d0);
+                d1 = clb_fmaf(qc, (float)k[a->ld + c], d1);
+                d2 = clb_fmaf(qc, (float)k[2 * a->ld + c], d2);
+                d3 = clb_fmaf(qc, (float)k[3 * a->ld + c], d3);
             }
         }
         s[i] = d0;
@@ -396,11 +425,11 @@ static void att_scores(const clb_att_args *a, uint32_t b, uint32_t nb, float *s)
         if (a->K) {
             const float *k = a->K + (size_t)(b + i) * a->ld;
             for (uint32_t c = 0; c < d; c++)
-                dot = dot + a->q[c] * k[c];
+                dot = clb_fmaf(a->q[c], k[c], dot);
         } else {
             const int8_t *k = a->Kq + (size_t)(b + i) * a->ld;
             for (uint32_t c = 0; c < d; c++)
-                dot = dot + a->q[c] * (float)k[c];
+                dot = clb_fmaf(a->q[c], (float)k[c], dot);
         }
         s[i] = dot;
     }
@@ -408,9 +437,9 @@ static void att_scores(const clb_att_args *a, uint32_t b, uint32_t nb, float *s)
         s[i] = a->K ? s[i] * a->scale : s[i] * a->Ks[(size_t)(b + i) * a->lds] * a->scale;
 }
 
-/* o[0 .. d) = o * alpha, then + w_i * v_i for the block's positions in
- * order (element-wise: restrict lets the compiler use vectors, which
- * changes no bit). */
+/* o[0 .. d) = o * alpha, then o = fma(w_i, v_i, o) for the block's
+ * positions in order (element-wise: restrict lets the compiler use
+ * vectors, which changes no bit). */
 static void att_values(float *restrict o, const clb_att_args *a, uint32_t b, uint32_t nb,
                        const float *pr, float alpha)
 {
@@ -424,12 +453,12 @@ static void att_values(float *restrict o, const clb_att_args *a, uint32_t b, uin
             const float *restrict v = a->V + (size_t)(b + i) * a->ld;
             const float w = pr[i];
             for (uint32_t c = 0; c < d; c++)
-                o[c] = o[c] + w * v[c];
+                o[c] = clb_fmaf(w, v[c], o[c]);
         } else {
             const int8_t *restrict v = a->Vq + (size_t)(b + i) * a->ld;
             const float w = pr[i] * a->Vs[(size_t)(b + i) * a->lds];
             for (uint32_t c = 0; c < d; c++)
-                o[c] = o[c] + w * (float)v[c];
+                o[c] = clb_fmaf(w, (float)v[c], o[c]);
         }
     }
 }

@@ -537,6 +537,111 @@ static void test_f16_to_f32(void)
 #endif
 }
 
+/* clb_fmaf (kernels.h: the attention's multiply-adds) and its double
+ * form against the C library's fmaf, correctly rounded in glibc, bit for
+ * bit: random floats of every magnitude, and the cases a double sum
+ * rounds wrongly unless it is rounded to odd: c near a rounding boundary of a * b (ties at
+ * every depth, either sign), c cancelling a * b's rounded value, results
+ * in the subnormal range, zeros, infinities and NaN. clb_fmaf is the
+ * instruction where the compiler has one (__FP_FAST_FMAF), else the
+ * double form (baseline x86-64, ARMv7 with VFPv3); the double form is
+ * tested on every target. */
+static float fma_operand(void)
+{
+    const uint32_t pick = rng_below(32);
+    if (pick == 0)
+        return 0.0f;
+    if (pick == 1)
+        return rng_below(2) ? INFINITY : -INFINITY;
+    if (pick == 2)
+        return NAN;
+    if (pick == 3) /* subnormal */
+        return ldexpf(rng_sym(), -126 - (int)rng_below(24));
+    return ldexpf(rng_sym(), (int)rng_below(80) - 40);
+}
+
+/* A float of at most `bits` significant bits, magnitude 2^-20 .. 2^20. */
+static float short_operand(int bits)
+{
+    const float m = (float)(rng_below(1u << (bits - 1)) | 1u << (bits - 1));
+    return ldexpf(rng_below(2) ? m : -m, (int)rng_below(40) - 20 - bits);
+}
+
+/* A tie below float's normal range, rounded to double: odd A, B < 2^24
+ * with A B = 1 mod 2^30, so a * b = A B 2^-180 = j 2^-150 + 2^-180, and
+ * c = (4m + 1) 2^-150 - j 2^-150, so a * b + c sits 2^-180 above the tie
+ * (4m + 1) 2^-150 between two subnormals; its double sum (top bit 2^-127,
+ * last 2^-179) rounds to the tie itself, which then rounds to even, down.
+ * 0 where this A's inverse is out of range (then try another). */
+static int subnormal_tie(float *a, float *b, float *c)
+{
+    const uint32_t A = 1u << 23 | rng_below(1u << 22) << 1 | 1u;
+    uint32_t inv = A; /* Newton's iteration for 1/A mod 2^32: 3, 6, 12, 24, 48 bits */
+    for (int k = 0; k < 4; k++)
+        inv *= 2u - A * inv;
+    const uint32_t B = inv & ((1u << 30) - 1u);
+    if (B < 1u << 23 || B >= 1u << 24)
+        return 0;
+    const int64_t j = (int64_t)(((uint64_t)A * B - 1u) >> 30);
+    const int64_t cn = 4 * (int64_t)((1u << 21) + rng_below(1u << 20)) + 1 - j;
+    if (cn & 1)
+        return 0;
+    const float sign = rng_below(2) ? 1.0f : -1.0f;
+    *a = sign * ldexpf((float)A, -90);
+    *b = ldexpf((float)B, -90);
+    *c = sign * ldexpf((float)cn, -150);
+    return 1;
+}
+
+static void test_fmaf(void)
+{
+    long checked = 0;
+    for (long i = 0; i < 2000000; i++) {
+        float ta, tb, tc;
+        if (i % 64 == 0 && subnormal_tie(&ta, &tb, &tc)) {
+            const float want = fmaf(ta, tb, tc), got = clb_fmaf_double(ta, tb, tc);
+            if (memcmp(&want, &got, 4) != 0)
+                FAIL("clb_fmaf_double(%a, %a, %a) = %a, fmaf says %a (a subnormal tie)",
+                     (double)ta, (double)tb, (double)tc, (double)got, (double)want);
+            checked++;
+        }
+        const uint32_t kind = rng_below(5);
+        /* kind 4: a * b of 25 bits, a float tie half the time, so a c
+         * below a double's last bit decides the rounding */
+        float a = kind == 4 ? short_operand(12) : fma_operand(),
+              b = kind == 4 ? short_operand(13) : fma_operand(), c;
+        if (kind == 0) {
+            c = fma_operand();
+        } else {
+            /* the product's rounded value cancelled, a boundary next to
+             * it, a bit k places below its last one, or (kind 4) one
+             * below a double's last bit */
+            const float t = a * b;
+            int e = 0;
+            (void)frexpf(t, &e);
+            c = kind == 1 ? -t
+              : kind == 2 ? -t + ldexpf(rng_below(2) ? 1.0f : -1.0f, e - 24 - (int)rng_below(3))
+              : kind == 3 ? ldexpf(rng_below(2) ? 1.0f : -1.0f, e - 25 - (int)rng_below(40))
+                          : ldexpf(rng_below(2) ? 1.0f : -1.0f, e - 50 - (int)rng_below(40));
+        }
+        const float want = fmaf(a, b, c), got = clb_fmaf_double(a, b, c), used = clb_fmaf(a, b, c);
+        if (want != want ? got == got : memcmp(&want, &got, 4) != 0)
+            FAIL("clb_fmaf_double(%a, %a, %a) = %a, fmaf says %a", (double)a, (double)b,
+                 (double)c, (double)got, (double)want);
+        if (want != want ? used == used : memcmp(&want, &used, 4) != 0)
+            FAIL("clb_fmaf(%a, %a, %a) = %a, fmaf says %a", (double)a, (double)b, (double)c,
+                 (double)used, (double)want);
+        checked++;
+    }
+    printf("fused multiply-add: %ld cases checked (clb_fmaf is %s here)\n", checked,
+#if defined(__FP_FAST_FMAF)
+           "the instruction"
+#else
+           "the double form"
+#endif
+    );
+}
+
 static void fill_blocks(uint8_t *w, unsigned dtype, size_t nblocks)
 {
     uint32_t bytes = clb_block_bytes(dtype);
@@ -1408,6 +1513,7 @@ int main(int argc, char **argv)
         return 0;
     }
     test_f16_to_f32();     /* the block scales' conversion, every value */
+    test_fmaf();           /* the attention's multiply-add */
     test_attend_all(NULL); /* ref's attend against softmax in double */
     test_attend_all(ref);  /* ref's attend_rows against its attend */
     if (nopt == 0)
