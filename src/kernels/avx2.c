@@ -1970,9 +1970,7 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
         mn[j] = t->m[j];
         if (!kj[j])
             continue;
-        const float mb = ya_max16(sj[j], kj[j]);
-        mn[j] = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
-        dm[j] = t->any[j] ? t->m[j] - mn[j] : 0.0f;
+        mn[j] = clb_att_new_max(t->m[j], ya_max16(sj[j], kj[j]), t->any[j], dm + j);
     }
     _mm256_storeu_ps(ex, att_exp8(_mm256_loadu_ps(dm)));
     for (int j = 0; j < T; j++) {

@@ -485,9 +485,8 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
         if (!kj[j])
             continue;
         /* ref's max, as a vector max (avx2.c ya_max16 says why that is exact) */
-        const float mb = _mm512_mask_reduce_max_ps((__mmask16)kj[j], sv[j]);
-        mn[j] = !t->any[j] || mb > t->m[j] ? mb : t->m[j];
-        dm[j] = t->any[j] ? t->m[j] - mn[j] : 0.0f;
+        mn[j] = clb_att_new_max(t->m[j], _mm512_mask_reduce_max_ps((__mmask16)kj[j], sv[j]),
+                                t->any[j], dm + j);
     }
     _mm512_storeu_ps(ex, att_exp16(_mm512_loadu_ps(dm)));
     for (int j = 0; j < T; j++) {

@@ -267,6 +267,19 @@ static inline float clb_att_exp(float x)
     return p * two_n;
 }
 
+/* ref's online-softmax step (ref.c clb_ref_attend) for a block whose
+ * unmasked scores' max is mb, the running max m (any: an earlier block
+ * was live): the new running max, and in *dm the argument of the block's
+ * alpha = exp(m - m') (0 for the first live block, whose alpha is 0
+ * whatever it is), so SIMD forms can take several queries' alphas in one
+ * vector exp. */
+static inline float clb_att_new_max(float m, float mb, int any, float *dm)
+{
+    const float mn = !any || mb > m ? mb : m;
+    *dm = any ? m - mn : 0.0f;
+    return mn;
+}
+
 /* Block geometry (FORMAT.md 4, colibri_format.h). */
 #define CLB_Q4_0_COLS ((uint32_t)COLIBRI_Q4_0_COLS)
 #define CLB_Q4_0_BYTES ((uint32_t)COLIBRI_Q4_0_BYTES)

@@ -486,8 +486,9 @@ void clb_ref_attend(float *out, const clb_att_args *a)
                 mb = !live || s[i] > mb ? s[i] : mb;
                 live = 1;
             }
-        const float mn = !any || mb > m ? mb : m;
-        const float alpha = any ? clb_att_exp(m - mn) : 0.0f;
+        float dm;
+        const float mn = clb_att_new_max(m, mb, any, &dm);
+        const float alpha = any ? clb_att_exp(dm) : 0.0f;
         for (uint32_t i = 0; i < nb; i++)
             if (a->mask[b + i])
                 pr[i] = clb_att_exp(s[i] - mn);
