@@ -346,8 +346,9 @@ BLOCK512 __m512 att_exp16(__m512 x)
  * the same keys. Per block of 16 positions the keys are gathered once
  * into kt, lane = position, along c (ZA_C columns at a time), and every
  * query of the tile sums its products from kt in c order, as ref does
- * (fused multiply-adds): ZA_T independent chains instead of one latency-bound chain per query,
- * and one gather of a key column for ZA_T queries instead of one each.
+ * (fused multiply-adds): ZA_T independent chains instead of one
+ * latency-bound chain per query, and one gather of a key column for ZA_T
+ * queries instead of one each.
  * A query's own operations are ref's, in ref's order, whatever tile it is
  * in; a query the block does not reach (n <= b, or only masked
  * positions) is left as it was (alpha 1: o * 1 = o exactly, no add).

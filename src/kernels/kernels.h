@@ -211,8 +211,9 @@ void clb_ref_attend_rows(const clb_att_rows *r, const clb_att_args *a);
  * rounded to float is correct (53 >= 24 + 2 bits: Boldo & Melquiond,
  * "Emulation of FMA and correctly rounded sums: proved algorithms using
  * rounding to odd", IEEE TC 2008). NaN and infinity pass through the
- * double sum as the instruction gives them (a NaN's payload aside). */
-/* The double form (ref.c; out of line: 13 inlined copies cost ref 6 KB). */
+ * double sum as the instruction gives them (a NaN's payload aside). The
+ * double form is clb_fmaf_double, in ref.c: out of line, as 13 inlined
+ * copies cost ref 6 KB. */
 float clb_fmaf_double(float a, float b, float c);
 #if defined(__FP_FAST_FMAF)
 static inline float clb_fmaf(float a, float b, float c)
