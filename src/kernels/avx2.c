@@ -26,8 +26,9 @@
  *   dots reduced exactly into the 4 lanes of one vector (i8_rows4), row
  *   panels that fit in L2 so every token finds the panel's weights in cache.
  * - Outer-product (GEMM) form (prefill, from I8G_MIN_N tokens): the weights
- *   are repacked into a 12 KiB stack buffer so vector lanes run along rows,
- *   and no horizontal sums are needed. See the comment at i8_gemm.
+ *   are repacked into a stack buffer (12 KiB; 22 KiB without VNNI, whose
+ *   weights are widened to int16) so vector lanes run along rows, and no
+ *   horizontal sums are needed. See the comment at i8_gemm.
  * The table "avx2-vnni" uses vpdpbusd for the int8 products (DPBUSD) on
  * CPUs with AVX-VNNI or AVX512-VNNI + AVX512VL; "avx2" never does.
  *
@@ -738,17 +739,26 @@ BLOCK void i8_row1(const int vnni, float *y, const int8_t *Q, const float *S,
  *
  * The dot-product form pays a horizontal reduction per group and (row,
  * token). With many tokens, the weights of 16 rows are instead repacked so
- * that one 32-byte vector holds 4 consecutive columns of 8 rows: wp[s][16][4]
- * for 4-column step s. Broadcasting 4 activation bytes of a token and taking
- * the 4-byte dot products lane by lane (vpdpbusd, or vpmaddubsw + vpmaddwd)
- * gives int32 lanes that are already per-row sums, so each lane holds the
- * exact group dot of its row at the end of a group, with no reduction.
+ * that one 32-byte vector holds consecutive columns of 8 rows, and a
+ * token's activations for those columns are broadcast to all lanes; the
+ * products taken lane by lane give int32 lanes that are already per-row
+ * sums, so each lane holds the exact group dot of its row at the end of a
+ * group, with no reduction.
  *
- * vpdpbusd multiplies unsigned by signed bytes; with VNNI the activations are
- * made unsigned as xq + 128 (xor 0x80) and 128 * (sum of the group's weights),
- * computed once per chunk, is subtracted again: exact, no saturation. Without
- * VNNI, vpmaddubsw's int16 pair sums could saturate with that offset, so the
- * sign trick of dot_acc is used instead.
+ * With VNNI: wp[s][16][4], 4 columns of a row per lane (4-column step s),
+ * vpdpbusd. It multiplies unsigned by signed bytes, so the activations are
+ * made unsigned as xq + 128 (xor 0x80) and 128 * (sum of the group's
+ * weights), computed once per chunk, is subtracted again: exact, no
+ * saturation.
+ * Without VNNI: w16[p][16][2], the weights widened to int16, 2 columns of a
+ * row per lane (column pair p), the activations widened likewise, and one
+ * vpmaddwd + vpaddd per 2 products a lane. The byte form it replaced
+ * (vpsignb + vpmaddubsw + vpmaddwd + vpaddd for 4 products a lane;
+ * vpmaddubsw's int16 pairs rule out the + 128 offset) issued 3/4 of a
+ * multiply-port uop a product against vpmaddwd's 1/2 on Intel, which runs
+ * vpsignb on the same two ports: 128 x 2816 x 1024, group 32, on a Xeon
+ * 9.3 -> 7.9 ms. AMD Zen 3 should gain less: there both forms issue two
+ * multiply uops per 32 products, and sign and add have pipes of their own.
  *
  * Each group term is float(dot) * (S[r,g] * XS[t,g]), added to the row's
  * float sum group after group in order, unfused (mul, then add), and Y is
@@ -806,6 +816,64 @@ TGT static void pack_q16(int8_t *wp, const int8_t *Q, uint32_t cols, uint32_t r0
                 i < nr && c < kl ? Q[(size_t)(r0 + i) * cols + kc + c] : 0;
 }
 
+/* w16[p][16][2] (int16, column pair p: 2 columns of a row per int32 lane,
+ * rows 0-7 in the first vector, 8-15 in the second) from the rows and
+ * columns pack_q16 takes, with the same zero padding; through pack_q16's
+ * layout 32 columns at a time. */
+TGT static void pack_w16(int16_t *w16, const int8_t *Q, uint32_t cols, uint32_t r0,
+                         uint32_t nr, uint32_t kc, uint32_t kl)
+{
+    __attribute__((aligned(32))) int8_t wp[16 * 32];
+    for (uint32_t c0 = 0; c0 < kl; c0 += 32) {
+        const uint32_t n = kl - c0 < 32 ? kl - c0 : 32;
+        pack_q16(wp, Q, cols, r0, nr, kc + c0, n);
+        for (uint32_t s = 0; s < (n + 3) / 4; s++)
+            for (int h = 0; h < 2; h++) {
+                /* v: 8 rows x 4 columns. Widened, lo holds rows 0-3 and hi
+                 * rows 4-7, a row's columns 0-1 in an even int32 lane and
+                 * 2-3 in the odd one after it. */
+                const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(wp + s * 64 + 32 * h));
+                const __m256 lo = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
+                const __m256 hi = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
+                /* the even (odd) lanes of lo and hi come out as rows 0 1 4 5
+                 * | 2 3 6 7; the 64-bit permute puts them in order */
+                const __m256i a = _mm256_permute4x64_epi64(
+                    _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8);
+                const __m256i b = _mm256_permute4x64_epi64(
+                    _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8);
+                int16_t *o = w16 + (size_t)(c0 / 2 + 2 * s) * 32 + 16 * h;
+                _mm256_store_si256((__m256i *)(void *)o, a);
+                _mm256_store_si256((__m256i *)(void *)(o + 32), b);
+            }
+    }
+}
+
+/* x16[t][0 .. kl rounded up to 4) = token t0 + t's activations kc .. kc +
+ * kl as int16, zeros past kl (where the packed weights are zero too). */
+TGT static void widen_x16(int16_t (*x16)[I8G_KC], const int8_t *XQ, uint32_t cols,
+                          uint32_t t0, int T, uint32_t kc, uint32_t kl)
+{
+    for (int t = 0; t < T; t++) {
+        const int8_t *x = XQ + (size_t)(t0 + (uint32_t)t) * cols + kc;
+        uint32_t c = 0;
+        for (; c + 16 <= kl; c += 16)
+            _mm256_store_si256((__m256i *)(void *)(x16[t] + c),
+                               _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(x + c))));
+        for (; c < ((kl + 3) & ~3u); c++)
+            x16[t][c] = c < kl ? x[c] : 0;
+    }
+}
+
+/* *acc += madd(w, x) (int16 pairs into int32 lanes) as one asm statement.
+ * As C, GCC reassociated the tile's chains and spilled one; with
+ * scaled_acc's empty-asm pin it kept them in registers but copied each sum
+ * after its add, 8 vmovdqa among a pass's 24 vector instructions. */
+BLOCK void madd_acc(__m256i *acc, __m256i w, __m256i x)
+{
+    __m256i p;
+    __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(*acc), "=&x"(p) : "x"(w), "x"(x));
+}
+
 /* 4 activation bytes x[c..c+4) broadcast to all lanes; past `end` zeros (the
  * weights there are zero padding, so any byte would do, but reading it could
  * leave the buffer). */
@@ -820,14 +888,18 @@ TGT static inline __m256i bcast4(const int8_t *x, uint32_t c, uint32_t end)
     return _mm256_set1_epi32(v);
 }
 
-/* Y[t0 + t, r0 .. r0 + 16) for T tokens over the chunk's groups. */
-BLOCK void i8g_micro(const int vnni, const int T, float *Y, const int8_t *wp,
+/* Y[t0 + t, r0 .. r0 + 16) for T tokens over the chunk's groups. With VNNI
+ * wp is pack_q16's and the activations are read from XQ; without, wp is
+ * pack_w16's (int16) and they are read from x16 (widen_x16). */
+BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
                      const int32_t *csum, const float *sp, const int8_t *XQ,
-                     const float *XS, uint32_t rows, uint32_t cols, uint32_t ng,
-                     uint32_t r0, uint32_t nr, uint32_t t0, uint32_t kc,
-                     uint32_t kl, uint32_t g0, uint32_t group)
+                     const int16_t (*x16)[I8G_KC], const float *XS, uint32_t rows,
+                     uint32_t cols, uint32_t ng, uint32_t r0, uint32_t nr,
+                     uint32_t t0, uint32_t kc, uint32_t kl, uint32_t g0, uint32_t group)
 {
-    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    const int8_t *w8 = (const int8_t *)wp;
+    const int16_t *w16 = (const int16_t *)wp;
     const __m256i m0 = nr >= 8 ? _mm256_set1_epi32(-1) : tail_mask(nr);
     const __m256i m1 = nr >= 16 ? _mm256_set1_epi32(-1)
                                 : nr <= 8 ? _mm256_setzero_si256() : tail_mask(nr - 8);
@@ -854,24 +926,31 @@ BLOCK void i8g_micro(const int vnni, const int T, float *Y, const int8_t *wp,
         for (int t = 0; t < T; t++)
             iacc[0][t] = iacc[1][t] = _mm256_setzero_si256();
         for (uint32_t c = cs; c < ce; c += 4) {
-            const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16));
-            const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16 + 32));
             if (vnni) {
+                const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16));
+                const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16 + 32));
                 UNROLL
                 for (int t = 0; t < T; t++) {
                     __m256i xb = _mm256_xor_si256(bcast4(x[t], c, kl), bias);
                     DPBUSD(vnni, iacc[0][t], xb, w0);
                     DPBUSD(vnni, iacc[1][t], xb, w1);
                 }
-            } else {
-                const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+                continue;
+            }
+            /* two column pairs; past kl both buffers hold zeros up to the
+             * next multiple of 4 */
+            UNROLL
+            for (int h = 0; h < 2; h++) {
+                const int16_t *wc = w16 + c * 16 + 32 * h;
+                const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)wc);
+                const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(wc + 16));
                 UNROLL
                 for (int t = 0; t < T; t++) {
-                    __m256i xb = bcast4(x[t], c, kl);
-                    iacc[0][t] = _mm256_add_epi32(iacc[0][t], _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(a0, _mm256_sign_epi8(xb, w0)), ones));
-                    iacc[1][t] = _mm256_add_epi32(iacc[1][t], _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(a1, _mm256_sign_epi8(xb, w1)), ones));
+                    int32_t pair;
+                    memcpy(&pair, x16[t] + c + 2 * h, 4); /* folded into vpbroadcastd */
+                    const __m256i xb = _mm256_set1_epi32(pair);
+                    madd_acc(&iacc[0][t], w0, xb);
+                    madd_acc(&iacc[1][t], w1, xb);
                 }
             }
         }
@@ -904,15 +983,17 @@ BLOCK void i8g_micro(const int vnni, const int T, float *Y, const int8_t *wp,
 /* Not inlined into i8_matmul (GCC clones it per constant vnni instead): as
  * one function with the decode form the register allocation of the GEMM
  * loop came out worse, prefill 128 x 2816 x 1024 without VNNI 10.1 ms
- * against 9.2 ms. */
+ * against 9.2 ms (in the byte form this replaced). */
 static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, const int8_t *Q, const float *S,
                    const int8_t *XQ, const float *XS, uint32_t n, uint32_t rows,
                    uint32_t cols, uint32_t group)
 {
     enum { TB = 4, GMAX = I8G_KC / 4 };
-    __attribute__((aligned(32))) int8_t wp[16 * I8G_KC];
+    /* the packed weights: int8 with VNNI (pack_q16), int16 without (pack_w16) */
+    __attribute__((aligned(32))) int16_t wp[16 * I8G_KC];
+    __attribute__((aligned(32))) int16_t x16[TB][I8G_KC]; /* without VNNI */
     __attribute__((aligned(32))) float sp[GMAX * 16];
-    __attribute__((aligned(32))) int32_t csum[GMAX * 16];
+    __attribute__((aligned(32))) int32_t csum[GMAX * 16]; /* with VNNI */
     const uint32_t ng = (cols + group - 1) / group;
     const uint32_t gpc = I8G_KC / group; /* whole groups per column chunk */
     for (uint32_t r0 = 0; r0 < rows; r0 += 16) {
@@ -921,7 +1002,10 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
             const uint32_t kc = g0 * group;
             const uint32_t kl = cols - kc < gpc * group ? cols - kc : gpc * group;
             const uint32_t ngc = (kl + group - 1) / group;
-            pack_q16(wp, Q, cols, r0, nr, kc, kl);
+            if (vnni)
+                pack_q16((int8_t *)wp, Q, cols, r0, nr, kc, kl);
+            else
+                pack_w16(wp, Q, cols, r0, nr, kc, kl);
             for (uint32_t gl = 0; gl < ngc; gl++)
                 for (uint32_t i = 0; i < 16; i++)
                     sp[gl * 16 + i] = i < nr ? S[(size_t)(r0 + i) * ng + g0 + gl] : 0.0f;
@@ -931,19 +1015,27 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
                     const __m256i one8 = _mm256_set1_epi8(1);
                     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
                     for (uint32_t c = cs; c < ce; c += 4) {
-                        __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16));
-                        __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(wp + c * 16 + 32));
+                        const int8_t *w8 = (const int8_t *)wp + c * 16;
+                        __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)w8);
+                        __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + 32));
                         DPBUSD(vnni, a0, one8, w0);
                         DPBUSD(vnni, a1, one8, w1);
                     }
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16), a0);
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16 + 8), a1);
                 }
+            const int16_t(*xw)[I8G_KC] = (const int16_t(*)[I8G_KC])x16;
             uint32_t t = 0;
-            for (; t + TB <= n; t += TB)
-                i8g_micro(vnni, TB, Y, wp, csum, sp, XQ, XS, rows, cols, ng, r0, nr, t, kc, kl, g0, group);
-            for (; t < n; t++)
-                i8g_micro(vnni, 1, Y, wp, csum, sp, XQ, XS, rows, cols, ng, r0, nr, t, kc, kl, g0, group);
+            for (; t + TB <= n; t += TB) {
+                if (!vnni)
+                    widen_x16(x16, XQ, cols, t, TB, kc, kl);
+                i8g_micro(vnni, TB, Y, wp, csum, sp, XQ, xw, XS, rows, cols, ng, r0, nr, t, kc, kl, g0, group);
+            }
+            for (; t < n; t++) {
+                if (!vnni)
+                    widen_x16(x16, XQ, cols, t, 1, kc, kl);
+                i8g_micro(vnni, 1, Y, wp, csum, sp, XQ, xw, XS, rows, cols, ng, r0, nr, t, kc, kl, g0, group);
+            }
         }
     }
 }
