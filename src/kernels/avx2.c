@@ -26,9 +26,8 @@
  *   dots reduced exactly into the 4 lanes of one vector (i8_rows4), row
  *   panels that fit in L2 so every token finds the panel's weights in cache.
  * - Outer-product (GEMM) form (prefill, from I8G_MIN_N tokens): the weights
- *   are repacked into a stack buffer (12 KiB; 22 KiB without VNNI, whose
- *   weights are widened to int16) so vector lanes run along rows, and no
- *   horizontal sums are needed. See the comment at i8_gemm.
+ *   are repacked into a 12 KiB stack buffer so vector lanes run along rows,
+ *   and no horizontal sums are needed. See the comment at i8_gemm.
  * The table "avx2-vnni" uses vpdpbusd for the int8 products (DPBUSD) on
  * CPUs with AVX-VNNI or AVX512-VNNI + AVX512VL; "avx2" never does.
  *
@@ -764,12 +763,15 @@ BLOCK void i8_row1(const int vnni, float *y, const int8_t *Q, const float *S,
  * float sum group after group in order, unfused (mul, then add), and Y is
  * reloaded at the next column chunk: the same float operations in the same
  * order as ref, so this path is bit-identical to ref. It needs group % 4 == 0
- * (whole groups per 4-column step) and group <= I8G_KC. */
+ * (whole groups per 4-column step) and group <= the chunk (I8G_KC columns
+ * with VNNI, I8G_KC16 without). */
 
 /* I8G_MIN_N: from 8 tokens the packing pays off (test_kernels --bench: at 4
  * tokens the dot-product form is 1.3-1.4x faster, at 8 the GEMM form is up
  * to 1.3x faster with VNNI and about even without). */
-enum { I8G_KC = 512, I8G_MIN_N = 8 };
+/* I8G_KC16: the int16 form's column chunk, 8 KiB of packed weights as the
+ * int8 form's 512 columns are (the worker's stack, colibri.h). */
+enum { I8G_KC = 512, I8G_KC16 = 256, I8G_MIN_N = 8 };
 
 /* 8x8 transpose of int32 elements: v[i] holds row i; afterwards v[j] holds
  * element j of rows 0..7. */
@@ -850,7 +852,7 @@ TGT static void pack_w16(int16_t *w16, const int8_t *Q, uint32_t cols, uint32_t 
 
 /* x16[t][0 .. kl rounded up to 4) = token t0 + t's activations kc .. kc +
  * kl as int16, zeros past kl (where the packed weights are zero too). */
-TGT static void widen_x16(int16_t (*x16)[I8G_KC], const int8_t *XQ, uint32_t cols,
+TGT static void widen_x16(int16_t (*x16)[I8G_KC16], const int8_t *XQ, uint32_t cols,
                           uint32_t t0, int T, uint32_t kc, uint32_t kl)
 {
     for (int t = 0; t < T; t++) {
@@ -893,7 +895,7 @@ TGT static inline __m256i bcast4(const int8_t *x, uint32_t c, uint32_t end)
  * pack_w16's (int16) and they are read from x16 (widen_x16). */
 BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
                      const int32_t *csum, const float *sp, const int8_t *XQ,
-                     const int16_t (*x16)[I8G_KC], const float *XS, uint32_t rows,
+                     const int16_t (*x16)[I8G_KC16], const float *XS, uint32_t rows,
                      uint32_t cols, uint32_t ng, uint32_t r0, uint32_t nr,
                      uint32_t t0, uint32_t kc, uint32_t kl, uint32_t g0, uint32_t group)
 {
@@ -990,12 +992,12 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
 {
     enum { TB = 4, GMAX = I8G_KC / 4 };
     /* the packed weights: int8 with VNNI (pack_q16), int16 without (pack_w16) */
-    __attribute__((aligned(32))) int16_t wp[16 * I8G_KC];
-    __attribute__((aligned(32))) int16_t x16[TB][I8G_KC]; /* without VNNI */
+    __attribute__((aligned(32))) int8_t wp[16 * I8G_KC]; /* = 16 x I8G_KC16 int16 */
+    __attribute__((aligned(32))) int16_t x16[TB][I8G_KC16]; /* without VNNI */
     __attribute__((aligned(32))) float sp[GMAX * 16];
     __attribute__((aligned(32))) int32_t csum[GMAX * 16]; /* with VNNI */
     const uint32_t ng = (cols + group - 1) / group;
-    const uint32_t gpc = I8G_KC / group; /* whole groups per column chunk */
+    const uint32_t gpc = (vnni ? I8G_KC : I8G_KC16) / group; /* whole groups per column chunk */
     for (uint32_t r0 = 0; r0 < rows; r0 += 16) {
         const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16;
         for (uint32_t g0 = 0; g0 < ng; g0 += gpc) {
@@ -1003,9 +1005,9 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
             const uint32_t kl = cols - kc < gpc * group ? cols - kc : gpc * group;
             const uint32_t ngc = (kl + group - 1) / group;
             if (vnni)
-                pack_q16((int8_t *)wp, Q, cols, r0, nr, kc, kl);
+                pack_q16(wp, Q, cols, r0, nr, kc, kl);
             else
-                pack_w16(wp, Q, cols, r0, nr, kc, kl);
+                pack_w16((int16_t *)(void *)wp, Q, cols, r0, nr, kc, kl);
             for (uint32_t gl = 0; gl < ngc; gl++)
                 for (uint32_t i = 0; i < 16; i++)
                     sp[gl * 16 + i] = i < nr ? S[(size_t)(r0 + i) * ng + g0 + gl] : 0.0f;
@@ -1015,7 +1017,7 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
                     const __m256i one8 = _mm256_set1_epi8(1);
                     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
                     for (uint32_t c = cs; c < ce; c += 4) {
-                        const int8_t *w8 = (const int8_t *)wp + c * 16;
+                        const int8_t *w8 = wp + c * 16;
                         __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)w8);
                         __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + 32));
                         DPBUSD(vnni, a0, one8, w0);
@@ -1024,7 +1026,7 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16), a0);
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16 + 8), a1);
                 }
-            const int16_t(*xw)[I8G_KC] = (const int16_t(*)[I8G_KC])x16;
+            const int16_t(*xw)[I8G_KC16] = (const int16_t(*)[I8G_KC16])x16;
             uint32_t t = 0;
             for (; t + TB <= n; t += TB) {
                 if (!vnni)
@@ -1060,7 +1062,7 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
                      const int8_t *XQ, const float *XS, uint32_t n,
                      uint32_t rows, uint32_t cols, uint32_t group)
 {
-    if (n >= I8G_MIN_N && group % 4 == 0 && group <= I8G_KC) {
+    if (n >= I8G_MIN_N && group % 4 == 0 && group <= (vnni ? I8G_KC : I8G_KC16)) {
         i8_gemm(vnni, Y, Q, S, XQ, XS, n, rows, cols, group);
         return;
     }
