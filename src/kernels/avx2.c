@@ -866,14 +866,15 @@ TGT static void widen_x16(int16_t (*x16)[I8G_KC16], const int8_t *XQ, uint32_t c
     }
 }
 
-/* *acc += madd(w, x) (int16 pairs into int32 lanes) as one asm statement.
- * As C, GCC reassociated the tile's chains and spilled one; with
- * scaled_acc's empty-asm pin it kept them in registers but copied each sum
- * after its add, 8 vmovdqa among a pass's 24 vector instructions. */
+/* *acc += madd(w, x) (int16 pairs into int32 lanes), the add in asm on
+ * the accumulator in place. As C, GCC reassociated the tile's chains and
+ * spilled one; with scaled_acc's empty-asm pin it kept them in registers
+ * but copied each sum after its add, 8 vmovdqa among a pass's 24 vector
+ * instructions. */
 BLOCK void madd_acc(__m256i *acc, __m256i w, __m256i x)
 {
-    __m256i p;
-    __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(*acc), "=&x"(p) : "x"(w), "x"(x));
+    const __m256i p = _mm256_madd_epi16(w, x);
+    __asm__("vpaddd %1, %0, %0" : "+x"(*acc) : "x"(p));
 }
 
 /* 4 activation bytes x[c..c+4) broadcast to all lanes; past `end` zeros (the
