@@ -874,7 +874,9 @@ TGT static void widen_x16(int16_t (*x16)[I8G_KC16], const int8_t *XQ, uint32_t c
 BLOCK void madd_acc(__m256i *acc, __m256i w, __m256i x)
 {
     const __m256i p = _mm256_madd_epi16(w, x);
-    __asm__("vpaddd %1, %0, %0" : "+x"(*acc) : "x"(p));
+    __m256i a = *acc;
+    __asm__("vpaddd %1, %0, %0" : "+x"(a) : "x"(p));
+    *acc = a;
 }
 
 /* 4 activation bytes x[c..c+4) broadcast to all lanes; past `end` zeros (the
