@@ -773,6 +773,12 @@ BLOCK void i8_row1(const int vnni, float *y, const int8_t *Q, const float *S,
  * int8 form's 512 columns are (the worker's stack, colibri.h). */
 enum { I8G_KC = 512, I8G_KC16 = 256, I8G_MIN_N = 8 };
 
+/* The column chunk of the GEMM form that runs: the largest group it takes. */
+static inline uint32_t i8g_chunk(const int vnni)
+{
+    return vnni ? (uint32_t)I8G_KC : (uint32_t)I8G_KC16;
+}
+
 /* 8x8 transpose of int32 elements: v[i] holds row i; afterwards v[j] holds
  * element j of rows 0..7. */
 TGT static inline void transpose8x8(__m256i v[8])
@@ -870,7 +876,10 @@ TGT static void widen_x16(int16_t (*x16)[I8G_KC16], const int8_t *XQ, uint32_t c
  * the accumulator in place. As C, GCC reassociated the tile's chains and
  * spilled one; with scaled_acc's empty-asm pin it kept them in registers
  * but copied each sum after its add, 8 vmovdqa among a pass's 24 vector
- * instructions. */
+ * instructions. scaled_acc keeps its pin: with this asm add instead, the
+ * K types' tiles (Q4_K, Q5_K, Q6_K without VNNI) were no faster at 1-128
+ * tokens (test_kernels --bench, alternated, within the host's noise) and
+ * avx2.o grew by 1.5 KB. */
 BLOCK void madd_acc(__m256i *acc, __m256i w, __m256i x)
 {
     const __m256i p = _mm256_madd_epi16(w, x);
@@ -1024,7 +1033,7 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
     __attribute__((aligned(32))) float sp[GMAX * 16];
     __attribute__((aligned(32))) int32_t csum[GMAX * 16]; /* with VNNI */
     const uint32_t ng = (cols + group - 1) / group;
-    const uint32_t gpc = (vnni ? I8G_KC : I8G_KC16) / group; /* whole groups per column chunk */
+    const uint32_t gpc = i8g_chunk(vnni) / group; /* whole groups per column chunk */
     for (uint32_t r0 = 0; r0 < rows; r0 += 16) {
         const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16;
         for (uint32_t g0 = 0; g0 < ng; g0 += gpc) {
@@ -1090,7 +1099,7 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
                      const int8_t *XQ, const float *XS, uint32_t n,
                      uint32_t rows, uint32_t cols, uint32_t group)
 {
-    if (n >= I8G_MIN_N && group % 4 == 0 && group <= (vnni ? I8G_KC : I8G_KC16)) {
+    if (n >= I8G_MIN_N && group % 4 == 0 && group <= i8g_chunk(vnni)) {
         i8_gemm(vnni, Y, Q, S, XQ, XS, n, rows, cols, group);
         return;
     }
