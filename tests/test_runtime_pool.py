@@ -2,8 +2,9 @@
 logits bit-identical for N = 1..8, spinning or parking workers, the
 caller's own executor, and to the build without threads
 (COLIBRI_THREADS=0), for the ref, AVX2 and NEON kernels; COLIBRI_LOGITS_LAST
-rows bit-equal to the all-rows call; misuse codes; clean under
-ThreadSanitizer (tests/c/test_pool.c)."""
+rows bit-equal to the all-rows call; misuse codes; a worker's stack within
+colibri.h's COLIBRI_WORKER_STACK_BYTES; clean under ThreadSanitizer
+(tests/c/test_pool.c)."""
 from __future__ import annotations
 
 import os
@@ -29,6 +30,15 @@ def run_pool(build, model, max_threads=8, timeout=900):
     return proc.stdout
 
 
+def worker_stack(stdout: str) -> tuple[int, int]:
+    """(bytes a worker used, colibri.h's COLIBRI_WORKER_STACK_BYTES) from the
+    serial executor's run on a painted stack."""
+    m = re.search(r"^stack: (\d+) bytes used by a worker \(COLIBRI_WORKER_STACK_BYTES (\d+)\)$",
+                  stdout, re.M)
+    assert m, stdout
+    return int(m.group(1)), int(m.group(2))
+
+
 def digest(stdout: str) -> str:
     m = re.search(r"^pool: digest ([0-9a-f]{16})", stdout, re.M)
     assert m, stdout
@@ -46,6 +56,8 @@ def test_threads_bit_identical_to_threadless_build(c_build, colibri_file, name, 
     model = colibri_file(name, quant)
     out = run_pool(threaded, model)
     assert re.search(r"^pool: identical \(12 runs, up to 8 threads\)$", out, re.M), out
+    used, limit = worker_stack(out)
+    assert 0 < used <= limit == 48 << 10, out
     base = run_pool(threadless, model)
     assert "pool: threads unsupported" in base, base
     assert digest(out) == digest(base)
@@ -63,3 +75,5 @@ def test_threads_neon_under_qemu(c_build, colibri_file, variant):
     emulation is slow)."""
     out = run_pool(c_build(variant), colibri_file("tiny", "int8"), max_threads=3)
     assert "pool: identical (7 runs, up to 3 threads)" in out, out
+    used, limit = worker_stack(out)
+    assert 0 < used <= limit, out

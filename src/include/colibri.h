@@ -226,11 +226,20 @@ colibri_options colibri_options_default(void);
  *   RTOS, or atomics with acquire/release). Running the calls one after the
  *   other is correct too (the first call then does all the work): work
  *   items share a counter of tiles, so any schedule gives the same bits.
- *   Each worker needs about 48 KiB of stack (kernels 32 KiB + a tile).
+ *   Each worker needs COLIBRI_WORKER_STACK_BYTES of stack.
  *   run is called from colibri_infer, once per parallel region (a few per
  *   layer), so its hand-over should be cheap; what it does there (system
  *   calls, blocking) is up to the caller.
  *   n_workers  1 .. COLIBRI_MAX_THREADS. */
+/* The stack a worker of colibri_executor needs, from work(arg, w) down.
+ * The deepest path is the x86 int8 prefill: the GEMM's packed chunk (28
+ * KiB) under a tile's 8 KiB block of outputs, 45.2 KiB measured with a
+ * glibc thread's own bookkeeping on the same stack (the attention's frame
+ * is 35 KiB; the ref kernels need 13). tests/c/test_pool.c runs every work
+ * item on a painted stack and holds what it used to this figure (the
+ * host's kernels, ref, and NEON under qemu). */
+#define COLIBRI_WORKER_STACK_BYTES (48u << 10)
+
 typedef struct colibri_executor {
     void (*run)(void *user, uint32_t n_workers,
                 void (*work)(void *arg, uint32_t worker), void *arg);

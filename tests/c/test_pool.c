@@ -14,7 +14,9 @@
  * It runs with colibri_set_threads(1..MAX) (parking workers), with
  * COLIBRI_THREADS_SPIN at 2 and 3, with an executor of this program's own
  * pthreads (3 workers, mutex + condition variable), and with an executor
- * that runs the work items one after the other (4), and compares every
+ * that runs the work items one after the other (4) on a thread of its own
+ * whose stack it measures ("stack: N bytes", at most
+ * COLIBRI_WORKER_STACK_BYTES), and compares every
  * logit with the 1-thread run. Then COLIBRI_LOGITS_LAST: each call's rows
  * against the matching rows of the all-rows call. And the misuse codes.
  *
@@ -23,6 +25,7 @@
  * without threads "pool: threads unsupported" instead of the multi-thread
  * runs. Exit 0 on success, 1 on a mismatch, 10 - code on a library error.
  */
+#define _POSIX_C_SOURCE 200809L /* pthread_attr_setstack */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,14 +127,52 @@ static void ws_stop(void)
         pthread_join(ws->th[i], NULL);
 }
 
-/* An executor that runs the items one after the other on the caller. */
+/* An executor that runs a region's items one after the other on a thread
+ * whose stack is g_stack, painted before the run: the deepest byte written
+ * is the stack a worker used, held to colibri.h's
+ * COLIBRI_WORKER_STACK_BYTES in main. The buffer is larger than the figure,
+ * so an overrun shows as a number rather than a crash. */
+#define STACK_PAINT 0xa5
+static unsigned char g_stack[2u << 20] __attribute__((aligned(64))); /* TSan wants 900 KiB */
 static unsigned g_serial_regions;
+
+typedef struct region {
+    void (*work)(void *, uint32_t);
+    void *arg;
+    uint32_t n;
+} region;
+
+static void *region_main(void *p)
+{
+    const region *r = (const region *)p;
+    for (uint32_t i = r->n; i-- > 0;) /* any order is allowed */
+        r->work(r->arg, i);
+    return NULL;
+}
+
 static void serial_run(void *user, uint32_t n, void (*work)(void *, uint32_t), void *arg)
 {
     (void)user;
     g_serial_regions++;
-    for (uint32_t i = n; i-- > 0;) /* any order is allowed */
-        work(arg, i);
+    region r = { work, arg, n };
+    pthread_attr_t at;
+    pthread_t th;
+    if (pthread_attr_init(&at) != 0 || pthread_attr_setstack(&at, g_stack, sizeof g_stack) != 0 ||
+        pthread_create(&th, &at, region_main, &r) != 0) {
+        fprintf(stderr, "test_pool: no thread on the painted stack\n");
+        exit(3); /* the executor must run every item: nothing else to do */
+    }
+    pthread_join(th, NULL);
+    pthread_attr_destroy(&at);
+}
+
+/* Bytes of g_stack written since it was painted (the stack grows down). */
+static size_t stack_used(void)
+{
+    size_t lo = 0;
+    while (lo < sizeof g_stack && g_stack[lo] == STACK_PAINT)
+        lo++;
+    return sizeof g_stack - lo;
 }
 
 /* ---- the workload -------------------------------------------------------- */
@@ -343,6 +384,7 @@ int main(int argc, char **argv)
             colibri_executor ex = { ws_run, &g_ws, runs[r].n };
             rc = colibri_set_executor(&m, &ex);
         } else if (runs[r].executor == 2) {
+            memset(g_stack, STACK_PAINT, sizeof g_stack);
             colibri_executor ex = { serial_run, NULL, runs[r].n };
             rc = colibri_set_executor(&m, &ex);
         } else {
@@ -377,9 +419,22 @@ int main(int argc, char **argv)
                 return 1;
             }
             ws_stop();
-        } else if (runs[r].executor == 2 && g_serial_regions == 0) {
-            printf("pool: the serial executor was never called\n");
-            return 1;
+        } else if (runs[r].executor == 2) {
+            if (g_serial_regions == 0) {
+                printf("pool: the serial executor was never called\n");
+                return 1;
+            }
+            /* sanitizer builds grow every frame: the figure is for the
+             * library as built for use */
+            const size_t used = stack_used();
+            printf("stack: %lu bytes used by a worker (COLIBRI_WORKER_STACK_BYTES %lu)\n",
+                   (unsigned long)used, (unsigned long)COLIBRI_WORKER_STACK_BYTES);
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+            if (used > COLIBRI_WORKER_STACK_BYTES) {
+                printf("pool: a worker used more stack than colibri.h says\n");
+                return 1;
+            }
+#endif
         }
     }
     /* LAST under threads too */
