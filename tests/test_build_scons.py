@@ -90,7 +90,7 @@ def _snapshot(bdir: Path, name: str) -> dict[str, bytes]:
     return out
 
 
-# aarch64: a kernel set of two files (neon.c, neon_dotprod.c).
+# aarch64: a kernel set of three files (neon.c, neon_dotprod.c, neon_attend.c).
 @pytest.mark.parametrize("name", ["cortex-m", "ppc", "aarch64"])
 def test_clean_builds_are_identical_and_a_second_build_does_nothing(name, tmp_path, tiny_model):
     if shutil.which(TARGETS[name].tool("gcc")) is None:

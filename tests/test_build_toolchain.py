@@ -117,11 +117,14 @@ def test_on_cpu_swaps_only_the_emulated_cpu():
 
 
 def test_neon_kernel_set_has_the_dotprod_file():
-    """neon_dotprod.c (the SDOT matmul) goes wherever neon.c goes: its
-    absence would leave colibri_neon_dotprod_matmul_i8 undefined at link."""
+    """neon_dotprod.c (the SDOT matmul) and neon_attend.c (the A64
+    attention) go wherever neon.c goes: without them
+    colibri_neon_dotprod_matmul_i8 or clb_neon_attend would be undefined at
+    link."""
     from colibri.buildsteps import sources
     assert sources.KERNELS["neon"].sources == ("src/kernels/neon.c",
-                                               "src/kernels/neon_dotprod.c")
+                                               "src/kernels/neon_dotprod.c",
+                                               "src/kernels/neon_attend.c")
     assert all((ROOT / s).exists() for k in sources.KERNELS.values() for s in k.sources)
 
 

@@ -1,4 +1,5 @@
-"""The optimised C kernels (src/kernels/avx2.c, neon.c, neon_dotprod.c)
+"""The optimised C kernels (src/kernels/avx2.c, avx512.c, neon.c, neon_dotprod.c,
+neon_attend.c)
 against the reference kernels (src/kernels/ref.c), through the standalone C
 program tests/c/test_kernels.c, which compares every kernel on many odd and
 even shapes (see its header for what "agree" means for each kernel).

@@ -91,7 +91,8 @@ def configs() -> list[Config]:
                       lib + ("src/kernels/avx2.c",) + app, FW_INC, "unix64"))
     arch, d = _target_defines("aarch64")
     out.append(Config("aarch64-neon", "aarch64-linux-gnu-gcc", arch, d,
-                      ("src/kernels/neon.c", "src/kernels/neon_dotprod.c", "src/plan.c"),
+                      ("src/kernels/neon.c", "src/kernels/neon_dotprod.c",
+                       "src/kernels/neon_attend.c", "src/plan.c"),
                       LIB_INC, "unix64", ("--target=aarch64-linux-gnu",)))
     cm = tuple(_sources.FIRMWARE_APP) + ("firmware/cortex_m/startup.c",
                                           "firmware/cortex_m/semihost.c")

@@ -42,12 +42,12 @@ class KernelSet(NamedTuple):
 # picks them at run time, so the same binary still runs (ref kernels) on CPUs
 # without AVX2; neon_dotprod.c (AArch64 SDOT, picked at run time too)
 # switches its own architecture with a pragma, and compiles to nothing on
-# ARMv7. neon.c needs NEON enabled by the target's arch flags on ARMv7
+# ARMv7, as neon_attend.c (the A64 attention) does. neon.c needs NEON enabled by the target's arch flags on ARMv7
 # (targets/armv7.py: -mfpu=neon); every AArch64 core has it.
 KERNELS = {
     "avx2": KernelSet(("src/kernels/avx2.c", "src/kernels/avx512.c"), (), "COLIBRI_USE_AVX2"),
-    "neon": KernelSet(("src/kernels/neon.c", "src/kernels/neon_dotprod.c"), (),
-                      "COLIBRI_USE_NEON"),
+    "neon": KernelSet(("src/kernels/neon.c", "src/kernels/neon_dotprod.c",
+                       "src/kernels/neon_attend.c"), (), "COLIBRI_USE_NEON"),
 }
 
 INCLUDE_DIRS = ("src/include", "src", "src/kernels")

@@ -194,6 +194,11 @@ void clb_ref_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ,
 void clb_ref_attend(float *out, const clb_att_args *a);
 void clb_ref_attend_rows(const clb_att_rows *r, const clb_att_args *a);
 
+/* The AArch64 NEON tables' attend and attend_rows (neon_attend.c; defined
+ * only on AArch64 with COLIBRI_USE_NEON): ref's bits. */
+void clb_neon_attend(float *out, const clb_att_args *a);
+void clb_neon_attend_rows(const clb_att_rows *r, const clb_att_args *a);
+
 /* a * b + c rounded once (IEEE 754 fusedMultiplyAdd, C's fmaf): the
  * attention's multiply-adds, so a form can use the CPU's FMA instruction
  * (x86 FMA3, NEON/VFPv4 vfma, AArch64, POWER, RISC-V F) and every form

@@ -33,6 +33,9 @@
  * - quantize_act_blk: bit-identical to ref (quantize_act_i8 per block).
  * - matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q5_k, matmul_q6_k: bit-identical to ref on both
  *   ISAs, for any tiling (neon_blocks.h, shared with neon_dotprod.c).
+ * - attend, attend_rows: bit-identical to ref. On AArch64 16 positions in
+ *   four vectors, ref's fused multiply-adds as FMLA (neon_attend.c, both
+ *   tables); ARMv7 runs ref's (no fused vector multiply-add).
  *
  * Blocking (float kernels, ARMv7 int8): dot-product form as in avx2.c: R
  * weight rows x T tokens, one 4-lane accumulator per pair; weights loaded
@@ -623,6 +626,14 @@ static void neon_matmul_i8(float *Y, const int8_t *Q, const float *S,
 }
 #endif /* __aarch64__ */
 
+#ifdef __aarch64__
+#define NEON_ATTEND clb_neon_attend /* neon_attend.c: fused vector FMA */
+#define NEON_ATTEND_ROWS clb_neon_attend_rows
+#else /* ARMv7: no fused vector multiply-add, ref's attention (the same bits) */
+#define NEON_ATTEND clb_ref_attend
+#define NEON_ATTEND_ROWS clb_ref_attend_rows
+#endif
+
 /* ------------------------------------------------------------------------ */
 
 static const colibri_kernels neon_kernels = {
@@ -637,8 +648,8 @@ static const colibri_kernels neon_kernels = {
     neon_matmul_q6_k,
     neon_matmul_q5_0,
     neon_matmul_q5_k,
-    clb_ref_attend, /* no NEON form yet: ref's, the same bits */
-    clb_ref_attend_rows,
+    NEON_ATTEND,
+    NEON_ATTEND_ROWS,
 };
 
 #ifdef __aarch64__
@@ -656,8 +667,8 @@ static const colibri_kernels neon_dotprod_kernels = {
     colibri_neon_dotprod_matmul_q6_k,
     colibri_neon_dotprod_matmul_q5_0,
     neon_matmul_q5_k, /* one form in both tables (code size; the same bits) */
-    clb_ref_attend, /* no NEON form yet: ref's, the same bits */
-    clb_ref_attend_rows,
+    clb_neon_attend,
+    clb_neon_attend_rows,
 };
 
 /* Whether this CPU executes SDOT (FEAT_DotProd, optional from ARMv8.2-A).
