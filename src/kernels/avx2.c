@@ -1888,13 +1888,8 @@ TGT static void avx2_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const 
  * columns transpose per tile. */
 enum { YA_T = 4, YA_C = 256, YA_G = 8 };
 
-typedef struct ya_tile {
-    const float *q[YA_T];
-    float *o[YA_T];
-    uint32_t n[YA_T];         /* positions attended; 0: a padding query */
-    float m[YA_T], l[YA_T];
-    int any[YA_T];
-} ya_tile;
+typedef clb_att_tile ya_tile; /* kernels.h; YA_T of its queries */
+_Static_assert(YA_T <= CLB_ATT_TILE, "a tile holds YA_T queries");
 
 /* Lane i all ones where bit i of bits is set (8 lanes). */
 BLOCK __m256 ya_lanes(uint32_t bits)
@@ -2217,14 +2212,7 @@ BLOCK void ya_run(const int T, ya_tile *t, uint32_t nt, const clb_att_args *a)
 {
     float kt[YA_C * CLB_ATT_BLOCK], vf[YA_C * CLB_ATT_BLOCK];
     const int shared = nt > 1 && a->d <= YA_C; /* one tile: nothing to share */
-    uint32_t nmax = 0;
-    for (uint32_t k = 0; k < nt; k++)
-        for (int j = 0; j < T; j++) {
-            t[k].m[j] = -INFINITY;
-            t[k].l[j] = 0.0f;
-            t[k].any[j] = 0;
-            nmax = t[k].n[j] > nmax ? t[k].n[j] : nmax;
-        }
+    const uint32_t nmax = clb_att_tiles_start(t, nt, (uint32_t)T);
     for (uint32_t b = 0; b < CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
         clb_att_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
     for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
@@ -2232,18 +2220,8 @@ BLOCK void ya_run(const int T, ya_tile *t, uint32_t nt, const clb_att_args *a)
         const uint32_t pf = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
         if (pf < nmax)
             clb_att_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
-        uint32_t keep = 0, all = 0, reach[YA_G], kj[YA_G][YA_T]; /* lane bits of the unmasked positions */
-        for (uint32_t i = 0; i < nb; i++)
-            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
-        for (uint32_t k = 0; k < nt; k++) {
-            reach[k] = 0;
-            for (int j = 0; j < T; j++) {
-                const uint32_t left = t[k].n[j] > b ? t[k].n[j] - b : 0u;
-                kj[k][j] = keep & (left >= 16 ? 0xffffu : (1u << left) - 1u);
-                reach[k] |= kj[k][j];
-            }
-            all |= reach[k];
-        }
+        uint32_t reach[YA_G], kj[YA_G][CLB_ATT_TILE]; /* lane bits of the unmasked positions */
+        const uint32_t all = clb_att_block_lanes(a, t, nt, (uint32_t)T, b, nb, reach, kj);
         if (!all)
             continue;
         if (shared) {

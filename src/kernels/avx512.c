@@ -357,13 +357,8 @@ BLOCK512 __m512 att_exp16(__m512 x)
  * the group, as avx2.c's ya_run. */
 enum { ZA_T = 8, ZA_C = 256, ZA_G = 4 };
 
-typedef struct za_tile {
-    const float *q[ZA_T];
-    float *o[ZA_T];
-    uint32_t n[ZA_T];         /* positions attended; 0: a padding query */
-    float m[ZA_T], l[ZA_T];
-    int any[ZA_T];
-} za_tile;
+typedef clb_att_tile za_tile; /* kernels.h; ZA_T of its queries */
+_Static_assert(ZA_T <= CLB_ATT_TILE, "a tile holds ZA_T queries");
 
 /* r[0..16) (row i = 16 floats) -> r[c] = column c (lane i = row i's c):
  * the 16 x 16 transpose in four rounds of pairwise shuffles. */
@@ -553,14 +548,7 @@ BLOCK512 void za_run(const int T, za_tile *t, uint32_t nt, const clb_att_args *a
 {
     float kt[ZA_C * CLB_ATT_BLOCK], vf[ZA_C * CLB_ATT_BLOCK];
     const int shared = nt > 1 && a->d <= ZA_C; /* one tile: nothing to share */
-    uint32_t nmax = 0;
-    for (uint32_t k = 0; k < nt; k++)
-        for (int j = 0; j < T; j++) {
-            t[k].m[j] = -INFINITY;
-            t[k].l[j] = 0.0f;
-            t[k].any[j] = 0;
-            nmax = t[k].n[j] > nmax ? t[k].n[j] : nmax;
-        }
+    const uint32_t nmax = clb_att_tiles_start(t, nt, (uint32_t)T);
     for (uint32_t b = 0; b < CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
         clb_att_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
     for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
@@ -568,17 +556,8 @@ BLOCK512 void za_run(const int T, za_tile *t, uint32_t nt, const clb_att_args *a
         const uint32_t pf = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
         if (pf < nmax)
             clb_att_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
-        uint32_t keep = 0, all = 0, reach[ZA_G], kj[ZA_G][ZA_T]; /* lane bits of the unmasked positions */
-        for (uint32_t i = 0; i < nb; i++)
-            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
-        for (uint32_t k = 0; k < nt; k++) {
-            reach[k] = 0;
-            for (int j = 0; j < T; j++) {
-                kj[k][j] = t[k].n[j] > b ? keep & lanes16(t[k].n[j] - b) : 0u;
-                reach[k] |= kj[k][j];
-            }
-            all |= reach[k];
-        }
+        uint32_t reach[ZA_G], kj[ZA_G][CLB_ATT_TILE]; /* lane bits of the unmasked positions */
+        const uint32_t all = clb_att_block_lanes(a, t, nt, (uint32_t)T, b, nb, reach, kj);
         if (!all)
             continue;
         if (shared) {

@@ -25,6 +25,7 @@
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
 
+#include <math.h> /* INFINITY */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -93,6 +94,57 @@ static inline void clb_att_tile_queries(const clb_att_rows *r, uint32_t d, uint3
         if (n[j])
             memset(o[j], 0, (size_t)d * sizeof(float));
     }
+}
+
+/* One tile of an attend_rows form (avx2.c, avx512.c, neon_attend.c): up to
+ * CLB_ATT_TILE queries (a form uses its own T of them) with their inputs,
+ * outputs, positions attended (0: a padding query) and online-softmax
+ * state (ref.c clb_ref_attend's m, l and whether a block was live). */
+#define CLB_ATT_TILE 8u
+typedef struct clb_att_tile {
+    const float *q[CLB_ATT_TILE];
+    float *o[CLB_ATT_TILE];
+    uint32_t n[CLB_ATT_TILE];
+    float m[CLB_ATT_TILE], l[CLB_ATT_TILE];
+    int any[CLB_ATT_TILE];
+} clb_att_tile;
+
+/* Resets the state of the T queries of each of the nt tiles; returns the
+ * most positions any of them attends (the group's block range). */
+static inline uint32_t clb_att_tiles_start(clb_att_tile *t, uint32_t nt, uint32_t T)
+{
+    uint32_t nmax = 0;
+    for (uint32_t k = 0; k < nt; k++)
+        for (uint32_t j = 0; j < T; j++) {
+            t[k].m[j] = -INFINITY;
+            t[k].l[j] = 0.0f;
+            t[k].any[j] = 0;
+            nmax = t[k].n[j] > nmax ? t[k].n[j] : nmax;
+        }
+    return nmax;
+}
+
+/* The lane bits (bit i: position b + i, i < nb <= 16) of block b for the
+ * nt tiles' T queries: kj[k][j] the unmasked positions query j of tile k
+ * attends (those below its n), reach[k] their union over the tile.
+ * Returns the union over the group (0: no query reaches the block). */
+static inline uint32_t clb_att_block_lanes(const clb_att_args *a, const clb_att_tile *t,
+                                           uint32_t nt, uint32_t T, uint32_t b, uint32_t nb,
+                                           uint32_t *reach, uint32_t (*kj)[CLB_ATT_TILE])
+{
+    uint32_t keep = 0, all = 0;
+    for (uint32_t i = 0; i < nb; i++)
+        keep |= (uint32_t)(a->mask[b + i] != 0) << i;
+    for (uint32_t k = 0; k < nt; k++) {
+        reach[k] = 0;
+        for (uint32_t j = 0; j < T; j++) {
+            const uint32_t left = t[k].n[j] > b ? t[k].n[j] - b : 0u;
+            kj[k][j] = keep & (left >= 16u ? 0xffffu : (1u << left) - 1u);
+            reach[k] |= kj[k][j];
+        }
+        all |= reach[k];
+    }
+    return all;
 }
 
 typedef struct colibri_kernels {

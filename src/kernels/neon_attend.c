@@ -43,13 +43,8 @@
  * KiB), NA_G tiles a group. */
 enum { NA_T = 4, NA_C = 256, NA_G = 8 };
 
-typedef struct na_tile {
-    const float *q[NA_T];
-    float *o[NA_T];
-    uint32_t n[NA_T];         /* positions attended; 0: a padding query */
-    float m[NA_T], l[NA_T];
-    int any[NA_T];
-} na_tile;
+typedef clb_att_tile na_tile; /* kernels.h; NA_T of its queries */
+_Static_assert(NA_T <= CLB_ATT_TILE, "a tile holds NA_T queries");
 
 /* Lane i all ones where bit i of bits is set (4 lanes). */
 BLOCK uint32x4_t na_lanes(uint32_t bits)
@@ -394,14 +389,7 @@ BLOCK void na_run(const int T, na_tile *t, uint32_t nt, const clb_att_args *a)
 {
     float kt[NA_C * CLB_ATT_BLOCK], vf[NA_C * CLB_ATT_BLOCK];
     const int shared = nt > 1 && a->d <= NA_C; /* one tile: nothing to share */
-    uint32_t nmax = 0;
-    for (uint32_t k = 0; k < nt; k++)
-        for (int j = 0; j < T; j++) {
-            t[k].m[j] = -INFINITY;
-            t[k].l[j] = 0.0f;
-            t[k].any[j] = 0;
-            nmax = t[k].n[j] > nmax ? t[k].n[j] : nmax;
-        }
+    const uint32_t nmax = clb_att_tiles_start(t, nt, (uint32_t)T);
     for (uint32_t b = 0; b < CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
         na_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
     for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
@@ -409,18 +397,8 @@ BLOCK void na_run(const int T, na_tile *t, uint32_t nt, const clb_att_args *a)
         const uint32_t pf = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
         if (pf < nmax)
             na_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
-        uint32_t keep = 0, all = 0, reach[NA_G], kj[NA_G][NA_T]; /* lane bits of the unmasked positions */
-        for (uint32_t i = 0; i < nb; i++)
-            keep |= (uint32_t)(a->mask[b + i] != 0) << i;
-        for (uint32_t k = 0; k < nt; k++) {
-            reach[k] = 0;
-            for (int j = 0; j < T; j++) {
-                const uint32_t left = t[k].n[j] > b ? t[k].n[j] - b : 0u;
-                kj[k][j] = keep & (left >= 16 ? 0xffffu : (1u << left) - 1u);
-                reach[k] |= kj[k][j];
-            }
-            all |= reach[k];
-        }
+        uint32_t reach[NA_G], kj[NA_G][CLB_ATT_TILE]; /* lane bits of the unmasked positions */
+        const uint32_t all = clb_att_block_lanes(a, t, nt, (uint32_t)T, b, nb, reach, kj);
         if (!all)
             continue;
         if (shared) {
