@@ -72,7 +72,8 @@ TARGET = Target(
         # multiply-adds (16-column value passes, FINDINGS.md 21): 423.0; the
         # avx2 int8 GEMM in int16 pairs and its next-chunk prefetch
         # (FINDINGS.md 22): 423.6; the attention forms' tile bookkeeping
-        # shared with the NEON form (kernels.h clb_att_block_lanes): 423.8.
+        # shared with the NEON form (kernels.h clb_att_block_lanes): 423.8;
+        # their prefetch as one inline step (clb_att_prefetch_ahead): 423.3.
         # The embedded targets keep their own budgets.
         runtime=424 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)

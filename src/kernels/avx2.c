@@ -2187,25 +2187,6 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
     }
 }
 
-/* Prefetch (into L2) the keys and values of positions b .. b + nb: a block
- * of one KV head is 16 rows a cache row apart, which the hardware
- * prefetchers do not follow (decode at 2048 positions on Zen 4 waited on
- * memory for most of its attention time without this). Plain SSE, so
- * avx512.c's attention calls this one too. */
-void clb_att_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb);
-void clb_att_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb)
-{
-    const size_t bytes = a->K ? (size_t)a->d * sizeof(float) : a->d;
-    const char *k = a->K ? (const char *)(a->K + (size_t)b * a->ld) : (const char *)(a->Kq + (size_t)b * a->ld);
-    const char *v = a->V ? (const char *)(a->V + (size_t)b * a->ld) : (const char *)(a->Vq + (size_t)b * a->ld);
-    const size_t ld = a->K ? a->ld * sizeof(float) : a->ld;
-    for (uint32_t i = 0; i < nb; i++)
-        for (size_t c = 0; c < bytes; c += 64) {
-            _mm_prefetch(k + i * ld + c, _MM_HINT_T1);
-            _mm_prefetch(v + i * ld + c, _MM_HINT_T1);
-        }
-}
-
 /* The queries of the nt tiles t (n[j] positions each, outputs zeroed) to
  * the end, block by block for the group. */
 BLOCK void ya_run(const int T, ya_tile *t, uint32_t nt, const clb_att_args *a)
@@ -2213,13 +2194,9 @@ BLOCK void ya_run(const int T, ya_tile *t, uint32_t nt, const clb_att_args *a)
     float kt[YA_C * CLB_ATT_BLOCK], vf[YA_C * CLB_ATT_BLOCK];
     const int shared = nt > 1 && a->d <= YA_C; /* one tile: nothing to share */
     const uint32_t nmax = clb_att_tiles_start(t, nt, (uint32_t)T);
-    for (uint32_t b = 0; b < CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
-        clb_att_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
     for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
         const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
-        const uint32_t pf = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
-        if (pf < nmax)
-            clb_att_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
+        clb_att_prefetch_ahead(a, b, nmax);
         uint32_t reach[YA_G], kj[YA_G][CLB_ATT_TILE]; /* lane bits of the unmasked positions */
         const uint32_t all = clb_att_block_lanes(a, t, nt, (uint32_t)T, b, nb, reach, kj);
         if (!all)

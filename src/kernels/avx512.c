@@ -71,9 +71,6 @@
  * replace. Declared here, not in kernels.h: only this file needs it. */
 const colibri_kernels *clb_avx2_form_table(int form);
 
-/* avx2.c's prefetch of a block of keys and values (attention). */
-void clb_att_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb);
-
 static const colibri_kernels *base(void)
 {
     return clb_avx2_form_table(2);
@@ -549,13 +546,9 @@ BLOCK512 void za_run(const int T, za_tile *t, uint32_t nt, const clb_att_args *a
     float kt[ZA_C * CLB_ATT_BLOCK], vf[ZA_C * CLB_ATT_BLOCK];
     const int shared = nt > 1 && a->d <= ZA_C; /* one tile: nothing to share */
     const uint32_t nmax = clb_att_tiles_start(t, nt, (uint32_t)T);
-    for (uint32_t b = 0; b < CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
-        clb_att_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
     for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
         const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
-        const uint32_t pf = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
-        if (pf < nmax)
-            clb_att_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
+        clb_att_prefetch_ahead(a, b, nmax);
         uint32_t reach[ZA_G], kj[ZA_G][CLB_ATT_TILE]; /* lane bits of the unmasked positions */
         const uint32_t all = clb_att_block_lanes(a, t, nt, (uint32_t)T, b, nb, reach, kj);
         if (!all)

@@ -54,8 +54,8 @@ typedef struct clb_att_args {
 /* Positions per block of the attention schedule (ref.c clb_ref_attend). */
 #define CLB_ATT_BLOCK 16u
 
-/* Blocks of keys and values ahead that the x86 attention forms prefetch
- * (avx2.c clb_att_prefetch). */
+/* Blocks of keys and values ahead that the SIMD attention forms prefetch
+ * (clb_att_prefetch_ahead). */
 #define CLB_ATT_PF_BLOCKS 2u
 
 /* Bytes ahead of each weight row's stream that a one-token (decode)
@@ -145,6 +145,34 @@ static inline uint32_t clb_att_block_lanes(const clb_att_args *a, const clb_att_
         all |= reach[k];
     }
     return all;
+}
+
+/* Requests into L2 the keys and values of positions b .. b + nb: a block
+ * of one KV head is 16 rows a cache row apart, which the hardware
+ * prefetchers do not follow (decode at 2048 positions on Zen 4 waited on
+ * memory for most of its attention time without this). __builtin_prefetch
+ * with locality 2 is x86's prefetcht1 and A64's PRFM PLDL2KEEP. */
+static inline void clb_att_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb)
+{
+    const size_t bytes = a->K ? (size_t)a->d * sizeof(float) : a->d;
+    const char *k = a->K ? (const char *)(a->K + (size_t)b * a->ld) : (const char *)(a->Kq + (size_t)b * a->ld);
+    const char *v = a->V ? (const char *)(a->V + (size_t)b * a->ld) : (const char *)(a->Vq + (size_t)b * a->ld);
+    const size_t ld = a->K ? a->ld * sizeof(float) : a->ld;
+    for (uint32_t i = 0; i < nb; i++)
+        for (size_t c = 0; c < bytes; c += 64) {
+            __builtin_prefetch(k + i * ld + c, 0, 2);
+            __builtin_prefetch(v + i * ld + c, 0, 2);
+        }
+}
+
+/* Before block b of a group whose queries reach nmax positions: the block
+ * CLB_ATT_PF_BLOCKS ahead requested (at b = 0 the first ones as well), so
+ * each block's rows are on their way while the blocks before it compute. */
+static inline void clb_att_prefetch_ahead(const clb_att_args *a, uint32_t b, uint32_t nmax)
+{
+    const uint32_t ahead = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
+    for (uint32_t p = b == 0 ? 0u : ahead; p <= ahead && p < nmax; p += CLB_ATT_BLOCK)
+        clb_att_prefetch(a, p, nmax - p < CLB_ATT_BLOCK ? nmax - p : CLB_ATT_BLOCK);
 }
 
 typedef struct colibri_kernels {

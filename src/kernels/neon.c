@@ -53,17 +53,7 @@
 #include <sys/auxv.h> /* getauxval: the CPU's dot-product support */
 #endif
 
-/* The (R, T) loops must be unrolled completely for the accumulators to live
- * in registers; GCC's own heuristics stop short for the larger blocks.
- * COLIBRI_KERNELS_PLAIN: ordinary functions and loops for sanitizer builds
- * (avx2.c says why). */
-#ifdef COLIBRI_KERNELS_PLAIN
-#define BLOCK static
-#define UNROLL
-#else
-#define BLOCK static inline __attribute__((always_inline))
-#define UNROLL _Pragma("GCC unroll 8")
-#endif
+#include "neon_inline.h" /* BLOCK, UNROLL */
 
 enum { MAXR = 8, MAXT = 4 };
 

@@ -30,14 +30,7 @@
 #include <math.h>
 #include <string.h>
 
-/* COLIBRI_KERNELS_PLAIN: ordinary functions and loops (avx2.c says why). */
-#ifdef COLIBRI_KERNELS_PLAIN
-#define BLOCK static
-#define UNROLL
-#else
-#define BLOCK static inline __attribute__((always_inline))
-#define UNROLL _Pragma("GCC unroll 8")
-#endif
+#include "neon_inline.h" /* BLOCK, UNROLL */
 
 /* NA_T queries a tile, NA_C columns of keys a transposed chunk (kt: 16
  * KiB), NA_G tiles a group. */
@@ -174,22 +167,6 @@ static __attribute__((noinline)) void na_vals(float *vf, const clb_att_args *a, 
         for (; c < a->d; c++)
             row[c] = (float)vq[c];
     }
-}
-
-/* Request (into L2) the keys and values of positions b .. b + nb: a
- * block of one KV head is 16 rows a cache row apart (avx2.c
- * clb_att_prefetch). */
-static void na_prefetch(const clb_att_args *a, uint32_t b, uint32_t nb)
-{
-    const size_t bytes = a->K ? (size_t)a->d * sizeof(float) : a->d;
-    const char *k = a->K ? (const char *)(a->K + (size_t)b * a->ld) : (const char *)(a->Kq + (size_t)b * a->ld);
-    const char *v = a->V ? (const char *)(a->V + (size_t)b * a->ld) : (const char *)(a->Vq + (size_t)b * a->ld);
-    const size_t ld = a->K ? a->ld * sizeof(float) : a->ld;
-    for (uint32_t i = 0; i < nb; i++)
-        for (size_t c = 0; c < bytes; c += 64) {
-            __builtin_prefetch(k + i * ld + c, 0, 2); /* PRFM PLDL2KEEP */
-            __builtin_prefetch(v + i * ld + c, 0, 2);
-        }
 }
 
 /* Value row i's 4 columns from c (k of them, 1..4) as float: from the
@@ -390,13 +367,9 @@ BLOCK void na_run(const int T, na_tile *t, uint32_t nt, const clb_att_args *a)
     float kt[NA_C * CLB_ATT_BLOCK], vf[NA_C * CLB_ATT_BLOCK];
     const int shared = nt > 1 && a->d <= NA_C; /* one tile: nothing to share */
     const uint32_t nmax = clb_att_tiles_start(t, nt, (uint32_t)T);
-    for (uint32_t b = 0; b < CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK && b < nmax; b += CLB_ATT_BLOCK)
-        na_prefetch(a, b, nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK);
     for (uint32_t b = 0; b < nmax; b += CLB_ATT_BLOCK) {
         const uint32_t nb = nmax - b < CLB_ATT_BLOCK ? nmax - b : CLB_ATT_BLOCK;
-        const uint32_t pf = b + CLB_ATT_PF_BLOCKS * CLB_ATT_BLOCK;
-        if (pf < nmax)
-            na_prefetch(a, pf, nmax - pf < CLB_ATT_BLOCK ? nmax - pf : CLB_ATT_BLOCK);
+        clb_att_prefetch_ahead(a, b, nmax);
         uint32_t reach[NA_G], kj[NA_G][CLB_ATT_TILE]; /* lane bits of the unmasked positions */
         const uint32_t all = clb_att_block_lanes(a, t, nt, (uint32_t)T, b, nb, reach, kj);
         if (!all)
