@@ -73,7 +73,10 @@ TARGET = Target(
         # avx2 int8 GEMM in int16 pairs and its next-chunk prefetch
         # (FINDINGS.md 22): 423.6; the attention forms' tile bookkeeping
         # shared with the NEON form (kernels.h clb_att_block_lanes): 423.8;
-        # their prefetch as one inline step (clb_att_prefetch_ahead): 423.3.
+        # their prefetch as one inline step (clb_att_prefetch_ahead): 423.3;
+        # Q4_0 / Q5_0 prefill through the int8 GEMM, so their tiles for the
+        # rows past the last strip went from 1 x 8 to 1 x 1 (FINDINGS.md
+        # 24): 414.6.
         # The embedded targets keep their own budgets.
         runtime=424 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)

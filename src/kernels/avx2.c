@@ -27,7 +27,9 @@
  *   panels that fit in L2 so every token finds the panel's weights in cache.
  * - Outer-product (GEMM) form (prefill, from I8G_MIN_N tokens): the weights
  *   are repacked into a 12 KiB stack buffer so vector lanes run along rows,
- *   and no horizontal sums are needed. See the comment at i8_gemm.
+ *   and no horizontal sums are needed. See the comment at i8_gemm. Q4_0
+ *   and Q5_0 prefill runs in it too: their blocks are int8 groups of 32
+ *   once unpacked (i8g_src).
  * The table "avx2-vnni" uses vpdpbusd for the int8 products (DPBUSD) on
  * CPUs with AVX-VNNI or AVX512-VNNI + AVX512VL; "avx2" never does.
  *
@@ -824,17 +826,64 @@ TGT static void pack_q16(int8_t *wp, const int8_t *Q, uint32_t cols, uint32_t r0
                 i < nr && c < kl ? Q[(size_t)(r0 + i) * cols + kc + c] : 0;
 }
 
+/* What the GEMM form multiplies: int8 rows Q [rows, cols] with a float
+ * scale per group S [rows, ng] (I8_GROUP: dt 0), or the Q4_0 / Q5_0
+ * blocks W [rows, cols / 32] (dt COLIBRI_DTYPE_Q4_0 / _Q5_0), which are
+ * groups of 32 in another dress: ref's block term float(sum (q - 8) x) *
+ * (d * xs) is the group term float(dot) * (S * XS) with the value q - 8
+ * (Q5_0: q - 16) and S = d, added block after block in the same order,
+ * and quantize_act_blk's XQ / XS are quantize_act_i8's for group 32 over
+ * the padded columns (zeros past cols). So the blocks, unpacked into the
+ * packed layout a chunk at a time (unpack_q_0), give ref's bits. */
+typedef struct {
+    unsigned dt;
+    const int8_t *q;  /* dt 0 */
+    const float *s;   /* dt 0 */
+    const uint8_t *w; /* Q4_0 / Q5_0 */
+} i8g_src;
+
+/* Bytes of a source's row of `cols` columns, and the byte of column c (a
+ * multiple of 32 for the block types). */
+static inline size_t i8g_row_bytes(const i8g_src *src, uint32_t cols)
+{
+    return src->dt ? (size_t)(cols / 32) * clb_block_bytes(src->dt) : cols;
+}
+
+static inline size_t i8g_col_byte(const i8g_src *src, uint32_t c)
+{
+    return src->dt ? (size_t)(c / 32) * clb_block_bytes(src->dt) : c;
+}
+
+/* tmp[i] = block b of row r0 + i (i < nr) as 32 int8 values, q less the
+ * type's zero; with the block types' code below. */
+static void unpack_q_0(int8_t tmp[16][32], const i8g_src *src, size_t row_bytes, uint32_t r0,
+                       uint32_t nr, uint32_t b);
+
+/* pack_q16's layout for the columns [c, c + n) (n <= 32) of the source's
+ * rows r0 .. r0 + nr, at wp. */
+TGT static void pack_slice(int8_t *wp, const i8g_src *src, uint32_t cols, uint32_t r0,
+                           uint32_t nr, uint32_t c, uint32_t n)
+{
+    if (!src->dt) {
+        pack_q16(wp, src->q, cols, r0, nr, c, n);
+        return;
+    }
+    __attribute__((aligned(32))) int8_t tmp[16][32];
+    unpack_q_0(tmp, src, i8g_row_bytes(src, cols), r0, nr, c / 32);
+    pack_q16(wp, &tmp[0][0], 32, 0, nr, 0, 32);
+}
+
 /* w16[p][16][2] (int16, column pair p: 2 columns of a row per int32 lane,
  * rows 0-7 in the first vector, 8-15 in the second) from the rows and
  * columns pack_q16 takes, with the same zero padding; through pack_q16's
  * layout 32 columns at a time. */
-TGT static void pack_w16(int16_t *w16, const int8_t *Q, uint32_t cols, uint32_t r0,
+TGT static void pack_w16(int16_t *w16, const i8g_src *src, uint32_t cols, uint32_t r0,
                          uint32_t nr, uint32_t kc, uint32_t kl)
 {
     __attribute__((aligned(32))) int8_t wp[16 * 32];
     for (uint32_t c0 = 0; c0 < kl; c0 += 32) {
         const uint32_t n = kl - c0 < 32 ? kl - c0 : 32;
-        pack_q16(wp, Q, cols, r0, nr, kc + c0, n);
+        pack_slice(wp, src, cols, r0, nr, kc + c0, n);
         for (uint32_t s = 0; s < (n + 3) / 4; s++)
             for (int h = 0; h < 2; h++) {
                 /* v: 8 rows x 4 columns. Widened, lo holds rows 0-3 and hi
@@ -1000,7 +1049,7 @@ BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
  * memory, and the pack's loads stalled on them: 14 % of a 2048-token int8
  * prefill's samples (avx2, Xeon) were its loads. The first chunk of a call
  * still waits: the next rows belong to another call. */
-TGT static void i8g_prefetch_next(const int8_t *Q, uint32_t rows, uint32_t cols, uint32_t r0,
+TGT static void i8g_prefetch_next(const i8g_src *src, uint32_t rows, uint32_t cols, uint32_t r0,
                                   uint32_t kend, uint32_t chunk)
 {
     if (kend >= cols) {
@@ -1011,18 +1060,43 @@ TGT static void i8g_prefetch_next(const int8_t *Q, uint32_t rows, uint32_t cols,
         return;
     const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16;
     const uint32_t kl = cols - kend < chunk ? cols - kend : chunk;
+    const size_t row_bytes = i8g_row_bytes(src, cols), at = i8g_col_byte(src, kend),
+                 len = i8g_col_byte(src, kend + kl) - at;
+    const char *base = src->dt ? (const char *)src->w : (const char *)src->q;
     for (uint32_t i = 0; i < nr; i++) {
-        const int8_t *row = Q + (size_t)(r0 + i) * cols + kend;
-        for (uint32_t c = 0; c < kl; c += 64)
-            _mm_prefetch((const char *)(row + c), _MM_HINT_T1);
+        const char *row = base + (size_t)(r0 + i) * row_bytes + at;
+        for (size_t c = 0; c < len; c += 64)
+            _mm_prefetch(row + c, _MM_HINT_T1);
     }
+}
+
+/* A block's fp16 field at p as float32 (F16C: exact, as clb_blk_f16). */
+TGT static inline float blk_f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* sp[gl * 16 + i] = the scale of group g0 + gl of row r0 + i (0 from nr
+ * on): S's, or a block's d (its first field). */
+TGT static void i8g_scales(float *sp, const i8g_src *src, uint32_t cols, uint32_t ng,
+                           uint32_t r0, uint32_t nr, uint32_t g0, uint32_t ngc)
+{
+    const size_t row_bytes = i8g_row_bytes(src, cols), bytes = i8g_col_byte(src, 32);
+    for (uint32_t i = 0; i < 16; i++)
+        for (uint32_t gl = 0; gl < ngc; gl++)
+            sp[gl * 16 + i] = i >= nr ? 0.0f
+                              : src->dt ? blk_f16(src->w + (size_t)(r0 + i) * row_bytes +
+                                                  (size_t)(g0 + gl) * bytes)
+                                        : src->s[(size_t)(r0 + i) * ng + g0 + gl];
 }
 
 /* Not inlined into i8_matmul (GCC clones it per constant vnni instead): as
  * one function with the decode form the register allocation of the GEMM
  * loop came out worse, prefill 128 x 2816 x 1024 without VNNI 10.1 ms
  * against 9.2 ms (in the byte form this replaced). */
-static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, const int8_t *Q, const float *S,
+static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, const i8g_src *src,
                    const int8_t *XQ, const float *XS, uint32_t n, uint32_t rows,
                    uint32_t cols, uint32_t group)
 {
@@ -1040,14 +1114,15 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
             const uint32_t kc = g0 * group;
             const uint32_t kl = cols - kc < gpc * group ? cols - kc : gpc * group;
             const uint32_t ngc = (kl + group - 1) / group;
-            if (vnni)
-                pack_q16(wp, Q, cols, r0, nr, kc, kl);
+            if (!vnni)
+                pack_w16((int16_t *)(void *)wp, src, cols, r0, nr, kc, kl);
+            else if (!src->dt)
+                pack_q16(wp, src->q, cols, r0, nr, kc, kl);
             else
-                pack_w16((int16_t *)(void *)wp, Q, cols, r0, nr, kc, kl);
-            i8g_prefetch_next(Q, rows, cols, r0, kc + kl, gpc * group);
-            for (uint32_t gl = 0; gl < ngc; gl++)
-                for (uint32_t i = 0; i < 16; i++)
-                    sp[gl * 16 + i] = i < nr ? S[(size_t)(r0 + i) * ng + g0 + gl] : 0.0f;
+                for (uint32_t c0 = 0; c0 < kl; c0 += 32)
+                    pack_slice(wp + c0 * 16, src, cols, r0, nr, kc + c0, 32);
+            i8g_prefetch_next(src, rows, cols, r0, kc + kl, gpc * group);
+            i8g_scales(sp, src, cols, ng, r0, nr, g0, ngc);
             if (vnni) /* per row and group: the sum of the weights, by lanes */
                 for (uint32_t gl = 0, cs = 0; gl < ngc; gl++, cs += group) {
                     const uint32_t ce = kl - cs < group ? kl : cs + group;
@@ -1100,7 +1175,8 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
                      uint32_t rows, uint32_t cols, uint32_t group)
 {
     if (n >= I8G_MIN_N && group % 4 == 0 && group <= i8g_chunk(vnni)) {
-        i8_gemm(vnni, Y, Q, S, XQ, XS, n, rows, cols, group);
+        const i8g_src src = {0, Q, S, NULL};
+        i8_gemm(vnni, Y, &src, XQ, XS, n, rows, cols, group);
         return;
     }
     const uint32_t ng = (cols + group - 1) / group;
@@ -1279,6 +1355,28 @@ BLOCK __m256i q5_0_high16(const uint8_t *lo_blk, const uint8_t *hi_blk, const in
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit), bit);
     return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+/* The GEMM form's unpack (i8g_src): the 32 values of block b of each row,
+ * low nibbles (columns 0..15) then high (16..31), Q5_0's fifth bit or-ed
+ * in, less the zero; values in [-8, 7] ([-16, 15]). */
+static TGT void unpack_q_0(int8_t tmp[16][32], const i8g_src *src, size_t row_bytes, uint32_t r0,
+                           uint32_t nr, uint32_t b)
+{
+    const int five = src->dt == COLIBRI_DTYPE_Q5_0;
+    const size_t at = (size_t)b * (five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES);
+    const size_t qo = five ? CLB_Q5_0_QS : CLB_Q4_0_QS;
+    const __m256i m4 = _mm256_set1_epi8(15), zero = _mm256_set1_epi8(five ? 16 : 8);
+    for (uint32_t i = 0; i < nr; i++) {
+        const uint8_t *bp = src->w + (size_t)(r0 + i) * row_bytes + at;
+        const __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(bp + qo));
+        __m256i q = _mm256_and_si256(
+            _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1), m4);
+        if (five)
+            q = _mm256_or_si256(q, _mm256_permute2x128_si256(q5_0_high16(bp, bp, 0),
+                                                             q5_0_high16(bp, bp, 1), 0x20));
+        _mm256_store_si256((__m256i *)(void *)tmp[i], _mm256_sub_epi8(q, zero));
+    }
 }
 
 /* Q4_0 (Q5_0) block b of R rows x T tokens: lane k = dot = sum_i (q_i - 8)
@@ -1561,14 +1659,6 @@ BLOCK void rows8_d_dmin(const uint8_t *const w[MAXR], size_t o, __m256 *dv, __m2
     *dmv = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
 }
 
-/* A block's fp16 field at p as float32 (F16C: exact, as clb_blk_f16). */
-TGT static inline float blk_f16(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 /* Y[t0 + t, r0 + r] = lane t * R + r of v. */
 BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t rows,
                       uint32_t r0, uint32_t t0, uint32_t stride)
@@ -1625,6 +1715,15 @@ static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const 
  * tiles still spilled every product (scaled_acc); see blk_panels for the
  * K types' 1 x 8.) */
 enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
+
+/* Q4_0 / Q5_0 from this many tokens: the int8 GEMM form (i8g_src), whose
+ * unpack and pack of each 16 rows x chunk the tokens must pay for.
+ * test_kernels --bench on a Xeon, n x 2816 x 1024, tiles -> GEMM, ms:
+ * with VNNI Q4_0 at 12 tokens 0.65 -> 0.70-0.78, 16 0.86 -> 0.87-0.90,
+ * 24 1.30 -> 1.07-1.14, 128 6.9 -> 3.6; without, 24 1.49 -> 1.48-1.49,
+ * 32 1.97 -> 1.81, 128 7.9 -> 5.9; Q5_0 (more work a block in the tiles)
+ * gains from 12-16 tokens on both. */
+#define Q0_GEMM_MIN_N(vnni, dt) (!(vnni) && (dt) == COLIBRI_DTYPE_Q4_0 ? 24u : 16u)
 
 /* Rows of a K-type panel (blk_panels): its weights, at most this many
  * bytes, stay in L2 while every 8-token tile of the call passes over them. */
@@ -1766,13 +1865,14 @@ BLOCK void blk_panels(const int vnni, const unsigned dt, float *Y, const uint8_t
 
 /* Y[n, rows] for blocks of dtype dt. One token: decode tiles (STREAMS),
  * then the rows past the last eighth as below. The K types: blk_panels.
- * Q4_0 and Q5_0: rows in strips of BT_R (whose weights, a few KiB, stay in
- * L1 while every token of the call passes over them), so each weight is
- * read from memory once per call; the activations (n x padded cols) come
- * from L2. Rows past the last whole strip go one at a time (R = 1, 8
- * tokens a tile). Every tile computes each of its outputs with ref's
- * operations in ref's order, so no tiling, here or by the caller, changes
- * a bit. */
+ * Q4_0 and Q5_0 from Q0_GEMM_MIN_N tokens: the int8 GEMM (i8g_src); below
+ * it, rows in strips of BT_R (whose weights, a few KiB, stay in L1 while
+ * every token of the call passes over them), so each weight is read from
+ * memory once per call; the activations (n x padded cols) come from L2.
+ * Rows past the last whole strip (rows % 4 of them) go one row and token
+ * at a time: a wider tile there cost 1.6 KiB of code an instance. Every
+ * tile computes each of its outputs with ref's operations in ref's order,
+ * so no tiling, here or by the caller, changes a bit. */
 BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t *W,
                       const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
                       uint32_t rows, uint32_t cols)
@@ -1790,6 +1890,11 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
         blk_panels(vnni, dt, Y, W, XQ, XS, XB, n, rows, nb, r);
         return;
     }
+    if (n >= Q0_GEMM_MIN_N(vnni, dt)) { /* Q4_0 / Q5_0 as the int8 GEMM's groups */
+        const i8g_src src = {dt, NULL, NULL, W};
+        i8_gemm(vnni, Y, &src, XQ, XS, n, rows, nb * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
+        return;
+    }
     for (; r + BT_R <= rows; r += BT_R) {
         const int prefetch = r + 2 * BT_R <= rows;
         uint32_t t = 0;
@@ -1798,13 +1903,9 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
         for (; t < n; t++)
             blk_tile(vnni, dt, BT_R, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t, prefetch && t == 0);
     }
-    for (; r < rows; r++) {
-        uint32_t t = 0;
-        for (; t + BT_MAXT <= n; t += BT_MAXT)
-            blk_tile(vnni, dt, 1, BT_MAXT, Y, W, XQ, XS, XB, rows, nb, r, 1, t, 0);
-        for (; t < n; t++)
+    for (; r < rows; r++)
+        for (uint32_t t = 0; t < n; t++)
             blk_tile(vnni, dt, 1, 1, Y, W, XQ, XS, XB, rows, nb, r, 1, t, 0);
-    }
 }
 
 /* The three dtypes x three integer forms (0 plain AVX2, 1 VEX VNNI, 2 EVEX
