@@ -12,6 +12,10 @@ Engines (each loaded once, in its own process, then driven round after round):
                               the int8 kernels an AVX2-only CPU (Zen 2/3) runs
   colibri q4                  `colibri convert --quant q4` (the 4-bit mix: Q4_K, Q5_K,
                               Q6_K; Q5_0 / int8 on rows not a multiple of 256)
+  colibri q4_k_m gguf / q4_0 gguf
+                              llama.cpp's own Q4_K_M and Q4_0 files (the llama-bench
+                              peers below) through `colibri convert FILE.gguf`, their
+                              blocks kept byte for byte: equal bits exactly
   colibri int8/q4 avx2-vnni   on an AVX-512 VNNI CPU: the same files with the AVX2 VNNI
                               table forced (COLIBRI_KERNELS), beside the default
                               avx512-vnni: what the 512-bit forms add
@@ -198,12 +202,15 @@ def run_bandwidth(probe: Path) -> dict:
 def decode_bytes_colibri(path: Path) -> int:
     """Weight bytes one decode token reads from a .colibri file: every tensor
     section but the embedding (one row of it), the experts' at top_k /
-    num_experts (the routed share, on average over tokens)."""
+    num_experts (the routed share, on average over tokens); not the
+    tokenizer section a GGUF import carries."""
     from colibri.file import format as cformat
     f = cformat.read_file(path, check_crc=False)
     k, e = f.shape.top_k, f.shape.n_experts
     total = 0.0
     for en in f.entries:
+        if en.kind not in set(cformat.Kind):  # an optional section: the tokenizer
+            continue
         name = cformat.Kind(en.kind).name
         if name == "EMBED":
             total += en.size / max(en.rows, 1)
@@ -280,8 +287,26 @@ def prepare_q4(ms: models.ModelSet, with_gguf: bool) -> dict:
                     raise RuntimeError(f"llama-quantize {q}: {(r.stderr or r.stdout)[-1500:]}")
                 tmp.rename(path)
             out[q] = path
+            out[f"{q} gguf"] = import_gguf(path)
     elif with_gguf:
         log(f"no {LLAMA_QUANTIZE} (scripts/build_llama_bench.sh builds it): no Q4 llama rows")
+    return out
+
+
+def import_gguf(gguf: Path) -> Path:
+    """`colibri convert FILE.gguf` with the file's own types kept (docs/GGUF.md):
+    the very blocks llama-bench runs, so Colibri and llama.cpp meet at equal
+    bits exactly. Re-made when the GGUF or the converter is newer."""
+    from colibri import cli
+    out = gguf.with_name(gguf.stem + "-gguf.colibri")
+    code = ROOT / "colibri" / "model" / "convert_gguf.py"
+    if out.exists() and out.stat().st_mtime > max(gguf.stat().st_mtime, code.stat().st_mtime):
+        return out
+    log(f"  colibri convert {gguf.name} -> {out.name}")
+    rc = cli.main(["convert", str(gguf), "-o", str(out), "--max-seq-len",
+                   str(models.MAX_SEQ_LEN), "-q"])
+    if rc:
+        raise RuntimeError(f"colibri convert {gguf.name} failed ({rc})")
     return out
 
 
@@ -300,6 +325,10 @@ def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bo
     if "q4" in precisions and q4:
         servers.append(Server("colibri q4", [progs["vnni"], q4["colibri"], tokens],
                               "colibri", "q4"))
+        for name, path in q4.items():  # "q4_k_m gguf": llama.cpp's own file, imported
+            if name.endswith(" gguf"):
+                servers.append(Server(f"colibri {name}", [progs["vnni"], path, tokens],
+                                      "colibri", "q4"))
     # On an AVX-512 VNNI CPU the default table is avx512-vnni: the AVX2 VNNI
     # table beside it (COLIBRI_KERNELS forces it) shows what the 512-bit forms add.
     if "int8" in precisions and cpu_description()["flags"].get("avx512_vnni"):
@@ -421,6 +450,8 @@ def ratios(table: dict) -> list:
         ("colibri q4", "llama-bench native q4_0"),
         ("colibri q4", "colibri q4 avx2-vnni"),
     ]
+    pairs += [(name, f"llama-bench native {name.split()[1]}") for name in table
+              if name.startswith("colibri ") and name.endswith(" gguf")]
     out = []
     for ours, peer in pairs:
         for t in THREADS:
@@ -462,17 +493,19 @@ def consistency(rounds: list) -> dict:
         tk = {t: toks(name, t) for t in per_t}
         pl = [(r.get("prefill_last", {}).get("argmax"), r.get("prefill_all", {}).get("argmax"))
               for r in per_t.values() if isinstance(r, dict)]
-        base = ("colibri f32" if name.endswith("f32") else
-                "colibri q4" if " q4" in name else "colibri int8")
-        b = toks(base, 1)
         out[name] = {
             "decode_tokens_equal_across_threads":
                 len({tuple(v) for v in tk.values() if v}) == 1 if all(tk.values()) else None,
             "prefill_last_argmax_equals_all":
                 all(x == y for x, y in pl) if all(None not in p for p in pl) else None,
-            f"greedy_equal_to_{base.replace(' ', '_')}":
-                (tk.get(1) == b) if (b and tk.get(1) and name != base) else None,
         }
+        if name.endswith(" gguf"):  # no other engine runs its values
+            continue
+        base = ("colibri f32" if name.endswith("f32") else
+                "colibri q4" if " q4" in name else "colibri int8")
+        b = toks(base, 1)
+        out[name][f"greedy_equal_to_{base.replace(' ', '_')}"] = \
+            (tk.get(1) == b) if (b and tk.get(1) and name != base) else None
     return out
 
 

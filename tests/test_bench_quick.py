@@ -96,6 +96,25 @@ def test_threads_summary_is_median_of_round_medians():
     assert ("colibri f32 / llama-bench native f32", 1, "prefill_all") not in r
 
 
+def test_threads_pairs_a_gguf_import_with_its_llama_bench_file():
+    """An imported GGUF file ("colibri q4_0 gguf") is judged against
+    llama-bench on that very file, and its greedy tokens are compared with
+    no other engine's (no other file holds its values)."""
+    from bench.threads import consistency, ratios
+    t = {"colibri q4_0 gguf": {"1": {"decode": {"tok_s": 30.0, "tok_s_cpu": 30.0}}},
+         "llama-bench native q4_0": {"1": {"decode": {"tok_s": 20.0, "tok_s_cpu": None}}},
+         "llama-bench native q4_k_m": {"1": {"decode": {"tok_s": 10.0, "tok_s_cpu": None}}}}
+    r = {(lab, th, m): w for lab, th, m, w, _, _ in ratios(t)}
+    assert r[("colibri q4_0 gguf / llama-bench native q4_0", 1, "decode")] == pytest.approx(1.5)
+    assert not any("q4_k_m" in lab and "gguf" in lab for lab, _, _ in r)
+    dec = {"decode": {"tokens": [5, 6]}, "prefill_last": {"argmax": 5},
+           "prefill_all": {"argmax": 5}}
+    c = consistency([{"servers": {"colibri q4_0 gguf": {1: dec, 2: dec},
+                                  "colibri q4": {1: {"decode": {"tokens": [7, 8]}}}}}])
+    assert c["colibri q4_0 gguf"] == {"decode_tokens_equal_across_threads": True,
+                                      "prefill_last_argmax_equals_all": True}
+
+
 def test_threads_bench_quick_runs(tmp_path):
     """bench/threads.py --quick --rounds 1 end to end on the tiny model (the
     models and libraries cached under build/bench, as the benchmark keeps
