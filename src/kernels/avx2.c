@@ -937,41 +937,44 @@ BLOCK void madd_acc(__m256i *acc, __m256i w, __m256i x)
     *acc = a;
 }
 
-/* 4 activation bytes x[c..c+4) broadcast to all lanes; past `end` zeros (the
- * weights there are zero padding, so any byte would do, but reading it could
- * leave the buffer). */
-TGT static inline __m256i bcast4(const int8_t *x, uint32_t c, uint32_t end)
+/* xu[t][0 .. kl rounded up to 4) = token t0 + t's activations kc .. kc +
+ * kl, biased to unsigned (x + 128, xor 0x80: vpdpbusd's unsigned operand),
+ * 0x80 (x = 0) past kl, where the packed weights are zero. Once per tile
+ * instead of an xor per token, column quad and 16 rows. */
+TGT static void bias_x8(uint8_t (*xu)[I8G_KC], const int8_t *XQ, uint32_t cols, uint32_t t0,
+                        int T, uint32_t kc, uint32_t kl)
 {
-    int32_t v = 0;
-    if (c + 4 <= end)
-        memcpy(&v, x + c, 4); /* one 32-bit load, folded into vpbroadcastd */
-    else
-        for (uint32_t i = 0; c + i < end; i++)
-            v |= (int32_t)((uint32_t)(uint8_t)x[c + i] << (8 * i));
-    return _mm256_set1_epi32(v);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int t = 0; t < T; t++) {
+        const int8_t *x = XQ + (size_t)(t0 + (uint32_t)t) * cols + kc;
+        uint32_t c = 0;
+        for (; c + 32 <= kl; c += 32)
+            _mm256_store_si256((__m256i *)(void *)(xu[t] + c),
+                               _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + c)),
+                                                bias));
+        for (; c < ((kl + 3) & ~3u); c++)
+            xu[t][c] = (uint8_t)(c < kl ? (uint8_t)x[c] ^ 0x80u : 0x80u);
+    }
 }
 
 /* Y[t0 + t, r0 .. r0 + 16) for T tokens over the chunk's groups. With VNNI
  * wp is pack_q16's and the activations are read from XQ; without, wp is
  * pack_w16's (int16) and they are read from x16 (widen_x16). */
 BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
-                     const int32_t *csum, const float *sp, const int8_t *XQ,
+                     const int32_t *csum, const float *sp, const uint8_t (*xu)[I8G_KC],
                      const int16_t (*x16)[I8G_KC16], const float *XS, uint32_t rows,
-                     uint32_t cols, uint32_t ng, uint32_t r0, uint32_t nr,
+                     uint32_t ng, uint32_t r0, uint32_t nr,
                      uint32_t t0, uint32_t kc, uint32_t kl, uint32_t g0, uint32_t group)
 {
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
     const int8_t *w8 = (const int8_t *)wp;
     const int16_t *w16 = (const int16_t *)wp;
     const __m256i m0 = nr >= 8 ? _mm256_set1_epi32(-1) : tail_mask(nr);
     const __m256i m1 = nr >= 16 ? _mm256_set1_epi32(-1)
                                 : nr <= 8 ? _mm256_setzero_si256() : tail_mask(nr - 8);
-    const int8_t *x[MAXT];
     const float *xs[MAXT];
     __m256 facc[2][MAXT];
     UNROLL
     for (int t = 0; t < T; t++) {
-        x[t] = XQ + (size_t)(t0 + t) * cols + kc;
         xs[t] = XS + (size_t)(t0 + t) * ng + g0;
         float *y = Y + (size_t)(t0 + t) * rows + r0;
         if (kc == 0) {
@@ -994,7 +997,9 @@ BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
                 const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16 + 32));
                 UNROLL
                 for (int t = 0; t < T; t++) {
-                    __m256i xb = _mm256_xor_si256(bcast4(x[t], c, kl), bias);
+                    int32_t quad;
+                    memcpy(&quad, xu[t] + c, 4); /* folded into vpbroadcastd */
+                    const __m256i xb = _mm256_set1_epi32(quad);
                     DPBUSD(vnni, iacc[0][t], xb, w0);
                     DPBUSD(vnni, iacc[1][t], xb, w1);
                 }
@@ -1103,7 +1108,10 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
     enum { TB = 4, GMAX = I8G_KC / 4 };
     /* the packed weights: int8 with VNNI (pack_q16), int16 without (pack_w16) */
     __attribute__((aligned(32))) int8_t wp[16 * I8G_KC]; /* = 16 x I8G_KC16 int16 */
-    __attribute__((aligned(32))) int16_t x16[TB][I8G_KC16]; /* without VNNI */
+    /* the tile's activations: int16 without VNNI (widen_x16), biased bytes
+     * with (bias_x8, through xu); I8G_KC16 int16 = I8G_KC bytes */
+    __attribute__((aligned(32))) int16_t x16[TB][I8G_KC16];
+    uint8_t(*xu)[I8G_KC] = (uint8_t(*)[I8G_KC])(void *)x16;
     __attribute__((aligned(32))) float sp[GMAX * 16];
     __attribute__((aligned(32))) int32_t csum[GMAX * 16]; /* with VNNI */
     const uint32_t ng = (cols + group - 1) / group;
@@ -1139,16 +1147,21 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16 + 8), a1);
                 }
             const int16_t(*xw)[I8G_KC16] = (const int16_t(*)[I8G_KC16])x16;
+            const uint8_t(*xr)[I8G_KC] = (const uint8_t(*)[I8G_KC])xu;
             uint32_t t = 0;
             for (; t + TB <= n; t += TB) {
-                if (!vnni)
+                if (vnni)
+                    bias_x8(xu, XQ, cols, t, TB, kc, kl);
+                else
                     widen_x16(x16, XQ, cols, t, TB, kc, kl);
-                i8g_micro(vnni, TB, Y, wp, csum, sp, XQ, xw, XS, rows, cols, ng, r0, nr, t, kc, kl, g0, group);
+                i8g_micro(vnni, TB, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0, group);
             }
             for (; t < n; t++) {
-                if (!vnni)
+                if (vnni)
+                    bias_x8(xu, XQ, cols, t, 1, kc, kl);
+                else
                     widen_x16(x16, XQ, cols, t, 1, kc, kl);
-                i8g_micro(vnni, 1, Y, wp, csum, sp, XQ, xw, XS, rows, cols, ng, r0, nr, t, kc, kl, g0, group);
+                i8g_micro(vnni, 1, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0, group);
             }
         }
     }
