@@ -38,6 +38,7 @@
  * scalar loop), no read or write outside the arguments' extents.
  */
 #include "kernels.h"
+#include "x86_gemm.h"
 
 #if defined(COLIBRI_USE_AVX2) && (defined(__x86_64__) || defined(__i386__)) && \
     (defined(__GNUC__) || defined(__clang__))
@@ -773,7 +774,7 @@ BLOCK void i8_row1(const int vnni, float *y, const int8_t *Q, const float *S,
  * to 1.3x faster with VNNI and about even without). */
 /* I8G_KC16: the int16 form's column chunk, 8 KiB of packed weights as the
  * int8 form's 512 columns are (the worker's stack, colibri.h). */
-enum { I8G_KC = 512, I8G_KC16 = 256, I8G_MIN_N = 8 };
+enum { I8G_KC = CLB_I8G_KC, I8G_KC16 = 256, I8G_MIN_N = 8 };
 
 /* The column chunk of the GEMM form that runs: the largest group it takes. */
 static inline uint32_t i8g_chunk(const int vnni)
@@ -1101,7 +1102,10 @@ TGT static void i8g_scales(float *sp, const i8g_src *src, uint32_t cols, uint32_
  * one function with the decode form the register allocation of the GEMM
  * loop came out worse, prefill 128 x 2816 x 1024 without VNNI 10.1 ms
  * against 9.2 ms (in the byte form this replaced). */
-static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, const i8g_src *src,
+/* micro: another micro-kernel for the VNNI tiles (x86_gemm.h: avx512.c's),
+ * or NULL for i8g_micro. */
+static __attribute__((noinline)) TGT void i8_gemm(const int vnni, clb_i8g_micro_fn *micro,
+                   float *Y, const i8g_src *src,
                    const int8_t *XQ, const float *XS, uint32_t n, uint32_t rows,
                    uint32_t cols, uint32_t group)
 {
@@ -1154,14 +1158,22 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, float *Y, cons
                     bias_x8(xu, XQ, cols, t, TB, kc, kl);
                 else
                     widen_x16(x16, XQ, cols, t, TB, kc, kl);
-                i8g_micro(vnni, TB, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0, group);
+                if (micro)
+                    micro(TB, Y, wp, csum, sp, &xr[0][0], XS, rows, ng, r0, nr, t, kc, kl, g0, group);
+                else
+                    i8g_micro(vnni, TB, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0,
+                              group);
             }
             for (; t < n; t++) {
                 if (vnni)
                     bias_x8(xu, XQ, cols, t, 1, kc, kl);
                 else
                     widen_x16(x16, XQ, cols, t, 1, kc, kl);
-                i8g_micro(vnni, 1, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0, group);
+                if (micro)
+                    micro(1, Y, wp, csum, sp, &xr[0][0], XS, rows, ng, r0, nr, t, kc, kl, g0, group);
+                else
+                    i8g_micro(vnni, 1, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0,
+                              group);
             }
         }
     }
@@ -1189,7 +1201,7 @@ BLOCK void i8_matmul(const int vnni, float *Y, const int8_t *Q, const float *S,
 {
     if (n >= I8G_MIN_N && group % 4 == 0 && group <= i8g_chunk(vnni)) {
         const i8g_src src = {0, Q, S, NULL};
-        i8_gemm(vnni, Y, &src, XQ, XS, n, rows, cols, group);
+        i8_gemm(vnni, NULL, Y, &src, XQ, XS, n, rows, cols, group);
         return;
     }
     const uint32_t ng = (cols + group - 1) / group;
@@ -1905,7 +1917,7 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
     }
     if (n >= Q0_GEMM_MIN_N(vnni, dt)) { /* Q4_0 / Q5_0 as the int8 GEMM's groups */
         const i8g_src src = {dt, NULL, NULL, W};
-        i8_gemm(vnni, Y, &src, XQ, XS, n, rows, nb * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
+        i8_gemm(vnni, NULL, Y, &src, XQ, XS, n, rows, nb * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
         return;
     }
     for (; r + BT_R <= rows; r += BT_R) {
@@ -2464,6 +2476,14 @@ static int cpu_vnni_form(void)
 /* The table of integer form `form` (0 plain, 1 VEX VNNI, 2 EVEX VNNI) with
  * no CPU check: avx512.c's table forwards the forms it does not replace to
  * form 2, and only exists on CPUs that have it. */
+void clb_avx2_i8_gemm(clb_i8g_micro_fn *micro, unsigned dt, const void *W, const float *S,
+                      float *Y, const int8_t *XQ, const float *XS, uint32_t n, uint32_t rows,
+                      uint32_t cols, uint32_t group)
+{
+    const i8g_src src = {dt, dt ? NULL : (const int8_t *)W, S, dt ? (const uint8_t *)W : NULL};
+    i8_gemm(2, micro, Y, &src, XQ, XS, n, rows, cols, group);
+}
+
 const colibri_kernels *clb_avx2_form_table(int form);
 const colibri_kernels *clb_avx2_form_table(int form)
 {

@@ -37,9 +37,15 @@
  *   bit (the 4-bit mix's embedding and LM head, GGUF Q5_K_M imports): 128
  *   tokens x 2816 x 1024 on a Xeon 64 -> 128 GOPS against avx2.c's one
  *   plain-AVX2 form; a decode step stays there (memory-bound: 31 GOPS both).
- * Everything else (float matmuls, prefill GEMMs, quantisation, int16, Q4_0, Q5_0, Q5_K
- * decode, the block types' rows past the last strip of 8) is avx2.c's EVEX-VNNI
- * table, called through its pointers:
+ * - the int8 GEMM's micro-kernel (prefill of int8, and of Q4_0 / Q5_0 from
+ *   16 tokens): avx2.c's GEMM driver (x86_gemm.h: packing, chunks,
+ *   prefetch) with zg_micro, whose zmm holds a column quad of all 16 rows,
+ *   one vpdpbusd a token and quad where avx2.c's ymm form takes two:
+ *   128 x 2816 x 1024 on a Xeon, int8 2.99-3.02 -> 2.62-2.77 ms, Q4_0
+ *   3.35-3.36 -> 2.82-2.86 (FINDINGS.md 24).
+ * Everything else (float matmuls, quantisation, int16, Q4_0 and Q5_0 below
+ * 16 tokens, Q5_K decode, the block types' rows past the last strip of 8)
+ * is avx2.c's EVEX-VNNI table, called through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
  * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
  * float and int8 prefill forms already lead llama.cpp, and with float
@@ -48,6 +54,7 @@
  * logits are the same bits.
  */
 #include "kernels.h"
+#include "x86_gemm.h"
 
 #if defined(COLIBRI_USE_AVX2) && !defined(COLIBRI_AVX2_NO_VNNI) && \
     defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -274,18 +281,76 @@ BLOCK512 void i8z_row1(float *y, const int8_t *Q, const float *S, const int8_t *
     y[r] = acc;
 }
 
-/* Tokens at which avx2.c's GEMM form takes over (its I8G_MIN_N). */
+/* Tokens at which the GEMM form takes over (avx2.c's I8G_MIN_N). */
 enum { Z_GEMM_N = 8 };
 
-TGT512 static void z_matmul_i8(float *Y, const int8_t *Q, const float *S, const int8_t *XQ,
-                               const float *XS, uint32_t n, uint32_t rows, uint32_t cols,
-                               uint32_t group)
+/* The GEMM's micro-kernel (x86_gemm.h) in zmm registers: the 16 rows of a
+ * column quad are one 64-byte vector, so each token's 4 activation bytes
+ * (broadcast) meet all 16 rows in one vpdpbusd, where avx2.c's form takes
+ * two. Per group: the dot less 128 * csum (exact int32), then ref's
+ * float(dot) * (s * xs) added to the row's sum, group after group. */
+BLOCK512 void zg_micro_t(const int T, float *Y, const int8_t *wp, const int32_t *csum,
+                         const float *sp, const uint8_t *xu, const float *XS, uint32_t rows,
+                         uint32_t ng, uint32_t r0, uint32_t nr, uint32_t t0, uint32_t kc,
+                         uint32_t kl, uint32_t g0, uint32_t group)
 {
-    const uint32_t ng = (cols + group - 1) / group;
-    if (n >= Z_GEMM_N || group != ZG || ng > Z_MAXG) {
-        base()->matmul_i8(Y, Q, S, XQ, XS, n, rows, cols, group);
-        return;
+    const __mmask16 m = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    __m512 facc[4];
+    UNROLL
+    for (int t = 0; t < T; t++)
+        facc[t] = kc == 0 ? _mm512_setzero_ps()
+                          : _mm512_maskz_loadu_ps(m, Y + (size_t)(t0 + (uint32_t)t) * rows + r0);
+    for (uint32_t gl = 0, cs = 0; cs < kl; gl++, cs += group) {
+        const uint32_t ce = kl - cs < group ? kl : cs + group;
+        __m512i iacc[4];
+        UNROLL
+        for (int t = 0; t < T; t++)
+            iacc[t] = _mm512_setzero_si512();
+        for (uint32_t c = cs; c < ce; c += 4) {
+            const __m512i w = _mm512_loadu_si512((const void *)(wp + (size_t)c * 16));
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                int32_t quad;
+                memcpy(&quad, xu + (size_t)t * CLB_I8G_KC + c, 4);
+                iacc[t] = _mm512_dpbusd_epi32(iacc[t], _mm512_set1_epi32(quad), w);
+            }
+        }
+        const __m512 s = _mm512_loadu_ps(sp + (size_t)gl * 16);
+        const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(csum + (size_t)gl * 16)), 7);
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m512 xs = _mm512_set1_ps(XS[(size_t)(t0 + (uint32_t)t) * ng + g0 + gl]);
+            const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[t], corr));
+            facc[t] = _mm512_add_ps(facc[t], _mm512_mul_ps(d, _mm512_mul_ps(s, xs)));
+        }
     }
+    UNROLL
+    for (int t = 0; t < T; t++)
+        _mm512_mask_storeu_ps(Y + (size_t)(t0 + (uint32_t)t) * rows + r0, m, facc[t]);
+}
+
+TGT512 static void zg_micro(int T, float *Y, const int8_t *wp, const int32_t *csum,
+                            const float *sp, const uint8_t *xu, const float *XS, uint32_t rows,
+                            uint32_t ng, uint32_t r0, uint32_t nr, uint32_t t0, uint32_t kc,
+                            uint32_t kl, uint32_t g0, uint32_t group)
+{
+    if (T == 4)
+        zg_micro_t(4, Y, wp, csum, sp, xu, XS, rows, ng, r0, nr, t0, kc, kl, g0, group);
+    else
+        zg_micro_t(1, Y, wp, csum, sp, xu, XS, rows, ng, r0, nr, t0, kc, kl, g0, group);
+}
+
+/* The decode form (few tokens, group ZG). Its own function: its 8 KiB of
+ * xc must not stay on the stack under the GEMM, which z_matmul_i8 calls
+ * with too many arguments for a tail call (colibri.h's
+ * COLIBRI_WORKER_STACK_BYTES: with xc in z_matmul_i8's frame a worker used
+ * 50,320 bytes). */
+static __attribute__((noinline)) TGT512 void z_i8_decode(float *Y, const int8_t *Q,
+                                                         const float *S, const int8_t *XQ,
+                                                         const float *XS, uint32_t n,
+                                                         uint32_t rows, uint32_t cols,
+                                                         uint32_t ng)
+{
     int32_t xc[Z_MAXG]; /* 8 KiB of stack at most (kernels.h allows 32) */
     for (uint32_t t = 0; t < n; t++) {
         float *y = Y + (size_t)t * rows;
@@ -299,6 +364,19 @@ TGT512 static void z_matmul_i8(float *Y, const int8_t *Q, const float *S, const 
         for (uint32_t r = 4 * quarter; r < rows; r++)
             i8z_row1(y, Q, S, xq, xs, xc, cols, ng, r);
     }
+}
+
+TGT512 static void z_matmul_i8(float *Y, const int8_t *Q, const float *S, const int8_t *XQ,
+                               const float *XS, uint32_t n, uint32_t rows, uint32_t cols,
+                               uint32_t group)
+{
+    const uint32_t ng = (cols + group - 1) / group;
+    if (n >= Z_GEMM_N && group % 4 == 0 && group <= CLB_I8G_KC)
+        clb_avx2_i8_gemm(zg_micro, 0, Q, S, Y, XQ, XS, n, rows, cols, group);
+    else if (n >= Z_GEMM_N || group != ZG || ng > Z_MAXG)
+        base()->matmul_i8(Y, Q, S, XQ, XS, n, rows, cols, group);
+    else
+        z_i8_decode(Y, Q, S, XQ, XS, n, rows, cols, ng);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1298,16 +1376,28 @@ static void z_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const float *
     base()->quantize_act_blk(XQ, XS, XB, X, n, cols, block);
 }
 
+/* Q4_0 / Q5_0 from this many tokens: the GEMM with zg_micro (avx2.c's
+ * Q0_GEMM_MIN_N for its VNNI forms); below, avx2.c's tiles. */
+enum { Z_Q0_GEMM_N = 16 };
+
 static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                           const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    base()->matmul_q4_0(Y, W, XQ, XS, XB, n, rows, cols);
+    if (n >= Z_Q0_GEMM_N)
+        clb_avx2_i8_gemm(zg_micro, COLIBRI_DTYPE_Q4_0, W, NULL, Y, XQ, XS, n, rows,
+                         (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
+    else
+        base()->matmul_q4_0(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                           const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    base()->matmul_q5_0(Y, W, XQ, XS, XB, n, rows, cols);
+    if (n >= Z_Q0_GEMM_N)
+        clb_avx2_i8_gemm(zg_micro, COLIBRI_DTYPE_Q5_0, W, NULL, Y, XQ, XS, n, rows,
+                         (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
+    else
+        base()->matmul_q5_0(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 /* Tokens a call of the rows past the last whole strip hands avx2.c at a

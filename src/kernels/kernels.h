@@ -492,8 +492,8 @@ const colibri_kernels *colibri_kernels_avx2_plain(void);
 /* NULL unless built with COLIBRI_USE_AVX2 (avx512.c; not with
  * COLIBRI_AVX2_NO_VNNI) and the CPU has AVX-512 F/BW/VL/DQ and AVX512-VNNI
  * with the OS saving their state: "avx512-vnni" (the int8 decode form,
- * Q4_K and Q6_K for one and several tokens, and attend in 512-bit vectors;
- * the rest avx2.c's EVEX-VNNI forms). */
+ * the int8 GEMM's micro-kernel, Q4_K and Q6_K for one and several tokens,
+ * and attend in 512-bit vectors; the rest avx2.c's EVEX-VNNI forms). */
 const colibri_kernels *colibri_kernels_avx512(void);
 /* NULL unless built with COLIBRI_USE_NEON (neon.c). On AArch64 Linux the
  * "neon-dotprod" table when the CPU reports the dot-product extension
