@@ -959,8 +959,9 @@ TGT static void bias_x8(uint8_t (*xu)[I8G_KC], const int8_t *XQ, uint32_t cols, 
 }
 
 /* Y[t0 + t, r0 .. r0 + 16) for T tokens over the chunk's groups. With VNNI
- * wp is pack_q16's and the activations are read from XQ; without, wp is
- * pack_w16's (int16) and they are read from x16 (widen_x16). */
+ * wp is pack_q16's and the activations are the tile's biased bytes xu
+ * (bias_x8); without, wp is pack_w16's (int16) and they are read from x16
+ * (widen_x16). x86_gemm.h's contract, in ymm registers. */
 BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
                      const int32_t *csum, const float *sp, const uint8_t (*xu)[I8G_KC],
                      const int16_t (*x16)[I8G_KC16], const float *XS, uint32_t rows,
