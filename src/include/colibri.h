@@ -233,7 +233,7 @@ colibri_options colibri_options_default(void);
  *   n_workers  1 .. COLIBRI_MAX_THREADS. */
 /* The stack a worker of colibri_executor needs, from work(arg, w) down.
  * The deepest path is the x86 int8 prefill: the GEMM's packed chunk (28
- * KiB) under a tile's 8 KiB block of outputs, 45.2 KiB measured with a
+ * KiB) under a tile's 8 KiB block of outputs, 45.1 KiB measured with a
  * glibc thread's own bookkeeping on the same stack (the attention's frame
  * is 35 KiB; the ref kernels need 13). tests/c/test_pool.c runs every work
  * item on a painted stack and holds what it used to this figure (the
