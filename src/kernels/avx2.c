@@ -774,7 +774,7 @@ BLOCK void i8_row1(const int vnni, float *y, const int8_t *Q, const float *S,
  * to 1.3x faster with VNNI and about even without). */
 /* I8G_KC16: the int16 form's column chunk, 8 KiB of packed weights as the
  * int8 form's 512 columns are (the worker's stack, colibri.h). */
-enum { I8G_KC = CLB_I8G_KC, I8G_KC16 = 256, I8G_MIN_N = 8 };
+enum { I8G_KC = CLB_I8G_KC, I8G_KC16 = 256, I8G_MIN_N = CLB_I8G_MIN_N };
 
 /* The column chunk of the GEMM form that runs: the largest group it takes. */
 static inline uint32_t i8g_chunk(const int vnni)
@@ -1090,7 +1090,7 @@ TGT static inline float blk_f16(const uint8_t *p)
 TGT static void i8g_scales(float *sp, const i8g_src *src, uint32_t cols, uint32_t ng,
                            uint32_t r0, uint32_t nr, uint32_t g0, uint32_t ngc)
 {
-    const size_t row_bytes = i8g_row_bytes(src, cols), bytes = i8g_col_byte(src, 32);
+    const size_t row_bytes = i8g_row_bytes(src, cols), bytes = src->dt ? clb_block_bytes(src->dt) : 0;
     for (uint32_t i = 0; i < 16; i++)
         for (uint32_t gl = 0; gl < ngc; gl++)
             sp[gl * 16 + i] = i >= nr ? 0.0f
@@ -1749,7 +1749,7 @@ enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
  * 24 1.30 -> 1.07-1.14, 128 6.9 -> 3.6; without, 24 1.49 -> 1.48-1.49,
  * 32 1.97 -> 1.81, 128 7.9 -> 5.9; Q5_0 (more work a block in the tiles)
  * gains from 12-16 tokens on both. */
-#define Q0_GEMM_MIN_N(vnni, dt) (!(vnni) && (dt) == COLIBRI_DTYPE_Q4_0 ? 24u : 16u)
+#define Q0_GEMM_MIN_N(vnni, dt) (!(vnni) && (dt) == COLIBRI_DTYPE_Q4_0 ? 24u : CLB_Q0_GEMM_MIN_N)
 
 /* Rows of a K-type panel (blk_panels): its weights, at most this many
  * bytes, stay in L2 while every 8-token tile of the call passes over them. */

@@ -281,8 +281,6 @@ BLOCK512 void i8z_row1(float *y, const int8_t *Q, const float *S, const int8_t *
     y[r] = acc;
 }
 
-/* Tokens at which the GEMM form takes over (avx2.c's I8G_MIN_N). */
-enum { Z_GEMM_N = 8 };
 
 /* The GEMM's micro-kernel (x86_gemm.h) in zmm registers: the 16 rows of a
  * column quad are one 64-byte vector, so each token's 4 activation bytes
@@ -371,9 +369,9 @@ TGT512 static void z_matmul_i8(float *Y, const int8_t *Q, const float *S, const 
                                uint32_t group)
 {
     const uint32_t ng = (cols + group - 1) / group;
-    if (n >= Z_GEMM_N && group % 4 == 0 && group <= CLB_I8G_KC)
+    if (n >= CLB_I8G_MIN_N && group % 4 == 0 && group <= CLB_I8G_KC)
         clb_avx2_i8_gemm(zg_micro, 0, Q, S, Y, XQ, XS, n, rows, cols, group);
-    else if (n >= Z_GEMM_N || group != ZG || ng > Z_MAXG)
+    else if (n >= CLB_I8G_MIN_N || group != ZG || ng > Z_MAXG)
         base()->matmul_i8(Y, Q, S, XQ, XS, n, rows, cols, group);
     else
         z_i8_decode(Y, Q, S, XQ, XS, n, rows, cols, ng);
@@ -1376,28 +1374,32 @@ static void z_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const float *
     base()->quantize_act_blk(XQ, XS, XB, X, n, cols, block);
 }
 
-/* Q4_0 / Q5_0 from this many tokens: the GEMM with zg_micro (avx2.c's
- * Q0_GEMM_MIN_N for its VNNI forms); below, avx2.c's tiles. */
-enum { Z_Q0_GEMM_N = 16 };
+/* Q4_0 / Q5_0 (dt) from CLB_Q0_GEMM_MIN_N tokens: the GEMM with zg_micro
+ * over the padded columns; below, avx2.c's tiles (`tiles`). */
+static void z_matmul_q_0(unsigned dt,
+                         void (*tiles)(float *, const uint8_t *, const int8_t *, const float *,
+                                       const int16_t *, uint32_t, uint32_t, uint32_t),
+                         float *Y, const uint8_t *W,
+                         const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols)
+{
+    if (n >= CLB_Q0_GEMM_MIN_N)
+        clb_avx2_i8_gemm(zg_micro, dt, W, NULL, Y, XQ, XS, n, rows,
+                         (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
+    else
+        tiles(Y, W, XQ, XS, XB, n, rows, cols);
+}
 
 static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                           const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    if (n >= Z_Q0_GEMM_N)
-        clb_avx2_i8_gemm(zg_micro, COLIBRI_DTYPE_Q4_0, W, NULL, Y, XQ, XS, n, rows,
-                         (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
-    else
-        base()->matmul_q4_0(Y, W, XQ, XS, XB, n, rows, cols);
+    z_matmul_q_0(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                           const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    if (n >= Z_Q0_GEMM_N)
-        clb_avx2_i8_gemm(zg_micro, COLIBRI_DTYPE_Q5_0, W, NULL, Y, XQ, XS, n, rows,
-                         (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
-    else
-        base()->matmul_q5_0(Y, W, XQ, XS, XB, n, rows, cols);
+    z_matmul_q_0(COLIBRI_DTYPE_Q5_0, base()->matmul_q5_0, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 /* Tokens a call of the rows past the last whole strip hands avx2.c at a

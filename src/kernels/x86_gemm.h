@@ -19,6 +19,12 @@
  * this many bytes. */
 #define CLB_I8G_KC 512u
 
+/* Tokens from which the GEMM form runs, in avx2.c and avx512.c alike (the
+ * measurements behind them are at their uses in avx2.c): int8 rows, and
+ * Q4_0 / Q5_0 blocks with VNNI (the plain AVX2 Q4_0 form waits for 24). */
+#define CLB_I8G_MIN_N 8u
+#define CLB_Q0_GEMM_MIN_N 16u
+
 /* Y[t0 + t, r0 .. r0 + nr) for t < T (T = 4 or 1) over the chunk's groups,
  * added to what Y holds when kc > 0 (the running sum of earlier chunks),
  * with ref's float operations in ref's order (FORMAT.md 5):
