@@ -37,6 +37,12 @@
  *   bit (the 4-bit mix's embedding and LM head, GGUF Q5_K_M imports): 128
  *   tokens x 2816 x 1024 on a Xeon 64 -> 128 GOPS against avx2.c's one
  *   plain-AVX2 form; a decode step stays there (memory-bound: 31 GOPS both).
+ * - Q4_K, Q5_K and Q6_K prefill from ZK_MIN_N (12) tokens: a GEMM of their
+ *   own (zk_gemm, "Block types, GEMM form"): 16 rows x 2 blocks unpacked
+ *   once into the int8 GEMM's column-quad layout, then every token over
+ *   them, one vpdpbusd a token and quad: 128 x 2816 x 1024 on a Xeon Q4_K
+ *   3.6 -> 1.8 ms, Q5_K 4.3 -> 1.9, Q6_K 3.8 -> 2.1 against the tiles
+ *   (FINDINGS.md 25); the tiles keep 2 to 11 tokens.
  * - the int8 GEMM's micro-kernel (prefill of int8, and of Q4_0 / Q5_0 from
  *   16 tokens): avx2.c's GEMM driver (x86_gemm.h: packing, chunks,
  *   prefetch) with zg_micro, whose zmm holds a column quad of all 16 rows,
@@ -44,7 +50,8 @@
  *   128 x 2816 x 1024 on a Xeon, int8 2.99-3.02 -> 2.62-2.77 ms, Q4_0
  *   3.35-3.36 -> 2.82-2.86 (FINDINGS.md 24).
  * Everything else (float matmuls, quantisation, int16, Q4_0 and Q5_0 below
- * 16 tokens, Q5_K decode, the block types' rows past the last strip of 8)
+ * 16 tokens, Q5_K decode, the block types' rows past the last strip of 8
+ * below ZK_MIN_N tokens)
  * is avx2.c's EVEX-VNNI table, called through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
  * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
@@ -1402,19 +1409,371 @@ static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
     z_matmul_q_0(COLIBRI_DTYPE_Q5_0, base()->matmul_q5_0, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Block types, GEMM form (prefill of Q4_K, Q5_K, Q6_K from ZK_MIN_N tokens).
+ *
+ * Why: the tiles above unpack a row's block again for every 4 tokens, and
+ * llama.cpp's own Q5_K_M / Q6_K files prefilled 1.0-1.35x faster there
+ * (a VNNI GEMM over unpacked K blocks; FINDINGS.md 24). Here a strip of
+ * 16 rows x ZK_KB blocks is unpacked once, laid out as the int8 GEMM's
+ * (x86_gemm.h: a column quad of the 16 rows is one zmm), and every token
+ * of the call runs over it.
+ *
+ * The integers are ref's, exactly (kernels.h, FORMAT.md 5): the stored
+ * values are unsigned (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), vpdpbusd's
+ * unsigned operand, against the signed activations, so no bias. Per
+ * sub-block (32 columns; Q6_K 16) dot_j in int32, isum += sc_j * dot_j
+ * (vpmulld by the 16 rows' scales). The per-16-column activation sums XB
+ * give the rest in one more exact sum, corr = sum_s c_s XB_s (vpdpwssd,
+ * int16 pairs): Q4_K / Q5_K's msum (c_s = m of s's sub-block), and for
+ * Q6_K, whose values are q - 32, isum - 32 * corr (c_s = sc_s). Then ref's
+ * float operations for the block in ref's order, 16 rows in lanes:
+ *   Q4_K / Q5_K  acc += xs * (d * float(isum) - dmin * float(msum))
+ *   Q6_K         acc += xs * (d * float(isum))
+ * and Y is reloaded at the next chunk, so every split of rows or tokens
+ * gives ref's bits.
+ */
+
+/* ZK_KB: blocks a chunk (their packed weights 8 KiB, as the int8 GEMM's).
+ * ZK_MIN_N: tokens from which the GEMM runs. test_kernels --bench, n x
+ * 2816 x 1024 from memory, on a Xeon, ms, tiles -> GEMM: at 8 tokens Q4_K
+ * 0.23-0.26 -> 0.23-0.24, Q5_K 0.27-0.29 -> 0.27-0.29, Q6_K 0.25-0.26 ->
+ * 0.25-0.31; at 12 Q4_K 0.34-0.38 -> 0.30-0.31, Q5_K 0.40-0.44 ->
+ * 0.35-0.37, Q6_K 0.36-0.40 -> 0.37-0.40; at 32 1.5-1.9x, at 128
+ * 1.8-2.2x. */
+enum { ZK_KB = 2, ZK_MIN_N = 12 };
+
+/* A strip's chunk, unpacked: per block bl, column quad q, row i the 4
+ * values of columns 4q .. 4q + 3 (w[bl][q] is one zmm); the sub-block
+ * scales by row (sc[bl][j], Q4_K / Q5_K j < 8); the correction's int16
+ * coefficient pairs for XB dword k (XB 2k, 2k + 1) by row; d and dmin (Q6_K:
+ * d only) as float32. Rows from nr on are zeros. */
+typedef struct {
+    __attribute__((aligned(64))) uint8_t w[ZK_KB][64][64];
+    __attribute__((aligned(64))) int32_t sc[ZK_KB][16][16];
+    __attribute__((aligned(64))) int32_t cp[ZK_KB][8][16];
+    __attribute__((aligned(64))) float d[ZK_KB][16];
+    __attribute__((aligned(64))) float dmin[ZK_KB][16];
+} zk_pack;
+
+/* Bits `from` .. of v's bytes moved to `to` .., masked: 16-bit shifts
+ * whose carries the mask drops (it keeps bits of the byte's own). */
+BLOCK512 __m256i zk_bits(__m256i v, int from, int to, int mask)
+{
+    const __m256i s = to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+    return _mm256_and_si256(s, _mm256_set1_epi8((char)mask));
+}
+
+/* The 64 stored values of columns 64g .. 64g + 63 of block blk (dt), as
+ * unsigned bytes in column order (clb_qk_value; Q6_K ref.c's layout). */
+BLOCK512 __m512i zk_unpack64(const unsigned dt, const uint8_t *blk, int g)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i lo, hi;
+    if (!ZB_AFFINE(dt)) {
+        /* half h = g / 2; segments s, s + 1 = 2 (g % 2), + 1: nibbles of
+         * ql[64h ..] and ql[64h + 32 ..] (low for s < 2), qh's bits 2s, 2s + 1 */
+        const int h = g / 2, s = 2 * (g % 2);
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h));
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q6_K_QH + 32 * h));
+        lo = _mm256_or_si256(zk_bits(a, 4 * (g % 2), 0, 15), zk_bits(qh, 2 * s, 4, 0x30));
+        hi = _mm256_or_si256(zk_bits(b, 4 * (g % 2), 0, 15), zk_bits(qh, 2 * s + 2, 4, 0x30));
+    } else {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + ZB_QS(dt) + 32 * g));
+        lo = _mm256_and_si256(v, m4);
+        hi = zk_bits(v, 4, 0, 15);
+        if (ZB_FIVE(dt)) { /* sub-blocks 2g, 2g + 1: bits 2g, 2g + 1 of qh[l] */
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q5_K_QH));
+            lo = _mm256_or_si256(lo, zk_bits(qh, 2 * g, 4, 0x10));
+            hi = _mm256_or_si256(hi, zk_bits(qh, 2 * g + 1, 4, 0x10));
+        }
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* 16 x 16 transpose of int32 elements: v[i] holds row i; afterwards v[q]
+ * holds element q of rows 0..15. */
+BLOCK512 void zk_transpose16(__m512i v[16])
+{
+    __m512i t[16];
+    UNROLL
+    for (int i = 0; i < 16; i += 2) { /* per 128-bit lane: e0 e0' e1 e1' | e2 e2' e3 e3' */
+        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    UNROLL
+    for (int i = 0; i < 16; i += 4) { /* v[i + k], lane L: element 4L + k of rows i .. i + 3 */
+        v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m512i a = _mm512_shuffle_i32x4(v[k], v[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i b = _mm512_shuffle_i32x4(v[k], v[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512i c = _mm512_shuffle_i32x4(v[8 + k], v[12 + k], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i d = _mm512_shuffle_i32x4(v[8 + k], v[12 + k], _MM_SHUFFLE(3, 1, 3, 1));
+        t[k] = _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0));      /* lane 0: elements k */
+        t[4 + k] = _mm512_shuffle_i32x4(b, d, _MM_SHUFFLE(2, 0, 2, 0));  /* 4 + k */
+        t[8 + k] = _mm512_shuffle_i32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1));  /* 8 + k */
+        t[12 + k] = _mm512_shuffle_i32x4(b, d, _MM_SHUFFLE(3, 1, 3, 1)); /* 12 + k */
+    }
+    UNROLL
+    for (int i = 0; i < 16; i++)
+        v[i] = t[i];
+}
+
+/* Element k (0..3) of each 128-bit lane of z[0..3] (16 rows: z[a]'s lane
+ * i is row 4a + i) -> lane r = row r's. */
+BLOCK512 __m512i zk_rows16(const __m512i z[4], int k)
+{
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),
+                                         _mm512_set1_epi32(k));
+    return _mm512_shuffle_i64x2(_mm512_permutex2var_epi32(z[0], idx, z[1]),
+                                _mm512_permutex2var_epi32(z[2], idx, z[3]), _MM_SHUFFLE(1, 0, 1, 0));
+}
+
+/* Byte k (0..3) of each int32 lane, zero- (sign = 0) or sign-extended. */
+BLOCK512 __m512i zk_byte(__m512i v, int k, int sign)
+{
+    const __m512i up = _mm512_slli_epi32(v, 24 - 8 * k);
+    return sign ? _mm512_srai_epi32(up, 24) : _mm512_srli_epi32(up, 24);
+}
+
+/* A block of zeros for the rows of a strip past nr: values, scales and d
+ * all 0, so those lanes compute zeros (and are never stored). */
+static const uint8_t zk_zero_block[CLB_Q6_K_BYTES];
+
+/* p's block bl <- block b of rows r0 .. r0 + nr (rows of row_bytes): the
+ * values by zk_unpack64 and zk_transpose16, the scales decoded 4 rows a
+ * vector (q4k_scm4; Q6_K's 16 bytes as they are) and turned into 16-row
+ * vectors by zk_rows16, d and dmin by zb_d_dmin. Loops, not unrolled, and
+ * the type a value: one copy for the three types (unrolled per type it
+ * was 27 KiB of code, for a part of the time that is small from 8 tokens
+ * on). */
+static __attribute__((noinline)) TGT512 void zk_pack_block(const unsigned dt, zk_pack *p, uint32_t bl,
+                                                           const uint8_t *W, size_t row_bytes,
+                                                           uint32_t r0, uint32_t nr, uint32_t b)
+{
+    const uint8_t *blk[16];
+    for (uint32_t i = 0; i < 16; i++)
+        blk[i] = i < nr ? W + (size_t)(r0 + i) * row_bytes + (size_t)b * ZB_BYTES(dt) : zk_zero_block;
+    for (int g = 0; g < 4; g++) {
+        __m512i v[16];
+        if (dt == COLIBRI_DTYPE_Q4_K) /* the type's branch outside the row loops */
+            for (uint32_t i = 0; i < 16; i++)
+                v[i] = zk_unpack64(COLIBRI_DTYPE_Q4_K, blk[i], g);
+        else if (dt == COLIBRI_DTYPE_Q5_K)
+            for (uint32_t i = 0; i < 16; i++)
+                v[i] = zk_unpack64(COLIBRI_DTYPE_Q5_K, blk[i], g);
+        else
+            for (uint32_t i = 0; i < 16; i++)
+                v[i] = zk_unpack64(COLIBRI_DTYPE_Q6_K, blk[i], g);
+        zk_transpose16(v);
+        for (int q = 0; q < 16; q++)
+            _mm512_store_si512((void *)p->w[bl][16 * g + q], v[q]);
+    }
+    __m512i z[4];
+    for (int a = 0; a < 4; a++) /* Q4_K / Q5_K: [sc0..7 | m0..7] a row; Q6_K: sc[16] */
+        z[a] = ZB_AFFINE(dt) ? q4k_scm4(blk + 4 * a, 0) : rows4_16(blk + 4 * a, CLB_Q6_K_SC);
+    __m512i v[4];
+    UNROLL
+    for (int k = 0; k < 4; k++)
+        v[k] = zk_rows16(z, k); /* lane r: row r's bytes 4k .. 4k + 3 */
+    if (ZB_AFFINE(dt)) {
+        for (int j = 0; j < 8; j++) {
+            _mm512_store_si512((void *)p->sc[bl][j], zk_byte(v[j / 4], j % 4, 0));
+            /* XB 2j, 2j + 1 (sub-block j) both by m_j */
+            _mm512_store_si512((void *)p->cp[bl][j], _mm512_mullo_epi32(zk_byte(v[2 + j / 4], j % 4, 0),
+                                                                        _mm512_set1_epi32(0x10001)));
+        }
+    } else {
+        for (int j = 0; j < 16; j++)
+            _mm512_store_si512((void *)p->sc[bl][j], zk_byte(v[j / 4], j % 4, 1));
+        for (int k = 0; k < 8; k++) /* (sc 2k, sc 2k + 1) as int16 */
+            _mm512_store_si512((void *)p->cp[bl][k], _mm512_or_si512(
+                _mm512_and_si512(zk_byte(v[k / 2], 2 * (k % 2), 1), _mm512_set1_epi32(0xFFFF)),
+                _mm512_slli_epi32(zk_byte(v[k / 2], 2 * (k % 2) + 1, 1), 16)));
+    }
+    /* [d rows 0-7 | dmin or d] and the same for rows 8-15 */
+    const __m512 lo = ZB_AFFINE(dt) ? zb_d_dmin(COLIBRI_DTYPE_Q4_K, blk, 0) : zb_d_dmin(COLIBRI_DTYPE_Q6_K, blk, 0);
+    const __m512 hi = ZB_AFFINE(dt) ? zb_d_dmin(COLIBRI_DTYPE_Q4_K, blk + 8, 0)
+                                    : zb_d_dmin(COLIBRI_DTYPE_Q6_K, blk + 8, 0);
+    _mm512_store_ps(p->d[bl], _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)));
+    _mm512_store_ps(p->dmin[bl], _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* Y[t0 + t, r0 .. r0 + nr) for T tokens over the chunk's nbc blocks from
+ * block b0, added to Y's running sum when b0 > 0 (see above). */
+BLOCK512 void zk_micro_t(const int T, const unsigned dt, float *Y, const zk_pack *p, uint32_t nbc,
+                         const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t rows,
+                         uint32_t nb, uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
+{
+    const __mmask16 m = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    const uint32_t subs = ZB_AFFINE(dt) ? 8u : 16u, quads = 64u / subs;
+    const size_t xq_stride = (size_t)nb * CLB_QK_COLS, xb_stride = (size_t)nb * 16;
+    __m512 facc[8];
+    UNROLL
+    for (int t = 0; t < T; t++)
+        facc[t] = b0 == 0 ? _mm512_setzero_ps()
+                          : _mm512_maskz_loadu_ps(m, Y + (size_t)(t0 + (uint32_t)t) * rows + r0);
+    for (uint32_t bl = 0; bl < nbc; bl++) {
+        const uint32_t b = b0 + bl;
+        const int8_t *x = XQ + (size_t)t0 * xq_stride + (size_t)b * CLB_QK_COLS;
+        const int16_t *xb = XB + (size_t)t0 * xb_stride + (size_t)b * 16;
+        __m512i isum[8], corr[8];
+        UNROLL
+        for (int t = 0; t < T; t++)
+            isum[t] = corr[t] = _mm512_setzero_si512();
+        for (uint32_t j = 0; j < subs; j++) {
+            __m512i dot[8];
+            UNROLL
+            for (int t = 0; t < T; t++)
+                dot[t] = _mm512_setzero_si512();
+            for (uint32_t q = j * quads; q < (j + 1) * quads; q += 4)
+                UNROLL
+                for (uint32_t u = 0; u < 4; u++) {
+                    const __m512i w = _mm512_load_si512((const void *)p->w[bl][q + u]);
+                    UNROLL
+                    for (int t = 0; t < T; t++) {
+                        int32_t quad;
+                        memcpy(&quad, x + (size_t)t * xq_stride + 4 * (q + u), 4);
+                        dot[t] = _mm512_dpbusd_epi32(dot[t], w, _mm512_set1_epi32(quad));
+                    }
+                }
+            const __m512i sc = _mm512_load_si512((const void *)p->sc[bl][j]);
+            UNROLL
+            for (int t = 0; t < T; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot[t], sc));
+        }
+        for (int k = 0; k < 8; k++) {
+            const __m512i c = _mm512_load_si512((const void *)p->cp[bl][k]);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                int32_t pair;
+                memcpy(&pair, xb + (size_t)t * xb_stride + 2 * k, 4);
+                corr[t] = _mm512_dpwssd_epi32(corr[t], c, _mm512_set1_epi32(pair));
+            }
+        }
+        const __m512 d = _mm512_load_ps(p->d[bl]), dmin = _mm512_load_ps(p->dmin[bl]);
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m512 xs = _mm512_set1_ps(XS[(size_t)(t0 + (uint32_t)t) * nb + b]);
+            __m512 f;
+            if (ZB_AFFINE(dt))
+                f = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[t])),
+                                  _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(corr[t])));
+            else
+                f = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr[t], 5))));
+            facc[t] = _mm512_add_ps(facc[t], _mm512_mul_ps(xs, f));
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++)
+        _mm512_mask_storeu_ps(Y + (size_t)(t0 + (uint32_t)t) * rows + r0, m, facc[t]);
+}
+
+/* One instance per tile width, the type a value (one copy of the loop for
+ * all three: avx512.o's size). */
+static __attribute__((noinline)) TGT512 void zk_micro8(const unsigned dt, float *Y, const zk_pack *p,
+                                                       uint32_t nbc, const int8_t *XQ, const float *XS,
+                                                       const int16_t *XB, uint32_t rows, uint32_t nb,
+                                                       uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
+{
+    zk_micro_t(8, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+}
+
+static __attribute__((noinline)) TGT512 void zk_micro4(const unsigned dt, float *Y, const zk_pack *p,
+                                                       uint32_t nbc, const int8_t *XQ, const float *XS,
+                                                       const int16_t *XB, uint32_t rows, uint32_t nb,
+                                                       uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
+{
+    zk_micro_t(4, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+}
+
+static __attribute__((noinline)) TGT512 void zk_micro1(const unsigned dt, float *Y, const zk_pack *p,
+                                                       uint32_t nbc, const int8_t *XQ, const float *XS,
+                                                       const int16_t *XB, uint32_t rows, uint32_t nb,
+                                                       uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
+{
+    zk_micro_t(1, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+}
+
+/* ZK_PF_CHUNKS: how many chunks ahead the weights are requested into L2.
+ * One was too few for few tokens: at 8 tokens a chunk's work is shorter
+ * than its 16 rows' bytes take to arrive, and the unpack's loads waited
+ * (perf: half of zk_pack_block's samples on its first loads). */
+enum { ZK_PF_CHUNKS = 2 };
+
+/* Chunk ci's bytes (strip ci / chunks a strip, its blocks from ZK_KB *
+ * (ci % chunks)) into L2; nothing past the last. */
+static TGT512 void zk_prefetch_chunk(const unsigned dt, const uint8_t *W, uint32_t rows, uint32_t nb,
+                                     uint32_t ci)
+{
+    const uint32_t chunks = (nb + ZK_KB - 1) / ZK_KB, r0 = ci / chunks * 16, b0 = ci % chunks * ZK_KB;
+    if (r0 >= rows)
+        return;
+    const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16, bytes = ZB_BYTES(dt);
+    const size_t row_bytes = (size_t)nb * bytes, len = (size_t)(nb - b0 < ZK_KB ? nb - b0 : ZK_KB) * bytes;
+    for (uint32_t i = 0; i < nr; i++) {
+        const uint8_t *row = W + (size_t)(r0 + i) * row_bytes + (size_t)b0 * bytes;
+        for (size_t c = 0; c < len; c += 64)
+            _mm_prefetch((const char *)(row + c), _MM_HINT_T1);
+    }
+}
+
+/* Y[n, rows] for block dtype dt: strips of 16 rows, chunks of ZK_KB
+ * blocks unpacked once (zk_pack_block), tokens 8, then 4, then 1 at a
+ * time over each; the bytes ZK_PF_CHUNKS chunks on requested into L2
+ * meanwhile (as the int8 GEMM's i8g_prefetch_next, one chunk on). */
+static __attribute__((noinline)) TGT512 void zk_gemm(const unsigned dt, float *Y, const uint8_t *W,
+                                                     const int8_t *XQ, const float *XS,
+                                                     const int16_t *XB, uint32_t n, uint32_t rows,
+                                                     uint32_t cols)
+{
+    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS, bytes = ZB_BYTES(dt);
+    const size_t row_bytes = (size_t)nb * bytes;
+    zk_pack p;
+    for (uint32_t ci = 0; ci < ZK_PF_CHUNKS; ci++)
+        zk_prefetch_chunk(dt, W, rows, nb, ci);
+    for (uint32_t r0 = 0, ci = 0; r0 < rows; r0 += 16) {
+        const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (uint32_t b0 = 0; b0 < nb; b0 += ZK_KB, ci++) {
+            const uint32_t nbc = nb - b0 < ZK_KB ? nb - b0 : ZK_KB;
+            for (uint32_t bl = 0; bl < nbc; bl++)
+                zk_pack_block(dt, &p, bl, W, row_bytes, r0, nr, b0 + bl);
+            zk_prefetch_chunk(dt, W, rows, nb, ci + ZK_PF_CHUNKS);
+            uint32_t t = 0;
+            for (; t + 8 <= n; t += 8)
+                zk_micro8(dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
+            for (; t + 4 <= n; t += 4)
+                zk_micro4(dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
+            for (; t < n; t++)
+                zk_micro1(dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
+        }
+    }
+}
+
 /* Tokens a call of the rows past the last whole strip hands avx2.c at a
  * time (its outputs go through a stack buffer: avx2.c's Y has their
  * count as its row stride). */
 enum { ZB_TAIL_T = 64 };
 
-/* Y[n, rows] for Q4_K, Q5_K or Q6_K: whole strips of 8 rows here (decode
- * and prefill forms; Q5_K prefill only: its decode, of a GGUF import or the
- * 4-bit mix's LM head, reads memory as fast in avx2.c's one form), the last
- * rows % 8 by avx2.c's form. */
+/* Y[n, rows] for Q4_K, Q5_K or Q6_K: from ZK_MIN_N tokens the GEMM (all
+ * rows); below, whole strips of 8 rows here (decode and prefill forms;
+ * Q5_K prefill only: its decode, of a GGUF import or the 4-bit mix's LM
+ * head, reads memory as fast in avx2.c's one form), the last rows % 8 by
+ * avx2.c's form. */
 BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                         const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
                         uint32_t cols)
 {
+    if (n >= ZK_MIN_N) {
+        zk_gemm(dt, Y, W, XQ, XS, XB, n, rows, cols);
+        return;
+    }
     const uint32_t bytes = ZB_BYTES(dt);
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
     const uint32_t done = n > 1 ? zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols)
