@@ -1549,28 +1549,24 @@ static const uint8_t zk_zero_block[CLB_Q6_K_BYTES];
 /* p's block bl <- block b of rows r0 .. r0 + nr (rows of row_bytes): the
  * values by zk_unpack64 and zk_transpose16, the scales decoded 4 rows a
  * vector (q4k_scm4; Q6_K's 16 bytes as they are) and turned into 16-row
- * vectors by zk_rows16, d and dmin by zb_d_dmin. Loops, not unrolled, and
- * the type a value: one copy for the three types (unrolled per type it
- * was 27 KiB of code, for a part of the time that is small from 8 tokens
- * on). */
-static __attribute__((noinline)) TGT512 void zk_pack_block(const unsigned dt, zk_pack *p, uint32_t bl,
-                                                           const uint8_t *W, size_t row_bytes,
-                                                           uint32_t r0, uint32_t nr, uint32_t b)
+ * vectors by zk_rows16, d and dmin by zb_d_dmin. One instance a type
+ * (zk_pack_block), its 16 rows' unpack unrolled (their loads in flight
+ * together) and the four 64-column groups a loop. Prefill 128 of the
+ * Q5_K_M import, one thread: 562-578 tokens/s with one copy for the three
+ * types and rolled loops (4.2 KiB), 613-646 so (10.6 KiB), 629-633 with
+ * the groups unrolled too (26 KiB). */
+BLOCK512 void zk_pack_body(const unsigned dt, zk_pack *p, uint32_t bl, const uint8_t *W,
+                           size_t row_bytes, uint32_t r0, uint32_t nr, uint32_t b)
 {
     const uint8_t *blk[16];
     for (uint32_t i = 0; i < 16; i++)
         blk[i] = i < nr ? W + (size_t)(r0 + i) * row_bytes + (size_t)b * ZB_BYTES(dt) : zk_zero_block;
+    _Pragma("GCC unroll 1")
     for (int g = 0; g < 4; g++) {
         __m512i v[16];
-        if (dt == COLIBRI_DTYPE_Q4_K) /* the type's branch outside the row loops */
-            for (uint32_t i = 0; i < 16; i++)
-                v[i] = zk_unpack64(COLIBRI_DTYPE_Q4_K, blk[i], g);
-        else if (dt == COLIBRI_DTYPE_Q5_K)
-            for (uint32_t i = 0; i < 16; i++)
-                v[i] = zk_unpack64(COLIBRI_DTYPE_Q5_K, blk[i], g);
-        else
-            for (uint32_t i = 0; i < 16; i++)
-                v[i] = zk_unpack64(COLIBRI_DTYPE_Q6_K, blk[i], g);
+        UNROLL
+        for (uint32_t i = 0; i < 16; i++)
+            v[i] = zk_unpack64(dt, blk[i], g);
         zk_transpose16(v);
         for (int q = 0; q < 16; q++)
             _mm512_store_si512((void *)p->w[bl][16 * g + q], v[q]);
@@ -1603,6 +1599,18 @@ static __attribute__((noinline)) TGT512 void zk_pack_block(const unsigned dt, zk
                                     : zb_d_dmin(COLIBRI_DTYPE_Q6_K, blk + 8, 0);
     _mm512_store_ps(p->d[bl], _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)));
     _mm512_store_ps(p->dmin[bl], _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+static __attribute__((noinline)) TGT512 void zk_pack_block(const unsigned dt, zk_pack *p, uint32_t bl,
+                                                           const uint8_t *W, size_t row_bytes,
+                                                           uint32_t r0, uint32_t nr, uint32_t b)
+{
+    if (dt == COLIBRI_DTYPE_Q4_K)
+        zk_pack_body(COLIBRI_DTYPE_Q4_K, p, bl, W, row_bytes, r0, nr, b);
+    else if (dt == COLIBRI_DTYPE_Q5_K)
+        zk_pack_body(COLIBRI_DTYPE_Q5_K, p, bl, W, row_bytes, r0, nr, b);
+    else
+        zk_pack_body(COLIBRI_DTYPE_Q6_K, p, bl, W, row_bytes, r0, nr, b);
 }
 
 /* Y[t0 + t, r0 .. r0 + nr) for T tokens over the chunk's nbc blocks from
