@@ -41,8 +41,8 @@
  *   own (zk_gemm, "Block types, GEMM form"): 16 rows x 2 blocks unpacked
  *   once into the int8 GEMM's column-quad layout, then every token over
  *   them, one vpdpbusd a token and quad: 128 x 2816 x 1024 on a Xeon Q4_K
- *   3.6 -> 1.8 ms, Q5_K 4.3 -> 1.9, Q6_K 3.8 -> 2.1 against the tiles
- *   (FINDINGS.md 25); the tiles keep 2 to 11 tokens.
+ *   3.8 -> 1.9-2.0 ms, Q5_K 4.4-4.7 -> 2.0-2.1, Q6_K 4.0-4.1 -> 2.3-2.5
+ *   against the tiles (FINDINGS.md 25); the tiles keep 2 to 11 tokens.
  * - the int8 GEMM's micro-kernel (prefill of int8, and of Q4_0 / Q5_0 from
  *   16 tokens): avx2.c's GEMM driver (x86_gemm.h: packing, chunks,
  *   prefetch) with zg_micro, whose zmm holds a column quad of all 16 rows,
@@ -50,9 +50,9 @@
  *   128 x 2816 x 1024 on a Xeon, int8 2.99-3.02 -> 2.62-2.77 ms, Q4_0
  *   3.35-3.36 -> 2.82-2.86 (FINDINGS.md 24).
  * Everything else (float matmuls, quantisation, int16, Q4_0 and Q5_0 below
- * 16 tokens, Q5_K decode, the block types' rows past the last strip of 8
- * below ZK_MIN_N tokens)
- * is avx2.c's EVEX-VNNI table, called through its pointers:
+ * 16 tokens, Q5_K decode, and below ZK_MIN_N tokens the K types' rows past
+ * the last strip of 8) is avx2.c's EVEX-VNNI table, called through its
+ * pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
  * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
  * float and int8 prefill forms already lead llama.cpp, and with float
@@ -1436,11 +1436,10 @@ static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
 
 /* ZK_KB: blocks a chunk (their packed weights 8 KiB, as the int8 GEMM's).
  * ZK_MIN_N: tokens from which the GEMM runs. test_kernels --bench, n x
- * 2816 x 1024 from memory, on a Xeon, ms, tiles -> GEMM: at 8 tokens Q4_K
- * 0.23-0.26 -> 0.23-0.24, Q5_K 0.27-0.29 -> 0.27-0.29, Q6_K 0.25-0.26 ->
- * 0.25-0.31; at 12 Q4_K 0.34-0.38 -> 0.30-0.31, Q5_K 0.40-0.44 ->
- * 0.35-0.37, Q6_K 0.36-0.40 -> 0.37-0.40; at 32 1.5-1.9x, at 128
- * 1.8-2.2x. */
+ * 2816 x 1024 from memory, on a Xeon, ms, tiles -> GEMM: at 8 tokens level
+ * (Q6_K 0.25-0.26 -> 0.25-0.31); at 12 Q4_K 0.35-0.38 -> 0.28-0.30, Q5_K
+ * 0.44-0.45 -> 0.31-0.34, Q6_K 0.39-0.41 -> 0.36-0.39; at 32 1.2-2.0x, at
+ * 128 1.6-2.3x (FINDINGS.md 25). */
 enum { ZK_KB = 2, ZK_MIN_N = 12 };
 
 /* A strip's chunk, unpacked: per block bl, column quad q, row i the 4
