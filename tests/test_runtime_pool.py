@@ -16,8 +16,10 @@ import pytest
 from test_runtime_support import c_build  # noqa: F401
 
 # tiny q4: its narrow rows are Q5_0, whose products for a 16-token chunk
-# run in the int8 GEMM (avx2.c i8g_src), as the int8 model's do.
-MODELS = [("awkward", "f32"), ("wide", "int8"), ("tiny", "q4")]
+# run in the int8 GEMM (avx2.c i8g_src), as the int8 model's do; k256 q4:
+# its Q4_K / Q6_K rows of 256 columns run avx512.c's K GEMM (zk_gemm) from
+# 12 tokens where the CPU has AVX-512 VNNI.
+MODELS = [("awkward", "f32"), ("wide", "int8"), ("tiny", "q4"), ("k256", "q4")]
 
 
 def run_pool(build, model, max_threads=8, timeout=900):
