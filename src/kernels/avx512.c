@@ -1542,7 +1542,8 @@ BLOCK512 __m512i zk_byte(__m512i v, int k, int sign)
 }
 
 /* A block of zeros for the rows of a strip past nr: values, scales and d
- * all 0, so those lanes compute zeros (and are never stored). */
+ * all 0, so those lanes compute zeros (and are never stored). The largest
+ * K block's size, so every type's loads stay inside it. */
 static const uint8_t zk_zero_block[CLB_Q6_K_BYTES];
 
 /* p's block bl <- block b of rows r0 .. r0 + nr (rows of row_bytes): the
@@ -1593,9 +1594,7 @@ BLOCK512 void zk_pack_body(const unsigned dt, zk_pack *p, uint32_t bl, const uin
                 _mm512_slli_epi32(zk_byte(v[k / 2], 2 * (k % 2) + 1, 1), 16)));
     }
     /* [d rows 0-7 | dmin or d] and the same for rows 8-15 */
-    const __m512 lo = ZB_AFFINE(dt) ? zb_d_dmin(COLIBRI_DTYPE_Q4_K, blk, 0) : zb_d_dmin(COLIBRI_DTYPE_Q6_K, blk, 0);
-    const __m512 hi = ZB_AFFINE(dt) ? zb_d_dmin(COLIBRI_DTYPE_Q4_K, blk + 8, 0)
-                                    : zb_d_dmin(COLIBRI_DTYPE_Q6_K, blk + 8, 0);
+    const __m512 lo = zb_d_dmin(dt, blk, 0), hi = zb_d_dmin(dt, blk + 8, 0);
     _mm512_store_ps(p->d[bl], _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)));
     _mm512_store_ps(p->dmin[bl], _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 2, 3, 2)));
 }
@@ -1682,36 +1681,26 @@ BLOCK512 void zk_micro_t(const int T, const unsigned dt, float *Y, const zk_pack
         _mm512_mask_storeu_ps(Y + (size_t)(t0 + (uint32_t)t) * rows + r0, m, facc[t]);
 }
 
-/* One instance per tile width, the type a value (one copy of the loop for
- * all three: avx512.o's size). */
-static __attribute__((noinline)) TGT512 void zk_micro8(const unsigned dt, float *Y, const zk_pack *p,
-                                                       uint32_t nbc, const int8_t *XQ, const float *XS,
-                                                       const int16_t *XB, uint32_t rows, uint32_t nb,
-                                                       uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
+/* zk_micro_t for T = 8, 4 or 1 tokens, the type a value (one copy of the
+ * loop for the three types: avx512.o's size). */
+static __attribute__((noinline)) TGT512 void zk_micro(int T, const unsigned dt, float *Y, const zk_pack *p,
+                                                      uint32_t nbc, const int8_t *XQ, const float *XS,
+                                                      const int16_t *XB, uint32_t rows, uint32_t nb,
+                                                      uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
 {
-    zk_micro_t(8, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
-}
-
-static __attribute__((noinline)) TGT512 void zk_micro4(const unsigned dt, float *Y, const zk_pack *p,
-                                                       uint32_t nbc, const int8_t *XQ, const float *XS,
-                                                       const int16_t *XB, uint32_t rows, uint32_t nb,
-                                                       uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
-{
-    zk_micro_t(4, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
-}
-
-static __attribute__((noinline)) TGT512 void zk_micro1(const unsigned dt, float *Y, const zk_pack *p,
-                                                       uint32_t nbc, const int8_t *XQ, const float *XS,
-                                                       const int16_t *XB, uint32_t rows, uint32_t nb,
-                                                       uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
-{
-    zk_micro_t(1, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+    if (T == 8)
+        zk_micro_t(8, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+    else if (T == 4)
+        zk_micro_t(4, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+    else
+        zk_micro_t(1, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
 }
 
 /* ZK_PF_CHUNKS: how many chunks ahead the weights are requested into L2.
- * One was too few for few tokens: at 8 tokens a chunk's work is shorter
- * than its 16 rows' bytes take to arrive, and the unpack's loads waited
- * (perf: half of zk_pack_block's samples on its first loads). */
+ * At few tokens a chunk's work is short next to its 16 rows' bytes
+ * arriving, so two, not the int8 GEMM's one; end to end (Q5_K_M import,
+ * prefill 128) one, two and four chunks, and L1 instead of L2, measured
+ * the same within the host's noise (FINDINGS.md 25). */
 enum { ZK_PF_CHUNKS = 2 };
 
 /* Chunk ci's bytes (strip ci / chunks a strip, its blocks from ZK_KB *
@@ -1752,13 +1741,10 @@ static __attribute__((noinline)) TGT512 void zk_gemm(const unsigned dt, float *Y
             for (uint32_t bl = 0; bl < nbc; bl++)
                 zk_pack_block(dt, &p, bl, W, row_bytes, r0, nr, b0 + bl);
             zk_prefetch_chunk(dt, W, rows, nb, ci + ZK_PF_CHUNKS);
-            uint32_t t = 0;
-            for (; t + 8 <= n; t += 8)
-                zk_micro8(dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
-            for (; t + 4 <= n; t += 4)
-                zk_micro4(dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
-            for (; t < n; t++)
-                zk_micro1(dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
+            for (uint32_t t = 0, T; t < n; t += T) {
+                T = n - t >= 8 ? 8u : n - t >= 4 ? 4u : 1u;
+                zk_micro((int)T, dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
+            }
         }
     }
 }
