@@ -104,9 +104,11 @@ static void route(const clb_plan *p, const clb_layer *layer, const float *X,
 }
 
 /* h1 = silu(h1) * h3 over [n, inter], in parallel blocks of
- * CLB_TILE_ELEMS elements (element-wise: any split gives the same bits). */
+ * CLB_TILE_ELEMS elements (element-wise, and every kernel table's silu_mul
+ * has ref's bits: any split and any table give the same result). */
 #define CLB_TILE_ELEMS 1024u
 typedef struct silu_job {
+    const colibri_kernels *k;
     float *h1;
     const float *h3;
     size_t len;
@@ -118,10 +120,7 @@ static void silu_tile(void *ctx, uint32_t tile, uint32_t worker)
     const silu_job *j = (const silu_job *)ctx;
     size_t a = (size_t)tile * CLB_TILE_ELEMS;
     size_t b = j->len - a < CLB_TILE_ELEMS ? j->len : a + CLB_TILE_ELEMS;
-    for (size_t i = a; i < b; i++) {
-        float g = j->h1[i];
-        j->h1[i] = g / (1.0f + expf(-g)) * j->h3[i];
-    }
+    j->k->silu_mul(j->h1 + a, j->h3 + a, b - a);
 }
 
 void clb_swiglu(const clb_plan *p, const clb_expert *ex, const float *X,
@@ -129,7 +128,7 @@ void clb_swiglu(const clb_plan *p, const clb_expert *ex, const float *X,
 {
     uint32_t inter = ex->w1.rows; /* routed, shared or dense width */
     clb_linear2(p, &ex->w1, &ex->w3, X, n, p->h1, p->h3, what13);
-    silu_job j = { p->h1, p->h3, (size_t)n * inter };
+    silu_job j = { p->k, p->h1, p->h3, (size_t)n * inter };
     clb_parallel(clb_team_of(p), (uint32_t)((j.len + CLB_TILE_ELEMS - 1) / CLB_TILE_ELEMS),
                  silu_tile, &j);
     clb_linear(p, &ex->w2, p->h1, n, Y, what2);

@@ -2026,9 +2026,9 @@ BLOCK __m256 ya_lanes(uint32_t bits)
         _mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel));
 }
 
-/* clb_att_exp for 8 lanes: the same operations (kernels.h; -n * c + x
+/* clb_exp_neg for 8 lanes: the same operations (kernels.h; -n * c + x
  * is fma(-n, c, x): the negation is exact). */
-BLOCK __m256 att_exp8(__m256 x)
+BLOCK __m256 exp_neg8(__m256 x)
 {
     const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(CLB_EXP_MIN), _CMP_GE_OQ);
     const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
@@ -2225,7 +2225,7 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
             continue;
         mn[j] = clb_att_new_max(t->m[j], ya_max16(sj[j], kj[j]), t->any[j], dm + j);
     }
-    _mm256_storeu_ps(ex, att_exp8(_mm256_loadu_ps(dm)));
+    _mm256_storeu_ps(ex, exp_neg8(_mm256_loadu_ps(dm)));
     for (int j = 0; j < T; j++) {
         alpha[j] = 1.0f;
         if (!kj[j])
@@ -2236,9 +2236,9 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
          * both written) */
         const __m256 mv = _mm256_set1_ps(mn[j]);
         const __m256 p0 = _mm256_and_ps(ya_lanes(kj[j]),
-                                        att_exp8(_mm256_sub_ps(_mm256_loadu_ps(s), mv)));
+                                        exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s), mv)));
         const __m256 p1 = _mm256_and_ps(ya_lanes(kj[j] >> 8),
-                                        att_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + 8), mv)));
+                                        exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + 8), mv)));
         /* the weight of v_i: p_i (int8: p_i * vs_i, ref's product) */
         _mm256_storeu_ps(w[j], a->K ? p0 : _mm256_mul_ps(p0, _mm256_loadu_ps(vs)));
         _mm256_storeu_ps(w[j] + 8, a->K ? p1 : _mm256_mul_ps(p1, _mm256_loadu_ps(vs + 8)));
@@ -2391,6 +2391,23 @@ TGT static void avx2_attend(float *out, const clb_att_args *a)
     ya_run_width(1, &t, 1, a);
 }
 
+/* silu_mul: clb_silu lane by lane (kernels.h): -|v| by the sign bit, the
+ * select by v >= 0 (false for NaN, as in C). The last len % 8 through ref,
+ * whose clb_fmaf gives the fused results these lanes do. */
+TGT static void avx2_silu_mul(float *h, const float *g, size_t len)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const __m256 v = _mm256_loadu_ps(h + i);
+        const __m256 e = exp_neg8(_mm256_or_ps(v, sign));
+        const __m256 pos = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GE_OQ);
+        const __m256 s = _mm256_div_ps(_mm256_blendv_ps(e, one, pos), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_mul_ps(v, s), _mm256_loadu_ps(g + i)));
+    }
+    clb_ref_silu_mul(h + i, g + i, len - i);
+}
+
 /* ------------------------------------------------------------------------ */
 
 static const colibri_kernels avx2_kernels = {
@@ -2407,6 +2424,7 @@ static const colibri_kernels avx2_kernels = {
     avx2_matmul_q5_k,
     avx2_attend,
     avx2_attend_rows,
+    avx2_silu_mul,
 };
 
 /* The same with vpdpbusd for the int8 dot products ("avx2-vnni"): VEX
@@ -2431,6 +2449,7 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_matmul_q5_k,
     avx2_attend,
     avx2_attend_rows,
+    avx2_silu_mul,
 };
 
 static const colibri_kernels avx2_evex_vnni_kernels = {
@@ -2447,6 +2466,7 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_matmul_q5_k,
     avx2_attend,
     avx2_attend_rows,
+    avx2_silu_mul,
 };
 
 /* F16C (the blocks' fp16 scales): CPUID leaf 1, ECX bit 29. Every AVX2 CPU

@@ -396,9 +396,9 @@ BLOCK512 __mmask16 lanes16(uint32_t k)
     return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1u);
 }
 
-/* clb_att_exp for 16 lanes: the same operations (kernels.h; -n * c + x
+/* clb_exp_neg for 16 lanes: the same operations (kernels.h; -n * c + x
  * is fma(-n, c, x): the negation is exact). */
-BLOCK512 __m512 att_exp16(__m512 x)
+BLOCK512 __m512 exp_neg16(__m512 x)
 {
     const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(CLB_EXP_MIN), _CMP_GE_OQ);
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
@@ -564,14 +564,14 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
         mn[j] = clb_att_new_max(t->m[j], _mm512_mask_reduce_max_ps((__mmask16)kj[j], sv[j]),
                                 t->any[j], dm + j);
     }
-    _mm512_storeu_ps(ex, att_exp16(_mm512_loadu_ps(dm)));
+    _mm512_storeu_ps(ex, exp_neg16(_mm512_loadu_ps(dm)));
     for (int j = 0; j < T; j++) {
         alpha[j] = 1.0f;
         if (!kj[j])
             continue;
         alpha[j] = t->any[j] ? ex[j] : 0.0f;
         const __m512 pv = _mm512_maskz_mov_ps((__mmask16)kj[j],
-            att_exp16(_mm512_sub_ps(sv[j], _mm512_set1_ps(mn[j]))));
+            exp_neg16(_mm512_sub_ps(sv[j], _mm512_set1_ps(mn[j]))));
         t->l[j] = t->l[j] * alpha[j] + hsum16(pv);
         /* the weight of v_i: p_i (int8: p_i * vs_i, ref's product) */
         _mm512_storeu_ps(w[j], a->K ? pv : _mm512_mul_ps(pv, vs));
@@ -700,6 +700,22 @@ TGT512 static void z_attend(float *out, const clb_att_args *a)
     t.o[0] = out;
     t.n[0] = a->n;
     za_run_width(1, &t, 1, a);
+}
+
+/* silu_mul: clb_silu lane by lane (kernels.h), as avx2.c's; the last
+ * len % 16 in masked lanes (lanes past len compute on zeros, unstored). */
+TGT512 static void z_silu_mul(float *h, const float *g, size_t len)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f), one = _mm512_set1_ps(1.0f);
+    for (size_t i = 0; i < len; i += 16) {
+        const __mmask16 m = lanes16(len - i < 16 ? (uint32_t)(len - i) : 16u);
+        const __m512 v = _mm512_maskz_loadu_ps(m, h + i);
+        const __m512 e = exp_neg16(_mm512_or_ps(v, sign));
+        const __mmask16 pos = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ);
+        const __m512 s = _mm512_div_ps(_mm512_mask_mov_ps(e, pos, one), _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(h + i, m,
+                              _mm512_mul_ps(_mm512_mul_ps(v, s), _mm512_maskz_loadu_ps(m, g + i)));
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1831,6 +1847,7 @@ static const colibri_kernels avx512_vnni_kernels = {
     z_matmul_q5_k,
     z_attend,
     z_attend_rows,
+    z_silu_mul,
 };
 
 const colibri_kernels *colibri_kernels_avx512(void)

@@ -248,6 +248,10 @@ typedef struct colibri_kernels {
      * share the work of several queries (a block of keys loaded once for
      * all of them) without changing a result. */
     void (*attend_rows)(const clb_att_rows *r, const clb_att_args *a);
+
+    /* SwiGLU's middle: h[i] = silu(h[i]) * g[i] for i in [0, len), with
+     * clb_silu's operations (below); every table bit-identical to ref. */
+    void (*silu_mul)(float *h, const float *g, size_t len);
 } colibri_kernels;
 
 /* ref.c's block kernels, named so that a table without its own form of
@@ -273,11 +277,13 @@ void clb_ref_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ,
 
 void clb_ref_attend(float *out, const clb_att_args *a);
 void clb_ref_attend_rows(const clb_att_rows *r, const clb_att_args *a);
+void clb_ref_silu_mul(float *h, const float *g, size_t len);
 
-/* The AArch64 NEON tables' attend and attend_rows (neon_attend.c; defined
- * only on AArch64 with COLIBRI_USE_NEON): ref's bits. */
+/* The AArch64 NEON tables' attend, attend_rows and silu_mul (neon_attend.c;
+ * defined only on AArch64 with COLIBRI_USE_NEON): ref's bits. */
 void clb_neon_attend(float *out, const clb_att_args *a);
 void clb_neon_attend_rows(const clb_att_rows *r, const clb_att_args *a);
+void clb_neon_silu_mul(float *h, const float *g, size_t len);
 
 /* a * b + c rounded once (IEEE 754 fusedMultiplyAdd, C's fmaf): the
  * attention's multiply-adds, so a form can use the CPU's FMA instruction
@@ -312,7 +318,7 @@ static inline float clb_fmaf(float a, float b, float c)
 }
 #endif
 
-/* The attention's exp: exp(x) for x <= 0 in float operations and fused
+/* The attention's and SiLU's exp: exp(x) for x <= 0 in float operations and fused
  * multiply-adds (Cody-Waite reduction by ln 2, a degree-6 polynomial by
  * Horner's rule, 2^n by the exponent bits), so SIMD forms can repeat it
  * lane by lane bit for bit; relative error ~2e-7. Below -87 (where 2^n
@@ -328,7 +334,7 @@ static inline float clb_fmaf(float a, float b, float c)
 #define CLB_EXP_C5 8.3334519073e-3f
 #define CLB_EXP_C6 1.3981999507e-3f
 #define CLB_EXP_C7 1.9875691500e-4f
-static inline float clb_att_exp(float x)
+static inline float clb_exp_neg(float x)
 {
     if (!(x >= CLB_EXP_MIN)) /* NaN falls through to here too */
         return x != x ? x : 0.0f;
@@ -351,6 +357,18 @@ static inline float clb_att_exp(float x)
     float two_n;
     memcpy(&two_n, &bits, 4);
     return p * two_n;
+}
+
+/* silu(v) = v * sigmoid(v), sigmoid from exp of -|v| only (clb_exp_neg's
+ * domain; no overflow for any v): e = exp(-|v|), sigmoid = 1 / (1 + e)
+ * for v >= 0 and e / (1 + e) below (both exact rewrites of 1 / (1 +
+ * exp(-v))). Relative error a few ulp against the exact value; v below
+ * -87 gives -0 (the true value is under 2e-36 in magnitude), NaN gives
+ * NaN. The SIMD forms of silu_mul repeat these operations lane by lane. */
+static inline float clb_silu(float v)
+{
+    const float e = clb_exp_neg(v >= 0.0f ? -v : v);
+    return v * ((v >= 0.0f ? 1.0f : e) / (1.0f + e));
 }
 
 /* ref's online-softmax step (ref.c clb_ref_attend) for a block whose

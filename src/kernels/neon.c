@@ -619,9 +619,11 @@ static void neon_matmul_i8(float *Y, const int8_t *Q, const float *S,
 #ifdef __aarch64__
 #define NEON_ATTEND clb_neon_attend /* neon_attend.c: fused vector FMA */
 #define NEON_ATTEND_ROWS clb_neon_attend_rows
+#define NEON_SILU_MUL clb_neon_silu_mul
 #else /* ARMv7: no fused vector multiply-add, ref's attention (the same bits) */
 #define NEON_ATTEND clb_ref_attend
 #define NEON_ATTEND_ROWS clb_ref_attend_rows
+#define NEON_SILU_MUL clb_ref_silu_mul
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -640,6 +642,7 @@ static const colibri_kernels neon_kernels = {
     neon_matmul_q5_k,
     NEON_ATTEND,
     NEON_ATTEND_ROWS,
+    NEON_SILU_MUL,
 };
 
 #ifdef __aarch64__
@@ -659,6 +662,7 @@ static const colibri_kernels neon_dotprod_kernels = {
     neon_matmul_q5_k, /* one form in both tables (code size; the same bits) */
     clb_neon_attend,
     clb_neon_attend_rows,
+    clb_neon_silu_mul,
 };
 
 /* Whether this CPU executes SDOT (FEAT_DotProd, optional from ARMv8.2-A).

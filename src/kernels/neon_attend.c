@@ -20,7 +20,8 @@
  * its blocks in order, so its bits do not change.
  *
  * Only for A64: ARMv7-A NEON has no fused vector multiply-add (VFPv4's is
- * not in plain armv7-a), so the armv7 table keeps ref's attention.
+ * not in plain armv7-a), so the armv7 table keeps ref's attention. The
+ * SwiGLU's silu_mul lives here too: it is built on the same exp.
  */
 #include "kernels.h"
 
@@ -46,7 +47,7 @@ BLOCK uint32x4_t na_lanes(uint32_t bits)
     return vtstq_u32(vdupq_n_u32(bits), sel);
 }
 
-/* clb_att_exp for 4 lanes: the same operations (kernels.h). fma(-n, c, x)
+/* clb_exp_neg for 4 lanes: the same operations (kernels.h). fma(-n, c, x)
  * is FMLS x - n * c (one rounding, the negation exact); n is a whole
  * number, so the truncating conversion is exact. */
 static __attribute__((noinline)) float32x4_t na_exp4(float32x4_t x)
@@ -436,6 +437,22 @@ void clb_neon_attend(float *out, const clb_att_args *a)
     t.o[0] = out;
     t.n[0] = a->n;
     na_run_width(1, &t, 1, a);
+}
+
+/* silu_mul: clb_silu lane by lane (kernels.h) with na_exp4; the last
+ * len % 4 through ref, whose clb_fmaf is the fused instruction here. */
+void clb_neon_silu_mul(float *h, const float *g, size_t len)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    size_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        const float32x4_t v = vld1q_f32(h + i);
+        const float32x4_t e = na_exp4(vnegq_f32(vabsq_f32(v)));
+        const uint32x4_t pos = vcgeq_f32(v, vdupq_n_f32(0.0f));
+        const float32x4_t s = vdivq_f32(vbslq_f32(pos, one, e), vaddq_f32(one, e));
+        vst1q_f32(h + i, vmulq_f32(vmulq_f32(v, s), vld1q_f32(g + i)));
+    }
+    clb_ref_silu_mul(h + i, g + i, len - i);
 }
 
 #else

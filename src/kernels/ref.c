@@ -347,7 +347,7 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
  *   over the block's 16 positions.
  * - o: element by element, positions in order: o[c] = fma(p_i, v_i[c], o[c])
  *   (int8: fma(p_i * vs_i, float(v8[c]), o[c])).
- * The multiply-adds of the dot, the axpy and clb_att_exp are fused, the
+ * The multiply-adds of the dot, the axpy and clb_exp_neg are fused, the
  * rest (o * alpha, l * alpha + sum, the scales) separate operations: fused,
  * the x86 and ARM forms run one FMA instruction where they ran a multiply
  * and an add, and the dot and axpy, then bound by the FP ports, take half
@@ -488,10 +488,10 @@ void clb_ref_attend(float *out, const clb_att_args *a)
             }
         float dm;
         const float mn = clb_att_new_max(m, mb, any, &dm);
-        const float alpha = any ? clb_att_exp(dm) : 0.0f;
+        const float alpha = any ? clb_exp_neg(dm) : 0.0f;
         for (uint32_t i = 0; i < nb; i++)
             if (a->mask[b + i])
-                pr[i] = clb_att_exp(s[i] - mn);
+                pr[i] = clb_exp_neg(s[i] - mn);
         float ps[16];
         memcpy(ps, pr, sizeof ps);
         l = l * alpha + att_tree16(ps);
@@ -517,6 +517,12 @@ void clb_ref_attend_rows(const clb_att_rows *r, const clb_att_args *a)
     }
 }
 
+void clb_ref_silu_mul(float *h, const float *g, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        h[i] = clb_silu(h[i]) * g[i];
+}
+
 static const colibri_kernels ref_kernels = {
     "ref",
     ref_matmul_f32,
@@ -531,6 +537,7 @@ static const colibri_kernels ref_kernels = {
     clb_ref_matmul_q5_k,
     clb_ref_attend,
     clb_ref_attend_rows,
+    clb_ref_silu_mul,
 };
 
 const colibri_kernels *colibri_kernels_ref(void)

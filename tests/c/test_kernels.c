@@ -1038,6 +1038,104 @@ static void test_attend_all(const colibri_kernels *k)
     test_attend_nan(k);
 }
 
+/* ---- silu_mul ------------------------------------------------------------ */
+
+/* An activation for silu: the awkward values one in 4 (zeros of either
+ * sign, the ends of the exp's range, subnormals, huge, infinite, NaN),
+ * else a spread over [-120, 120] with any exponent down to 2^-30. */
+static float silu_operand(void)
+{
+    static const float special[] = {0.0f, -0.0f, -87.0f, 87.0f, -87.5f, -86.99999f, 88.8f,
+                                    -88.8f, 1e-40f, -1e-40f, 3e38f, -3e38f, INFINITY,
+                                    -INFINITY, NAN, 0.5f, -0.5f, 1.0f, -1.0f, 104.0f};
+    if (rng_below(4) == 0)
+        return special[rng_below(LEN(special))];
+    return ldexpf(rng_sym(), 7 - (int)rng_below(38)) * 0.94f;
+}
+
+/* Units in the last place of f between got and want (float neighbours
+ * counted through zero), 1e9 for a NaN on one side only. */
+static double ulps_apart(float got, double want)
+{
+    const float w = (float)want;
+    if (got != got || w != w)
+        return (got != got) == (w != w) ? 0.0 : 1e9;
+    int32_t a, b;
+    memcpy(&a, &got, 4);
+    memcpy(&b, &w, 4);
+    a = a < 0 ? INT32_MIN - a : a; /* monotonic integer order */
+    b = b < 0 ? INT32_MIN - b : b;
+    return fabs((double)a - (double)b);
+}
+
+/* ref's silu_mul against v / (1 + exp(-v)) * g in double: within 4 ulp
+ * (the exp's ~2e-7 plus four roundings), and v below -87 (where clb_silu
+ * returns -0) within 2e-36. */
+static void test_silu_ref(const colibri_kernels *ref)
+{
+    double worst = 0.0;
+    for (long i = 0; i < 400000; i++) {
+        float h = silu_operand(), g = i % 2 ? 1.0f : rng_sym() * 3.0f;
+        const float v = h;
+        ref->silu_mul(&h, &g, 1);
+        const double want = (double)v / (1.0 + exp(-(double)v)) * (double)g;
+        n_checks++;
+        if (v < -87.0f && v == v) {
+            if (!(fabs((double)h) <= 2e-36) && !(v == -INFINITY && h != h))
+                FAIL("ref silu_mul(%a) * %a = %a, want about %a", (double)v, (double)g,
+                     (double)h, want);
+            continue;
+        }
+        if (isinf(v) || (float)want == 0.0f || fabs(want) < 1e-37)
+            continue; /* inf * 0 cases, and results below float's normal range */
+        const double u = ulps_apart(h, want);
+        if (u > worst)
+            worst = u;
+        if (u > 4.0)
+            FAIL("ref silu_mul(%a) * %a = %a, want %a (%.0f ulp)", (double)v, (double)g,
+                 (double)h, want, u);
+    }
+    printf("silu_mul: ref within %.0f ulp of double on 400000 values\n", worst);
+}
+
+/* Table k's silu_mul against ref's bit for bit, lengths 0..40 and a few
+ * long ones (every vector step and tail), misaligned, written exactly. */
+static void test_silu_mul(const colibri_kernels *ref, const colibri_kernels *k)
+{
+    static const size_t LENS[] = {1000, 1023, 1024, 4099};
+    for (size_t li = 0; li < 41 + LEN(LENS); li++) {
+        const size_t len = li < 41 ? li : LENS[li - 41];
+        const int mis = (int)(case_no++ % 2);
+        buf hb = buf_new(len + GUARD, sizeof(float), mis), gb = buf_new(len, sizeof(float), !mis);
+        float *h = (float *)hb.p, *g = (float *)gb.p, *want = malloc((len + 1) * sizeof(float));
+        if (!want)
+            exit(2);
+        fill_sentinel(h, len + GUARD);
+        for (size_t i = 0; i < len; i++) {
+            h[i] = silu_operand();
+            g[i] = rng_below(8) == 0 ? silu_operand() : rng_sym() * 3.0f;
+        }
+        memcpy(want, h, len * sizeof(float));
+        ref->silu_mul(want, g, len);
+        k->silu_mul(h, g, len);
+        n_checks++;
+        for (size_t i = 0; i < len; i++)
+            if (want[i] != want[i] ? h[i] == h[i] : memcmp(&want[i], &h[i], 4) != 0) {
+                FAIL("%s silu_mul len %zu [%zu]: %a, ref %a", k->name, len, i, (double)h[i],
+                     (double)want[i]);
+                break;
+            }
+        for (size_t i = len; i < len + GUARD; i++)
+            if (!is_sentinel(h[i])) {
+                FAIL("%s silu_mul len %zu: wrote past the end (element %zu)", k->name, len, i);
+                break;
+            }
+        free(want);
+        buf_free(&hb);
+        buf_free(&gb);
+    }
+}
+
 static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
 {
     long f0 = n_failures, c0 = n_checks;
@@ -1099,6 +1197,7 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
     }
     test_table_blocks(ref, k);
     test_attend_all(k);
+    test_silu_mul(ref, k);
     printf("%-5s %ld checks, %ld failures%s\n", k->name, n_checks - c0, n_failures - f0,
            i8_must_be_exact(k) ? " (matmul_i8 bit-identical to ref)" : "");
 }
@@ -1516,6 +1615,7 @@ int main(int argc, char **argv)
     test_fmaf();           /* the attention's multiply-add */
     test_attend_all(NULL); /* ref's attend against softmax in double */
     test_attend_all(ref);  /* ref's attend_rows against its attend */
+    test_silu_ref(ref);    /* ref's SwiGLU activation against double */
     if (nopt == 0)
         printf("no optimised kernel table in this build: nothing to compare\n");
     for (int i = 0; i < nopt; i++)

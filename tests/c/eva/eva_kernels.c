@@ -1,7 +1,7 @@
 /*
  * eva_kernels.c - Frama-C EVA harness for the reference kernels
  * (src/kernels/ref.c, through colibri_kernels_ref() and the clb_ref_* /
- * clb_dequant_row / clb_att_exp entry points of kernels.h): every kernel of
+ * clb_dequant_row / clb_exp_neg entry points of kernels.h): every kernel of
  * the table over unknown inputs, for every shape in the small ranges below
  * at once (EVA treats each shape argument as an interval):
  *
@@ -20,7 +20,7 @@
  * scales, q, K, V) are any finite value in [-EVA_FMAX, EVA_FMAX] (the
  * attention's scale in [0, 1]), which bounds what the sums can reach; the
  * format guarantees finiteness, not this range (docs/ANALYSIS.md 2).
- * clb_att_exp alone is analysed over its whole documented domain, every
+ * clb_exp_neg alone is analysed over its whole documented domain, every
  * float x <= 0. scripts/analysis.sh runs it, in two parts (EVA_PART).
  */
 #include "__fc_builtin.h"
@@ -210,6 +210,6 @@ void eva_main(void)
     attention(k);
     /* The exp on its whole domain: x <= 0 (finite; -inf and NaN are
      * handled by the first test, which every x below -87 takes too). */
-    eva_sink = clb_att_exp(Frama_C_float_interval(-3.40282347e38f, 0.0f));
+    eva_sink = clb_exp_neg(Frama_C_float_interval(-3.40282347e38f, 0.0f));
 #endif
 }
