@@ -260,7 +260,7 @@ static void ffn_block(const clb_plan *p, uint32_t l, float *x, uint32_t n)
 {
     const clb_layer *L = &p->layers[l];
     uint32_t h = p->s.hidden;
-    clb_rmsnorm(p->xn, x, L->ffn_norm, n, h, p->s.rms_eps);
+    clb_rmsnorm(p, p->xn, x, L->ffn_norm, n, h, p->s.rms_eps);
     if (L->dense)
         relu_ffn(p, &L->ffn, p->xn, n, p->tmp, "dense.w1", "dense.w2");
     else
@@ -299,7 +299,7 @@ static void encoder_layer(const clb_plan *p, uint32_t l, uint32_t batch, uint32_
     for (size_t start = 0; start < total; start += p->chunk) {
         uint32_t n = (uint32_t)(total - start < p->chunk ? total - start : p->chunk);
         enc_rows(p, start, n, seq);
-        clb_rmsnorm(p->xn, ed->enc_out + start * h, L->attn_norm, n, h, p->s.rms_eps);
+        clb_rmsnorm(p, p->xn, ed->enc_out + start * h, L->attn_norm, n, h, p->s.rms_eps);
         clb_linear2(p, &L->wk, &L->wv, p->xn, n, p->kbuf, p->vbuf, "enc.wk.wv");
         for (uint32_t i = 0; i < n; i++) {
             size_t at = slot(p, l, p->tok_b[i], p->tok_pos[i]);
@@ -311,7 +311,7 @@ static void encoder_layer(const clb_plan *p, uint32_t l, uint32_t batch, uint32_
         uint32_t n = (uint32_t)(total - start < p->chunk ? total - start : p->chunk);
         float *x = ed->enc_out + start * h;
         enc_rows(p, start, n, seq);
-        clb_rmsnorm(p->xn, x, L->attn_norm, n, h, p->s.rms_eps);
+        clb_rmsnorm(p, p->xn, x, L->attn_norm, n, h, p->s.rms_eps);
         clb_linear(p, &L->wq, p->xn, n, p->q, "enc.wq");
         for (uint32_t i = 0; i < n; i++) {
             uint32_t b = p->tok_b[i], t = p->tok_pos[i];
@@ -381,7 +381,7 @@ int colibri_encode(colibri_model *m, const int32_t *input_ids,
     }
     for (uint32_t l = 0; l < n_enc; l++)
         encoder_layer(p, l, batch, seq);
-    clb_rmsnorm(ed->enc_out, ed->enc_out, ed->enc_final_norm, (uint32_t)total, h,
+    clb_rmsnorm(p, ed->enc_out, ed->enc_out, ed->enc_final_norm, (uint32_t)total, h,
                 s->rms_eps);
     /* Every decoder layer's cross-attention K/V, once per encoding. */
     for (uint32_t l = n_enc; l < s->n_layers; l++) {
@@ -464,7 +464,7 @@ void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         const clb_xattn *X = &ed->x[l];
         uint32_t ld = l - p->d.encoder_layers;
         /* Causal self-attention with the decoder's bias (distance pos - j). */
-        clb_rmsnorm(p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
+        clb_rmsnorm(p, p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
         clb_linear(p, &L->wq, p->xn, n, p->q, "dec.wq");
         clb_linear2(p, &L->wk, &L->wv, p->xn, n, p->kbuf, p->vbuf, "dec.wk.wv");
         for (uint32_t i = 0; i < n; i++) {
@@ -482,7 +482,7 @@ void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         clb_linear(p, &L->wo, p->att, n, p->tmp, "dec.wo");
         add(p->x, p->tmp, nh);
         /* Cross-attention over the encoder output: no bias, padding masked. */
-        clb_rmsnorm(p->xn, p->x, X->norm, n, h, s->rms_eps);
+        clb_rmsnorm(p, p->xn, p->x, X->norm, n, h, s->rms_eps);
         clb_linear(p, &X->wq, p->xn, n, p->q, "cross.wq");
         for (uint32_t i = 0; i < n; i++) {
             uint32_t b = p->tok_b[i];
@@ -495,7 +495,7 @@ void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         add(p->x, p->tmp, nh);
         ffn_block(p, l, p->x, n);
     }
-    clb_rmsnorm(p->xn, p->x, p->final_norm, n, h, s->rms_eps);
+    clb_rmsnorm(p, p->xn, p->x, p->final_norm, n, h, s->rms_eps);
     if (p->d.lm_scale != 1.0f)
         for (size_t i = 0; i < nh; i++)
             p->xn[i] *= p->d.lm_scale;

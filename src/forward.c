@@ -41,6 +41,26 @@ static void residual(float *x, const float *y, size_t n, float scale)
         x[i] += y[i] * scale;
 }
 
+/* RoPE on rows [i0, i0 + ni) of q and k, their keys and values to the
+ * cache (each row its own cache slot). */
+typedef struct rope_job {
+    const clb_plan *p;
+    uint32_t layer;
+} rope_job;
+
+static void rope_rows(void *ctx, uint32_t i0, uint32_t ni)
+{
+    const rope_job *j = (const rope_job *)ctx;
+    const clb_plan *p = j->p;
+    const uint32_t kvdim = p->kvdim;
+    for (uint32_t i = i0; i < i0 + ni; i++) {
+        clb_rope(p, p->q + (size_t)i * p->qdim, p->s.n_heads, p->tok_pos[i]);
+        clb_rope(p, p->kbuf + (size_t)i * kvdim, p->s.n_kv_heads, p->tok_pos[i]);
+        clb_kv_store(p, j->layer, p->tok_b[i], p->tok_pos[i], p->kbuf + (size_t)i * kvdim,
+                     p->vbuf + (size_t)i * kvdim);
+    }
+}
+
 /* Queries, keys and values of the chunk rows as the description says:
  * projections [+ biases] [-> q/k RMSNorm, per head or over the whole
  * projection] [-> clamp] -> RoPE on q and k; keys and values to the cache. */
@@ -57,9 +77,9 @@ static void qkv(const clb_plan *p, const clb_layer *L, uint32_t l, uint32_t n)
         /* Per head: n*heads rows of head_dim (Qwen3-MoE); whole: n rows of
          * qdim / kvdim (OLMoE). In place. */
         int per_head = (p->d.features & COLIBRI_FEAT_QK_NORM_HEAD) != 0;
-        clb_rmsnorm(p->q, p->q, L->q_norm, per_head ? n * s->n_heads : n,
+        clb_rmsnorm(p, p->q, p->q, L->q_norm, per_head ? n * s->n_heads : n,
                     per_head ? d : p->qdim, s->rms_eps);
-        clb_rmsnorm(p->kbuf, p->kbuf, L->k_norm, per_head ? n * s->n_kv_heads : n,
+        clb_rmsnorm(p, p->kbuf, p->kbuf, L->k_norm, per_head ? n * s->n_kv_heads : n,
                     per_head ? d : kvdim, s->rms_eps);
     }
     if (p->d.features & COLIBRI_FEAT_CLIP_QKV) {
@@ -67,12 +87,8 @@ static void qkv(const clb_plan *p, const clb_layer *L, uint32_t l, uint32_t n)
         clamp(p->kbuf, (size_t)n * kvdim, p->d.clip_qkv);
         clamp(p->vbuf, (size_t)n * kvdim, p->d.clip_qkv);
     }
-    for (uint32_t i = 0; i < n; i++) {
-        clb_rope(p, p->q + (size_t)i * p->qdim, s->n_heads, p->tok_pos[i]);
-        clb_rope(p, p->kbuf + (size_t)i * kvdim, s->n_kv_heads, p->tok_pos[i]);
-        clb_kv_store(p, l, p->tok_b[i], p->tok_pos[i], p->kbuf + (size_t)i * kvdim,
-                     p->vbuf + (size_t)i * kvdim);
-    }
+    rope_job j = { p, l };
+    clb_parallel_rows(p, n, p->qdim + 2u * kvdim, rope_rows, &j);
 }
 
 /* Run chunk rows (token ids[n], sequence p->tok_b, position p->tok_pos)
@@ -89,7 +105,7 @@ static void lm_head(const clb_plan *p, uint32_t n, uint32_t last_pos,
     const colibri_shape *s = &p->s;
     uint32_t h = s->hidden, rows = n, first_b = 0;
     if (last_pos == UINT32_MAX) {
-        clb_rmsnorm(p->xn, p->x, p->final_norm, n, h, s->rms_eps);
+        clb_rmsnorm(p, p->xn, p->x, p->final_norm, n, h, s->rms_eps);
     } else {
         /* Last rows of consecutive sequences, packed into xn: they are
          * rows of sequences b, b+1, ... (chunk rows are in sequence order),
@@ -101,7 +117,7 @@ static void lm_head(const clb_plan *p, uint32_t n, uint32_t last_pos,
                 continue;
             if (rows == 0)
                 first_b = p->tok_b[i];
-            clb_rmsnorm(p->xn + (size_t)rows * h, p->x + (size_t)i * h,
+            clb_rmsnorm(p, p->xn + (size_t)rows * h, p->x + (size_t)i * h,
                         p->final_norm, 1, h, s->rms_eps);
             rows++;
         }
@@ -141,13 +157,13 @@ static int forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         if (p->prefetch && !L->dense) /* its experts read while attention runs */
             clb_moe_prefetch(p, L, p->x, n);
 #endif
-        clb_rmsnorm(p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
+        clb_rmsnorm(p, p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
         qkv(p, L, l, n);
         clb_attention(p, l, n);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "wo");
         add_bias(p->tmp, L->bo, n, h);
         residual(p->x, p->tmp, nh, p->d.residual_scale);
-        clb_rmsnorm(p->xn, p->x, L->ffn_norm, n, h, s->rms_eps);
+        clb_rmsnorm(p, p->xn, p->x, L->ffn_norm, n, h, s->rms_eps);
         if (L->dense)
             clb_swiglu(p, &L->ffn, p->xn, n, p->tmp, "dense.w1w3", "dense.w2");
         else {

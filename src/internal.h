@@ -272,9 +272,22 @@ const colibri_kernels *clb_pick_kernels(void);
 /* X[n, hidden] = rows of the embedding for ids[n] (ids already validated). */
 void clb_embed(const clb_plan *p, const int32_t *ids, uint32_t n, float *X);
 
-/* Y[n, dim] = X / sqrt(mean(X^2) + eps) * w, row by row. Y may equal X. */
-void clb_rmsnorm(float *Y, const float *X, const float *w, uint32_t n,
-                 uint32_t dim, float eps);
+/* Y[n, dim] = X / sqrt(mean(X^2) + eps) * w, row by row (in parallel
+ * tiles of rows, clb_parallel_rows). Y may equal X. */
+void clb_rmsnorm(const clb_plan *p, float *Y, const float *X, const float *w,
+                 uint32_t n, uint32_t dim, float eps);
+
+/* A row-wise pass over rows [0, n) of `width` elements as a parallel
+ * region: fn(ctx, r0, nr) for tiles of about CLB_TILE_ELEMS_ROWS elements.
+ * For passes whose rows do not depend on each other (RMSNorm, the
+ * activations' quantisation, RoPE), so any split gives the same bits. A
+ * pass of one tile or less (decode) runs on the caller, without a region.
+ * At prefill these passes were the caller's alone while the other workers
+ * waited: 9 % of its samples at 2 threads (FINDINGS.md 26). */
+typedef void (*clb_rows_fn)(void *ctx, uint32_t r0, uint32_t nr);
+void clb_parallel_rows(const clb_plan *p, uint32_t n, uint32_t width,
+                       clb_rows_fn fn, void *ctx);
+#define CLB_TILE_ELEMS_ROWS 8192u
 
 /* Y[n, rows] = X[n, cols] * W^T for any dtype: I8_GROUP quantises X into
  * p->xq/p->xs first (FORMAT.md 5). `what` names the call for debug dumps. */

@@ -78,7 +78,7 @@ static void choose(const clb_plan *p, const clb_layer *layer, const float *X,
 void clb_moe_prefetch(const clb_plan *p, const clb_layer *layer, const float *X,
                       uint32_t n)
 {
-    clb_rmsnorm(p->xn, X, layer->ffn_norm, n, p->s.hidden, p->s.rms_eps);
+    clb_rmsnorm(p, p->xn, X, layer->ffn_norm, n, p->s.hidden, p->s.rms_eps);
     choose(p, layer, p->xn, n);
     p->prefetch(p, (uint32_t)(layer - p->layers), p->counts);
 }

@@ -69,19 +69,73 @@ void clb_embed(const clb_plan *p, const int32_t *ids, uint32_t n, float *X)
     DUMP("embed", "out", X, (size_t)n * h, 4, 1);
 }
 
-void clb_rmsnorm(float *Y, const float *X, const float *w, uint32_t n,
-                 uint32_t dim, float eps)
+#if COLIBRI_THREADS
+typedef struct rows_job {
+    clb_rows_fn fn;
+    void *ctx;
+    uint32_t n, per; /* rows, rows a tile */
+} rows_job;
+
+static void rows_tile(void *ctx, uint32_t tile, uint32_t worker)
 {
-    for (uint32_t t = 0; t < n; t++) {
-        const float *x = X + (size_t)t * dim;
-        float *y = Y + (size_t)t * dim;
+    (void)worker;
+    const rows_job *j = (const rows_job *)ctx;
+    uint32_t r0 = tile * j->per;
+    j->fn(j->ctx, r0, j->n - r0 < j->per ? j->n - r0 : j->per);
+}
+
+void clb_parallel_rows(const clb_plan *p, uint32_t n, uint32_t width,
+                       clb_rows_fn fn, void *ctx)
+{
+    /* rows a tile from the shape alone, never from the team */
+    uint32_t per = width > CLB_TILE_ELEMS_ROWS / 2u ? 1u : CLB_TILE_ELEMS_ROWS / (width ? width : 1u);
+    rows_job j = { fn, ctx, n, per };
+    if (n <= j.per) {
+        if (n)
+            fn(ctx, 0, n);
+        return;
+    }
+    clb_parallel(clb_team_of(p), (n - 1u) / j.per + 1u, rows_tile, &j);
+}
+#else /* no team: the whole pass on the caller */
+void clb_parallel_rows(const clb_plan *p, uint32_t n, uint32_t width,
+                       clb_rows_fn fn, void *ctx)
+{
+    (void)p;
+    (void)width;
+    if (n)
+        fn(ctx, 0, n);
+}
+#endif
+
+typedef struct norm_job {
+    float *Y;
+    const float *X, *w;
+    uint32_t dim;
+    float eps;
+} norm_job;
+
+static void norm_rows(void *ctx, uint32_t t0, uint32_t tn)
+{
+    const norm_job *j = (const norm_job *)ctx;
+    const uint32_t dim = j->dim;
+    for (uint32_t t = t0; t < t0 + tn; t++) {
+        const float *x = j->X + (size_t)t * dim;
+        float *y = j->Y + (size_t)t * dim;
         float ss = 0.0f;
         for (uint32_t c = 0; c < dim; c++)
             ss += x[c] * x[c];
-        float d = sqrtf(ss / (float)dim + eps);
+        float d = sqrtf(ss / (float)dim + j->eps);
         for (uint32_t c = 0; c < dim; c++)
-            y[c] = x[c] / d * w[c];
+            y[c] = x[c] / d * j->w[c];
     }
+}
+
+void clb_rmsnorm(const clb_plan *p, float *Y, const float *X, const float *w,
+                 uint32_t n, uint32_t dim, float eps)
+{
+    norm_job j = { Y, X, w, dim, eps };
+    clb_parallel_rows(p, n, dim, norm_rows, &j);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -205,15 +259,30 @@ static uint32_t tiles_of(uint32_t rows, uint32_t rb)
 }
 #endif /* CLB_TILED */
 
-/* Quantise X [n, cols] into p->xq/xs for I8_GROUP weights (serial: a pass
- * over the activations, small next to the product). */
-static void quantize(const clb_plan *p, const float *X, uint32_t n,
-                     uint32_t cols, const char *what)
+/* Tokens [t0, t0 + tn) of X [n, cols] quantised into p->xq/xs(/xb) at
+ * their rows: I8_GROUP per header group (B 0), block types per block of B
+ * (FORMAT.md 5). A token's values depend on its row alone. */
+typedef struct quant_job {
+    const clb_plan *p;
+    const float *X;
+    uint32_t cols, B;
+} quant_job;
+
+static void quant_rows(void *ctx, uint32_t t0, uint32_t tn)
 {
-    p->k->quantize_act_i8(p->xq, p->xs, X, n, cols, p->s.group_size);
-    DUMP(what, "act-q", p->xq, (size_t)n * cols, 1, 0);
-    DUMP(what, "act-scale", p->xs, (size_t)n * ((cols + p->s.group_size - 1) / p->s.group_size), 4, 1);
-    (void)what;
+    const quant_job *j = (const quant_job *)ctx;
+    const clb_plan *p = j->p;
+    const uint32_t cols = j->cols, B = j->B;
+    const float *X = j->X + (size_t)t0 * cols;
+    if (B == 0) {
+        uint32_t g = p->s.group_size, ng = (cols + g - 1) / g;
+        p->k->quantize_act_i8(p->xq + (size_t)t0 * cols, p->xs + (size_t)t0 * ng, X, tn,
+                              cols, g);
+    } else {
+        size_t nb = (cols + B - 1) / B; /* XQ [n, nb*B], XS [n, nb], XB [n, nb*B/16] */
+        p->k->quantize_act_blk(p->xq + t0 * nb * B, p->xs + t0 * nb, p->xb + t0 * nb * B / 16,
+                               X, tn, cols, B);
+    }
 }
 
 /* The activations a weight of this dtype reads, into p->xq/xs(/xb):
@@ -223,10 +292,14 @@ static void quantize_for(const clb_plan *p, unsigned dtype, const float *X,
                          uint32_t n, uint32_t cols, const char *what)
 {
     uint32_t B = clb_block_cols(dtype);
-    if (dtype == COLIBRI_DTYPE_I8_GROUP) {
-        quantize(p, X, n, cols, what);
-    } else if (B) {
-        p->k->quantize_act_blk(p->xq, p->xs, p->xb, X, n, cols, B);
+    if (dtype != COLIBRI_DTYPE_I8_GROUP && B == 0)
+        return;
+    quant_job j = { p, X, cols, dtype == COLIBRI_DTYPE_I8_GROUP ? 0u : B };
+    clb_parallel_rows(p, n, cols, quant_rows, &j);
+    if (B == 0) {
+        DUMP(what, "act-q", p->xq, (size_t)n * cols, 1, 0);
+        DUMP(what, "act-scale", p->xs, (size_t)n * ((cols + p->s.group_size - 1) / p->s.group_size), 4, 1);
+    } else {
         DUMP(what, "act-q", p->xq, (size_t)n * ((cols + B - 1) / B) * B, 1, 0);
     }
     (void)what;

@@ -56,7 +56,8 @@ TARGET = Target(
         # fp16 scales (FORMAT.md 4: fcvt on AArch64); 200.5 with the
         # attention in NEON (neon_attend.c, both tables: its tile widths 1,
         # 2 and 4 inlined, +10.1 KiB), so 204; 200.8 with the SiLU in
-        # NEON (silu_mul).
+        # NEON (silu_mul); 201.4 with the row passes in parallel
+        # (tensor.c clb_parallel_rows).
         runtime=204 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2.82 MiB)
         firmware_ram=8 << 20,
