@@ -87,15 +87,17 @@ static void rows_tile(void *ctx, uint32_t tile, uint32_t worker)
 void clb_parallel_rows(const clb_plan *p, uint32_t n, uint32_t width,
                        clb_rows_fn fn, void *ctx)
 {
-    /* rows a tile from the shape alone, never from the team */
-    uint32_t per = width > CLB_TILE_ELEMS_ROWS / 2u ? 1u : CLB_TILE_ELEMS_ROWS / (width ? width : 1u);
-    rows_job j = { fn, ctx, n, per };
-    if (n <= j.per) {
+    /* rows a tile from the shape alone, never from the team; at least 1 */
+    uint32_t per = CLB_TILE_ELEMS_ROWS / (width ? width : 1u);
+    if (per == 0)
+        per = 1;
+    if (n <= per) {
         if (n)
             fn(ctx, 0, n);
         return;
     }
-    clb_parallel(clb_team_of(p), (n - 1u) / j.per + 1u, rows_tile, &j);
+    rows_job j = { fn, ctx, n, per };
+    clb_parallel(clb_team_of(p), (n - 1u) / per + 1u, rows_tile, &j);
 }
 #else /* no team: the whole pass on the caller */
 void clb_parallel_rows(const clb_plan *p, uint32_t n, uint32_t width,

@@ -2026,30 +2026,47 @@ BLOCK __m256 ya_lanes(uint32_t bits)
         _mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel));
 }
 
-/* clb_exp_neg for 8 lanes: the same operations (kernels.h; -n * c + x
- * is fma(-n, c, x): the negation is exact). */
-BLOCK __m256 exp_neg8(__m256 x)
+/* a * b + c fused, or a multiply and an add each rounded (kernels.h
+ * clb_madd); x - n * c the same way. */
+BLOCK __m256 madd8(__m256 a, __m256 b, __m256 c, int fused)
+{
+    return fused ? _mm256_fmadd_ps(a, b, c) : _mm256_add_ps(_mm256_mul_ps(a, b), c);
+}
+BLOCK __m256 nmadd8(__m256 n, __m256 c, __m256 x, int fused)
+{
+    return fused ? _mm256_fnmadd_ps(n, c, x) : _mm256_sub_ps(x, _mm256_mul_ps(n, c));
+}
+
+/* clb_exp_neg_form for 8 lanes: the same operations (kernels.h; fused,
+ * -n * c + x is fma(-n, c, x): the negation is exact; unfused, x - n * c
+ * is (-n) * c + x). */
+BLOCK __m256 exp_neg8_form(__m256 x, int fused)
 {
     const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(CLB_EXP_MIN), _CMP_GE_OQ);
     const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     const __m256 big = _mm256_set1_ps(12582912.0f);
     __m256 n = _mm256_mul_ps(x, _mm256_set1_ps(CLB_EXP_LOG2E));
     n = _mm256_sub_ps(_mm256_add_ps(n, big), big);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CLB_EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CLB_EXP_LN2_LO), r);
+    __m256 r = nmadd8(n, _mm256_set1_ps(CLB_EXP_LN2_HI), x, fused);
+    r = nmadd8(n, _mm256_set1_ps(CLB_EXP_LN2_LO), r, fused);
     __m256 p = _mm256_set1_ps(CLB_EXP_C7);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C5));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CLB_EXP_C2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = madd8(p, r, _mm256_set1_ps(CLB_EXP_C6), fused);
+    p = madd8(p, r, _mm256_set1_ps(CLB_EXP_C5), fused);
+    p = madd8(p, r, _mm256_set1_ps(CLB_EXP_C4), fused);
+    p = madd8(p, r, _mm256_set1_ps(CLB_EXP_C3), fused);
+    p = madd8(p, r, _mm256_set1_ps(CLB_EXP_C2), fused);
+    p = madd8(p, r, _mm256_set1_ps(1.0f), fused);
+    p = madd8(p, r, _mm256_set1_ps(1.0f), fused);
     /* out-of-range lanes hold garbage in n: their exponent is not used */
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(
         _mm256_cvtps_epi32(_mm256_and_ps(n, ok)), _mm256_set1_epi32(127)), 23);
     const __m256 v = _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
     return _mm256_blendv_ps(v, x, nan);
+}
+
+BLOCK __m256 exp_neg8(__m256 x)
+{
+    return exp_neg8_form(x, 1);
 }
 
 /* ref's running max of s[i] over the lanes i of bits (at least one), in
@@ -2391,16 +2408,16 @@ TGT static void avx2_attend(float *out, const clb_att_args *a)
     ya_run_width(1, &t, 1, a);
 }
 
-/* silu_mul: clb_silu lane by lane (kernels.h): -|v| by the sign bit, the
- * select by v >= 0 (false for NaN, as in C). The last len % 8 through ref,
- * whose clb_fmaf gives the fused results these lanes do. */
+/* silu_mul: clb_silu lane by lane (kernels.h; its exp unfused): -|v| by
+ * the sign bit, the select by v >= 0 (false for NaN, as in C). The last
+ * len % 8 through ref, the same operations on one lane. */
 TGT static void avx2_silu_mul(float *h, const float *g, size_t len)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
         const __m256 v = _mm256_loadu_ps(h + i);
-        const __m256 e = exp_neg8(_mm256_or_ps(v, sign));
+        const __m256 e = exp_neg8_form(_mm256_or_ps(v, sign), 0);
         const __m256 pos = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GE_OQ);
         const __m256 s = _mm256_div_ps(_mm256_blendv_ps(e, one, pos), _mm256_add_ps(one, e));
         _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_mul_ps(v, s), _mm256_loadu_ps(g + i)));

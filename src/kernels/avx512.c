@@ -396,30 +396,47 @@ BLOCK512 __mmask16 lanes16(uint32_t k)
     return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1u);
 }
 
-/* clb_exp_neg for 16 lanes: the same operations (kernels.h; -n * c + x
- * is fma(-n, c, x): the negation is exact). */
-BLOCK512 __m512 exp_neg16(__m512 x)
+/* a * b + c fused, or a multiply and an add each rounded (kernels.h
+ * clb_madd); x - n * c the same way. */
+BLOCK512 __m512 madd16(__m512 a, __m512 b, __m512 c, int fused)
+{
+    return fused ? _mm512_fmadd_ps(a, b, c) : _mm512_add_ps(_mm512_mul_ps(a, b), c);
+}
+BLOCK512 __m512 nmadd16(__m512 n, __m512 c, __m512 x, int fused)
+{
+    return fused ? _mm512_fnmadd_ps(n, c, x) : _mm512_sub_ps(x, _mm512_mul_ps(n, c));
+}
+
+/* clb_exp_neg_form for 16 lanes: the same operations (kernels.h; fused,
+ * -n * c + x is fma(-n, c, x): the negation is exact; unfused, x - n * c
+ * is (-n) * c + x). */
+BLOCK512 __m512 exp_neg16_form(__m512 x, int fused)
 {
     const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(CLB_EXP_MIN), _CMP_GE_OQ);
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     const __m512 big = _mm512_set1_ps(12582912.0f);
     __m512 n = _mm512_mul_ps(x, _mm512_set1_ps(CLB_EXP_LOG2E));
     n = _mm512_sub_ps(_mm512_add_ps(n, big), big);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CLB_EXP_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CLB_EXP_LN2_LO), r);
+    __m512 r = nmadd16(n, _mm512_set1_ps(CLB_EXP_LN2_HI), x, fused);
+    r = nmadd16(n, _mm512_set1_ps(CLB_EXP_LN2_LO), r, fused);
     __m512 p = _mm512_set1_ps(CLB_EXP_C7);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C5));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CLB_EXP_C2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = madd16(p, r, _mm512_set1_ps(CLB_EXP_C6), fused);
+    p = madd16(p, r, _mm512_set1_ps(CLB_EXP_C5), fused);
+    p = madd16(p, r, _mm512_set1_ps(CLB_EXP_C4), fused);
+    p = madd16(p, r, _mm512_set1_ps(CLB_EXP_C3), fused);
+    p = madd16(p, r, _mm512_set1_ps(CLB_EXP_C2), fused);
+    p = madd16(p, r, _mm512_set1_ps(1.0f), fused);
+    p = madd16(p, r, _mm512_set1_ps(1.0f), fused);
     /* out-of-range lanes hold garbage in n: their exponent is not used */
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(
         _mm512_cvtps_epi32(_mm512_maskz_mov_ps(ok, n)), _mm512_set1_epi32(127)), 23);
     const __m512 v = _mm512_maskz_mul_ps(ok, p, _mm512_castsi512_ps(e));
     return _mm512_mask_mov_ps(v, nan, x);
+}
+
+BLOCK512 __m512 exp_neg16(__m512 x)
+{
+    return exp_neg16_form(x, 1);
 }
 
 /* attend_rows: tiles of up to ZA_T queries (kernels.h clb_att_rows) over
@@ -710,7 +727,7 @@ TGT512 static void z_silu_mul(float *h, const float *g, size_t len)
     for (size_t i = 0; i < len; i += 16) {
         const __mmask16 m = lanes16(len - i < 16 ? (uint32_t)(len - i) : 16u);
         const __m512 v = _mm512_maskz_loadu_ps(m, h + i);
-        const __m512 e = exp_neg16(_mm512_or_ps(v, sign));
+        const __m512 e = exp_neg16_form(_mm512_or_ps(v, sign), 0);
         const __mmask16 pos = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ);
         const __m512 s = _mm512_div_ps(_mm512_mask_mov_ps(e, pos, one), _mm512_add_ps(one, e));
         _mm512_mask_storeu_ps(h + i, m,

@@ -318,12 +318,13 @@ static inline float clb_fmaf(float a, float b, float c)
 }
 #endif
 
-/* The attention's and SiLU's exp: exp(x) for x <= 0 in float operations and fused
- * multiply-adds (Cody-Waite reduction by ln 2, a degree-6 polynomial by
- * Horner's rule, 2^n by the exponent bits), so SIMD forms can repeat it
- * lane by lane bit for bit; relative error ~2e-7. Below -87 (where 2^n
- * would leave the normal range) it returns 0, as it does for -inf; NaN
- * gives NaN. */
+/* The attention's exp (clb_exp_neg; the SiLU's is the same with its
+ * multiply-adds unfused, clb_silu): exp(x) for x <= 0 in float operations
+ * and fused multiply-adds (Cody-Waite reduction by ln 2, a degree-6
+ * polynomial by Horner's rule, 2^n by the exponent bits), so SIMD forms can
+ * repeat it lane by lane bit for bit; relative error ~2e-7. Below -87
+ * (where 2^n would leave the normal range) it returns 0, as it does for
+ * -inf; NaN gives NaN. */
 #define CLB_EXP_MIN (-87.0f)
 #define CLB_EXP_LOG2E 1.44269504088896341f
 #define CLB_EXP_LN2_HI 0.693359375f
@@ -334,7 +335,15 @@ static inline float clb_fmaf(float a, float b, float c)
 #define CLB_EXP_C5 8.3334519073e-3f
 #define CLB_EXP_C6 1.3981999507e-3f
 #define CLB_EXP_C7 1.9875691500e-4f
-static inline float clb_exp_neg(float x)
+/* a * b + c, fused (clb_fmaf) or as a multiply and an add each rounded */
+static inline float clb_madd(float a, float b, float c, int fused)
+{
+    return fused ? clb_fmaf(a, b, c) : a * b + c;
+}
+
+/* clb_exp_neg's operations, the multiply-adds fused or not (a constant at
+ * every call: two functions once inlined). */
+static inline float clb_exp_neg_form(float x, int fused)
 {
     if (!(x >= CLB_EXP_MIN)) /* NaN falls through to here too */
         return x != x ? x : 0.0f;
@@ -342,16 +351,16 @@ static inline float clb_exp_neg(float x)
     /* round half to even, as the SIMD forms' roundscale / cvtps do */
     float r0 = n + 12582912.0f; /* 1.5 * 2^23: the fraction bits drop out */
     n = r0 - 12582912.0f;
-    float r = clb_fmaf(-n, CLB_EXP_LN2_HI, x);
-    r = clb_fmaf(-n, CLB_EXP_LN2_LO, r);
+    float r = clb_madd(-n, CLB_EXP_LN2_HI, x, fused);
+    r = clb_madd(-n, CLB_EXP_LN2_LO, r, fused);
     float p = CLB_EXP_C7;
-    p = clb_fmaf(p, r, CLB_EXP_C6);
-    p = clb_fmaf(p, r, CLB_EXP_C5);
-    p = clb_fmaf(p, r, CLB_EXP_C4);
-    p = clb_fmaf(p, r, CLB_EXP_C3);
-    p = clb_fmaf(p, r, CLB_EXP_C2);
-    p = clb_fmaf(p, r, 1.0f);
-    p = clb_fmaf(p, r, 1.0f);
+    p = clb_madd(p, r, CLB_EXP_C6, fused);
+    p = clb_madd(p, r, CLB_EXP_C5, fused);
+    p = clb_madd(p, r, CLB_EXP_C4, fused);
+    p = clb_madd(p, r, CLB_EXP_C3, fused);
+    p = clb_madd(p, r, CLB_EXP_C2, fused);
+    p = clb_madd(p, r, 1.0f, fused);
+    p = clb_madd(p, r, 1.0f, fused);
     int32_t e = (int32_t)n + 127;
     uint32_t bits = (uint32_t)e << 23;
     float two_n;
@@ -359,15 +368,25 @@ static inline float clb_exp_neg(float x)
     return p * two_n;
 }
 
+static inline float clb_exp_neg(float x)
+{
+    return clb_exp_neg_form(x, 1);
+}
+
 /* silu(v) = v * sigmoid(v), sigmoid from exp of -|v| only (clb_exp_neg's
  * domain; no overflow for any v): e = exp(-|v|), sigmoid = 1 / (1 + e)
  * for v >= 0 and e / (1 + e) below (both exact rewrites of 1 / (1 +
- * exp(-v))). Relative error a few ulp against the exact value; v below
- * -87 gives -0 (the true value is under 2e-36 in magnitude), NaN gives
- * NaN. The SIMD forms of silu_mul repeat these operations lane by lane. */
+ * exp(-v))). The exp is clb_exp_neg's with its multiply-adds unfused:
+ * where the target has no FMA instruction (ARMv7 as built, the ref table
+ * on baseline x86-64) clb_fmaf's exact double form made the SiLU 3-5x
+ * slower than libm's expf; unfused, every FPU runs it natively, and the
+ * SIMD forms spend one more instruction a step on a pass that is 1 % of a
+ * prefill. Relative error a few ulp against the exact value; v below -87
+ * gives -0 (the true value is under 2e-36 in magnitude), NaN gives NaN.
+ * The SIMD forms of silu_mul repeat these operations lane by lane. */
 static inline float clb_silu(float v)
 {
-    const float e = clb_exp_neg(v >= 0.0f ? -v : v);
+    const float e = clb_exp_neg_form(v >= 0.0f ? -v : v, 0);
     return v * ((v >= 0.0f ? 1.0f : e) / (1.0f + e));
 }
 

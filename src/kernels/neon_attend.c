@@ -47,31 +47,48 @@ BLOCK uint32x4_t na_lanes(uint32_t bits)
     return vtstq_u32(vdupq_n_u32(bits), sel);
 }
 
-/* clb_exp_neg for 4 lanes: the same operations (kernels.h). fma(-n, c, x)
- * is FMLS x - n * c (one rounding, the negation exact); n is a whole
- * number, so the truncating conversion is exact. */
-static __attribute__((noinline)) float32x4_t na_exp4(float32x4_t x)
+/* c + a * b fused (FMLA), or a multiply and an add each rounded (kernels.h
+ * clb_madd); x - n * c the same way (FMLS, or FMUL and FSUB). */
+BLOCK float32x4_t na_madd(float32x4_t c, float32x4_t a, float32x4_t b, int fused)
+{
+    return fused ? vfmaq_f32(c, a, b) : vaddq_f32(c, vmulq_f32(a, b));
+}
+BLOCK float32x4_t na_nmadd(float32x4_t x, float32x4_t n, float32x4_t c, int fused)
+{
+    return fused ? vfmsq_f32(x, n, c) : vsubq_f32(x, vmulq_f32(n, c));
+}
+
+/* clb_exp_neg_form for 4 lanes: the same operations (kernels.h). Fused,
+ * fma(-n, c, x) is FMLS x - n * c (one rounding, the negation exact); n is
+ * a whole number, so the truncating conversion is exact. */
+BLOCK float32x4_t na_exp4_form(float32x4_t x, int fused)
 {
     const uint32x4_t ok = vcgeq_f32(x, vdupq_n_f32(CLB_EXP_MIN));
     const uint32x4_t num = vceqq_f32(x, x);
     const float32x4_t big = vdupq_n_f32(12582912.0f);
     float32x4_t n = vmulq_f32(x, vdupq_n_f32(CLB_EXP_LOG2E));
     n = vsubq_f32(vaddq_f32(n, big), big);
-    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(CLB_EXP_LN2_HI));
-    r = vfmsq_f32(r, n, vdupq_n_f32(CLB_EXP_LN2_LO));
+    float32x4_t r = na_nmadd(x, n, vdupq_n_f32(CLB_EXP_LN2_HI), fused);
+    r = na_nmadd(r, n, vdupq_n_f32(CLB_EXP_LN2_LO), fused);
     float32x4_t p = vdupq_n_f32(CLB_EXP_C7);
-    p = vfmaq_f32(vdupq_n_f32(CLB_EXP_C6), p, r);
-    p = vfmaq_f32(vdupq_n_f32(CLB_EXP_C5), p, r);
-    p = vfmaq_f32(vdupq_n_f32(CLB_EXP_C4), p, r);
-    p = vfmaq_f32(vdupq_n_f32(CLB_EXP_C3), p, r);
-    p = vfmaq_f32(vdupq_n_f32(CLB_EXP_C2), p, r);
-    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = na_madd(vdupq_n_f32(CLB_EXP_C6), p, r, fused);
+    p = na_madd(vdupq_n_f32(CLB_EXP_C5), p, r, fused);
+    p = na_madd(vdupq_n_f32(CLB_EXP_C4), p, r, fused);
+    p = na_madd(vdupq_n_f32(CLB_EXP_C3), p, r, fused);
+    p = na_madd(vdupq_n_f32(CLB_EXP_C2), p, r, fused);
+    p = na_madd(vdupq_n_f32(1.0f), p, r, fused);
+    p = na_madd(vdupq_n_f32(1.0f), p, r, fused);
     /* out-of-range lanes hold anything in n: their exponent is not used */
     const float32x4_t nk = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(n), ok));
     const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(nk), vdupq_n_s32(127)), 23);
     const uint32x4_t v = vandq_u32(vreinterpretq_u32_f32(vmulq_f32(p, vreinterpretq_f32_s32(e))), ok);
     return vbslq_f32(num, vreinterpretq_f32_u32(v), x);
+}
+
+/* The attention's exp (out of line: one copy for its several callers). */
+static __attribute__((noinline)) float32x4_t na_exp4(float32x4_t x)
+{
+    return na_exp4_form(x, 1);
 }
 
 /* ref's running max of s[i] over the lanes i of bits (at least one) as a
@@ -439,15 +456,15 @@ void clb_neon_attend(float *out, const clb_att_args *a)
     na_run_width(1, &t, 1, a);
 }
 
-/* silu_mul: clb_silu lane by lane (kernels.h) with na_exp4; the last
- * len % 4 through ref, whose clb_fmaf is the fused instruction here. */
+/* silu_mul: clb_silu lane by lane (kernels.h; its exp unfused); the last
+ * len % 4 through ref, the same operations on one lane. */
 void clb_neon_silu_mul(float *h, const float *g, size_t len)
 {
     const float32x4_t one = vdupq_n_f32(1.0f);
     size_t i = 0;
     for (; i + 4 <= len; i += 4) {
         const float32x4_t v = vld1q_f32(h + i);
-        const float32x4_t e = na_exp4(vnegq_f32(vabsq_f32(v)));
+        const float32x4_t e = na_exp4_form(vnegq_f32(vabsq_f32(v)), 0);
         const uint32x4_t pos = vcgeq_f32(v, vdupq_n_f32(0.0f));
         const float32x4_t s = vdivq_f32(vbslq_f32(pos, one, e), vaddq_f32(one, e));
         vst1q_f32(h + i, vmulq_f32(vmulq_f32(v, s), vld1q_f32(g + i)));
