@@ -34,11 +34,27 @@ static void clamp(float *X, size_t n, float lim)
 }
 
 /* x[n, hidden] += scale * y: every residual branch (GraniteMoE scales them;
- * 1.0f elsewhere, where the product is exact and the sum is Mixtral's). */
-static void residual(float *x, const float *y, size_t n, float scale)
+ * 1.0f elsewhere, where the product is exact and the sum is Mixtral's), in
+ * parallel rows (a serial pass here left the other workers waiting at
+ * every layer, FINDINGS.md 26). */
+typedef struct residual_job {
+    float *x;
+    const float *y;
+    uint32_t h;
+    float scale;
+} residual_job;
+
+static void residual_rows(void *ctx, uint32_t t0, uint32_t tn)
 {
-    for (size_t i = 0; i < n; i++)
-        x[i] += y[i] * scale;
+    const residual_job *j = (const residual_job *)ctx;
+    for (size_t i = (size_t)t0 * j->h; i < (size_t)(t0 + tn) * j->h; i++)
+        j->x[i] += j->y[i] * j->scale;
+}
+
+static void residual(const clb_plan *p, float *x, const float *y, uint32_t n, float scale)
+{
+    residual_job j = { x, y, p->s.hidden, scale };
+    clb_parallel_rows(p, n, p->s.hidden, residual_rows, &j);
 }
 
 /* RoPE on rows [i0, i0 + ni) of q and k, their keys and values to the
@@ -162,7 +178,7 @@ static int forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         clb_attention(p, l, n);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "wo");
         add_bias(p->tmp, L->bo, n, h);
-        residual(p->x, p->tmp, nh, p->d.residual_scale);
+        residual(p, p->x, p->tmp, n, p->d.residual_scale);
         clb_rmsnorm(p, p->xn, p->x, L->ffn_norm, n, h, s->rms_eps);
         if (L->dense)
             clb_swiglu(p, &L->ffn, p->xn, n, p->tmp, "dense.w1w3", "dense.w2");
@@ -171,7 +187,7 @@ static int forward_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
             if (rc)
                 return rc;
         }
-        residual(p->x, p->tmp, nh, p->d.residual_scale);
+        residual(p, p->x, p->tmp, n, p->d.residual_scale);
     }
     lm_head(p, n, last_pos, logits);
     if (p->settle) /* reads a prefetch began that nothing took: done before infer returns */

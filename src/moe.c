@@ -190,6 +190,32 @@ static int run_streamed(const clb_plan *p, uint32_t l, const float *X, char *det
     return COLIBRI_OK;
 }
 
+/* Rows [t0, t0 + tn) of Y = sum_j w_j * expert_j(x), in selection order: a
+ * fixed order whatever the chunking or the thread, and the order the
+ * reference uses. A row pass (K x hidden products a row): serial, it left
+ * the other workers waiting at the end of every layer (FINDINGS.md 26). */
+typedef struct combine_job {
+    const clb_plan *p;
+    float *Y;
+} combine_job;
+
+static void combine_rows(void *ctx, uint32_t t0, uint32_t tn)
+{
+    const combine_job *cj = (const combine_job *)ctx;
+    const clb_plan *p = cj->p;
+    uint32_t h = p->s.hidden, K = p->s.top_k;
+    for (uint32_t t = t0; t < t0 + tn; t++) {
+        float *y = cj->Y + (size_t)t * h;
+        const float *ys = p->yslot + (size_t)t * K * h;
+        const float *w = p->selw + (size_t)t * K;
+        for (uint32_t c = 0; c < h; c++)
+            y[c] = ys[c] * w[0];
+        for (uint32_t j = 1; j < K; j++)
+            for (uint32_t c = 0; c < h; c++)
+                y[c] = y[c] + ys[(size_t)j * h + c] * w[j];
+    }
+}
+
 int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
             uint32_t n, float *Y, char *detail)
 {
@@ -207,18 +233,8 @@ int clb_moe(const clb_plan *p, const clb_layer *layer, const float *X,
             if (p->offsets[e + 1] != p->offsets[e])
                 run_expert(p, &layer->experts[e], e, X);
     }
-    /* y = sum_j w_j * expert_j(x) in selection order: a fixed order whatever
-     * the chunking or the thread, and the order the reference uses. */
-    for (uint32_t t = 0; t < n; t++) {
-        float *y = Y + (size_t)t * h;
-        const float *ys = p->yslot + (size_t)t * K * h;
-        const float *w = p->selw + (size_t)t * K;
-        for (uint32_t c = 0; c < h; c++)
-            y[c] = ys[c] * w[0];
-        for (uint32_t j = 1; j < K; j++)
-            for (uint32_t c = 0; c < h; c++)
-                y[c] = y[c] + ys[(size_t)j * h + c] * w[j];
-    }
+    combine_job cj = { p, Y };
+    clb_parallel_rows(p, n, K * h, combine_rows, &cj);
     /* The shared expert sees every row and adds to the routed sum, scaled
      * by sigmoid(gate . x) where the file has a gate (Qwen2-MoE), as is
      * (GraniteMoeShared). Gate logits [n] reuse router_logits, free now. */
