@@ -280,8 +280,8 @@ void clb_rmsnorm(const clb_plan *p, float *Y, const float *X, const float *w,
 /* A row-wise pass over rows [0, n) of `width` elements as a parallel
  * region: fn(ctx, r0, nr) for tiles of about CLB_TILE_ELEMS_ROWS elements.
  * For passes whose rows do not depend on each other (RMSNorm, the
- * activations' quantisation, RoPE, the experts' weighted sum, the residual
- * adds), so any split gives the same bits. A
+ * activations' quantisation, RoPE, the SiLU, the experts' weighted sum,
+ * the residual adds), so any split gives the same bits. A
  * pass of one tile or less (decode) runs on the caller, without a region.
  * At prefill these passes were the caller's alone while the other workers
  * waited: 9 % of its samples at 2 threads (FINDINGS.md 26). */

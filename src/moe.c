@@ -103,24 +103,21 @@ static void route(const clb_plan *p, const clb_layer *layer, const float *X,
     }
 }
 
-/* h1 = silu(h1) * h3 over [n, inter], in parallel blocks of
- * CLB_TILE_ELEMS elements (element-wise, and every kernel table's silu_mul
- * has ref's bits: any split and any table give the same result). */
-#define CLB_TILE_ELEMS 1024u
+/* Rows [t0, t0 + tn) of h1 = silu(h1) * h3 [n, inter]: a row pass
+ * (element-wise, and every kernel table's silu_mul has ref's bits: any
+ * split and any table give the same result). */
 typedef struct silu_job {
     const colibri_kernels *k;
     float *h1;
     const float *h3;
-    size_t len;
+    uint32_t inter;
 } silu_job;
 
-static void silu_tile(void *ctx, uint32_t tile, uint32_t worker)
+static void silu_rows(void *ctx, uint32_t t0, uint32_t tn)
 {
-    (void)worker;
     const silu_job *j = (const silu_job *)ctx;
-    size_t a = (size_t)tile * CLB_TILE_ELEMS;
-    size_t b = j->len - a < CLB_TILE_ELEMS ? j->len : a + CLB_TILE_ELEMS;
-    j->k->silu_mul(j->h1 + a, j->h3 + a, b - a);
+    size_t a = (size_t)t0 * j->inter;
+    j->k->silu_mul(j->h1 + a, j->h3 + a, (size_t)tn * j->inter);
 }
 
 void clb_swiglu(const clb_plan *p, const clb_expert *ex, const float *X,
@@ -128,9 +125,8 @@ void clb_swiglu(const clb_plan *p, const clb_expert *ex, const float *X,
 {
     uint32_t inter = ex->w1.rows; /* routed, shared or dense width */
     clb_linear2(p, &ex->w1, &ex->w3, X, n, p->h1, p->h3, what13);
-    silu_job j = { p->k, p->h1, p->h3, (size_t)n * inter };
-    clb_parallel(clb_team_of(p), (uint32_t)((j.len + CLB_TILE_ELEMS - 1) / CLB_TILE_ELEMS),
-                 silu_tile, &j);
+    silu_job j = { p->k, p->h1, p->h3, inter };
+    clb_parallel_rows(p, n, inter, silu_rows, &j);
     clb_linear(p, &ex->w2, p->h1, n, Y, what2);
 }
 
