@@ -30,6 +30,9 @@
  *   and no horizontal sums are needed. See the comment at i8_gemm. Q4_0
  *   and Q5_0 prefill runs in it too: their blocks are int8 groups of 32
  *   once unpacked (i8g_src).
+ * The K types (Q4_K, Q5_K, Q6_K) have a GEMM of their own from
+ * CLB_KG_MIN_N tokens (clb_avx2_k_gemm, "The K types, GEMM form"), whose
+ * driver avx512.c shares; fewer tokens run one-row x 8-token tiles.
  * The table "avx2-vnni" uses vpdpbusd for the int8 products (DPBUSD) on
  * CPUs with AVX-VNNI or AVX512-VNNI + AVX512VL; "avx2" never does.
  *
@@ -1514,10 +1517,10 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
     return _mm256_sub_epi32(sums, lanes_of_tokens_i(R, T, off));
 }
 
-/* A Q4_K block's 8 6-bit scales and mins (clb_q4k_scale_min): *scb = [sc0..sc7
- * | sc0..sc7] int16 (both halves, for the per-sub-block broadcasts), *mdup =
- * [m0 m0 m1 m1 .. m7 m7] int16 (lined up with the block's 16 XB sums:
- * sub-block j is XB 2j, 2j+1). In bytes, with s = scales[0..11] (a 16-byte
+/* A Q4_K block's 8 6-bit scales and mins (clb_q4k_scale_min) as bytes
+ * [sc0..sc7 | m0..m7]; q4k_scales_mins below widens them for the tiles
+ * (*scb: both halves, for the per-sub-block broadcasts; *mdup lined up with
+ * the block's 16 XB sums: sub-block j is XB 2j, 2j+1). In bytes, with s = scales[0..11] (a 16-byte
  * load from the block's CLB_QK_SCALES; bytes 12..15 are qs or qh, unused):
  *   lanes 0-3   sc0..3 = s[0..3] & 63
  *   lanes 4-7   sc4..7 = (s[8..11] & 15) | (s[0..3] >> 6) << 4
@@ -1526,7 +1529,7 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
  * i.e. a = s[0..3, 8..11, 4..7, 8..11], b = s[-, 0..3, -, 4..7]; vector
  * ops instead of the scalar word arithmetic (~12 fewer instructions a
  * row-block; 16-bit shifts, then masks keeping bits of the same byte). */
-TGT static inline void q4k_scales_mins(const uint8_t *sc12, __m256i *scb, __m256i *mdup)
+TGT static inline __m128i q4k_scm(const uint8_t *sc12)
 {
     const __m128i s = _mm_loadu_si128((const __m128i *)(const void *)sc12);
     const __m128i a = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
@@ -1535,7 +1538,14 @@ TGT static inline void q4k_scales_mins(const uint8_t *sc12, __m256i *scb, __m256
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                                                           15, 15, 15, 15));
     const __m128i top = _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30));
-    const __m128i scm = _mm_or_si128(_mm_or_si128(lo, hi), top); /* [sc0..7 | m0..7] u8 */
+    return _mm_or_si128(_mm_or_si128(lo, hi), top); /* [sc0..7 | m0..7] u8 */
+}
+
+/* q4k_scm's bytes for the tiles: *scb = [sc0..sc7 | sc0..sc7] int16, *mdup
+ * = [m0 m0 m1 m1 .. m7 m7] int16 (see above). */
+TGT static inline void q4k_scales_mins(const uint8_t *sc12, __m256i *scb, __m256i *mdup)
+{
+    const __m128i scm = q4k_scm(sc12);
     *scb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
     *mdup = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
         scm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
@@ -1732,8 +1742,9 @@ static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const 
  * eighth of W (STREAMS), lanes along rows.
  * Several tokens, Q4_0 / Q5_0: BT_R rows x BT_T tokens, each weight block
  * unpacked once per BT_T tokens.
- * Several tokens, the K types (Q4_K, Q5_K, Q6_K): one row x BT_MAXT tokens
- * (blk_panels), a block's scales and unpacked values serving 8 tokens. */
+ * Several tokens, the K types (Q4_K, Q5_K, Q6_K), below CLB_KG_MIN_N: one
+ * row x BT_MAXT tokens (blk_panels), a block's scales and unpacked values
+ * serving 8 tokens. */
 /* (Measured on Zen 4, test_kernels --bench: decode R = 8 beat R = 4 by
  * 1.3-1.8x on Q4_0 and Q6_K; for prefill 4 x 2 beat 2 x 4 and 8 x 1 on Q4_0
  * and Q4_K, 2 x 4 was within noise on Q6_K. A gather for the rows' d lanes
@@ -1889,8 +1900,347 @@ BLOCK void blk_panels(const int vnni, const unsigned dt, float *Y, const uint8_t
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* The K types, GEMM form (prefill of Q4_K, Q5_K, Q6_K from CLB_KG_MIN_N
+ * tokens).
+ *
+ * Why: the one-row x 8-token tiles above multiply every int16 product pair
+ * by its scale (vpmaddwd) and sum it into int32 one vector at a time, and
+ * unpack and reduce a row's block for every 8 tokens: 128 x 2816 x 1024 ran
+ * at 135-146 GOPS without VNNI on a Xeon, against 230-400 for the GEMMs
+ * (FINDINGS.md 27). Here avx512.c's GEMM (x86_gemm.h: a pack of 16 rows x
+ * CLB_KG_KB blocks, then every token over it) runs with a pack and a
+ * micro-kernel in ymm registers, 8 rows a vector, the strip's two halves
+ * one after the other.
+ *
+ * Without VNNI the stored values are vpmaddubsw's unsigned operand against
+ * the signed activations, and the int16 pair sums of KG_RUN(dt) column
+ * quads of a sub-block are added in int16 before one vpmaddwd by the rows'
+ * scale pairs: exact while the run's 2 KG_RUN products per int16 lane stay
+ * within int16 (|x| <= 128: Q4_K 16 x 15 x 128 = 30720, Q5_K 8 x 31 x 128
+ * = 31744, Q6_K 4 x 63 x 128 = 32256). With VNNI one vpdpbusd a quad into
+ * the sub-block's int32 dot, then times the scales (vpmulld), as avx512.c.
+ * Both give each row's isum = sum_j sc_j * dot_j exactly, so the float
+ * operations after it are avx512.c's, ref's in ref's order. */
+
+/* Column quads whose int16 pair sums add up exactly (see above). */
+#define KG_RUN(dt) ((dt) == COLIBRI_DTYPE_Q4_K ? 8u : (dt) == COLIBRI_DTYPE_Q5_K ? 4u : 2u)
+
+/* A block of zeros for the rows of a strip past nr (values, scales and d
+ * 0, so those lanes compute zeros and are never stored); the largest K
+ * block, so every type's loads stay inside it. */
+static const uint8_t kg_zero_block[CLB_Q6_K_BYTES];
+
+/* 8 x 8 transpose of int32 elements: v[i] holds row i; afterwards v[q]
+ * holds element q of rows 0..7. */
+BLOCK void kg_transpose8(__m256i v[8])
+{
+    __m256i t[8], u[8];
+    UNROLL
+    for (int i = 0; i < 8; i += 2) { /* per 128-bit lane: e0 e0' e1 e1' | e2 e2' e3 e3' */
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    UNROLL
+    for (int i = 0; i < 8; i += 4) { /* u[i + k], lane L: element 4L + k of rows i .. i + 3 */
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+        v[4 + k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+}
+
+/* 16 x 16 transpose of bytes: v[i] holds row i; afterwards v[j] holds
+ * byte j of rows 0..15 (four perfect shuffles of the row index's bits). */
+BLOCK void kg_transpose16_u8(__m128i v[16])
+{
+    UNROLL
+    for (int round = 0; round < 4; round++) {
+        __m128i y[16];
+        UNROLL
+        for (int i = 0; i < 8; i++) {
+            y[2 * i] = _mm_unpacklo_epi8(v[i], v[i + 8]);
+            y[2 * i + 1] = _mm_unpackhi_epi8(v[i], v[i + 8]);
+        }
+        UNROLL
+        for (int i = 0; i < 16; i++)
+            v[i] = y[i];
+    }
+}
+
+/* p's block bl <- block b of rows r0 .. r0 + nr (x86_gemm.h's pack): the
+ * values 8 rows at a time by clb_kg_unpack64 and kg_transpose8; the
+ * scales (and mins) a row's 16 bytes (q4k_scm), kg_transpose16_u8 making
+ * them the rows' lanes; d and dmin by F16C. */
+BLOCK void kg_pack_body(const unsigned dt, clb_kg_pack *p, uint32_t bl, const uint8_t *W,
+                        size_t row_bytes, uint32_t r0, uint32_t nr, uint32_t b)
+{
+    const int affine = dt != COLIBRI_DTYPE_Q6_K;
+    const uint8_t *blk[16];
+    for (uint32_t i = 0; i < 16; i++)
+        blk[i] = i < nr ? W + (size_t)(r0 + i) * row_bytes + (size_t)b * BT_BYTES(dt) : kg_zero_block;
+    _Pragma("GCC unroll 1")
+    for (int gh = 0; gh < 8; gh++) {
+            const int g = gh / 2, h = gh % 2;
+            __m256i lo[8], hi[8];
+            UNROLL
+            for (int i = 0; i < 8; i++)
+                clb_kg_unpack64(dt, blk[8 * h + i], g, &lo[i], &hi[i]);
+            kg_transpose8(lo);
+            kg_transpose8(hi);
+            for (int q = 0; q < 8; q++) {
+                _mm256_store_si256((__m256i *)(void *)&p->w[bl][16 * g + q][32 * h], lo[q]);
+                _mm256_store_si256((__m256i *)(void *)&p->w[bl][16 * g + 8 + q][32 * h], hi[q]);
+            }
+        }
+    /* row i's 16 scale bytes (Q4_K / Q5_K [sc0..7 | m0..7], Q6_K sc0..15),
+     * then byte j of the 16 rows in s[j] */
+    __m128i s[16];
+    uint16_t d[2][16];
+    UNROLL
+    for (uint32_t i = 0; i < 16; i++) {
+        s[i] = affine ? q4k_scm(blk[i] + CLB_QK_SCALES)
+                      : _mm_loadu_si128((const __m128i *)(const void *)(blk[i] + CLB_Q6_K_SC));
+        memcpy(&d[0][i], blk[i] + (affine ? 0u : CLB_Q6_K_D), 2);
+        memcpy(&d[1][i], blk[i] + 2, 2);
+    }
+    kg_transpose16_u8(s);
+    for (int h = 0; h < 2; h++) {
+        UNROLL
+        for (int j = 0; j < 8; j++) {
+            const __m128i a0 = s[affine ? j : 2 * j], c0 = s[affine ? 8 + j : 2 * j + 1];
+            const __m128i a = h ? _mm_unpackhi_epi64(a0, a0) : a0, c = h ? _mm_unpackhi_epi64(c0, c0) : c0;
+            if (affine) { /* sc_j; XB 2j, 2j + 1 both by m_j */
+                const __m256i m = _mm256_cvtepu8_epi32(c);
+                _mm256_store_si256((__m256i *)(void *)&p->sc[bl][j][8 * h], _mm256_cvtepu8_epi32(a));
+                _mm256_store_si256((__m256i *)(void *)&p->cp[bl][j][8 * h],
+                                   _mm256_or_si256(m, _mm256_slli_epi32(m, 16)));
+            } else { /* sc 2j, 2j + 1; their int16 pair */
+                const __m256i lo = _mm256_cvtepi8_epi32(a), hi = _mm256_cvtepi8_epi32(c);
+                _mm256_store_si256((__m256i *)(void *)&p->sc[bl][2 * j][8 * h], lo);
+                _mm256_store_si256((__m256i *)(void *)&p->sc[bl][2 * j + 1][8 * h], hi);
+                _mm256_store_si256((__m256i *)(void *)&p->cp[bl][j][8 * h],
+                                   _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xAA));
+            }
+        }
+    }
+    for (int h = 0; h < 2; h++) { /* F16C: exact, as clb_f16_to_f32 */
+        _mm256_store_ps(&p->d[bl][8 * h], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)&d[0][8 * h])));
+        if (affine)
+            _mm256_store_ps(&p->dmin[bl][8 * h],
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)&d[1][8 * h])));
+    }
+}
+
+/* One instance a type, the 8 rows' unpack unrolled (their loads in
+ * flight together), as avx512.c's zk_pack_block. */
+static __attribute__((noinline)) TGT void kg_pack_block(const unsigned dt, clb_kg_pack *p, uint32_t bl,
+                                                        const uint8_t *W, size_t row_bytes,
+                                                        uint32_t r0, uint32_t nr, uint32_t b)
+{
+    if (dt == COLIBRI_DTYPE_Q4_K)
+        kg_pack_body(COLIBRI_DTYPE_Q4_K, p, bl, W, row_bytes, r0, nr, b);
+    else if (dt == COLIBRI_DTYPE_Q5_K)
+        kg_pack_body(COLIBRI_DTYPE_Q5_K, p, bl, W, row_bytes, r0, nr, b);
+    else
+        kg_pack_body(COLIBRI_DTYPE_Q6_K, p, bl, W, row_bytes, r0, nr, b);
+}
+
+/* The 4 bytes at p as one int32 in every lane. */
+BLOCK __m256i kg_bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Y[t0 + t, r0 + 8h ..) for T tokens, the strip's rows 8h .. 8h + 7 (those
+ * below nr), over the pack's nbc blocks from block b0, added to Y's running
+ * sum when b0 > 0 (x86_gemm.h's micro-kernel contract, for one half). */
+BLOCK void kg_micro_t(const int vnni, const int T, const unsigned dt, float *Y, const clb_kg_pack *p,
+                      uint32_t nbc, const int8_t *XQ, const float *XS, const int16_t *XB,
+                      uint32_t rows, uint32_t nb, uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0,
+                      int h)
+{
+    const int affine = dt != COLIBRI_DTYPE_Q6_K;
+    const uint32_t subs = affine ? 8u : 16u, quads = 64u / subs, run = KG_RUN(dt);
+    const uint32_t rh = nr - 8u * (uint32_t)h >= 8u ? 8u : nr - 8u * (uint32_t)h;
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rh), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const size_t xq_stride = (size_t)nb * CLB_QK_COLS, xb_stride = (size_t)nb * 16;
+    float *y = Y + (size_t)t0 * rows + r0 + 8u * (uint32_t)h;
+    __m256 facc[MAXT];
+    UNROLL
+    for (int t = 0; t < T; t++)
+        facc[t] = b0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(y + (size_t)t * rows, m);
+    for (uint32_t bl = 0; bl < nbc; bl++) {
+        const uint32_t b = b0 + bl;
+        const int8_t *x = XQ + (size_t)t0 * xq_stride + (size_t)b * CLB_QK_COLS;
+        const int16_t *xb = XB + (size_t)t0 * xb_stride + (size_t)b * 16;
+        __m256i isum[MAXT], corr[MAXT];
+        UNROLL
+        for (int t = 0; t < T; t++)
+            isum[t] = corr[t] = _mm256_setzero_si256();
+        for (uint32_t j = 0; j < subs; j++) {
+            const __m256i sc = _mm256_load_si256((const __m256i *)(const void *)&p->sc[bl][j][8 * h]);
+            if (vnni) {
+                __m256i dot[MAXT];
+                UNROLL
+                for (int t = 0; t < T; t++)
+                    dot[t] = _mm256_setzero_si256();
+                UNROLL
+                for (uint32_t q = j * quads; q < (j + 1) * quads; q++) {
+                    const __m256i w = _mm256_load_si256((const __m256i *)(const void *)&p->w[bl][q][32 * h]);
+                    UNROLL
+                    for (int t = 0; t < T; t++)
+                        DPBUSD(vnni, dot[t], w, kg_bcast4(x + (size_t)t * xq_stride + 4 * q));
+                }
+                UNROLL
+                for (int t = 0; t < T; t++)
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot[t], sc));
+            } else {
+                /* (sc, sc) int16 in each row's lane: vpmaddwd's scale pair */
+                const __m256i scp = _mm256_blend_epi16(sc, _mm256_slli_epi32(sc, 16), 0xAA);
+                for (uint32_t q0 = j * quads; q0 < (j + 1) * quads; q0 += run) {
+                    __m256i acc[MAXT];
+                    UNROLL
+                    for (int t = 0; t < T; t++)
+                        acc[t] = _mm256_setzero_si256();
+                    UNROLL
+                    for (uint32_t q = q0; q < q0 + run; q++) {
+                        const __m256i w = _mm256_load_si256((const __m256i *)(const void *)&p->w[bl][q][32 * h]);
+                        UNROLL
+                        for (int t = 0; t < T; t++)
+                            acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(
+                                w, kg_bcast4(x + (size_t)t * xq_stride + 4 * q)));
+                    }
+                    UNROLL
+                    for (int t = 0; t < T; t++)
+                        isum[t] = scaled_acc(0, isum[t], acc[t], scp);
+                }
+            }
+        }
+        for (int k = 0; k < 8; k++) {
+            const __m256i c = _mm256_load_si256((const __m256i *)(const void *)&p->cp[bl][k][8 * h]);
+            UNROLL
+            for (int t = 0; t < T; t++)
+                corr[t] = scaled_acc(vnni, corr[t], c, kg_bcast4(xb + (size_t)t * xb_stride + 2 * k));
+        }
+        const __m256 d = _mm256_load_ps(&p->d[bl][8 * h]), dmin = _mm256_load_ps(&p->dmin[bl][8 * h]);
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m256 xs = _mm256_set1_ps(XS[(size_t)(t0 + (uint32_t)t) * nb + b]);
+            __m256 f;
+            if (affine) /* xs * (d * float(isum) - dmin * float(msum)) */
+                f = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[t])),
+                                  _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(corr[t])));
+            else /* xs * (d * float(isum - 32 corr)) */
+                f = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], _mm256_slli_epi32(corr[t], 5))));
+            facc[t] = _mm256_add_ps(facc[t], _mm256_mul_ps(xs, f));
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++)
+        _mm256_maskstore_ps(y + (size_t)t * rows, m, facc[t]);
+}
+
+/* x86_gemm.h's micro-kernel for T = 8 (two passes of 4), 4 or 1 tokens
+ * and the strip's halves, integer form vnni, type dt. */
+BLOCK void kg_micro_dt(const int vnni, int T, const unsigned dt, float *Y, const clb_kg_pack *p,
+                       uint32_t nbc, const int8_t *XQ, const float *XS, const int16_t *XB,
+                       uint32_t rows, uint32_t nb, uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
+{
+    for (int h = 0; h < 2 && nr > 8u * (uint32_t)h; h++) {
+        if (T == 1)
+            kg_micro_t(vnni, 1, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0, h);
+        else
+            for (int t = 0; t < T; t += 4)
+                kg_micro_t(vnni, 4, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0 + (uint32_t)t, b0, h);
+    }
+}
+
+/* kg_micro_dt with the type a constant (the sub-block's quads unrolled):
+ * one instance a type and integer form. */
+BLOCK void kg_micro(const int vnni, int T, const unsigned dt, float *Y, const clb_kg_pack *p,
+                    uint32_t nbc, const int8_t *XQ, const float *XS, const int16_t *XB,
+                    uint32_t rows, uint32_t nb, uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)
+{
+    if (dt == COLIBRI_DTYPE_Q4_K)
+        kg_micro_dt(vnni, T, COLIBRI_DTYPE_Q4_K, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+    else if (dt == COLIBRI_DTYPE_Q5_K)
+        kg_micro_dt(vnni, T, COLIBRI_DTYPE_Q5_K, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+    else
+        kg_micro_dt(vnni, T, COLIBRI_DTYPE_Q6_K, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
+}
+
+#define KG_MICRO(name, vnni)                                                                   \
+    static __attribute__((noinline)) TGT void name(                                           \
+        int T, const unsigned dt, float *Y, const clb_kg_pack *p, uint32_t nbc,                \
+        const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t rows, uint32_t nb,      \
+        uint32_t r0, uint32_t nr, uint32_t t0, uint32_t b0)                                    \
+    {                                                                                          \
+        kg_micro(vnni, T, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);                \
+    }
+KG_MICRO(kg_micro_plain, 0)
+KG_MICRO(kg_micro_vex, 1)
+
+/* KG_PF_CHUNKS: how many chunks ahead the weights are requested into L2.
+ * At few tokens a chunk's work is short next to its 16 rows' bytes
+ * arriving, so two, not the int8 GEMM's one; end to end (Q5_K_M import,
+ * prefill 128, avx512-vnni) one, two and four chunks, and L1 instead of
+ * L2, measured the same within the host's noise (FINDINGS.md 25). */
+enum { KG_PF_CHUNKS = 2 };
+
+/* Chunk ci's bytes (strip ci / chunks a strip, its blocks from CLB_KG_KB *
+ * (ci % chunks)) into L2; nothing past the last. */
+static TGT void kg_prefetch_chunk(const unsigned dt, const uint8_t *W, uint32_t rows, uint32_t nb,
+                                  uint32_t ci)
+{
+    const uint32_t chunks = (nb + CLB_KG_KB - 1) / CLB_KG_KB, r0 = ci / chunks * 16,
+                   b0 = ci % chunks * CLB_KG_KB;
+    if (r0 >= rows)
+        return;
+    const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16, bytes = BT_BYTES(dt);
+    const size_t row_bytes = (size_t)nb * bytes,
+                 len = (size_t)(nb - b0 < CLB_KG_KB ? nb - b0 : CLB_KG_KB) * bytes;
+    for (uint32_t i = 0; i < nr; i++) {
+        const char *row = (const char *)W + (size_t)(r0 + i) * row_bytes + (size_t)b0 * bytes;
+        for (size_t c = 0; c < len; c += 64)
+            _mm_prefetch(row + c, _MM_HINT_T1);
+    }
+}
+
+void clb_avx2_k_gemm(clb_kg_pack_fn *pack, clb_kg_micro_fn *micro, unsigned dt, float *Y,
+                     const uint8_t *W, const int8_t *XQ, const float *XS, const int16_t *XB,
+                     uint32_t n, uint32_t rows, uint32_t cols)
+{
+    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    const size_t row_bytes = (size_t)nb * BT_BYTES(dt);
+    clb_kg_pack p;
+    for (uint32_t ci = 0; ci < KG_PF_CHUNKS; ci++)
+        kg_prefetch_chunk(dt, W, rows, nb, ci);
+    for (uint32_t r0 = 0, ci = 0; r0 < rows; r0 += 16) {
+        const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (uint32_t b0 = 0; b0 < nb; b0 += CLB_KG_KB, ci++) {
+            const uint32_t nbc = nb - b0 < CLB_KG_KB ? nb - b0 : CLB_KG_KB;
+            for (uint32_t bl = 0; bl < nbc; bl++)
+                pack(dt, &p, bl, W, row_bytes, r0, nr, b0 + bl);
+            kg_prefetch_chunk(dt, W, rows, nb, ci + KG_PF_CHUNKS);
+            for (uint32_t t = 0, T; t < n; t += T) {
+                T = n - t >= 8 ? 8u : n - t >= 4 ? 4u : 1u;
+                micro((int)T, dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
+            }
+        }
+    }
+}
+
 /* Y[n, rows] for blocks of dtype dt. One token: decode tiles (STREAMS),
- * then the rows past the last eighth as below. The K types: blk_panels.
+ * then the rows past the last eighth as below. The K types: from
+ * CLB_KG_MIN_N tokens their GEMM (clb_avx2_k_gemm), below it blk_panels.
  * Q4_0 and Q5_0 from Q0_GEMM_MIN_N tokens: the int8 GEMM (i8g_src); below
  * it, rows in strips of BT_R (whose weights, a few KiB, stay in L1 while
  * every token of the call passes over them), so each weight is read from
@@ -1913,7 +2263,21 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
         r = BT_DEC_R * eighth;
     }
     if (BT_COLS(dt) == CLB_QK_COLS) {
-        blk_panels(vnni, dt, Y, W, XQ, XS, XB, n, rows, nb, r);
+        /* test_kernels --bench on a Xeon, n x 2816 x 1024, ms, tiles ->
+         * GEMM, without VNNI: at 8 tokens Q4_K 0.33-0.34 -> 0.34-0.35,
+         * Q6_K 0.35-0.37 -> 0.39-0.43; at 12 Q6_K 0.60-0.61 -> 0.49-0.52,
+         * Q5_K 0.62-0.64 -> 0.51-0.67; at 24 1.1-1.3x; at 128 Q4_K
+         * 5.2-5.6 -> 3.8, Q5_K 5.5-5.6 -> 3.8-3.9, Q6_K 5.5-5.6 -> 3.8-3.9
+         * (with VNNI Q4_K 4.9-5.1 -> 3.1; FINDINGS.md 27). */
+        /* The EVEX form (this table forced on Zen 4 or Ice Lake, whose
+         * avx512-vnni table has a GEMM of its own) runs the plain
+         * micro-kernel: the same bits, 6 KiB of code fewer, and still
+         * faster than its tiles (3.8 against 4.9-5.1 ms at 128 tokens). */
+        if (n >= CLB_KG_MIN_N)
+            clb_avx2_k_gemm(kg_pack_block, vnni == 1 ? kg_micro_vex : kg_micro_plain,
+                            dt, Y, W, XQ, XS, XB, n, rows, cols);
+        else
+            blk_panels(vnni, dt, Y, W, XQ, XS, XB, n, rows, nb, r);
         return;
     }
     if (n >= Q0_GEMM_MIN_N(vnni, dt)) { /* Q4_0 / Q5_0 as the int8 GEMM's groups */

@@ -37,8 +37,9 @@
  *   bit (the 4-bit mix's embedding and LM head, GGUF Q5_K_M imports): 128
  *   tokens x 2816 x 1024 on a Xeon 64 -> 128 GOPS against avx2.c's one
  *   plain-AVX2 form; a decode step stays there (memory-bound: 31 GOPS both).
- * - Q4_K, Q5_K and Q6_K prefill from ZK_MIN_N (12) tokens: a GEMM of their
- *   own (zk_gemm, "Block types, GEMM form"): 16 rows x 2 blocks unpacked
+ * - Q4_K, Q5_K and Q6_K prefill from CLB_KG_MIN_N (12) tokens: a GEMM of their
+ *   own (avx2.c's clb_avx2_k_gemm with zk_pack_block and zk_micro,
+ *   "Block types, GEMM form"): 16 rows x 2 blocks unpacked
  *   once into the int8 GEMM's column-quad layout, then every token over
  *   them, one vpdpbusd a token and quad: 128 x 2816 x 1024 on a Xeon Q4_K
  *   3.8 -> 1.9-2.0 ms, Q5_K 4.4-4.7 -> 2.0-2.1, Q6_K 4.0-4.1 -> 2.3-2.5
@@ -50,7 +51,7 @@
  *   128 x 2816 x 1024 on a Xeon, int8 2.99-3.02 -> 2.62-2.77 ms, Q4_0
  *   3.35-3.36 -> 2.82-2.86 (FINDINGS.md 24).
  * Everything else (float matmuls, quantisation, int16, Q4_0 and Q5_0 below
- * 16 tokens, Q5_K decode, and below ZK_MIN_N tokens the K types' rows past
+ * 16 tokens, Q5_K decode, and below CLB_KG_MIN_N tokens the K types' rows past
  * the last strip of 8) is avx2.c's EVEX-VNNI table, called through its
  * pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
@@ -1443,12 +1444,12 @@ static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types, GEMM form (prefill of Q4_K, Q5_K, Q6_K from ZK_MIN_N tokens).
+/* Block types, GEMM form (prefill of Q4_K, Q5_K, Q6_K from CLB_KG_MIN_N tokens).
  *
  * Why: the tiles above unpack a row's block again for every 4 tokens, and
  * llama.cpp's own Q5_K_M / Q6_K files prefilled 1.0-1.35x faster there
  * (a VNNI GEMM over unpacked K blocks; FINDINGS.md 24). Here a strip of
- * 16 rows x ZK_KB blocks is unpacked once, laid out as the int8 GEMM's
+ * 16 rows x CLB_KG_KB blocks is unpacked once, laid out as the int8 GEMM's
  * (x86_gemm.h: a column quad of the 16 rows is one zmm), and every token
  * of the call runs over it.
  *
@@ -1467,60 +1468,20 @@ static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const fl
  * gives ref's bits.
  */
 
-/* ZK_KB: blocks a chunk (their packed weights 8 KiB, as the int8 GEMM's).
- * ZK_MIN_N: tokens from which the GEMM runs. test_kernels --bench, n x
- * 2816 x 1024 from memory, on a Xeon, ms, tiles -> GEMM: at 8 tokens level
- * (Q6_K 0.25-0.26 -> 0.25-0.31); at 12 Q4_K 0.35-0.38 -> 0.28-0.30, Q5_K
- * 0.44-0.45 -> 0.31-0.34, Q6_K 0.39-0.41 -> 0.36-0.39; at 32 1.2-2.0x, at
- * 128 1.6-2.3x (FINDINGS.md 25). */
-enum { ZK_KB = 2, ZK_MIN_N = 12 };
+/* From CLB_KG_MIN_N tokens (x86_gemm.h) the GEMM runs. test_kernels
+ * --bench, n x 2816 x 1024 from memory, on a Xeon, ms, tiles -> GEMM: at 8
+ * tokens level (Q6_K 0.25-0.26 -> 0.25-0.31); at 12 Q4_K 0.35-0.38 ->
+ * 0.28-0.30, Q5_K 0.44-0.45 -> 0.31-0.34, Q6_K 0.39-0.41 -> 0.36-0.39; at
+ * 32 1.2-2.0x, at 128 1.6-2.3x (FINDINGS.md 25). */
 
-/* A strip's chunk, unpacked: per block bl, column quad q, row i the 4
- * values of columns 4q .. 4q + 3 (w[bl][q] is one zmm); the sub-block
- * scales by row (sc[bl][j], Q4_K / Q5_K j < 8); the correction's int16
- * coefficient pairs for XB dword k (XB 2k, 2k + 1) by row; d and dmin (Q6_K:
- * d only) as float32. Rows from nr on are zeros. */
-typedef struct {
-    __attribute__((aligned(64))) uint8_t w[ZK_KB][64][64];
-    __attribute__((aligned(64))) int32_t sc[ZK_KB][16][16];
-    __attribute__((aligned(64))) int32_t cp[ZK_KB][8][16];
-    __attribute__((aligned(64))) float d[ZK_KB][16];
-    __attribute__((aligned(64))) float dmin[ZK_KB][16];
-} zk_pack;
-
-/* Bits `from` .. of v's bytes moved to `to` .., masked: 16-bit shifts
- * whose carries the mask drops (it keeps bits of the byte's own). */
-BLOCK512 __m256i zk_bits(__m256i v, int from, int to, int mask)
-{
-    const __m256i s = to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
-    return _mm256_and_si256(s, _mm256_set1_epi8((char)mask));
-}
+typedef clb_kg_pack zk_pack;
 
 /* The 64 stored values of columns 64g .. 64g + 63 of block blk (dt), as
- * unsigned bytes in column order (clb_qk_value; Q6_K ref.c's layout). */
+ * unsigned bytes in column order (x86_gemm.h's unpack, in one zmm). */
 BLOCK512 __m512i zk_unpack64(const unsigned dt, const uint8_t *blk, int g)
 {
-    const __m256i m4 = _mm256_set1_epi8(15);
     __m256i lo, hi;
-    if (!ZB_AFFINE(dt)) {
-        /* half h = g / 2; segments s, s + 1 = 2 (g % 2), + 1: nibbles of
-         * ql[64h ..] and ql[64h + 32 ..] (low for s < 2), qh's bits 2s, 2s + 1 */
-        const int h = g / 2, s = 2 * (g % 2);
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h));
-        const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q6_K_QH + 32 * h));
-        lo = _mm256_or_si256(zk_bits(a, 4 * (g % 2), 0, 15), zk_bits(qh, 2 * s, 4, 0x30));
-        hi = _mm256_or_si256(zk_bits(b, 4 * (g % 2), 0, 15), zk_bits(qh, 2 * s + 2, 4, 0x30));
-    } else {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + ZB_QS(dt) + 32 * g));
-        lo = _mm256_and_si256(v, m4);
-        hi = zk_bits(v, 4, 0, 15);
-        if (ZB_FIVE(dt)) { /* sub-blocks 2g, 2g + 1: bits 2g, 2g + 1 of qh[l] */
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q5_K_QH));
-            lo = _mm256_or_si256(lo, zk_bits(qh, 2 * g, 4, 0x10));
-            hi = _mm256_or_si256(hi, zk_bits(qh, 2 * g + 1, 4, 0x10));
-        }
-    }
+    clb_kg_unpack64(dt, blk, g, &lo, &hi);
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
@@ -1729,65 +1690,12 @@ static __attribute__((noinline)) TGT512 void zk_micro(int T, const unsigned dt, 
         zk_micro_t(1, dt, Y, p, nbc, XQ, XS, XB, rows, nb, r0, nr, t0, b0);
 }
 
-/* ZK_PF_CHUNKS: how many chunks ahead the weights are requested into L2.
- * At few tokens a chunk's work is short next to its 16 rows' bytes
- * arriving, so two, not the int8 GEMM's one; end to end (Q5_K_M import,
- * prefill 128) one, two and four chunks, and L1 instead of L2, measured
- * the same within the host's noise (FINDINGS.md 25). */
-enum { ZK_PF_CHUNKS = 2 };
-
-/* Chunk ci's bytes (strip ci / chunks a strip, its blocks from ZK_KB *
- * (ci % chunks)) into L2; nothing past the last. */
-static TGT512 void zk_prefetch_chunk(const unsigned dt, const uint8_t *W, uint32_t rows, uint32_t nb,
-                                     uint32_t ci)
-{
-    const uint32_t chunks = (nb + ZK_KB - 1) / ZK_KB, r0 = ci / chunks * 16, b0 = ci % chunks * ZK_KB;
-    if (r0 >= rows)
-        return;
-    const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16, bytes = ZB_BYTES(dt);
-    const size_t row_bytes = (size_t)nb * bytes, len = (size_t)(nb - b0 < ZK_KB ? nb - b0 : ZK_KB) * bytes;
-    for (uint32_t i = 0; i < nr; i++) {
-        const uint8_t *row = W + (size_t)(r0 + i) * row_bytes + (size_t)b0 * bytes;
-        for (size_t c = 0; c < len; c += 64)
-            _mm_prefetch((const char *)(row + c), _MM_HINT_T1);
-    }
-}
-
-/* Y[n, rows] for block dtype dt: strips of 16 rows, chunks of ZK_KB
- * blocks unpacked once (zk_pack_block), tokens 8, then 4, then 1 at a
- * time over each; the bytes ZK_PF_CHUNKS chunks on requested into L2
- * meanwhile (as the int8 GEMM's i8g_prefetch_next, one chunk on). */
-static __attribute__((noinline)) TGT512 void zk_gemm(const unsigned dt, float *Y, const uint8_t *W,
-                                                     const int8_t *XQ, const float *XS,
-                                                     const int16_t *XB, uint32_t n, uint32_t rows,
-                                                     uint32_t cols)
-{
-    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS, bytes = ZB_BYTES(dt);
-    const size_t row_bytes = (size_t)nb * bytes;
-    zk_pack p;
-    for (uint32_t ci = 0; ci < ZK_PF_CHUNKS; ci++)
-        zk_prefetch_chunk(dt, W, rows, nb, ci);
-    for (uint32_t r0 = 0, ci = 0; r0 < rows; r0 += 16) {
-        const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16;
-        for (uint32_t b0 = 0; b0 < nb; b0 += ZK_KB, ci++) {
-            const uint32_t nbc = nb - b0 < ZK_KB ? nb - b0 : ZK_KB;
-            for (uint32_t bl = 0; bl < nbc; bl++)
-                zk_pack_block(dt, &p, bl, W, row_bytes, r0, nr, b0 + bl);
-            zk_prefetch_chunk(dt, W, rows, nb, ci + ZK_PF_CHUNKS);
-            for (uint32_t t = 0, T; t < n; t += T) {
-                T = n - t >= 8 ? 8u : n - t >= 4 ? 4u : 1u;
-                zk_micro((int)T, dt, Y, &p, nbc, XQ, XS, XB, rows, nb, r0, nr, t, b0);
-            }
-        }
-    }
-}
-
 /* Tokens a call of the rows past the last whole strip hands avx2.c at a
  * time (its outputs go through a stack buffer: avx2.c's Y has their
  * count as its row stride). */
 enum { ZB_TAIL_T = 64 };
 
-/* Y[n, rows] for Q4_K, Q5_K or Q6_K: from ZK_MIN_N tokens the GEMM (all
+/* Y[n, rows] for Q4_K, Q5_K or Q6_K: from CLB_KG_MIN_N tokens the GEMM (all
  * rows); below, whole strips of 8 rows here (decode and prefill forms;
  * Q5_K prefill only: its decode, of a GGUF import or the 4-bit mix's LM
  * head, reads memory as fast in avx2.c's one form), the last rows % 8 by
@@ -1796,8 +1704,8 @@ BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int
                         const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
                         uint32_t cols)
 {
-    if (n >= ZK_MIN_N) {
-        zk_gemm(dt, Y, W, XQ, XS, XB, n, rows, cols);
+    if (n >= CLB_KG_MIN_N) {
+        clb_avx2_k_gemm(zk_pack_block, zk_micro, dt, Y, W, XQ, XS, XB, n, rows, cols);
         return;
     }
     const uint32_t bytes = ZB_BYTES(dt);

@@ -680,8 +680,26 @@ static void fill_blk_act(float *x, size_t count, uint32_t B)
         x[count / 2] = 1e30f;
 }
 
+/* test_blocks' data: random (fill_blocks, fill_blk_act), or every stored
+ * value at its largest (all bits of the values and the Q4_K / Q5_K scales
+ * and mins set, the fp16 scales still fill_blocks') against activations
+ * all +4 or all -4 (every xq +127 or -127): the integer sums' largest
+ * magnitudes, where an int16 run summed too long would wrap (avx2.c's
+ * KG_RUN). */
+enum { BLK_RANDOM, BLK_EXTREME_POS, BLK_EXTREME_NEG };
+
+static void fill_blocks_extreme(uint8_t *w, unsigned dtype, size_t nblocks)
+{
+    const uint32_t bytes = clb_block_bytes(dtype);
+    unsigned at, nf = clb_block_scales(dtype, &at);
+    for (size_t b = 0; b < nblocks; b++)
+        for (uint32_t i = 0; i < bytes; i++)
+            if (i < at || i >= at + 2 * nf)
+                w[b * bytes + i] = 0xFF;
+}
+
 static void test_blocks(const colibri_kernels *ref, const colibri_kernels *k, unsigned dtype,
-                        uint32_t n, uint32_t rows, uint32_t cols)
+                        uint32_t n, uint32_t rows, uint32_t cols, int fill)
 {
     const uint32_t B = clb_block_cols(dtype), nb = (cols + B - 1) / B;
     const size_t padded = (size_t)nb * B;
@@ -700,6 +718,11 @@ static void test_blocks(const colibri_kernels *ref, const colibri_kernels *k, un
     int16_t *xbr = XBr.p, *xbk = XBk.p;
     fill_blocks(w, dtype, (size_t)rows * nb);
     fill_blk_act(x, (size_t)n * cols, B);
+    if (fill != BLK_RANDOM) {
+        fill_blocks_extreme(w, dtype, (size_t)rows * nb);
+        for (size_t i = 0; i < (size_t)n * cols; i++)
+            x[i] = fill == BLK_EXTREME_POS ? 4.0f : -4.0f;
+    }
     fill_sentinel(xsk, (size_t)n * nb + GUARD);
     ref->quantize_act_blk(xqr, xsr, xbr, x, n, cols, B);
     k->quantize_act_blk(xqk, xsk, xbk, x, n, cols, B);
@@ -780,15 +803,21 @@ static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels 
         for (size_t a = 0; a < LEN(NS); a++)
             for (size_t b = 0; b < LEN(BLK_ROWS); b++)
                 for (size_t c = 0; c < LEN(BLK_COLS); c++)
-                    test_blocks(ref, k, BLK_DTYPES[d], NS[a], BLK_ROWS[b], BLK_COLS[c]);
-        test_blocks(ref, k, BLK_DTYPES[d], 40, 97, 2048);
+                    test_blocks(ref, k, BLK_DTYPES[d], NS[a], BLK_ROWS[b], BLK_COLS[c], BLK_RANDOM);
+        test_blocks(ref, k, BLK_DTYPES[d], 40, 97, 2048, BLK_RANDOM);
         /* one token at a model's shape: avx512-vnni's decode tiles over
          * many rows (its prefetch stream) and 11-block rows, plus a tail */
-        test_blocks(ref, k, BLK_DTYPES[d], 1, 267, 2816);
+        test_blocks(ref, k, BLK_DTYPES[d], 1, 267, 2816, BLK_RANDOM);
         /* several tokens at that shape (avx512-vnni's prefill strips and
          * their stream), and more tokens than its tail rows take a pass */
-        test_blocks(ref, k, BLK_DTYPES[d], 9, 267, 2816);
-        test_blocks(ref, k, BLK_DTYPES[d], 70, 13, 512);
+        test_blocks(ref, k, BLK_DTYPES[d], 9, 267, 2816, BLK_RANDOM);
+        test_blocks(ref, k, BLK_DTYPES[d], 70, 13, 512, BLK_RANDOM);
+        /* the largest sums, in every form: decode, tiles, the GEMMs */
+        for (int f = BLK_EXTREME_POS; f <= BLK_EXTREME_NEG; f++) {
+            test_blocks(ref, k, BLK_DTYPES[d], 1, 19, 512, f);
+            test_blocks(ref, k, BLK_DTYPES[d], 5, 19, 512, f);
+            test_blocks(ref, k, BLK_DTYPES[d], 20, 19, 512, f);
+        }
         test_blocks_tiles(k, BLK_DTYPES[d], 24, 40, 512);
         test_blocks_tiles(k, BLK_DTYPES[d], 17, 33, 300);
     }
