@@ -88,10 +88,10 @@ TARGET = Target(
         # the experts' combine and the residual adds too: 436.1; tiles
         # taken in runs (threads.c run_tiles): 436.2; the SiLU a row pass
         # too (its own tiling gone): 436.1; the K types' GEMM in the AVX2
-        # tables (Q4_K / Q5_K / Q6_K prefill from 12 tokens 1.4-1.6x at
+        # tables (Q4_K / Q5_K / Q6_K prefill from 12 tokens 1.3-1.6x at
         # 128 tokens, FINDINGS.md 27; its unpack one instance a type, 14.4
         # KiB: one for the three, 7.7, was 3-8 % slower from 12 to 32
-        # tokens), its driver shared with avx512.c: 459.2, so 464 KiB.
+        # tokens), its driver shared with avx512.c: 459.0, so 464 KiB.
         # The embedded targets keep their own budgets.
         runtime=464 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)

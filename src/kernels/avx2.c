@@ -1926,10 +1926,7 @@ BLOCK void blk_panels(const int vnni, const unsigned dt, float *Y, const uint8_t
 /* Column quads whose int16 pair sums add up exactly (see above). */
 #define KG_RUN(dt) ((dt) == COLIBRI_DTYPE_Q4_K ? 8u : (dt) == COLIBRI_DTYPE_Q5_K ? 4u : 2u)
 
-/* A block of zeros for the rows of a strip past nr (values, scales and d
- * 0, so those lanes compute zeros and are never stored); the largest K
- * block, so every type's loads stay inside it. */
-static const uint8_t kg_zero_block[CLB_Q6_K_BYTES];
+const uint8_t clb_kg_zero_block[CLB_Q6_K_BYTES] = {0};
 
 /* 8 x 8 transpose of int32 elements: v[i] holds row i; afterwards v[q]
  * holds element q of rows 0..7. */
@@ -1983,7 +1980,7 @@ BLOCK void kg_pack_body(const unsigned dt, clb_kg_pack *p, uint32_t bl, const ui
     const int affine = dt != COLIBRI_DTYPE_Q6_K;
     const uint8_t *blk[16];
     for (uint32_t i = 0; i < 16; i++)
-        blk[i] = i < nr ? W + (size_t)(r0 + i) * row_bytes + (size_t)b * BT_BYTES(dt) : kg_zero_block;
+        blk[i] = i < nr ? W + (size_t)(r0 + i) * row_bytes + (size_t)b * BT_BYTES(dt) : clb_kg_zero_block;
     _Pragma("GCC unroll 1")
     for (int gh = 0; gh < 8; gh++) {
             const int g = gh / 2, h = gh % 2;
@@ -2264,11 +2261,11 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
     }
     if (BT_COLS(dt) == CLB_QK_COLS) {
         /* test_kernels --bench on a Xeon, n x 2816 x 1024, ms, tiles ->
-         * GEMM, without VNNI: at 8 tokens Q4_K 0.33-0.34 -> 0.34-0.35,
-         * Q6_K 0.35-0.37 -> 0.39-0.43; at 12 Q6_K 0.60-0.61 -> 0.49-0.52,
-         * Q5_K 0.62-0.64 -> 0.51-0.67; at 24 1.1-1.3x; at 128 Q4_K
-         * 5.2-5.6 -> 3.8, Q5_K 5.5-5.6 -> 3.8-3.9, Q6_K 5.5-5.6 -> 3.8-3.9
-         * (with VNNI Q4_K 4.9-5.1 -> 3.1; FINDINGS.md 27). */
+         * GEMM, without VNNI: at 8 tokens Q4_K 0.33-0.35 -> 0.34-0.35,
+         * Q6_K 0.35-0.37 -> 0.39-0.43; at 12 Q4_K 0.55-0.56 -> 0.46-0.48,
+         * Q6_K 0.60-0.61 -> 0.49-0.52; at 128 Q4_K 5.2-5.6 -> 3.8-4.0,
+         * Q5_K and Q6_K 5.5-5.6 -> 3.8-3.9 (with VNNI Q4_K 4.9-5.1 ->
+         * 3.1-3.4; FINDINGS.md 27). */
         /* The EVEX form (this table forced on Zen 4 or Ice Lake, whose
          * avx512-vnni table has a GEMM of its own) runs the plain
          * micro-kernel: the same bits, 6 KiB of code fewer, and still

@@ -1535,10 +1535,6 @@ BLOCK512 __m512i zk_byte(__m512i v, int k, int sign)
     return sign ? _mm512_srai_epi32(up, 24) : _mm512_srli_epi32(up, 24);
 }
 
-/* A block of zeros for the rows of a strip past nr: values, scales and d
- * all 0, so those lanes compute zeros (and are never stored). The largest
- * K block's size, so every type's loads stay inside it. */
-static const uint8_t zk_zero_block[CLB_Q6_K_BYTES];
 
 /* p's block bl <- block b of rows r0 .. r0 + nr (rows of row_bytes): the
  * values by zk_unpack64 and zk_transpose16, the scales decoded 4 rows a
@@ -1554,7 +1550,7 @@ BLOCK512 void zk_pack_body(const unsigned dt, zk_pack *p, uint32_t bl, const uin
 {
     const uint8_t *blk[16];
     for (uint32_t i = 0; i < 16; i++)
-        blk[i] = i < nr ? W + (size_t)(r0 + i) * row_bytes + (size_t)b * ZB_BYTES(dt) : zk_zero_block;
+        blk[i] = i < nr ? W + (size_t)(r0 + i) * row_bytes + (size_t)b * ZB_BYTES(dt) : clb_kg_zero_block;
     _Pragma("GCC unroll 1")
     for (int g = 0; g < 4; g++) {
         __m512i v[16];

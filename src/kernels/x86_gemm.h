@@ -1,13 +1,14 @@
 /*
- * x86_gemm.h - avx2.c's int8 GEMM driver, open to avx512.c's micro-kernel.
+ * x86_gemm.h - avx2.c's GEMM drivers, open to avx512.c's micro-kernels.
  *
  * avx2.c's GEMM form (i8_gemm: int8 rows, and Q4_0 / Q5_0 blocks unpacked
  * into int8 groups of 32) packs 16 rows x a column chunk of weights at a
  * time, their scales and per-group weight sums, and the activations of a
  * tile of tokens, and hands each tile to a micro-kernel. avx512.c runs the
  * same driver with its own micro-kernel in zmm registers (all 16 rows in one
- * vector), so the packing, chunking and prefetching exist once. Only the
- * x86 tables use this header.
+ * vector), so the packing, chunking and prefetching exist once. The K
+ * types' GEMM (below) is shared the same way, with a pack a table. Only
+ * the x86 tables use this header.
  */
 #ifndef COLIBRI_X86_GEMM_H
 #define COLIBRI_X86_GEMM_H
@@ -109,6 +110,11 @@ void clb_avx2_k_gemm(clb_kg_pack_fn *pack, clb_kg_micro_fn *micro, unsigned dt, 
 #include <immintrin.h>
 
 #include "kernels.h"
+
+/* A block of zeros for a pack's rows past nr (values, scales and d 0, so
+ * those lanes compute zeros and are never stored); the largest K block, so
+ * every type's loads stay inside it. Defined in avx2.c. */
+extern const uint8_t clb_kg_zero_block[CLB_Q6_K_BYTES];
 
 /* Both packs' unpack, AVX2 only, so it inlines into avx2.c's instances
  * and avx512.c's alike (a callee's ISA a subset of its caller's). */
