@@ -205,7 +205,11 @@ def prepare(name: str, base: Path, seed: int = 0, log=print, with_gguf: bool = T
     from . import gguf_export
 
     ms = ModelSet(name, base)
-    if ms.stamp.exists() and ms.stamp.read_text() == _stamp_text(name, seed, with_gguf):
+    # A set made with its GGUF files also serves a run that needs none
+    # (context.py --no-llama): regenerating it would delete them, and the
+    # next run with llama.cpp would make them all again.
+    if ms.stamp.exists() and ms.stamp.read_text() in {
+            _stamp_text(name, seed, g) for g in ((True, False) if not with_gguf else (True,))}:
         return ms
     if ms.dir.exists():
         shutil.rmtree(ms.dir)

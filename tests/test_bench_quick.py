@@ -54,6 +54,30 @@ def test_gguf_f32_matches_transformers(tmp_path):
     assert greedy(ll, prompt, 16) == want
 
 
+def test_model_set_with_gguf_serves_a_run_without(tmp_path):
+    """bench/models.prepare: a set generated with its GGUF files is reused as
+    it is by a run that wants none (context.py --no-llama), not deleted and
+    regenerated; one generated without them is regenerated for a run that
+    wants them."""
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    from bench import models
+
+    logs = []
+    ms = models.prepare("tiny", tmp_path, seed=1, log=logs.append, with_gguf=True)
+    made = {p: p.stat().st_mtime_ns for p in ms.dir.iterdir() if p.is_file()}
+    assert any(p.suffix == ".gguf" for p in made)
+    n = len(logs)
+    models.prepare("tiny", tmp_path, seed=1, log=logs.append, with_gguf=False)
+    assert len(logs) == n, logs[n:]  # nothing generated
+    assert {p: p.stat().st_mtime_ns for p in ms.dir.iterdir() if p.is_file()} == made
+
+    other = tmp_path / "other"
+    models.prepare("tiny", other, seed=1, log=logs.append, with_gguf=False)
+    n = len(logs)
+    ms2 = models.prepare("tiny", other, seed=1, log=logs.append, with_gguf=True)
+    assert len(logs) > n and any(p.suffix == ".gguf" for p in ms2.dir.iterdir())
+
+
 def test_threads_summary_is_median_of_round_medians():
     """The figure of a cell: tokens / (median over rounds of each round's
     median time); llama-bench's avg_ts taken as it reports it."""
