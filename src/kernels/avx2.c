@@ -1982,19 +1982,19 @@ BLOCK void kg_pack_body(const unsigned dt, clb_kg_pack *p, uint32_t bl, const ui
     for (uint32_t i = 0; i < 16; i++)
         blk[i] = i < nr ? W + (size_t)(r0 + i) * row_bytes + (size_t)b * BT_BYTES(dt) : clb_kg_zero_block;
     _Pragma("GCC unroll 1")
-    for (int gh = 0; gh < 8; gh++) {
-            const int g = gh / 2, h = gh % 2;
-            __m256i lo[8], hi[8];
-            UNROLL
-            for (int i = 0; i < 8; i++)
-                clb_kg_unpack64(dt, blk[8 * h + i], g, &lo[i], &hi[i]);
-            kg_transpose8(lo);
-            kg_transpose8(hi);
-            for (int q = 0; q < 8; q++) {
-                _mm256_store_si256((__m256i *)(void *)&p->w[bl][16 * g + q][32 * h], lo[q]);
-                _mm256_store_si256((__m256i *)(void *)&p->w[bl][16 * g + 8 + q][32 * h], hi[q]);
-            }
+    for (int gh = 0; gh < 8; gh++) { /* columns 64g .. 64g + 63 of rows 8h .. 8h + 7 */
+        const int g = gh / 2, h = gh % 2;
+        __m256i lo[8], hi[8];
+        UNROLL
+        for (int i = 0; i < 8; i++)
+            clb_kg_unpack64(dt, blk[8 * h + i], g, &lo[i], &hi[i]);
+        kg_transpose8(lo);
+        kg_transpose8(hi);
+        for (int q = 0; q < 8; q++) {
+            _mm256_store_si256((__m256i *)(void *)&p->w[bl][16 * g + q][32 * h], lo[q]);
+            _mm256_store_si256((__m256i *)(void *)&p->w[bl][16 * g + 8 + q][32 * h], hi[q]);
         }
+    }
     /* row i's 16 scale bytes (Q4_K / Q5_K [sc0..7 | m0..7], Q6_K sc0..15),
      * then byte j of the 16 rows in s[j] */
     __m128i s[16];
@@ -2004,7 +2004,7 @@ BLOCK void kg_pack_body(const unsigned dt, clb_kg_pack *p, uint32_t bl, const ui
         s[i] = affine ? q4k_scm(blk[i] + CLB_QK_SCALES)
                       : _mm_loadu_si128((const __m128i *)(const void *)(blk[i] + CLB_Q6_K_SC));
         memcpy(&d[0][i], blk[i] + (affine ? 0u : CLB_Q6_K_D), 2);
-        memcpy(&d[1][i], blk[i] + 2, 2);
+        memcpy(&d[1][i], blk[i] + 2, 2); /* dmin (Q6_K: unused) */
     }
     kg_transpose16_u8(s);
     for (int h = 0; h < 2; h++) {
