@@ -91,7 +91,10 @@ TARGET = Target(
         # tables (Q4_K / Q5_K / Q6_K prefill from 12 tokens 1.3-1.6x at
         # 128 tokens, FINDINGS.md 27; its unpack one instance a type, 14.4
         # KiB: one for the three, 7.7, was 3-8 % slower from 12 to 32
-        # tokens), its driver shared with avx512.c: 459.0, so 464 KiB.
+        # tokens), its driver shared with avx512.c: 459.0, so 464 KiB; Q4_0
+        # and Q5_0 prefill without VNNI in int16 runs of bytes (1.3x at 128
+        # tokens; runs of a whole Q4_0 block as well were 3 KiB more for
+        # the same speed): 461.7.
         # The embedded targets keep their own budgets.
         runtime=464 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)

@@ -764,6 +764,11 @@ BLOCK void i8_row1(const int vnni, float *y, const int8_t *Q, const float *S,
  * vpsignb on the same two ports: 128 x 2816 x 1024, group 32, on a Xeon
  * 9.3 -> 7.9 ms. AMD Zen 3 should gain less: there both forms issue two
  * multiply uops per 32 products, and sign and add have pipes of their own.
+ * Q4_0 and Q5_0 without VNNI: their values are small (|q - z| <= 16), so
+ * vpmaddubsw takes the + 128 offset after all, and runs of its int16 pairs
+ * add up exactly before one vpmaddwd (I8G_BYTE_RUN): the VNNI layout and
+ * correction, 2.25 operations for 32 products; 128 x 2816 x 1024 on a
+ * Xeon 6.0 -> 4.6 ms (Q4_0), 6.2 -> 4.7-4.8 (Q5_0).
  *
  * Each group term is float(dot) * (S[r,g] * XS[t,g]), added to the row's
  * float sum group after group in order, unfused (mul, then add), and Y is
@@ -778,6 +783,17 @@ BLOCK void i8_row1(const int vnni, float *y, const int8_t *Q, const float *S,
 /* I8G_KC16: the int16 form's column chunk, 8 KiB of packed weights as the
  * int8 form's 512 columns are (the worker's stack, colibri.h). */
 enum { I8G_KC = CLB_I8G_KC, I8G_KC16 = 256, I8G_MIN_N = CLB_I8G_MIN_N };
+
+/* Q4_0 and Q5_0 without VNNI: their values q - z (z = 8, 16; |q - z| <=
+ * 8, 16) against the biased activations (x + 128 <= 255) are vpmaddubsw's
+ * operands, exact in int16 pairs, and a run of I8G_BYTE_RUN column quads
+ * of pair sums is added in int16 before one vpmaddwd: 8 products a lane,
+ * at most 8 x 255 x 16 = 32640 (Q5_0; Q4_0 half that). Then, as with VNNI,
+ * less 128 x the weights' sum. Against the int16 pairs, 2.25 operations
+ * for 32 products instead of 4 for 16. Runs of a whole Q4_0 block (8
+ * quads, also exact) measured the same (128 x 2816 x 1024: 4.63-4.65
+ * against 4.59 ms) and took another 3 KiB of code. */
+enum { I8G_BYTE_RUN = 4 };
 
 /* The column chunk of the GEMM form that runs: the largest group it takes. */
 static inline uint32_t i8g_chunk(const int vnni)
@@ -965,7 +981,7 @@ TGT static void bias_x8(uint8_t (*xu)[I8G_KC], const int8_t *XQ, uint32_t cols, 
  * wp is pack_q16's and the activations are the tile's biased bytes xu
  * (bias_x8); without, wp is pack_w16's (int16) and they are read from x16
  * (widen_x16). x86_gemm.h's contract, in ymm registers. */
-BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
+BLOCK void i8g_micro(const int vnni, const uint32_t run, const int T, float *Y, const void *wp,
                      const int32_t *csum, const float *sp, const uint8_t (*xu)[I8G_KC],
                      const int16_t (*x16)[I8G_KC16], const float *XS, uint32_t rows,
                      uint32_t ng, uint32_t r0, uint32_t nr,
@@ -996,7 +1012,34 @@ BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
         UNROLL
         for (int t = 0; t < T; t++)
             iacc[0][t] = iacc[1][t] = _mm256_setzero_si256();
-        for (uint32_t c = cs; c < ce; c += 4) {
+        if (run) { /* the group's quads in runs of I8G_BYTE_RUN (group % 16 == 0) */
+            for (uint32_t c = cs; c < ce; c += 4 * run) {
+                __m256i a16[2][MAXT];
+                UNROLL
+                for (int t = 0; t < T; t++)
+                    a16[0][t] = a16[1][t] = _mm256_setzero_si256();
+                UNROLL
+                for (uint32_t u = 0; u < run; u++) {
+                    const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(w8 + (c + 4 * u) * 16));
+                    const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + (c + 4 * u) * 16 + 32));
+                    UNROLL
+                    for (int t = 0; t < T; t++) {
+                        int32_t quad;
+                        memcpy(&quad, xu[t] + c + 4 * u, 4);
+                        const __m256i xb = _mm256_set1_epi32(quad);
+                        a16[0][t] = _mm256_add_epi16(a16[0][t], _mm256_maddubs_epi16(xb, w0));
+                        a16[1][t] = _mm256_add_epi16(a16[1][t], _mm256_maddubs_epi16(xb, w1));
+                    }
+                }
+                const __m256i one16 = _mm256_set1_epi16(1);
+                UNROLL
+                for (int t = 0; t < T; t++) {
+                    madd_acc(&iacc[0][t], a16[0][t], one16);
+                    madd_acc(&iacc[1][t], a16[1][t], one16);
+                }
+            }
+        }
+        for (uint32_t c = cs; c < ce && !run; c += 4) {
             if (vnni) {
                 const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16));
                 const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16 + 32));
@@ -1029,7 +1072,7 @@ BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
         }
         const __m256 s0 = _mm256_load_ps(sp + gl * 16), s1 = _mm256_load_ps(sp + gl * 16 + 8);
         __m256i corr0 = _mm256_setzero_si256(), corr1 = _mm256_setzero_si256();
-        if (vnni) {
+        if (vnni || run) {
             corr0 = _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(const void *)(csum + gl * 16)), 7);
             corr1 = _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(const void *)(csum + gl * 16 + 8)), 7);
         }
@@ -1037,7 +1080,7 @@ BLOCK void i8g_micro(const int vnni, const int T, float *Y, const void *wp,
         for (int t = 0; t < T; t++) {
             const __m256 xsv = _mm256_set1_ps(xs[t][gl]);
             __m256i d0 = iacc[0][t], d1 = iacc[1][t];
-            if (vnni) {
+            if (vnni || run) {
                 d0 = _mm256_sub_epi32(d0, corr0);
                 d1 = _mm256_sub_epi32(d1, corr1);
             }
@@ -1114,6 +1157,10 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, clb_i8g_micro_
                    uint32_t cols, uint32_t group)
 {
     enum { TB = 4, GMAX = I8G_KC / 4 };
+    /* Q4_0 / Q5_0 without VNNI: byte runs (I8G_BYTE_RUN), int8 weights and
+     * biased activations as with VNNI; int8 rows: int16 pairs */
+    const uint32_t run = vnni || !src->dt ? 0u : (uint32_t)I8G_BYTE_RUN;
+    const int bytes = vnni || run;
     /* the packed weights: int8 with VNNI (pack_q16), int16 without (pack_w16) */
     __attribute__((aligned(32))) int8_t wp[16 * I8G_KC]; /* = 16 x I8G_KC16 int16 */
     /* the tile's activations: int16 without VNNI (widen_x16), biased bytes
@@ -1123,14 +1170,14 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, clb_i8g_micro_
     __attribute__((aligned(32))) float sp[GMAX * 16];
     __attribute__((aligned(32))) int32_t csum[GMAX * 16]; /* with VNNI */
     const uint32_t ng = (cols + group - 1) / group;
-    const uint32_t gpc = i8g_chunk(vnni) / group; /* whole groups per column chunk */
+    const uint32_t gpc = i8g_chunk(bytes) / group; /* whole groups per column chunk */
     for (uint32_t r0 = 0; r0 < rows; r0 += 16) {
         const uint32_t nr = rows - r0 < 16 ? rows - r0 : 16;
         for (uint32_t g0 = 0; g0 < ng; g0 += gpc) {
             const uint32_t kc = g0 * group;
             const uint32_t kl = cols - kc < gpc * group ? cols - kc : gpc * group;
             const uint32_t ngc = (kl + group - 1) / group;
-            if (!vnni)
+            if (!bytes)
                 pack_w16((int16_t *)(void *)wp, src, cols, r0, nr, kc, kl);
             else if (!src->dt)
                 pack_q16(wp, src->q, cols, r0, nr, kc, kl);
@@ -1139,17 +1186,22 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, clb_i8g_micro_
                     pack_slice(wp + c0 * 16, src, cols, r0, nr, kc + c0, 32);
             i8g_prefetch_next(src, rows, cols, r0, kc + kl, gpc * group);
             i8g_scales(sp, src, cols, ng, r0, nr, g0, ngc);
-            if (vnni) /* per row and group: the sum of the weights, by lanes */
+            if (bytes) /* per row and group: the sum of the weights, by lanes */
                 for (uint32_t gl = 0, cs = 0; gl < ngc; gl++, cs += group) {
                     const uint32_t ce = kl - cs < group ? kl : cs + group;
-                    const __m256i one8 = _mm256_set1_epi8(1);
+                    const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
                     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
                     for (uint32_t c = cs; c < ce; c += 4) {
                         const int8_t *w8 = wp + c * 16;
                         __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)w8);
                         __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + 32));
-                        DPBUSD(vnni, a0, one8, w0);
-                        DPBUSD(vnni, a1, one8, w1);
+                        if (vnni) {
+                            DPBUSD(vnni, a0, one8, w0);
+                            DPBUSD(vnni, a1, one8, w1);
+                        } else { /* a block's 32 values of at most 16 in magnitude */
+                            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(one8, w0), one16));
+                            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(one8, w1), one16));
+                        }
                     }
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16), a0);
                     _mm256_store_si256((__m256i *)(void *)(csum + gl * 16 + 8), a1);
@@ -1157,28 +1209,30 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, clb_i8g_micro_
             const int16_t(*xw)[I8G_KC16] = (const int16_t(*)[I8G_KC16])x16;
             const uint8_t(*xr)[I8G_KC] = (const uint8_t(*)[I8G_KC])xu;
             uint32_t t = 0;
-            for (; t + TB <= n; t += TB) {
-                if (vnni)
-                    bias_x8(xu, XQ, cols, t, TB, kc, kl);
+/* i8g_micro for T tokens in the form at hand, its run a constant */
+#define I8G_MICRO_RUNS(T)                                                                       \
+    do {                                                                                        \
+        if (run)                                                                                \
+            i8g_micro(0, I8G_BYTE_RUN, T, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc,  \
+                      kl, g0, group);                                                           \
+        else                                                                                    \
+            i8g_micro(vnni, 0, T, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0,   \
+                      group);                                                                   \
+    } while (0)
+            for (uint32_t T; t < n; t += T) {
+                T = n - t >= TB ? (uint32_t)TB : 1u;
+                if (bytes)
+                    bias_x8(xu, XQ, cols, t, (int)T, kc, kl);
                 else
-                    widen_x16(x16, XQ, cols, t, TB, kc, kl);
+                    widen_x16(x16, XQ, cols, t, (int)T, kc, kl);
                 if (micro)
-                    micro(TB, Y, wp, csum, sp, &xr[0][0], XS, rows, ng, r0, nr, t, kc, kl, g0, group);
+                    micro((int)T, Y, wp, csum, sp, &xr[0][0], XS, rows, ng, r0, nr, t, kc, kl, g0, group);
+                else if (T == TB)
+                    I8G_MICRO_RUNS(TB);
                 else
-                    i8g_micro(vnni, TB, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0,
-                              group);
+                    I8G_MICRO_RUNS(1);
             }
-            for (; t < n; t++) {
-                if (vnni)
-                    bias_x8(xu, XQ, cols, t, 1, kc, kl);
-                else
-                    widen_x16(x16, XQ, cols, t, 1, kc, kl);
-                if (micro)
-                    micro(1, Y, wp, csum, sp, &xr[0][0], XS, rows, ng, r0, nr, t, kc, kl, g0, group);
-                else
-                    i8g_micro(vnni, 1, Y, wp, csum, sp, xr, xw, XS, rows, ng, r0, nr, t, kc, kl, g0,
-                              group);
-            }
+#undef I8G_MICRO_RUNS
         }
     }
 }
@@ -1753,14 +1807,15 @@ static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const 
  * K types' 1 x 8.) */
 enum { BT_DEC_R = 8, BT_R = 4, BT_T = 2 };
 
-/* Q4_0 / Q5_0 from this many tokens: the int8 GEMM form (i8g_src), whose
- * unpack and pack of each 16 rows x chunk the tokens must pay for.
- * test_kernels --bench on a Xeon, n x 2816 x 1024, tiles -> GEMM, ms:
- * with VNNI Q4_0 at 12 tokens 0.65 -> 0.70-0.78, 16 0.86 -> 0.87-0.90,
- * 24 1.30 -> 1.07-1.14, 128 6.9 -> 3.6; without, 24 1.49 -> 1.48-1.49,
- * 32 1.97 -> 1.81, 128 7.9 -> 5.9; Q5_0 (more work a block in the tiles)
- * gains from 12-16 tokens on both. */
-#define Q0_GEMM_MIN_N(vnni, dt) (!(vnni) && (dt) == COLIBRI_DTYPE_Q4_0 ? 24u : CLB_Q0_GEMM_MIN_N)
+/* Q4_0 / Q5_0 from CLB_Q0_GEMM_MIN_N tokens: the int8 GEMM form
+ * (i8g_src), whose unpack and pack of each 16 rows x chunk the tokens must
+ * pay for. test_kernels --bench on a Xeon, n x 2816 x 1024, tiles -> GEMM,
+ * ms: with VNNI Q4_0 at 12 tokens 0.65 -> 0.70-0.78, 16 0.86 -> 0.87-0.90,
+ * 24 1.30 -> 1.07-1.14, 128 6.9 -> 3.6; Q5_0 (more work a block in the
+ * tiles) gains from 12-16 tokens. Without VNNI, in the int16 form, Q4_0
+ * waited for 24 tokens (1.49 -> 1.48-1.49 ms there); in the byte runs
+ * (I8G_BYTE_RUN) it is level with the tiles at 16 (1.00-1.01 against
+ * 1.02 ms), Q5_0 gains there (1.29-1.31 -> 1.13). */
 
 /* Rows of a K-type panel (blk_panels): its weights, at most this many
  * bytes, stay in L2 while every 8-token tile of the call passes over them. */
@@ -2238,7 +2293,7 @@ void clb_avx2_k_gemm(clb_kg_pack_fn *pack, clb_kg_micro_fn *micro, unsigned dt, 
 /* Y[n, rows] for blocks of dtype dt. One token: decode tiles (STREAMS),
  * then the rows past the last eighth as below. The K types: from
  * CLB_KG_MIN_N tokens their GEMM (clb_avx2_k_gemm), below it blk_panels.
- * Q4_0 and Q5_0 from Q0_GEMM_MIN_N tokens: the int8 GEMM (i8g_src); below
+ * Q4_0 and Q5_0 from CLB_Q0_GEMM_MIN_N tokens: the int8 GEMM (i8g_src); below
  * it, rows in strips of BT_R (whose weights, a few KiB, stay in L1 while
  * every token of the call passes over them), so each weight is read from
  * memory once per call; the activations (n x padded cols) come from L2.
@@ -2277,7 +2332,7 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
             blk_panels(vnni, dt, Y, W, XQ, XS, XB, n, rows, nb, r);
         return;
     }
-    if (n >= Q0_GEMM_MIN_N(vnni, dt)) { /* Q4_0 / Q5_0 as the int8 GEMM's groups */
+    if (n >= CLB_Q0_GEMM_MIN_N) { /* Q4_0 / Q5_0 as the int8 GEMM's groups */
         const i8g_src src = {dt, NULL, NULL, W};
         i8_gemm(vnni, NULL, Y, &src, XQ, XS, n, rows, nb * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
         return;

@@ -22,7 +22,7 @@
 
 /* Tokens from which the GEMM form runs, in avx2.c and avx512.c alike (the
  * measurements behind them are at their uses in avx2.c): int8 rows, and
- * Q4_0 / Q5_0 blocks with VNNI (the plain AVX2 Q4_0 form waits for 24). */
+ * Q4_0 / Q5_0 blocks. */
 #define CLB_I8G_MIN_N 8u
 #define CLB_Q0_GEMM_MIN_N 16u
 

@@ -816,7 +816,7 @@ static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels 
         for (int f = BLK_EXTREME_POS; f <= BLK_EXTREME_NEG; f++) {
             test_blocks(ref, k, BLK_DTYPES[d], 1, 19, 512, f);
             test_blocks(ref, k, BLK_DTYPES[d], 5, 19, 512, f);
-            test_blocks(ref, k, BLK_DTYPES[d], 20, 19, 512, f);
+            test_blocks(ref, k, BLK_DTYPES[d], 24, 19, 512, f);
         }
         test_blocks_tiles(k, BLK_DTYPES[d], 24, 40, 512);
         test_blocks_tiles(k, BLK_DTYPES[d], 17, 33, 300);
