@@ -64,8 +64,8 @@ void clb_avx2_i8_gemm(clb_i8g_micro_fn *micro, unsigned dt, const void *W, const
 #define CLB_KG_KB 2u
 
 /* Tokens from which the K types' prefill runs as this GEMM, in avx2.c and
- * avx512.c alike (their measurements: avx512.c ZK_MIN_N's comment, avx2.c
- * at blk_matmul): below it the pack is not paid for. */
+ * avx512.c alike (their measurements: avx512.c above its zk_pack, avx2.c
+ * in blk_matmul): below it the pack is not paid for. */
 #define CLB_KG_MIN_N 12u
 
 /* A chunk, unpacked: per block bl, column quad q, row i the 4 stored
