@@ -94,7 +94,9 @@ TARGET = Target(
         # tokens), its driver shared with avx512.c: 459.0, so 464 KiB; Q4_0
         # and Q5_0 prefill without VNNI in int16 runs of bytes (1.3x at 128
         # tokens; runs of a whole Q4_0 block as well were 3 KiB more for
-        # the same speed): 461.7; the pack on avx2.c's one 8 x 8 transpose: 461.6.
+        # the same speed): 461.7; the pack on avx2.c's one 8 x 8 transpose: 461.6;
+        # the decode tile's scales two rows a ymm, every type's d in one
+        # conversion (FINDINGS.md 28): 459.8.
         # The embedded targets keep their own budgets.
         runtime=464 << 10,
         firmware_flash=4 << 20,   # static executable incl. libc and the model (demo: 2 MiB)

@@ -1588,16 +1588,33 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
  * i.e. a = s[0..3, 8..11, 4..7, 8..11], b = s[-, 0..3, -, 4..7]; vector
  * ops instead of the scalar word arithmetic (~12 fewer instructions a
  * row-block; 16-bit shifts, then masks keeping bits of the same byte). */
+/* The same for each 128-bit lane of s (q4k_scm2: the decode form's two
+ * rows a ymm). */
+TGT static inline __m256i q4k_scm_lanes(__m256i s)
+{
+#define SCM_LANES(...) _mm256_broadcastsi128_si256(_mm_setr_epi8(__VA_ARGS__))
+    const __m256i a = _mm256_shuffle_epi8(s, SCM_LANES(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m256i b = _mm256_shuffle_epi8(s, SCM_LANES(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m256i lo = _mm256_and_si256(a, SCM_LANES(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(a, 4), SCM_LANES(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                           15, 15, 15, 15));
+#undef SCM_LANES
+    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(b, 2), _mm256_set1_epi8(0x30));
+    return _mm256_or_si256(_mm256_or_si256(lo, hi), top); /* [sc0..7 | m0..7] u8 a lane */
+}
+
 TGT static inline __m128i q4k_scm(const uint8_t *sc12)
 {
     const __m128i s = _mm_loadu_si128((const __m128i *)(const void *)sc12);
-    const __m128i a = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    const __m128i b = _mm_shuffle_epi8(s, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-    const __m128i lo = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                                          15, 15, 15, 15));
-    const __m128i top = _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30));
-    return _mm_or_si128(_mm_or_si128(lo, hi), top); /* [sc0..7 | m0..7] u8 */
+    return _mm256_castsi256_si128(q4k_scm_lanes(_mm256_zextsi128_si256(s)));
+}
+
+/* q4k_scm of two blocks, a (low 128 bits) and b (high). */
+TGT static inline __m256i q4k_scm2(const uint8_t *a, const uint8_t *b)
+{
+    return q4k_scm_lanes(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)a)),
+        _mm_loadu_si128((const __m128i *)(const void *)b), 1));
 }
 
 /* q4k_scm's bytes for the tiles: *scb = [sc0..sc7 | sc0..sc7] int16, *mdup
@@ -1670,6 +1687,76 @@ BLOCK void q4k_sums(const int vnni, const int five, const int R, const int T, __
     *msum = lane_sums(R * T, macc);
 }
 
+/* q4k_sums for the decode tile (8 rows, one token): the scales and mins
+ * of two rows a ymm (q4k_scm2, one 128-bit lane a row), the rows' msums
+ * from them in four vpmaddwd and a 3-hadd tree, and each row's sub-block
+ * scales picked from its lane zero-extended (no widening). q4k_sums
+ * decodes a row's scales alone and keeps a msum vector per row until the
+ * block's end: 8 of them beside the 8 isum accumulators, more than the 16
+ * ymm registers. test_kernels --bench 1 x 2816 x 1024 on a Xeon, plain
+ * avx2: Q4_K 23.5 -> 27.0 GB/s, Q5_K 21.0 -> 24.3 (FINDINGS.md 28). The
+ * integers are q4k_sums', exactly. */
+BLOCK void q4k_sums8(const int vnni, const int five, __m256i *isum, __m256i *msum,
+                     const uint8_t *const w[MAXR], const int8_t *x, const int16_t *xb, uint32_t b)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
+    const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES,
+                 qo = five ? CLB_Q5_K_QS : CLB_Q4_K_QS, o = (size_t)b * bytes;
+    __m256i scm[4]; /* rows 2i | 2i + 1: [sc0..7 | m0..7] u8 a lane */
+    UNROLL
+    for (int i = 0; i < 4; i++)
+        scm[i] = q4k_scm2(w[2 * i] + o + CLB_QK_SCALES, w[2 * i + 1] + o + CLB_QK_SCALES);
+    /* bsum_j = XB 2j + XB 2j+1 (|.| <= 32 x 127, int16), j = 0..7 in both lanes */
+    const __m256i bsum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(xb + (size_t)b * 16)),
+                                           _mm256_set1_epi16(1));
+    const __m256i bs = _mm256_permute4x64_epi64(_mm256_packs_epi32(bsum, bsum), _MM_SHUFFLE(2, 0, 2, 0));
+    /* mins as int16 (byte 8 + j, zero-extended) times bsum: a lane's four
+     * int32 add up to its row's msum */
+    const __m256i mpick = _mm256_setr_epi8(8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128,
+                                           8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128);
+    __m256i mv[4];
+    UNROLL
+    for (int i = 0; i < 4; i++)
+        mv[i] = _mm256_madd_epi16(_mm256_shuffle_epi8(scm[i], mpick), bs);
+    /* [r0 r2 r4 r6 | r1 r3 r5 r7] -> rows in order */
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(mv[0], mv[1]), _mm256_hadd_epi32(mv[2], mv[3]));
+    *msum = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    __m256i acc[8];
+    UNROLL
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *blk = w[r] + o;
+        /* the row's lane in both halves */
+        const __m256i sr = r % 2 ? _mm256_permute4x64_epi64(scm[r / 2], _MM_SHUFFLE(3, 2, 3, 2))
+                                 : _mm256_permute4x64_epi64(scm[r / 2], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q5_K_QH))
+                                : _mm256_setzero_si256();
+        acc[r] = _mm256_setzero_si256();
+        UNROLL
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + qo + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (five) { /* as q4k_sums */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(
+                    c == 0 ? _mm256_slli_epi16(qh, 4) : c == 1 ? _mm256_slli_epi16(qh, 2)
+                    : c == 2 ? qh : _mm256_srli_epi16(qh, 2), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(
+                    c == 0 ? _mm256_slli_epi16(qh, 3) : c == 1 ? _mm256_slli_epi16(qh, 1)
+                    : c == 2 ? _mm256_srli_epi16(qh, 1) : _mm256_srli_epi16(qh, 3), b4));
+            }
+            /* sc_2c (sc_2c+1), zero-extended, in every int16 */
+            const __m256i slo = _mm256_shuffle_epi8(sr, _mm256_set1_epi16((short)(0x8000 | (2 * c))));
+            const __m256i shi = _mm256_shuffle_epi8(sr, _mm256_set1_epi16((short)(0x8000 | (2 * c + 1))));
+            const int8_t *xc = x + (size_t)b * CLB_QK_COLS + 64 * c;
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(const void *)xc);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(const void *)(xc + 32));
+            acc[r] = scaled_acc(vnni, acc[r], _mm256_maddubs_epi16(lo, x0), slo);
+            acc[r] = scaled_acc(vnni, acc[r], _mm256_maddubs_epi16(hi, x1), shi);
+        }
+    }
+    *isum = lane_sums(8, acc);
+}
+
 /* Q6_K block b of R rows x T tokens: lane k = isum = sum_j sc_j * dot_j
  * with dot_j over (q - 32) * x. The 6-bit q of columns 32i..32i+32 (i =
  * 4h + s): low 4 bits from ql[64h + 32(s%2) ..] (low nibbles for s < 2,
@@ -1736,9 +1823,11 @@ BLOCK __m256i q6k_sums(const int vnni, const int R, const int T,
     return lane_sums(R * T, acc);
 }
 
-/* The fp16 d (offset 0) and dmin (offset 2) of block offset o of 8 Q4_K
- * rows w[0..7] -> *dv = [d of rows 0..7], *dmv = [dmin of rows 0..7]: one
- * 4-byte load a row, a pack and one F16C conversion each (exact). */
+/* The two fp16 at byte offsets o and o + 2 of 8 rows w[0..7] (a Q4_K or
+ * Q5_K block's d and dmin at the block's offset) -> *dv = [the first of
+ * rows 0..7], *dmv = [the second]: one 4-byte load a row, a pack and one
+ * F16C conversion each (exact). Every block type's d is in such a window:
+ * the decode tile (blk_tile) takes all of them this way. */
 BLOCK void rows8_d_dmin(const uint8_t *const w[MAXR], size_t o, __m256 *dv, __m256 *dmv)
 {
     int32_t dd[MAXR]; /* row r: d | dmin << 16 */
@@ -1874,8 +1963,13 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         for (int t = 0; t < T; t++)
             xsb[t] = xs[t][b];
         __m256 dv, dmv = _mm256_setzero_ps();
-        if (BT_AFFINE(dt) && R == 8 && T == 1) {
-            rows8_d_dmin(w, (size_t)b * bytes, &dv, &dmv);
+        if (R == 8 && T == 1) {
+            /* the 4 bytes from d_at (Q6_K: from d_at - 2, its last scales
+             * then d, the block's last 4 bytes): d in the low (high) half */
+            const size_t at = dt == COLIBRI_DTYPE_Q6_K ? d_at - 2u : d_at;
+            rows8_d_dmin(w, (size_t)b * bytes + at, &dv, &dmv);
+            if (dt == COLIBRI_DTYPE_Q6_K)
+                dv = dmv;
         } else {
             UNROLL
             for (int r = 0; r < R; r++)
@@ -1897,7 +1991,10 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         } else if (BT_AFFINE(dt)) {
             /* acc += xs * (d * float(isum) - dmin * float(msum)) */
             __m256i isum, msum;
-            q4k_sums(vnni, dt == COLIBRI_DTYPE_Q5_K, R, T, &isum, &msum, w, x, xb, b);
+            if (R == 8 && T == 1)
+                q4k_sums8(vnni, dt == COLIBRI_DTYPE_Q5_K, &isum, &msum, w, x[0], xb[0], b);
+            else
+                q4k_sums(vnni, dt == COLIBRI_DTYPE_Q5_K, R, T, &isum, &msum, w, x, xb, b);
             const __m256 dd = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(isum));
             const __m256 mm = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(msum));
             acc = _mm256_add_ps(acc, _mm256_mul_ps(xsv, _mm256_sub_ps(dd, mm)));

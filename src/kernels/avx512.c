@@ -744,7 +744,8 @@ TGT512 static void z_silu_mul(float *h, const float *g, size_t len)
  * avx2.c's tiles of 8 rows ran out of its 16 ymm registers (the 8 rows'
  * accumulators and mins sums spilled to the stack every block), decoded
  * each row's 6-bit Q4_K scales alone, and ran its prefetch as a loop of its
- * own per block. Here, with 32 zmm registers:
+ * own per block (avx2.c's tile now decodes two rows' scales a ymm, and
+ * their mins sums at once: q4k_sums8). Here, with 32 zmm registers:
  * - the integer work per row and block is ref's exact int32 isum (and Q4_K
  *   msum), formed 64 columns a vector: vpmaddubsw (unsigned q x signed xq,
  *   int16 pairs) then vpdpwssd by the sub-block scales (int16), which also
