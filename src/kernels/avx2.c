@@ -1635,9 +1635,7 @@ BLOCK void q4k_sums(const int vnni, const int five, const int R, const int T, __
                     __m256i *msum, const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
                     const int16_t *const xb[BT_MAXT], uint32_t b)
 {
-    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
-    const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES,
-                 qo = five ? CLB_Q5_K_QS : CLB_Q4_K_QS;
+    const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES;
     /* all 8 zeroed, though lane_sums reads only the first R * T: the
      * compiler drops the rest, and the analysers need not follow NK */
     __m256i acc[8], macc[8];
@@ -1649,23 +1647,11 @@ BLOCK void q4k_sums(const int vnni, const int five, const int R, const int T, __
         const uint8_t *blk = w[r] + (size_t)b * bytes;
         __m256i scb, mdup;
         q4k_scales_mins(blk + CLB_QK_SCALES, &scb, &mdup);
-        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q5_K_QH))
-                                : _mm256_setzero_si256();
-        /* qs bytes 32c..32c+32: low nibbles sub-block 2c (columns 64c..+32),
-         * high nibbles sub-block 2c + 1 (64c + 32..+32) */
+        /* lo: sub-block 2c (columns 64c .. + 32), hi: sub-block 2c + 1 */
         UNROLL
         for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + qo + 32 * c));
-            __m256i lo = _mm256_and_si256(q, m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (five) { /* bits 2c, 2c + 1 of qh to bit 4 (16-bit shifts, byte masks) */
-                lo = _mm256_or_si256(lo, _mm256_and_si256(
-                    c == 0 ? _mm256_slli_epi16(qh, 4) : c == 1 ? _mm256_slli_epi16(qh, 2)
-                    : c == 2 ? qh : _mm256_srli_epi16(qh, 2), b4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(
-                    c == 0 ? _mm256_slli_epi16(qh, 3) : c == 1 ? _mm256_slli_epi16(qh, 1)
-                    : c == 2 ? _mm256_srli_epi16(qh, 1) : _mm256_srli_epi16(qh, 3), b4));
-            }
+            __m256i lo, hi;
+            clb_kg_unpack64(five ? COLIBRI_DTYPE_Q5_K : COLIBRI_DTYPE_Q4_K, blk, c, &lo, &hi);
             /* int16 lane pattern (2j, 2j+1) picks sc_j into every int16 */
             const __m256i slo = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
             const __m256i shi = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
@@ -1699,9 +1685,7 @@ BLOCK void q4k_sums(const int vnni, const int five, const int R, const int T, __
 BLOCK void q4k_sums8(const int vnni, const int five, __m256i *isum, __m256i *msum,
                      const uint8_t *const w[MAXR], const int8_t *x, const int16_t *xb, uint32_t b)
 {
-    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
-    const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES,
-                 qo = five ? CLB_Q5_K_QS : CLB_Q4_K_QS, o = (size_t)b * bytes;
+    const size_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES, o = (size_t)b * bytes;
     __m256i scm[4]; /* rows 2i | 2i + 1: [sc0..7 | m0..7] u8 a lane */
     UNROLL
     for (int i = 0; i < 4; i++)
@@ -1728,22 +1712,11 @@ BLOCK void q4k_sums8(const int vnni, const int five, __m256i *isum, __m256i *msu
         /* the row's lane in both halves */
         const __m256i sr = r % 2 ? _mm256_permute4x64_epi64(scm[r / 2], _MM_SHUFFLE(3, 2, 3, 2))
                                  : _mm256_permute4x64_epi64(scm[r / 2], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + CLB_Q5_K_QH))
-                                : _mm256_setzero_si256();
         acc[r] = _mm256_setzero_si256();
         UNROLL
         for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + qo + 32 * c));
-            __m256i lo = _mm256_and_si256(q, m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (five) { /* as q4k_sums */
-                lo = _mm256_or_si256(lo, _mm256_and_si256(
-                    c == 0 ? _mm256_slli_epi16(qh, 4) : c == 1 ? _mm256_slli_epi16(qh, 2)
-                    : c == 2 ? qh : _mm256_srli_epi16(qh, 2), b4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(
-                    c == 0 ? _mm256_slli_epi16(qh, 3) : c == 1 ? _mm256_slli_epi16(qh, 1)
-                    : c == 2 ? _mm256_srli_epi16(qh, 1) : _mm256_srli_epi16(qh, 3), b4));
-            }
+            __m256i lo, hi;
+            clb_kg_unpack64(five ? COLIBRI_DTYPE_Q5_K : COLIBRI_DTYPE_Q4_K, blk, c, &lo, &hi);
             /* sc_2c (sc_2c+1), zero-extended, in every int16 */
             const __m256i slo = _mm256_shuffle_epi8(sr, _mm256_set1_epi16((short)(0x8000 | (2 * c))));
             const __m256i shi = _mm256_shuffle_epi8(sr, _mm256_set1_epi16((short)(0x8000 | (2 * c + 1))));
