@@ -795,10 +795,12 @@ enum { I8G_KC = CLB_I8G_KC, I8G_KC16 = 256, I8G_MIN_N = CLB_I8G_MIN_N };
  * against 4.59 ms) and took another 3 KiB of code. */
 enum { I8G_BYTE_RUN = 4 };
 
-/* The column chunk of the GEMM form that runs: the largest group it takes. */
-static inline uint32_t i8g_chunk(const int vnni)
+/* The column chunk of the GEMM form that runs, `bytes` when its weights
+ * are packed as int8 (VNNI, or Q4_0 / Q5_0's byte runs), else int16: the
+ * largest group it takes. */
+static inline uint32_t i8g_chunk(const int bytes)
 {
-    return vnni ? (uint32_t)I8G_KC : (uint32_t)I8G_KC16;
+    return bytes ? (uint32_t)I8G_KC : (uint32_t)I8G_KC16;
 }
 
 /* 8x8 transpose of int32 elements: v[i] holds row i; afterwards v[j] holds
@@ -1043,35 +1045,36 @@ BLOCK void i8g_micro(const int vnni, const uint32_t run, const int T, float *Y, 
                     madd_acc(&iacc[1][t], a16[1][t], one16);
                 }
             }
-        }
-        for (uint32_t c = cs; c < ce && !run; c += 4) {
-            if (vnni) {
-                const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16));
-                const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16 + 32));
-                UNROLL
-                for (int t = 0; t < T; t++) {
-                    int32_t quad;
-                    memcpy(&quad, xu[t] + c, 4); /* folded into vpbroadcastd */
-                    const __m256i xb = _mm256_set1_epi32(quad);
-                    DPBUSD(vnni, iacc[0][t], xb, w0);
-                    DPBUSD(vnni, iacc[1][t], xb, w1);
+        } else {
+            for (uint32_t c = cs; c < ce; c += 4) {
+                if (vnni) {
+                    const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16));
+                    const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(w8 + c * 16 + 32));
+                    UNROLL
+                    for (int t = 0; t < T; t++) {
+                        int32_t quad;
+                        memcpy(&quad, xu[t] + c, 4); /* folded into vpbroadcastd */
+                        const __m256i xb = _mm256_set1_epi32(quad);
+                        DPBUSD(vnni, iacc[0][t], xb, w0);
+                        DPBUSD(vnni, iacc[1][t], xb, w1);
+                    }
+                    continue;
                 }
-                continue;
-            }
-            /* two column pairs; past kl both buffers hold zeros up to the
-             * next multiple of 4 */
-            UNROLL
-            for (int h = 0; h < 2; h++) {
-                const int16_t *wc = w16 + c * 16 + 32 * h;
-                const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)wc);
-                const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(wc + 16));
+                /* two column pairs; past kl both buffers hold zeros up to the
+                 * next multiple of 4 */
                 UNROLL
-                for (int t = 0; t < T; t++) {
-                    int32_t pair;
-                    memcpy(&pair, x16[t] + c + 2 * h, 4); /* folded into vpbroadcastd */
-                    const __m256i xb = _mm256_set1_epi32(pair);
-                    madd_acc(&iacc[0][t], w0, xb);
-                    madd_acc(&iacc[1][t], w1, xb);
+                for (int h = 0; h < 2; h++) {
+                    const int16_t *wc = w16 + c * 16 + 32 * h;
+                    const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)wc);
+                    const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(wc + 16));
+                    UNROLL
+                    for (int t = 0; t < T; t++) {
+                        int32_t pair;
+                        memcpy(&pair, x16[t] + c + 2 * h, 4); /* folded into vpbroadcastd */
+                        const __m256i xb = _mm256_set1_epi32(pair);
+                        madd_acc(&iacc[0][t], w0, xb);
+                        madd_acc(&iacc[1][t], w1, xb);
+                    }
                 }
             }
         }
