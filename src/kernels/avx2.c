@@ -1851,9 +1851,10 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
                      : CLB_QK_COLS)
 
 /* The bytes [off, off + n) of each of the R rows w[r] into L2: a decode
- * tile's streams (STREAMS), once per block. Out of line: unrolled into
- * each of the 13 block-type instances it cost 3 KiB of code, for no speed
- * (a call per block of 256 columns). */
+ * tile's streams (STREAMS), once per block, one request every 64 bytes
+ * from off (a line that two blocks share is requested by both). Out of
+ * line: unrolled into each of the 13 block-type instances it cost 3 KiB of
+ * code, for no speed (a call per block of 256 columns). */
 static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const w[MAXR], int R,
                                                            size_t off, uint32_t n)
 {
@@ -1861,6 +1862,23 @@ static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const 
         for (uint32_t o = 0; o < n; o += 64)
             _mm_prefetch((const char *)(w[r] + off + o), _MM_HINT_T1);
 }
+
+/* As prefetch_streams, but only the lines that start in [off, off + n):
+ * over a row's consecutive blocks, each line of the stream once. Q6_K's
+ * decode tile takes it (BT_PF_LINES). Measured on Zen 3, not derived
+ * (bench/results/FINDINGS.md 29): from memory, 1 x 1024 x 2816, Q6_K reads
+ * 16.3-16.8 GB/s with it against 10.9-13.2 with prefetch_streams (none at
+ * all: 10.8-10.9); Q4_0, Q5_0, Q4_K and Q5_K were 8-10 % slower with it. */
+static TGT __attribute__((noinline)) void prefetch_lines(const uint8_t *const w[MAXR], int R,
+                                                         size_t off, uint32_t n)
+{
+    for (int r = 0; r < R; r++) {
+        const uintptr_t at = (uintptr_t)(w[r] + off);
+        for (uintptr_t l = (at + 63u) & ~(uintptr_t)63u; l < at + n; l += 64u)
+            _mm_prefetch((const char *)l, _MM_HINT_T1);
+    }
+}
+#define BT_PF_LINES(dt) ((dt) == COLIBRI_DTYPE_Q6_K)
 
 /* Tile shapes. Decode (one token): BT_DEC_R rows a tile, one from each
  * eighth of W (STREAMS), lanes along rows.
@@ -1929,7 +1947,9 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     (void)clb_block_scales(dt, &d_at);
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        if (prefetch && streams)
+        if (prefetch && streams && BT_PF_LINES(dt))
+            prefetch_lines(w, R, (size_t)b * bytes + CLB_STREAM_PFB, bytes);
+        else if (prefetch && streams)
             prefetch_streams(w, R, (size_t)b * bytes + CLB_STREAM_PFB, bytes);
         else if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
