@@ -1867,8 +1867,8 @@ static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const 
  * over a row's consecutive blocks, each line of the stream once. Q6_K's
  * decode tile takes it (BT_PF_LINES). Measured on Zen 3, not derived
  * (bench/results/FINDINGS.md 29): from memory, 1 x 1024 x 2816, Q6_K reads
- * 16.3-16.8 GB/s with it against 10.9-13.2 with prefetch_streams (none at
- * all: 10.8-10.9); Q4_0, Q5_0, Q4_K and Q5_K were 8-10 % slower with it. */
+ * 15.5-17.5 GB/s with it against 9.4-13.2 with prefetch_streams (none at
+ * all: 10.8-10.9); Q4_0, Q5_0, Q4_K and Q5_K were 6-12 % slower with it. */
 static TGT __attribute__((noinline)) void prefetch_lines(const uint8_t *const w[MAXR], int R,
                                                          size_t off, uint32_t n)
 {
