@@ -489,6 +489,50 @@ def test_cli_errors_are_one_line_exit_2(hf_checkpoint, tmp_path, capsys):
         capsys.readouterr().err
 
 
+def test_jobs_write_the_bytes_one_process_writes(hf_checkpoint, tmp_path):
+    """Tensors quantised on worker processes (colibri/file/encode_pool.py)
+    are written in the file's order, byte for byte what one process writes:
+    the q4 mix on k256 has Q4_K, Q5_K, Q6_K and Q5_0 tensors, int16 and
+    float32 ones. More workers than tensors in flight, and than cores."""
+    src = hf_checkpoint("k256")
+    one, three = tmp_path / "one.colibri", tmp_path / "three.colibri"
+    ColibriExporter(src, quant="q4").export(one)
+    ColibriExporter(src, quant="q4", jobs=3).export(three)
+    assert one.read_bytes() == three.read_bytes()
+    stored = {DType(e.dtype) for e in F.read_file(one).entries}
+    assert {DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.Q5_0} <= stored, stored
+
+
+def test_a_worker_s_error_names_the_tensor_and_leaves_no_file(hf_checkpoint, tmp_path, capsys):
+    """A tensor a worker process cannot encode (a weight past fp16's range
+    for a block type) stops the conversion with the one-process message,
+    naming the tensor; no partial file is left, and the CLI says it in one
+    line."""
+    name = "model.layers.1.block_sparse_moe.experts.2.w1.weight"
+
+    def huge(t):
+        t[name] = t[name].clone()
+        t[name][2, 7] = 1e6
+    d = _edited(hf_checkpoint("k256"), tmp_path / "d", edit=huge)
+    want = f"tensor '{name}': a weight of magnitude 1e\\+06 is beyond fp16's range"
+    for jobs in (1, 2):
+        with pytest.raises(ConversionError, match=want):
+            ColibriExporter(d, quant="q4", jobs=jobs).export(tmp_path / "x.colibri")
+        assert list(tmp_path.glob("x.colibri*")) == []
+    capsys.readouterr()
+    rc = cli.main(["convert", str(d), "-o", str(tmp_path / "x.colibri"), "--quant", "q4",
+                   "--jobs", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"colibri: error: tensor '{name}': a weight of magnitude"), err
+    rc = cli.main(["convert", str(d), "-o", str(tmp_path / "x.colibri"), "--jobs", "0"])
+    assert rc == 2
+    assert capsys.readouterr().err == ("colibri: error: --jobs 0: give 1 or more worker "
+                                       "processes\n")
+    with pytest.raises(ConversionError, match="jobs = 0: the worker processes"):
+        ColibriExporter(d, jobs=0)
+
+
 def test_unfused_mlp_prefix(hf_checkpoint, tmp_path):
     """Mixtral names with transformers 5's `mlp` module name instead of
     `block_sparse_moe` (a checkpoint renamed but not fused) convert the same."""

@@ -33,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -48,6 +49,7 @@ from .export import (DEFAULT_MAX_SEQ_CAP, PRESETS, QUANT_CHOICES, output_path, p
 from .families.common import LAYER_TENSORS, ExpertLayout, Fused
 from ..errors import ColibriError, ConversionError
 from ..file import format as fmt
+from ..file.encode_pool import EncodePool, default_jobs
 from ..file.format import DType, Kind
 from ..text import tokenizer as tk
 
@@ -106,6 +108,10 @@ class ColibriExporter:
     embedding int16, lm_head int8; "f32": everything float32); each
     quantize_* argument left at None follows the preset. The constructor reads
     config.json and the safetensors headers (no weights) and checks the options.
+    `jobs` > 1 quantises tensors on that many spawned worker processes
+    (colibri/file/encode_pool.py; the same bytes as 1, the default): a
+    script that passes it must start from an `if __name__ == "__main__":`
+    block, as every multiprocessing spawn needs.
 
     Encoder-decoder models (Switch Transformers) are handed to
     colibri.model.convert_encdec.EncDecExporter, from a directory or from a loaded
@@ -136,7 +142,11 @@ class ColibriExporter:
                  quantize_lm_head: str | None = None, group_size: int = 32,
                  byte_order: str = "little", output: str | os.PathLike | None = None,
                  progress: Callable[[str], None] | None = None, tokenizer: bool = True,
-                 warn: Callable[[str], None] | None = None, imatrix=None):
+                 warn: Callable[[str], None] | None = None, imatrix=None, jobs: int = 1):
+        if not isinstance(jobs, int) or jobs < 1:
+            raise ConversionError(f"jobs = {jobs!r}: the worker processes that encode "
+                                  "tensors, 1 or more")
+        self.jobs = jobs
         self.model_dir = Path(model_dir)
         self.config = hf.read_config(self.model_dir)
         self.family = families.load(self.config.family)
@@ -352,14 +362,33 @@ class ColibriExporter:
 
     def export(self, output: str | os.PathLike | None = None) -> Path:
         """Write the .colibri file; returns its path. The file appears only when
-        complete (the writer writes OUT.partial and renames it)."""
+        complete (the writer writes OUT.partial and renames it). With
+        self.jobs > 1 the tensors are encoded on that many worker processes
+        (colibri/file/encode_pool.py), the same bytes as with one."""
         out = output_path(output if output is not None else self.output)
         steps = self.plan()
         start = time.monotonic()
+        # submitted and not yet written: (index, step, storage type, handle)
+        pending: deque = deque()
+
+        def write_oldest(w) -> None:
+            i, st, dt, handle = pending.popleft()
+            try:
+                values, scales = handle.result()
+                w.add_encoded(st.kind, st.layer, st.expert, dt, values, scales)
+            except ColibriError as exc:
+                raise ConversionError(f"tensor {st.source.name!r}: {exc}") from exc
+            last_of_layer = st.layer is not None and (
+                i + 1 == len(steps) or steps[i + 1].layer != st.layer)
+            if last_of_layer and self.progress:
+                self.progress(f"layer {st.layer + 1}/{self.shape.n_layers} written "
+                              f"({time.monotonic() - start:.1f} s)")
+
         try:
             optional = tokenizer_sections(self.tokenizer, self.byte_order)
             with fmt.ColibriWriter(out, self.shape, self.dtypes, self.byte_order,
-                                   self.desc, optional_sections=optional) as w:
+                                   self.desc, optional_sections=optional) as w, \
+                    EncodePool(self.jobs) as pool:
                 for i, st in enumerate(steps):
                     weights = self.load(st)
                     key = (st.kind, st.layer, st.expert)
@@ -371,16 +400,16 @@ class ColibriExporter:
                             f"tensor {st.source.name!r}: the importance matrix has "
                             f"{imp.shape[0]} columns for it, the tensor {weights.shape[-1]}: "
                             "measured on another model")
-                    try:
-                        w.add(st.kind, st.layer, st.expert, weights, importance=imp)
-                    except ColibriError as exc:
-                        raise ConversionError(f"tensor {st.source.name!r}: {exc}") from exc
+                    dt = fmt.fit_dtype(self.dtypes[st.kind], weights.shape[-1], st.kind)
+                    pending.append((i, st, dt, pool.submit(weights, dt, self.shape.group_size,
+                                                           imp)))
                     del weights
-                    last_of_layer = st.layer is not None and (
-                        i + 1 == len(steps) or steps[i + 1].layer != st.layer)
-                    if last_of_layer and self.progress:
-                        self.progress(f"layer {st.layer + 1}/{self.shape.n_layers} written "
-                                      f"({time.monotonic() - start:.1f} s)")
+                    # every worker busy and one tensor queued behind them: no more
+                    # than jobs + 1 tensors held at once
+                    while len(pending) > pool.jobs:
+                        write_oldest(w)
+                while pending:
+                    write_oldest(w)
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
         return out
@@ -394,8 +423,9 @@ def _encdec_exporter(model_dir, model, num_experts=None, top_k=None, max_seq_len
                      max_batch=1, quant="int8", quantize_router=None, quantize_experts=None,
                      quantize_attention=None, quantize_embedding=None, quantize_lm_head=None,
                      group_size=32, byte_order="little", output=None, progress=None,
-                     tokenizer=True, warn=None, imatrix=None):
-    """ColibriExporter's options applied to an encoder-decoder model."""
+                     tokenizer=True, warn=None, imatrix=None, jobs=1):
+    """ColibriExporter's options applied to an encoder-decoder model (its
+    tensors are encoded in this process: `jobs` is accepted and unused)."""
     if imatrix is not None:
         raise ConversionError("an importance matrix (--imatrix, --calibration) is for "
                               "decoder-only models; convert Switch Transformers without it")
@@ -528,12 +558,19 @@ def add_convert_parser(subparsers) -> None:
                             "-o FILE.npz` wrote (measure once, convert many times)")
     p.add_argument("--calibration-tokens", type=int, metavar="N",
                    help="tokens of --calibration to use (default: 32768)")
+    p.add_argument("-j", "--jobs", type=int, default=default_jobs(), metavar="N",
+                   help="worker processes that quantise a checkpoint's tensors (the same "
+                        "file for any N; a GGUF file's and an encoder-decoder's are "
+                        "encoded in one process; default: the %(default)s cores this "
+                        "process may use)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     start = time.monotonic()
+    if args.jobs < 1:
+        raise ConversionError(f"--jobs {args.jobs}: give 1 or more worker processes")
 
     def progress(line: str) -> None:
         print(f"colibri convert: {line}", file=sys.stderr, flush=True)
@@ -556,7 +593,7 @@ def _run(args: argparse.Namespace) -> int:
         quantize_attention=args.attention, quantize_embedding=args.embedding,
         quantize_lm_head=args.lm_head, group_size=args.group_size,
         byte_order=args.byte_order, output=args.output, tokenizer=not args.no_tokenizer,
-        imatrix=imatrix)
+        imatrix=imatrix, jobs=args.jobs)
     if args.expert_map:
         exporter.set_expert_weight_mapping(parse_expert_map(args.expert_map))
     if not args.quiet and exporter.checkpoint.nbytes() >= PROGRESS_BYTES:
