@@ -489,11 +489,14 @@ def test_cli_errors_are_one_line_exit_2(hf_checkpoint, tmp_path, capsys):
         capsys.readouterr().err
 
 
-def test_jobs_write_the_bytes_one_process_writes(hf_checkpoint, tmp_path):
+def test_jobs_write_the_bytes_one_process_writes(hf_checkpoint, tmp_path, monkeypatch):
     """Tensors quantised on worker processes (colibri/file/encode_pool.py)
     are written in the file's order, byte for byte what one process writes:
-    the q4 mix on k256 has Q4_K, Q5_K, Q6_K and Q5_0 tensors, int16 and
-    float32 ones. More workers than tensors in flight, and than cores."""
+    the q4 mix on k256 has Q4_K, Q5_K, Q6_K and Q5_0 tensors (each sent to
+    a worker here, however small), int16 and float32 ones (encoded in this
+    process). More workers than tensors in flight, and than cores."""
+    from colibri.file import encode_pool
+    monkeypatch.setattr(encode_pool, "POOL_MIN_WEIGHTS", 0)
     src = hf_checkpoint("k256")
     one, three = tmp_path / "one.colibri", tmp_path / "three.colibri"
     ColibriExporter(src, quant="q4").export(one)
@@ -503,11 +506,14 @@ def test_jobs_write_the_bytes_one_process_writes(hf_checkpoint, tmp_path):
     assert {DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.Q5_0} <= stored, stored
 
 
-def test_a_worker_s_error_names_the_tensor_and_leaves_no_file(hf_checkpoint, tmp_path, capsys):
+def test_a_worker_s_error_names_the_tensor_and_leaves_no_file(hf_checkpoint, tmp_path, capsys,
+                                                             monkeypatch):
     """A tensor a worker process cannot encode (a weight past fp16's range
     for a block type) stops the conversion with the one-process message,
     naming the tensor; no partial file is left, and the CLI says it in one
     line."""
+    from colibri.file import encode_pool
+    monkeypatch.setattr(encode_pool, "POOL_MIN_WEIGHTS", 0)
     name = "model.layers.1.block_sparse_moe.experts.2.w1.weight"
 
     def huge(t):

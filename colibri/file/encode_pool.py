@@ -13,8 +13,13 @@ arguments).
 EncodePool(jobs) is a context manager: submit(weights, dtype, group_size,
 importance) returns a handle whose result() is storage.encode's
 (values, scales), or raises what encode raised (a ColibriError about that
-tensor). With jobs == 1 nothing is started: each tensor is encoded when
-submitted, in this process. Workers are spawned, not forked (a fork of a
+tensor). Only a block type's tensor of at least POOL_MIN_WEIGHTS weights
+goes to a worker; the rest are encoded when submitted, in this process:
+int8 and int16 take a few passes over the weights, less than handing them
+over costs (bench's small model to int8: 8.0 s in one process, 14.6 s with
+two workers), and a small tensor's search is shorter than a worker's
+start. With jobs == 1, or when nothing qualifies, no worker is started.
+Workers are spawned, not forked (a fork of a
 process in which OpenBLAS or torch has started threads can deadlock on a
 lock one of them held), and import only numpy and colibri.file.
 
@@ -31,7 +36,11 @@ import os
 
 import numpy as np
 
-from . import storage
+from . import blocks, storage
+
+# A block type's tensor of fewer weights is encoded in the calling process
+# (a 1024 x 1024 Q6_K search takes about 0.1 s, a worker's start as long).
+POOL_MIN_WEIGHTS = 1 << 20
 
 
 def default_jobs() -> int:
@@ -67,9 +76,6 @@ class EncodePool:
         self._pool: cf.ProcessPoolExecutor | None = None
 
     def __enter__(self) -> "EncodePool":
-        if self.jobs > 1:
-            self._pool = cf.ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -80,8 +86,12 @@ class EncodePool:
 
     def submit(self, weights: np.ndarray, dtype: int, group_size: int,
                importance: np.ndarray | None = None):
-        """storage.encode(weights, dtype, group_size, importance) on a worker:
-        a handle whose result() is (values, scales)."""
-        if self._pool is None:
+        """storage.encode(weights, dtype, group_size, importance), on a worker
+        if the tensor qualifies: a handle whose result() is (values, scales)."""
+        if (self.jobs == 1 or not blocks.is_block(dtype)
+                or np.size(weights) < POOL_MIN_WEIGHTS):
             return _Done(storage.encode, weights, dtype, group_size, importance)
+        if self._pool is None:   # started at the first tensor that needs it
+            self._pool = cf.ProcessPoolExecutor(
+                max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
         return self._pool.submit(storage.encode, weights, int(dtype), group_size, importance)

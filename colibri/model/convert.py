@@ -559,10 +559,10 @@ def add_convert_parser(subparsers) -> None:
     p.add_argument("--calibration-tokens", type=int, metavar="N",
                    help="tokens of --calibration to use (default: 32768)")
     p.add_argument("-j", "--jobs", type=int, default=default_jobs(), metavar="N",
-                   help="worker processes that quantise a checkpoint's tensors (the same "
-                        "file for any N; a GGUF file's and an encoder-decoder's are "
-                        "encoded in one process; default: the %(default)s cores this "
-                        "process may use)")
+                   help="worker processes for the 4-bit searches of a checkpoint's large "
+                        "tensors (the same file for any N; a GGUF file's and an "
+                        "encoder-decoder's tensors are encoded in one process; default: "
+                        "the %(default)s cores this process may use)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run)
 
