@@ -3,8 +3,8 @@
 
 The block quantisers (colibri/file/kquants.py) are numpy sweeps over
 candidate scales that run on one core: on a 2-core AMD EPYC Zen 3 the Q4_K
-search takes about 2.8 million weights a second, so the q4 mix of a
-6.8 B-parameter MoE would take some 40 minutes on one core. Tensors are
+search takes about 4.4 million weights a second, so the q4 mix of a
+6.8 B-parameter MoE takes some 25 minutes on one core. Tensors are
 independent, so a converter hands each one to a worker process and writes
 the results in the file's order as they come back; every byte is the one a
 single process writes (storage.encode is a pure function of its
@@ -53,8 +53,8 @@ def default_jobs() -> int:
 
 
 class _Done:
-    """A result computed at submit time (jobs == 1): the Future interface
-    export() uses, result() only."""
+    """A result computed at submit time, in this process: the part of the
+    Future interface export() uses, result() only."""
 
     def __init__(self, fn, *args):
         try:
@@ -69,6 +69,9 @@ class _Done:
 
 
 class EncodePool:
+    """Up to `jobs` worker processes, started when the first tensor needs
+    one and joined at exit (on an error, with what was queued cancelled)."""
+
     def __init__(self, jobs: int = 1):
         if jobs < 1:
             raise ValueError(f"jobs = {jobs}: at least 1")
