@@ -539,6 +539,55 @@ def test_a_worker_s_error_names_the_tensor_and_leaves_no_file(hf_checkpoint, tmp
         ColibriExporter(d, jobs=0)
 
 
+def test_no_worker_processes_means_one_process(monkeypatch):
+    """Where worker processes cannot start (no process-shared semaphores: a
+    container without /dev/shm), EncodePool encodes in this process, the
+    same bytes, instead of failing."""
+    from colibri.file import encode_pool, storage
+    from colibri.file import blocks
+
+    def no_semaphores(*args, **kwargs):
+        raise OSError(38, "Function not implemented")
+    monkeypatch.setattr(encode_pool.cf, "ProcessPoolExecutor", no_semaphores)
+    monkeypatch.setattr(encode_pool, "POOL_MIN_WEIGHTS", 0)
+    w = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    with encode_pool.EncodePool(2) as pool:
+        got = pool.submit(w, blocks.Q4_K, 32).result()
+        assert pool.jobs == 1
+    want = storage.encode(w, blocks.Q4_K, 32)
+    assert got[0].tobytes() == want[0].tobytes() and got[1] is want[1] is None
+
+
+class _KillsItsWorker(np.ndarray):
+    """Weights whose unpickling ends the worker process that receives them
+    (os._exit), as the kernel's OOM killer would."""
+
+    def __reduce__(self):
+        import os
+        return (os._exit, (3,))
+
+
+def test_a_worker_that_dies_is_a_one_line_error(hf_checkpoint, tmp_path, monkeypatch):
+    """A worker process that stops mid-tensor (concurrent.futures'
+    BrokenProcessPool) stops the conversion with a ConversionError naming the
+    first tensor not written (every queued one fails with the pool, so it
+    can be one submitted before the culprit) and the way out, and leaves no
+    partial file."""
+    from colibri.file import encode_pool
+    monkeypatch.setattr(encode_pool, "POOL_MIN_WEIGHTS", 0)
+    name = "model.layers.0.block_sparse_moe.experts.1.w3.weight"
+    ex = ColibriExporter(hf_checkpoint("k256"), quant="q4", jobs=2)
+    load = ex.load
+    monkeypatch.setattr(ex, "load", lambda st: load(st).view(_KillsItsWorker)
+                        if st.source.name == name else load(st))
+    with pytest.raises(ConversionError, match=r"a worker process stopped \(killed for memory\?\) "
+                       r"while tensors from 'model\.layers\.0\.block_sparse_moe\.experts\.[01]\."
+                       r"w[123]\.weight' on were being encoded: convert with fewer --jobs, "
+                       r"or --jobs 1$"):
+        ex.export(tmp_path / "x.colibri")
+    assert list(tmp_path.glob("x.colibri*")) == []
+
+
 def test_unfused_mlp_prefix(hf_checkpoint, tmp_path):
     """Mixtral names with transformers 5's `mlp` module name instead of
     `block_sparse_moe` (a checkpoint renamed but not fused) convert the same."""

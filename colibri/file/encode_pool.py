@@ -23,6 +23,10 @@ Workers are spawned, not forked (a fork of a
 process in which OpenBLAS or torch has started threads can deadlock on a
 lock one of them held), and import only numpy and colibri.file.
 
+A worker that dies (killed for memory, say) makes result() raise
+concurrent.futures.process.BrokenProcessPool; the converter turns that into
+its one-line error.
+
 Memory: the caller bounds the tensors in flight (colibri/model/convert.py
 keeps at most jobs + 1 submitted and unwritten); each is pickled to its
 worker, so a tensor in flight is held twice (source and worker copy) plus
@@ -95,6 +99,12 @@ class EncodePool:
                 or np.size(weights) < POOL_MIN_WEIGHTS):
             return _Done(storage.encode, weights, dtype, group_size, importance)
         if self._pool is None:   # started at the first tensor that needs it
-            self._pool = cf.ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+            try:
+                self._pool = cf.ProcessPoolExecutor(
+                    max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+            except (OSError, NotImplementedError):
+                # no process-shared semaphores (a container without
+                # /dev/shm): the same bytes, in this process
+                self.jobs = 1
+                return _Done(storage.encode, weights, dtype, group_size, importance)
         return self._pool.submit(storage.encode, weights, int(dtype), group_size, importance)

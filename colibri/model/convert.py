@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -378,6 +379,12 @@ class ColibriExporter:
                 w.add_encoded(st.kind, st.layer, st.expert, dt, values, scales)
             except ColibriError as exc:
                 raise ConversionError(f"tensor {st.source.name!r}: {exc}") from exc
+            except BrokenProcessPool as exc:
+                # every tensor queued fails alike: name the first unwritten
+                raise ConversionError(
+                    f"a worker process stopped (killed for memory?) while tensors from "
+                    f"{st.source.name!r} on were being encoded: convert with fewer --jobs, "
+                    "or --jobs 1") from exc
             last_of_layer = st.layer is not None and (
                 i + 1 == len(steps) or steps[i + 1].layer != st.layer)
             if last_of_layer and self.progress:
