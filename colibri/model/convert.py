@@ -380,11 +380,7 @@ class ColibriExporter:
             except ColibriError as exc:
                 raise ConversionError(f"tensor {st.source.name!r}: {exc}") from exc
             except BrokenProcessPool as exc:
-                # every tensor queued fails alike: name the first unwritten
-                raise ConversionError(
-                    f"a worker process stopped (killed for memory?) while tensors from "
-                    f"{st.source.name!r} on were being encoded: convert with fewer --jobs, "
-                    "or --jobs 1") from exc
+                raise _worker_stopped(st) from exc
             last_of_layer = st.layer is not None and (
                 i + 1 == len(steps) or steps[i + 1].layer != st.layer)
             if last_of_layer and self.progress:
@@ -408,8 +404,11 @@ class ColibriExporter:
                             f"{imp.shape[0]} columns for it, the tensor {weights.shape[-1]}: "
                             "measured on another model")
                     dt = fmt.fit_dtype(self.dtypes[st.kind], weights.shape[-1], st.kind)
-                    pending.append((i, st, dt, pool.submit(weights, dt, self.shape.group_size,
-                                                           imp)))
+                    try:
+                        handle = pool.submit(weights, dt, self.shape.group_size, imp)
+                    except BrokenProcessPool as exc:   # a worker stopped before this
+                        raise _worker_stopped(pending[0][1] if pending else st) from exc
+                    pending.append((i, st, dt, handle))
                     del weights
                     # every worker busy and one tensor queued behind them: no more
                     # than jobs + 1 tensors held at once
@@ -420,6 +419,15 @@ class ColibriExporter:
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
         return out
+
+
+def _worker_stopped(first) -> ConversionError:
+    """The error for a worker process that died (concurrent.futures'
+    BrokenProcessPool): every tensor queued fails with the pool, and a new
+    one cannot be submitted, so it names `first`, the first step not written."""
+    return ConversionError(
+        f"a worker process stopped (killed for memory?) while tensors from "
+        f"{first.source.name!r} on were being encoded: convert with fewer --jobs, or --jobs 1")
 
 
 def _warn(line: str) -> None:
