@@ -56,20 +56,15 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class _Done:
-    """A result computed at submit time, in this process: the part of the
-    Future interface export() uses, result() only."""
-
-    def __init__(self, fn, *args):
-        try:
-            self._value, self._exc = fn(*args), None
-        except Exception as exc:  # re-raised by result(), as a Future does
-            self._value, self._exc = None, exc
-
-    def result(self):
-        if self._exc is not None:
-            raise self._exc
-        return self._value
+def _done(fn, *args) -> cf.Future:
+    """fn(*args) computed now, in this process, as a finished Future: its
+    result() returns the value or raises what fn raised."""
+    fut: cf.Future = cf.Future()
+    try:
+        fut.set_result(fn(*args))
+    except Exception as exc:  # re-raised by result(), as a worker's would be
+        fut.set_exception(exc)
+    return fut
 
 
 class EncodePool:
@@ -97,7 +92,7 @@ class EncodePool:
         if the tensor qualifies: a handle whose result() is (values, scales)."""
         if (self.jobs == 1 or not blocks.is_block(dtype)
                 or np.size(weights) < POOL_MIN_WEIGHTS):
-            return _Done(storage.encode, weights, dtype, group_size, importance)
+            return _done(storage.encode, weights, dtype, group_size, importance)
         if self._pool is None:   # started at the first tensor that needs it
             try:
                 self._pool = cf.ProcessPoolExecutor(
@@ -106,5 +101,5 @@ class EncodePool:
                 # no process-shared semaphores (a container without
                 # /dev/shm): the same bytes, in this process
                 self.jobs = 1
-                return _Done(storage.encode, weights, dtype, group_size, importance)
+                return _done(storage.encode, weights, dtype, group_size, importance)
         return self._pool.submit(storage.encode, weights, int(dtype), group_size, importance)
