@@ -64,7 +64,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import gguf_export, models  # noqa: E402
+from bench import gguf_export, models, threads  # noqa: E402
 
 LLAMA_BIN = ROOT / "build" / "bench" / "llama.cpp" / "native" / "bin"
 DEMO_DIR = ROOT / "models" / "demo"
@@ -537,11 +537,23 @@ def _types(t: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(t.items(), key=lambda kv: -kv[1]))
 
 
+def _cpu_line(cpu: dict | None) -> str:
+    """The CPU the reference logits were computed on: the kernels it picks
+    round differently, and so do llama.cpp's, so a rerun on another CPU
+    moves the figures' last digits. Runs before the CPU was recorded have
+    none."""
+    if not cpu:
+        return ""
+    feats = [f for f, on in cpu["flags"].items() if on]
+    return f" · {cpu['model']}, {cpu['cores']} cores ({', '.join(feats)})"
+
+
 def markdown(res: dict) -> str:
     env = res["env"]
     L = ["# Quality at equal bits: Colibri vs llama.cpp", "",
          f"{env['date_utc']} UTC · `{res['command']}` · {res['wall_s'] / 60:.1f} min · "
-         f"git {env['git']} · llama.cpp {env['llama_cpp']}", "",
+         f"git {env['git']} · llama.cpp {env['llama_cpp']}"
+         + _cpu_line(env.get("cpu")), "",
          "KL divergence of next-token distributions from the float32 reference (the C "
          "runtime on the f32 .colibri file), on the same token ids for both engines "
          "(written into a `llama-perplexity --kl-divergence-base` file that llama.cpp "
@@ -620,7 +632,7 @@ def main(argv=None) -> int:
         if (LLAMA_BIN.parent / ".done").exists() else "?"
     env = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "git": git,
            "llama_cpp": f"vendored in llama-cpp-python {version} (native build)",
-           "threads": a.threads}
+           "threads": a.threads, "cpu": threads.cpu_description()}
     subjects = [run_subject(n, a.work, a.threads, library) for n in names]
     res = {"env": env, "command": "bench/quality.py " + " ".join(argv or sys.argv[1:]),
            "subjects": subjects, "wall_s": time.perf_counter() - t0}
