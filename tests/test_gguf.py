@@ -305,12 +305,10 @@ def test_other_targets_requantise_with_a_measured_note(models, q4_k_m_file, tmp_
     assert {how for (_, _, how) in ex.summary()} == {"copy"}
 
 
-def test_types_without_a_colibri_twin_are_requantised(models, tmp_path):
-    """Q5_1 (gguf-py's quantiser) is not a Colibri type: "keep" stores it
-    as Q6_K (at least its 6 bits), with the note, near the original."""
-    src = models["k256"][2]["f32"]
-    r = gguf.GGUFReader(src)
-    path = tmp_path / "q5_1.gguf"
+def _q5_1_experts(models, path):
+    """k256's f32 GGUF with its experts in Q5_1 (gguf-py's quantiser), a
+    type Colibri has no twin of, at `path`."""
+    r = gguf.GGUFReader(models["k256"][2]["f32"])
     w = gguf.GGUFWriter(path, r.fields["general.architecture"].contents())
     GF.copy_metadata(r, w)
     for t in r.tensors:
@@ -321,12 +319,64 @@ def test_types_without_a_colibri_twin_are_requantised(models, tmp_path):
         else:
             w.add_tensor(t.name, data)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return path
+
+
+def test_types_without_a_colibri_twin_are_requantised(models, tmp_path):
+    """Q5_1 (gguf-py's quantiser) is not a Colibri type: "keep" stores it
+    as Q6_K (at least its 6 bits), with the note, near the original."""
+    path = _q5_1_experts(models, tmp_path / "q5_1.gguf")
     ex = _export(path, tmp_path / "q5_1.colibri")
     assert ("Q5_1", "Q6_K", "requantise") in ex.summary()
     assert "Q5_1 -> Q6_K" in ex.notes[0]
     err = _logits_vs_transformers(models["k256"][0], tmp_path / "q5_1.colibri")
     FIGURES["k256 Q5_1 experts -> Q6_K"] = err
     assert err <= 0.1    # Q5_1's rounding, then Q6_K's (measured: FIGURES)
+
+
+def test_jobs_write_the_bytes_one_process_writes(models, tmp_path, monkeypatch, capsys):
+    """A GGUF file's tensors quantised on worker processes (`--jobs`,
+    colibri/file/encode_pool.py) are written in the file's order, byte for
+    byte what one process writes: k256's f32 file to the q4 mix (Q4_K,
+    Q5_K and Q6_K from float; Q and K rows put back in Hugging Face's
+    order after encoding) and its Q5_1 experts kept (requantised to Q6_K on
+    the workers, with the same measured note). Every block-type tensor goes
+    to a worker here, however small; through the CLI too."""
+    from colibri import cli
+    from colibri.file import encode_pool
+    monkeypatch.setattr(encode_pool, "POOL_MIN_WEIGHTS", 0)
+    sent = []      # the tensors handed to worker processes
+
+    class Counting(encode_pool.cf.ProcessPoolExecutor):
+        def submit(self, fn, weights, *args):
+            sent.append(weights.shape)
+            return super().submit(fn, weights, *args)
+    monkeypatch.setattr(encode_pool.cf, "ProcessPoolExecutor", Counting)
+    src = models["k256"][2]["f32"]
+    one = _export(src, tmp_path / "one.colibri", quant="q4")
+    assert not sent
+    _export(src, tmp_path / "three.colibri", quant="q4", jobs=3)
+    assert sent
+    assert (tmp_path / "one.colibri").read_bytes() == (tmp_path / "three.colibri").read_bytes()
+    stored = {F.DType(e.dtype) for e in F.read_file(tmp_path / "one.colibri").entries}
+    assert {F.DType.Q4_K, F.DType.Q5_K, F.DType.Q6_K} <= stored, stored
+    assert {how for (_, _, how) in one.summary()} >= {"quantise"}
+    sent.clear()
+    rc = cli.main(["convert", str(src), "-o", str(tmp_path / "cli.colibri"), "--quant", "q4",
+                   "--jobs", "2", "-q"])
+    assert rc == 0 and sent, capsys.readouterr().err
+    assert (tmp_path / "cli.colibri").read_bytes() == (tmp_path / "one.colibri").read_bytes()
+
+    q51 = _q5_1_experts(models, tmp_path / "q5_1.gguf")
+    one = _export(q51, tmp_path / "r1.colibri")
+    sent.clear()
+    two = _export(q51, tmp_path / "r2.colibri", jobs=2)
+    assert sent
+    assert ("Q5_1", "Q6_K", "requantise") in two.summary()
+    assert (tmp_path / "r1.colibri").read_bytes() == (tmp_path / "r2.colibri").read_bytes()
+    assert one.notes == two.notes and "Q5_1 -> Q6_K" in two.notes[0]
+    with pytest.raises(ConversionError, match="jobs = 0: the worker processes"):
+        _export(q51, tmp_path / "r0.colibri", jobs=0)
 
 
 def test_cli_convert_and_info(models, tmp_path):

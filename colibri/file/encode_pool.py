@@ -23,23 +23,30 @@ Workers are spawned, not forked (a fork of a
 process in which OpenBLAS or torch has started threads can deadlock on a
 lock one of them held), and import only numpy and colibri.file.
 
-A worker that dies (killed for memory, say) makes result() raise
-concurrent.futures.process.BrokenProcessPool; the converter turns that into
-its one-line error.
+InOrder(pool, write, name) is a converter's export loop over such a pool:
+tensors submitted to it are written by write(tag, (values, scales)) in
+submission order, and at most jobs + 1 are held at once (one queued behind
+each busy worker). A worker that dies (killed for memory, say) makes
+result() raise concurrent.futures.process.BrokenProcessPool; InOrder turns
+that, and a tensor that cannot be encoded or written, into one-line
+ConversionErrors naming the tensor (name(tag)).
 
-Memory: the caller bounds the tensors in flight (colibri/model/convert.py
-keeps at most jobs + 1 submitted and unwritten); each is pickled to its
-worker, so a tensor in flight is held twice (source and worker copy) plus
-its encoded form.
+Memory: a tensor in flight is pickled to its worker, so it is held twice
+(source and worker copy) plus its encoded form; InOrder keeps jobs + 1 in
+flight.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
 import os
+from collections import deque
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable
 
 import numpy as np
 
+from ..errors import ColibriError, ConversionError
 from . import blocks, storage
 
 # A block type's tensor of fewer weights is encoded in the calling process
@@ -54,6 +61,15 @@ def default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def checked_jobs(jobs) -> int:
+    """A converter's `jobs` argument, or the ConversionError that says what
+    it must be."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ConversionError(f"jobs = {jobs!r}: the worker processes that encode "
+                              "tensors, 1 or more")
+    return jobs
 
 
 def _done(fn, *args) -> cf.Future:
@@ -103,3 +119,64 @@ class EncodePool:
                 self.jobs = 1
                 return _done(storage.encode, weights, dtype, group_size, importance)
         return self._pool.submit(storage.encode, weights, int(dtype), group_size, importance)
+
+
+class InOrder:
+    """Tensors encoded on `pool` and written in the order they were given:
+    write(tag, (values, scales)) for each, at most pool.jobs + 1 held at
+    once (every worker busy and one queued behind them). name(tag) is the
+    tensor's name for the errors:
+    - an encoding or writing error (ColibriError) becomes
+      ConversionError("tensor NAME: ...");
+    - a worker that died becomes a ConversionError naming the first tensor
+      not written: every queued tensor fails with the pool, and a new one
+      cannot be submitted, so the culprit can be any of them.
+    Call finish() after the last tensor: it writes the ones still queued."""
+
+    def __init__(self, pool: EncodePool, write: Callable[[Any, tuple], None],
+                 name: Callable[[Any], str]):
+        self.pool = pool
+        self._write, self._name = write, name
+        self._pending: deque = deque()          # (tag, handle), oldest first
+
+    def submit(self, tag, weights: np.ndarray, dtype: int, group_size: int,
+               importance: np.ndarray | None = None) -> None:
+        """storage.encode(weights, ...) on the pool, then write(tag, ...)."""
+        try:
+            handle = self.pool.submit(weights, dtype, group_size, importance)
+        except BrokenProcessPool as exc:   # a worker stopped before this
+            raise self._stopped(self._pending[0][0] if self._pending else tag) from exc
+        self._add(tag, handle)
+
+    def encoded(self, tag, values: np.ndarray, scales: np.ndarray | None) -> None:
+        """A tensor the caller encoded itself (a GGUF block copied as it is),
+        written in its turn."""
+        handle: cf.Future = cf.Future()
+        handle.set_result((values, scales))
+        self._add(tag, handle)
+
+    def finish(self) -> None:
+        while self._pending:
+            self._write_oldest()
+
+    def _add(self, tag, handle) -> None:
+        self._pending.append((tag, handle))
+        while len(self._pending) > self.pool.jobs:
+            self._write_oldest()
+
+    def _write_oldest(self) -> None:
+        tag, handle = self._pending.popleft()
+        try:
+            self._write(tag, handle.result())
+        except BrokenProcessPool as exc:
+            raise self._stopped(tag) from exc
+        except ConversionError:
+            raise
+        except ColibriError as exc:
+            raise ConversionError(f"tensor {self._name(tag)!r}: {exc}") from exc
+
+    def _stopped(self, first) -> ConversionError:
+        return ConversionError(
+            f"a worker process stopped (killed for memory?) while tensors from "
+            f"{self._name(first)!r} on were being encoded: convert with fewer --jobs, "
+            "or --jobs 1")

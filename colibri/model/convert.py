@@ -33,8 +33,6 @@ import os
 import sys
 import tempfile
 import time
-from collections import deque
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -50,7 +48,7 @@ from .export import (DEFAULT_MAX_SEQ_CAP, PRESETS, QUANT_CHOICES, output_path, p
 from .families.common import LAYER_TENSORS, ExpertLayout, Fused
 from ..errors import ColibriError, ConversionError
 from ..file import format as fmt
-from ..file.encode_pool import EncodePool, default_jobs
+from ..file.encode_pool import EncodePool, InOrder, checked_jobs, default_jobs
 from ..file.format import DType, Kind
 from ..text import tokenizer as tk
 
@@ -144,10 +142,7 @@ class ColibriExporter:
                  byte_order: str = "little", output: str | os.PathLike | None = None,
                  progress: Callable[[str], None] | None = None, tokenizer: bool = True,
                  warn: Callable[[str], None] | None = None, imatrix=None, jobs: int = 1):
-        if not isinstance(jobs, int) or jobs < 1:
-            raise ConversionError(f"jobs = {jobs!r}: the worker processes that encode "
-                                  "tensors, 1 or more")
-        self.jobs = jobs
+        self.jobs = checked_jobs(jobs)
         self.model_dir = Path(model_dir)
         self.config = hf.read_config(self.model_dir)
         self.family = families.load(self.config.family)
@@ -369,18 +364,10 @@ class ColibriExporter:
         out = output_path(output if output is not None else self.output)
         steps = self.plan()
         start = time.monotonic()
-        # submitted and not yet written: (index, step, storage type, handle)
-        pending: deque = deque()
 
-        def write_oldest(w) -> None:
-            i, st, dt, handle = pending.popleft()
-            try:
-                values, scales = handle.result()
-                w.add_encoded(st.kind, st.layer, st.expert, dt, values, scales)
-            except ColibriError as exc:
-                raise ConversionError(f"tensor {st.source.name!r}: {exc}") from exc
-            except BrokenProcessPool as exc:
-                raise _worker_stopped(st) from exc
+        def write(item, encoded) -> None:
+            i, st, dt = item
+            w.add_encoded(st.kind, st.layer, st.expert, dt, *encoded)
             last_of_layer = st.layer is not None and (
                 i + 1 == len(steps) or steps[i + 1].layer != st.layer)
             if last_of_layer and self.progress:
@@ -392,6 +379,7 @@ class ColibriExporter:
             with fmt.ColibriWriter(out, self.shape, self.dtypes, self.byte_order,
                                    self.desc, optional_sections=optional) as w, \
                     EncodePool(self.jobs) as pool:
+                order = InOrder(pool, write, name=lambda item: item[1].source.name)
                 for i, st in enumerate(steps):
                     weights = self.load(st)
                     key = (st.kind, st.layer, st.expert)
@@ -404,30 +392,12 @@ class ColibriExporter:
                             f"{imp.shape[0]} columns for it, the tensor {weights.shape[-1]}: "
                             "measured on another model")
                     dt = fmt.fit_dtype(self.dtypes[st.kind], weights.shape[-1], st.kind)
-                    try:
-                        handle = pool.submit(weights, dt, self.shape.group_size, imp)
-                    except BrokenProcessPool as exc:   # a worker stopped before this
-                        raise _worker_stopped(pending[0][1] if pending else st) from exc
-                    pending.append((i, st, dt, handle))
+                    order.submit((i, st, dt), weights, dt, self.shape.group_size, imp)
                     del weights
-                    # every worker busy and one tensor queued behind them: no more
-                    # than jobs + 1 tensors held at once
-                    while len(pending) > pool.jobs:
-                        write_oldest(w)
-                while pending:
-                    write_oldest(w)
+                order.finish()
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
         return out
-
-
-def _worker_stopped(first) -> ConversionError:
-    """The error for a worker process that died (concurrent.futures'
-    BrokenProcessPool): every tensor queued fails with the pool, and a new
-    one cannot be submitted, so it names `first`, the first step not written."""
-    return ConversionError(
-        f"a worker process stopped (killed for memory?) while tensors from "
-        f"{first.source.name!r} on were being encoded: convert with fewer --jobs, or --jobs 1")
 
 
 def _warn(line: str) -> None:
@@ -574,8 +544,8 @@ def add_convert_parser(subparsers) -> None:
     p.add_argument("--calibration-tokens", type=int, metavar="N",
                    help="tokens of --calibration to use (default: 32768)")
     p.add_argument("-j", "--jobs", type=int, default=default_jobs(), metavar="N",
-                   help="worker processes for the 4-bit searches of a checkpoint's large "
-                        "tensors (the same file for any N; a GGUF file's and an "
+                   help="worker processes for the 4-bit searches of large tensors, from a "
+                        "checkpoint or a GGUF file (the same file for any N; an "
                         "encoder-decoder's tensors are encoded in one process; default: "
                         "the %(default)s cores this process may use)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
@@ -637,7 +607,7 @@ def _run_gguf(args: argparse.Namespace, start: float, progress) -> int:
         quantize_embedding=args.embedding, quantize_lm_head=args.lm_head,
         num_experts=args.num_experts, top_k=args.top_k, max_seq_len=args.max_seq_len,
         max_batch=args.max_batch, group_size=args.group_size, byte_order=args.byte_order,
-        output=args.output, tokenizer=not args.no_tokenizer)
+        output=args.output, tokenizer=not args.no_tokenizer, jobs=args.jobs)
     if not args.quiet and Path(args.model_dir).stat().st_size >= PROGRESS_BYTES:
         exporter.progress = progress
     out = exporter.export()

@@ -2,8 +2,10 @@
 
 colibri/model/gguf_in.py reads and checks the GGUF file and maps every .colibri
 tensor to its rows there; this module chooses each tensor's storage type,
-streams the tensors one at a time into format.ColibriWriter, and reports
-what it could not keep exactly.
+streams the tensors into format.ColibriWriter in the file's order (those
+quantised to a block type on worker processes with jobs > 1, as a
+checkpoint's: colibri/file/encode_pool.py), and reports what it could not
+keep exactly.
 
 What `--quant` means for a GGUF input (docs/FORMAT.md, "GGUF files"):
 - not given ("keep", the default): every tensor keeps the values it has.
@@ -33,9 +35,10 @@ import numpy as np
 from . import gguf_in, hf
 from .export import (PRESETS, QUANT_CHOICES, dtype_for, output_path, shape_and_desc, tied_dtype,
                      tokenizer_sections)
-from ..errors import ColibriError, ConversionError
+from ..errors import ConversionError
 from ..file import format as fmt
 from ..file import storage
+from ..file.encode_pool import EncodePool, InOrder, checked_jobs
 from ..file.format import DType, Kind
 
 # How a tensor gets its stored values.
@@ -81,8 +84,10 @@ class GGUFExporter:
 
     `quant` None keeps the file's own types (see the module docstring);
     "f32" / "int8" / "q4" and the quantize_* options choose as for a
-    Hugging Face checkpoint. The constructor reads the metadata and the
-    tensor directory (no weights) and plans the whole conversion."""
+    Hugging Face checkpoint. `jobs` > 1 quantises the large tensors that
+    get a block type on that many worker processes (the same bytes as 1).
+    The constructor reads the metadata and the tensor directory (no
+    weights) and plans the whole conversion."""
 
     def __init__(self, path: str | os.PathLike, quant: str | None = None,
                  quantize_router: str | None = None, quantize_experts: str | None = None,
@@ -93,7 +98,8 @@ class GGUFExporter:
                  max_batch: int = 1, group_size: int = 32, byte_order: str = "little",
                  output: str | os.PathLike | None = None, tokenizer: bool = True,
                  progress: Callable[[str], None] | None = None,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, jobs: int = 1):
+        self.jobs = checked_jobs(jobs)
         self.path = Path(path)
         self.gguf = gguf_in.GGUFFile(self.path)
         self.family, self.config_dict = gguf_in.config_dict(self.gguf)
@@ -163,8 +169,10 @@ class GGUFExporter:
 
     # --- export ------------------------------------------------------------------
 
-    def encode(self, st: gguf_in.GStep, dt: DType, how: str, errors: dict):
-        """(values, scales) of one step as the writer takes them."""
+    def read(self, st: gguf_in.GStep, dt: DType, how: str):
+        """One step's source: ("encoded", (values, scales)) for a block
+        copied as it is, else ("float", weights [rows, cols] float32) to be
+        encoded as `dt`."""
         src = st.source
         t = src.tensor
         raw = self.gguf.read_rows(t, src.first, src.count)
@@ -176,16 +184,16 @@ class GGUFExporter:
             if not all(np.all(np.isfinite(f)) for f in fields):
                 raise ConversionError(f"{self.path}: tensor {t.name!r} has NaN or infinite "
                                       "block scales; the file is corrupt")
-        else:
-            w = gguf_in.to_float(raw, t, src.count)
-            if not np.all(np.isfinite(w)):
-                raise ConversionError(f"{self.path}: tensor {t.name!r} holds NaN or infinity")
-            values, scales = storage.encode(w, dt, self.shape.group_size)
-            if how == REQUANTISE:
-                back = storage.decode(values, scales, dt, self.shape.group_size, t.cols)
-                norm = float(np.linalg.norm(w))
-                err = float(np.linalg.norm(back - w)) / norm if norm else 0.0
-                errors[(t.type_name, dt.name)].append(err)
+            return "encoded", (values, scales)
+        w = gguf_in.to_float(raw, t, src.count)
+        if not np.all(np.isfinite(w)):
+            raise ConversionError(f"{self.path}: tensor {t.name!r} holds NaN or infinity")
+        return "float", w
+
+    def stored(self, st: gguf_in.GStep, values: np.ndarray, scales):
+        """(values, scales) as the writer takes them: the rows llama.cpp's
+        converter permuted for its RoPE (Q and K) put back."""
+        src = st.source
         if src.heads is not None:
             n = values.shape[1] if st.kind in (Kind.BQ, Kind.BK) else values.shape[0]
             perm = gguf_in.unpermute_rows(n, src.heads)
@@ -197,26 +205,46 @@ class GGUFExporter:
         return np.ascontiguousarray(values), scales
 
     def export(self, output: str | os.PathLike | None = None) -> Path:
+        """Write the .colibri file; returns its path (written as OUT.partial,
+        renamed when complete). With self.jobs > 1 the tensors quantised
+        to block types are encoded on that many worker processes
+        (colibri/file/encode_pool.py), the same bytes as with one."""
         out = output_path(output if output is not None else self.output)
         start = time.monotonic()
         errors: dict = defaultdict(list)
+
+        def write(item, encoded) -> None:
+            i, st, dt, how, w_src = item
+            values, scales = encoded
+            if how == REQUANTISE:   # the second rounding's error, against the GGUF values
+                back = storage.decode(values, scales, dt, self.shape.group_size,
+                                      st.source.tensor.cols)
+                norm = float(np.linalg.norm(w_src))
+                err = float(np.linalg.norm(back - w_src)) / norm if norm else 0.0
+                errors[(st.source.tensor.type_name, dt.name)].append(err)
+            w.add_encoded(st.kind, st.layer, st.expert, dt, *self.stored(st, values, scales))
+            last = st.layer is not None and (
+                i + 1 == len(self.steps) or self.steps[i + 1].layer != st.layer)
+            if last and self.progress:
+                self.progress(f"layer {st.layer + 1}/{self.shape.n_layers} written "
+                              f"({time.monotonic() - start:.1f} s)")
+
         try:
             optional = tokenizer_sections(self.tokenizer, self.byte_order)
             with fmt.ColibriWriter(out, self.shape, fmt.PRESET_F32, self.byte_order,
-                                   self.desc, optional_sections=optional) as w:
+                                   self.desc, optional_sections=optional) as w, \
+                    EncodePool(self.jobs) as pool:
+                order = InOrder(pool, write, name=lambda item: item[1].source.tensor.name)
                 for i, (st, (dt, how)) in enumerate(zip(self.steps, self.choices)):
-                    values, scales = self.encode(st, dt, how, errors)
-                    try:
-                        w.add_encoded(st.kind, st.layer, st.expert, dt, values, scales)
-                    except ColibriError as exc:
-                        raise ConversionError(f"tensor {st.source.tensor.name!r}: {exc}") \
-                            from exc
-                    del values, scales
-                    last = st.layer is not None and (
-                        i + 1 == len(self.steps) or self.steps[i + 1].layer != st.layer)
-                    if last and self.progress:
-                        self.progress(f"layer {st.layer + 1}/{self.shape.n_layers} written "
-                                      f"({time.monotonic() - start:.1f} s)")
+                    what, data = self.read(st, dt, how)
+                    if what == "encoded":
+                        order.encoded((i, st, dt, how, None), *data)
+                    else:
+                        # a requantised tensor's float values stay for its error
+                        keep = data if how == REQUANTISE else None
+                        order.submit((i, st, dt, how, keep), data, dt, self.shape.group_size)
+                    del data
+                order.finish()
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
         self.notes = [requantised_note(errors)] if errors else []
