@@ -52,6 +52,9 @@ def timed(fn, reps: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--tokens", type=int, metavar="N",
+                    help="encoder input tokens (default 64, --quick 32); the files are "
+                         "converted with room for max(N, 128) positions")
     args = ap.parse_args(argv)
     import torch
     import transformers
@@ -62,13 +65,14 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     reps, n_enc, n_steps = (3, 32, 4) if args.quick else (7, 64, 16)
+    n_enc = args.tokens or n_enc
     torch.manual_seed(0)
     config = transformers.SwitchTransformersConfig(**CONFIG)
     config._attn_implementation = "eager"
     hf = transformers.SwitchTransformersForConditionalGeneration(config).float().eval()
     ids = np.random.default_rng(1).integers(2, CONFIG["vocab_size"], size=(1, n_enc))
     tmp = Path(tempfile.mkdtemp())
-    files = {q: ColibriExporter(model=hf, quant=q, max_seq_len=128).export(tmp / f"{q}.colibri")
+    files = {q: ColibriExporter(model=hf, quant=q, max_seq_len=max(n_enc, 128)).export(tmp / f"{q}.colibri")
              for q in ("f32", "int8")}
 
     rows = {}
@@ -112,6 +116,10 @@ def main(argv=None) -> int:
                                         timed(r_decode, reps))
 
     (hf_enc, _), (hf_dec, _) = rows["transformers f32"]
+    from bench.threads import cpu_description
+    cpu = cpu_description()
+    print(f"CPU: {cpu['model']}, {cpu['cores']} cores "
+          f"({', '.join(f for f, on in cpu['flags'].items() if on)})")
     print(f"Switch encoder-decoder, d_model {CONFIG['d_model']}, {CONFIG['num_experts']} "
           f"experts, {CONFIG['num_layers']}+{CONFIG['num_decoder_layers']} layers; encoder "
           f"input {n_enc} tokens; decode = start token + {n_steps} cached steps; 1 thread\n")
