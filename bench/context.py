@@ -134,7 +134,7 @@ def engine(precision: str, kv: str) -> str:
 def markdown(res: dict) -> str:
     env, table = res["env"], res["table"]
     cpu = env["cpu"]
-    flags = ", ".join(k for k, v in cpu["flags"].items() if v)
+    flags = threads.cpu_features(cpu)
     bw = res["bandwidth_gb_s"]
     L = ["# Long context: Colibri against llama-bench", "",
          f"{env['date_utc']} UTC · `{res['command']}` · {res['wall_s'] / 60:.1f} min",

@@ -544,8 +544,7 @@ def _cpu_line(cpu: dict | None) -> str:
     none."""
     if not cpu:
         return ""
-    feats = [f for f, on in cpu["flags"].items() if on]
-    return f" · {cpu['model']}, {cpu['cores']} cores ({', '.join(feats)})"
+    return f" · {cpu['model']}, {cpu['cores']} cores ({threads.cpu_features(cpu)})"
 
 
 def markdown(res: dict) -> str:

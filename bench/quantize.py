@@ -97,11 +97,10 @@ def main(argv=None) -> int:
                 out = Path(tmp) / ("x.colibri" if kind == "colibri" else "x.gguf")
                 log(f"round {r + 1}/{a.rounds}: {name}")
                 res = run_one(cmd(out))
-                if kind == "colibri" and "error" not in res:
-                    digests.add(sha256(out))
+                if "error" not in res:
                     res["bytes"] = out.stat().st_size
-                elif "error" not in res:
-                    res["bytes"] = out.stat().st_size
+                    if kind == "colibri":
+                        digests.add(sha256(out))
                 out.unlink(missing_ok=True)
                 runs[name].append(res)
     cpu = threads.cpu_description()
@@ -130,7 +129,7 @@ def main(argv=None) -> int:
 
 def report(res: dict) -> str:
     cpu = res["cpu"]
-    flags = ", ".join(f for f, v in cpu["flags"].items() if v)
+    flags = threads.cpu_features(cpu)
     lines = [
         "# Conversion to 4 bits: colibri convert --quant q4 against llama-quantize Q4_K_M", "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · `{res['command']}` · "

@@ -116,10 +116,9 @@ def main(argv=None) -> int:
                                         timed(r_decode, reps))
 
     (hf_enc, _), (hf_dec, _) = rows["transformers f32"]
-    from bench.threads import cpu_description
+    from bench.threads import cpu_description, cpu_features
     cpu = cpu_description()
-    print(f"CPU: {cpu['model']}, {cpu['cores']} cores "
-          f"({', '.join(f for f, on in cpu['flags'].items() if on)})")
+    print(f"CPU: {cpu['model']}, {cpu['cores']} cores ({cpu_features(cpu)})")
     print(f"Switch encoder-decoder, d_model {CONFIG['d_model']}, {CONFIG['num_experts']} "
           f"experts, {CONFIG['num_layers']}+{CONFIG['num_decoder_layers']} layers; encoder "
           f"input {n_enc} tokens; decode = start token + {n_steps} cached steps; 1 thread\n")

@@ -100,6 +100,12 @@ def cpu_description() -> dict:
             "flags": {f: f in flags for f in CPU_FLAGS}}
 
 
+def cpu_features(cpu: dict) -> str:
+    """The features of CPU_FLAGS a cpu_description() has, comma-separated:
+    what a report names beside the model."""
+    return ", ".join(f for f, on in cpu["flags"].items() if on)
+
+
 def git_revisions() -> dict:
     def sh(*cmd):
         try:

@@ -151,9 +151,7 @@ class InOrder:
     def encoded(self, tag, values: np.ndarray, scales: np.ndarray | None) -> None:
         """A tensor the caller encoded itself (a GGUF block copied as it is),
         written in its turn."""
-        handle: cf.Future = cf.Future()
-        handle.set_result((values, scales))
-        self._add(tag, handle)
+        self._add(tag, _done(lambda: (values, scales)))
 
     def finish(self) -> None:
         while self._pending:
