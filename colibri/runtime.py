@@ -36,8 +36,8 @@ file's tokenizer section: the same ids and text as colibri-cli --prompt. A
 file without one raises NoTokenizerError; tokenizer codes (-30 .. -34) are
 TokenizerCallError subclasses with colibri_tok_strerror's text.
 
-Not here yet: worker threads (the C runtime has none yet); Model takes no
-`threads` argument until it does.
+Threads: Model(path, threads=N, spin=...) or Model.set_threads (colibri_set_threads):
+N workers compute each infer and encode, with the bits of one thread.
 """
 from __future__ import annotations
 

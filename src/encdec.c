@@ -123,121 +123,62 @@ int clb_encdec_bind(clb_plan *p, unsigned kind, unsigned layer, const clb_weight
 /* Pieces                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* T5 attention of one query row q [qdim] over n_keys keys K/V (key j at
- * K + j * stride, head h at + h * d), keys with mask[j] == 0 skipped (mask
- * NULL: all visible). Scores are q.k (no scaling: attn_scale is 1 in these
- * files, multiplied anyway) plus, with a bias table [H, bias_cols], the
- * bias at column at0 + step * j. A query seeing no key gets zeros.
- *
- * The arithmetic is the plain loop's, in its order: each q.k one
- * sequential sum over c, each output column the sum over visible keys in
- * key order. What is arranged for speed is only what runs together:
- * T5_KEYS dot products in flight (a float add waits for the one before
- * it, so one chain at a time left the core idle) and T5_COLS output
- * columns accumulated across the keys at once (a fixed-width loop the
- * compiler vectorises). A 512-token encoder spent most of its time here. */
-#define T5_KEYS 4u
-#define T5_COLS 8u
+/* T5 attention of the chunk's n query rows p->q [n, qdim] (row i:
+ * sequence tok_b[i] at position tok_pos[i]) over a float32 cache, out
+ * p->att [n, qdim]: a parallel region of (sequence, head) units, each
+ * handing the kernel table's attend_rows its sequence's rows of one head
+ * (kernels.h; ref.c's flash-attention schedule, the same bits in every
+ * table and for every thread count). Scores are q.k times attn_scale (1
+ * in these files) plus, with a bias table [H, cols], the bias of the
+ * query at pos and key j at column at + pos * per_pos + j * step; keys
+ * with mask[j] == 0 are skipped and a query seeing none gets zeros. */
+typedef struct t5_att {
+    const clb_plan *p;
+    const float *K, *V;           /* sequence 0's rows of the layer: [B, S, qdim] */
+    const uint8_t *mask;          /* [B, S] */
+    const float *bias;            /* [H, cols], or NULL */
+    size_t cols;
+    ptrdiff_t at, per_pos, step;
+    uint32_t n, n_all;            /* chunk rows; keys each query sees (0: pos + 1) */
+} t5_att;
 
-static void t5_attend(const clb_plan *p, const float *q, const float *K,
-                      const float *V, size_t stride, uint32_t n_keys,
-                      const uint8_t *mask, const float *bias, size_t bias_cols,
-                      int64_t at0, int step, float *out)
+static void t5_att_unit(void *ctx, uint32_t u, uint32_t worker)
 {
-    uint32_t d = p->s.head_dim;
-    float *sc = p->scores; /* [S]: q.k, then scores, then weights */
-    for (uint32_t hd = 0; hd < p->s.n_heads; hd++) {
-        const float *qh = q + (size_t)hd * d;
-        const float *bh = bias ? bias + (size_t)hd * bias_cols : NULL;
-        const float *Kh = K + (size_t)hd * d, *Vh = V + (size_t)hd * d;
-        float *o = out + (size_t)hd * d;
-        /* q.k of every key, masked ones too (in the cache, never used) */
-        uint32_t j = 0;
-        for (; j + T5_KEYS <= n_keys; j += T5_KEYS) {
-            /* scalars, not an array: an array's lanes went through the
-             * stack every step */
-            const float *k0 = Kh + (size_t)j * stride, *k1 = k0 + stride;
-            const float *k2 = k1 + stride, *k3 = k2 + stride;
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-            for (uint32_t c = 0; c < d; c++) {
-                float qc = qh[c];
-                s0 += qc * k0[c];
-                s1 += qc * k1[c];
-                s2 += qc * k2[c];
-                s3 += qc * k3[c];
-            }
-            sc[j] = s0;
-            sc[j + 1] = s1;
-            sc[j + 2] = s2;
-            sc[j + 3] = s3;
-        }
-        for (; j < n_keys; j++) {
-            const float *kj = Kh + (size_t)j * stride;
-            float dot = 0.0f;
-            for (uint32_t c = 0; c < d; c++)
-                dot += qh[c] * kj[c];
-            sc[j] = dot;
-        }
-        float mx = -INFINITY;
-        int any = 0;
-        for (j = 0; j < n_keys; j++) {
-            if (mask && !mask[j])
-                continue;
-            sc[j] = sc[j] * p->d.attn_scale;
-            if (bh)
-                sc[j] += bh[at0 + (int64_t)step * j];
-            if (!any || sc[j] > mx)
-                mx = sc[j];
-            any = 1;
-        }
-        memset(o, 0, d * sizeof(float));
-        if (!any)
-            continue;
-        float sum = 0.0f;
-        for (j = 0; j < n_keys; j++) {
-            if (mask && !mask[j])
-                continue;
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        for (j = 0; j < n_keys; j++)
-            if (!mask || mask[j])
-                sc[j] = sc[j] / sum;
-        uint32_t c0 = 0;
-        for (; c0 + T5_COLS <= d; c0 += T5_COLS) {
-            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-            float a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
-            for (j = 0; j < n_keys; j++) {
-                if (mask && !mask[j])
-                    continue;
-                const float *vj = Vh + (size_t)j * stride + c0;
-                float wj = sc[j];
-                a0 += wj * vj[0];
-                a1 += wj * vj[1];
-                a2 += wj * vj[2];
-                a3 += wj * vj[3];
-                a4 += wj * vj[4];
-                a5 += wj * vj[5];
-                a6 += wj * vj[6];
-                a7 += wj * vj[7];
-            }
-            o[c0] = a0;
-            o[c0 + 1] = a1;
-            o[c0 + 2] = a2;
-            o[c0 + 3] = a3;
-            o[c0 + 4] = a4;
-            o[c0 + 5] = a5;
-            o[c0 + 6] = a6;
-            o[c0 + 7] = a7;
-        }
-        for (j = 0; c0 < d && j < n_keys; j++) {   /* the last d % 8 columns */
-            if (mask && !mask[j])
-                continue;
-            const float *vj = Vh + (size_t)j * stride;
-            for (uint32_t c = c0; c < d; c++)
-                o[c] += sc[j] * vj[c];
-        }
-    }
+    (void)worker;
+    const t5_att *j = (const t5_att *)ctx;
+    const clb_plan *p = j->p;
+    const uint32_t H = p->s.n_heads, b = u / H, hd = u % H, d = p->s.head_dim;
+    const uint32_t S = p->s.max_seq_len;
+    uint32_t r0, r1;
+    if (!clb_seq_rows(p, j->n, b, &r0, &r1))
+        return;
+    const size_t seq = (size_t)b * S * p->qdim, off = (size_t)hd * d;
+    clb_att_args a;
+    memset(&a, 0, sizeof a);
+    a.K = j->K + seq + off;
+    a.V = j->V + seq + off;
+    a.mask = j->mask + (size_t)b * S;
+    a.bias_step = j->step;
+    a.ld = p->qdim;
+    a.d = d;
+    a.scale = p->d.attn_scale;
+    clb_att_rows r;
+    memset(&r, 0, sizeof r);
+    r.q = p->q + (size_t)r0 * p->qdim + off;
+    r.out = p->att + (size_t)r0 * p->qdim + off;
+    r.pos = p->tok_pos + r0;
+    r.ldq = r.ldo = p->qdim;
+    r.nr = r1 - r0;
+    r.nh = 1;
+    r.n_all = j->n_all;
+    r.bias = j->bias ? j->bias + hd * j->cols + j->at : NULL;
+    r.bias_pos = j->per_pos;
+    p->k->attend_rows(&r, &a);
+}
+
+static void t5_attention(const t5_att *j)
+{
+    clb_parallel(clb_team_of(j->p), j->p->s.max_batch * j->p->s.n_heads, t5_att_unit, (void *)j);
 }
 
 static void relu(float *x, size_t n)
@@ -377,14 +318,11 @@ static void encoder_layer(const clb_plan *p, uint32_t l, uint32_t batch, uint32_
         enc_rows(p, start, n, seq);
         clb_rmsnorm(p, p->xn, x, L->attn_norm, n, h, p->s.rms_eps);
         clb_linear(p, &L->wq, p->xn, n, p->q, "enc.wq");
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t b = p->tok_b[i], t = p->tok_pos[i];
-            size_t base = slot(p, l, b, 0);
-            t5_attend(p, p->q + (size_t)i * p->qdim, p->k_cache + base, p->v_cache + base,
-                      p->qdim, seq, ed->enc_mask + (size_t)b * S, ed->enc_bias,
-                      2u * (size_t)S - 1u, (int64_t)S - 1 - t, 1,
-                      p->att + (size_t)i * p->qdim);
-        }
+        /* every query sees the whole input; bias column S - 1 - t + j */
+        const t5_att att = {p, p->k_cache + slot(p, l, 0, 0), p->v_cache + slot(p, l, 0, 0),
+                            ed->enc_mask, ed->enc_bias, 2u * (size_t)S - 1u,
+                            (ptrdiff_t)S - 1, -1, 1, n, seq};
+        t5_attention(&att);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "enc.wo");
         add(x, p->tmp, (size_t)n * h);
         ffn_block(p, l, x, n);
@@ -536,25 +474,17 @@ void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
             memcpy(p->k_cache + at, p->kbuf + (size_t)i * qd, qd * 4);
             memcpy(p->v_cache + at, p->vbuf + (size_t)i * qd, qd * 4);
         }
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t b = p->tok_b[i], pos = p->tok_pos[i];
-            size_t base = slot(p, l, b, 0);
-            t5_attend(p, p->q + (size_t)i * qd, p->k_cache + base, p->v_cache + base, qd,
-                      pos + 1, p->mask_cache + (size_t)b * S, ed->dec_bias, S,
-                      (int64_t)pos, -1, p->att + (size_t)i * qd);
-        }
+        const t5_att self = {p, p->k_cache + slot(p, l, 0, 0), p->v_cache + slot(p, l, 0, 0),
+                             p->mask_cache, ed->dec_bias, S, 0, 1, -1, n, 0};
+        t5_attention(&self);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "dec.wo");
         add(p->x, p->tmp, nh);
         /* Cross-attention over the encoder output: no bias, padding masked. */
         clb_rmsnorm(p, p->xn, p->x, X->norm, n, h, s->rms_eps);
         clb_linear(p, &X->wq, p->xn, n, p->q, "cross.wq");
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t b = p->tok_b[i];
-            size_t base = slot(p, ld, b, 0);
-            t5_attend(p, p->q + (size_t)i * qd, ed->xk + base, ed->xv + base, qd,
-                      ed->enc_seq, ed->enc_mask + (size_t)b * S, NULL, 0, 0, 0,
-                      p->att + (size_t)i * qd);
-        }
+        const t5_att cross = {p, ed->xk + slot(p, ld, 0, 0), ed->xv + slot(p, ld, 0, 0),
+                              ed->enc_mask, NULL, 0, 0, 0, 1, n, ed->enc_seq};
+        t5_attention(&cross);
         clb_linear(p, &X->wo, p->att, n, p->tmp, "cross.wo");
         add(p->x, p->tmp, nh);
         ffn_block(p, l, p->x, n);

@@ -142,7 +142,6 @@ typedef struct clb_plan {
     float *x, *xn, *tmp;        /* [C, hidden] residual, normed, branch out */
     float *q, *att;             /* [C, qdim] queries, attention output */
     float *kbuf, *vbuf;         /* [C, kvdim] new keys and values */
-    float *scores;              /* [S] one query's attention weights */
     float *router_logits;       /* [C, E] */
     float *probs;               /* [C, E] */
     uint16_t *sel;              /* [C, K] chosen experts, rank order */
@@ -342,6 +341,10 @@ void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
  * 0..pos, mask-filtered, every key of the chunk already stored); out
  * p->att [n, qdim]. */
 void clb_attention(const clb_plan *p, uint32_t layer, uint32_t n);
+
+/* The rows [*r0, *r1) of sequence b among the chunk's n rows (tok_b: a
+ * sequence's rows are consecutive); returns 0 when it has none. */
+int clb_seq_rows(const clb_plan *p, uint32_t n, uint32_t b, uint32_t *r0, uint32_t *r1);
 
 /* COLIBRI_DEBUG: print a labelled dump of a float buffer to stderr. */
 #ifdef COLIBRI_DEBUG

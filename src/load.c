@@ -1515,8 +1515,7 @@ static int set_team(colibri_model *m, uint32_t n, uint32_t flags,
     }
 #if COLIBRI_THREADS
     clb_team *team = &((clb_plan *)v->plan)->team;
-    /* per-worker scratch: one query's attention scores [max_seq_len] */
-    int rc = clb_team_set(team, n, flags, use_ex ? ex : NULL, v->shape.max_seq_len);
+    int rc = clb_team_set(team, n, flags, use_ex ? ex : NULL);
     if (rc == COLIBRI_E_UNSUPPORTED)
         clb_detail(v->detail, DETAIL_CAP, "no thread pool without malloc: use "
                    "colibri_set_executor");

@@ -100,7 +100,6 @@ void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
     p->att = (float *)carve(c, cm(c, C * 4, qdim));
     p->kbuf = (float *)carve(c, cm(c, C * 4, kvdim));
     p->vbuf = (float *)carve(c, cm(c, C * 4, kvdim));
-    p->scores = (float *)carve(c, cm(c, S, 4));
     p->router_logits = (float *)carve(c, cm(c, C * 4, E));
     p->probs = (float *)carve(c, cm(c, C * 4, E));
     p->sel = (uint16_t *)carve(c, cm(c, C * 2, K));

@@ -403,6 +403,18 @@ void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos)
     }
 }
 
+int clb_seq_rows(const clb_plan *p, uint32_t n, uint32_t b, uint32_t *r0, uint32_t *r1)
+{
+    uint32_t i = 0;
+    while (i < n && p->tok_b[i] != b)
+        i++;
+    *r0 = i;
+    while (i < n && p->tok_b[i] == b)
+        i++;
+    *r1 = i;
+    return *r1 > *r0;
+}
+
 /* The chunk's attention as a parallel region of (sequence, KV head) units:
  * a unit hands the table's attend_rows every query of its KV head in the
  * sequence's chunk rows (consecutive, positions in order; the GQA group's
@@ -427,13 +439,8 @@ static void att_unit(void *ctx, uint32_t u, uint32_t worker)
     const colibri_shape *s = &p->s;
     const uint32_t kvh = u % s->n_kv_heads, b = u / s->n_kv_heads, d = s->head_dim;
     const uint32_t group = (uint32_t)s->n_heads / s->n_kv_heads;
-    uint32_t r0 = 0;
-    while (r0 < j->n && p->tok_b[r0] != b)
-        r0++;
-    uint32_t r1 = r0;
-    while (r1 < j->n && p->tok_b[r1] == b)
-        r1++;
-    if (r0 == r1)
+    uint32_t r0, r1;
+    if (!clb_seq_rows(p, j->n, b, &r0, &r1))
         return;
     const uint32_t S = s->max_seq_len;
     /* this sequence's cache rows in the layer: [S, kvdim] (+ [S, n_kv_heads] scales) */
@@ -456,6 +463,7 @@ static void att_unit(void *ctx, uint32_t u, uint32_t worker)
     a.scale = p->d.attn_scale;
     /* queries of KV head kvh: heads kvh * group .. + group - 1 of each row */
     clb_att_rows r;
+    memset(&r, 0, sizeof r);
     r.q = p->q + (size_t)r0 * p->qdim + (size_t)kvh * group * d;
     r.out = p->att + (size_t)r0 * p->qdim + (size_t)kvh * group * d;
     r.pos = p->tok_pos + r0;

@@ -87,7 +87,7 @@ static void run_tiles(clb_team *t, uint32_t worker)
 static void executor_work(void *arg, uint32_t worker)
 {
     clb_team *t = (clb_team *)arg;
-    if (worker < t->n) /* a bad index must not reach another's scratch */
+    if (worker < t->n) /* an index past the team's is the executor's bug */
         run_tiles(t, worker);
 }
 
@@ -250,35 +250,15 @@ void clb_team_stop(clb_team *t)
         free(pool);
     }
 #endif
-#ifndef COLIBRI_STATIC_WORKBUF
-    free(t->scratch);
-#endif
     memset(t, 0, sizeof *t);
 }
 
-/* Per-worker scratch where the build can allocate (else NULL: the regions
- * that need it run serially). */
-static void alloc_scratch(clb_team *t, uint32_t n, uint32_t floats)
-{
-#ifndef COLIBRI_STATIC_WORKBUF
-    t->scratch = floats ? (float *)calloc((size_t)n * floats, sizeof(float)) : NULL;
-    t->scratch_floats = t->scratch ? floats : 0;
-#else
-    (void)t;
-    (void)n;
-    (void)floats;
-#endif
-}
-
-int clb_team_set(clb_team *t, uint32_t n, uint32_t flags,
-                 const colibri_executor *ex, uint32_t scratch_floats)
+int clb_team_set(clb_team *t, uint32_t n, uint32_t flags, const colibri_executor *ex)
 {
     clb_team_stop(t);
     if (ex) {
         t->ex = *ex;
         t->n = ex->n_workers;
-        if (t->n > 1)
-            alloc_scratch(t, t->n, scratch_floats);
         return COLIBRI_OK;
     }
     if (n <= 1)
@@ -292,7 +272,6 @@ int clb_team_set(clb_team *t, uint32_t n, uint32_t flags,
     t->n = n;
     t->flags = flags;
     t->pool = pool;
-    alloc_scratch(t, n, scratch_floats);
     for (uint32_t i = 0; i + 1 < n; i++) {
         pool->w[i].pool = pool;
         pool->w[i].id = i + 1;

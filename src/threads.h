@@ -34,8 +34,7 @@
 #endif
 
 /* One tile of a region, computed by worker `worker` (0 = the caller, below
- * the team's size): the index of its scratch (clb_team_scratch), never a
- * reason for different arithmetic. */
+ * the team's size): never a reason for different arithmetic. */
 typedef void (*clb_tile_fn)(void *ctx, uint32_t tile, uint32_t worker);
 
 #if COLIBRI_THREADS
@@ -47,9 +46,6 @@ typedef struct clb_team {
     uint32_t flags;          /* COLIBRI_THREADS_SPIN */
     colibri_executor ex;     /* ex.run != NULL: the caller's workers */
     struct clb_pool *pool;   /* pthread mode, else NULL */
-    float *scratch;          /* [n, scratch_floats] per-worker scratch
-                                (malloc'd by clb_team_set), or NULL */
-    uint32_t scratch_floats;
     /* The current region, written by the caller before it publishes gen. */
     clb_tile_fn fn;
     void *ctx;
@@ -75,15 +71,7 @@ void clb_parallel(clb_team *team, uint32_t n_tiles, clb_tile_fn fn, void *ctx);
  * Returns 0, COLIBRI_E_NO_MEMORY, COLIBRI_E_UNSUPPORTED (pthread mode in a
  * build without malloc or pthreads); on failure the team is serial. */
 int clb_team_set(clb_team *team, uint32_t n, uint32_t flags,
-                 const colibri_executor *ex, uint32_t scratch_floats);
-
-/* Worker w's scratch of scratch_floats floats, or NULL (serial team, or a
- * build without malloc: then a caller needing scratch runs serially). */
-static inline float *clb_team_scratch(const clb_team *team, uint32_t w)
-{
-    return team->scratch ? team->scratch + (size_t)w * team->scratch_floats
-                         : NULL;
-}
+                 const colibri_executor *ex);
 
 /* Join and release the workers; the team becomes serial. Idempotent. */
 void clb_team_stop(clb_team *team);
@@ -101,13 +89,6 @@ static inline void clb_parallel(clb_team *team, uint32_t n_tiles,
     (void)team;
     for (uint32_t t = 0; t < n_tiles; t++)
         fn(ctx, t, 0);
-}
-
-static inline float *clb_team_scratch(const clb_team *team, uint32_t w)
-{
-    (void)team;
-    (void)w;
-    return NULL;
 }
 
 static inline void clb_team_stop(clb_team *team) { (void)team; }

@@ -9,7 +9,8 @@ and by the numpy reference (tests/golden_switch.py's awkward checkpoint):
   reference's int8 error on the same file;
 - misuse codes: decode before encode, an encoder input above the file's
   max_seq_len, a decoder batch other than the encoded one; equal bits for
-  the static-arena build (init from memory) and the mmap build.
+  the static-arena build (init from memory) and the mmap build, and for
+  every thread count.
 """
 from __future__ import annotations
 
@@ -131,6 +132,29 @@ def test_static_arena_and_mmap_builds_agree_bit_for_bit(switch, c_build, tmp_pat
     np.testing.assert_array_equal(a[0], b[0])
     for x, y in zip(a[1], b[1]):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8"])
+def test_threads_bit_identical(switch, c_build, quant):
+    """colibri_set_threads on an encoder-decoder: the encoder output and the
+    decoder logits of 1 thread, bit for bit, on 2, 3 (spinning) and 5
+    (the encoder's and decoder's attention and matmuls cut into tiles the
+    thread count does not change)."""
+    from colibri import runtime
+    _, files = switch
+    ids, mask, calls, _, _ = scenario(switch[0], (11, 7), 4, 3, seed=6)
+
+    def run(threads, spin=False):
+        with runtime.Model(files[quant], library=c_build("host").so, threads=threads,
+                           spin=spin) as m:
+            out, past = [m.encode(ids, mask)], 0
+            for c in calls:
+                out.append(m.infer(c, n_past=past))
+                past += c.shape[1]
+            return [x.tobytes() for x in out]
+    want = run(1)
+    for n, spin in ((2, False), (3, True), (5, False)):
+        assert run(n, spin) == want, (n, spin)
 
 
 def _driver_error(build, path, script, tmp_path):

@@ -106,7 +106,7 @@ class Tables:
     xattn: int
 
 
-TABLES_LP64 = Tables(plan=712, layer=464, expert=96, encdec=80, xattn=136)
+TABLES_LP64 = Tables(plan=688, layer=464, expert=96, encdec=80, xattn=136)
 
 
 def tables_bound(pointer_bytes: int) -> Tables:
@@ -152,7 +152,6 @@ def arena_bytes(shape: fmt.ModelShape, desc: fmt.Description | None = None,
         C * 4 * h, C * 4 * h, C * 4 * h,         # x, xn, tmp
         C * 4 * qdim, C * 4 * qdim,              # q, attention output
         C * 4 * kvdim, C * 4 * kvdim,            # new keys, values
-        S * 4,                                   # one query's scores
         C * 4 * E, C * 4 * E,                    # router logits, probs
         C * 2 * K, C * 4 * K,                    # selections, their weights
         E, E * 4, (E + 1) * 4,                   # chosen, counts, offsets

@@ -2723,6 +2723,8 @@ BLOCK void ya_block(const int T, ya_tile *t, const clb_att_args *a, uint32_t b, 
                 : _mm256_mul_ps(_mm256_mul_ps(acc[j][h], _mm256_loadu_ps(ks + 8 * h)), sc);
             _mm256_storeu_ps(sj[j] + 8 * h, sv);
         }
+    for (int j = 0; j < T; j++)
+        clb_att_add_bias(sj[j], t->bias[j], a->bias_step, b, kj[j]);
     /* the new running maxima, and alpha = exp(m - m') for the T queries
      * in one vector exp (lane j: query j) */
     float mn[YA_T], dm[8] = {0}, ex[8];
@@ -2883,18 +2885,15 @@ TGT static void avx2_attend_rows(const clb_att_rows *r, const clb_att_args *a)
         ya_tile t[YA_G];
         uint32_t nt = 0;
         for (uint32_t t0 = g0; t0 < nq && nt < YA_G; t0 += (uint32_t)T, nt++)
-            clb_att_tile_queries(r, a->d, t0, (uint32_t)T, t[nt].q, t[nt].o, t[nt].n);
+            clb_att_tile_queries(r, a->d, t0, (uint32_t)T, t + nt);
         ya_run_width(T, t, nt, a);
     }
 }
 
 TGT static void avx2_attend(float *out, const clb_att_args *a)
 {
-    memset(out, 0, (size_t)a->d * sizeof(float));
     ya_tile t;
-    t.q[0] = a->q;
-    t.o[0] = out;
-    t.n[0] = a->n;
+    clb_att_tile_one(a, out, &t);
     ya_run_width(1, &t, 1, a);
 }
 

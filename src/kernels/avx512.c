@@ -574,6 +574,13 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
     for (int j = 0; j < T; j++)
         sv[j] = a->K ? _mm512_mul_ps(acc[j], _mm512_set1_ps(a->scale))
                      : _mm512_mul_ps(_mm512_mul_ps(acc[j], ks), _mm512_set1_ps(a->scale));
+    for (int j = 0; j < T; j++)
+        if (t->bias[j]) { /* T5's position bias: lane by lane, ref's adds */
+            float s[CLB_ATT_BLOCK];
+            _mm512_storeu_ps(s, sv[j]);
+            clb_att_add_bias(s, t->bias[j], a->bias_step, b, kj[j]);
+            sv[j] = _mm512_loadu_ps(s);
+        }
     for (int j = 0; j < T; j++) {
         mn[j] = t->m[j];
         if (!kj[j])
@@ -705,18 +712,15 @@ TGT512 static void z_attend_rows(const clb_att_rows *r, const clb_att_args *a)
         za_tile t[ZA_G];
         uint32_t nt = 0;
         for (uint32_t t0 = g0; t0 < nq && nt < ZA_G; t0 += (uint32_t)T, nt++)
-            clb_att_tile_queries(r, a->d, t0, (uint32_t)T, t[nt].q, t[nt].o, t[nt].n);
+            clb_att_tile_queries(r, a->d, t0, (uint32_t)T, t + nt);
         za_run_width(T, t, nt, a);
     }
 }
 
 TGT512 static void z_attend(float *out, const clb_att_args *a)
 {
-    memset(out, 0, (size_t)a->d * sizeof(float));
     za_tile t;
-    t.q[0] = a->q;
-    t.o[0] = out;
-    t.n[0] = a->n;
+    clb_att_tile_one(a, out, &t);
     za_run_width(1, &t, 1, a);
 }
 

@@ -36,23 +36,46 @@
 extern "C" {
 #endif
 
+/* Positions per block of the attention schedule (ref.c clb_ref_attend). */
+#define CLB_ATT_BLOCK 16u
+
 /* One query head's attention over a KV cache (clb_attention): the cached
  * positions 0 .. n-1 of one KV head, float32 (K, V) or int8 with one scale
  * per position (Kq, Ks, Vq, Vs: COLIBRI_KV_I8). Row i of K starts at
- * K + i * ld (Kq + i * ld), its scale at Ks[i * lds]. */
+ * K + i * ld (Kq + i * ld), its scale at Ks[i * lds].
+ *
+ * bias: a score bias by position (T5's relative-position tables, encdec.c)
+ * or NULL: position i's score is (scale * q.k_i) + bias[i * bias_step],
+ * added after the scale, one float add. bias_step is +1 or -1 (a table read
+ * backwards: T5's decoder indexes it by the distance pos - i); only the
+ * attended positions' entries are read. */
 typedef struct clb_att_args {
     const float *q;          /* [d] */
     const float *K, *V;      /* f32 cache, or NULL */
     const int8_t *Kq, *Vq;   /* i8 cache (when K is NULL) */
     const float *Ks, *Vs;
     const uint8_t *mask;     /* [n]: 0 = not attended */
+    const float *bias;       /* NULL, or position i's at bias[i * bias_step] */
+    ptrdiff_t bias_step;
     size_t ld, lds;
     uint32_t n, d;
-    float scale;             /* score = scale * q.k */
+    float scale;             /* score = scale * q.k (+ the bias) */
 } clb_att_args;
 
-/* Positions per block of the attention schedule (ref.c clb_ref_attend). */
-#define CLB_ATT_BLOCK 16u
+/* s[i] += bias[(b + i) * step] for the lanes i of live (bit i: position
+ * b + i attended): every form's add of the bias after the scale, one float
+ * add each (the same bits in a lane of a vector), reading only attended
+ * positions' entries. No bias: nothing. */
+static inline void clb_att_add_bias(float *s, const float *bias, ptrdiff_t step, uint32_t b,
+                                    uint32_t live)
+{
+    if (!bias)
+        return;
+    for (uint32_t i = 0; i < CLB_ATT_BLOCK; i++)
+        if (live >> i & 1u)
+            s[i] = s[i] + bias[(ptrdiff_t)(b + i) * step];
+}
+
 
 /* Blocks of keys and values ahead that the SIMD attention forms prefetch
  * (clb_att_prefetch_ahead). */
@@ -66,48 +89,80 @@ typedef struct clb_att_args {
 #define CLB_STREAM_PFB 1024u
 
 /* Several queries over the same cached positions (clb_att_args without
- * q and n): the heads of one GQA group, for one or more rows of one
+ * q, n and bias): the heads of one GQA group, for one or more rows of one
  * sequence. Query (i, g), i < nr rows, g < nh heads, is the d floats at
- * q + i * ldq + g * d; it attends positions 0 .. pos[i] (n = pos[i] + 1)
- * and writes out + i * ldo + g * d. */
+ * q + i * ldq + g * d; it attends positions 0 .. pos[i] (n = pos[i] + 1;
+ * n_all > 0: positions 0 .. n_all - 1 whatever pos, an encoder's) and
+ * writes out + i * ldo + g * d. With bias, its bias (clb_att_args) starts
+ * at bias + pos[i] * bias_pos + g * bias_head, stepping by a->bias_step. */
 typedef struct clb_att_rows {
     const float *q;
     float *out;
     const uint32_t *pos;     /* [nr] */
     size_t ldq, ldo;
     uint32_t nr, nh;
+    uint32_t n_all;          /* 0: causal (pos[i] + 1 positions) */
+    const float *bias;       /* NULL: none */
+    ptrdiff_t bias_pos, bias_head;
 } clb_att_rows;
 
-/* The T queries of the tile that starts at query t0 of r (query x: row
- * x / nh, head x % nh, kernels' attend_rows forms): their inputs, their
- * outputs (zeroed) and positions attended; past the last query, the last
- * one's input again with none (a padding query, reaching nothing). */
-static inline void clb_att_tile_queries(const clb_att_rows *r, uint32_t d, uint32_t t0, uint32_t T,
-                                        const float **q, float **o, uint32_t *n)
+/* Query (i, g) of r: its positions attended and its bias row (NULL:
+ * none), as clb_att_rows says. */
+static inline uint32_t clb_att_rows_n(const clb_att_rows *r, uint32_t i)
 {
-    const uint32_t nq = r->nr * r->nh;
-    for (uint32_t j = 0; j < T; j++) {
-        const uint32_t x = t0 + j < nq ? t0 + j : nq - 1, i = x / r->nh, g = x % r->nh;
-        q[j] = r->q + (size_t)i * r->ldq + (size_t)g * d;
-        o[j] = r->out + (size_t)i * r->ldo + (size_t)g * d;
-        n[j] = t0 + j < nq ? r->pos[i] + 1u : 0u;
-        if (n[j])
-            memset(o[j], 0, (size_t)d * sizeof(float));
-    }
+    return r->n_all ? r->n_all : r->pos[i] + 1u;
+}
+static inline const float *clb_att_rows_bias(const clb_att_rows *r, uint32_t i, uint32_t g)
+{
+    return r->bias ? r->bias + (ptrdiff_t)r->pos[i] * r->bias_pos + (ptrdiff_t)g * r->bias_head
+                   : NULL;
 }
 
 /* One tile of an attend_rows form (avx2.c, avx512.c, neon_attend.c): up to
  * CLB_ATT_TILE queries (a form uses its own T of them) with their inputs,
- * outputs, positions attended (0: a padding query) and online-softmax
- * state (ref.c clb_ref_attend's m, l and whether a block was live). */
+ * outputs, positions attended (0: a padding query), bias rows and
+ * online-softmax state (ref.c clb_ref_attend's m, l and whether a block
+ * was live). */
 #define CLB_ATT_TILE 8u
 typedef struct clb_att_tile {
     const float *q[CLB_ATT_TILE];
     float *o[CLB_ATT_TILE];
+    const float *bias[CLB_ATT_TILE];
     uint32_t n[CLB_ATT_TILE];
     float m[CLB_ATT_TILE], l[CLB_ATT_TILE];
     int any[CLB_ATT_TILE];
 } clb_att_tile;
+
+/* The T queries of the tile t that starts at query t0 of r (query x: row
+ * x / nh, head x % nh, kernels' attend_rows forms): their inputs, their
+ * outputs (zeroed), bias rows and positions attended; past the last query,
+ * the last one's input again with none (a padding query, reaching
+ * nothing). */
+static inline void clb_att_tile_queries(const clb_att_rows *r, uint32_t d, uint32_t t0, uint32_t T,
+                                        clb_att_tile *t)
+{
+    const uint32_t nq = r->nr * r->nh;
+    for (uint32_t j = 0; j < T; j++) {
+        const uint32_t x = t0 + j < nq ? t0 + j : nq - 1, i = x / r->nh, g = x % r->nh;
+        t->q[j] = r->q + (size_t)i * r->ldq + (size_t)g * d;
+        t->o[j] = r->out + (size_t)i * r->ldo + (size_t)g * d;
+        t->bias[j] = clb_att_rows_bias(r, i, g);
+        t->n[j] = t0 + j < nq ? clb_att_rows_n(r, i) : 0u;
+        if (t->n[j])
+            memset(t->o[j], 0, (size_t)d * sizeof(float));
+    }
+}
+
+/* A tile of the one query of an attend call (a->q, a->n, a->bias), its
+ * output zeroed. */
+static inline void clb_att_tile_one(const clb_att_args *a, float *out, clb_att_tile *t)
+{
+    memset(out, 0, (size_t)a->d * sizeof(float));
+    t->q[0] = a->q;
+    t->o[0] = out;
+    t->bias[0] = a->bias;
+    t->n[0] = a->n;
+}
 
 /* Resets the state of the T queries of each of the nt tiles; returns the
  * most positions any of them attends (the group's block range). */

@@ -224,7 +224,7 @@ static __attribute__((noinline)) void na_softmax(const int T, na_tile *t, const 
                 ks[i] = a->Ks[(size_t)(b + i) * a->lds];
                 vs[i] = a->Vs[(size_t)(b + i) * a->lds];
             }
-    /* the scores: (dot [* ks]) * scale, ref's products in ref's order */
+    /* the scores: (dot [* ks]) * scale [+ bias], ref's operations in ref's order */
     for (int j = 0; j < T; j++)
         for (int h = 0; h < 4; h++) {
             const float32x4_t dv = vld1q_f32(sj[j] + 4 * h);
@@ -232,6 +232,8 @@ static __attribute__((noinline)) void na_softmax(const int T, na_tile *t, const 
                 : vmulq_n_f32(vmulq_f32(dv, vld1q_f32(ks + 4 * h)), a->scale);
             vst1q_f32(sj[j] + 4 * h, sv);
         }
+    for (int j = 0; j < T; j++)
+        clb_att_add_bias(sj[j], t->bias[j], a->bias_step, b, kj[j]);
     /* the new running maxima, and alpha = exp(m - m') for the T queries in
      * one vector exp (lane j: query j) */
     float mn[NA_T], dm[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ex[4];
@@ -441,18 +443,15 @@ void clb_neon_attend_rows(const clb_att_rows *r, const clb_att_args *a)
         na_tile t[NA_G];
         uint32_t nt = 0;
         for (uint32_t t0 = g0; t0 < nq && nt < NA_G; t0 += (uint32_t)T, nt++)
-            clb_att_tile_queries(r, a->d, t0, (uint32_t)T, t[nt].q, t[nt].o, t[nt].n);
+            clb_att_tile_queries(r, a->d, t0, (uint32_t)T, t + nt);
         na_run_width(T, t, nt, a);
     }
 }
 
 void clb_neon_attend(float *out, const clb_att_args *a)
 {
-    memset(out, 0, (size_t)a->d * sizeof(float));
     na_tile t;
-    t.q[0] = a->q;
-    t.o[0] = out;
-    t.n[0] = a->n;
+    clb_att_tile_one(a, out, &t);
     na_run_width(1, &t, 1, a);
 }
 

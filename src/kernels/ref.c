@@ -329,7 +329,7 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
 /* Attention (kernels.h attend): the flash-attention schedule.
  *
  * Positions go in blocks of CLB_ATT_BLOCK (16). Per block: the unmasked
- * positions' scores s_i = (q.k_i [* ks_i]) * scale; the block's max m_b;
+ * positions' scores s_i = (q.k_i [* ks_i]) * scale [+ bias_i]; the block's max m_b;
  * the running max m' = max(m, m_b); alpha = exp(m - m') (0 for the first
  * block); l = l * alpha + the sum of p_i = exp(s_i - m') (masked
  * positions p = 0) and o = o * alpha + sum_i p_i v_i; at the end out = o / l.
@@ -435,6 +435,10 @@ static void att_scores(const clb_att_args *a, uint32_t b, uint32_t nb, float *s)
     }
     for (i = 0; i < nb; i++)
         s[i] = a->K ? s[i] * a->scale : s[i] * a->Ks[(size_t)(b + i) * a->lds] * a->scale;
+    uint32_t live = 0;
+    for (i = 0; i < nb; i++)
+        live |= (uint32_t)(a->mask[b + i] != 0) << i;
+    clb_att_add_bias(s, a->bias, a->bias_step, b, live);
 }
 
 /* o[0 .. d) = o * alpha, then o = fma(w_i, v_i, o) for the block's
@@ -509,9 +513,10 @@ void clb_ref_attend_rows(const clb_att_rows *r, const clb_att_args *a)
 {
     clb_att_args one = *a;
     for (uint32_t i = 0; i < r->nr; i++) {
-        one.n = r->pos[i] + 1u;
+        one.n = clb_att_rows_n(r, i);
         for (uint32_t g = 0; g < r->nh; g++) {
             one.q = r->q + (size_t)i * r->ldq + (size_t)g * a->d;
+            one.bias = clb_att_rows_bias(r, i, g);
             clb_ref_attend(r->out + (size_t)i * r->ldo + (size_t)g * a->d, &one);
         }
     }

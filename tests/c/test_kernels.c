@@ -828,7 +828,8 @@ static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels 
  * is the truth, so it must be right: relative 1e-5 of sum |p v|), and every
  * table's attend against ref bit for bit (kernels.h). f32 and int8 caches
  * with row strides wider than d, masks with holes and whole masked blocks
- * (and all masked: zeros), scores spread over ~30 so exps underflow. */
+ * (and all masked: zeros), scores spread over ~30 so exps underflow, and
+ * a position bias (T5's) read forwards and backwards. */
 /* A KV cache of n positions for the attention tests: f32 and int8 keys and
  * values with row stride d + 3, scales with stride 2 (wider than a head:
  * the kernels must honour ld and lds), a mask with holes (1), all masked
@@ -890,7 +891,20 @@ static void att_cache_free(att_cache *c)
     buf_free(&c->KS); buf_free(&c->VS); buf_free(&c->M);
 }
 
-static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8, int holes)
+/* A bias table of n floats spread over ~6 (as large as the scores' spread,
+ * so it moves the softmax); the caller reads it forwards or backwards. */
+static buf att_bias_new(size_t n)
+{
+    buf B = buf_new(n, sizeof(float), 0);
+    float *b = B.p;
+    for (size_t i = 0; i < n; i++)
+        b[i] = 6.0f * rng_sym();
+    return B;
+}
+
+/* bias: 0 none, 1 position i's at B[i], 2 at B[n - 1 - i] (step -1). */
+static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8, int holes,
+                        int bias)
 {
     const size_t ld = (size_t)d + 3, lds = 2;
     buf Q = buf_new(d, sizeof(float), 1);
@@ -899,12 +913,18 @@ static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8
     for (uint32_t c = 0; c < d; c++)
         q[c] = 4.0f * rng_sym();
     att_cache cache = att_cache_new(n, d, holes);
+    buf B = att_bias_new(n);
     const float *kf = cache.KF.p, *vf = cache.VF.p, *ks = cache.KS.p, *vs = cache.VS.p;
+    const float *bt = B.p;
     const int8_t *k8 = cache.K8.p, *v8 = cache.V8.p;
     const uint8_t *mask = cache.M.p;
     clb_att_args a = att_cache_args(&cache, d, i8);
     a.q = q;
     a.n = n;
+    if (bias) {
+        a.bias = bias == 1 ? bt : bt + n - 1;
+        a.bias_step = bias == 1 ? 1 : -1;
+    }
     clb_ref_attend(o1, &a);
     if (k == NULL) { /* ref against double-precision softmax */
         double mx = -1e300, sum = 0.0;
@@ -913,7 +933,7 @@ static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8
             double dot = 0.0;
             for (uint32_t c = 0; c < d; c++)
                 dot += (double)q[c] * (i8 ? (double)k8[i * ld + c] * ks[i * lds] : kf[i * ld + c]);
-            sc[i] = dot * a.scale;
+            sc[i] = dot * a.scale + (bias ? bt[bias == 1 ? i : n - 1 - i] : 0.0);
             if (mask[i] && sc[i] > mx)
                 mx = sc[i];
         }
@@ -931,8 +951,8 @@ static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8
             }
             n_checks++;
             if (!(fabs(o - o1[c]) <= 1e-5 * mag + 1e-30) && !(holes == 2 && o1[c] == 0.0f)) {
-                FAIL("ref attend n=%u d=%u i8=%d holes=%d: out[%u] = %.9g, softmax %.9g",
-                     n, d, i8, holes, c, o1[c], o);
+                FAIL("ref attend n=%u d=%u i8=%d holes=%d bias=%d: out[%u] = %.9g, softmax %.9g",
+                     n, d, i8, holes, bias, c, o1[c], o);
                 break;
             }
         }
@@ -944,11 +964,11 @@ static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8
             uint32_t c = 0;
             while (memcmp(o1 + c, o2 + c, sizeof(float)) == 0)
                 c++;
-            FAIL("%s attend n=%u d=%u i8=%d holes=%d: out[%u] = %.9g, ref %.9g", k->name, n, d,
-                 i8, holes, c, o2[c], o1[c]);
+            FAIL("%s attend n=%u d=%u i8=%d holes=%d bias=%d: out[%u] = %.9g, ref %.9g",
+                 k->name, n, d, i8, holes, bias, c, o2[c], o1[c]);
         }
     }
-    buf_free(&Q); buf_free(&O1); buf_free(&O2);
+    buf_free(&Q); buf_free(&O1); buf_free(&O2); buf_free(&B);
     att_cache_free(&cache);
 }
 
@@ -956,9 +976,14 @@ static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8
  * heads of nr rows at positions pos[i]) against one ref attend call per
  * query, bit for bit, with row strides wider than the heads, the output's
  * gaps left as they were, and tiles of queries that reach different
- * blocks (positions first .. first + nr - 1, or every 7th). */
+ * blocks (positions first .. first + nr - 1, or every 7th). form: 0
+ * causal; 1 every query over all positions (n_all) with T5's encoder bias
+ * (head g's table [2 npos - 1], query at p, position j: column
+ * npos - 1 - p + j); 2 causal with its decoder bias (table [npos], column
+ * p - j: read backwards). The ref calls take the bias row from the tables
+ * directly, not through clb_att_rows. */
 static void test_attend_rows(const colibri_kernels *k, uint32_t nr, uint32_t nh, uint32_t first,
-                             uint32_t d, int i8, int holes)
+                             uint32_t d, int i8, int holes, int form)
 {
     const uint32_t npos = first + 7 * nr + 1;
     const size_t ldq = (size_t)nh * d + 5;
@@ -973,24 +998,40 @@ static void test_attend_rows(const colibri_kernels *k, uint32_t nr, uint32_t nh,
     att_cache cache = att_cache_new(npos, d, holes);
     for (uint32_t i = 0; i < nr; i++)
         pos[i] = first + (holes ? 7 * i : i);
+    const size_t cols = form == 1 ? 2 * (size_t)npos - 1 : npos;
+    buf B = att_bias_new(nh * cols);
+    const float *bt = B.p;
     clb_att_args a = att_cache_args(&cache, d, i8);
+    a.bias_step = form == 2 ? -1 : 1;
     for (uint32_t i = 0; i < nr; i++)
         for (uint32_t g = 0; g < nh; g++) {
             a.q = q + i * ldq + (size_t)g * d;
-            a.n = pos[i] + 1;
+            a.n = form == 1 ? npos : pos[i] + 1;
+            a.bias = form == 1 ? bt + g * cols + (npos - 1 - pos[i])
+                   : form == 2 ? bt + g * cols + pos[i] : NULL;
             clb_ref_attend(o1 + i * ldq + (size_t)g * d, &a);
         }
-    clb_att_rows r = {q, o2, pos, ldq, ldq, nr, nh};
+    clb_att_rows r = {.q = q, .out = o2, .pos = pos, .ldq = ldq, .ldo = ldq, .nr = nr, .nh = nh};
+    if (form == 1) {
+        r.n_all = npos;
+        r.bias = bt + npos - 1;
+        r.bias_pos = -1;
+    } else if (form == 2) {
+        r.bias = bt;
+        r.bias_pos = 1;
+    }
+    r.bias_head = (ptrdiff_t)cols;
+    a.bias = q; /* attend_rows must not read a->bias (nor a->q, a->n) */
     k->attend_rows(&r, &a);
     n_checks++;
     if (memcmp(o1, o2, nr * ldq * sizeof(float)) != 0) {
         size_t c = 0;
         while (memcmp(o1 + c, o2 + c, sizeof(float)) == 0)
             c++;
-        FAIL("%s attend_rows nr=%u nh=%u first=%u d=%u i8=%d holes=%d: out[%zu] = %.9g, ref %.9g",
-             k->name, nr, nh, first, d, i8, holes, c, o2[c], o1[c]);
+        FAIL("%s attend_rows nr=%u nh=%u first=%u d=%u i8=%d holes=%d form=%d: out[%zu] = %.9g, "
+             "ref %.9g", k->name, nr, nh, first, d, i8, holes, form, c, o2[c], o1[c]);
     }
-    buf_free(&Q); buf_free(&O1); buf_free(&O2); buf_free(&P);
+    buf_free(&Q); buf_free(&O1); buf_free(&O2); buf_free(&P); buf_free(&B);
     att_cache_free(&cache);
 }
 
@@ -1027,7 +1068,9 @@ static void test_attend_nan(const colibri_kernels *k)
     for (uint32_t i = 0; i < nr; i++)
         pos[i] = 3u + 16u * i; /* before, at and after each NaN */
     clb_att_args a = att_cache_args(&cache, d, 0);
-    clb_att_rows r1 = {q, o1, pos, ldq, ldq, nr, nh}, r = {q, o2, pos, ldq, ldq, nr, nh};
+    clb_att_rows r1 = {.q = q, .out = o1, .pos = pos, .ldq = ldq, .ldo = ldq, .nr = nr, .nh = nh};
+    clb_att_rows r = r1;
+    r.out = o2;
     clb_ref_attend_rows(&r1, &a); /* one ref attend a query (test_attend_all checks it) */
     k->attend_rows(&r, &a);
     n_checks++;
@@ -1051,7 +1094,8 @@ static void test_attend_all(const colibri_kernels *k)
         for (size_t b = 0; b < LEN(AD); b++)
             for (int i8 = 0; i8 < 2; i8++)
                 for (int holes = 0; holes < 3; holes++)
-                    test_attend(k, AN[a], AD[b], i8, holes);
+                    for (int bias = 0; bias < (holes == 1 ? 3 : 1); bias++)
+                        test_attend(k, AN[a], AD[b], i8, holes, bias);
     if (k == NULL)
         return;
     /* rows x heads: one query, a GQA pair, tiles with a partial last tile,
@@ -1063,7 +1107,8 @@ static void test_attend_all(const colibri_kernels *k)
         for (size_t b = 0; b < LEN(RD); b++)
             for (int i8 = 0; i8 < 2; i8++)
                 for (int holes = 0; holes < 3; holes++)
-                    test_attend_rows(k, RN[a][0], RN[a][1], RN[a][2], RD[b], i8, holes);
+                    for (int form = 0; form < (holes == 1 ? 3 : 1); form++)
+                        test_attend_rows(k, RN[a][0], RN[a][1], RN[a][2], RD[b], i8, holes, form);
     test_attend_nan(k);
 }
 
@@ -1505,7 +1550,8 @@ static void run_bench_attend(const colibri_kernels *ref, const colibri_kernels *
             }
             att_bench_args b;
             b.a = att_cache_args(&cache, d, i8);
-            b.r = (clb_att_rows){Q.p, O.p, pos, ldq, ldq, rows[ri], nh};
+            b.r = (clb_att_rows){.q = Q.p, .out = O.p, .pos = pos, .ldq = ldq, .ldo = ldq,
+                                 .nr = rows[ri], .nh = nh};
             b.k = ref;
             double tr = best_seconds(att_call, &b);
             printf("%-16s %-18s %10.3f %10.3f", name, shape, tr * 1e3, pairs / tr * 1e-9);
