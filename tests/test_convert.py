@@ -7,6 +7,7 @@ the expected tensor values come from loading them with the safetensors library
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -494,14 +495,20 @@ def test_jobs_write_the_bytes_one_process_writes(hf_checkpoint, tmp_path, monkey
     are written in the file's order, byte for byte what one process writes:
     the q4 mix on k256 has Q4_K, Q5_K, Q6_K and Q5_0 tensors (each sent to
     a worker here, however small), int16 and float32 ones (encoded in this
-    process). More workers than tensors in flight, and than cores."""
+    process). More workers than tensors in flight, and than cores. Each
+    layer's progress line comes once its last tensor is written, in order."""
     from colibri.file import encode_pool
     monkeypatch.setattr(encode_pool, "POOL_MIN_WEIGHTS", 0)
     src = hf_checkpoint("k256")
     one, three = tmp_path / "one.colibri", tmp_path / "three.colibri"
     ColibriExporter(src, quant="q4").export(one)
-    ColibriExporter(src, quant="q4", jobs=3).export(three)
+    lines = []
+    ex = ColibriExporter(src, quant="q4", jobs=3, progress=lines.append)
+    ex.export(three)
     assert one.read_bytes() == three.read_bytes()
+    n = ex.shape.n_layers
+    assert n >= 2 and [re.sub(r" \(\d+\.\d s\)$", "", x) for x in lines] == [
+        f"layer {i}/{n} written" for i in range(1, n + 1)], lines
     stored = {DType(e.dtype) for e in F.read_file(one).entries}
     assert {DType.Q4_K, DType.Q5_K, DType.Q6_K, DType.Q5_0} <= stored, stored
 

@@ -44,7 +44,7 @@ from . import families, gguf_in, hf
 from . import imatrix as im
 from .convert_gguf import GGUFExporter
 from .export import (DEFAULT_MAX_SEQ_CAP, PRESETS, QUANT_CHOICES, output_path, preset_dtypes,
-                     shape_and_desc, tied_dtype, tokenizer_sections)
+                     report_layer_written, shape_and_desc, tied_dtype, tokenizer_sections)
 from .families.common import LAYER_TENSORS, ExpertLayout, Fused
 from ..errors import ColibriError, ConversionError
 from ..file import format as fmt
@@ -368,11 +368,7 @@ class ColibriExporter:
         def write(item, encoded) -> None:
             i, st, dt = item
             w.add_encoded(st.kind, st.layer, st.expert, dt, *encoded)
-            last_of_layer = st.layer is not None and (
-                i + 1 == len(steps) or steps[i + 1].layer != st.layer)
-            if last_of_layer and self.progress:
-                self.progress(f"layer {st.layer + 1}/{self.shape.n_layers} written "
-                              f"({time.monotonic() - start:.1f} s)")
+            report_layer_written(self.progress, steps, i, self.shape.n_layers, start)
 
         try:
             optional = tokenizer_sections(self.tokenizer, self.byte_order)

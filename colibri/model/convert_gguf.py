@@ -33,8 +33,8 @@ from typing import Callable
 import numpy as np
 
 from . import gguf_in, hf
-from .export import (PRESETS, QUANT_CHOICES, dtype_for, output_path, shape_and_desc, tied_dtype,
-                     tokenizer_sections)
+from .export import (PRESETS, QUANT_CHOICES, dtype_for, output_path, report_layer_written,
+                     shape_and_desc, tied_dtype, tokenizer_sections)
 from ..errors import ConversionError
 from ..file import format as fmt
 from ..file import storage
@@ -223,11 +223,7 @@ class GGUFExporter:
                 err = float(np.linalg.norm(back - w_src)) / norm if norm else 0.0
                 errors[(st.source.tensor.type_name, dt.name)].append(err)
             w.add_encoded(st.kind, st.layer, st.expert, dt, *self.stored(st, values, scales))
-            last = st.layer is not None and (
-                i + 1 == len(self.steps) or self.steps[i + 1].layer != st.layer)
-            if last and self.progress:
-                self.progress(f"layer {st.layer + 1}/{self.shape.n_layers} written "
-                              f"({time.monotonic() - start:.1f} s)")
+            report_layer_written(self.progress, self.steps, i, self.shape.n_layers, start)
 
         try:
             optional = tokenizer_sections(self.tokenizer, self.byte_order)

@@ -1,14 +1,15 @@
 """What every exporter shares (the Hugging Face one, colibri/model/convert.py;
 the encoder-decoder one, convert_encdec.py; the GGUF one, convert_gguf.py):
 the `--quant` presets and the per-kind storage-type options, the header's
-shape from a config, the output file's check and the optional tokenizer
-section.
+shape from a config, the output file's check, the optional tokenizer
+section and the per-layer progress line.
 
 Imports: errors, file.format, model.hf (the config it reads), text.tokenizer.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from . import hf
@@ -85,6 +86,15 @@ def output_path(out) -> Path:
     if not out.parent.is_dir():
         raise ConversionError(f"output directory {out.parent} does not exist")
     return out
+
+
+def report_layer_written(progress, steps, i: int, n_layers: int, start: float) -> None:
+    """After writing steps[i] (a plan's tensors, each with a .layer: None for
+    model-wide ones): "layer L/N written (T s)" through progress, when that
+    was the layer's last tensor. start: the export's time.monotonic()."""
+    layer = steps[i].layer
+    if progress and layer is not None and (i + 1 == len(steps) or steps[i + 1].layer != layer):
+        progress(f"layer {layer + 1}/{n_layers} written ({time.monotonic() - start:.1f} s)")
 
 
 def tokenizer_sections(spec, byte_order: str) -> list:
