@@ -112,7 +112,8 @@ def main(argv=None) -> int:
                       "cpu_s": statistics.median(x["cpu_s"] for x in ok) if ok else None,
                       "bytes": ok[0]["bytes"] if ok else None,
                       "errors": [x["error"] for x in runs[name] if "error" in x]})
-    res = {"cpu": cpu, "git": threads.git_revisions(), "rounds": a.rounds,
+    res = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+           "cpu": cpu, "git": threads.git_revisions(), "rounds": a.rounds,
            "command": " ".join(["bench/quantize.py", *(argv or sys.argv[1:])]),
            "model": {"name": ms.name, "parameters": models.checkpoint_bytes(models.SMALL) // 4},
            "colibri_same_bytes_at_every_jobs": len(digests) == 1,
@@ -132,7 +133,7 @@ def report(res: dict) -> str:
     flags = threads.cpu_features(cpu)
     lines = [
         "# Conversion to 4 bits: colibri convert --quant q4 against llama-quantize Q4_K_M", "",
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · `{res['command']}` · "
+        f"{res['date_utc']} UTC · `{res['command']}` · "
         f"{res['minutes']:.1f} min", "",
         f"- CPU: {cpu['model']}, {cpu['cores']} cores; {flags}",
         f"- git: HEAD {res['git'].get('HEAD')}, src_dirty {res['git'].get('src_dirty')}",

@@ -174,3 +174,16 @@ def test_threads_bench_quick_runs(tmp_path):
     for q in ("f32", "q8_0"):
         assert t[f"llama-cpp-python {q}"]["2"]["decode"]["tok_s"] > 0
         assert res["consistency"][f"llama-cpp-python {q}"]["prefill_last_argmax_equals_all"]
+
+
+def test_committed_quantize_reports_render_from_their_results():
+    """bench/quantize.py's report is a function of the run's JSON alone (its
+    date the run's, not the rendering's): every committed quantize*.json
+    renders to its committed .md, so a reader can trust the two agree."""
+    import json
+    from bench import quantize
+    found = sorted(ROOT.glob("bench/results/*/quantize*.json"))
+    assert found
+    for js in found:
+        md = js.with_suffix(".md")
+        assert quantize.report(json.loads(js.read_text())) == md.read_text(), md
