@@ -1,7 +1,7 @@
 """Switch Transformers -> .colibri (ENC_DEC file) and the numpy reference
 over that file, judged by transformers: the converter from a checkpoint
-directory and from a loaded model (same bytes), the expert-name mapping,
-and f32 within 1e-4 of transformers on the padded-batch scenario of
+directory and from a loaded model (same bytes), on worker processes
+(same bytes), the expert-name mapping, and f32 within 1e-4 of transformers on the padded-batch scenario of
 tests/golden_switch.py (encoder output, decoder prefill + 8 cached steps)."""
 from __future__ import annotations
 
@@ -59,6 +59,44 @@ def test_loaded_model_and_directory_give_the_same_file(switch, tmp_path):
     got = ColibriExporter(model=model, tokenizer=None, quant="int8", max_seq_len=24,
                           max_batch=4).export(tmp_path / "m.colibri")
     assert got.read_bytes() == files["int8"].read_bytes()
+
+
+def test_jobs_write_the_bytes_one_process_writes(tmp_path, monkeypatch):
+    """An encoder-decoder's block-type tensors encoded on worker processes
+    (`--jobs`, colibri/file/encode_pool.py) are written in the file's order,
+    byte for byte what one process writes (d_model 64: the q4 mix stores
+    Q5_0 there; every block tensor is sent to a worker here, however
+    small), with one progress line per layer in order; through the CLI
+    too."""
+    import re
+    from colibri import cli
+    from colibri.file import encode_pool
+    from colibri.model.convert import ColibriExporter
+    monkeypatch.setattr(encode_pool, "POOL_MIN_WEIGHTS", 0)
+    sent = []
+
+    class Counting(encode_pool.cf.ProcessPoolExecutor):
+        def submit(self, fn, weights, *args):
+            sent.append(weights.shape)
+            return super().submit(fn, weights, *args)
+    monkeypatch.setattr(encode_pool.cf, "ProcessPoolExecutor", Counting)
+    make_switch(seed=2, d_model=64, d_ff=64).save_pretrained(tmp_path / "ck")
+    kw = dict(quant="q4", max_seq_len=24, max_batch=2)
+    one = ColibriExporter(tmp_path / "ck", **kw).export(tmp_path / "one.colibri")
+    assert not sent
+    lines = []
+    ex = ColibriExporter(tmp_path / "ck", jobs=3, progress=lines.append, **kw)
+    ex.export(tmp_path / "three.colibri")
+    assert sent and one.read_bytes() == (tmp_path / "three.colibri").read_bytes()
+    assert F.DType.Q5_0 in {F.DType(e.dtype) for e in F.read_file(one).entries}
+    n = ex.shape.n_layers
+    assert [re.sub(r" \(\d+\.\d s\)$", "", x) for x in lines] == [
+        f"layer {i}/{n} written" for i in range(1, n + 1)], lines
+    sent.clear()
+    assert cli.main(["convert", str(tmp_path / "ck"), "-o", str(tmp_path / "cli.colibri"),
+                     "--quant", "q4", "--max-seq-len", "24", "--max-batch", "2",
+                     "--jobs", "2", "-q"]) == 0
+    assert sent and (tmp_path / "cli.colibri").read_bytes() == one.read_bytes()
 
 
 def test_expert_weight_mapping_names_renamed_experts(switch, tmp_path):

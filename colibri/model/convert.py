@@ -405,8 +405,7 @@ def _encdec_exporter(model_dir, model, num_experts=None, top_k=None, max_seq_len
                      quantize_attention=None, quantize_embedding=None, quantize_lm_head=None,
                      group_size=32, byte_order="little", output=None, progress=None,
                      tokenizer=True, warn=None, imatrix=None, jobs=1):
-    """ColibriExporter's options applied to an encoder-decoder model (its
-    tensors are encoded in this process: `jobs` is accepted and unused)."""
+    """ColibriExporter's options applied to an encoder-decoder model."""
     if imatrix is not None:
         raise ConversionError("an importance matrix (--imatrix, --calibration) is for "
                               "decoder-only models; convert Switch Transformers without it")
@@ -419,7 +418,8 @@ def _encdec_exporter(model_dir, model, num_experts=None, top_k=None, max_seq_len
                            tokenizer=None if isinstance(tokenizer, bool) else tokenizer,
                            include_tokenizer=tokenizer is not False, max_seq_len=max_seq_len,
                            max_batch=max_batch, dtypes=dtypes, group_size=group_size,
-                           byte_order=byte_order, output=output, warn=warn)
+                           byte_order=byte_order, output=output, warn=warn, jobs=jobs,
+                           progress=progress)
     if num_experts is not None and num_experts != ex.shape.n_experts:
         raise ConversionError(f"num_experts = {num_experts}, but config.json has num_experts "
                               f"= {ex.shape.n_experts}")
@@ -541,9 +541,9 @@ def add_convert_parser(subparsers) -> None:
                    help="tokens of --calibration to use (default: 32768)")
     p.add_argument("-j", "--jobs", type=int, default=default_jobs(), metavar="N",
                    help="worker processes for the 4-bit searches of large tensors, from a "
-                        "checkpoint or a GGUF file (the same file for any N; an "
-                        "encoder-decoder's tensors are encoded in one process; default: "
-                        "the %(default)s cores this process may use)")
+                        "checkpoint (decoder-only or encoder-decoder) or a GGUF file (the "
+                        "same file for any N; default: the %(default)s cores this process "
+                        "may use)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run)
 

@@ -23,16 +23,19 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from . import hf
+from .export import output_path, report_layer_written, tokenizer_sections
 from .families import switch_transformers as st
 from .reference_encdec import canonical_name, position_bias_table
 from ..errors import ColibriError, ConversionError
 from ..file import format as fmt
+from ..file.encode_pool import EncodePool, InOrder, checked_jobs
 from ..file.format import Feat, Kind
 
 # Switch has no max_position_embeddings (relative positions): the KV cache
@@ -91,14 +94,24 @@ def shape_and_desc(cfg: dict, max_seq_len: int | None, max_batch: int, group_siz
     return shape, desc
 
 
+class Step(NamedTuple):
+    """One tensor of the file, in file order, and its checkpoint name."""
+    kind: Kind
+    layer: int | None
+    expert: int | None
+    name: str
+
+
 class EncDecExporter:
     def __init__(self, model_dir=None, *, model=None, tokenizer=None,
                  max_seq_len: int | None = None, max_batch: int = 1, quant: str = "int8",
                  dtypes: dict | None = None, group_size: int = 32,
                  byte_order: str = "little", output=None, include_tokenizer: bool = True,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, jobs: int = 1,
+                 progress: Callable[[str], None] | None = None):
         if (model_dir is None) == (model is None):
             raise ConversionError("give either a checkpoint directory or model=")
+        self.jobs = checked_jobs(jobs)
         self.output = output
         self.model_dir = None if model_dir is None else Path(model_dir)
         if model is not None:
@@ -117,7 +130,7 @@ class EncDecExporter:
         self.shape, self.desc = shape_and_desc(self.cfg, max_seq_len, max_batch, group_size)
         self.es = st.encdec_shape(self.cfg, self.shape.max_seq_len, max_batch)
         self.expert_map = {"wi": "w1", "wo": "w2"}
-        self.progress = None         # ColibriExporter's attribute; one pass, no lines
+        self.progress = progress     # "layer L/N written" lines, or None
         self.tokenizer = None        # the TOKENIZER section's spec, or None
         if include_tokenizer:
             self.tokenizer = self._tokenizer(tokenizer, warn)
@@ -184,7 +197,7 @@ class EncDecExporter:
     def _all_names(self) -> list[str]:
         return list(self._state) if self.checkpoint is None else list(self.checkpoint.tensors)
 
-    def plan(self) -> list[tuple[Kind, int | None, int | None, str]]:
+    def plan(self) -> list[Step]:
         """(kind, layer, expert, checkpoint tensor) in file order, checked:
         missing or unexpected tensors are an error naming them."""
         names = self._hf_names()
@@ -193,7 +206,7 @@ class EncDecExporter:
             if kind == Kind.DESC:
                 continue
             canon = canonical_name(kind, layer, expert, self.es.enc_layers)
-            steps.append((kind, layer, expert, names[canon]))
+            steps.append(Step(kind, layer, expert, names[canon]))
         missing = [n for n in dict.fromkeys(s[3] for s in steps) if not self._has(n)]
         if missing:
             raise ConversionError(
@@ -232,25 +245,34 @@ class EncDecExporter:
         return a.reshape(rows, cols).astype(np.float32)
 
     def export(self, output=None) -> Path:
-        out = Path(output if output is not None else self.output or "")
-        if not str(out) or output is None and self.output is None:
-            raise ConversionError("no output file: pass output= or -o OUT.colibri")
-        if not out.parent.is_dir():
-            raise ConversionError(f"output directory {out.parent} does not exist")
+        """Write the .colibri file; returns its path (written as OUT.partial,
+        renamed when complete). With self.jobs > 1 the block-type tensors are
+        encoded on that many worker processes (colibri/file/encode_pool.py),
+        the same bytes as with one."""
+        out = output_path(output if output is not None else self.output)
         steps = self.plan()
-        optional = []
-        if self.tokenizer is not None:
-            from ..text import tokenizer as tk
-            optional.append((tk.KIND_TOKENIZER, tk.pack_section(self.tokenizer,
-                                                                self.byte_order)))
+        start = time.monotonic()
+
+        def write(item, encoded) -> None:
+            i, step, dt = item
+            w.add_encoded(step.kind, step.layer, step.expert, dt, *encoded)
+            report_layer_written(self.progress, steps, i, self.shape.n_layers, start)
+
         try:
             with fmt.ColibriWriter(out, self.shape, self.dtypes, self.byte_order, self.desc,
-                                   optional_sections=optional) as w:
-                for kind, layer, expert, name in steps:
+                                   optional_sections=tokenizer_sections(
+                                       self.tokenizer, self.byte_order)) as w, \
+                    EncodePool(self.jobs) as pool:
+                order = InOrder(pool, write, name=lambda item: item[1].name)
+                for i, step in enumerate(steps):
                     try:
-                        w.add(kind, layer, expert, self._weights(kind, name))
+                        weights = self._weights(step.kind, step.name)
                     except ColibriError as exc:
-                        raise ConversionError(f"tensor {name!r}: {exc}") from exc
+                        raise ConversionError(f"tensor {step.name!r}: {exc}") from exc
+                    dt = fmt.fit_dtype(w.dtypes[step.kind], weights.shape[-1], step.kind)
+                    order.submit((i, step, dt), weights, dt, self.shape.group_size)
+                    del weights
+                order.finish()
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
         return out
