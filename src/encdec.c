@@ -162,14 +162,7 @@ static void t5_att_unit(void *ctx, uint32_t u, uint32_t worker)
     a.ld = p->qdim;
     a.d = d;
     a.scale = p->d.attn_scale;
-    clb_att_rows r;
-    memset(&r, 0, sizeof r);
-    r.q = p->q + (size_t)r0 * p->qdim + off;
-    r.out = p->att + (size_t)r0 * p->qdim + off;
-    r.pos = p->tok_pos + r0;
-    r.ldq = r.ldo = p->qdim;
-    r.nr = r1 - r0;
-    r.nh = 1;
+    clb_att_rows r = clb_chunk_queries(p, r0, r1, off, 1);
     r.n_all = j->n_all;
     r.bias = j->bias ? j->bias + hd * j->cols + j->at : NULL;
     r.bias_pos = j->per_pos;

@@ -346,6 +346,12 @@ void clb_attention(const clb_plan *p, uint32_t layer, uint32_t n);
  * sequence's rows are consecutive); returns 0 when it has none. */
 int clb_seq_rows(const clb_plan *p, uint32_t n, uint32_t b, uint32_t *r0, uint32_t *r1);
 
+/* The queries of chunk rows [r0, r1) (positions tok_pos) for attend_rows:
+ * nh heads of head_dim from column col of p->q, out at the same place of
+ * p->att; causal, no bias (the caller sets n_all and bias). */
+clb_att_rows clb_chunk_queries(const clb_plan *p, uint32_t r0, uint32_t r1, size_t col,
+                               uint32_t nh);
+
 /* COLIBRI_DEBUG: print a labelled dump of a float buffer to stderr. */
 #ifdef COLIBRI_DEBUG
 void clb_debug_dump(const char *what, const char *role, const void *data,

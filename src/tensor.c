@@ -415,6 +415,20 @@ int clb_seq_rows(const clb_plan *p, uint32_t n, uint32_t b, uint32_t *r0, uint32
     return *r1 > *r0;
 }
 
+clb_att_rows clb_chunk_queries(const clb_plan *p, uint32_t r0, uint32_t r1, size_t col,
+                               uint32_t nh)
+{
+    clb_att_rows r;
+    memset(&r, 0, sizeof r);
+    r.q = p->q + (size_t)r0 * p->qdim + col;
+    r.out = p->att + (size_t)r0 * p->qdim + col;
+    r.pos = p->tok_pos + r0;
+    r.ldq = r.ldo = p->qdim;
+    r.nr = r1 - r0;
+    r.nh = nh;
+    return r;
+}
+
 /* The chunk's attention as a parallel region of (sequence, KV head) units:
  * a unit hands the table's attend_rows every query of its KV head in the
  * sequence's chunk rows (consecutive, positions in order; the GQA group's
@@ -462,14 +476,7 @@ static void att_unit(void *ctx, uint32_t u, uint32_t worker)
     a.d = d;
     a.scale = p->d.attn_scale;
     /* queries of KV head kvh: heads kvh * group .. + group - 1 of each row */
-    clb_att_rows r;
-    memset(&r, 0, sizeof r);
-    r.q = p->q + (size_t)r0 * p->qdim + (size_t)kvh * group * d;
-    r.out = p->att + (size_t)r0 * p->qdim + (size_t)kvh * group * d;
-    r.pos = p->tok_pos + r0;
-    r.ldq = r.ldo = p->qdim;
-    r.nr = r1 - r0;
-    r.nh = group;
+    const clb_att_rows r = clb_chunk_queries(p, r0, r1, (size_t)kvh * group * d, group);
     p->k->attend_rows(&r, &a);
 }
 
