@@ -35,8 +35,8 @@ int clb_encdec_supported(const clb_desc *d, char *detail)
     return COLIBRI_E_UNSUPPORTED;
 }
 void clb_encdec_layout(carver *c, const colibri_shape *s, const clb_desc *d,
-                       clb_plan *p)
-{ (void)c; (void)s; (void)d; if (p) p->ed = NULL; }
+                       unsigned kv_dtype, clb_plan *p)
+{ (void)c; (void)s; (void)d; (void)kv_dtype; if (p) p->ed = NULL; }
 int clb_encdec_bind(clb_plan *p, unsigned kind, unsigned layer, const clb_weight *w)
 { (void)p; (void)kind; (void)layer; (void)w; return 0; }
 int clb_encdec_begin(const clb_plan *p, uint32_t batch, char *detail)
@@ -67,35 +67,25 @@ int clb_encdec_supported(const clb_desc *d, char *detail)
 /* Layout and binding                                                       */
 /* ------------------------------------------------------------------------ */
 
-static void *carve_ed(carver *c, uint64_t bytes)
-{
-    uint64_t at = c->off;
-    c->off = calign64(cadd(at, bytes, &c->ovf), &c->ovf);
-    return c->base && !c->ovf ? c->base + at : NULL;
-}
-
 void clb_encdec_layout(carver *c, const colibri_shape *s, const clb_desc *d,
-                       clb_plan *p)
+                       unsigned kv_dtype, clb_plan *p)
 {
     uint64_t B = s->max_batch, S = s->max_seq_len, h = s->hidden, E = s->n_experts;
     uint64_t L = s->n_layers, Ld = L - d->encoder_layers;
-    uint64_t qdim = (uint64_t)s->n_heads * s->head_dim;
     int *o = &c->ovf;
-    clb_encdec *ed = (clb_encdec *)carve_ed(c, sizeof(clb_encdec));
-    clb_xattn *x = (clb_xattn *)carve_ed(c, cmul(L, sizeof(clb_xattn), o));
-    float *enc_out = (float *)carve_ed(c, cmul(cmul(B * S, h, o), 4, o));
-    uint8_t *enc_mask = (uint8_t *)carve_ed(c, B * S);
-    uint64_t kv = cmul(cmul(cmul(Ld, B * S, o), qdim, o), 4, o);
-    float *xk = (float *)carve_ed(c, kv);
-    float *xv = (float *)carve_ed(c, kv);
-    uint32_t *cap = (uint32_t *)carve_ed(c, cmul(cmul(L, B * E, o), 4, o));
+    clb_encdec *ed = (clb_encdec *)clb_carve(c, sizeof(clb_encdec));
+    clb_xattn *x = (clb_xattn *)clb_carve(c, cmul(L, sizeof(clb_xattn), o));
+    float *enc_out = (float *)clb_carve(c, cmul(cmul(B * S, h, o), 4, o));
+    uint8_t *enc_mask = (uint8_t *)clb_carve(c, B * S);
+    /* n_kv_heads = n_heads in these files (format.c): kvdim = qdim */
+    clb_kv_rows x_kv = clb_kv_carve(c, cmul(Ld, B * S, o), s, kv_dtype);
+    uint32_t *cap = (uint32_t *)clb_carve(c, cmul(cmul(L, B * E, o), 4, o));
     if (!p || !ed)
         return;
     ed->x = x;
     ed->enc_out = enc_out;
     ed->enc_mask = enc_mask;
-    ed->xk = xk;
-    ed->xv = xv;
+    ed->x_kv = x_kv;
     ed->cap_count = cap;
     p->ed = ed;
 }
@@ -124,7 +114,8 @@ int clb_encdec_bind(clb_plan *p, unsigned kind, unsigned layer, const clb_weight
 /* ------------------------------------------------------------------------ */
 
 /* T5 attention of the chunk's n query rows p->q [n, qdim] (row i:
- * sequence tok_b[i] at position tok_pos[i]) over a float32 cache, out
+ * sequence tok_b[i] at position tok_pos[i]) over keys and values laid out
+ * as the plan's cache (float32 or int8, clb_kv_rows), out
  * p->att [n, qdim]: a parallel region of (sequence, head) units, each
  * handing the kernel table's attend_rows its sequence's rows of one head
  * (kernels.h; ref.c's flash-attention schedule, the same bits in every
@@ -134,7 +125,8 @@ int clb_encdec_bind(clb_plan *p, unsigned kind, unsigned layer, const clb_weight
  * with mask[j] == 0 are skipped and a query seeing none gets zeros. */
 typedef struct t5_att {
     const clb_plan *p;
-    const float *K, *V;           /* sequence 0's rows of the layer: [B, S, qdim] */
+    const clb_kv_rows *kv;
+    size_t row0;                  /* the layer's first row (of [B, S]) */
     const uint8_t *mask;          /* [B, S] */
     const float *bias;            /* [H, cols], or NULL */
     size_t cols;
@@ -152,17 +144,13 @@ static void t5_att_unit(void *ctx, uint32_t u, uint32_t worker)
     uint32_t r0, r1;
     if (!clb_seq_rows(p, j->n, b, &r0, &r1))
         return;
-    const size_t seq = (size_t)b * S * p->qdim, off = (size_t)hd * d;
     clb_att_args a;
     memset(&a, 0, sizeof a);
-    a.K = j->K + seq + off;
-    a.V = j->V + seq + off;
+    clb_kv_args(p, j->kv, j->row0 + (size_t)b * S, hd, &a);
     a.mask = j->mask + (size_t)b * S;
     a.bias_step = j->step;
-    a.ld = p->qdim;
-    a.d = d;
     a.scale = p->d.attn_scale;
-    clb_att_rows r = clb_chunk_queries(p, r0, r1, off, 1);
+    clb_att_rows r = clb_chunk_queries(p, r0, r1, (size_t)hd * d, 1);
     r.n_all = j->n_all;
     r.bias = j->bias ? j->bias + hd * j->cols + j->at : NULL;
     r.bias_pos = j->per_pos;
@@ -266,11 +254,12 @@ static void ffn_block(const clb_plan *p, uint32_t l, float *x, uint32_t n)
     add(x, p->tmp, (size_t)n * h);
 }
 
-/* K/V of file layer l's self-attention, or of a decoder layer's cross-
- * attention, for slot (b, t): [.., B, S, qdim] arrays. */
-static size_t slot(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t t)
+/* The row of K/V of file layer l's self-attention (the plan's cache), or
+ * of a decoder layer's cross-attention (ed->x_kv), for slot (b, t): rows
+ * [.., B, S]. */
+static size_t kv_row(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t t)
 {
-    return (((size_t)layer * p->s.max_batch + b) * p->s.max_seq_len + t) * p->qdim;
+    return ((size_t)layer * p->s.max_batch + b) * p->s.max_seq_len + t;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -299,11 +288,9 @@ static void encoder_layer(const clb_plan *p, uint32_t l, uint32_t batch, uint32_
         enc_rows(p, start, n, seq);
         clb_rmsnorm(p, p->xn, ed->enc_out + start * h, L->attn_norm, n, h, p->s.rms_eps);
         clb_linear2(p, &L->wk, &L->wv, p->xn, n, p->kbuf, p->vbuf, "enc.wk.wv");
-        for (uint32_t i = 0; i < n; i++) {
-            size_t at = slot(p, l, p->tok_b[i], p->tok_pos[i]);
-            memcpy(p->k_cache + at, p->kbuf + (size_t)i * p->qdim, p->qdim * 4);
-            memcpy(p->v_cache + at, p->vbuf + (size_t)i * p->qdim, p->qdim * 4);
-        }
+        for (uint32_t i = 0; i < n; i++)
+            clb_kv_store(p, l, p->tok_b[i], p->tok_pos[i], p->kbuf + (size_t)i * p->qdim,
+                         p->vbuf + (size_t)i * p->qdim);
     }
     for (size_t start = 0; start < total; start += p->chunk) {
         uint32_t n = (uint32_t)(total - start < p->chunk ? total - start : p->chunk);
@@ -312,8 +299,8 @@ static void encoder_layer(const clb_plan *p, uint32_t l, uint32_t batch, uint32_
         clb_rmsnorm(p, p->xn, x, L->attn_norm, n, h, p->s.rms_eps);
         clb_linear(p, &L->wq, p->xn, n, p->q, "enc.wq");
         /* every query sees the whole input; bias column S - 1 - t + j */
-        const t5_att att = {p, p->k_cache + slot(p, l, 0, 0), p->v_cache + slot(p, l, 0, 0),
-                            ed->enc_mask, ed->enc_bias, 2u * (size_t)S - 1u,
+        const t5_att att = {p, &p->kv, kv_row(p, l, 0, 0), ed->enc_mask, ed->enc_bias,
+                            2u * (size_t)S - 1u,
                             (ptrdiff_t)S - 1, -1, 1, n, seq};
         t5_attention(&att);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "enc.wo");
@@ -386,11 +373,9 @@ int colibri_encode(colibri_model *m, const int32_t *input_ids,
             enc_rows(p, start, n, seq);
             clb_linear2(p, &X->wk, &X->wv, ed->enc_out + start * h, n, p->kbuf, p->vbuf,
                         "cross.wk.wv");
-            for (uint32_t i = 0; i < n; i++) {
-                size_t at = slot(p, l - n_enc, p->tok_b[i], p->tok_pos[i]);
-                memcpy(ed->xk + at, p->kbuf + (size_t)i * p->qdim, p->qdim * 4);
-                memcpy(ed->xv + at, p->vbuf + (size_t)i * p->qdim, p->qdim * 4);
-            }
+            for (uint32_t i = 0; i < n; i++)
+                clb_kv_put(p, &ed->x_kv, kv_row(p, l - n_enc, p->tok_b[i], p->tok_pos[i]),
+                           p->kbuf + (size_t)i * p->qdim, p->vbuf + (size_t)i * p->qdim);
         }
     }
     ed->enc_batch = batch;
@@ -462,21 +447,19 @@ void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         clb_rmsnorm(p, p->xn, p->x, L->attn_norm, n, h, s->rms_eps);
         clb_linear(p, &L->wq, p->xn, n, p->q, "dec.wq");
         clb_linear2(p, &L->wk, &L->wv, p->xn, n, p->kbuf, p->vbuf, "dec.wk.wv");
-        for (uint32_t i = 0; i < n; i++) {
-            size_t at = slot(p, l, p->tok_b[i], p->tok_pos[i]);
-            memcpy(p->k_cache + at, p->kbuf + (size_t)i * qd, qd * 4);
-            memcpy(p->v_cache + at, p->vbuf + (size_t)i * qd, qd * 4);
-        }
-        const t5_att self = {p, p->k_cache + slot(p, l, 0, 0), p->v_cache + slot(p, l, 0, 0),
-                             p->mask_cache, ed->dec_bias, S, 0, 1, -1, n, 0};
+        for (uint32_t i = 0; i < n; i++)
+            clb_kv_store(p, l, p->tok_b[i], p->tok_pos[i], p->kbuf + (size_t)i * qd,
+                         p->vbuf + (size_t)i * qd);
+        const t5_att self = {p, &p->kv, kv_row(p, l, 0, 0), p->mask_cache, ed->dec_bias, S,
+                             0, 1, -1, n, 0};
         t5_attention(&self);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "dec.wo");
         add(p->x, p->tmp, nh);
         /* Cross-attention over the encoder output: no bias, padding masked. */
         clb_rmsnorm(p, p->xn, p->x, X->norm, n, h, s->rms_eps);
         clb_linear(p, &X->wq, p->xn, n, p->q, "cross.wq");
-        const t5_att cross = {p, ed->xk + slot(p, ld, 0, 0), ed->xv + slot(p, ld, 0, 0),
-                              ed->enc_mask, NULL, 0, 0, 0, 1, n, ed->enc_seq};
+        const t5_att cross = {p, &ed->x_kv, kv_row(p, ld, 0, 0), ed->enc_mask, NULL, 0, 0, 0,
+                              1, n, ed->enc_seq};
         t5_attention(&cross);
         clb_linear(p, &X->wo, p->att, n, p->tmp, "cross.wo");
         add(p->x, p->tmp, nh);

@@ -29,7 +29,8 @@ typedef struct clb_encdec {
     float *enc_out;              /* [B*S, h]: rows b*seq + t; the encoder's
                                     residual stream, then its output */
     uint8_t *enc_mask;           /* [B, S] */
-    float *xk, *xv;              /* [Ld, B, S, qdim] cross-attention K/V */
+    clb_kv_rows x_kv;            /* rows [Ld, B, S]: cross-attention K/V,
+                                    of the plan's kv_dtype */
     uint32_t *cap_count;         /* [L, B, E] tokens routed per expert in
                                     the current call (expert capacity) */
     uint32_t enc_batch, enc_seq; /* of the last colibri_encode; 0 before */
@@ -43,9 +44,10 @@ typedef struct clb_encdec {
 int clb_encdec_supported(const clb_desc *d, char *detail);
 
 /* Carve the ENC_DEC state after the plan's buffers (counting only when
- * c->base is NULL) and point p->ed at it (p may be NULL when counting). */
+ * c->base is NULL; the cross-attention K/V of the cache type kv_dtype) and
+ * point p->ed at it (p may be NULL when counting). */
 void clb_encdec_layout(carver *c, const colibri_shape *s, const clb_desc *d,
-                       clb_plan *p);
+                       unsigned kv_dtype, clb_plan *p);
 
 /* Bind one table entry of the ENC_DEC kinds (the positional biases,
  * cross-attention, the encoder's final norm). Returns 1 if the kind was one

@@ -109,6 +109,17 @@ typedef struct clb_layer {
     const clb_expert *experts; /* [E], in the arena */
 } clb_layer;
 
+/* Keys and values laid out as the plan's cache: rows of kvdim values,
+ * float32 (k, v) or int8 with one float32 scale per head vector (kq, vq,
+ * ks, vs: COLIBRI_KV_I8; the pointers of the other type NULL). The plan's
+ * cache (clb_plan.kv) and an encoder-decoder's cross-attention keys and
+ * values (encdec.h) are two of these. */
+typedef struct clb_kv_rows {
+    float *k, *v;               /* f32: [rows, kvdim] */
+    int8_t *kq, *vq;            /* i8: [rows, kvdim] */
+    float *ks, *vs;             /* i8: [rows, n_kv_heads] (amax/127 each) */
+} clb_kv_rows;
+
 typedef struct clb_plan {
     colibri_shape s;
     const colibri_kernels *k;
@@ -133,10 +144,7 @@ typedef struct clb_plan {
 
     /* Mutable state (in the arena). */
     uint8_t kv_dtype;           /* COLIBRI_KV_F32 or COLIBRI_KV_I8 */
-    float *k_cache, *v_cache;   /* f32: [L, B, S, kvdim], else NULL */
-    int8_t *k_q, *v_q;          /* i8: [L, B, S, kvdim], else NULL */
-    float *k_s, *v_s;           /* i8: [L, B, S, n_kv_heads] scales (one
-                                   per head vector: amax/127), else NULL */
+    clb_kv_rows kv;             /* rows [L, B, S] of the kv_dtype's type */
     uint8_t *mask_cache;        /* [B, S] */
     uint32_t *tok_b, *tok_pos;  /* [C] sequence and position of chunk rows */
     float *x, *xn, *tmp;        /* [C, hidden] residual, normed, branch out */
@@ -204,6 +212,10 @@ typedef struct { uint8_t *base; uint64_t off; int ovf; } carver;
 /* The next 64-byte aligned piece of `bytes` (NULL while only counting). */
 void *clb_carve(carver *c, uint64_t bytes);
 
+/* The keys and values of `rows` rows of shape s's kvdim in the cache type
+ * kv_dtype (clb_kv_rows), carved from c: k, v or kq, vq, ks, vs. */
+clb_kv_rows clb_kv_carve(carver *c, uint64_t rows, const colibri_shape *s, unsigned kv_dtype);
+
 /* Lay out the arena for shape s processing up to chunk_limit tokens
  * together. With c->base NULL, *pp is NULL and only c->off matters. */
 void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
@@ -232,10 +244,6 @@ typedef struct clb_opts {
 /* Read and check *opt into *o; detail says what is wrong. COLIBRI_OK,
  * _ARG, _UNSUPPORTED. */
 int clb_read_options(const colibri_options *opt, clb_opts *o, char *detail);
-
-/* COLIBRI_E_UNSUPPORTED (detail set) when description d cannot use the
- * cache type kv_dtype (an 8-bit cache of an ENC_DEC file). */
-int clb_kv_supported(const clb_desc *d, unsigned kv_dtype, char *detail);
 
 /* The view of table entry `en` whose section lies at `sec` (NULL: shape
  * and dtype only), and of entry `en` of a validated blob (data in host
@@ -330,11 +338,20 @@ static inline clb_team *clb_team_of(const clb_plan *p)
 /* Rotate n_heads heads of head_dim in v (in place) for position pos. */
 void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos);
 
-/* Keys and values [kvdim] of sequence b at position pos into layer's cache
- * slot (f32: copied; i8: quantised per head vector, FORMAT.md 5's I8 rule
- * with group head_dim, by the kernel table's quantize_act_i8). */
+/* Keys and values [kvdim] into row `row` of c (of the plan's kv_dtype; f32:
+ * copied; i8: quantised per head vector, FORMAT.md 5's I8 rule with group
+ * head_dim, by the kernel table's quantize_act_i8). */
+void clb_kv_put(const clb_plan *p, const clb_kv_rows *c, size_t row, const float *k,
+                const float *v);
+
+/* clb_kv_put into the plan's cache: sequence b at position pos of layer. */
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
                   const float *k, const float *v);
+
+/* a's keys and values (K, V or Kq, Vq, Ks, Vs; ld, lds, d): KV head kvh of
+ * c's rows from `row` on (a sequence's positions 0, 1, ...). */
+void clb_kv_args(const clb_plan *p, const clb_kv_rows *c, size_t row, uint32_t kvh,
+                 clb_att_args *a);
 
 /* Attention of the chunk's n query rows p->q [n, qdim] (row i: sequence
  * tok_b[i] at position tok_pos[i]) against layer `layer`'s cache (keys

@@ -728,8 +728,6 @@ static int attach_arena(colibri_model *m, void *arena, size_t arena_size,
                             &d, v->detail);
     if (rc == COLIBRI_OK)
         rc = clb_encdec_supported(&d, v->detail); /* encdec=0 builds */
-    if (rc == COLIBRI_OK)
-        rc = clb_kv_supported(&d, kv_dtype, v->detail);
     if (rc)
         return rc;
     rc = clb_arena_bytes(&v->shape, &d, chunk_limit, kv_dtype, &need);
@@ -1093,8 +1091,6 @@ static int stream_open(colibri_model *m, const colibri_reader *rd, uint32_t alig
     }
     if (rc == COLIBRI_OK)
         rc = clb_stream_geometry(pre, rd->size, &g, v->detail);
-    if (rc == COLIBRI_OK)
-        rc = clb_kv_supported(&g.d, o->kv_dtype, v->detail);
     /* The budget counts the resident sections, mapped or not; the arena
      * (ga's image) holds them only where they are not mapped. */
     clb_stream_geom ga = g;

@@ -29,6 +29,28 @@ static uint64_t cm(carver *c, uint64_t a, uint64_t b)
     return cmul(a, b, &c->ovf);
 }
 
+clb_kv_rows clb_kv_carve(carver *c, uint64_t rows, const colibri_shape *s, unsigned kv_dtype)
+{
+    const uint64_t kvdim = (uint64_t)s->n_kv_heads * s->head_dim;
+    clb_kv_rows r;
+    memset(&r, 0, sizeof r);
+    if (kv_dtype == COLIBRI_KV_I8) {
+        /* int8 values [rows, kvdim], then one float32 scale per head
+         * vector [rows, n_kv_heads] */
+        uint64_t vals = cm(c, rows, kvdim);
+        uint64_t scales = cm(c, cm(c, rows, s->n_kv_heads), 4);
+        r.kq = (int8_t *)carve(c, vals);
+        r.vq = (int8_t *)carve(c, vals);
+        r.ks = (float *)carve(c, scales);
+        r.vs = (float *)carve(c, scales);
+    } else {
+        uint64_t kv = cm(c, cm(c, rows, kvdim), 4);
+        r.k = (float *)carve(c, kv);
+        r.v = (float *)carve(c, kv);
+    }
+    return r;
+}
+
 /* Lay out the arena for shape s (the formula documented at
  * colibri_arena_size). With c->base NULL, p gets NULL pointers and only
  * c->off matters. */
@@ -76,20 +98,7 @@ void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
     p->rope_cos = (const float *)carve(c, cm(c, cm(c, S, s->head_dim / 2), 4));
     p->rope_sin = (const float *)carve(c, cm(c, cm(c, S, s->head_dim / 2), 4));
     p->kv_dtype = (uint8_t)kv_dtype;
-    if (kv_dtype == COLIBRI_KV_I8) {
-        /* int8 values [L, B, S, kvdim], then one float32 scale per head
-         * vector [L, B, S, n_kv_heads] */
-        uint64_t vals = cm(c, cm(c, L, tokens), kvdim);
-        uint64_t scales = cm(c, cm(c, cm(c, L, tokens), s->n_kv_heads), 4);
-        p->k_q = (int8_t *)carve(c, vals);
-        p->v_q = (int8_t *)carve(c, vals);
-        p->k_s = (float *)carve(c, scales);
-        p->v_s = (float *)carve(c, scales);
-    } else {
-        uint64_t kv = cm(c, cm(c, cm(c, L, tokens), kvdim), 4);
-        p->k_cache = (float *)carve(c, kv);
-        p->v_cache = (float *)carve(c, kv);
-    }
+    p->kv = clb_kv_carve(c, cm(c, L, tokens), s, kv_dtype); /* rows [L, B, S] */
     p->mask_cache = (uint8_t *)carve(c, tokens);
     p->tok_b = (uint32_t *)carve(c, C * 4);
     p->tok_pos = (uint32_t *)carve(c, C * 4);
@@ -123,7 +132,7 @@ void clb_layout(carver *c, const colibri_shape *s, const clb_desc *d,
                                                                    : max_blocks));
     p->xb = (int16_t *)carve(c, cm(c, C * 2, padded / 16));
     if (d->features & COLIBRI_FEAT_ENC_DEC)
-        clb_encdec_layout(c, s, d, p == &dummy ? NULL : p);
+        clb_encdec_layout(c, s, d, kv_dtype, p == &dummy ? NULL : p);
     *pp = p == &dummy ? NULL : p;
 }
 
@@ -235,18 +244,6 @@ int clb_read_options(const colibri_options *opt, clb_opts *o, char *detail)
     return COLIBRI_OK;
 }
 
-/* An 8-bit cache needs the decoder-only attention (encdec.c keeps its
- * float32 caches: its encoder uses them as scratch too). */
-int clb_kv_supported(const clb_desc *d, unsigned kv_dtype, char *detail)
-{
-    if (kv_dtype == COLIBRI_KV_I8 && (d->features & COLIBRI_FEAT_ENC_DEC)) {
-        clb_detail(detail, DETAIL_CAP, "an 8-bit KV cache is for decoder-only "
-                   "models; this encoder-decoder file needs kv f32");
-        return COLIBRI_E_UNSUPPORTED;
-    }
-    return COLIBRI_OK;
-}
-
 int colibri_arena_size_ex(const void *blob, size_t size,
                           const colibri_options *opt, size_t *out_bytes)
 {
@@ -257,6 +254,7 @@ int colibri_arena_size_ex(const void *blob, size_t size,
     if (!blob || !out_bytes)
         return COLIBRI_E_ARG;
     clb_desc d;
+    memset(&d, 0, sizeof d); /* read only once clb_check_desc has filled it */
     clb_opts o;
     int rc = clb_read_options(opt, &o, detail);
     kv = o.kv_dtype;
@@ -267,8 +265,6 @@ int colibri_arena_size_ex(const void *blob, size_t size,
         rc = clb_check_desc((const uint8_t *)blob, size, &s, be, &d, detail);
     if (rc == COLIBRI_OK)
         rc = clb_encdec_supported(&d, detail);
-    if (rc == COLIBRI_OK)
-        rc = clb_kv_supported(&d, kv, detail);
     return rc ? rc : clb_arena_bytes(&s, &d, COLIBRI_CHUNK_TOKENS, kv, out_bytes);
 }
 

@@ -458,44 +458,56 @@ static void att_unit(void *ctx, uint32_t u, uint32_t worker)
         return;
     const uint32_t S = s->max_seq_len;
     /* this sequence's cache rows in the layer: [S, kvdim] (+ [S, n_kv_heads] scales) */
-    const size_t seq = ((size_t)j->layer * s->max_batch + b) * S, off = (size_t)kvh * d;
+    const size_t seq = ((size_t)j->layer * s->max_batch + b) * S;
     clb_att_args a;
     memset(&a, 0, sizeof a);
-    if (p->kv_dtype == COLIBRI_KV_I8) {
-        a.Kq = p->k_q + seq * p->kvdim + off;
-        a.Vq = p->v_q + seq * p->kvdim + off;
-        a.Ks = p->k_s + seq * s->n_kv_heads + kvh;
-        a.Vs = p->v_s + seq * s->n_kv_heads + kvh;
-    } else {
-        a.K = p->k_cache + seq * p->kvdim + off;
-        a.V = p->v_cache + seq * p->kvdim + off;
-    }
+    clb_kv_args(p, &p->kv, seq, kvh, &a);
     a.mask = p->mask_cache + (size_t)b * S;
-    a.ld = p->kvdim;
-    a.lds = s->n_kv_heads;
-    a.d = d;
     a.scale = p->d.attn_scale;
     /* queries of KV head kvh: heads kvh * group .. + group - 1 of each row */
     const clb_att_rows r = clb_chunk_queries(p, r0, r1, (size_t)kvh * group * d, group);
     p->k->attend_rows(&r, &a);
 }
 
+void clb_kv_put(const clb_plan *p, const clb_kv_rows *c, size_t row, const float *k,
+                const float *v)
+{
+    const colibri_shape *s = &p->s;
+    if (p->kv_dtype == COLIBRI_KV_I8) {
+        /* per head vector: group = head_dim over the kvdim columns */
+        size_t hs = row * s->n_kv_heads;
+        p->k->quantize_act_i8(c->kq + row * p->kvdim, c->ks + hs, k, 1, p->kvdim, s->head_dim);
+        p->k->quantize_act_i8(c->vq + row * p->kvdim, c->vs + hs, v, 1, p->kvdim, s->head_dim);
+        return;
+    }
+    memcpy(c->k + row * p->kvdim, k, (size_t)p->kvdim * 4);
+    memcpy(c->v + row * p->kvdim, v, (size_t)p->kvdim * 4);
+}
+
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
                   const float *k, const float *v)
 {
     const colibri_shape *s = &p->s;
-    size_t row = ((size_t)layer * s->max_batch + b) * s->max_seq_len + pos;
+    clb_kv_put(p, &p->kv, ((size_t)layer * s->max_batch + b) * s->max_seq_len + pos, k, v);
+}
+
+void clb_kv_args(const clb_plan *p, const clb_kv_rows *c, size_t row, uint32_t kvh,
+                 clb_att_args *a)
+{
+    const colibri_shape *s = &p->s;
+    const size_t off = (size_t)kvh * s->head_dim;
     if (p->kv_dtype == COLIBRI_KV_I8) {
-        /* per head vector: group = head_dim over the kvdim columns */
-        size_t hs = row * s->n_kv_heads;
-        p->k->quantize_act_i8(p->k_q + row * p->kvdim, p->k_s + hs, k, 1,
-                              p->kvdim, s->head_dim);
-        p->k->quantize_act_i8(p->v_q + row * p->kvdim, p->v_s + hs, v, 1,
-                              p->kvdim, s->head_dim);
-        return;
+        a->Kq = c->kq + row * p->kvdim + off;
+        a->Vq = c->vq + row * p->kvdim + off;
+        a->Ks = c->ks + row * s->n_kv_heads + kvh;
+        a->Vs = c->vs + row * s->n_kv_heads + kvh;
+    } else {
+        a->K = c->k + row * p->kvdim + off;
+        a->V = c->v + row * p->kvdim + off;
     }
-    memcpy(p->k_cache + row * p->kvdim, k, (size_t)p->kvdim * 4);
-    memcpy(p->v_cache + row * p->kvdim, v, (size_t)p->kvdim * 4);
+    a->ld = p->kvdim;
+    a->lds = s->n_kv_heads;
+    a->d = s->head_dim;
 }
 
 void clb_attention(const clb_plan *p, uint32_t layer, uint32_t n)

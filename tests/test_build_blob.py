@@ -145,7 +145,7 @@ def test_bound_covers_every_targets_struct_sizes(tmp_path):
     assert seen >= 2
 
 
-def test_kv_i8_is_refused_for_an_encoder_decoder_and_an_unknown_type(tiny, tmp_path):
+def test_kv_type_is_checked_and_an_encoder_decoder_takes_either(tiny, tmp_path):
     with pytest.raises(ColibriError, match="f32 .*or i8"):
         blob.plan_inputs(tiny, kv="i4")
     assert blob.plan_inputs(tiny, kv="i8").kv == "i8"
@@ -156,8 +156,7 @@ def test_kv_i8_is_refused_for_an_encoder_decoder_and_an_unknown_type(tiny, tmp_p
     sw = ColibriExporter(model=make_switch(seed=0), quant="int8", max_seq_len=8).export(
         tmp_path / "switch.colibri")
     assert blob.plan_inputs(sw, kv="f32").kv == "f32"
-    with pytest.raises(ColibriError, match="kv=i8: .*encoder-decoder"):
-        blob.plan_inputs(sw, kv="i8")
+    assert blob.plan_inputs(sw, kv="i8").kv == "i8"
 
 
 def test_config_header_checks_prompts():

@@ -134,19 +134,19 @@ def test_static_arena_and_mmap_builds_agree_bit_for_bit(switch, c_build, tmp_pat
         np.testing.assert_array_equal(x, y)
 
 
-@pytest.mark.parametrize("quant", ["f32", "int8"])
-def test_threads_bit_identical(switch, c_build, quant):
+@pytest.mark.parametrize("quant,kv", [("f32", "f32"), ("int8", "f32"), ("f32", "i8")])
+def test_threads_bit_identical(switch, c_build, quant, kv):
     """colibri_set_threads on an encoder-decoder: the encoder output and the
     decoder logits of 1 thread, bit for bit, on 2, 3 (spinning) and 5
     (the encoder's and decoder's attention and matmuls cut into tiles the
-    thread count does not change)."""
+    thread count does not change), with either KV cache."""
     from colibri import runtime
     _, files = switch
     ids, mask, calls, _, _ = scenario(switch[0], (11, 7), 4, 3, seed=6)
 
     def run(threads, spin=False):
         with runtime.Model(files[quant], library=c_build("host").so, threads=threads,
-                           spin=spin) as m:
+                           spin=spin, kv=kv) as m:
             out, past = [m.encode(ids, mask)], 0
             for c in calls:
                 out.append(m.infer(c, n_past=past))

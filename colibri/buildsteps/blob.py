@@ -103,18 +103,11 @@ def _model_tokenizer(model):
 
 
 def check_kv(model, kv: str) -> None:
-    """The KV cache type `kv` must be one the runtime runs `model` with:
-    f32 or i8, and i8 only for a decoder-only model (colibri.h: an ENC_DEC
-    file with COLIBRI_KV_I8 is COLIBRI_E_UNSUPPORTED). Raises ColibriError."""
+    """The KV cache type `kv` must be one the runtime has: f32 or i8.
+    Raises ColibriError."""
     if kv not in memory.KV_TYPES:
         raise ColibriError(f"kv={kv}: the KV cache is f32 (float32, the default) or i8 "
                            "(8-bit with a float32 scale per head vector)")
-    if kv == "i8":
-        f = cformat.read_file(model, check_crc=False)
-        f.close()
-        if f.desc.has(cformat.Feat.ENC_DEC):
-            raise ColibriError(f"kv=i8: {model} is an encoder-decoder model, whose caches "
-                               "the runtime keeps in float32 only: leave out kv= (or kv=f32)")
 
 
 def plan_inputs(model, text: str = "", prompts=None, n_generate: int = None,

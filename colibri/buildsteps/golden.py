@@ -65,7 +65,7 @@ def reference_rows(model, prompt, fed_tokens, kv: str = "f32") -> np.ndarray:
     cf = cformat.read_file(model)
     if cf.desc.has(cformat.Feat.ENC_DEC):
         from ..model.reference_encdec import from_file
-        ed = from_file(cf)
+        ed = from_file(cf, kv=kv)
         ed.encode(np.asarray([prompt], dtype=np.int64))
         rows = [ed.decode([[cf.desc.decoder_start]])[0]]
         rows += [ed.decode([[tok]])[0] for tok in fed_tokens]

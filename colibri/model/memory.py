@@ -106,7 +106,7 @@ class Tables:
     xattn: int
 
 
-TABLES_LP64 = Tables(plan=688, layer=464, expert=96, encdec=80, xattn=136)
+TABLES_LP64 = Tables(plan=688, layer=464, expert=96, encdec=112, xattn=136)
 
 
 def tables_bound(pointer_bytes: int) -> Tables:
@@ -123,6 +123,14 @@ def tables_bound(pointer_bytes: int) -> Tables:
     if pointer_bytes not in (4, 8):
         raise ValueError(f"pointer_bytes = {pointer_bytes}: 4 or 8")
     return TABLES_LP64
+
+
+def _kv_bufs(rows: int, kvdim: int, heads: int, kv: str) -> list[int]:
+    """src/plan.c clb_kv_carve: the buffers of `rows` rows of keys and values
+    (f32: k, v; i8: int8 k, v, then their float32 scales per head vector)."""
+    if kv == "i8":
+        return [rows * kvdim] * 2 + [rows * heads * 4] * 2
+    return [rows * kvdim * 4] * 2
 
 
 def arena_bytes(shape: fmt.ModelShape, desc: fmt.Description | None = None,
@@ -142,10 +150,7 @@ def arena_bytes(shape: fmt.ModelShape, desc: fmt.Description | None = None,
     max_blocks = padded // Q4_0_COLS
     bufs = [tables.plan, L * tables.layer, L * E * tables.expert,
             S * (s.head_dim // 2) * 4, S * (s.head_dim // 2) * 4]   # RoPE cos, sin
-    if kv == "i8":
-        bufs += [L * tokens * kvdim] * 2 + [L * tokens * s.n_kv_heads * 4] * 2
-    else:
-        bufs += [L * tokens * kvdim * 4] * 2
+    bufs += _kv_bufs(L * tokens, kvdim, s.n_kv_heads, kv)
     bufs += [
         tokens,                                  # mask cache
         C * 4, C * 4,                            # chunk rows' sequence, position
@@ -165,8 +170,9 @@ def arena_bytes(shape: fmt.ModelShape, desc: fmt.Description | None = None,
     ]
     if d.features & Feat.ENC_DEC:                # clb_encdec_layout
         Ld = L - d.encoder_layers
-        bufs += [tables.encdec, L * tables.xattn, tokens * h * 4, tokens,
-                 Ld * tokens * qdim * 4, Ld * tokens * qdim * 4, L * s.max_batch * E * 4]
+        bufs += [tables.encdec, L * tables.xattn, tokens * h * 4, tokens]
+        bufs += _kv_bufs(Ld * tokens, kvdim, s.n_kv_heads, kv)   # cross-attention K/V
+        bufs += [L * s.max_batch * E * 4]
     return sum(_up(b) for b in bufs)
 
 

@@ -38,7 +38,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .reference import matmul_f32, rmsnorm, softmax  # noqa: F401 (softmax re-exported)
+from .reference import kv_quantize_i8, matmul_f32, rmsnorm, softmax  # noqa: F401 (softmax re-exported)
 from ..errors import ColibriError
 from ..file import blocks
 
@@ -198,10 +198,19 @@ class EncDecReference:
     logits = ref.decode(tokens [b, s])            # [b, s, V]; next call continues
     """
 
-    def __init__(self, shape: EncDecShape, weights: EncDecWeights):
-        self.shape, self.w = shape, weights
+    def __init__(self, shape: EncDecShape, weights: EncDecWeights, kv: str = "f32"):
+        if kv not in ("f32", "i8"):
+            raise ColibriError(f"kv={kv!r}: the KV cache is f32 or i8")
+        self.shape, self.w, self.kv = shape, weights, kv
         self._enc = None
         self.reset_decoder()
+
+    def _cached(self, x: np.ndarray) -> np.ndarray:
+        """Keys or values [b, s, H, d] as the KV cache holds them: kv="i8"
+        rounds each head vector as the C runtime's 8-bit cache does
+        (reference.kv_quantize_i8); the encoder's, the decoder's and the
+        cross-attention's alike."""
+        return kv_quantize_i8(x) if self.kv == "i8" else x
 
     def reset_decoder(self):
         self._k = self._v = None        # per decoder layer [b, T, H, d]
@@ -261,7 +270,7 @@ class EncDecReference:
         for l in range(sh.enc_layers):
             xn = rmsnorm(x, self.w[f"enc.{l}.attn_norm"], sh.eps)
             q, k, v = (self._heads(self._proj(f"enc.{l}.{m}", xn)) for m in ("wq", "wk", "wv"))
-            att = t5_attention(q, k, v, bias, visible).reshape(b, n, -1)
+            att = t5_attention(q, self._cached(k), self._cached(v), bias, visible).reshape(b, n, -1)
             x = (x + self._proj(f"enc.{l}.wo", att)).astype(F32)
             x = self._ffn("enc", l, l in sh.enc_sparse, x)
         self._enc = rmsnorm(x, self.w["enc.final_norm"], sh.eps)
@@ -291,9 +300,9 @@ class EncDecReference:
             self._k = [np.zeros((b, sh.max_seq_len, sh.n_heads, sh.d_kv), F32)
                        for _ in range(sh.dec_layers)]
             self._v = [np.zeros_like(self._k[0]) for _ in range(sh.dec_layers)]
-            self._ck = [self._heads(self._proj(f"dec.{l}.ck", self._enc))
+            self._ck = [self._cached(self._heads(self._proj(f"dec.{l}.ck", self._enc)))
                         for l in range(sh.dec_layers)]
-            self._cv = [self._heads(self._proj(f"dec.{l}.cv", self._enc))
+            self._cv = [self._cached(self._heads(self._proj(f"dec.{l}.cv", self._enc)))
                         for l in range(sh.dec_layers)]
         q_pos, k_pos = past + np.arange(s), np.arange(total)
         bias = gather_bias(self.w["dec.pos_bias"], q_pos, k_pos)         # [H, s, T]
@@ -307,7 +316,8 @@ class EncDecReference:
         for l in range(sh.dec_layers):
             xn = rmsnorm(x, self.w[f"dec.{l}.attn_norm"], sh.eps)
             q, k, v = (self._heads(self._proj(f"dec.{l}.{m}", xn)) for m in ("wq", "wk", "wv"))
-            self._k[l][:, past:total], self._v[l][:, past:total] = k, v
+            self._k[l][:, past:total] = self._cached(k)
+            self._v[l][:, past:total] = self._cached(v)
             att = t5_attention(q, self._k[l][:, :total], self._v[l][:, :total], bias, visible)
             x = (x + self._proj(f"dec.{l}.wo", att.reshape(b, s, -1))).astype(F32)
             xn = rmsnorm(x, self.w[f"dec.{l}.cross_norm"], sh.eps)
@@ -372,9 +382,10 @@ def decoder_bias_columns(dec_table: np.ndarray) -> np.ndarray:
     return full
 
 
-def from_file(file_or_path) -> EncDecReference:
+def from_file(file_or_path, kv: str = "f32") -> EncDecReference:
     """The reference over an ENC_DEC .colibri file, with the file's storage
-    types (colibri.model.reference.Linear: F32, I8_GROUP, I16_ROW products)."""
+    types (colibri.model.reference.Linear: F32, I8_GROUP, I16_ROW products)
+    and the KV cache type kv (f32 or i8, as colibri_options.kv_dtype)."""
     from pathlib import Path
 
     from ..file import format as cformat
@@ -422,4 +433,4 @@ def from_file(file_or_path) -> EncDecReference:
             t[name] = ten.values.astype(F32).reshape(-1)
         else:
             t[name] = Linear(ten, s.group_size)
-    return EncDecReference(shape, EncDecWeights(t, embed_fn))
+    return EncDecReference(shape, EncDecWeights(t, embed_fn), kv=kv)

@@ -155,8 +155,9 @@ typedef struct colibri_info {
  *                   bytes per layer and token, about a quarter. Attention
  *                   dequantises inside its loops: q.k = scale * sum q[c] *
  *                   float(k8[c]), the value sum likewise, in float32; logits
- *                   stay bit-identical for every thread count. Decoder-only
- *                   models (an ENC_DEC file: COLIBRI_E_UNSUPPORTED). */
+ *                   stay bit-identical for every thread count. An ENC_DEC
+ *                   file keeps its cross-attention keys and values in the
+ *                   same type (and its encoder's, while it encodes). */
 #define COLIBRI_KV_F32 0u
 #define COLIBRI_KV_I8 1u
 
@@ -310,7 +311,7 @@ int colibri_init(colibri_model *m, const char *path);
  * options (opt NULL: the defaults, exactly the plain functions). The same
  * ownership, lifetime and return codes, plus COLIBRI_E_ARG (opt->size below
  * 8, an unknown kv_dtype) and COLIBRI_E_UNSUPPORTED (an option this library
- * does not have; COLIBRI_KV_I8 with an ENC_DEC file). An arena for
+ * does not have). An arena for
  * colibri_init_from_memory_ex must be at least colibri_arena_size_ex with
  * the same options; the arena size formula's KV term becomes
  *   KV cache (i8) 2 * n_layers * max_batch * max_seq_len * n_kv_heads
@@ -357,14 +358,19 @@ int colibri_init_from_memory(colibri_model *m, const void *blob, size_t size,
  *              + C*padded + 4*C*max(ceil(max_cols/group_size), padded/32)
  *              + 2*C*padded/16   (int8 activations of I8_GROUP and block
  *                weights: values, scales, sums of 16)
- *              + 4*max_seq_len (attention scores)
  *              + n_experts + 4*n_experts + 4*(n_experts+1) (top-k flags,
  *                counts, offsets)
  *   tables     the plan, per-layer and per-expert tensor views (pointers)
+ *   ENC_DEC    4*max_batch*max_seq_len*hidden (encoder output), its mask
+ *              (max_batch*max_seq_len), the decoder layers' cross-attention
+ *              keys and values (the KV cache term with n_layers -
+ *              encoder_layers layers), 4*n_layers*max_batch*n_experts
+ *              (expert capacity counts) and their tables
  * where max_cols = max(hidden, n_heads*head_dim, intermediate) and padded
  * = max_cols rounded up to a multiple of 256 (a K block). With the i8 KV
  * cache of colibri_arena_size_ex, the KV term is 2 * n_layers * max_batch *
- * max_seq_len * n_kv_heads * (head_dim + 4).
+ * max_seq_len * n_kv_heads * (head_dim + 4) (and the cross-attention's
+ * likewise).
  * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC, _ARG, _NO_MEMORY (the
  * size does not fit in size_t). */
 int colibri_arena_size(const void *blob, size_t size, size_t *out_bytes);
@@ -730,8 +736,8 @@ int colibri_set_route_observer(colibri_model *m, colibri_route_fn fn, void *user
  *      `batch` sequences of `seq` tokens (mask as colibri_infer's: 1 real,
  *      0 padding, NULL all real). Its output stays in the arena, and every
  *      decoder layer's cross-attention keys and values are computed from it
- *      there and then. It starts a new decoding (the decoder's KV cache is
- *      emptied).
+ *      there and then (in the KV cache's type, colibri_options.kv_dtype).
+ *      It starts a new decoding (the decoder's KV cache is emptied).
  *   2. colibri_infer(m, decoder_ids, NULL, batch, seq, n_past, logits) runs
  *      decoder steps exactly as for a decoder-only model (n_past 0 starts,
  *      n_past > 0 continues from the self-attention KV cache; logits [batch,
