@@ -133,7 +133,7 @@ def _c_arena(cf: fmt.ColibriFile):
         try:
             with runtime.Model(cf.path, library=lib.path, kv=kv) as m:
                 arenas[kv] = m.info.arena_bytes
-        except Exception:  # e.g. an ENC_DEC file and kv i8, another byte order
+        except Exception:  # e.g. a file in the other byte order
             arenas[kv] = memory.arena_bytes(cf.shape, cf.desc, kv, memory.CHUNK_TOKENS_OWNED)
     return arenas.__getitem__
 
