@@ -3,7 +3,8 @@
 #   1. Debian packages: host compiler, sanitizer runtimes, valgrind, the cross
 #      compilers and QEMU emulators for every target (DESIGN.md section 6),
 #      the static analysers (cppcheck with its MISRA addon, Frama-C's EVA;
-#      clang --analyze and gcc -fanalyzer come with the compilers).
+#      clang --analyze and gcc -fanalyzer come with the compilers), SIMDe's
+#      headers (the avx512 kernels emulated on an AVX2 CPU, tests/test_kernels.py).
 #   2. A virtual environment at .venv/ with the colibri package (editable) and
 #      everything the tests need, torch pinned to the CPU wheel.
 # A second run checks what is there and finishes in seconds.
@@ -25,6 +26,7 @@ apt_packages=(
     python3-venv
     python3.11-doc
     cppcheck
+    libsimde-dev
 )
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -13,6 +13,9 @@ even shapes (see its header for what "agree" means for each kernel).
   CPU too. Both x86 tables promise a matmul_i8 bit-identical to ref and are
   held to it, and to giving the same bits when the call is split into token
   x row tiles (what threads do). Skipped on a CPU without AVX2+FMA.
+- The "avx512-vnni" table also runs emulated on any AVX2 CPU (SIMDe's
+  portable AVX-512 intrinsics, tests/c/avx512_emulation), held to ref the
+  same way; natively where the CPU has AVX-512 VNNI.
 - NEON, for every target of targets/ with NEON kernels (armv7, aarch64):
   built with the target's cross compiler and flags, run under its emulator
   on every CPU of its cpu_kernels, requiring the table the runtime must pick
@@ -158,6 +161,40 @@ def test_avx512_matches_ref(tmp_path_factory) -> None:
                     "(its absence checked)")
     out = _run([str(exe), "--require", "avx512-vnni", "--exact-i8", "avx512-vnni"])
     assert "avx512-vnni " in out and " 0 failures" in out
+
+
+EMULATION = ROOT / "tests" / "c" / "avx512_emulation"
+
+
+def _simde_missing() -> str | None:
+    """Why the emulated AVX-512 build cannot be made here, or None."""
+    if shutil.which("gcc") is None:
+        return "gcc is not installed"
+    probe = subprocess.run(["gcc", "-E", "-x", "c", "-"], input="#include <simde/x86/avx512.h>\n",
+                           capture_output=True, text=True)
+    if probe.returncode:
+        return "SIMDe's headers are missing (Debian libsimde-dev; scripts/setup.sh installs it)"
+    return None
+
+
+def test_avx512_matches_ref_emulated(tmp_path: Path) -> None:
+    """The "avx512-vnni" table held to ref bit for bit on any AVX2 CPU: its
+    AVX-512 intrinsics emulated by SIMDe (tests/c/avx512_emulation says how),
+    so a change to avx512.c is checked where no AVX-512 CPU is at hand.
+    The emulation found q6k_row reading a cast's undefined upper half."""
+    if not _cpu_has_avx2_fma():
+        pytest.skip("this CPU has no AVX2+FMA: the emulation runs on AVX2")
+    why = _simde_missing()
+    if why:
+        pytest.skip(why)
+    exe = tmp_path / "test_kernels_avx512_emulated"
+    # -O1: SIMDe's inlined lane loops make avx512.c a 90 s compile at -O2
+    # (50 s at -O1); the kernels' bits do not depend on it (-ffp-contract=off)
+    _build("gcc", exe, ["-O1", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi", "-DCOLIBRI_USE_AVX2",
+                        "-DCOLIBRI_AVX512_EMULATED", "-isystem", str(EMULATION)])
+    out = _run([str(exe), "--require", "avx512-vnni", "--exact-i8", "avx512-vnni"])
+    assert "avx512-vnni " in out and " 0 failures" in out
+    assert "matmul_i8 bit-identical to ref" in out.split("avx512-vnni ", 1)[1].splitlines()[0]
 
 
 @pytest.fixture(scope="module")

@@ -502,6 +502,10 @@ static inline int32_t dot_tail(const int8_t *q, const int8_t *x, uint32_t k)
  * asm, so this file needs no avxvnni/avx512 target attribute (whose
  * intrinsics could not be inlined into the plain AVX2 instances); it only
  * runs after the CPUID checks in colibri_kernels_avx2. */
+#ifdef COLIBRI_AVX512_EMULATED
+/* test builds only (avx512.c says why): the instruction's emulation */
+#define DPBUSD(vnni, acc, u, s) ((void)(vnni), (acc) = _mm256_dpbusd_epi32(acc, u, s))
+#else
 #define DPBUSD(vnni, acc, u, s)                                                     \
     do {                                                                            \
         if ((vnni) == 2)                                                            \
@@ -509,6 +513,7 @@ static inline int32_t dot_tail(const int8_t *q, const int8_t *x, uint32_t k)
         else                                                                        \
             __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));   \
     } while (0)
+#endif
 
 /* acc + the int32 lane sums of 4 adjacent products |q| * (xq * sign(q)). */
 BLOCK __m256i dot_acc(const int vnni, __m256i acc, __m256i qa, __m256i qraw,
@@ -1369,6 +1374,10 @@ enum { BT_PF_AHEAD = 4096 };
  * 10.5, Q5_K 12.2 -> 10.7; the integers, so the bits, are the same. */
 BLOCK __m256i scaled_acc(const int vnni, __m256i acc, __m256i p, __m256i s)
 {
+#ifdef COLIBRI_AVX512_EMULATED
+    if (vnni)
+        return _mm256_dpwssd_epi32(acc, p, s);
+#endif
     if (vnni == 2) {
         __asm__("%{evex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(p), "x"(s));
         return acc;
