@@ -71,7 +71,15 @@
 #include <math.h>
 #include <string.h>
 
+/* COLIBRI_AVX512_EMULATED (tests/c/avx512_emulation/immintrin.h, test
+ * builds only): the intrinsics are SIMDe's portable AVX-512 on an AVX2 CPU,
+ * so no target attribute (the compiler must not emit AVX-512 itself) and no
+ * CPUID check below: the table runs, and is held to ref, on any AVX2 CPU. */
+#ifdef COLIBRI_AVX512_EMULATED
+#define TGT512
+#else
 #define TGT512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#endif
 /* COLIBRI_KERNELS_PLAIN: ordinary functions and loops for sanitizer builds
  * (avx2.c says why). */
 #ifdef COLIBRI_KERNELS_PLAIN
@@ -969,7 +977,9 @@ BLOCK512 __m256i q6k_sc16(const uint8_t *blk)
  * 4 | 2 to the left, 0 | 2 to the right; the mask keeps the bits of the
  * same byte). The int16 pair sums of 128-bit lane i are sub-block 8h + i
  * (+ 4), scaled by vpermw from sc. Then - 32 * sum_j sc_j bsum_j, as the
- * int16 pairs (32 sc_j) x (- bsum_j) (nxb). */
+ * int16 pairs (32 sc_j) x (- bsum_j) (nxb), the 32 sc_j zero-extended to 512
+ * bits: nxb's upper half, a cast's, is undefined, and only the zeros make
+ * those lanes' products 0 (the emulated AVX-512 build found a cast there). */
 /* Q6_K, half h of a block (128 columns): the 6-bit weights of its two
  * 64-column vectors (v[0]: sub-blocks 8h + i, v[1]: 8h + 4 + i per 128-bit
  * lane i) and their scales as int16 lanes (c), from the block's scales sc
@@ -997,7 +1007,7 @@ BLOCK512 __m512i q6k_row(const uint8_t *blk, const __m512i xv[4], __m512i nxb)
 {
     const __m256i sc16 = q6k_sc16(blk);
     const __m512i sc = _mm512_castsi256_si512(sc16);
-    __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5)), nxb);
+    __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(_mm256_slli_epi16(sc16, 5)), nxb);
     UNROLL
     for (int h = 0; h < 2; h++) {
         __m512i v[2], c[2];
@@ -1122,7 +1132,7 @@ BLOCK512 void q6k_row_x2(const uint8_t *blk, const int8_t *x0, const int8_t *x1,
 {
     const __m256i sc16 = q6k_sc16(blk);
     const __m512i sc = _mm512_castsi256_si512(sc16);
-    const __m512i sc32 = _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5));
+    const __m512i sc32 = _mm512_zextsi256_si512(_mm256_slli_epi16(sc16, 5));
     __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc32, nxb0);
     __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc32, nxb1);
     UNROLL
@@ -1219,7 +1229,7 @@ BLOCK512 void q6k_row_x4(const uint8_t *blk, const int8_t *const x[4], const __m
 {
     const __m256i sc16 = q6k_sc16(blk);
     const __m512i sc = _mm512_castsi256_si512(sc16);
-    const __m512i sc32 = _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 5));
+    const __m512i sc32 = _mm512_zextsi256_si512(_mm256_slli_epi16(sc16, 5));
     UNROLL
     for (int t = 0; t < 4; t++)
         s[t] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc32, nxb[t]);
@@ -1778,6 +1788,9 @@ static const colibri_kernels avx512_vnni_kernels = {
 
 const colibri_kernels *colibri_kernels_avx512(void)
 {
+#ifdef COLIBRI_AVX512_EMULATED
+    return &avx512_vnni_kernels;
+#endif
     __builtin_cpu_init();
     /* libgcc's checks include the OS saving the zmm / opmask state (XCR0) */
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
