@@ -2997,8 +2997,10 @@ static int cpu_f16c(void)
  * neither, or built with COLIBRI_AVX2_NO_VNNI. */
 static int cpu_vnni_form(void)
 {
-#ifdef COLIBRI_AVX2_NO_VNNI
+#if defined(COLIBRI_AVX2_NO_VNNI)
     return 0;
+#elif defined(COLIBRI_AVX512_EMULATED)
+    return 2; /* test builds only: the EVEX form, emulated (DPBUSD) */
 #else
     unsigned eax, ebx, ecx, edx;
     if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 4) & 1u))
