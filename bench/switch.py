@@ -1,8 +1,8 @@
 """Switch Transformers (encoder-decoder) on Colibri against transformers and
 the numpy reference: encoder time and decoder step time, wall and CPU,
-single-threaded, on one randomly initialised model (no download).
+on one randomly initialised model (no download), one thread by default.
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python -m bench.switch [--quick]
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python -m bench.switch [--quick] [--threads N]
 
 Prints one table: per engine the median encode time of an N-token input
 (batch 1) and the median time of one cached decode step (after the start
@@ -10,8 +10,11 @@ token), wall and CPU, and the ratio to transformers. Colibri computes the
 cross-attention K/V in colibri_encode; transformers and the numpy reference
 in their first decoder step (counted in the decode figures). Colibri runs through
 colibri.runtime (libcolibri.so: python -m colibri.buildsteps.cbuild first), f32 and
-int8 files converted from the same loaded model. Nothing is asserted: these
-are measurements.
+int8 files converted from the same loaded model. --threads N gives Colibri
+N workers (colibri_set_threads, and once more with spinning workers) and
+torch N threads; the numpy reference keeps OPENBLAS_NUM_THREADS. CPU time is
+the whole process's, so at N threads it counts every worker. Nothing is
+asserted: these are measurements.
 """
 from __future__ import annotations
 
@@ -55,6 +58,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, metavar="N",
                     help="encoder input tokens (default 64, --quick 32); the files are "
                          "converted with room for max(N, 128) positions")
+    ap.add_argument("--threads", type=int, default=1, metavar="N",
+                    help="Colibri's workers and torch's threads (default 1)")
     args = ap.parse_args(argv)
     import torch
     import transformers
@@ -63,7 +68,7 @@ def main(argv=None) -> int:
     from colibri.model.reference_encdec import from_file
     from colibri.runtime import Model
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     reps, n_enc, n_steps = (3, 32, 4) if args.quick else (7, 64, 16)
     n_enc = args.tokens or n_enc
     torch.manual_seed(0)
@@ -93,16 +98,20 @@ def main(argv=None) -> int:
                 tok = out.logits[:, -1:].argmax(-1)
         rows["transformers f32"] = (timed(hf_encode, reps), timed(hf_decode, reps))
 
+    # at 1 thread one run; at N, plain (sleeping) workers and spinning ones
+    spins = (False,) if args.threads == 1 else (False, True)
     for q, path in files.items():
-        m = Model(path)
-        m.encode(ids)
+        for spin in spins:
+            m = Model(path, threads=args.threads, spin=spin)
+            m.encode(ids)
 
-        def c_decode(m=m):
-            tok = np.zeros((1, 1), np.int32)
-            for i in range(n_steps + 1):
-                tok = m.infer(tok, n_past=i)[:, -1:].argmax(-1).astype(np.int32)
-        rows[f"colibri {q}"] = (timed(lambda m=m: m.encode(ids), reps), timed(c_decode, reps))
-        m.close()
+            def c_decode(m=m):
+                tok = np.zeros((1, 1), np.int32)
+                for i in range(n_steps + 1):
+                    tok = m.infer(tok, n_past=i)[:, -1:].argmax(-1).astype(np.int32)
+            name = f"colibri {q}" + (" spin" if spin else "")
+            rows[name] = (timed(lambda m=m: m.encode(ids), reps), timed(c_decode, reps))
+            m.close()
         ref = from_file(path)
 
         ref.encode(ids)
@@ -121,7 +130,9 @@ def main(argv=None) -> int:
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores ({cpu_features(cpu)})")
     print(f"Switch encoder-decoder, d_model {CONFIG['d_model']}, {CONFIG['num_experts']} "
           f"experts, {CONFIG['num_layers']}+{CONFIG['num_decoder_layers']} layers; encoder "
-          f"input {n_enc} tokens; decode = start token + {n_steps} cached steps; 1 thread\n")
+          f"input {n_enc} tokens; decode = start token + {n_steps} cached steps; "
+          f"{args.threads} thread(s) (numpy reference: OPENBLAS_NUM_THREADS="
+          f"{os.environ.get('OPENBLAS_NUM_THREADS')})\n")
     print("| engine | encode wall ms | encode CPU ms | vs transformers | decode step wall ms "
           "| decode CPU ms | vs transformers |")
     print("|---|---:|---:|---:|---:|---:|---:|")
