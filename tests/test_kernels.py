@@ -181,7 +181,8 @@ def test_avx512_matches_ref_emulated(tmp_path: Path) -> None:
     """The "avx512-vnni" table held to ref bit for bit on any AVX2 CPU: its
     AVX-512 intrinsics emulated by SIMDe (tests/c/avx512_emulation says how),
     so a change to avx512.c is checked where no AVX-512 CPU is at hand;
-    with it avx2.c's EVEX-VNNI form and the plain AVX2 one.
+    with it avx2.c's EVEX-VNNI form and the plain AVX2 one, all under the
+    sanitizers.
     The emulation found q6k_row reading a cast's undefined upper half."""
     if not _cpu_has_avx2_fma():
         pytest.skip("this CPU has no AVX2+FMA: the emulation runs on AVX2")
@@ -189,10 +190,16 @@ def test_avx512_matches_ref_emulated(tmp_path: Path) -> None:
     if why:
         pytest.skip(why)
     exe = tmp_path / "test_kernels_avx512_emulated"
-    # -O1: SIMDe's inlined lane loops make avx512.c a 90 s compile at -O2
-    # (50 s at -O1); the kernels' bits do not depend on it (-ffp-contract=off)
-    _build("gcc", exe, ["-O1", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi", "-DCOLIBRI_USE_AVX2",
-                        "-DCOLIBRI_AVX512_EMULATED", "-isystem", str(EMULATION)])
+    # Under ASan + UBSan as well, so a read past an input or a write past an
+    # output fails here as on an AVX-512 CPU's sanitized run; as plain
+    # functions and loops (COLIBRI_KERNELS_PLAIN, the library's sanitizer
+    # builds): SIMDe's lane loops inlined and unrolled are a 200 s compile
+    # sanitized (55 s not), 25 s as plain functions. The bits do not depend
+    # on it (-ffp-contract=off).
+    _build("gcc", exe, ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                        "-DCOLIBRI_KERNELS_PLAIN", "-mavx2", "-mfma", "-mf16c", "-Wno-psabi",
+                        "-DCOLIBRI_USE_AVX2", "-DCOLIBRI_AVX512_EMULATED",
+                        "-isystem", str(EMULATION)])
     # avx2.c's EVEX-VNNI table (what avx512-vnni forwards to) runs as
     # "avx2-vnni" too, emulated: an AVX2-only CPU never picks it otherwise
     out = _run([str(exe), *[a for t in ("avx512-vnni", "avx2-vnni", "avx2")
