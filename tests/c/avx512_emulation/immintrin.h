@@ -54,12 +54,18 @@ static inline __m128i clb_emu_mm256_cvtepi32_epi16(__m256i a)
 }
 #define _mm256_cvtepi32_epi16(a) clb_emu_mm256_cvtepi32_epi16(a)
 
-/* masked byte loads: the bytes whose mask bit is clear are zero and not read */
+/* masked byte loads of n bytes: those whose mask bit is clear are zero and
+ * not read (the instruction suppresses their faults) */
+static inline void clb_emu_maskz_bytes(int8_t *r, uint32_t k, const void *p, int n)
+{
+    for (int i = 0; i < n; i++)
+        r[i] = (k >> i) & 1u ? ((const int8_t *)p)[i] : 0;
+}
+
 static inline __m256i clb_emu_mm256_maskz_loadu_epi8(uint32_t k, const void *p)
 {
     clb_emu_i8x32 r;
-    for (int i = 0; i < 32; i++)
-        r[i] = (k >> i) & 1u ? ((const int8_t *)p)[i] : 0;
+    clb_emu_maskz_bytes((int8_t *)&r, k, p, 32);
     return (__m256i)r;
 }
 #define _mm256_maskz_loadu_epi8(k, p) clb_emu_mm256_maskz_loadu_epi8(k, p)
@@ -67,8 +73,7 @@ static inline __m256i clb_emu_mm256_maskz_loadu_epi8(uint32_t k, const void *p)
 static inline __m128i clb_emu_mm_maskz_loadu_epi8(uint32_t k, const void *p)
 {
     clb_emu_i8x16 r;
-    for (int i = 0; i < 16; i++)
-        r[i] = (k >> i) & 1u ? ((const int8_t *)p)[i] : 0;
+    clb_emu_maskz_bytes((int8_t *)&r, k, p, 16);
     return (__m128i)r;
 }
 #define _mm_maskz_loadu_epi8(k, p) clb_emu_mm_maskz_loadu_epi8(k, p)
