@@ -8,7 +8,11 @@
  *   cc -std=c11 -O2 -ffp-contract=off -Isrc/kernels
  *      [-DCOLIBRI_USE_AVX2 | -DCOLIBRI_USE_NEON] tests/c/test_kernels.c
  *      src/kernels/ref.c src/kernels/avx2.c src/kernels/avx512.c src/kernels/neon.c
- *      src/kernels/neon_dotprod.c -lm
+ *      src/kernels/neon_dotprod.c src/kernels/neon_attend.c -lm
+ *   With -mavx2 -mfma -mf16c -DCOLIBRI_AVX512_EMULATED -isystem
+ *   tests/c/avx512_emulation (and -DCOLIBRI_USE_AVX2), the avx512-vnni table
+ *   and avx2's EVEX-VNNI one run on any AVX2 CPU, their AVX-512 intrinsics
+ *   emulated (that header says how).
  * Usage:
  *   test_kernels [--require NAME]... [--exact-i8 NAME]...
  *                                     run the checks; exit 1 on any mismatch,
