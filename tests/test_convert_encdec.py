@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from colibri.file import format as F
+from export_progress import assert_one_line_per_layer
 from golden_switch import make_switch, scenario
 
 torch = pytest.importorskip("torch")
@@ -68,7 +69,6 @@ def test_jobs_write_the_bytes_one_process_writes(tmp_path, monkeypatch):
     Q5_0 there; every block tensor is sent to a worker here, however
     small), with one progress line per layer in order; through the CLI
     too."""
-    import re
     from colibri import cli
     from colibri.file import encode_pool
     from colibri.model.convert import ColibriExporter
@@ -89,9 +89,7 @@ def test_jobs_write_the_bytes_one_process_writes(tmp_path, monkeypatch):
     ex.export(tmp_path / "three.colibri")
     assert sent and one.read_bytes() == (tmp_path / "three.colibri").read_bytes()
     assert F.DType.Q5_0 in {F.DType(e.dtype) for e in F.read_file(one).entries}
-    n = ex.shape.n_layers
-    assert [re.sub(r" \(\d+\.\d s\)$", "", x) for x in lines] == [
-        f"layer {i}/{n} written" for i in range(1, n + 1)], lines
+    assert_one_line_per_layer(lines, ex.shape.n_layers)
     sent.clear()
     assert cli.main(["convert", str(tmp_path / "ck"), "-o", str(tmp_path / "cli.colibri"),
                      "--quant", "q4", "--max-seq-len", "24", "--max-batch", "2",
