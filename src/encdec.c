@@ -254,14 +254,6 @@ static void ffn_block(const clb_plan *p, uint32_t l, float *x, uint32_t n)
     add(x, p->tmp, (size_t)n * h);
 }
 
-/* The row of K/V of file layer l's self-attention (the plan's cache), or
- * of a decoder layer's cross-attention (ed->x_kv), for slot (b, t): rows
- * [.., B, S]. */
-static size_t kv_row(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t t)
-{
-    return ((size_t)layer * p->s.max_batch + b) * p->s.max_seq_len + t;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Encoder                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -299,7 +291,7 @@ static void encoder_layer(const clb_plan *p, uint32_t l, uint32_t batch, uint32_
         clb_rmsnorm(p, p->xn, x, L->attn_norm, n, h, p->s.rms_eps);
         clb_linear(p, &L->wq, p->xn, n, p->q, "enc.wq");
         /* every query sees the whole input; bias column S - 1 - t + j */
-        const t5_att att = {p, &p->kv, kv_row(p, l, 0, 0), ed->enc_mask, ed->enc_bias,
+        const t5_att att = {p, &p->kv, clb_kv_row(p, l, 0, 0), ed->enc_mask, ed->enc_bias,
                             2u * (size_t)S - 1u,
                             (ptrdiff_t)S - 1, -1, 1, n, seq};
         t5_attention(&att);
@@ -374,7 +366,7 @@ int colibri_encode(colibri_model *m, const int32_t *input_ids,
             clb_linear2(p, &X->wk, &X->wv, ed->enc_out + start * h, n, p->kbuf, p->vbuf,
                         "cross.wk.wv");
             for (uint32_t i = 0; i < n; i++)
-                clb_kv_put(p, &ed->x_kv, kv_row(p, l - n_enc, p->tok_b[i], p->tok_pos[i]),
+                clb_kv_put(p, &ed->x_kv, clb_kv_row(p, l - n_enc, p->tok_b[i], p->tok_pos[i]),
                            p->kbuf + (size_t)i * p->qdim, p->vbuf + (size_t)i * p->qdim);
         }
     }
@@ -450,7 +442,7 @@ void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         for (uint32_t i = 0; i < n; i++)
             clb_kv_store(p, l, p->tok_b[i], p->tok_pos[i], p->kbuf + (size_t)i * qd,
                          p->vbuf + (size_t)i * qd);
-        const t5_att self = {p, &p->kv, kv_row(p, l, 0, 0), p->mask_cache, ed->dec_bias, S,
+        const t5_att self = {p, &p->kv, clb_kv_row(p, l, 0, 0), p->mask_cache, ed->dec_bias, S,
                              0, 1, -1, n, 0};
         t5_attention(&self);
         clb_linear(p, &L->wo, p->att, n, p->tmp, "dec.wo");
@@ -458,7 +450,7 @@ void clb_encdec_decode_chunk(const clb_plan *p, const int32_t *ids, uint32_t n,
         /* Cross-attention over the encoder output: no bias, padding masked. */
         clb_rmsnorm(p, p->xn, p->x, X->norm, n, h, s->rms_eps);
         clb_linear(p, &X->wq, p->xn, n, p->q, "cross.wq");
-        const t5_att cross = {p, &ed->x_kv, kv_row(p, ld, 0, 0), ed->enc_mask, NULL, 0, 0, 0,
+        const t5_att cross = {p, &ed->x_kv, clb_kv_row(p, ld, 0, 0), ed->enc_mask, NULL, 0, 0, 0,
                               1, n, ed->enc_seq};
         t5_attention(&cross);
         clb_linear(p, &X->wo, p->att, n, p->tmp, "cross.wo");

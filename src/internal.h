@@ -344,6 +344,14 @@ void clb_rope(const clb_plan *p, float *v, uint32_t n_heads, uint32_t pos);
 void clb_kv_put(const clb_plan *p, const clb_kv_rows *c, size_t row, const float *k,
                 const float *v);
 
+/* The row of sequence b's position pos of layer `layer` in rows laid out
+ * [layers, max_batch, max_seq_len] (the plan's cache, an encoder-decoder's
+ * cross-attention keys and values). */
+static inline size_t clb_kv_row(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos)
+{
+    return ((size_t)layer * p->s.max_batch + b) * p->s.max_seq_len + pos;
+}
+
 /* clb_kv_put into the plan's cache: sequence b at position pos of layer. */
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
                   const float *k, const float *v);

@@ -458,7 +458,7 @@ static void att_unit(void *ctx, uint32_t u, uint32_t worker)
         return;
     const uint32_t S = s->max_seq_len;
     /* this sequence's cache rows in the layer: [S, kvdim] (+ [S, n_kv_heads] scales) */
-    const size_t seq = ((size_t)j->layer * s->max_batch + b) * S;
+    const size_t seq = clb_kv_row(p, j->layer, b, 0);
     clb_att_args a;
     memset(&a, 0, sizeof a);
     clb_kv_args(p, &p->kv, seq, kvh, &a);
@@ -487,8 +487,7 @@ void clb_kv_put(const clb_plan *p, const clb_kv_rows *c, size_t row, const float
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
                   const float *k, const float *v)
 {
-    const colibri_shape *s = &p->s;
-    clb_kv_put(p, &p->kv, ((size_t)layer * s->max_batch + b) * s->max_seq_len + pos, k, v);
+    clb_kv_put(p, &p->kv, clb_kv_row(p, layer, b, pos), k, v);
 }
 
 void clb_kv_args(const clb_plan *p, const clb_kv_rows *c, size_t row, uint32_t kvh,
