@@ -76,7 +76,8 @@ def main(argv=None) -> int:
     config._attn_implementation = "eager"
     hf = transformers.SwitchTransformersForConditionalGeneration(config).float().eval()
     ids = np.random.default_rng(1).integers(2, CONFIG["vocab_size"], size=(1, n_enc))
-    tmp = Path(tempfile.mkdtemp())
+    tmp_dir = tempfile.TemporaryDirectory(prefix="colibri-switch-bench-")  # removed at exit
+    tmp = Path(tmp_dir.name)
     files = {q: ColibriExporter(model=hf, quant=q, max_seq_len=max(n_enc, 128)).export(tmp / f"{q}.colibri")
              for q in ("f32", "int8")}
 

@@ -312,7 +312,10 @@ def test_colibri_error_is_the_only_escape_hatch():
 sys.path.insert(0, str(ROOT / "tests"))
 import gguf_fixtures  # noqa: E402
 
-_GGUF_DIR = Path(tempfile.mkdtemp(prefix="colibri-hostile-gguf-"))
+# A TemporaryDirectory object, not mkdtemp: its finalizer removes the files
+# when the (xdist worker) process ends; a bare mkdtemp left one per run.
+_GGUF_TMP = tempfile.TemporaryDirectory(prefix="colibri-hostile-gguf-")
+_GGUF_DIR = Path(_GGUF_TMP.name)
 # A tiny Mixtral-as-`llama` GGUF (F32 and Q8_0 tensors, a byte-level
 # tokenizer), about 110 KB.
 GGUF = gguf_fixtures.write_gguf(_GGUF_DIR / "tiny.gguf", q8=True).read_bytes()
