@@ -1274,8 +1274,17 @@ static void test_table(const colibri_kernels *ref, const colibri_kernels *k)
         test_matmul_i16(ref, k, chunked[i][0], chunked[i][1], chunked[i][2]);
     }
     test_table_blocks(ref, k);
-    test_attend_all(k);
-    test_silu_mul(ref, k);
+    /* A table may reuse ref's own attention and SwiGLU (ARMv7's: plain
+     * armv7-a NEON has no fused vector multiply-add). Comparing ref's
+     * function with itself proves nothing and was 45 % of the ARMv7 run
+     * under qemu; a form of its own is compared wherever one appears. */
+    if (k->attend != ref->attend || k->attend_rows != ref->attend_rows)
+        test_attend_all(k);
+    else
+        printf("%-5s attend, attend_rows: ref's own functions, not compared with themselves\n",
+               k->name);
+    if (k->silu_mul != ref->silu_mul)
+        test_silu_mul(ref, k);
     printf("%-5s %ld checks, %ld failures%s\n", k->name, n_checks - c0, n_failures - f0,
            i8_must_be_exact(k) ? " (matmul_i8 bit-identical to ref)" : "");
 }
