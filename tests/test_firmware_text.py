@@ -7,9 +7,11 @@ streaming detokenizer's text.
 The model: a TINY Mixtral (transformers, random weights, 1 layer, hidden 32,
 vocabulary 320) with a byte-level BPE tokenizer trained here by Hugging Face
 `tokenizers` (tests/tokenizer_fixtures.py), converted to int8 with a 64-token
-cache, so the emulated runs take a second. One `scons target=all` build; on
-each target (x86_64 natively; armv7, aarch64, riscv64, ppc big-endian,
-cortex-m bare metal under QEMU) the firmware's output must show:
+cache, so the emulated runs take a second. Each target is built when a test
+first needs it (one work directory: together what `scons target=all`
+compiles, and no more where a run selects a few targets). On each target
+(x86_64 natively; armv7, aarch64, riscv64, ppc big-endian, cortex-m bare
+metal under QEMU) the firmware's output must show:
 - the prompt ids `tokenizers` gives the text (the judge, not our Python
   tokenizer);
 - logits within the int8 tolerance of the numpy reference, teacher-forced
@@ -64,14 +66,29 @@ def tiny(tmp_path_factory):
     return hf, model, d
 
 
+def _builder(shared_builds, model, out):
+    """name -> out, with out/<name>/firmware.elf built for `model` when a
+    test first asks for that target. One target a scons call, so a run that
+    selects a few (test_cpu_independence's forced-kernel rerun takes x86_64
+    alone) compiles only theirs; the calls share one work directory, so all
+    of them together compile what one `target=all` build does."""
+    args = [f"model={model}", f"prompt={PROMPT}", f"generate={GENERATE}",
+            *[f"{k}={v}" for k, v in SAMPLING.items()]]
+    done = set()
+
+    def build(name):
+        if name not in done:
+            shared_builds.build(out, f"target={name}", *args, timeout=1200)
+            done.add(name)
+        return out
+    return build
+
+
 @pytest.fixture(scope="module")
 def built(tiny, shared_builds):
-    hf, model, d = tiny
-    out = d / "build"
-    args = [f"{k}={v}" for k, v in SAMPLING.items()]
-    shared_builds.build(out, "target=all", f"model={model}", f"prompt={PROMPT}",
-                        f"generate={GENERATE}", *args)
-    return out
+    """name -> the build directory holding the int8 firmware for target name."""
+    _, model, d = tiny
+    return _builder(shared_builds, model, d / "build")
 
 
 Q4_TARGETS = [n for n in ("x86_64", "armv7") if n in TARGETS]
@@ -79,24 +96,17 @@ Q4_TARGETS = [n for n in ("x86_64", "armv7") if n in TARGETS]
 
 @pytest.fixture(scope="module")
 def built_q4(tiny, shared_builds):
-    """The tiny checkpoint with the 4-bit mix, built for Q4_TARGETS."""
+    """The tiny checkpoint with the 4-bit mix: (model, name -> build directory)."""
     from colibri.model.convert import ColibriExporter
     _, _, d = tiny
     model = ColibriExporter(d / "ck", quant="q4", max_seq_len=64).export(d / "tiny-q4.colibri")
     assert golden.quantisation(model) == "q4"
-    out = d / "build-q4"
-    args = [f"{k}={v}" for k, v in SAMPLING.items()]
-    for name in Q4_TARGETS:
-        if toolchain.missing_tools(TARGETS[name]):
-            continue
-        shared_builds.build(out, f"target={name}", f"model={model}", f"prompt={PROMPT}",
-                            f"generate={GENERATE}", *args, timeout=1200)
-    return model, out
+    return model, _builder(shared_builds, model, d / "build-q4")
 
 
 def _runnable(name):
     t = TARGETS[name]
-    problem = toolchain.missing_emulator(t)
+    problem = "; ".join(toolchain.missing_tools(t)) or toolchain.missing_emulator(t)
     if problem:
         pytest.skip(problem)
     return t
@@ -106,8 +116,9 @@ def _runnable(name):
 def test_device_tokenises_samples_and_prints_text_like_the_references(tiny, built, name):
     hf, model, _ = tiny
     t = _runnable(name)
-    firmware = built / name / "firmware.elf"
-    inputs = blob.FirmwareInputs.load(built / name / "firmware")
+    out = built(name)
+    firmware = out / name / "firmware.elf"
+    inputs = blob.FirmwareInputs.load(out / name / "firmware")
     assert inputs.device_tokenizes and inputs.text == PROMPT
     assert inputs.params.temperature == pytest.approx(0.8) and inputs.params.seed == 7
     result = check.CheckResult(name, "int8", bool(t.emulator), cpu=t.cpu)
@@ -133,10 +144,9 @@ def test_q4_device_text_like_the_references(tiny, built_q4, name):
     logits within the q4 tolerance of the numpy reference, its sampled
     tokens the reference sampler's, its text `tokenizers`' decode."""
     hf, _, _ = tiny
-    model, out = built_q4
+    model, build = built_q4
     t = _runnable(name)
-    if not (out / name / "firmware.elf").exists():
-        pytest.skip(f"{name}: no toolchain")
+    out = build(name)
     result = check.CheckResult(name, golden.quantisation(model), bool(t.emulator), cpu=t.cpu)
     check.check_firmware(t, out / name / "firmware.elf", model, result)
     assert result.ok, result.summary()
@@ -151,8 +161,9 @@ def test_the_check_fails_when_the_host_expects_another_seed_or_other_ids(tiny, b
     hf, model, _ = tiny
     t = TARGETS["x86_64"]
     fw_dir = tmp_path / "x86_64"
-    shutil.copytree(built / "x86_64" / "firmware", fw_dir / "firmware")
-    shutil.copy(built / "x86_64" / "firmware.elf", fw_dir / "firmware.elf")
+    out = built("x86_64")
+    shutil.copytree(out / "x86_64" / "firmware", fw_dir / "firmware")
+    shutil.copy(out / "x86_64" / "firmware.elf", fw_dir / "firmware.elf")
     good = blob.FirmwareInputs.load(fw_dir / "firmware")
 
     def judged(inputs):
