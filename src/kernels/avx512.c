@@ -1353,9 +1353,9 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
             float *y[4];
             UNROLL
             for (int k = 0; k < 4; k++) {
-                xq[k] = XQ + (t + (uint32_t)k) * xq_stride;
+                xq[k] = XQ + (size_t)(t + (uint32_t)k) * xq_stride;
                 xs[k] = XS + (size_t)(t + (uint32_t)k) * nb;
-                xb[k] = XB + (t + (uint32_t)k) * xb_stride;
+                xb[k] = XB + (size_t)(t + (uint32_t)k) * xb_stride;
                 y[k] = Y + (size_t)(t + (uint32_t)k) * rows + (size_t)s * ZB_R;
             }
             zb_tile4(dt, y, w, xq, xs, xb, nb, t == 0 ? pf : end, end);
