@@ -279,11 +279,11 @@ def test_damaged_tries_never_crash_and_both_readers_agree(driver, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
-def test_fuzz_a_precompiled_section_short_run_is_clean(tmp_path):
+def test_fuzz_a_precompiled_section_short_run_is_clean(tmp_path, tmp_path_factory):
     """fuzz/fuzz_tokenizer.c over the small map's section: mutated sections
     (map, table, program) and hostile text through the clusters and the
     trie, under ASan/UBSan."""
-    exe = build_fuzzer(tmp_path)
+    exe = build_fuzzer(tmp_path_factory)
     sec = _small_section()
     assert len(sec) < 65536
     (tmp_path / "good.bin").write_bytes(sec)
