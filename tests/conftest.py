@@ -120,9 +120,12 @@ def reference(colibri_file):
 
 @pytest.fixture(scope="session")
 def shared_builds(tmp_path_factory):
-    """SCons builds sharing their compiled libraries (tests/shared_builds.py):
-    shared_builds.build(out_dir, "target=all", "model=M", ...)."""
+    """SCons builds sharing their compiled libraries (tests/shared_builds.py),
+    across the xdist workers of the run: shared_builds.build(out_dir,
+    "target=all", "model=M", ...)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import targets
     from shared_builds import SharedBuilds
-    return SharedBuilds(tmp_path_factory.mktemp("shared-builds"), list(targets.load_all()))
+    from test_runtime_support import session_shared_dir
+    return SharedBuilds(session_shared_dir(tmp_path_factory, "shared-builds"),
+                        list(targets.load_all()))

@@ -13,14 +13,20 @@ prompt, sampling and kv= change only the firmware) and copies each built
 target's directory to `out` (without the object files), so every caller
 still gets a build directory of its own, as if it had built alone, and
 SCons, which tracks every input, recompiles exactly what the new arguments
-change. Builds run one after another within a pytest worker (the fixture is
-per worker); nothing is shared between workers.
+change. The work directories are shared by the xdist workers of a run (as
+tests/test_runtime_support.py's c_build builds are): a build and its copy
+hold the work directory's lock, so a library one worker compiled is the
+other's too (each compiled the six targets' default libraries itself
+before, x86_64's alone 47 s on a Zen 3), and the next build relinks what
+its own arguments change.
 """
 from __future__ import annotations
 
 import shutil
 import subprocess
 from pathlib import Path
+
+from colibri.buildsteps.cbuild import build_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,18 +55,19 @@ class SharedBuilds:
         AssertionError with the build's output tail when scons fails."""
         work = self.work_dir(config)
         scons = ROOT / ".venv" / "bin" / "scons"
-        p = subprocess.run([str(scons), "-Q", "-j2", *args, f"build_dir={work}"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=timeout)
-        if p.returncode != 0:
-            raise AssertionError(f"scons {' '.join(args)} failed ({p.returncode}):\n"
-                                 f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-        out = Path(out)
-        for name in self._built_targets(args):
-            src = work / name
-            if src.is_dir():
-                dst = out / name
-                if dst.exists():
-                    shutil.rmtree(dst)
-                shutil.copytree(src, dst, symlinks=True,
-                                ignore=shutil.ignore_patterns(".obj", "*.o"))
+        with build_lock(work):
+            p = subprocess.run([str(scons), "-Q", "-j2", *args, f"build_dir={work}"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=timeout)
+            if p.returncode != 0:
+                raise AssertionError(f"scons {' '.join(args)} failed ({p.returncode}):\n"
+                                     f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+            out = Path(out)
+            for name in self._built_targets(args):
+                src = work / name
+                if src.is_dir():
+                    dst = out / name
+                    if dst.exists():
+                        shutil.rmtree(dst)
+                    shutil.copytree(src, dst, symlinks=True,
+                                    ignore=shutil.ignore_patterns(".obj", "*.o"))
         return p
