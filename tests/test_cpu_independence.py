@@ -185,16 +185,20 @@ def _rerun_profiles() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RERUN_ORDER)
-def test_blas_dependent_tests_pass_under_forced_kernels(name, tmp_path):
+def test_blas_dependent_tests_pass_under_forced_kernels(name, tmp_path, tmp_path_factory):
     _skip_unless_cpu_can(name)
     chosen = _rerun_profiles()
     if name not in chosen:
         pytest.skip(f"the rerun on this CPU is {' and '.join(chosen)} (the first "
                     f"{RERUNS} of {', '.join(RERUN_ORDER)} it can run, not its own)")
+    from test_runtime_support import SHARED_ROOT_ENV, session_shared_root
+    # the C and SCons builds of this run serve the rerun too (they do not
+    # depend on the forced kernels): it compiles only what nothing built yet
+    env = dict(profile_env(name), **{SHARED_ROOT_ENV: str(session_shared_root(tmp_path_factory))})
     p = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
          "--basetemp", str(tmp_path / "t"), "-k", RERUN_DESELECT, *BLAS_DEPENDENT_TESTS],
-        cwd=ROOT, env=profile_env(name), capture_output=True, text=True, timeout=1800)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     tail = "\n".join(p.stdout.splitlines()[-30:])
     assert p.returncode == 0, f"under the {name} profile:\n{tail}\n{p.stderr[-2000:]}"
     assert " passed" in tail and " failed" not in tail, tail

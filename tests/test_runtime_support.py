@@ -128,14 +128,30 @@ def tool_available(variant: str) -> str | None:
     return None
 
 
-def session_shared_dir(tmp_path_factory, name: str) -> Path:
-    """A directory every pytest-xdist worker of this run shares (the run's
-    base temporary directory, which holds each worker's own), or one of
-    this process's when there are no workers."""
+# Set by test_cpu_independence for its rerun (a child pytest) to the parent
+# run's shared root: the C and SCons builds kept there do not depend on the
+# BLAS and numpy kernels the rerun forces, so it reuses them (under their
+# locks) instead of compiling the same variants again.
+SHARED_ROOT_ENV = "COLIBRI_TEST_SHARED_ROOT"
+
+
+def session_shared_root(tmp_path_factory) -> Path:
+    """The directory every pytest-xdist worker of this run shares (the run's
+    base temporary directory, which holds each worker's own), or this
+    process's own when there are no workers; $COLIBRI_TEST_SHARED_ROOT
+    when set."""
+    if os.environ.get(SHARED_ROOT_ENV):
+        return Path(os.environ[SHARED_ROOT_ENV])
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
-    d = base / name
+    return base
+
+
+def session_shared_dir(tmp_path_factory, name: str) -> Path:
+    """session_shared_root()/name, made if missing: for builds only (what
+    goes there must not depend on the CPU profile of a rerun)."""
+    d = session_shared_root(tmp_path_factory) / name
     d.mkdir(parents=True, exist_ok=True)
     return d
 
