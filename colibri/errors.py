@@ -54,8 +54,10 @@ class RuntimeCallError(ColibriError):
     ""), `call` ("init" or "infer"). Each code has its subclass
     (RUNTIME_ERRORS); the init-time file errors are also the matching
     FormatError subclasses, so `except FormatError` catches a bad file from
-    either engine."""
+    either engine. `advice`: what to do, which the CLI adds to the line
+    (colibri-cli's advice() for the same code)."""
     code = None
+    advice = ""
 
     def __init__(self, code: int, strerror: str, detail: str = "", call: str = "init",
                  where: str = ""):
@@ -70,37 +72,46 @@ class RuntimeCallError(ColibriError):
 class BadFormatError(RuntimeCallError, FormatError):
     """-1 at init (COLIBRI_E_BAD_FORMAT): not a valid .colibri file."""
     code = -1
+    advice = "copy it again, or re-create it with `colibri convert`"
 
 
 class InputTooLargeError(RuntimeCallError):
     """-1 at infer (COLIBRI_E_INPUT_TOO_LARGE): batch > max_batch, seq >
     max_seq_len or n_past + seq > max_seq_len."""
     code = -1
+    advice = "shorten the input, or re-convert with a larger --max-seq-len/--max-batch"
 
 
 class OutOfMemoryError(RuntimeCallError):
-    """-2 (COLIBRI_E_NO_MEMORY): malloc failed (arena, file copy, byte swap)."""
+    """-2 (COLIBRI_E_NO_MEMORY): malloc failed (arena, file copy, byte swap),
+    or a memory budget (ram_bytes) too small for what it must hold."""
     code = -2
+    advice = ("free memory or use a smaller model; with a memory budget (--ram), raise it "
+              "to at least the size above")
 
 
 class RuntimeCRCError(RuntimeCallError, CRCError):
     """-3 (COLIBRI_E_CRC): a header, table or section CRC does not match."""
     code = -3
+    advice = "copy or convert the file again"
 
 
 class RuntimeIOError(RuntimeCallError, FileReadError):
     """-4 (COLIBRI_E_IO): open, stat, mmap or read failed."""
     code = -4
+    advice = "check the path and permissions"
 
 
 class RuntimeVersionError(RuntimeCallError, VersionError):
     """-5 (COLIBRI_E_VERSION): the file's format version is newer."""
     code = -5
+    advice = "upgrade colibri"
 
 
 class ByteOrderError(RuntimeCallError):
     """-6 (COLIBRI_E_BYTE_ORDER): in-place use of a file in the other byte order."""
     code = -6
+    advice = "convert with `colibri convert --byte-order` for this host"
 
 
 class ArgumentError(RuntimeCallError):
@@ -112,6 +123,7 @@ class ArgumentError(RuntimeCallError):
 class TokenError(RuntimeCallError):
     """-8 (COLIBRI_E_TOKEN): a token id < 0 or >= vocab."""
     code = -8
+    advice = "use token ids below the model's vocab"
 
 
 class ArenaTooSmallError(RuntimeCallError):

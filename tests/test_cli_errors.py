@@ -25,6 +25,7 @@ import pytest
 from colibri.file import format as cformat
 from colibri.buildsteps import testmodel
 from colibri.file.format import Kind
+import gguf_fixtures
 from docs_text import doc_lines
 from test_runtime_support import c_build  # noqa: F401
 
@@ -71,6 +72,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (out["no-config"] / "model.safetensors").write_bytes(b"")
     out["no-such-dir"] = d / "no-such-checkpoint"
     out["out"] = d / "out.colibri"
+    out["model.gguf"] = gguf_fixtures.write_gguf(d / "model.gguf")
     return out
 
 
@@ -165,6 +167,36 @@ ROWS = [
         "no-such-dir", CHECKPOINT, says=("does not exist",)),
     Row("convert-no-config", "colibri", ("convert", "{no-config}", "-o", "{out}"), 2,
         "no-config", CHECKPOINT, says=("no config.json in",)),
+    # 10. The output is checked before any work: never the model being
+    #     converted (or any file colibri did not write), never a directory.
+    Row("convert-onto-its-input", "colibri", ("convert", "{model.gguf}", "-o", "{model.gguf}"),
+        2, "model.gguf", "choose another name", says=("is not a .colibri file",)),
+    Row("convert-into-a-directory", "colibri", ("convert", "{model.gguf}", "-o", "{dir}"), 2,
+        "dir", "give a file name", says=("is a directory",)),
+    # 11. A GGUF where a .colibri file is wanted: how to convert it.
+    Row("verify-gguf", "colibri", ("verify", "{model.gguf}"), 1, "model.gguf",
+        "colibri convert FILE.gguf", says=("a GGUF file",)),
+    # 12. The C runtime's errors through `colibri run` name a fix, as
+    #     colibri-cli's do (the same advice per code).
+    Row("run-crc", "colibri", ("run", "{crc.colibri}", "--tokens", "1,2"), 2, "crc.colibri",
+        COPY_OR_CONVERT, says=("CRC mismatch",)),
+    Row("run-truncated", "colibri", ("run", "{trunc.colibri}", "--tokens", "1,2"), 2,
+        "trunc.colibri", "copy it again", says=("beyond the file size",)),
+    Row("run-too-long", "colibri", ("run", "{good}", "--tokens", ",".join(["1"] * 17)), 2,
+        "good", "--max-seq-len", says=("input larger than",)),
+    Row("run-token-id", "colibri", ("run", "{good}", "--tokens", "1,99999"), 2, "good",
+        "below the model's vocab"),
+    # 13. Usage errors: one line too (argparse's own print the usage first),
+    #     checked before the model is opened.
+    Row("convert-bad-choice", "colibri", ("convert", "{no-config}", "-o", "{out}", "--quant",
+                                          "q3"), 2, None, "see colibri convert --help",
+        says=("invalid choice: 'q3'",)),
+    Row("plan-token-text", "colibri", ("plan", "{good}", "--slots", "2", "--tokens", "a,b"), 2,
+        None, "comma-separated token ids"),
+    Row("plan-negative-steps", "colibri", ("plan", "{good}", "--slots", "2", "--tokens", "1",
+                                           "--steps", "-1"), 2, None, "0 or more"),
+    Row("info-file-quant", "colibri", ("info", "{good}", "--quant", "q4"), 2, "good",
+        "--config"),
 ]
 
 
@@ -264,3 +296,25 @@ def test_verify_statuses_agree_in_code_help_and_readme(c_build):
     cli_row = next((line for line in lines if line.startswith("| `--verify`")), None)
     assert cli_row, "no `| --verify` row in README.md / docs/ (docs/CLI.md)"
     assert "exit 1" in cli_row and "exit 2" in cli_row, cli_row
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly():
+    """`colibri info ... | head -1`: the reader closes the pipe before the
+    report is written; the command stops as a C tool would on SIGPIPE
+    (status 141), with nothing on stderr (it was a traceback)."""
+    cmd = [sys.executable, "-m", "colibri.cli", "info", "--config",
+           str(ROOT / "models" / "demo" / "checkpoint")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()              # before the child has printed a line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == b"", err
+
+
+def test_the_tokenizer_section_has_its_name():
+    """The tokenizer section (kind 0x100) is named in `colibri verify`'s
+    and `colibri info`'s lines, as the tokenizer module numbers it."""
+    from colibri.text.tokenizer import KIND_TOKENIZER
+    assert cformat.OPTIONAL_SECTIONS[KIND_TOKENIZER] == "TOKENIZER"
+    e = cformat.Entry(KIND_TOKENIZER, 0, 0, cformat.NO_INDEX, cformat.NO_INDEX, 1, 64, 0, 64, 0)
+    assert e.label() == "TOKENIZER"

@@ -48,11 +48,17 @@ def measure(path, tokens: list[int], steps: int, ram=None, slots=None,
             library=None) -> dict:
     """A greedy run of `tokens` then `steps` decode steps under each policy:
     hits, reads and bytes per token (the logits are the same bits). Without
-    the prefetch, so that the counts are the policy's alone (the replay's)."""
+    the prefetch, so that the counts are the policy's alone (the replay's).
+    bytes_per_token counts every expert a slot took in, at the file's mean
+    expert size as the replay does: on a warm page cache a mapped file's
+    experts are used where they are (`mapped` of the reads) and read no
+    byte, so the bytes actually read (storage_bytes_per_token) depend on
+    what the page cache held, not on the policy."""
     res = {}
     for policy in runtime.SLOT_POLICIES:
         with runtime.Model(path, ram=ram, slots=slots, policy=policy, library=library,
                            prefetch=0) as m:
+            wb = m.weight_bytes()["experts"]
             logits = m.infer([tokens])
             nxt = int(np.argmax(logits[0, -1]))
             for i in range(steps):
@@ -60,9 +66,11 @@ def measure(path, tokens: list[int], steps: int, ram=None, slots=None,
                 nxt = int(np.argmax(logits[0, -1]))
             st = m.stream_stats()
         uses = st["hits"] + st["misses"]
+        n = len(tokens) + steps
         res[policy] = {"hit_rate": st["hits"] / uses if uses else 1.0,
-                       "bytes_per_token": st["bytes_read"] / (len(tokens) + steps),
-                       "reads": st["misses"]}
+                       "bytes_per_token": st["misses"] * wb[0] / max(wb[2] // 3, 1) / n,
+                       "storage_bytes_per_token": st["bytes_read"] / n,
+                       "reads": st["misses"], "mapped": st["mapped"]}
     return res
 
 
@@ -94,6 +102,10 @@ def _mb(n: float) -> str:
 def cmd_plan(args) -> int:
     if args.ram is None and args.slots is None:
         raise errors.ConversionError("colibri plan: give --ram SIZE or --slots N")
+    # the arguments are checked before the model is opened
+    args.tokens = _token_ids(args.tokens) if args.tokens else None
+    if args.steps < 0:
+        raise errors.ConversionError(f"--steps {args.steps}: give 0 or more greedy steps")
     p = plan(args.model, ram=args.ram, slots=args.slots, kv=args.kv)
     # the trace is read (and refused) before anything is printed
     replay = replayed(args.trace, p) if args.trace and p["load"] == "stream" else {}
@@ -123,13 +135,25 @@ def cmd_plan(args) -> int:
               f"{r['hit_rate']:.1%}, {_mb(r['bytes_per_token'])} read per token "
               f"({r['reads']} reads)")
     if args.tokens:
-        ids = [int(t) for t in args.tokens.split(",")]
-        for policy, r in measure(args.model, ids, args.steps, ram=args.ram,
+        for policy, r in measure(args.model, args.tokens, args.steps, ram=args.ram,
                                  slots=args.slots).items():
-            print(f"measured, {len(ids)} tokens + {args.steps} greedy steps, policy "
+            warm = (f"; {r['mapped']} of them from the page cache, "
+                    f"{_mb(r['storage_bytes_per_token'])} a token read from storage"
+                    if r["mapped"] else "")
+            print(f"measured, {len(args.tokens)} tokens + {args.steps} greedy steps, policy "
                   f"{policy}: hit rate {r['hit_rate']:.1%}, {_mb(r['bytes_per_token'])} "
-                  f"read per token ({r['reads']} reads)")
+                  f"read per token ({r['reads']} reads{warm})")
     return 0
+
+
+def _token_ids(text: str) -> list[int]:
+    """--tokens: comma-separated ids (the model checks their range)."""
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise errors.ConversionError(
+            f"--tokens {text!r}: give comma-separated token ids, e.g. 1,2,3") from None
+    return ids
 
 
 def add_parser(sub) -> None:
