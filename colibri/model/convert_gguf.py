@@ -9,13 +9,16 @@ keep exactly.
 
 What `--quant` means for a GGUF input (docs/FORMAT.md, "GGUF files"):
 - not given ("keep", the default): every tensor keeps the values it has.
-  F32/F16/BF16 -> F32, Q8_0 -> I8_GROUP (group 32), Q4_0/Q5_0/Q4_K/Q5_K/Q6_K -> the
+  F32/F16/BF16 -> F32, Q8_0 -> I8_GROUP (group 32; so --group-size other
+  than 32 is refused for a file with Q8_0 tensors kept), Q4_0/Q5_0/Q4_K/Q5_K/Q6_K -> the
   block type of that name; where the kind cannot use that type (the router
   is F32 or I16_ROW) -> F32, still exact.
   Other GGUF types (Q5_1, Q3_K, IQ4_XS, ...) are dequantised and stored in
   the smallest Colibri type of at least their bits (Q6_K from 5.5 bits a
   weight, else Q4_K; Q5_0 / I8_GROUP on rows not a multiple of 256): a
-  second rounding, reported with its measured error.
+  second rounding, reported with its measured error. F64 -> F32 is
+  rounded too (narrowed; reported). Types gguf-py cannot dequantise are
+  refused when planning (gguf_in.plan).
 - f32 | int8 | q4 (and the per-kind options): the preset's type per kind, as
   for a Hugging Face checkpoint. A tensor whose GGUF type already is that
   type is copied exactly; a float tensor is quantised once; a quantised one
@@ -45,11 +48,16 @@ from ..file.format import DType, Kind
 COPY = "copy"              # the same values (exact)
 QUANTISE = "quantise"      # float weights rounded once, as from a checkpoint
 REQUANTISE = "requantise"  # a quantised GGUF tensor rounded a second time
+# F64 -> F32 rounds each value once: never "copy" (which `colibri info`
+# prints as "kept exactly"); export() adds a "narrowed" note.
+NARROW = "narrow"
 
 
 def keep_dtype(kind: Kind, t: gguf_in.GTensor, group_size: int) -> tuple[DType, str]:
     """The "keep" choice for one tensor (the module docstring)."""
     allowed = fmt.ALLOWED_DTYPES[kind]
+    if t.type_name == "F64":
+        return DType.F32, NARROW
     ex = gguf_in.exact_dtype(t.type_name)
     if ex == DType.I8_GROUP and group_size != 32:
         ex = DType.F32
@@ -70,6 +78,8 @@ def target_dtype(kind: Kind, t: gguf_in.GTensor, chosen: DType, group_size: int
     ex = gguf_in.exact_dtype(t.type_name)
     if ex == DType.I8_GROUP and group_size != 32:
         ex = None
+    if dt == DType.F32 and t.type_name == "F64":
+        return dt, NARROW
     if dt == DType.F32 or dt == ex:
         return dt, COPY
     if t.type_name in gguf_in.FLOAT_TYPES:
@@ -134,20 +144,45 @@ class GGUFExporter:
             if Kind.LM_HEAD in self.overrides:
                 self.overrides[Kind.EMBED] = self.overrides[Kind.LM_HEAD]
         self.steps = gguf_in.plan(self.gguf, self.family, self.shape, self.desc)
+        self._refuse_group_size()
         self.choices = [self.choose(st) for st in self.steps]
         self.tokenizer = self._tokenizer(warn) if tokenizer else None
         self.notes: list[str] = []
 
     # --- storage types ---------------------------------------------------------
 
+    def chosen(self, kind: Kind) -> DType | None:
+        """The type the options give a kind; None: keep the GGUF's."""
+        chosen = self.overrides.get(kind)
+        if chosen is None and self.preset is not None:
+            chosen = self.preset[kind]
+        return chosen
+
     def choose(self, st: gguf_in.GStep) -> tuple[DType, str]:
         t, gs = st.source.tensor, self.shape.group_size
-        chosen = self.overrides.get(st.kind)
-        if chosen is None and self.preset is not None:
-            chosen = self.preset[st.kind]
+        chosen = self.chosen(st.kind)
         if chosen is None:
             return keep_dtype(st.kind, t, gs)
         return target_dtype(st.kind, t, chosen, gs)
+
+    def _refuse_group_size(self) -> None:
+        """A kept Q8_0 tensor is int8 in groups of 32: another --group-size
+        cannot apply to it without a second rounding, which "keep" never
+        does (it used to store such tensors as float32 instead, silently
+        3.5x larger). Requantising is an explicit choice: --quant int8 or a
+        per-kind option."""
+        gs = self.shape.group_size
+        if gs == 32:
+            return
+        kept = [st.source.tensor.name for st in self.steps
+                if st.source.tensor.type_name == "Q8_0" and self.chosen(st.kind) is None
+                and DType.I8_GROUP in fmt.ALLOWED_DTYPES[st.kind]]
+        if kept:
+            names = list(dict.fromkeys(kept))
+            raise ConversionError(
+                f"{self.path}: --group-size {gs} cannot apply to its {len(names)} Q8_0 "
+                f"tensor(s) ({gguf_in._some(names, 2)}), kept as they are: int8 in groups of 32; "
+                "drop --group-size, or requantise them with --quant int8 (a second rounding)")
 
     def _tokenizer(self, warn):
         from ..text import gguf_tokenizer as gt
@@ -212,6 +247,7 @@ class GGUFExporter:
         out = output_path(output if output is not None else self.output)
         start = time.monotonic()
         errors: dict = defaultdict(list)
+        narrowed = 0
 
         def write(item, encoded) -> None:
             i, st, dt, how, w_src = item
@@ -232,6 +268,7 @@ class GGUFExporter:
                     EncodePool(self.jobs) as pool:
                 order = InOrder(pool, write, name=lambda item: item[1].source.tensor.name)
                 for i, (st, (dt, how)) in enumerate(zip(self.steps, self.choices)):
+                    narrowed += st.source.tensor.type_name == "F64" and dt == DType.F32
                     what, data = self.read(st, dt, how)
                     if what == "encoded":
                         order.encoded((i, st, dt, how, None), *data)
@@ -244,6 +281,8 @@ class GGUFExporter:
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
         self.notes = [requantised_note(errors)] if errors else []
+        if narrowed:
+            self.notes.append(narrowed_note(narrowed))
         return out
 
     def summary(self) -> dict[tuple[str, str, str], int]:
@@ -263,6 +302,12 @@ def requantised_note(errors: dict) -> str:
         parts.append(f"{len(errs)} {src} -> {dst} (relative RMS error mean "
                      f"{np.mean(errs):.4f}, max {max(errs):.4f})")
     return "requantised " + "; ".join(parts) + ": a second rounding of the GGUF values"
+
+
+def narrowed_note(n: int) -> str:
+    """One line: F64 tensors stored as float32 are rounded, not kept."""
+    return (f"narrowed {n} F64 tensor(s) to F32: each value rounded to float32 (relative "
+            "error at most 6e-8 for a normal float32), not the GGUF's own values")
 
 
 def _warn(line: str) -> None:

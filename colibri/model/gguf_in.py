@@ -19,20 +19,25 @@ What llama.cpp's convert_hf_to_gguf.py did to a checkpoint, undone here:
   [e*R, (e+1)*R) of its [E*R, cols] view;
 - a tied output layer: no output.weight, the LM head is token_embd.
 
-Storage types (docs/FORMAT.md 4): F32, F16, BF16 widen to float32 exactly;
+Storage types (docs/FORMAT.md 4): F32, F16, BF16 widen to float32 exactly
+(F64 is narrowed to float32: rounded, reported);
 Q8_0 is I8_GROUP with group_size 32 value for value (fp16 scale widened);
 Q4_0, Q5_0, Q4_K, Q5_K, Q6_K are Colibri's block types of the same names, byte for
 byte (their blocks are copied). Where the
 chosen storage type of a tensor is the one its GGUF type maps to (or
 float32), its values are copied without a second rounding. Anything else
 (other GGUF types, or another --quant target) is dequantised by gguf-py and
-requantised, and the converter prints the measured error of that step.
+requantised, and the converter prints the measured error of that step. A
+type gguf-py cannot dequantise (Q8_1, Q8_K, I8, ...) is refused when the
+conversion is planned, before anything is written.
 """
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +62,46 @@ def _gguf():
     return gguf
 
 
+# What a Git LFS pointer file starts with (a clone without `git lfs pull`).
+LFS_POINTER = b"version https://git-lfs"
+# The advice for a GGUF colibri cannot read as it is.
+REQUANTISE_ADVICE = ("requantise it with llama-quantize to Q8_0 or Q4_K_M, or convert from the "
+                     "Hugging Face checkpoint")
+RECONVERT_ADVICE = "convert the model again with a current llama.cpp convert_hf_to_gguf.py"
+
+
+def named_gguf(path: str | os.PathLike) -> bool:
+    """A path named *.gguf that is not a directory: the user means a GGUF
+    file, so a missing or broken one gets GGUF advice, not checkpoint advice."""
+    p = Path(path)
+    return p.suffix.lower() == ".gguf" and not p.is_dir()
+
+
+def refuse_not_gguf(path: str | os.PathLike) -> None:
+    """Raise the one-line reason a path named *.gguf is not a GGUF file
+    colibri can open (missing, empty, a Git LFS pointer, no magic)."""
+    p = Path(path)
+    if not p.exists():
+        raise ConversionError(f"{p} does not exist: check the path")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(len(LFS_POINTER))
+    except OSError as exc:
+        raise ConversionError(f"cannot read {p}: {exc.strerror or exc}") from None
+    raise ConversionError(not_gguf_message(p, head))
+
+
+def not_gguf_message(path: Path, head: bytes) -> str:
+    """Why a file whose first bytes are `head` is not a GGUF file, and what to do."""
+    if not head:
+        return f"{path} is empty (0 bytes): an incomplete download? download it again"
+    if head.startswith(LFS_POINTER):
+        return (f"{path} is a Git LFS pointer, not the GGUF data: fetch the file with "
+                "`git lfs pull` (or download it directly)")
+    return (f"{path} is not a GGUF file (no GGUF magic: a Git LFS pointer or an incomplete "
+            "download?): download it again")
+
+
 def is_gguf(path: str | os.PathLike) -> bool:
     """A regular file starting with the GGUF magic."""
     p = Path(path)
@@ -70,14 +115,32 @@ def is_gguf(path: str | os.PathLike) -> bool:
 
 
 # GGML types colibri stores without a second rounding -> the storage type.
+# F64 is not one: float32 rounds it (convert_gguf narrows it, and says so).
 def exact_dtype(ggml_name: str) -> DType | None:
-    return {"F32": DType.F32, "F16": DType.F32, "BF16": DType.F32, "F64": DType.F32,
+    return {"F32": DType.F32, "F16": DType.F32, "BF16": DType.F32,
             "Q8_0": DType.I8_GROUP, "Q4_0": DType.Q4_0, "Q5_0": DType.Q5_0, "Q4_K": DType.Q4_K,
             "Q5_K": DType.Q5_K,
             "Q6_K": DType.Q6_K}.get(ggml_name)
 
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+@functools.lru_cache(maxsize=None)
+def dequantisable(ggml_name: str) -> bool:
+    """Whether to_float can read this GGML type: a float type, or one the
+    pinned gguf-py dequantises. Asked of gguf.quants.dequantize itself (one
+    zero block) rather than of its private registry, so a gguf-py that
+    learns a type is believed and one that forgets it is not."""
+    if ggml_name in FLOAT_TYPES:
+        return True
+    gguf = _gguf()
+    qt = gguf.GGMLQuantizationType[ggml_name]
+    try:
+        gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[qt][1]), np.uint8), qt)
+    except NotImplementedError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -123,7 +186,7 @@ class _Cursor:
 
     def fail(self, what: str):
         raise ConversionError(f"{self.path}: malformed GGUF header: {what} at byte {self.pos}; "
-                              "the file is truncated or corrupt")
+                              "the file is truncated or corrupt: download or copy it again")
 
     def take(self, n: int) -> memoryview:
         if n < 0 or self.pos + n > len(self.buf):
@@ -202,11 +265,14 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         gguf = _gguf()
+        if not self.path.exists():
+            raise ConversionError(f"{self.path} does not exist: check the path")
         try:
             self.size = self.path.stat().st_size
             with open(self.path, "rb") as f:
-                if f.read(4) != GGUF_MAGIC:
-                    raise ConversionError(f"{self.path}: not a GGUF file (no GGUF magic)")
+                head = f.read(len(LFS_POINTER))
+                if not head.startswith(GGUF_MAGIC):
+                    raise ConversionError(not_gguf_message(self.path, head))
                 # Mapped, not read: only the header's pages are touched.
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
@@ -227,10 +293,12 @@ class GGUFFile:
         version = cur.u32()
         if version in (2 << 24, 3 << 24):
             raise ConversionError(f"{self.path}: a big-endian GGUF file; colibri reads "
-                                  "little-endian GGUF (convert_hf_to_gguf.py's default)")
+                                  "little-endian GGUF (convert_hf_to_gguf.py's default): "
+                                  "convert the model again without --bigendian")
         if version not in (2, 3):
             raise ConversionError(f"{self.path}: GGUF version {version}; colibri reads "
-                                  "versions 2 and 3")
+                                  f"versions 2 and 3: {RECONVERT_ADVICE} (it writes "
+                                  "version 3)")
         n_tensors, n_kv = cur.u64(), cur.u64()
         if n_kv > len(head) // 12 or n_tensors > len(head) // 24:
             cur.fail(f"{n_kv} metadata entries and {n_tensors} tensors in a header of at "
@@ -281,7 +349,7 @@ class GGUFFile:
         if start + nbytes > self.size:
             raise ConversionError(f"{where}: its data (bytes {start}..{start + nbytes}) goes "
                                   f"beyond the end of the file ({self.size} bytes); the file "
-                                  "is truncated")
+                                  "is truncated: download or copy it again")
         return GTensor(name, qt.name, int(qt), tuple(reversed(ne)), start, nbytes, block,
                        block_bytes)
 
@@ -290,7 +358,7 @@ class GGUFFile:
         for (_, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):
             if b1 < e0:
                 raise ConversionError(f"{self.path}: the data of tensors {n0!r} and {n1!r} "
-                                      "overlap; the file is corrupt")
+                                      "overlap; the file is corrupt: download it again")
 
     # --- metadata -------------------------------------------------------------
 
@@ -334,7 +402,8 @@ class GGUFFile:
         except OSError as exc:
             raise ConversionError(f"cannot read {t.name!r} from {self.path}: {exc}") from None
         if len(data) != n:
-            raise ConversionError(f"{self.path}: tensor {t.name!r} is truncated")
+            raise ConversionError(f"{self.path}: tensor {t.name!r} is truncated: download or "
+                                  "copy the file again")
         return data
 
 
@@ -350,7 +419,7 @@ def config_dict(g: GGUFFile) -> tuple[Family, dict]:
         v = g.value(p + key)
         return v is not None and not isinstance(v, str) and v > 0
 
-    fam = families.pick_gguf(arch, positive)
+    fam = families.pick_gguf(arch, positive, g.path)
     names = fam.gguf
     if g.value(p + "expert_count") in (None, 0):
         raise ConversionError(f"{g.path}: {arch} without {p}expert_count: a dense model, not a "
@@ -386,12 +455,19 @@ def config_dict(g: GGUFFile) -> tuple[Family, dict]:
     return fam, cfg
 
 
+# Per-frequency RoPE factors: llama.cpp's converter writes them for a
+# checkpoint with rope_type "llama3" (LlamaModel.generate_extra_tensors).
+ROPE_FREQS = "rope_freqs.weight"
+PLAIN_ROPE_ONLY = ("colibri implements plain RoPE ('default') only: this model needs "
+                   "llama.cpp, or a checkpoint without RoPE scaling")
+
+
 def _refuse_rope(g: GGUFFile, p: str, cfg: dict) -> None:
     """Colibri's RoPE is plain, over the whole head."""
     scaling = g.value(p + "rope.scaling.type")
     if scaling not in (None, "none"):
-        raise ConversionError(f"{g.path}: RoPE scaling {scaling!r}; colibri implements plain "
-                              "RoPE only")
+        raise ConversionError(f"{g.path}: RoPE scaling {scaling!r}; {PLAIN_ROPE_ONLY}")
+    _refuse_rope_freqs(g)
     heads = cfg.get("num_attention_heads") or 1
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     dims = g.value(p + "rope.dimension_count")
@@ -402,6 +478,24 @@ def _refuse_rope(g: GGUFFile, p: str, cfg: dict) -> None:
     if vdim is not None and vdim != head_dim:
         raise ConversionError(f"{g.path}: value heads of {vdim} dimensions, key heads of "
                               f"{head_dim}; colibri needs them equal")
+
+
+def _refuse_rope_freqs(g: GGUFFile) -> None:
+    """rope_freqs.weight divides RoPE's frequencies: factors that are all
+    exactly 1 change nothing (the plan then ignores the tensor), any other
+    is Llama 3 RoPE scaling, which plain RoPE would silently get wrong."""
+    t = g.tensors.get(ROPE_FREQS)
+    if t is None:
+        return
+    if t.type_name not in FLOAT_TYPES:
+        raise ConversionError(f"{g.path}: {ROPE_FREQS} is {t.type_name}, not a float type; "
+                              f"the file is corrupt: {RECONVERT_ADVICE}")
+    factors = to_float(g.read_rows(t, 0, t.rows), t, t.rows)
+    if not np.all(factors == 1.0):
+        raise ConversionError(
+            f"{g.path}: RoPE type 'llama3' ({ROPE_FREQS} holds frequency factors other than "
+            f"1, from {float(factors.min()):g} to {float(factors.max()):g}); "
+            f"{PLAIN_ROPE_ONLY}")
 
 
 # --- the plan: every .colibri tensor's GGUF source ----------------------------
@@ -437,8 +531,9 @@ def plan(g: GGUFFile, fam: Family, shape: fmt.ModelShape,
          desc: fmt.Description) -> list[GStep]:
     """Every .colibri tensor (but DESC) mapped to its GGUF rows, checked:
     missing, unexpected and mis-shaped tensors are reported by name."""
+    _refuse_split_experts(g)
     steps: list[GStep] = []
-    missing: list[str] = []
+    missing: dict[str, None] = {}   # names in plan order, each once
     permuted = fam.gguf.permuted_qk
     tied = GGUF_GLOBAL_TENSORS[Kind.LM_HEAD] not in g.tensors
     for kind, layer, expert in fmt.tensor_order(shape, desc):
@@ -452,7 +547,7 @@ def plan(g: GGUFFile, fam: Family, shape: fmt.ModelShape,
             name = f"blk.{layer}." + GGUF_LAYER_TENSORS[kind]
         t = g.tensors.get(name)
         if t is None:
-            missing.append(name)
+            missing[name] = None   # once, though a merged tensor serves every expert
             continue
         is_vector = rows == 1 and kind not in (Kind.SHARED_GATE,)
         heads = None
@@ -468,12 +563,18 @@ def plan(g: GGUFFile, fam: Family, shape: fmt.ModelShape,
             src = GSource(t, 0, rows, heads)
         steps.append(GStep(kind, layer, expert, src, want))
     used = {st.source.tensor.name for st in steps}
-    unexpected = [n for n in g.tensors if n not in used and n != "rope_freqs.weight"]
+    # rope_freqs.weight reaches here only with every factor 1 (_refuse_rope_freqs)
+    unexpected = [n for n in g.tensors if n not in used and n != ROPE_FREQS]
     if missing:
+        parts = g.value("split.count", 1)
+        advice = (f"; the file is one of {parts} parts of a split GGUF: merge them with "
+                  "llama-gguf-split --merge" if isinstance(parts, int) and parts > 1
+                  else f": the file is incomplete or not as llama.cpp writes it; "
+                       f"{RECONVERT_ADVICE}")
         raise ConversionError(f"{g.path}: {len(missing)} tensor(s) missing for {fam.title} as "
-                              f"the metadata describes it: {_some(missing)}"
+                              f"the metadata describes it: {_some(list(missing))}"
                               + (f" (the file has unexpected {_some(unexpected)})"
-                                 if unexpected else ""))
+                                 if unexpected else "") + advice)
     if unexpected:
         raise ConversionError(
             f"{g.path}: {len(unexpected)} unexpected tensor(s): {_some(unexpected)}; colibri "
@@ -484,7 +585,50 @@ def plan(g: GGUFFile, fam: Family, shape: fmt.ModelShape,
         if t.shape != st.want:
             raise ConversionError(f"{g.path}: tensor {t.name!r} has shape {list(t.shape)}, "
                                   f"expected {list(st.want)} from the metadata")
+    _refuse_unreadable(g, steps)
     return steps
+
+
+# llama.cpp's old Mixtral layout: one tensor per expert (blk.N.ffn_gate.E.weight).
+_SPLIT_EXPERT = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight")
+
+
+def _refuse_split_experts(g: GGUFFile) -> None:
+    """Old GGUF files keep each expert in its own tensor; llama.cpp's
+    converter has since merged them (blk.N.ffn_gate_exps.weight), the only
+    layout read here. Said before the plan lists every merged tensor as
+    missing and every per-expert one as unexpected."""
+    split = [n for n in g.tensors if _SPLIT_EXPERT.fullmatch(n)]
+    if split:
+        raise ConversionError(
+            f"{g.path}: experts stored one tensor each ({split[0]}, ...), llama.cpp's old "
+            "layout, which colibri does not read (it reads the merged "
+            f"blk.N.ffn_gate_exps.weight): {RECONVERT_ADVICE}")
+
+
+def _refuse_unreadable(g: GGUFFile, steps: list[GStep]) -> None:
+    """Every planned tensor must be readable whatever --quant says (a copied
+    block is readable too): refused here, where `colibri info` also plans,
+    not when the export reaches the tensor."""
+    bad: dict[str, dict[str, None]] = {}    # type -> tensor names, in file order
+    for st in steps:
+        t = st.source.tensor
+        if not dequantisable(t.type_name):
+            bad.setdefault(t.type_name, {})[t.name] = None
+    if bad:
+        kinds = "; ".join(f"{len(names)} {typ} ({_some(list(names), 2)})"
+                          for typ, names in bad.items())
+        raise ConversionError(
+            f"{g.path}: tensors of a type colibri cannot read (gguf-py "
+            f"{_gguf_version()} cannot dequantise it): {kinds}; {REQUANTISE_ADVICE}")
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(unknown version)"
 
 
 def _some(names: list[str], limit: int = 6) -> str:
@@ -512,10 +656,9 @@ def to_float(raw: bytes, t: GTensor, rows: int) -> np.ndarray:
         try:
             w = gguf.quants.dequantize(np.frombuffer(raw, np.uint8).reshape(rows, -1), qt)
         except NotImplementedError:
+            # plan() refuses these first (_refuse_unreadable): a backstop
             raise ConversionError(f"tensor {t.name!r} is {name}, which gguf-py cannot "
-                                  "dequantise; colibri reads F32, F16, BF16, Q8_0, Q4_0, Q5_0, "
-                                  "Q4_K, Q5_K, Q6_K exactly and dequantises the other types gguf-py "
-                                  "knows") from None
+                                  f"dequantise; {REQUANTISE_ADVICE}") from None
     return np.ascontiguousarray(w, dtype=np.float32).reshape(rows, t.cols)
 
 

@@ -1185,7 +1185,9 @@ class Tokenizer:
         finally:
             cf.close()
         raise TokenizerError(f"{path}: the file holds no tokenizer (convert a checkpoint "
-                             "that has a tokenizer.json)")
+                             "that has a tokenizer.json, or a GGUF file whose tokenizer "
+                             "colibri supports: the conversion warned when it left it out; "
+                             "the model still runs on token ids)")
 
     @classmethod
     def from_json(cls, path: str | Path, config: dict | None = None) -> "Tokenizer":

@@ -39,9 +39,10 @@ def all_families() -> list[Family]:
     return [m.FAMILY for m in MODULES]
 
 
-def pick_gguf(arch: str, has_key) -> Family:
+def pick_gguf(arch: str, has_key, path=None) -> Family:
     """The family of a GGUF file's `general.architecture` (`has_key(name)`:
-    whether the file has metadata key ARCH.name with a value > 0)."""
+    whether the file has metadata key ARCH.name with a value > 0); `path`
+    names the file in the refusal."""
     fams = [f for f in all_families() if f.gguf is not None and f.gguf.arch == arch]
     for f in fams:
         if f.gguf.selected_by and has_key(f.gguf.selected_by):
@@ -50,8 +51,10 @@ def pick_gguf(arch: str, has_key) -> Family:
         if not f.gguf.selected_by:
             return f
     archs = sorted({f.gguf.arch for f in all_families() if f.gguf is not None})
-    raise ConversionError(f"unsupported GGUF architecture {arch!r}: colibri converts the MoE "
-                          f"architectures {', '.join(archs)} (with experts)")
+    where = f"{path}: " if path is not None else ""
+    raise ConversionError(f"{where}unsupported GGUF architecture {arch!r}: colibri converts the "
+                          f"MoE architectures {', '.join(archs)} (with experts); this model "
+                          "needs llama.cpp")
 
 
 def supported() -> str:
