@@ -518,6 +518,10 @@ class Model:
         opt = _options(kv, ram, slots, policy, prefetch)
         streamed = ram is not None or slots is not None
         self._reader = None
+        if reader is not None and source is not None:
+            raise errors.ArgumentError(-7, self._lib.strerror(-7), "a source and a reader: "
+                                       "give one (the model is read from one place)",
+                                       "init", self._where)
         if reader is not None:
             self._where = "<reader>"
             rc = self._init_reader(m, reader, reader_size, arena, opt)
@@ -596,7 +600,7 @@ class Model:
         resident sections are used from the mapped file, not the arena),
         mapped (experts used from the page cache through the mapped file
         instead of read);
-        slots 0 for an all-resident model.
+        slots 0 and policy None for an all-resident model.
         reset: clear the counters afterwards."""
         with self._lock:
             if self._m is None:
@@ -606,8 +610,9 @@ class Model:
             if rc:
                 raise self._lib.error(rc, CALL_INIT, "", self._where)
             out = {name: int(getattr(st, name)) for name, _ in _StreamStats._fields_}
-            out["policy"] = {v: k for k, v in SLOT_POLICIES.items()}.get(out["policy"],
-                                                                          out["policy"])
+            # an all-resident model has no slots and so no policy
+            out["policy"] = None if not out["slots"] else {
+                v: k for k, v in SLOT_POLICIES.items()}.get(out["policy"], out["policy"])
             return out
 
     # -- lifetime ---------------------------------------------------------------

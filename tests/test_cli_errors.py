@@ -14,6 +14,7 @@ checks an error raised inside a build step.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -73,6 +74,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     out["no-such-dir"] = d / "no-such-checkpoint"
     out["out"] = d / "out.colibri"
     out["model.gguf"] = gguf_fixtures.write_gguf(d / "model.gguf")
+    # a KV cache of 100000 positions: about 25 MB of arena, Cortex-M has 4 MiB
+    out["long.colibri"] = testmodel.make_model(
+        d / "long.colibri", "int8", shape=dataclasses.replace(testmodel.FW_TINY,
+                                                             max_seq_len=100000))
     return out
 
 
@@ -106,6 +111,11 @@ ROWS = [
     # vocabulary) is one line too, not a traceback.
     Row("scons-build-step", "scons", (*ARMV7, "model={good}", "prompt=héllo"), 2, None,
         "leave out prompt=", says=("outside the model's vocabulary",)),
+    # A bare-metal arena larger than the device's RAM: said before the link
+    # (the linker's "region `RAM' overflowed" was four lines and a stop).
+    Row("scons-arena-beyond-ram", "scons", ("target=cortex-m", "build_dir={build}",
+                                            "model={long.colibri}"), 2, "long.colibri",
+        "re-convert with a smaller --max-seq-len", says=("bytes of RAM", "kv=i8")),
     # 3. -1 means a bad file from init, too much input from infer: colibri-cli
     #    prints the one meaning of the call that failed.
     Row("cli-info-text-file", "cli", ("--model", "{text.txt}", "--info"), 1, "text.txt",
@@ -232,7 +242,7 @@ def test_error_is_one_line_naming_the_file_and_the_fix(row, files, tmp_path, c_b
     lines = proc.stderr.splitlines()
     if row.tool == "scons":
         assert len(lines) == 1 and lines[0].startswith("scons: *** "), seen
-        if row.id != "scons-build-step":
+        if row.id not in ("scons-build-step", "scons-arena-beyond-ram"):
             # StopError while reading SConstruct: nothing was compiled.
             assert lines[0].endswith("Stop."), seen
             assert not list(build.rglob("*.o")), "the model is checked before compiling"

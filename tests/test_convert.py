@@ -606,3 +606,42 @@ def test_unfused_mlp_prefix(hf_checkpoint, tmp_path):
     ColibriExporter(d, quant="int8").export(tmp_path / "a.colibri")
     ColibriExporter(src, quant="int8").export(tmp_path / "b.colibri")
     assert (tmp_path / "a.colibri").read_bytes() == (tmp_path / "b.colibri").read_bytes()
+
+
+def test_convert_says_where_a_type_did_not_fit_its_rows(tmp_path, capsys):
+    """A kind whose chosen type (the preset's or an option's) does not fit
+    its rows is stored in a fallback (format.fit_dtype): convert says so, one
+    note per (chosen, stored, width) naming the kinds; kinds stored as
+    chosen are not named. Judged by the written file's types."""
+    from colibri.model.export import preset_dtypes
+    ckpt = Path(__file__).resolve().parent.parent / "models" / "demo" / "checkpoint"
+    out = tmp_path / "d.colibri"
+    assert cli.main(["convert", str(ckpt), "-o", str(out), "--quant", "q4",
+                     "--embedding", "q4_k", "--router", "f32"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    chosen = preset_dtypes("q4", embedding="q4_k", router="f32")
+    cf = F.read_file(out)
+    stored = {Kind(e.kind): DType(e.dtype) for e in cf.entries if e.kind in Kind._value2member_map_}
+    cf.close()
+    moved = {k: dt for k, dt in stored.items() if k in chosen and dt != chosen[k]}
+    assert moved.get(Kind.EMBED) == DType.Q5_0, moved     # the option on 128-wide rows
+    for kind, dt in moved.items():
+        line = next((n for n in notes if f" {kind.name}," in n or f" {kind.name}:" in n), None)
+        assert line and f"{dt.name} instead of {chosen[kind].name}" in line, (kind, notes)
+    named = {k for n in notes for k in Kind if f" {k.name}," in n or f" {k.name}:" in n}
+    assert named == set(moved), (named, notes)
+
+
+def test_convert_says_which_of_two_choices_a_tied_matrix_took(tmp_path, capsys):
+    """The demo ties its embedding and LM head: given both --embedding and
+    --lm-head, the one matrix takes --lm-head's type, and convert says that
+    --embedding did not apply."""
+    ckpt = Path(__file__).resolve().parent.parent / "models" / "demo" / "checkpoint"
+    out = tmp_path / "d.colibri"
+    assert cli.main(["convert", str(ckpt), "-o", str(out), "--quant", "int8",
+                     "--embedding", "q4_k", "--lm-head", "f32"]) == 0
+    err = capsys.readouterr().err
+    cf = F.read_file(out)
+    assert cf.desc.has(F.Feat.TIED_LM_HEAD) and cf.entry(Kind.EMBED).dtype == DType.F32
+    cf.close()
+    assert "stored as --lm-head f32" in err and "--embedding q4_k does not apply" in err, err

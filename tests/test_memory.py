@@ -143,3 +143,27 @@ def test_plan_from_config_equals_the_converted_file(tmp_path, quant):
     assert [(e.kind, e.layer, e.expert, e.dtype, e.rows, e.cols, e.size) for e in cf.entries] \
         == [(e.kind, e.layer, e.expert, e.dtype, e.rows, e.cols, e.size) for e in pl.entries]
     assert pl.file_size() == out.stat().st_size
+
+
+def test_info_config_counts_the_tokenizer_the_converter_writes(tmp_path):
+    """`colibri info --config DIR` counts the tokenizer section a conversion
+    writes from DIR's tokenizer.json: its file size is the converted file's;
+    a config alone says the tokenizer is not counted."""
+    ckpt = ROOT / "models" / "demo" / "checkpoint"
+    out = tmp_path / "demo-int8.colibri"
+    cli = [sys.executable, "-m", "colibri.cli"]
+    subprocess.run([*cli, "convert", str(ckpt), "-o", str(out), "--quant", "int8"],
+                   check=True, capture_output=True)
+
+    def info(path) -> str:
+        return subprocess.run([*cli, "info", "--config", str(path), "--quant", "int8"],
+                              check=True, capture_output=True, text=True).stdout
+
+    text = info(ckpt)
+    file_row = next(line for line in text.splitlines() if line.split()[:1] == ["file"])
+    assert int(file_row.split()[1]) == out.stat().st_size, text
+    assert "tokenizer.json: a " in text, text
+    alone = tmp_path / "config.json"
+    alone.write_bytes((ckpt / "config.json").read_bytes())
+    text = info(alone)
+    assert f"not counted: no tokenizer.json in {tmp_path}" in text, text

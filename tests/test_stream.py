@@ -174,6 +174,19 @@ def test_a_callers_reader_streams_to_the_same_bits(so, model):
     assert len(expert_reads) == st["misses"] and st["read_ns"] == 0
 
 
+def test_one_source_and_no_policy_without_slots(so, model):
+    """A path and a reader at once is refused (which would be read?); an
+    all-resident model reports no slots and no policy."""
+    path = model("olmoe", "int8")
+    data = path.read_bytes()
+    with pytest.raises(errors.ArgumentError, match="a source and a reader"):
+        runtime.Model(path, reader=lambda o, n: data[o:o + n], reader_size=len(data),
+                      library=so, slots=2)
+    with runtime.Model(path, library=so) as m:
+        st = m.stream_stats()
+    assert st["slots"] == 0 and st["policy"] is None, st
+
+
 def damaged(path, tmp_path, layer, expert, kind=F.Kind.EXPERT_W2):
     cf = F.read_file(path)
     e = next(x for x in cf.entries if x.kind == kind and x.layer == layer

@@ -360,6 +360,22 @@ def config_header(target_name: str, shape: cformat.ModelShape, model_bytes: int,
     return "\n".join(out) + "\n"
 
 
+def _check_arena_fits(target, model, shape: cformat.ModelShape, arena: int, kv: str) -> None:
+    """A bare-metal target's static arena lives in its RAM (the linker
+    script's region of target.ram_bytes): one that cannot fit is refused
+    here, in one line with what to do, not by the linker's "region `RAM'
+    overflowed" after compiling everything. Linux targets allocate at run
+    time (their RAM is the size report's budget)."""
+    if target.is_linux or not target.ram_bytes or arena <= target.ram_bytes:
+        return
+    _, kv_total = memory.kv_bytes(shape, kv)
+    fix = "re-convert with a smaller --max-seq-len" + (", or build with kv=i8" if kv == "f32"
+                                                        else "")
+    raise ColibriError(f"{model}: the firmware's arena of {arena} bytes (the KV cache {kv} "
+                       f"{kv_total} of it, at max_seq_len {shape.max_seq_len}) does not fit "
+                       f"{target.name}'s {target.ram_bytes} bytes of RAM: {fix}")
+
+
 def prepare_firmware_inputs(model: str | os.PathLike, out_dir: str | os.PathLike,
                             target, prompts=DEFAULT_PROMPTS,
                             n_generate: int = DEFAULT_GENERATE, text: str = "",
@@ -386,6 +402,7 @@ def prepare_firmware_inputs(model: str | os.PathLike, out_dir: str | os.PathLike
     else:
         tables, chunk = table_sizes_from_object(tables_object)
     arena = arena_bytes(shape, tables, f.desc, inputs.kv, chunk)
+    _check_arena_fits(target, model, shape, arena, inputs.kv)
     _write_if_changed(hdr, config_header(target.name, shape, size, arena, inputs=inputs,
                                          chunk_tokens=chunk).encode())
     js = out / INPUTS_JSON

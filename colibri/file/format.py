@@ -133,6 +133,11 @@ class Kind(enum.IntEnum):
     ENC_FINAL_NORM = 35
 
 
+# Sections that are not tensors, by their kind (FORMAT.md: optional, never
+# CRITICAL): the tokenizer (colibri/text/tokenizer.py KIND_TOKENIZER).
+OPTIONAL_SECTIONS = {0x0100: "TOKENIZER"}
+
+
 class Feat(enum.IntFlag):
     """Feature flags: the header's flags field in version 2 (FORMAT.md 2)."""
     ROUTER_RENORM = 0x1
@@ -562,7 +567,7 @@ class Entry:
         try:
             name = Kind(self.kind).name
         except ValueError:
-            name = f"unknown kind {self.kind}"
+            name = OPTIONAL_SECTIONS.get(self.kind, f"unknown kind {self.kind}")
         parts = [name]
         if self.layer != NO_INDEX:
             parts.append(f"layer {self.layer}")
@@ -876,6 +881,7 @@ def _label(kind, layer, expert) -> str:
 FIX_DAMAGED = "the file is damaged: copy or convert it again"
 FIX_TRUNCATED = "copy it again or re-convert"
 FIX_MAKE = "make one with `colibri convert HF_DIR -o FILE.colibri`"
+GGUF_MAGIC = b"GGUF"
 
 
 def _too_short(size: int) -> FormatError:
@@ -1004,6 +1010,9 @@ def parse(buf, check_crc: bool = True, path: Path | None = None) -> ColibriFile:
     if size < HEADER_SIZE:
         raise _too_short(size)
     head = bytes(buf[:HEADER_SIZE])
+    if head[:4] == GGUF_MAGIC:
+        raise FormatError("a GGUF file, not a .colibri file: convert it with "
+                          "`colibri convert FILE.gguf -o FILE.colibri`")
     if head[:4] != MAGIC:
         raise FormatError(f"magic is {head[:4]!r}, expected {MAGIC!r}: not a .colibri file; "
                           f"{FIX_MAKE}")

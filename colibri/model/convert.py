@@ -44,9 +44,11 @@ from . import families, gguf_in, hf
 from . import imatrix as im
 from .convert_gguf import GGUFExporter
 from .export import (DEFAULT_MAX_SEQ_CAP, PRESETS, QUANT_CHOICES, output_path, preset_dtypes,
-                     report_layer_written, shape_and_desc, tied_dtype, tokenizer_sections)
+                     report_layer_written, shape_and_desc, tied_dtype, tied_note,
+                     tokenizer_sections)
 from .families.common import LAYER_TENSORS, ExpertLayout, Fused
 from ..errors import ColibriError, ConversionError
+from ..file import blocks
 from ..file import format as fmt
 from ..file.encode_pool import EncodePool, InOrder, checked_jobs, default_jobs
 from ..file.format import DType, Kind
@@ -160,6 +162,10 @@ class ColibriExporter:
             self.dtypes[Kind.EMBED] = tied_dtype(quant, self.dtypes, quantize_embedding,
                                                  quantize_lm_head)
         self.expert_map: dict[str, str] = {}
+        # what the user should know of the choices made (export() adds its own)
+        self.notes: list[str] = []
+        self._choice_notes = (tied_note(quantize_embedding, quantize_lm_head)
+                              if self.desc.has(fmt.Feat.TIED_LM_HEAD) else [])
         self.tokenizer = self._tokenizer(warn) if tokenizer else None
         self.importance = self._importance(imatrix)
 
@@ -364,6 +370,8 @@ class ColibriExporter:
         out = output_path(output if output is not None else self.output)
         steps = self.plan()
         start = time.monotonic()
+        # (chosen, stored, cols) -> kinds whose rows the chosen type did not fit
+        fallbacks: dict[tuple, dict[str, None]] = {}
 
         def write(item, encoded) -> None:
             i, st, dt = item
@@ -388,12 +396,26 @@ class ColibriExporter:
                             f"{imp.shape[0]} columns for it, the tensor {weights.shape[-1]}: "
                             "measured on another model")
                     dt = fmt.fit_dtype(self.dtypes[st.kind], weights.shape[-1], st.kind)
+                    if dt != self.dtypes[st.kind]:
+                        fallbacks.setdefault((self.dtypes[st.kind], dt, weights.shape[-1]),
+                                             {})[st.kind.name] = None
                     order.submit((i, st, dt), weights, dt, self.shape.group_size, imp)
                     del weights
                 order.finish()
         except OSError as exc:
             raise ConversionError(f"cannot write {out}: {exc.strerror or exc}") from exc
+        self.notes = self._choice_notes + [fallback_note(*key, list(kinds))
+                                           for key, kinds in fallbacks.items()]
         return out
+
+
+def fallback_note(chosen: DType, stored: DType, cols: int, kinds: list[str]) -> str:
+    """The line that says a kind's type (a preset's or an option's) did not
+    fit its rows and what was stored instead (format.fit_dtype)."""
+    return (f"note: {', '.join(kinds)}: {stored.name} instead of {chosen.name}, whose "
+            f"{blocks.BLOCK_COLS[chosen]}-weight blocks do not divide the {cols}-wide rows "
+            f"({stored.name}: the fewest bits a weight among {chosen.name} and its fallbacks, "
+            f"docs/QUANTISATION.md)")
 
 
 def _warn(line: str) -> None:
@@ -538,7 +560,7 @@ def add_convert_parser(subparsers) -> None:
                        help="the same from a file `colibri imatrix HF_DIR --text TEXT_FILE "
                             "-o FILE.npz` wrote (measure once, convert many times)")
     p.add_argument("--calibration-tokens", type=int, metavar="N",
-                   help="tokens of --calibration to use (default: 32768)")
+                   help="tokens of --calibration to use (a positive number; default: 32768)")
     p.add_argument("-j", "--jobs", type=int, default=default_jobs(), metavar="N",
                    help="worker processes for the 4-bit searches of large tensors, from a "
                         "checkpoint (decoder-only or encoder-decoder) or a GGUF file (the "
@@ -558,15 +580,18 @@ def _run(args: argparse.Namespace) -> int:
 
     if gguf_in.is_gguf(args.model_dir):
         return _run_gguf(args, start, progress)
+    if gguf_in.named_gguf(args.model_dir):
+        gguf_in.refuse_not_gguf(args.model_dir)   # not checkpoint advice for x.gguf
     if args.quant is None:
         args.quant = "int8"
+    _check_calibration(args)
 
     imatrix = args.imatrix
     if args.calibration:
         text = _calibration_text(args.calibration)
         imatrix = imatrix_from_checkpoint(args.model_dir, text,
                                           args.calibration_tokens or DEFAULT_TOKENS,
-                                     progress=None if args.quiet else progress)
+                                          progress=None if args.quiet else progress)
     exporter = ColibriExporter(
         args.model_dir, num_experts=args.num_experts, top_k=args.top_k,
         max_seq_len=args.max_seq_len, max_batch=args.max_batch, quant=args.quant,
@@ -580,9 +605,11 @@ def _run(args: argparse.Namespace) -> int:
     if not args.quiet and exporter.checkpoint.nbytes() >= PROGRESS_BYTES:
         exporter.progress = progress
     out = exporter.export()
+    for note in exporter.notes:
+        progress(note)
     size = out.stat().st_size
     print(f"wrote {out}: {size} bytes ({size / 2**20:.1f} MiB), "
-          f"{len(fmt.tensor_order(exporter.shape, exporter.desc))} tensors, "
+          f"{written_tensors(out)} tensors, "
           f"{'a tokenizer, ' if exporter.tokenizer is not None else ''}"
           f"{time.monotonic() - start:.1f} s")
     if exporter.tokenizer is not None and exporter.tokenizer.what:
@@ -590,10 +617,51 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_calibration(args: argparse.Namespace) -> None:
+    """Refuse calibration options that would be ignored: a token count that
+    is not positive (0 used to mean "all the text"), one without the text,
+    and an importance matrix when no kind gets a block type (only the
+    Q4_0/Q5_0/Q4_K/Q5_K/Q6_K quantisers use it). A per-kind option can give
+    a block type under any preset, so the types are the ones the options
+    resolve to. Checked before the float32 conversion calibration runs."""
+    n = args.calibration_tokens
+    if n is not None and n < 1:
+        raise ConversionError(f"--calibration-tokens {n}: give a positive number of tokens "
+                              f"(default {DEFAULT_TOKENS})")
+    if n is not None and not args.calibration:
+        raise ConversionError("--calibration-tokens is how much of --calibration's text to "
+                              "use: give --calibration TEXT_FILE too")
+    flag = "--calibration" if args.calibration else "--imatrix" if args.imatrix else None
+    if flag is None:
+        return
+    dtypes = preset_dtypes(args.quant, router=args.router, experts=args.experts,
+                           attention=args.attention, embedding=args.embedding,
+                           lm_head=args.lm_head)
+    # a tied embedding takes the preset's tied type (TIED_TYPE: Q6_K for q4)
+    types = [*dtypes.values(), fmt.TIED_TYPE[args.quant]]
+    if not any(blocks.is_block(dt) for dt in types):
+        raise ConversionError(
+            f"{flag} weights the error of the 4-bit block types (Q4_0, Q5_0, Q4_K, Q5_K, "
+            f"Q6_K), and --quant {args.quant} with these options stores no tensor in one: drop "
+            f"{flag}, or use --quant q4 or a per-kind block type (e.g. --experts q4_k)")
+
+
+def written_tensors(path) -> int:
+    """The tensors a finished file holds: read back from its table, since
+    the writer leaves DESC out of a version 1 file (format.ColibriWriter),
+    so the plan's tensor_order can count one more than was written."""
+    cf = fmt.read_file(path, check_crc=False)
+    try:
+        return sum(1 for e in cf.entries if e.kind in Kind._value2member_map_)
+    finally:
+        cf.close()
+
+
 def _run_gguf(args: argparse.Namespace, start: float, progress) -> int:
     """`colibri convert FILE.gguf` (colibri/model/convert_gguf.py)."""
     for flag, value in (("--expert-map", args.expert_map), ("--calibration", args.calibration),
-                        ("--imatrix", args.imatrix)):
+                        ("--imatrix", args.imatrix),
+                        ("--calibration-tokens", args.calibration_tokens is not None)):
         if value:
             raise ConversionError(f"{flag} is for Hugging Face checkpoints; a GGUF file's "
                                   "tensors are named by llama.cpp and already quantised")
@@ -612,7 +680,7 @@ def _run_gguf(args: argparse.Namespace, start: float, progress) -> int:
     kept = sum(n for (_, _, how), n in exporter.summary().items() if how == "copy")
     size = out.stat().st_size
     print(f"wrote {out}: {size} bytes ({size / 2**20:.1f} MiB) from {exporter.family.title} "
-          f"GGUF, {len(fmt.tensor_order(exporter.shape, exporter.desc))} tensors "
+          f"GGUF, {written_tensors(out)} tensors "
           f"({kept} of {len(exporter.steps)} with the GGUF's own values), "
           f"{'a tokenizer, ' if exporter.tokenizer is not None else ''}"
           f"{time.monotonic() - start:.1f} s")

@@ -77,15 +77,47 @@ def tied_dtype(quant: str, dtypes: dict[Kind, DType], embedding: str | None,
     return fmt.TIED_TYPE[quant]
 
 
+def tied_note(embedding: str | None, lm_head: str | None) -> list[str]:
+    """The note for a tied model given both --embedding and --lm-head that
+    differ (tied_dtype: the LM head's choice wins; one command line may
+    serve tied and untied models, so it is not an error)."""
+    if embedding is None or lm_head is None or embedding == lm_head:
+        return []
+    return [f"note: the model ties its embedding and LM head (one matrix): stored as "
+            f"--lm-head {lm_head} (its use as the LM head is the sensitive one); "
+            f"--embedding {embedding} does not apply"]
+
+
 def output_path(out) -> Path:
-    """The output file an export writes, checked before any work: given,
-    and in a directory that exists."""
-    if out is None:
+    """The output file an export writes, checked before any work: given, not
+    a directory, in a directory that exists, and not an existing file other
+    than a .colibri one (or an empty one): `-o model.gguf` or `-o
+    model.safetensors` would otherwise replace the model being converted,
+    a mistake that costs the download."""
+    if out is None or str(out) == "":
         raise ConversionError("no output file: pass output= or -o OUT.colibri")
     out = Path(out)
+    if out.is_dir():
+        raise ConversionError(f"output {out} is a directory: give a file name, "
+                              f"e.g. -o {out / 'model.colibri'}")
     if not out.parent.is_dir():
         raise ConversionError(f"output directory {out.parent} does not exist")
+    if out.exists() and not _replaceable(out):
+        raise ConversionError(f"output {out} exists and is not a .colibri file: colibri "
+                              f"replaces only its own files; choose another name or "
+                              f"remove it first")
     return out
+
+
+def _replaceable(path: Path) -> bool:
+    """An existing output an export may replace: empty, or a .colibri file
+    (its magic: a damaged or partial one too)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(fmt.MAGIC))
+    except OSError:
+        return True  # the writer's own open reports what is wrong
+    return head in (b"", fmt.MAGIC)
 
 
 def report_layer_written(progress, steps, i: int, n_layers: int, start: float) -> None:

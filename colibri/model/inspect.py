@@ -9,14 +9,14 @@ Both open the file with format.read_file(check_crc=False): the structure
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections import OrderedDict
+from pathlib import Path
 
 from . import memory
 from ..errors import ColibriError, FileReadError, FormatError, VersionError
 from ..file import format as fmt
 from ..file.format import DType, Kind
+from ..text import tokenizer
 from ..text.tokenizer import KIND_TOKENIZER
 
 # `colibri verify` exit statuses: a script can tell a file to fetch again
@@ -76,7 +76,7 @@ def describe(cf: fmt.ColibriFile, sections: bool = True) -> str:
     per_kind: OrderedDict[str, list] = OrderedDict()
     for e in cf.entries:
         name = Kind(e.kind).name if e.kind in Kind._value2member_map_ else (
-            "TOKENIZER" if e.kind == KIND_TOKENIZER else f"kind {e.kind}")
+            fmt.OPTIONAL_SECTIONS.get(e.kind, f"kind {e.kind}"))
         dt = DType(e.dtype).name if e.dtype in DType._value2member_map_ else str(e.dtype)
         row = per_kind.setdefault(name, [set(), 0, 0])
         row[0].add(dt)
@@ -147,9 +147,11 @@ def memory_lines(cf: fmt.ColibriFile, size: int) -> list[str]:
 def describe_config(path: str, quants=memory.QUANTS, max_seq_len: int | None = None,
                     max_batch: int = 1) -> str:
     """`colibri info --config`: the file and resident sizes a conversion
-    of this config.json would give, per --quant, without weights (no
-    tokenizer section counted)."""
+    of this config.json would give, per --quant, without weights; the
+    tokenizer section counted when a tokenizer.json the converter takes is
+    next to the config."""
     lines = [f"config        {path}"]
+    tok_bytes, tok_line = _config_tokenizer(path)
     for q in quants:
         pl = memory.plan_from_config(path, q, max_seq_len, max_batch)
         s = pl.shape
@@ -158,14 +160,31 @@ def describe_config(path: str, quants=memory.QUANTS, max_seq_len: int | None = N
                       f"model         {s.n_layers} layers, hidden {s.hidden}, vocab {s.vocab}, "
                       f"{s.n_experts} experts top_k {s.top_k}, intermediate {s.intermediate}",
                       f"attention     {s.n_heads} heads, {s.n_kv_heads} kv heads, head_dim "
-                      f"{s.head_dim}; max_seq_len {s.max_seq_len}, max_batch {s.max_batch}"]
+                      f"{s.head_dim}; max_seq_len {s.max_seq_len}, max_batch {s.max_batch}",
+                      tok_line]
+        entries = pl.entries + ([memory.tokenizer_entry(tok_bytes)] if tok_bytes else [])
         lines += ["", f"--quant {q}"]
-        lines += memory.report_lines(s, pl.desc, pl.entries, pl.file_size())[1:]
+        lines += memory.report_lines(s, pl.desc, entries, pl.file_size(tok_bytes))[1:]
     return "\n".join(lines)
 
 
+def _config_tokenizer(path: str) -> tuple[int, str]:
+    """(bytes of the tokenizer section a conversion would write, the
+    `tokenizer` line) for `colibri info --config PATH`: from the
+    tokenizer.json next to the config, as the converter packs it."""
+    d = Path(path) if Path(path).is_dir() else Path(path).parent
+    try:
+        spec = tokenizer.spec_from_dir(d)
+    except tokenizer.TokenizerError as exc:  # UnsupportedTokenizer included
+        return 0, f"tokenizer     not counted: {exc}"
+    if spec is None:
+        return 0, f"tokenizer     not counted: no tokenizer.json in {d}"
+    n = len(tokenizer.pack_section(spec, "little"))
+    return n, f"tokenizer     {d / 'tokenizer.json'}: a {n}-byte section"
+
+
 HOW = {"copy": "kept exactly", "quantise": "quantised from float",
-       "requantise": "requantised (second rounding)"}
+       "requantise": "requantised (second rounding)", "narrow": "narrowed to float32 (rounded)"}
 
 
 def describe_gguf(path: str, quant: str | None = None, sections: bool = True) -> str:
@@ -249,25 +268,25 @@ def _info(args: argparse.Namespace) -> int:
         print(describe_config(args.config, tuple(args.quant or memory.QUANTS),
                               args.max_seq_len, args.max_batch), flush=True)
         return 0
+    # what a conversion would choose does not apply to a file already made
+    if args.max_seq_len is not None or args.max_batch != 1:
+        raise ColibriError("colibri info FILE: --max-seq-len and --max-batch are for --config "
+                           "(a file has its own: see its `runtime` line)")
     from . import gguf_in
-    if gguf_in.is_gguf(args.file):
+    if gguf_in.is_gguf(args.file) or gguf_in.named_gguf(args.file):
         if args.quant and len(args.quant) > 1:
             raise ColibriError("colibri info FILE.gguf: give at most one --quant (what "
                                "colibri convert --quant Q would do)")
-        text = describe_gguf(args.file, args.quant[0] if args.quant else None,
-                             sections=not args.brief)
-        try:
-            print(text, flush=True)
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(describe_gguf(args.file, args.quant[0] if args.quant else None,
+                            sections=not args.brief), flush=True)
         return 0
+    if args.quant:
+        raise ColibriError(f"colibri info {args.file}: --quant is for --config or a GGUF file "
+                           "(a .colibri file's types are its own)")
+    # `colibri info big.colibri | head`: a reader that leaves is handled in cli.main
     cf = fmt.read_file(args.file, check_crc=False)
     try:
         print(describe(cf, sections=not args.brief), flush=True)
-    except BrokenPipeError:
-        # `colibri info big.colibri | head`: the reader left; not an error.
-        # Point stdout at /dev/null so the interpreter's final flush is quiet.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         cf.close()
     return 0
