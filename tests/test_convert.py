@@ -645,3 +645,16 @@ def test_convert_says_which_of_two_choices_a_tied_matrix_took(tmp_path, capsys):
     assert cf.desc.has(F.Feat.TIED_LM_HEAD) and cf.entry(Kind.EMBED).dtype == DType.F32
     cf.close()
     assert "stored as --lm-head f32" in err and "--embedding q4_k does not apply" in err, err
+
+
+def test_convert_notes_a_cache_longer_than_the_trained_positions(tmp_path, capsys):
+    """--max-seq-len past config.json's max_position_embeddings (the demo's
+    256) is allowed, with a note; up to it, no note."""
+    ckpt = Path(__file__).resolve().parent.parent / "models" / "demo" / "checkpoint"
+    trained = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
+    for n, noted in ((trained, False), (trained + 44, True)):
+        assert cli.main(["convert", str(ckpt), "-o", str(tmp_path / "d.colibri"),
+                         "--max-seq-len", str(n)]) == 0
+        err = capsys.readouterr().err
+        assert (f"max_seq_len {n} is beyond the checkpoint's max_position_embeddings "
+                f"{trained}" in err) == noted, err

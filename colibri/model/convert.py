@@ -166,6 +166,14 @@ class ColibriExporter:
         self.notes: list[str] = []
         self._choice_notes = (tied_note(quantize_embedding, quantize_lm_head)
                               if self.desc.has(fmt.Feat.TIED_LM_HEAD) else [])
+        trained = self.config.max_position_embeddings
+        if self.shape.max_seq_len > trained:
+            # allowed (a cache sized for more), but the positions past it
+            # were never trained: RoPE beyond them is extrapolation
+            self._choice_notes.append(
+                f"note: max_seq_len {self.shape.max_seq_len} is beyond the checkpoint's "
+                f"max_position_embeddings {trained}: the model was not trained on positions "
+                "past it")
         self.tokenizer = self._tokenizer(warn) if tokenizer else None
         self.importance = self._importance(imatrix)
 
