@@ -14,6 +14,10 @@
 /* Kinds                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* Out of line: gcc would inline it into each of its fifteen error paths. */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
 static const char *kind_name(unsigned kind)
 {
     static const char *const names[] = {
@@ -24,7 +28,10 @@ static const char *kind_name(unsigned kind)
         "DENSE_W3", "DENSE_W2", "ENC_POS_BIAS", "DEC_POS_BIAS", "XATTN_NORM",
         "XWQ", "XWK", "XWV", "XWO", "ENC_FINAL_NORM",
     };
-    return kind >= 1 && kind <= COLIBRI_KIND_MAX ? names[kind] : "unknown";
+    /* 0x100: the tokenizer section (tokenizer.c), outside the weights' kinds */
+    return kind >= 1 && kind <= COLIBRI_KIND_MAX ? names[kind]
+           : kind == 0x100u                      ? "tokenizer"
+                                                 : "unknown";
 }
 
 /* "EXPERT_W1 layer 0 expert 3", "WQ layer 1", "LM_HEAD". */
@@ -316,8 +323,12 @@ int clb_check_header(const uint8_t *b, size_t size, colibri_shape *s,
         return COLIBRI_E_BAD_FORMAT;
     }
     if (memcmp(b + COLIBRI_HDR_MAGIC, COLIBRI_MAGIC, COLIBRI_MAGIC_SIZE) != 0) {
-        clb_detail(detail, DETAIL_CAP, "magic is %x, not \"CLBR\": not a "
-                   ".colibri file", (unsigned)(rd32(b, 1)));
+        /* llama.cpp's files are the likeliest mistake: name the fix */
+        clb_detail(detail, DETAIL_CAP, memcmp(b, "GGUF", 4) == 0
+                   ? "a GGUF file, not a .colibri file: convert it with `colibri "
+                     "convert FILE.gguf -o FILE.colibri`"
+                   : "magic is %x, not \"CLBR\": not a .colibri file",
+                   (unsigned)(rd32(b, 1)));
         return COLIBRI_E_BAD_FORMAT;
     }
     uint16_t bom_le = rd16(b + COLIBRI_HDR_BOM, 0);

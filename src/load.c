@@ -1017,6 +1017,17 @@ static int slots_of(const clb_stream_geom *g, const clb_opts *o, uint32_t align,
             return COLIBRI_E_ARG;
         }
         *out = o->slots;
+        /* both given: the slots must fit the budget as the ones it would
+         * choose do (clb_stream_slots_for: the whole image, mapped or not) */
+        size_t need = SIZE_MAX;
+        if (o->ram && (clb_stream_arena_bytes(g, o->slots, align, COLIBRI_CHUNK_TOKENS_OWNED,
+                                              o->kv_dtype, &need) || need > o->ram)) {
+            clb_detail(detail, DETAIL_CAP, "%u expert slots need %llu bytes, more "
+                       "than the %llu-byte budget: fewer slots, or leave the slot "
+                       "count to the budget", (unsigned)o->slots,
+                       (unsigned long long)need, (unsigned long long)o->ram);
+            return COLIBRI_E_NO_MEMORY;
+        }
         return COLIBRI_OK;
     }
     if (!budget) {
@@ -1506,7 +1517,7 @@ static int set_team(colibri_model *m, uint32_t n, uint32_t flags,
         n = ex->run ? ex->n_workers : 0;
     if (n == 0 || n > COLIBRI_MAX_THREADS || (flags & ~COLIBRI_THREADS_SPIN)) {
         clb_detail(v->detail, DETAIL_CAP, "%u workers (1 .. 64, an executor "
-                   "needs run), flags 0x%x", (unsigned)n, (unsigned)flags);
+                   "needs run), flags %x", (unsigned)n, (unsigned)flags);
         return COLIBRI_E_ARG;
     }
 #if COLIBRI_THREADS

@@ -47,9 +47,12 @@ int clb_stream_geometry(const uint8_t *prefix, uint64_t size, clb_stream_geom *g
     if (rc)
         return rc;
     if (g->d.features & COLIBRI_FEAT_ENC_DEC) {
-        clb_detail(detail, DETAIL_CAP, "streamed experts are for decoder-only "
-                   "models; load this encoder-decoder file all-resident");
-        return COLIBRI_E_UNSUPPORTED;
+        /* no build streams one: the options are wrong for the file, as
+         * colibri_share_ex's are for a shared instance (not _UNSUPPORTED,
+         * whose text says "by this build") */
+        clb_detail(detail, DETAIL_CAP, "streaming is for decoder-only files: load "
+                   "this encoder-decoder file all-resident");
+        return COLIBRI_E_ARG;
     }
     g->file_size = size;
     g->prefix_bytes = clb_prefix_bytes(prefix, &g->s, g->be);
@@ -81,7 +84,7 @@ int clb_stream_geometry(const uint8_t *prefix, uint64_t size, clb_stream_geom *g
     if (g->max_span > UINT32_MAX || g->n_streamed == 0) {
         clb_detail(detail, DETAIL_CAP, g->n_streamed ? "an expert of %llu bytes is "
                    "larger than a slot can be (4 GiB)" : "this file has no routed "
-                   "experts to stream%.0llu", (unsigned long long)g->max_span);
+                   "experts to stream", (unsigned long long)g->max_span);
         return COLIBRI_E_UNSUPPORTED;
     }
     g->image_bytes = pos;

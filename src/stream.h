@@ -199,7 +199,7 @@ typedef struct clb_stream {
 /* Check a file's prefix (its first g->prefix_bytes bytes at `prefix`, the
  * whole file size_t `size`) and measure it for streaming: structure as
  * clb_validate_prefix, then the resident and streamed parts. ENC_DEC files:
- * COLIBRI_E_UNSUPPORTED. */
+ * COLIBRI_E_ARG (no build streams them). */
 int clb_stream_geometry(const uint8_t *prefix, uint64_t size, clb_stream_geom *g,
                         char *detail);
 

@@ -361,11 +361,11 @@ def test_colibri_run_engine_c_equals_colibri_cli(c_build, so, fw_tiny, tmp_path)
     assert np.abs(rows_c - rows_r).max() <= 3e-2     # int8 file: C vs numpy arithmetic
     e = _colibri_run(fw_tiny, "--engine", "c", "--tokens", ids, env=missing)
     assert e.returncode == 2 and e.stderr.startswith("colibri: error: libcolibri.so not found")
-    # A C error is one line, the C code's meaning and the detail.
+    # A C error is one line, the C code's meaning, the detail and the fix.
     e = _colibri_run(fw_tiny, "--engine", "c", "--tokens", "1,96", env=env)
     assert e.returncode == 2
-    assert re.match(r"colibri: error: .*tiny-int8\.colibri: token id out of range \(.+\)\n$",
-                    e.stderr), e.stderr
+    assert re.match(r"colibri: error: .*tiny-int8\.colibri: token id out of range \(.+\): "
+                    r"use token ids below the model's vocab\n$", e.stderr), e.stderr
 
 
 def test_demo_eval_c_path_is_the_binding(c_build, so, fw_tiny, tmp_path):

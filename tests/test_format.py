@@ -226,7 +226,10 @@ HOSTILE = {
     # name: (mutation of the valid file's bytes, expected message pattern)
     "empty": (lambda r: bytearray(), "empty|shorter than"),
     "short header": (lambda r: r[:40], "shorter than the 64-byte header"),
-    "bad magic": (lambda r: bytearray(b"GGUF") + r[4:], "magic is b'GGUF'"),
+    "bad magic": (lambda r: bytearray(b"CLBX") + r[4:], "magic is b'CLBX'"),
+    # llama.cpp's file where a .colibri one is wanted: named, with the command
+    "gguf magic": (lambda r: bytearray(b"GGUF") + r[4:],
+                   r"a GGUF file, not a \.colibri file: convert it with `colibri convert"),
     "bad bom": (lambda r: r[:6] + b"\x12\x34" + r[8:], "byte-order mark is 1234"),
     "newer version": (lambda r: _set_header(r, "version", 3), "version 3 is newer.*upgrade"),
     "version 0": (lambda r: _set_header(r, "version", 0), "version 0 is not supported"),

@@ -41,7 +41,9 @@ FLAGS = replay.VERIFY | replay.DECODE     # no CRC repair: the bytes as given
 C_EXPECT = {
     "empty": (BAD_FORMAT, r"file is 0 bytes, shorter than the 64-byte header"),
     "short header": (BAD_FORMAT, r"file is 40 bytes, shorter than the 64-byte header"),
-    "bad magic": (BAD_FORMAT, r'magic is 0x47475546, not "CLBR"'),
+    "bad magic": (BAD_FORMAT, r'magic is 0x434c4258, not "CLBR"'),
+    "gguf magic": (BAD_FORMAT, r"a GGUF file, not a \.colibri file: convert it with `colibri "
+                               r"convert"),
     "bad bom": (BAD_FORMAT, r"bom is 0x1234, neither FF FE nor FE FF"),
     "newer version": (VERSION, r"format version 3, this library supports versions 1 to 2: upgrade"),
     "version 0": (BAD_FORMAT, r"format version 0, this library supports versions 1 to 2$"),

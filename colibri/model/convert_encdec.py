@@ -113,6 +113,7 @@ class EncDecExporter:
             raise ConversionError("give either a checkpoint directory or model=")
         self.jobs = checked_jobs(jobs)
         self.output = output
+        self.notes: list[str] = []   # what the user should know (the CLI prints them)
         self.model_dir = None if model_dir is None else Path(model_dir)
         if model is not None:
             self.cfg = model.config.to_dict()

@@ -26,7 +26,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "colibri.h"
 #include "colibri_sample.h"
@@ -113,16 +116,36 @@ static void write_route(void *user, uint32_t layer, const uint32_t *counts,
 }
 static colibri_options options; /* --kv, --ram, --slots, --policy, --prefetch */
 
+/* 1 if the model file starts with GGUF's magic (llama.cpp's format). */
+static int is_gguf(void)
+{
+    char magic[4] = { 0 };
+    FILE *f = model_path ? fopen(model_path, "rb") : NULL;
+    if (!f)
+        return 0;
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    return got == 4 && !memcmp(magic, "GGUF", 4);
+}
+
 /* What the user can do about an error code returned by `call` (-1 means a
  * bad file from init, too much input from infer: colibri.h). */
 static const char *advice(int rc, colibri_call call)
 {
     switch (rc) {
     case COLIBRI_E_BAD_FORMAT: /* == COLIBRI_E_INPUT_TOO_LARGE */
-        return call == COLIBRI_CALL_INFER
-                   ? "shorten the input, or re-convert with a larger "
-                     "--max-seq-len/--max-batch"
-                   : "copy it again, or re-create it with `colibri convert`";
+        if (call == COLIBRI_CALL_INFER)
+            return "shorten the input, or re-convert with a larger "
+                   "--max-seq-len/--max-batch";
+        /* copying a GGUF file again would not help (the library's words) */
+        return is_gguf() ? "convert it with `colibri convert FILE.gguf -o FILE.colibri`"
+                         : "copy it again, or re-create it with `colibri convert`";
+    case COLIBRI_E_ARG:
+        /* streaming options the file cannot take (too many slots, an
+         * encoder-decoder): the detail says which */
+        return options.ram_bytes || options.expert_slots
+                   ? "change --ram/--slots, or leave them out to load every weight"
+                   : "see colibri-cli --help";
     /* The code's text already says the file is corrupted: say it once. */
     case COLIBRI_E_CRC: return "copy or convert the file again";
     case COLIBRI_E_VERSION: return "upgrade colibri";
@@ -140,14 +163,18 @@ static const char *advice(int rc, colibri_call call)
 
 /* The one error line; `call` says which library call returned rc, which
  * picks the text of -1. stdout first: on a shared pipe (2>&1) the error
- * then follows the lines it refers to (--verify's FAIL lines). */
+ * then follows the lines it refers to (--verify's FAIL lines). Advice the
+ * detail already gives is not said twice. */
 static int fail(int rc, colibri_call call, const colibri_model *m, const char *what)
 {
     const char *detail = what ? what : (m ? colibri_error_detail(m) : "");
+    const char *fix = advice(rc, call);
+    if (strstr(detail, fix))
+        fix = "";
     fflush(stdout);
-    fprintf(stderr, "colibri-cli: %s: %s%s%s%s: %s\n", model_path,
+    fprintf(stderr, "colibri-cli: %s: %s%s%s%s%s%s\n", model_path,
             colibri_strerror_for(rc, call), *detail ? " (" : "", detail,
-            *detail ? ")" : "", advice(rc, call));
+            *detail ? ")" : "", *fix ? ": " : "", fix);
     return 1;
 }
 
@@ -249,6 +276,39 @@ static const char *dtype_list(uint32_t bits, char *buf, size_t cap)
     return at ? buf : "-";
 }
 
+/* The arena colibri_init_ex would allocate for this file with cache type
+ * kv, from this instance's (`in`): the library's arena for a caller
+ * (colibri_arena_size_ex, its small chunk) with each type differs by
+ * exactly what the type changes, which is not only the KV cache (an
+ * encoder-decoder keeps its cross-attention cache in the same type) and
+ * does not depend on the chunk. The file is mapped, not read: the library
+ * reads its header and description alone. 0, or -1 if it cannot say. */
+static int arena_for_kv(const colibri_info *in, unsigned kv, uint64_t *arena)
+{
+    int fd = open(model_path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    size_t size = (size_t)in->file_size;
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED)
+        return -1;
+    colibri_options o = options;
+    o.expert_slots = 0;
+    o.ram_bytes = 0;
+    size_t now = 0, other = 0;
+    o.kv_dtype = in->kv_dtype;
+    int rc = colibri_arena_size_ex(map, size, &o, &now);
+    o.kv_dtype = kv;
+    if (rc == 0)
+        rc = colibri_arena_size_ex(map, size, &o, &other);
+    munmap(map, size);
+    if (rc)
+        return -1;
+    *arena = in->arena_bytes - now + other;
+    return 0;
+}
+
 /* What a run holds resident: the file's sections by part, the arena with
  * its KV cache, for this instance's cache type and the other one. */
 static int print_memory(colibri_model *m, const colibri_info *in)
@@ -279,7 +339,6 @@ static int print_memory(colibri_model *m, const colibri_info *in)
                k ? "i8" : "f32", (unsigned long long)tok[k], (unsigned long long)all[k],
                (unsigned)in->shape.max_seq_len, (unsigned)in->shape.max_batch,
                k == in->kv_dtype ? " (this run)" : "");
-    /* The arena's other parts do not depend on the cache type. */
     uint64_t rest = in->arena_bytes - in->kv_bytes;
     printf("kv_cache: %s\n", in->kv_dtype == COLIBRI_KV_I8 ? "i8" : "f32");
     printf("arena_without_kv: %llu bytes\n", (unsigned long long)rest);
@@ -298,11 +357,15 @@ static int print_memory(colibri_model *m, const colibri_info *in)
                    "slots, kv cache)\n", (unsigned long long)in->arena_bytes);
         return 0;
     }
-    for (unsigned k = 0; k < 2; k++)
+    for (unsigned k = 0; k < 2; k++) {
+        uint64_t arena = in->arena_bytes;
+        if (k != in->kv_dtype && arena_for_kv(in, k, &arena))
+            continue; /* the file cannot be mapped again: this run's alone */
         printf("resident_total_kv_%s: %llu bytes (file %llu + arena %llu)%s\n",
-               k ? "i8" : "f32", (unsigned long long)(in->file_size + rest + all[k]),
-               (unsigned long long)in->file_size, (unsigned long long)(rest + all[k]),
+               k ? "i8" : "f32", (unsigned long long)(in->file_size + arena),
+               (unsigned long long)in->file_size, (unsigned long long)arena,
                k == in->kv_dtype ? " (this run)" : "");
+    }
     return 0;
 }
 
@@ -532,14 +595,34 @@ static int write_le(FILE *f, const float *v, size_t n)
 
 static double now_us(void);
 
+/* 1 (the one line said so) when n prompt tokens and `generate` more need
+ * more positions than the model has: the prompt's, then generate - 1 fed
+ * back (the last generated token is printed, not fed back). Checked before
+ * any infer, so that a long --generate fails at once, not at its end. */
+static int too_long(size_t n, long generate, uint32_t max_seq_len)
+{
+    if ((uint64_t)n + (uint64_t)(generate ? generate - 1 : 0) <= max_seq_len)
+        return 0;
+    char gen[48] = "";
+    if (generate)
+        snprintf(gen, sizeof gen, " + %ld to generate", generate);
+    fflush(stdout);
+    fprintf(stderr, "colibri-cli: %s: %s (%zu prompt tokens%s exceed the model's "
+            "max_seq_len %u): shorten the prompt%s, or re-convert with a larger "
+            "--max-seq-len\n", model_path,
+            colibri_strerror_for(COLIBRI_E_INPUT_TOO_LARGE, COLIBRI_CALL_INFER), n, gen,
+            (unsigned)max_seq_len, generate ? " or --generate" : "");
+    return 1;
+}
+
 static int do_tokens(colibri_model *m, const int32_t *ids, uint32_t n,
                      long generate, const char *logits_out)
 {
     colibri_info in;
     colibri_get_info(m, &in);
     uint32_t V = in.shape.vocab;
-    if ((uint64_t)n + (uint64_t)generate > (uint64_t)in.shape.max_seq_len + 1)
-        return usage_error("prompt plus --generate exceeds the model's max_seq_len");
+    if (too_long(n, generate, in.shape.max_seq_len))
+        return 1;
     float *logits = (float *)malloc((size_t)n * V * sizeof(float));
     if (!logits)
         return fail(COLIBRI_E_NO_MEMORY, COLIBRI_CALL_INIT, m, NULL);
@@ -713,9 +796,9 @@ static int do_prompt(colibri_model *m, const char *text, long generate,
         return rc ? 1 : 2;
     }
     if (start >= 0) {
-        if (n > in.shape.max_seq_len) {
+        if (too_long(n, 0, in.shape.max_seq_len)) { /* the encoder's input */
             free(ids);
-            return usage_error("the prompt has more tokens than the model's max_seq_len");
+            return 1;
         }
         rc = colibri_encode(m, ids, NULL, 1, (uint32_t)n);
         if (rc) {
@@ -727,9 +810,9 @@ static int do_prompt(colibri_model *m, const char *text, long generate,
         ids[0] = start;      /* the decoder's prompt: its start token */
         n = 1;
     }
-    if ((uint64_t)n + (uint64_t)generate > (uint64_t)in.shape.max_seq_len + 1) {
+    if (too_long(n, generate, in.shape.max_seq_len)) {
         free(ids);
-        return usage_error("prompt plus --generate exceeds the model's max_seq_len");
+        return 1;
     }
     size_t total = n + (size_t)generate;
     float *logits = (float *)malloc((size_t)n * V * sizeof(float));

@@ -180,7 +180,11 @@ typedef struct colibri_options {
     uint32_t slot_policy;  /* COLIBRI_SLOTS_REUSE (the default), _FREQ or _LRU */
     uint64_t ram_bytes;    /* budget for everything the instance holds
                               (resident weights, arena, KV cache, slots);
-                              0: no budget */
+                              0: no budget. Both set: exactly expert_slots
+                              slots, streamed even where the budget would
+                              hold every weight, and COLIBRI_E_NO_MEMORY when
+                              they need more than ram_bytes (the detail says
+                              how many bytes) */
     uint32_t prefetch;     /* streamed with the library's own reader: up to
                               this many of a MoE layer's experts predicted
                               before its attention and read meanwhile
@@ -649,8 +653,9 @@ typedef struct colibri_reader {
  * sections, rounded up to 64).
  * Returns 0, COLIBRI_E_BAD_FORMAT, _VERSION, _CRC (header or table), _IO,
  * _ARG (rd or out NULL, no slots and no budget, expert_slots above
- * n_layers * n_experts), _NO_MEMORY (the budget holds no slot: the detail
- * says the least budget), _UNSUPPORTED (an ENC_DEC file; always in a
+ * n_layers * n_experts, an ENC_DEC file: no build streams one),
+ * _NO_MEMORY (the budget holds no slot, or fewer than expert_slots when both
+ * are set: the detail says the bytes needed), _UNSUPPORTED (always in a
  * COLIBRI_STATIC_WORKBUF build, which has no memory for the table: give
  * colibri_init_stream the arena there is, its detail says what it lacks). */
 int colibri_stream_arena_size(const colibri_reader *rd,
@@ -662,10 +667,11 @@ int colibri_stream_arena_size(const colibri_reader *rd,
  * bytes, owned by the caller and outliving the model; NULL: allocated (not
  * in COLIBRI_STATIC_WORKBUF builds). opt: as for colibri_stream_arena_size.
  * colibri_init_ex with expert_slots or ram_bytes set does the same with the
- * library's own reader of `path` (then the budget decides: when it holds
- * the all-resident instance, file and arena, colibri_init_ex loads it
- * all-resident instead). Files in either byte order (sections swapped as
- * they are read). colibri_share of a streamed instance: COLIBRI_E_UNSUPPORTED.
+ * library's own reader of `path` (then a budget alone decides: when it
+ * holds the all-resident instance, file and arena, colibri_init_ex loads it
+ * all-resident instead, an ENC_DEC file too). Files in either byte order
+ * (sections swapped as they are read). colibri_share of a streamed
+ * instance: COLIBRI_E_UNSUPPORTED.
  * Returns what colibri_stream_arena_size returns, plus _ALIGN,
  * _ARENA_TOO_SMALL, _CRC (a resident section), _NO_MEMORY. */
 int colibri_init_stream(colibri_model *m, const colibri_reader *rd,
