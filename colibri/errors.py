@@ -72,7 +72,14 @@ class RuntimeCallError(ColibriError):
 class BadFormatError(RuntimeCallError, FormatError):
     """-1 at init (COLIBRI_E_BAD_FORMAT): not a valid .colibri file."""
     code = -1
-    advice = "copy it again, or re-create it with `colibri convert`"
+
+    @property
+    def advice(self) -> str:
+        # a GGUF file's detail already says how to convert it; copying it
+        # again would not help
+        if "colibri convert" in self.detail:
+            return ""
+        return "copy it again, or re-create it with `colibri convert`"
 
 
 class InputTooLargeError(RuntimeCallError):

@@ -186,6 +186,10 @@ ROWS = [
     # 11. A GGUF where a .colibri file is wanted: how to convert it.
     Row("verify-gguf", "colibri", ("verify", "{model.gguf}"), 1, "model.gguf",
         "colibri convert FILE.gguf", says=("a GGUF file",)),
+    Row("run-gguf", "colibri", ("run", "{model.gguf}", "--tokens", "1,2"), 2, "model.gguf",
+        "colibri convert FILE.gguf", says=("a GGUF file",), not_says=("copy it again",)),
+    Row("cli-info-gguf", "cli", ("--model", "{model.gguf}", "--info"), 1, "model.gguf",
+        "colibri convert FILE.gguf", says=("a GGUF file",), not_says=("copy it again",)),
     # 12. The C runtime's errors through `colibri run` name a fix, as
     #     colibri-cli's do (the same advice per code).
     Row("run-crc", "colibri", ("run", "{crc.colibri}", "--tokens", "1,2"), 2, "crc.colibri",
