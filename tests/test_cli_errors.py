@@ -188,6 +188,13 @@ ROWS = [
         "colibri convert FILE.gguf", says=("a GGUF file",)),
     Row("run-gguf", "colibri", ("run", "{model.gguf}", "--tokens", "1,2"), 2, "model.gguf",
         "colibri convert FILE.gguf", says=("a GGUF file",), not_says=("copy it again",)),
+    # Streaming options without streaming; a trace file that cannot be made.
+    Row("cli-policy-without-slots", "cli", ("--model", "{good}", "--policy", "lru", "--info"),
+        2, "good", "colibri-cli --help", says=("go with --ram or --slots",)),
+    Row("cli-route-trace-path", "cli", ("--model", "{good}", "--tokens", "1,2", "--route-trace",
+                                        "{no-such-dir}/trace.txt"), 1, "no-such-dir",
+        "check the path", says=("cannot create the --route-trace file",
+                                "No such file or directory")),
     Row("cli-info-gguf", "cli", ("--model", "{model.gguf}", "--info"), 1, "model.gguf",
         "colibri convert FILE.gguf", says=("a GGUF file",), not_says=("copy it again",)),
     # 12. The C runtime's errors through `colibri run` name a fix, as

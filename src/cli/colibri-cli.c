@@ -942,6 +942,7 @@ int main(int argc, char **argv)
     const char *enc_tokens = NULL, *trace_path = NULL;
     colibri_sample_params sp = colibri_sample_defaults();
     int sampling_flags = 0;
+    int slot_flags = 0; /* --policy or --prefetch given */
     int info = 0, verify = 0, dump = 0, have_model = 0;
     long generate = 0, bench = 0, threads = 1;
     int spin = 0;
@@ -1017,12 +1018,14 @@ int main(int argc, char **argv)
             else if (!strcmp(k, "freq")) options.slot_policy = COLIBRI_SLOTS_FREQ;
             else if (!strcmp(k, "lru")) options.slot_policy = COLIBRI_SLOTS_LRU;
             else return usage_error("--policy takes reuse, freq or lru");
+            slot_flags = 1;
         } else if (!strcmp(a, "--prefetch") && has_val) {
             long v = 0;
             const char *k = argv[++i];
             if (strcmp(k, "0") && (parse_count(k, &v) || v > 1024))
                 return usage_error("--prefetch needs a count from 0 to 1024");
             options.prefetch = (uint32_t)v;
+            slot_flags = 1;
         } else if (!strcmp(a, "--spin")) {
             spin = 1;
         } else if (!strcmp(a, "--bench") && has_val) {
@@ -1051,6 +1054,9 @@ int main(int argc, char **argv)
         return usage_error("--generate goes with --tokens or --prompt");
     if (sampling_flags && !prompt)
         return usage_error("sampling options go with --prompt");
+    if (slot_flags && !options.ram_bytes && !options.expert_slots)
+        return usage_error("--policy and --prefetch go with --ram or --slots (streamed "
+                           "experts)");
     if (!(sp.temperature >= 0.0f) || !(sp.top_p >= 0.0f) || !(sp.min_p >= 0.0f) ||
         !(sp.repetition_penalty > 0.0f) || isinf(sp.temperature) ||
         isinf(sp.repetition_penalty))
@@ -1079,10 +1085,12 @@ int main(int argc, char **argv)
         colibri_get_info(&m, &in);
         trace.f = fopen(trace_path, "w");
         if (!trace.f) {
+            char why[512];
+            snprintf(why, sizeof why, "cannot create the --route-trace file %s: %s",
+                     trace_path, strerror(errno));
             unload(&m);
             free(ids);
-            return fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, NULL,
-                        "cannot create the --route-trace file");
+            return fail(COLIBRI_E_IO, COLIBRI_CALL_INIT, NULL, why);
         }
         if (fprintf(trace.f, "# colibri route trace: n_layers %u n_experts %u top_k %u\n",
                     (unsigned)in.shape.n_layers, (unsigned)in.shape.n_experts,
