@@ -227,3 +227,18 @@ def test_a_gguf_file_is_named_with_the_command_that_converts_it(cli, so, tmp_pat
     other.write_bytes(b"GGUG" + bytes(252))
     line = one_line(run(cli, "--model", other, "--info", ok=False))
     assert "not \"CLBR\"" in line and "GGUF" not in line, line
+
+
+def test_ram_takes_the_units_the_binding_takes(cli, demo):
+    """--ram 3MiB, 3MB and 3M are the same budget (powers of 1024), as
+    Model(ram=...) reads them (colibri.runtime.parse_size)."""
+    want = runtime.parse_size("3M")
+    assert runtime.parse_size("3MiB") == runtime.parse_size("3MB") == want
+    # the slots the budget gives (the other lines may say whether the page
+    # cache held the file, which is not the budget's doing)
+    slots = {size: [line for line in run(cli, "--model", str(demo), "--ram", size,
+                                         "--info").stdout.splitlines()
+                    if line.startswith("expert_slots:")]
+             for size in ("3M", "3MiB", "3MB", f"{want}B")}
+    assert len({tuple(v) for v in slots.values()}) == 1 and slots["3M"], slots
+    assert run(cli, "--model", str(demo), "--ram", "3Mb2", "--info", ok=False).returncode == 2

@@ -391,6 +391,11 @@ static int parse_size(const char *s, uint64_t *out)
     if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
     else if (*end == 'M' || *end == 'm') unit = 1048576.0, end++;
     else if (*end == 'G' || *end == 'g') unit = 1073741824.0, end++;
+    /* 512MiB, 512MB, 4096B: powers of 1024 either way, as Model(ram=) takes them */
+    if (unit > 1.0 && (*end == 'i' || *end == 'I'))
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
     if (end == s || *end || errno || !(v > 0) || v * unit > 1.8e19)
         return -1;
     *out = (uint64_t)(v * unit);
