@@ -447,8 +447,8 @@ def test_refusals_name_what_is_unsupported(tmp_path):
 def test_unsupported_pre_tokenizer_is_a_warning_by_name(tmp_path):
     from colibri.model.convert_gguf import GGUFExporter
     warned = []
-    ex = GGUFExporter(GF.write_gguf(tmp_path / "r.gguf", pre="refact"), warn=warned.append)
-    assert ex.tokenizer is None and len(warned) == 1 and "'refact'" in warned[0]
+    ex = GGUFExporter(GF.write_gguf(tmp_path / "f.gguf", pre="falcon"), warn=warned.append)
+    assert ex.tokenizer is None and len(warned) == 1 and "'falcon'" in warned[0]
     ex = GGUFExporter(GF.write_gguf(tmp_path / "ok.gguf", q8=True))
     assert ex.tokenizer is not None
     assert ("Q8_0", "I8_GROUP", "copy") in ex.summary()
@@ -457,9 +457,10 @@ def test_unsupported_pre_tokenizer_is_a_warning_by_name(tmp_path):
 # --- tokenizers: llama.cpp's vocabularies and their expected ids --------------
 
 # ggml-vocab files of a kind Colibri has (byte-level BPE with the GPT-2,
-# Qwen2 or Llama-3 regex; SentencePiece BPE).
-VOCABS = ("gpt-2", "mpt", "qwen2", "llama-bpe", "llama-spm", "phi-3")
-REFUSED = ("refact", "starcoder", "deepseek-coder", "falcon", "command-r", "gpt-neox")
+# Qwen2, Llama-3 or StarCoder regexes: refact is IBM Granite's; SentencePiece BPE).
+VOCABS = ("gpt-2", "mpt", "qwen2", "llama-bpe", "llama-spm", "phi-3", "refact", "starcoder",
+          "command-r")
+REFUSED = ("deepseek-coder", "deepseek-llm", "falcon", "gpt-neox")
 
 
 def _vocab_dir():

@@ -6,8 +6,8 @@ so a GGUF tokenizer is checked exactly as a Hugging Face one is.
 
 - `gpt2` (byte-level BPE): tokens, `merges` ("left right", rank = position),
   the pre-tokenizer `tokenizer.ggml.pre` names (PRE_TOKENIZERS: the names
-  llama.cpp maps to the GPT-2, Qwen2 and Llama-3 regexes; Llama-3's also
-  ignores merges for a word found whole, as llama.cpp does).
+  llama.cpp maps to the GPT-2, Qwen2, Llama-3 and StarCoder regexes;
+  Llama-3's also ignores merges for a word found whole, as llama.cpp does).
 - `llama` (SentencePiece): there are no merges in the file; llama.cpp
   merges the adjacent pair whose joined piece has the highest score. The
   same rule as ranked merges: every split of every piece into two pieces of
@@ -23,6 +23,12 @@ from __future__ import annotations
 
 from . import tokenizer as tk
 
+# llama-vocab.cpp's StarCoder pre-tokenizer: "\p{N}" (each digit apart), then
+# the GPT-2 regex; Refact's (IBM Granite's tokenizer), Command-R's, SmolLM's,
+# CodeShell's, EXAONE's and Minerva's too. tokenizer.json writes it as
+# Digits(individual) + ByteLevel with its regex.
+STARCODER_NAMES = ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone",
+                   "minerva-7b")
 # tokenizer.ggml.pre names -> the pre-tokenizer (llama-vocab.cpp maps each
 # of these to exactly that regex).
 PRE_TOKENIZERS = {
@@ -31,6 +37,7 @@ PRE_TOKENIZERS = {
     "qwen2": tk.PRETOK_QWEN2, "deepseek-r1-qwen": tk.PRETOK_QWEN2, "stablelm2": tk.PRETOK_QWEN2,
     "llama-bpe": tk.PRETOK_LLAMA3, "llama3": tk.PRETOK_LLAMA3, "llama-v3": tk.PRETOK_LLAMA3,
     "dbrx": tk.PRETOK_LLAMA3, "smaug-bpe": tk.PRETOK_LLAMA3,
+    **{name: "starcoder" for name in STARCODER_NAMES},
 }
 # llama.cpp sets ignore_merges (and add_bos) for these.
 LLAMA3_NAMES = ("llama-bpe", "llama3", "llama-v3")
@@ -115,10 +122,15 @@ def _byte_level(g, vocab: dict) -> dict:
     if pre not in PRE_TOKENIZERS:
         known = ", ".join(sorted(PRE_TOKENIZERS))
         raise tk.UnsupportedTokenizer(f"pre-tokenizer {pre!r} (tokenizer.ggml.pre): colibri "
-                                      f"has the GPT-2, Qwen2 and Llama-3 regexes ({known})")
+                                      f"has the GPT-2, Qwen2, Llama-3 and StarCoder regexes "
+                                      f"({known})")
     kind = PRE_TOKENIZERS[pre]
     if kind == tk.PRETOK_GPT2:
         pretok = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+    elif kind == "starcoder":
+        pretok = {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}]}
     else:
         pretok = {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": PATTERN[kind]}, "behavior": "Isolated",
