@@ -9,6 +9,7 @@ Both open the file with format.read_file(check_crc=False): the structure
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -187,12 +188,17 @@ HOW = {"copy": "kept exactly", "quantise": "quantised from float",
        "requantise": "requantised (second rounding)", "narrow": "narrowed to float32 (rounded)"}
 
 
+def _info_warning(line: str) -> None:
+    """A conversion's warning (e.g. a tokenizer left out) as `colibri info` says it."""
+    print(f"colibri info: {line}", file=sys.stderr, flush=True)
+
+
 def describe_gguf(path: str, quant: str | None = None, sections: bool = True) -> str:
     """`colibri info FILE.gguf`: what `colibri convert FILE.gguf [--quant Q]`
     would write (family, shapes, per GGUF tensor its type, the storage type
     and whether the values are kept), from the metadata alone."""
     from .convert_gguf import GGUFExporter
-    ex = GGUFExporter(path, quant=quant)
+    ex = GGUFExporter(path, quant=quant, warn=_info_warning)
     s, d = ex.shape, ex.desc
     feats = "+".join(f.name.lower() for f in fmt.Feat if d.features & f) or "none"
     from ..text import tokenizer as tk
