@@ -15,6 +15,7 @@ checks an error raised inside a build step.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -186,7 +187,8 @@ ROWS = [
     # 11. A GGUF where a .colibri file is wanted: how to convert it.
     Row("verify-gguf", "colibri", ("verify", "{model.gguf}"), 1, "model.gguf",
         "colibri convert FILE.gguf", says=("a GGUF file",)),
-    Row("run-gguf", "colibri", ("run", "{model.gguf}", "--tokens", "1,2"), 2, "model.gguf",
+    Row("run-gguf", "colibri", ("run", "--engine", "c", "{model.gguf}", "--tokens", "1,2"), 2,
+        "model.gguf",
         "colibri convert FILE.gguf", says=("a GGUF file",), not_says=("copy it again",)),
     # Streaming options without streaming; a trace file that cannot be made.
     Row("cli-policy-without-slots", "cli", ("--model", "{good}", "--policy", "lru", "--info"),
@@ -199,13 +201,23 @@ ROWS = [
         "colibri convert FILE.gguf", says=("a GGUF file",), not_says=("copy it again",)),
     # 12. The C runtime's errors through `colibri run` name a fix, as
     #     colibri-cli's do (the same advice per code).
-    Row("run-crc", "colibri", ("run", "{crc.colibri}", "--tokens", "1,2"), 2, "crc.colibri",
+    Row("run-crc", "colibri", ("run", "--engine", "c", "{crc.colibri}", "--tokens", "1,2"), 2,
+        "crc.colibri",
         COPY_OR_CONVERT, says=("CRC mismatch",)),
-    Row("run-truncated", "colibri", ("run", "{trunc.colibri}", "--tokens", "1,2"), 2,
+    Row("run-truncated", "colibri", ("run", "--engine", "c", "{trunc.colibri}", "--tokens",
+                                     "1,2"), 2,
         "trunc.colibri", "copy it again", says=("beyond the file size",)),
-    Row("run-too-long", "colibri", ("run", "{good}", "--tokens", ",".join(["1"] * 17)), 2,
+    Row("run-too-long", "colibri", ("run", "--engine", "c", "{good}", "--tokens",
+                                    ",".join(["1"] * 17)), 2,
         "good", "--max-seq-len", says=("input larger than",)),
-    Row("run-token-id", "colibri", ("run", "{good}", "--tokens", "1,99999"), 2, "good",
+    Row("run-reference-token-id", "colibri", ("run", "--engine", "reference", "{good}",
+                                              "--tokens", "1,99999"), 2, "good",
+        "below the model's vocab"),
+    Row("run-reference-too-long", "colibri", ("run", "--engine", "reference", "{good}",
+                                              "--tokens", ",".join(["1"] * 17)), 2, "good",
+        "--max-seq-len"),
+    Row("run-token-id", "colibri", ("run", "--engine", "c", "{good}", "--tokens", "1,99999"), 2,
+        "good",
         "below the model's vocab"),
     # 13. Usage errors: one line too (argparse's own print the usage first),
     #     checked before the model is opened.
@@ -234,13 +246,17 @@ def _fill(text: str, files: dict[str, Path], build: Path) -> str:
 
 def run(row: Row, files, build: Path, c_build) -> subprocess.CompletedProcess:
     args = [_fill(a, files, build) for a in row.args]
+    env = None
     if row.tool == "colibri":
         cmd, cwd = [sys.executable, "-m", "colibri.cli", *args], None
+        # `run --engine c`: the suite's build of the library, wherever the
+        # default would look
+        env = {**os.environ, "COLIBRI_LIBRARY": str(c_build("host").so)}
     elif row.tool == "cli":
         cmd, cwd = [str(c_build("host").cli), *args], None
     else:
         cmd, cwd = [SCONS, *args], ROOT
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])

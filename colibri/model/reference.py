@@ -553,18 +553,21 @@ class Reference:
         if b < 1 or s < 1:
             raise ColibriError(f"tokens shape {tokens.shape}: batch and seq must be >= 1")
         if b > sh.max_batch:
-            raise ColibriError(f"batch {b} is above the model's max_batch {sh.max_batch}")
+            raise ColibriError(f"batch {b} is above the model's max_batch {sh.max_batch}: "
+                               "fewer sequences, or re-convert with a larger --max-batch")
         bad = (tokens < 0) | (tokens >= sh.vocab)
         if bad.any():
             i, j = np.argwhere(bad)[0]
             raise ColibriError(f"token id {tokens[i, j]} at [{i}, {j}] is outside "
-                               f"the vocabulary [0, {sh.vocab})")
+                               f"the vocabulary [0, {sh.vocab}): use token ids below the "
+                               "model's vocab")
         if isinstance(n_past, bool) or int(n_past) != n_past or n_past < 0:
             raise ColibriError(f"n_past must be a non-negative integer, got {n_past!r}")
         n_past = int(n_past)
         if n_past + s > sh.max_seq_len:
             raise ColibriError(f"n_past {n_past} + seq {s} = {n_past + s} is above "
-                               f"the model's max_seq_len {sh.max_seq_len}")
+                               f"the model's max_seq_len {sh.max_seq_len}: shorten the "
+                               "input, or re-convert with a larger --max-seq-len")
         if n_past > 0:
             if n_past > self._cache_len:
                 raise ColibriError(f"n_past {n_past} is beyond the {self._cache_len} "

@@ -250,10 +250,15 @@ def run_command(args) -> int:
         from .reference import Reference
         ref = Reference(args.file)
         print(f"engine: {about}")
-        if args.generate:
-            generated, logits = ref.generate(tokens, args.generate)  # [b, N], [b, rows, V]
-        else:
-            logits = ref.forward(tokens, mask)                          # [b, s, V]
+        try:
+            if args.generate:
+                generated, logits = ref.generate(tokens, args.generate)  # [b, N], [b, rows, V]
+            else:
+                logits = ref.forward(tokens, mask)                          # [b, s, V]
+        except ColibriError as exc:
+            # the input's fault (ids, lengths): named with the file, as the
+            # C engine's errors are
+            raise ColibriError(f"{args.file}: {exc}") from None
     if args.generate:
         rows = [logits[i] for i in range(b)]
     else:
