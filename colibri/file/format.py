@@ -134,8 +134,9 @@ class Kind(enum.IntEnum):
 
 
 # Sections that are not tensors, by their kind (FORMAT.md: optional, never
-# CRITICAL): the tokenizer (colibri/text/tokenizer.py KIND_TOKENIZER).
-OPTIONAL_SECTIONS = {0x0100: "TOKENIZER"}
+# CRITICAL): the tokenizer (colibri/text/tokenizer.py packs it).
+KIND_TOKENIZER = 0x0100
+OPTIONAL_SECTIONS = {KIND_TOKENIZER: "TOKENIZER"}
 
 
 class Feat(enum.IntFlag):

@@ -237,8 +237,7 @@ def planned_entries(shape: fmt.ModelShape, desc: fmt.Description | None, quant: 
 def tokenizer_entry(size: int) -> _Entry:
     """The table entry of a tokenizer section of `size` bytes (its kind:
     format.OPTIONAL_SECTIONS; the runtime skips it, so it is "other")."""
-    kind = next(k for k, name in fmt.OPTIONAL_SECTIONS.items() if name == "TOKENIZER")
-    return _Entry(kind, fmt.NO_INDEX, fmt.NO_INDEX, 0, 1, size, size)
+    return _Entry(fmt.KIND_TOKENIZER, fmt.NO_INDEX, fmt.NO_INDEX, 0, 1, size, size)
 
 
 def _config_path(path: str | Path) -> Path:

@@ -44,13 +44,13 @@ def plan(path, ram=None, slots=None, kv="f32", library=None) -> dict:
     return out
 
 
-def measure(path, tokens: list[int], steps: int, ram=None, slots=None,
+def measure(path, tokens: list[int], steps: int, expert_bytes: float, ram=None, slots=None,
             library=None) -> dict:
     """A greedy run of `tokens` then `steps` decode steps under each policy:
     hits, reads and bytes per token (the logits are the same bits). Without
     the prefetch, so that the counts are the policy's alone (the replay's).
     bytes_per_token counts every expert a slot took in, at the file's mean
-    expert size as the replay does: on a warm page cache a mapped file's
+    expert size (expert_bytes, plan()'s) as the replay does: on a warm page cache a mapped file's
     experts are used where they are (`mapped` of the reads) and read no
     byte, so the bytes actually read (storage_bytes_per_token) depend on
     what the page cache held, not on the policy."""
@@ -58,7 +58,6 @@ def measure(path, tokens: list[int], steps: int, ram=None, slots=None,
     for policy in runtime.SLOT_POLICIES:
         with runtime.Model(path, ram=ram, slots=slots, policy=policy, library=library,
                            prefetch=0) as m:
-            wb = m.weight_bytes()["experts"]
             logits = m.infer([tokens])
             nxt = int(np.argmax(logits[0, -1]))
             for i in range(steps):
@@ -68,7 +67,7 @@ def measure(path, tokens: list[int], steps: int, ram=None, slots=None,
         uses = st["hits"] + st["misses"]
         n = len(tokens) + steps
         res[policy] = {"hit_rate": st["hits"] / uses if uses else 1.0,
-                       "bytes_per_token": st["misses"] * wb[0] / max(wb[2] // 3, 1) / n,
+                       "bytes_per_token": st["misses"] * expert_bytes / n,
                        "storage_bytes_per_token": st["bytes_read"] / n,
                        "reads": st["misses"], "mapped": st["mapped"]}
     return res
@@ -135,8 +134,8 @@ def cmd_plan(args) -> int:
               f"{r['hit_rate']:.1%}, {_mb(r['bytes_per_token'])} read per token "
               f"({r['reads']} reads)")
     if args.tokens:
-        for policy, r in measure(args.model, args.tokens, args.steps, ram=args.ram,
-                                 slots=args.slots).items():
+        for policy, r in measure(args.model, args.tokens, args.steps, p["expert_bytes"],
+                                 ram=args.ram, slots=args.slots).items():
             warm = (f"; {r['mapped']} of them from the page cache, "
                     f"{_mb(r['storage_bytes_per_token'])} a token read from storage"
                     if r["mapped"] else "")

@@ -36,9 +36,9 @@ from pathlib import Path
 
 from . import grapheme, json_number, normalizer, precompiled, tokregex
 from ..errors import ColibriError, FormatError
+from ..file.format import KIND_TOKENIZER  # the section's table kind (optional, never CRITICAL)
 
 # --- the section (docs/FORMAT.md section 7) ---------------------------------
-KIND_TOKENIZER = 0x0100         # table kind; optional, never CRITICAL
 SECTION_MAGIC = b"CTOK"
 SECTION_VERSION = 1             # written when the pre-tokenizer is one of pretok 0..3
 SECTION_VERSION_PROGRAM = 2     # ... else: the Split steps' programs are stored
