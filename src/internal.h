@@ -113,11 +113,18 @@ typedef struct clb_layer {
  * float32 (k, v) or int8 with one float32 scale per head vector (kq, vq,
  * ks, vs: COLIBRI_KV_I8; the pointers of the other type NULL). The plan's
  * cache (clb_plan.kv) and an encoder-decoder's cross-attention keys and
- * values (encdec.h) are two of these. */
+ * values (encdec.h) are two of these.
+ * Rows come in runs of max_seq_len (one layer's sequence, clb_kv_row), and
+ * a run is stored head-major: [n_kv_heads, max_seq_len, head_dim] (scales
+ * [n_kv_heads, max_seq_len]), so one head's keys are one contiguous
+ * stream. Row-major [max_seq_len, kvdim] put a head's rows kvdim apart, a
+ * power of two: every row of a head fell in the same few L1 sets, and a
+ * decode step at depth 2048 attended at 6 GB/s on Zen 5, where a plain
+ * read of the same bytes ran at 25 (bench/results/FINDINGS.md 32). */
 typedef struct clb_kv_rows {
-    float *k, *v;               /* f32: [rows, kvdim] */
-    int8_t *kq, *vq;            /* i8: [rows, kvdim] */
-    float *ks, *vs;             /* i8: [rows, n_kv_heads] (amax/127 each) */
+    float *k, *v;               /* f32: [rows / S, n_kv_heads, S, head_dim] */
+    int8_t *kq, *vq;            /* i8: the same layout */
+    float *ks, *vs;             /* i8: [rows / S, n_kv_heads, S] (amax/127 each) */
 } clb_kv_rows;
 
 typedef struct clb_plan {
@@ -356,8 +363,20 @@ static inline size_t clb_kv_row(const clb_plan *p, uint32_t layer, uint32_t b, u
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
                   const float *k, const float *v);
 
+/* Where row `row`'s KV head kvh starts (clb_kv_rows' layout): its
+ * head_dim values at this element of k, v (kq, vq), its scale at the
+ * returned *scale of ks, vs. */
+static inline size_t clb_kv_at(const clb_plan *p, size_t row, uint32_t kvh, size_t *scale)
+{
+    const size_t S = p->s.max_seq_len, run = row / S, pos = row % S;
+    const size_t head = run * p->s.n_kv_heads + kvh; /* the (run, head) stream */
+    *scale = head * S + pos;
+    return (head * S + pos) * p->s.head_dim;
+}
+
 /* a's keys and values (K, V or Kq, Vq, Ks, Vs; ld, lds, d): KV head kvh of
- * c's rows from `row` on (a sequence's positions 0, 1, ...). */
+ * c's rows from `row` on (a sequence's positions 0, 1, ...; row is the
+ * first of its run). */
 void clb_kv_args(const clb_plan *p, const clb_kv_rows *c, size_t row, uint32_t kvh,
                  clb_att_args *a);
 

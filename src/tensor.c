@@ -457,7 +457,7 @@ static void att_unit(void *ctx, uint32_t u, uint32_t worker)
     if (!clb_seq_rows(p, j->n, b, &r0, &r1))
         return;
     const uint32_t S = s->max_seq_len;
-    /* this sequence's cache rows in the layer: [S, kvdim] (+ [S, n_kv_heads] scales) */
+    /* this sequence's cache rows in the layer (clb_kv_rows: head-major) */
     const size_t seq = clb_kv_row(p, j->layer, b, 0);
     clb_att_args a;
     memset(&a, 0, sizeof a);
@@ -473,15 +473,19 @@ void clb_kv_put(const clb_plan *p, const clb_kv_rows *c, size_t row, const float
                 const float *v)
 {
     const colibri_shape *s = &p->s;
-    if (p->kv_dtype == COLIBRI_KV_I8) {
-        /* per head vector: group = head_dim over the kvdim columns */
-        size_t hs = row * s->n_kv_heads;
-        p->k->quantize_act_i8(c->kq + row * p->kvdim, c->ks + hs, k, 1, p->kvdim, s->head_dim);
-        p->k->quantize_act_i8(c->vq + row * p->kvdim, c->vs + hs, v, 1, p->kvdim, s->head_dim);
-        return;
+    const uint32_t d = s->head_dim;
+    for (uint32_t h = 0; h < s->n_kv_heads; h++) {
+        size_t hs;
+        const size_t at = clb_kv_at(p, row, h, &hs);
+        if (p->kv_dtype == COLIBRI_KV_I8) {
+            /* one head vector: one group of head_dim */
+            p->k->quantize_act_i8(c->kq + at, c->ks + hs, k + (size_t)h * d, 1, d, d);
+            p->k->quantize_act_i8(c->vq + at, c->vs + hs, v + (size_t)h * d, 1, d, d);
+        } else {
+            memcpy(c->k + at, k + (size_t)h * d, (size_t)d * 4);
+            memcpy(c->v + at, v + (size_t)h * d, (size_t)d * 4);
+        }
     }
-    memcpy(c->k + row * p->kvdim, k, (size_t)p->kvdim * 4);
-    memcpy(c->v + row * p->kvdim, v, (size_t)p->kvdim * 4);
 }
 
 void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
@@ -493,20 +497,20 @@ void clb_kv_store(const clb_plan *p, uint32_t layer, uint32_t b, uint32_t pos,
 void clb_kv_args(const clb_plan *p, const clb_kv_rows *c, size_t row, uint32_t kvh,
                  clb_att_args *a)
 {
-    const colibri_shape *s = &p->s;
-    const size_t off = (size_t)kvh * s->head_dim;
+    size_t hs;
+    const size_t at = clb_kv_at(p, row, kvh, &hs);
     if (p->kv_dtype == COLIBRI_KV_I8) {
-        a->Kq = c->kq + row * p->kvdim + off;
-        a->Vq = c->vq + row * p->kvdim + off;
-        a->Ks = c->ks + row * s->n_kv_heads + kvh;
-        a->Vs = c->vs + row * s->n_kv_heads + kvh;
+        a->Kq = c->kq + at;
+        a->Vq = c->vq + at;
+        a->Ks = c->ks + hs;
+        a->Vs = c->vs + hs;
     } else {
-        a->K = c->k + row * p->kvdim + off;
-        a->V = c->v + row * p->kvdim + off;
+        a->K = c->k + at;
+        a->V = c->v + at;
     }
-    a->ld = p->kvdim;
-    a->lds = s->n_kv_heads;
-    a->d = s->head_dim;
+    a->ld = p->s.head_dim; /* one head's positions follow each other */
+    a->lds = 1;
+    a->d = p->s.head_dim;
 }
 
 void clb_attention(const clb_plan *p, uint32_t layer, uint32_t n)

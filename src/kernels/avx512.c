@@ -405,6 +405,22 @@ BLOCK512 __mmask16 lanes16(uint32_t k)
     return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1u);
 }
 
+/* 16 floats at p, or the lanes of m (the others 0), and 16 int8 at p
+ * widened to float the same way. A full mask takes a plain load: on Zen 5
+ * a masked load that misses the cache held up the loads behind it, and a
+ * decode step's attention at depth 2048 read its cache at a third of the
+ * speed (bench/results/FINDINGS.md 32). The lanes are the same either way. */
+BLOCK512 __m512 zload_ps(__mmask16 m, const float *p)
+{
+    return m == (__mmask16)0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+BLOCK512 __m512 zload_i8_ps(__mmask16 m, const int8_t *p)
+{
+    const __m128i q = m == (__mmask16)0xffff ? _mm_loadu_si128((const __m128i *)(const void *)p)
+                                             : _mm_maskz_loadu_epi8(m, p);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+}
+
 /* a * b + c fused, or a multiply and an add each rounded (kernels.h
  * clb_madd); x - n * c the same way. */
 BLOCK512 __m512 madd16(__m512 a, __m512 b, __m512 c, int fused)
@@ -515,8 +531,7 @@ static TGT512 __attribute__((noinline)) void za_keys(float *kt, const clb_att_ar
         for (int i = 0; i < 16; i++) {
             const __mmask16 m = (keep >> i & 1u) ? mk : 0;
             const size_t at = (size_t)(b + (uint32_t)i) * a->ld + c0 + c;
-            r[i] = a->K ? _mm512_maskz_loadu_ps(m, a->K + at)
-                        : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, a->Kq + at)));
+            r[i] = a->K ? zload_ps(m, a->K + at) : zload_i8_ps(m, a->Kq + at);
         }
         transpose16(r);
         UNROLL
@@ -536,8 +551,7 @@ static TGT512 __attribute__((noinline)) void za_vals(float *vf, const clb_att_ar
         const int8_t *vq = a->Vq + (size_t)(b + i) * a->ld;
         for (uint32_t c = 0; c < a->d; c += 16) {
             const __mmask16 mk = lanes16(a->d - c);
-            _mm512_mask_storeu_ps(vf + (size_t)i * a->d + c, mk,
-                                  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, vq + c))));
+            _mm512_mask_storeu_ps(vf + (size_t)i * a->d + c, mk, zload_i8_ps(mk, vq + c));
         }
     }
 }
@@ -569,7 +583,10 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
                                                                11, 12, 13, 14, 15),
                                              _mm512_set1_epi32((int)a->lds));
     __m512 ks = _mm512_setzero_ps(), vs = ks;
-    if (!a->K) {
+    if (!a->K && a->lds == 1) { /* the runtime's head-major cache: scales in a row */
+        ks = zload_ps((__mmask16)keep, a->Ks + b);
+        vs = zload_ps((__mmask16)keep, a->Vs + b);
+    } else if (!a->K) {
         ks = _mm512_mask_i32gather_ps(ks, (__mmask16)keep, srows, a->Ks + (size_t)b * a->lds, 4);
         vs = _mm512_mask_i32gather_ps(vs, (__mmask16)keep, srows, a->Vs + (size_t)b * a->lds, 4);
     }
@@ -628,9 +645,8 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
                                          _mm512_set1_ps(alpha[j])) : _mm512_setzero_ps();
         if (full) {
             for (uint32_t i = 0; i < CLB_ATT_BLOCK; i++) {
-                const __m512 v = vr ? _mm512_maskz_loadu_ps(mk, vr + i * vld + c)
-                    : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                          _mm_maskz_loadu_epi8(mk, a->Vq + (size_t)(b + i) * a->ld + c)));
+                const __m512 v = vr ? zload_ps(mk, vr + i * vld + c)
+                                    : zload_i8_ps(mk, a->Vq + (size_t)(b + i) * a->ld + c);
                 UNROLL
                 for (int j = 0; j < T; j++)
                     o[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j][i]), v, o[j]);
@@ -639,9 +655,8 @@ BLOCK512 void za_block(const int T, za_tile *t, const clb_att_args *a, uint32_t 
             for (uint32_t i = 0; i < nb; i++) {
                 if (!(keep >> i & 1u))
                     continue;
-                const __m512 v = vr ? _mm512_maskz_loadu_ps(mk, vr + i * vld + c)
-                    : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                          _mm_maskz_loadu_epi8(mk, a->Vq + (size_t)(b + i) * a->ld + c)));
+                const __m512 v = vr ? zload_ps(mk, vr + i * vld + c)
+                                    : zload_i8_ps(mk, a->Vq + (size_t)(b + i) * a->ld + c);
                 UNROLL
                 for (int j = 0; j < T; j++)
                     if (kj[j] >> i & 1u)

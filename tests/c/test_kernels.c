@@ -836,16 +836,22 @@ static void test_table_blocks(const colibri_kernels *ref, const colibri_kernels 
  * a position bias (T5's) read forwards and backwards. */
 /* A KV cache of n positions for the attention tests: f32 and int8 keys and
  * values with row stride d + 3, scales with stride 2 (wider than a head:
- * the kernels must honour ld and lds), a mask with holes (1), all masked
- * (2) or none (0). */
+ * the kernels must honour ld and lds), or, with att_dense set, the
+ * runtime's head-major layout (ld = d, lds = 1: clb_kv_rows in
+ * internal.h); a mask with holes (1), all masked (2) or none (0). */
 typedef struct {
     buf KF, VF, K8, V8, KS, VS, M;
+    size_t ld, lds;
 } att_cache;
+
+static int att_dense;
 
 static att_cache att_cache_new(uint32_t n, uint32_t d, int holes)
 {
-    const size_t ld = (size_t)d + 3, lds = 2;
+    const size_t ld = att_dense ? d : (size_t)d + 3, lds = att_dense ? 1 : 2;
     att_cache c;
+    c.ld = ld;
+    c.lds = lds;
     c.KF = buf_new((size_t)n * ld, sizeof(float), 0);
     c.VF = buf_new((size_t)n * ld, sizeof(float), 1);
     c.K8 = buf_new((size_t)n * ld, 1, 1);
@@ -882,8 +888,8 @@ static clb_att_args att_cache_args(const att_cache *c, uint32_t d, int i8)
         a.K = c->KF.p; a.V = c->VF.p;
     }
     a.mask = c->M.p;
-    a.ld = (size_t)d + 3;
-    a.lds = 2;
+    a.ld = c->ld;
+    a.lds = c->lds;
     a.d = d;
     a.scale = 1.0f / sqrtf((float)d);
     return a;
@@ -910,13 +916,13 @@ static buf att_bias_new(size_t n)
 static void test_attend(const colibri_kernels *k, uint32_t n, uint32_t d, int i8, int holes,
                         int bias)
 {
-    const size_t ld = (size_t)d + 3, lds = 2;
     buf Q = buf_new(d, sizeof(float), 1);
     buf O1 = buf_new(d, sizeof(float), 0), O2 = buf_new(d, sizeof(float), 1);
     float *q = Q.p, *o1 = O1.p, *o2 = O2.p;
     for (uint32_t c = 0; c < d; c++)
         q[c] = 4.0f * rng_sym();
     att_cache cache = att_cache_new(n, d, holes);
+    const size_t ld = cache.ld, lds = cache.lds;
     buf B = att_bias_new(n);
     const float *kf = cache.KF.p, *vf = cache.VF.p, *ks = cache.KS.p, *vs = cache.VS.p;
     const float *bt = B.p;
@@ -1090,7 +1096,9 @@ static void test_attend_nan(const colibri_kernels *k)
     att_cache_free(&cache);
 }
 
-static void test_attend_all(const colibri_kernels *k)
+/* Every attention test in the cache layout att_dense says (the NaN test
+ * once: its cache is its own). */
+static void test_attend_layout(const colibri_kernels *k)
 {
     static const uint32_t AN[] = {1, 2, 15, 16, 17, 33, 100, 300};
     static const uint32_t AD[] = {1, 8, 17, 32, 64, 80, 128};
@@ -1113,7 +1121,15 @@ static void test_attend_all(const colibri_kernels *k)
                 for (int holes = 0; holes < 3; holes++)
                     for (int form = 0; form < (holes == 1 ? 3 : 1); form++)
                         test_attend_rows(k, RN[a][0], RN[a][1], RN[a][2], RD[b], i8, holes, form);
-    test_attend_nan(k);
+}
+
+static void test_attend_all(const colibri_kernels *k)
+{
+    for (att_dense = 0; att_dense < 2; att_dense++)
+        test_attend_layout(k);
+    att_dense = 0;
+    if (k != NULL)
+        test_attend_nan(k);
 }
 
 /* ---- silu_mul ------------------------------------------------------------ */
