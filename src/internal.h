@@ -329,9 +329,12 @@ void clb_linear2(const clb_plan *p, const clb_weight *wa, const clb_weight *wb,
  * kernel call is where its software prefetch stops (it never reaches past
  * its own rows): 64 rows (37 KiB of Q4_K at 1024 columns) restarted the
  * memory stream cold so often that the small bench model decoded at ~15 ms
- * a token against ~10.5 ms with 256 (Zen 4, one thread); 256 still gives a
- * 1024-row matrix 4 tiles for the threads to share. */
-#define CLB_TILE_ROWS_1 256u
+ * a token against ~10.5 ms with 256 (Zen 4, one thread); on Zen 5, 512
+ * against 256 took its q4 decode from 5.4 to 4.8 ms (two threads 3.0 to
+ * 2.9; int8 and f32 the same; Zen 3: within the noise), and 1024 was
+ * slower at two threads, a 1024-row matrix then being one tile for two
+ * (bench/results/FINDINGS.md 32). */
+#define CLB_TILE_ROWS_1 512u
 #define CLB_TILE_ROWS_N 16u
 #define CLB_TILE_TOKENS 128u
 
