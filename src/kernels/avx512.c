@@ -25,7 +25,7 @@
  * - attend and attend_rows (ref.c's flash-attention schedule, bit for
  *   bit): a tile of queries over each block of 16 keys, transposed once in
  *   registers, 16 positions' scores and exps in one zmm.
- * - matmul_q4_k and matmul_q6_k for one token (decode): 8 rows a tile in
+ * - matmul_q4_k and matmul_q6_k (and Q5_K, below) for one token (decode): 8 rows a tile in
  *   the 32 zmm registers, bit-identical to ref (see "Block types, decode
  *   form" below); for several tokens (prefill) 8 rows x 4 tokens a tile
  *   (then 2, then 1), each row's unpacked weights used for all of them
@@ -33,10 +33,13 @@
  *   2816 x 1024, on a Xeon with 2 tokens a tile Q4_K 104 -> 142 GOPS and
  *   Q6_K 94 -> 124 against avx2-vnni's; on Zen 4, 4 tokens against 2: Q4_K
  *   116 -> 148, Q6_K 121-130 -> 141-153.
- * - matmul_q5_k for several tokens: Q4_K's prefill tiles with the fifth
- *   bit (the 4-bit mix's embedding and LM head, GGUF Q5_K_M imports): 128
- *   tokens x 2816 x 1024 on a Xeon 64 -> 128 GOPS against avx2.c's one
- *   plain-AVX2 form; a decode step stays there (memory-bound: 31 GOPS both).
+ * - matmul_q5_k: Q4_K's tiles with the fifth bit (the 4-bit mix's
+ *   embedding and LM head, GGUF Q5_K_M imports): 128 tokens x 2816 x 1024
+ *   on a Xeon 64 -> 128 GOPS against avx2.c's one plain-AVX2 form; its
+ *   decode tile since the Zen 5 run (FINDINGS.md 32: test_kernels --bench
+ *   24-25 -> 28-29 GB/s from memory; the bench model's q4 decode, one
+ *   thread, 5.5-5.8 -> 4.5-4.9 ms a token, Q4_K's tile, now the same body,
+ *   faster in it too; on a Xeon both forms had read 31 GOPS).
  * - Q4_K, Q5_K and Q6_K prefill from CLB_KG_MIN_N (12) tokens: a GEMM of their
  *   own (avx2.c's clb_avx2_k_gemm with zk_pack_block and zk_micro,
  *   "Block types, GEMM form"): 16 rows x 2 blocks unpacked
@@ -51,7 +54,7 @@
  *   128 x 2816 x 1024 on a Xeon, int8 2.99-3.02 -> 2.62-2.77 ms, Q4_0
  *   3.35-3.36 -> 2.82-2.86 (FINDINGS.md 24).
  * Everything else (float matmuls, quantisation, int16, Q4_0 and Q5_0 below
- * 16 tokens, Q5_K decode, and below CLB_KG_MIN_N tokens the K types' rows past
+ * 16 tokens, and below CLB_KG_MIN_N tokens the K types' rows past
  * the last strip of 8) is avx2.c's EVEX-VNNI table, called through its
  * pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
@@ -764,7 +767,7 @@ TGT512 static void z_silu_mul(float *h, const float *g, size_t len)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types, decode form (one token): matmul_q4_k and matmul_q6_k, 8
+/* Block types, decode form (one token): matmul_q4_k, matmul_q5_k and matmul_q6_k, 8
  * rows a tile, bit-identical to ref.c (kernels.h; FORMAT.md 5).
  *
  * Why (perf of the small bench model's q4 decode on Zen 4, FINDINGS.md 8):
@@ -919,40 +922,65 @@ BLOCK512 __m512i q4k_msum4(__m512i scm, __m512i bs)
     return _mm512_add_epi32(m, _mm512_shuffle_epi32(m, _MM_PERM_CDAB));
 }
 
+/* Q5_K's 32 qh bytes in both halves (five), or nothing to read (Q4_K). */
+BLOCK512 __m512i q5k_qh(const int five, const uint8_t *qh)
+{
+    return five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)qh))
+                : _mm512_setzero_si512();
+}
+
 /* One row's isum of a Q4_K block (qs at q) as 16 int32 lanes, the 8
  * sub-blocks' scales from br (the row's scm lane in all four lanes).
  * Vector qs[0..63]: low nibbles = sub-blocks 0 | 2 (columns 0..31 |
  * 64..95), high nibbles 1 | 3; qs[64..127] the same for 4..7; xv holds the
- * activations in that order (q4k_tile). */
-BLOCK512 __m512i q4k_row(const uint8_t *q, __m512i br, const __m512i xv[4])
+ * activations in that order (qk_tile). Q5_K (five): each value's fifth
+ * bit, sub-block s's being bit s of qh[column % 32] (FORMAT.md 4), from
+ * hv (the 32 qh bytes in both 256-bit halves) shifted per half by the
+ * half's sub-block; values to 31 keep maddubs' pair sums exact
+ * (2 * 31 * 127). */
+BLOCK512 __m512i qk_vals(const int five, __m512i nib, __m512i hv, int a, int b)
+{
+    if (!five)
+        return nib;
+    const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
+    return _mm512_or_si512(nib, _mm512_slli_epi16(
+        _mm512_and_si512(_mm512_srlv_epi16(hv, sh), _mm512_set1_epi8(1)), 4));
+}
+
+BLOCK512 __m512i qk_row(const int five, const uint8_t *q, const uint8_t *qh, __m512i br,
+                        const __m512i xv[4])
 {
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i q0 = _mm512_loadu_si512((const void *)q);
     const __m512i q1 = _mm512_loadu_si512((const void *)(q + 64));
+    const __m512i hv = q5k_qh(five, qh);
     __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                      _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xv[0]),
+                                      _mm512_maddubs_epi16(qk_vals(five, _mm512_and_si512(q0, m4), hv, 0, 2), xv[0]),
                                       _mm512_shuffle_epi8(br, pick16x2(0, 2)));
-    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), xv[1]),
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(
+                                  qk_vals(five, _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), hv, 1, 3), xv[1]),
                               _mm512_shuffle_epi8(br, pick16x2(1, 3)));
-    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xv[2]),
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(qk_vals(five, _mm512_and_si512(q1, m4), hv, 4, 6), xv[2]),
                               _mm512_shuffle_epi8(br, pick16x2(4, 6)));
-    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), xv[3]),
+    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(
+                                   qk_vals(five, _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), hv, 5, 7), xv[3]),
                                _mm512_shuffle_epi8(br, pick16x2(5, 7)));
 }
 
-/* Lane r = y of row w[r] for one token, rows w[0..7] of nb Q4_K blocks.
- * Per block: acc += xs * (d * float(isum) - dmin * float(msum)), 8 rows in
- * lanes. With `prefetch`, each row's stream CLB_STREAM_PFB bytes on. Out
- * of line (also q6k_tile): decode and prefill's odd token share one copy. */
-static TGT512 __attribute__((noinline)) __m256 q4k_tile(const uint8_t *const w[ZB_R], const int8_t *xq, const float *xs,
-                         const int16_t *xb, uint32_t nb, int prefetch)
+/* Lane r = y of row w[r] for one token, rows w[0..7] of nb Q4_K (five:
+ * Q5_K) blocks. Per block: acc += xs * (d * float(isum) - dmin *
+ * float(msum)), 8 rows in lanes. With `prefetch`, each row's stream
+ * CLB_STREAM_PFB bytes on. */
+BLOCK512 __m256 qk_tile(const int five, const uint8_t *const w[ZB_R], const int8_t *xq,
+                        const float *xs, const int16_t *xb, uint32_t nb, int prefetch)
 {
-    enum { BYTES = CLB_Q4_K_BYTES };
+    const uint32_t bytes = five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES;
+    const unsigned dt = five ? COLIBRI_DTYPE_Q5_K : COLIBRI_DTYPE_Q4_K;
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        const size_t o = (size_t)b * BYTES;
+        const size_t o = (size_t)b * bytes;
         if (prefetch)
-            zb_prefetch_rows(w, o + CLB_STREAM_PFB, BYTES);
+            zb_prefetch_rows(w, o + CLB_STREAM_PFB, bytes);
         const int8_t *x = xq + (size_t)b * CLB_QK_COLS;
         const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
         const __m512i x2 = _mm512_loadu_si512((const void *)(x + 128)), x3 = _mm512_loadu_si512((const void *)(x + 192));
@@ -966,17 +994,33 @@ static TGT512 __attribute__((noinline)) __m256 q4k_tile(const uint8_t *const w[Z
         __m512i a[ZB_R];
         UNROLL
         for (int r = 0; r < ZB_R; r++)
-            a[r] = q4k_row(w[r] + o + CLB_Q4_K_QS, lane_bcast(scm[r / 4], r % 4), xv);
+            a[r] = qk_row(five, w[r] + o + ZB_QS(dt), w[r] + o + CLB_Q5_K_QH, lane_bcast(scm[r / 4], r % 4), xv);
         const __m256i isum = rowsums8(a);
         const __m512i m0 = q4k_msum4(scm[0], bs), m1 = q4k_msum4(scm[1], bs);
         const __m256i msum = _mm512_castsi512_si256(_mm512_permutex2var_epi32(
             m0, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0), m1));
-        const __m512 dm = zb_d_dmin(COLIBRI_DTYPE_Q4_K, w, o);
+        const __m512 dm = zb_d_dmin(dt, w, o);
         const __m256 dd = _mm256_mul_ps(_mm512_castps512_ps256(dm), _mm256_cvtepi32_ps(isum));
         const __m256 mm = _mm256_mul_ps(_mm512_extractf32x8_ps(dm, 1), _mm256_cvtepi32_ps(msum));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(xs[b]), _mm256_sub_ps(dd, mm)));
     }
     return acc;
+}
+
+/* The Q4_K and Q5_K decode tiles, out of line (also q6k_tile): decode and
+ * prefill's odd token share one copy each. */
+static TGT512 __attribute__((noinline)) __m256 q4k_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
+                                                       const float *xs, const int16_t *xb, uint32_t nb,
+                                                       int prefetch)
+{
+    return qk_tile(0, w, xq, xs, xb, nb, prefetch);
+}
+
+static TGT512 __attribute__((noinline)) __m256 q5k_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
+                                                       const float *xs, const int16_t *xb, uint32_t nb,
+                                                       int prefetch)
+{
+    return qk_tile(1, w, xq, xs, xb, nb, prefetch);
 }
 
 /* Q6_K: a block's scales[16] (i8 at CLB_Q6_K_SC) as int16. */
@@ -1101,12 +1145,6 @@ BLOCK512 __m512i q4k_chunk(const int five, __m512i v, __m512i qh, int j)
         _mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(1)), 4));
 }
 
-/* Q5_K's 32 qh bytes in both halves (five), or nothing to read (Q4_K). */
-BLOCK512 __m512i q5k_qh(const int five, const uint8_t *qh)
-{
-    return five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)qh))
-                : _mm512_setzero_si512();
-}
 
 /* Q4_K (five: Q5_K, its qh at qh): one row's isum lanes for tokens x0 and
  * x1 (block activations at x0, x1), the row's scales and mins lane
@@ -1337,7 +1375,16 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
         _mm256_storeu_ps(y[t], acc[t]);
 }
 
-/* Y[n, rows] for block dtype dt (Q4_K or Q6_K), n > 1: strips of 8 rows,
+/* The decode tile of block dtype dt (one token, 8 rows). */
+BLOCK512 __m256 zb_tile1(const unsigned dt, const uint8_t *const w[ZB_R], const int8_t *xq,
+                         const float *xs, const int16_t *xb, uint32_t nb, int prefetch)
+{
+    return dt == COLIBRI_DTYPE_Q4_K   ? q4k_tile(w, xq, xs, xb, nb, prefetch)
+           : dt == COLIBRI_DTYPE_Q5_K ? q5k_tile(w, xq, xs, xb, nb, prefetch)
+                                      : q6k_tile(w, xq, xs, xb, nb, prefetch);
+}
+
+/* Y[n, rows] for block dtype dt (Q4_K, Q5_K or Q6_K), n > 1: strips of 8 rows,
  * token quads and pairs over each strip, a last odd token by the decode
  * tile; the strip's first tile streams the bytes from ZB_PF_AHEAD past the
  * next strip on. Returns the rows done (whole strips; the caller takes the
@@ -1349,7 +1396,6 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
     const uint32_t bytes = ZB_BYTES(dt);
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
     const size_t row_bytes = (size_t)nb * bytes, tile = ZB_R * row_bytes;
-    const colibri_kernels *avx2 = base();
     const size_t xq_stride = (size_t)nb * CLB_QK_COLS, xb_stride = (size_t)nb * 16;
     const uint32_t tiles = rows / ZB_R;
     const uint8_t *end = W + (size_t)tiles * tile;
@@ -1382,14 +1428,9 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
             zb_tile2(dt, Y + (size_t)t * rows + (size_t)s * ZB_R, Y + (size_t)(t + 1) * rows + (size_t)s * ZB_R,
                      w, xq, xs, xb, nb, t == 0 ? pf : end, end);
         }
-        if (t < n && ZB_FIVE(dt)) /* no Q5_K decode tile here: avx2.c's, the same bits */
-            avx2->matmul_q5_k(Y + (size_t)t * rows + (size_t)s * ZB_R, w[0], XQ + t * xq_stride,
-                           XS + (size_t)t * nb, XB + t * xb_stride, 1, ZB_R, cols);
-        else if (t < n) /* the strip is in L1 by now: no prefetch */
+        if (t < n) /* the strip is in L1 by now: no prefetch */
             _mm256_storeu_ps(Y + (size_t)t * rows + (size_t)s * ZB_R,
-                             dt == COLIBRI_DTYPE_Q4_K
-                                 ? q4k_tile(w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, 0)
-                                 : q6k_tile(w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, 0));
+                             zb_tile1(dt, w, XQ + t * xq_stride, XS + (size_t)t * nb, XB + t * xb_stride, nb, 0));
     }
     return tiles * ZB_R;
 }
@@ -1413,8 +1454,7 @@ BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const
     for (uint32_t s = 0; s < eighth; s++) {
         const int prefetch = s + 1 < eighth;
         float y[ZB_R];
-        _mm256_storeu_ps(y, dt == COLIBRI_DTYPE_Q4_K ? q4k_tile(w, XQ, XS, XB, nb, prefetch)
-                                                     : q6k_tile(w, XQ, XS, XB, nb, prefetch));
+        _mm256_storeu_ps(y, zb_tile1(dt, w, XQ, XS, XB, nb, prefetch));
         UNROLL
         for (int r = 0; r < ZB_R; r++) {
             Y[s + (uint32_t)r * eighth] = y[r];
@@ -1722,10 +1762,8 @@ static __attribute__((noinline)) TGT512 void zk_micro(int T, const unsigned dt, 
 enum { ZB_TAIL_T = 64 };
 
 /* Y[n, rows] for Q4_K, Q5_K or Q6_K: from CLB_KG_MIN_N tokens the GEMM (all
- * rows); below, whole strips of 8 rows here (decode and prefill forms;
- * Q5_K prefill only: its decode, of a GGUF import or the 4-bit mix's LM
- * head, reads memory as fast in avx2.c's one form), the last rows % 8 by
- * avx2.c's form. */
+ * rows); below, whole strips of 8 rows here (decode and prefill forms),
+ * the last rows % 8 by avx2.c's form. */
 BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                         const float *XS, const int16_t *XB, uint32_t n, uint32_t rows,
                         uint32_t cols)
@@ -1737,7 +1775,7 @@ BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int
     const uint32_t bytes = ZB_BYTES(dt);
     const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
     const uint32_t done = n > 1 ? zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols)
-                          : ZB_FIVE(dt) ? 0u : zb_decode(dt, Y, W, XQ, XS, XB, rows, cols);
+                                : zb_decode(dt, Y, W, XQ, XS, XB, rows, cols);
     if (done == rows)
         return;
     const colibri_kernels *k = base();
