@@ -25,9 +25,9 @@
  * - attend and attend_rows (ref.c's flash-attention schedule, bit for
  *   bit): a tile of queries over each block of 16 keys, transposed once in
  *   registers, 16 positions' scores and exps in one zmm.
- * - matmul_q4_k and matmul_q6_k (and Q5_K, below) for one token (decode): 8 rows a tile in
- *   the 32 zmm registers, bit-identical to ref (see "Block types, decode
- *   form" below); for several tokens (prefill) 8 rows x 4 tokens a tile
+ * - matmul_q4_k and matmul_q6_k (Q5_K: below) for one token (decode): 8
+ *   rows a tile in the 32 zmm registers, bit-identical to ref (see "Block
+ *   types, decode form" below); for several tokens (prefill) 8 rows x 4 tokens a tile
  *   (then 2, then 1), each row's unpacked weights used for all of them
  *   ("Block types, several tokens"): test_kernels --bench, 128 tokens x
  *   2816 x 1024, on a Xeon with 2 tokens a tile Q4_K 104 -> 142 GOPS and
@@ -38,7 +38,7 @@
  *   on a Xeon 64 -> 128 GOPS against avx2.c's one plain-AVX2 form; its
  *   decode tile since the Zen 5 run (FINDINGS.md 32: test_kernels --bench
  *   24-25 -> 28-29 GB/s from memory; the bench model's q4 decode, one
- *   thread, 5.5-5.8 -> 4.5-4.9 ms a token, Q4_K's tile, now the same body,
+ *   thread, 5.4-5.8 -> 4.5-4.9 ms a token, Q4_K's tile, now the same body,
  *   faster in it too; on a Xeon both forms had read 31 GOPS).
  * - Q4_K, Q5_K and Q6_K prefill from CLB_KG_MIN_N (12) tokens: a GEMM of their
  *   own (avx2.c's clb_avx2_k_gemm with zk_pack_block and zk_micro,
@@ -767,8 +767,9 @@ TGT512 static void z_silu_mul(float *h, const float *g, size_t len)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types, decode form (one token): matmul_q4_k, matmul_q5_k and matmul_q6_k, 8
- * rows a tile, bit-identical to ref.c (kernels.h; FORMAT.md 5).
+/* Block types, decode form (one token): matmul_q4_k, matmul_q5_k and
+ * matmul_q6_k, 8 rows a tile, bit-identical to ref.c (kernels.h; FORMAT.md
+ * 5).
  *
  * Why (perf of the small bench model's q4 decode on Zen 4, FINDINGS.md 8):
  * avx2.c's tiles of 8 rows ran out of its 16 ymm registers (the 8 rows'
@@ -1145,7 +1146,6 @@ BLOCK512 __m512i q4k_chunk(const int five, __m512i v, __m512i qh, int j)
         _mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(1)), 4));
 }
 
-
 /* Q4_K (five: Q5_K, its qh at qh): one row's isum lanes for tokens x0 and
  * x1 (block activations at x0, x1), the row's scales and mins lane
  * broadcast in br. */
@@ -1384,9 +1384,9 @@ BLOCK512 __m256 zb_tile1(const unsigned dt, const uint8_t *const w[ZB_R], const 
                                       : q6k_tile(w, xq, xs, xb, nb, prefetch);
 }
 
-/* Y[n, rows] for block dtype dt (Q4_K, Q5_K or Q6_K), n > 1: strips of 8 rows,
- * token quads and pairs over each strip, a last odd token by the decode
- * tile; the strip's first tile streams the bytes from ZB_PF_AHEAD past the
+/* Y[n, rows] for block dtype dt (Q4_K, Q5_K or Q6_K), n > 1: strips of 8
+ * rows, token quads and pairs over each strip, a last odd token by the
+ * decode tile; the strip's first tile streams the bytes from ZB_PF_AHEAD past the
  * next strip on. Returns the rows done (whole strips; the caller takes the
  * rest). */
 BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
