@@ -249,3 +249,40 @@ def test_getters_return_null_when_not_built_in(tmp_path: Path) -> None:
     assert res.returncode == 1 and "not available" in res.stderr
     res = subprocess.run([str(exe)], capture_output=True, text=True)
     assert res.returncode == 0 and "no optimised kernel table" in res.stdout
+
+
+# The out-of-line prefetch helpers (kernels.h CLB_PREFETCH_HELPER) and the
+# least number of places that must call each: avx512.c's Q4_K, Q5_K and
+# Q6_K decode tiles; avx2.c's Q6_K decode tile in its three forms.
+PREFETCH_CALLS = {"avx512.c": ("zb_prefetch_rows", 3), "avx2.c": ("prefetch_lines", 3)}
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+@pytest.mark.parametrize("source", sorted(PREFETCH_CALLS))
+def test_decode_tiles_keep_their_prefetch_calls(tmp_path: Path, cc: str, source: str) -> None:
+    """A function that only prefetches has no side effect to GCC, which
+    deletes the calls to it unless told not to (noipa): the decode tiles
+    then request nothing, with every result still exact, so only the
+    object code shows it (bench/results/FINDINGS.md 33)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the x86 kernels build only for x86-64")
+    for tool in (cc, "objdump"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    obj = tmp_path / "k.o"
+    cmd = [cc, *WARN, "-DCOLIBRI_USE_AVX2", f"-I{KDIR}", f"-I{ROOT / 'src' / 'include'}",
+           "-c", str(KDIR / source), "-o", str(obj)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"build failed: {' '.join(cmd)}\n{res.stderr}"
+    dis = subprocess.run(["objdump", "-dr", "--no-show-raw-insn", str(obj)],
+                         capture_output=True, text=True, check=True).stdout
+    helper, least = PREFETCH_CALLS[source]
+    lines = dis.splitlines()
+    # a call resolved in the object ("call ... <helper>") or left to a
+    # relocation on the next line ("R_X86_64_PLT32 helper-0x4")
+    calls = sum(1 for i, line in enumerate(lines) if "call" in line and (
+        f"<{helper}" in line or (i + 1 < len(lines) and f" {helper}" in lines[i + 1]
+                                 and "R_X86_64" in lines[i + 1])))
+    assert calls >= least, (
+        f"{cc}: {source} calls {helper} from {calls} places, expected at least {least}: "
+        "the decode tiles' prefetches were dropped (is the helper CLB_PREFETCH_HELPER?)")

@@ -1859,27 +1859,19 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 #define BT_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 || (dt) == COLIBRI_DTYPE_Q5_0 ? CLB_Q4_0_COLS \
                      : CLB_QK_COLS)
 
-/* The bytes [off, off + n) of each of the R rows w[r] into L2: a decode
- * tile's streams (STREAMS), once per block, one request every 64 bytes
- * from off (a line that two blocks share is requested by both). Out of
- * line: unrolled into each of the 13 block-type instances it cost 3 KiB of
- * code, for no speed (a call per block of 256 columns). */
-static TGT __attribute__((noinline)) void prefetch_streams(const uint8_t *const w[MAXR], int R,
-                                                           size_t off, uint32_t n)
-{
-    for (int r = 0; r < R; r++)
-        for (uint32_t o = 0; o < n; o += 64)
-            _mm_prefetch((const char *)(w[r] + off + o), _MM_HINT_T1);
-}
-
-/* As prefetch_streams, but only the lines that start in [off, off + n):
+/* The lines that start in [w[r] + off, + n) of each of the R rows into L2:
  * over a row's consecutive blocks, each line of the stream once. Q6_K's
- * decode tile takes it (BT_PF_LINES). Measured on Zen 3, not derived
- * (bench/results/FINDINGS.md 29): from memory, 1 x 1024 x 2816, Q6_K reads
- * 15.5-17.5 GB/s with it against 9.4-13.2 with prefetch_streams (none at
- * all: 10.8-10.9); Q4_0, Q5_0, Q4_K and Q5_K were 6-12 % slower with it. */
-static TGT __attribute__((noinline)) void prefetch_lines(const uint8_t *const w[MAXR], int R,
-                                                         size_t off, uint32_t n)
+ * decode tile takes it (BT_PF_LINES); the other block types' decode tiles
+ * request nothing and leave their streams to the hardware prefetchers.
+ * Measured, not derived (bench/results/FINDINGS.md 29 and 33): on Zen 3,
+ * from memory, 1 x 1024 x 2816, Q6_K reads 15.5-17.5 GB/s with it against
+ * 10.8-10.9 without, and Q4_0, Q5_0, Q4_K and Q5_K were 6-12 % slower with
+ * it than without; on Zen 5 the GGUF Q4_0 model's decode (this file's EVEX
+ * form) took 6.0-6.1 ms a token with it against 5.1 without. (Section 29's
+ * other arm, "a request every 64 bytes of each block", was never called:
+ * GCC had deleted it, CLB_PREFETCH_HELPER.) */
+static TGT CLB_PREFETCH_HELPER void prefetch_lines(const uint8_t *const w[MAXR], int R, size_t off,
+                                                   uint32_t n)
 {
     for (int r = 0; r < R; r++) {
         const uintptr_t at = (uintptr_t)(w[r] + off);
@@ -1924,10 +1916,10 @@ enum { BT_PANEL_BYTES = 128 << 10 };
  * stride (a decode tile takes one row per stream, STREAMS). With
  * `prefetch`, adjacent rows (stride 1) request the R rows' worth of bytes
  * from BT_PF_AHEAD past this tile (the next tile's weights onward,
- * contiguous; none past W's end), and a decode tile each row's stream
- * CLB_STREAM_PFB bytes on, into L2 at the pace this tile reads its own: one
- * tile's rows are a few KiB, and the hardware prefetchers restart at every
- * 4 KiB page (PREFETCH at i8_matmul). */
+ * contiguous; none past W's end), and a Q6_K decode tile each row's
+ * stream CLB_STREAM_PFB bytes on (prefetch_lines), into L2 at the pace this
+ * tile reads its own: one tile's rows are a few KiB, and the hardware
+ * prefetchers restart at every 4 KiB page (PREFETCH at i8_matmul). */
 BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T, float *Y,
                     const uint8_t *W, const int8_t *XQ, const float *XS, const int16_t *XB,
                     uint32_t rows, uint32_t nb, uint32_t r0, uint32_t stride, uint32_t t0,
@@ -1956,11 +1948,10 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
     (void)clb_block_scales(dt, &d_at);
     __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        if (prefetch && streams && BT_PF_LINES(dt))
-            prefetch_lines(w, R, (size_t)b * bytes + CLB_STREAM_PFB, bytes);
-        else if (prefetch && streams)
-            prefetch_streams(w, R, (size_t)b * bytes + CLB_STREAM_PFB, bytes);
-        else if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
+        if (prefetch && streams) {
+            if (BT_PF_LINES(dt))
+                prefetch_lines(w, R, (size_t)b * bytes + CLB_STREAM_PFB, bytes);
+        } else if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
                 _mm_prefetch((const char *)(W + pf + (size_t)b * R * bytes + o), _MM_HINT_T1);
         float xsb[BT_MAXT] = {0.0f}, d[MAXR]; /* xsb: lanes_of_tokens reads T of them */

@@ -88,6 +88,20 @@ static inline void clb_att_add_bias(float *s, const float *bias, ptrdiff_t step,
  * (bench/results/FINDINGS.md 14, 15). */
 #define CLB_STREAM_PFB 1024u
 
+/* An out-of-line helper that does nothing but prefetch. GCC counts a
+ * prefetch as no side effect, so it finds such a function "const" and
+ * deletes every call to it: avx512.c's and avx2.c's decode tiles requested
+ * nothing at all until 2026-12 (bench/results/FINDINGS.md 33). `noipa`
+ * keeps GCC from using what it infers about the callee; clang keeps the
+ * calls anyway (its prefetch touches memory the caller cannot see) and does
+ * not know the attribute. tests/test_kernels.py checks the calls are in the
+ * objects. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define CLB_PREFETCH_HELPER __attribute__((noinline, noipa))
+#else
+#define CLB_PREFETCH_HELPER __attribute__((noinline))
+#endif
+
 /* Several queries over the same cached positions (clb_att_args without
  * q, n and bias): the heads of one GQA group, for one or more rows of one
  * sequence. Query (i, g), i < nr rows, g < nh heads, is the d floats at
