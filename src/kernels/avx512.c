@@ -883,10 +883,10 @@ BLOCK512 void zb_prefetch(const uint8_t *p, const uint8_t *end, int lines)
  * plain noinline one was deleted by GCC): a call per block costs nothing
  * next to the block, and the tiles stay small. Measured on Zen 5 (FINDINGS
  * 33), the bench model's q4 decode, ms a token at one / two threads: no
- * prefetch 4.7-4.8 / 2.9-3.0; every 64 bytes of the block into L2 (this
- * function before it was kept) 4.0 / 3.2-3.3; into L1 3.8-3.9 / 3.1-3.3;
- * each line once into L1 (this) 3.7-3.8 / 3.0; 768 and 1536 bytes ahead
- * within the noise of CLB_STREAM_PFB. */
+ * prefetch 4.5-5.1 / 2.9-3.0; every 64 bytes of the block into L2 (this
+ * function before it was kept) 3.9-4.1 / 3.2-3.3; into L1 3.8-4.0 /
+ * 3.1-3.3; each line once into L1 (this) 3.7-3.8 / 3.0; 768 and 1536
+ * bytes ahead within the noise of CLB_STREAM_PFB. */
 static TGT512 CLB_PREFETCH_HELPER void zb_prefetch_rows(const uint8_t *const w[ZB_R], size_t off,
                                                          uint32_t bytes)
 {

@@ -82,10 +82,11 @@ static inline void clb_att_add_bias(float *s, const float *bias, ptrdiff_t step,
 #define CLB_ATT_PF_BLOCKS 2u
 
 /* Bytes ahead of each weight row's stream that a one-token (decode)
- * matmul requests into L2, in the forms that take one row per memory
- * stream (avx2.c STREAMS, avx512.c). Measured on Zen 3 and an Intel Xeon:
- * 512 B and 2 KiB within 2-5 % of it, none and 4 KiB slower
- * (bench/results/FINDINGS.md 14, 15). */
+ * matmul requests, in the forms that take one row per memory stream
+ * (avx2.c STREAMS, avx512.c). Measured for the int8 forms on Zen 3 and an
+ * Intel Xeon: 512 B and 2 KiB within 2-5 % of it, none and 4 KiB slower
+ * (bench/results/FINDINGS.md 14, 15); for avx512.c's K-type tiles on Zen
+ * 5: 768 B and 1.5 KiB within the noise (FINDINGS.md 33). */
 #define CLB_STREAM_PFB 1024u
 
 /* An out-of-line helper that does nothing but prefetch. GCC counts a
