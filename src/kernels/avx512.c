@@ -207,8 +207,16 @@ BLOCK512 __m512i dots4x4(const int8_t *const q[4], const __m512i xv[2], uint32_t
     return pair128(b[0], b[1]);
 }
 
+/* How far ahead of each row's stream i8z_rows4 requests: twice
+ * CLB_STREAM_PFB. Measured on the bench model's int8 decode, one thread,
+ * interleaved (bench/results/FINDINGS.md 34): on Zen 5, ms a token, 512 B
+ * 6.9-7.1, 1 KiB 6.5-7.1, 2 KiB 6.0-6.3, 3 KiB 6.3-6.5, 4 KiB 6.5-6.6; 2
+ * KiB into L1 6.5-6.6; two threads level. On an Intel Xeon 512 B and 2 KiB
+ * were within 2 % of 1 KiB (section 15). */
+#define ZI8_STREAM_PFB (2u * CLB_STREAM_PFB)
+
 /* Y[i + k * quarter] (k < 4) for one token with group 32: see the
- * comment above. With `prefetch`, each row's stream CLB_STREAM_PFB bytes on
+ * comment above. With `prefetch`, each row's stream ZI8_STREAM_PFB bytes on
  * (its scales one row on) is requested into L2, each line once. */
 BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t *xq,
                         const float *xs, const int32_t *xc, uint32_t cols, uint32_t ng,
@@ -238,7 +246,7 @@ BLOCK512 void i8z_rows4(float *y, const int8_t *Q, const float *S, const int8_t 
             for (int r = 0; r < 4; r++)
                 UNROLL
                 for (int l = 0; l < 4; l++)
-                    _mm_prefetch((const char *)(q[r] + CLB_STREAM_PFB + c + 64 * l), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(q[r] + ZI8_STREAM_PFB + c + 64 * l), _MM_HINT_T1);
             if (g % 16 == 0)
                 UNROLL
                 for (int r = 0; r < 4; r++)
