@@ -44,6 +44,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,21 +121,23 @@ class _Reader(ctypes.Structure):
 SLOT_POLICIES = {"reuse": 2, "freq": 0, "lru": 1}
 PREFETCH_DEFAULT = 8   # COLIBRI_PREFETCH_DEFAULT
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# a number, then K, M or G (KiB, MiB, GiB the same), then an optional B:
+# colibri-cli's parse_size, so --ram and ram= take the same strings
+_SIZE = re.compile(r"(?P<num>[+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:E[-+]?[0-9]+)?)(?:(?P<unit>[KMG])I?)?B?")
+_SIZE_MAX = 1.8e19  # what a uint64_t holds, as colibri-cli checks it
 
 
 def parse_size(value) -> int:
-    """Bytes from an int or a string such as "512M", "2G", "1.5G" (powers
-    of 1024), as colibri-cli --ram takes them."""
+    """Bytes from an int or a string such as "512M", "2G", "1.5G" or
+    "512MiB" (powers of 1024), as colibri-cli --ram takes them: at least
+    one byte, at most what 64 bits hold."""
     if isinstance(value, int) and not isinstance(value, bool):
         n = value
     else:
-        text = str(value).strip().upper().removesuffix("B").removesuffix("I")
-        unit = text[-1:] if text[-1:] in ("K", "M", "G") else ""
-        try:
-            n = int(float(text[:len(text) - len(unit)]) * _SIZE_UNITS[unit])
-        except ValueError:
-            n = -1
-    if n <= 0:
+        m = _SIZE.fullmatch(str(value).strip().upper())
+        v = float(m["num"]) * _SIZE_UNITS[m["unit"] or ""] if m else 0.0
+        n = int(v) if 1.0 <= v <= _SIZE_MAX else 0
+    if not 0 < n <= _SIZE_MAX:
         raise errors.ArgumentError(-7, "bad argument", f"ram={value!r}: a size in bytes, "
                                    "or with K, M or G (512M, 2G)", "init", "")
     return n

@@ -242,3 +242,25 @@ def test_ram_takes_the_units_the_binding_takes(cli, demo):
              for size in ("3M", "3MiB", "3MB", f"{want}B")}
     assert len({tuple(v) for v in slots.values()}) == 1 and slots["3M"], slots
     assert run(cli, "--model", str(demo), "--ram", "3Mb2", "--info", ok=False).returncode == 2
+
+
+# (string, bytes) both readers take, and strings both refuse: under a byte
+# ("0.5" was 0, no budget at all, in colibri-cli), past 64 bits, not a
+# number, "i" without a unit
+RAM_GOOD = [("0.5K", 512), ("2g", 2 << 30), ("1.5M", 3 << 19), ("3mib", 3 << 20),
+            ("4096B", 4096), ("+1e3", 1000), (".5G", 1 << 29)]
+RAM_BAD = ["0.5", "0", "-1M", "inf", "nan", "1e400", "1e30G", "3iB", "2Gx", "M", "0x10M"]
+
+
+def test_ram_sizes_both_readers_agree_on(cli, demo):
+    """colibri-cli --ram and Model(ram=) take the same strings to the same
+    bytes and refuse the same ones: the CLI with its usage error (exit 2),
+    the binding with ArgumentError, never a traceback of another kind."""
+    for text, want in RAM_GOOD:
+        assert runtime.parse_size(text) == want, text
+        assert run(cli, "--model", str(demo), "--ram", text, "--info", ok=False).returncode != 2, text
+    for text in RAM_BAD:
+        with pytest.raises(errors.ArgumentError, match="ram="):
+            runtime.parse_size(text)
+        p = run(cli, "--model", str(demo), "--ram", text, "--info", ok=False)
+        assert "--ram takes a size" in one_line(p, status=2), (text, p.stderr)

@@ -381,12 +381,16 @@ static const char *dtype_group(char *buf, size_t cap, unsigned first, unsigned m
     return buf;
 }
 
-/* "512M" -> 536870912: bytes with an optional K, M or G (powers of 1024). */
+/* "512M" -> 536870912: bytes with an optional K, M or G (powers of 1024);
+ * colibri.runtime.parse_size takes the same strings. */
 static int parse_size(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
+    /* a decimal number only, as Model(ram=) takes it: no hex, inf or nan */
+    if (strspn(s, "+.0123456789eE") < (size_t)(end - s))
+        return -1;
     double unit = 1.0;
     if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
     else if (*end == 'M' || *end == 'm') unit = 1048576.0, end++;
@@ -396,7 +400,8 @@ static int parse_size(const char *s, uint64_t *out)
         end++;
     if (*end == 'B' || *end == 'b')
         end++;
-    if (end == s || *end || errno || !(v > 0) || v * unit > 1.8e19)
+    /* at least one byte: a budget of 0 would mean none at all */
+    if (end == s || *end || errno || !(v * unit >= 1.0) || v * unit > 1.8e19)
         return -1;
     *out = (uint64_t)(v * unit);
     return 0;
