@@ -1155,12 +1155,7 @@ BLOCK512 __m512i q4k_chunk(const int five, __m512i v, __m512i qh, int j)
 {
     const __m512i hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const __m512i w = _mm512_and_si512(_mm512_srlv_epi16(v, hi), _mm512_set1_epi8(15));
-    if (!five)
-        return w;
-    const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)),
-                                          _mm256_set1_epi16((short)(2 * j + 1)), 1);
-    return _mm512_or_si512(w, _mm512_slli_epi16(
-        _mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(1)), 4));
+    return qk_vals(five, w, qh, 2 * j, 2 * j + 1);
 }
 
 /* Q4_K (five: Q5_K, its qh at qh): one row's isum lanes for tokens x0 and

@@ -1066,7 +1066,7 @@ static void test_attend_nan(const colibri_kernels *k)
     for (size_t i = 0; i < LEN(at); i++) {
         float v;
         memcpy(&v, &at[i][2], sizeof v);
-        kf[at[i][0] * ((size_t)d + 3) + at[i][1]] = v;
+        kf[at[i][0] * cache.ld + at[i][1]] = v;
     }
     const size_t ldq = (size_t)nh * d;
     buf Q = buf_new(nr * ldq, sizeof(float), 1), O1 = buf_new(nr * ldq, sizeof(float), 0);
