@@ -27,6 +27,7 @@ even shapes (see its header for what "agree" means for each kernel).
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -251,20 +252,35 @@ def test_getters_return_null_when_not_built_in(tmp_path: Path) -> None:
     assert res.returncode == 0 and "no optimised kernel table" in res.stdout
 
 
-# The out-of-line prefetch helpers (kernels.h CLB_PREFETCH_HELPER) and the
-# least number of places that must call each: avx512.c's Q4_K, Q5_K and
-# Q6_K decode tiles; avx2.c's Q6_K decode tile in its three forms and its
-# Q4_0 decode tile in the EVEX form.
-PREFETCH_CALLS = {"avx512.c": ("zb_prefetch_rows", 3), "avx2.c": ("prefetch_lines", 4)}
+# Where the decode tiles' prefetches must be in the object code. avx512.c's
+# tiles request their streams inline: each must hold a prefetch instruction.
+# avx2.c's Q6_K decode tile (in its three forms) calls an out-of-line
+# helper (kernels.h CLB_PREFETCH_HELPER): at least that many calls.
+PREFETCH_INLINE = {"avx512.c": ("q40_tile", "q4k_tile", "q5k_tile", "q6k_tile")}
+PREFETCH_CALLS = {"avx2.c": ("prefetch_lines", 3)}
+
+
+def _functions(dis: str) -> dict:
+    """objdump -d text -> {function: its instruction lines}."""
+    out, name = {}, None
+    for line in dis.splitlines():
+        m = re.match(r"^[0-9a-f]+ <([^>]+)>:$", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name and line.strip():
+            out[name].append(line)
+    return out
 
 
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
-@pytest.mark.parametrize("source", sorted(PREFETCH_CALLS))
-def test_decode_tiles_keep_their_prefetch_calls(tmp_path: Path, cc: str, source: str) -> None:
+@pytest.mark.parametrize("source", sorted({*PREFETCH_INLINE, *PREFETCH_CALLS}))
+def test_decode_tiles_keep_their_prefetches(tmp_path: Path, cc: str, source: str) -> None:
     """A function that only prefetches has no side effect to GCC, which
-    deletes the calls to it unless told not to (noipa): the decode tiles
-    then request nothing, with every result still exact, so only the
-    object code shows it (bench/results/FINDINGS.md 33)."""
+    deletes the calls to it unless told not to (noipa); a compiler may drop
+    an inline request too. The tiles then request nothing, with every
+    result still exact, so only the object code shows it
+    (bench/results/FINDINGS.md 33)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the x86 kernels build only for x86-64")
     for tool in (cc, "objdump"):
@@ -277,13 +293,19 @@ def test_decode_tiles_keep_their_prefetch_calls(tmp_path: Path, cc: str, source:
     assert res.returncode == 0, f"build failed: {' '.join(cmd)}\n{res.stderr}"
     dis = subprocess.run(["objdump", "-dr", "--no-show-raw-insn", str(obj)],
                          capture_output=True, text=True, check=True).stdout
-    helper, least = PREFETCH_CALLS[source]
-    lines = dis.splitlines()
-    # a call resolved in the object ("call ... <helper>") or left to a
-    # relocation on the next line ("R_X86_64_PLT32 helper-0x4")
-    calls = sum(1 for i, line in enumerate(lines) if "call" in line and (
-        f"<{helper}" in line or (i + 1 < len(lines) and f" {helper}" in lines[i + 1]
-                                 and "R_X86_64" in lines[i + 1])))
-    assert calls >= least, (
-        f"{cc}: {source} calls {helper} from {calls} places, expected at least {least}: "
-        "the decode tiles' prefetches were dropped (is the helper CLB_PREFETCH_HELPER?)")
+    fns = _functions(dis)
+    for tile in PREFETCH_INLINE.get(source, ()):
+        assert tile in fns, f"{cc}: {source} has no function {tile} (renamed, or inlined?)"
+        assert any("prefetch" in line for line in fns[tile]), (
+            f"{cc}: {source}'s {tile} holds no prefetch instruction: its stream requests were dropped")
+    if source in PREFETCH_CALLS:
+        helper, least = PREFETCH_CALLS[source]
+        lines = dis.splitlines()
+        # a call resolved in the object ("call ... <helper>") or left to a
+        # relocation on the next line ("R_X86_64_PLT32 helper-0x4")
+        calls = sum(1 for i, line in enumerate(lines) if "call" in line and (
+            f"<{helper}" in line or (i + 1 < len(lines) and f" {helper}" in lines[i + 1]
+                                     and "R_X86_64" in lines[i + 1])))
+        assert calls >= least, (
+            f"{cc}: {source} calls {helper} from {calls} places, expected at least {least}: "
+            "the decode tiles' prefetches were dropped (is the helper CLB_PREFETCH_HELPER?)")

@@ -1861,9 +1861,10 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 
 /* The lines that start in [w[r] + off, + n) of each of the R rows into L2:
  * over a row's consecutive blocks, each line of the stream once. Q6_K's
- * decode tile takes it every block (BT_PF_LINES), Q4_0's in the EVEX form
- * every 8 blocks (BT_PF_SPAN); the other decode tiles request nothing and
- * leave their streams to the hardware prefetchers. Measured, not derived
+ * decode tile takes it every block (BT_PF_LINES); the other decode tiles
+ * request nothing and leave their streams to the hardware prefetchers (the
+ * avx512-vnni table decodes Q4_0, Q4_K, Q5_K and Q6_K with avx512.c's
+ * tiles, which request theirs inline). Measured, not derived
  * (bench/results/FINDINGS.md 29 and 33): on Zen 3, from memory, 1 x 1024
  * x 2816, Q6_K reads 15.5-17.5 GB/s with it against 10.8-10.9 without,
  * and Q4_0, Q5_0, Q4_K and Q5_K were 6-12 % slower with it every block
@@ -1879,14 +1880,6 @@ static TGT CLB_PREFETCH_HELPER void prefetch_lines(const uint8_t *const w[MAXR],
     }
 }
 #define BT_PF_LINES(dt) ((dt) == COLIBRI_DTYPE_Q6_K)
-/* Q4_0 in the EVEX form (the avx512-vnni table's decode, so AVX-512 CPUs
- * only): prefetch_lines once every this many blocks (256 columns), for all
- * of them; 0: none. On Zen 5 (FINDINGS.md 33), the GGUF Q4_0 model's decode
- * at one / two threads, ms a token: none 5.1-5.2 / 2.9-3.1, a call every
- * block 6.0-6.1 / 3.5-3.9, every 4 blocks 5.3-5.4 / 3.4, every 8 4.4-4.6 /
- * 3.0-3.2 (into L1: the same). The AVX2 forms' CPUs were not measured with
- * it (Zen 3 had a call every block 6-12 % slower than none); Q5_0 untried. */
-#define BT_PF_SPAN(vnni, dt) ((vnni) == 2 && (dt) == COLIBRI_DTYPE_Q4_0 ? 8u : 0u)
 
 /* Tile shapes. Decode (one token): BT_DEC_R rows a tile, one from each
  * eighth of W (STREAMS), lanes along rows.
@@ -1958,8 +1951,6 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         if (prefetch && streams) {
             if (BT_PF_LINES(dt))
                 prefetch_lines(w, R, (size_t)b * bytes + CLB_STREAM_PFB, bytes);
-            else if (BT_PF_SPAN(vnni, dt) && b % BT_PF_SPAN(vnni, dt) == 0)
-                prefetch_lines(w, R, (size_t)b * bytes + CLB_STREAM_PFB, BT_PF_SPAN(vnni, dt) * bytes);
         } else if (prefetch && pf + (size_t)(b + 1) * R * bytes <= w_bytes)
             for (uint32_t o = 0; o < (uint32_t)R * bytes; o += 64)
                 _mm_prefetch((const char *)(W + pf + (size_t)b * R * bytes + o), _MM_HINT_T1);

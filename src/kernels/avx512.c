@@ -47,21 +47,25 @@
  *   them, one vpdpbusd a token and quad: 128 x 2816 x 1024 on a Xeon Q4_K
  *   3.8 -> 1.9-2.0 ms, Q5_K 4.4-4.7 -> 2.0-2.1, Q6_K 4.0-4.1 -> 2.3-2.5
  *   against the tiles (FINDINGS.md 25); the tiles keep 2 to 11 tokens.
+ * - matmul_q4_0 for one token: 8 rows x 4 blocks a tile ("Q4_0, decode
+ *   form"): test_kernels --bench, one token x 2816 x 1024 from memory, on
+ *   Zen 5 29-31 -> 42-44 GB/s against avx2.c's EVEX form; the GGUF Q4_0
+ *   bench model's decode 4.3 -> 3.7 ms a token (FINDINGS.md 35).
  * - the int8 GEMM's micro-kernel (prefill of int8, and of Q4_0 / Q5_0 from
  *   16 tokens): avx2.c's GEMM driver (x86_gemm.h: packing, chunks,
  *   prefetch) with zg_micro, whose zmm holds a column quad of all 16 rows,
  *   one vpdpbusd a token and quad where avx2.c's ymm form takes two:
  *   128 x 2816 x 1024 on a Xeon, int8 2.99-3.02 -> 2.62-2.77 ms, Q4_0
  *   3.35-3.36 -> 2.82-2.86 (FINDINGS.md 24).
- * Everything else (float matmuls, quantisation, int16, Q4_0 and Q5_0 below
- * 16 tokens, and below CLB_KG_MIN_N tokens the K types' rows past
- * the last strip of 8) is avx2.c's EVEX-VNNI table, called through its
- * pointers:
+ * Everything else (float matmuls, quantisation, int16, Q4_0 from 2 and
+ * Q5_0 from 1 to 15 tokens, and below CLB_KG_MIN_N tokens the block
+ * types' rows past the last strip of 8) is avx2.c's EVEX-VNNI table,
+ * called through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
  * faster (test_kernels --bench: 18-21 against 21-24 GB/s, memory-bound), the
  * float and int8 prefill forms already lead llama.cpp, and with float
  * matmuls shared this table differs from "avx2-vnni" only where both equal
- * ref bit for bit (matmul_i8, attend, the Q4_K / Q6_K forms), so their
+ * ref bit for bit (matmul_i8, attend, the block types' forms), so their
  * logits are the same bits.
  */
 #include "kernels.h"
@@ -887,17 +891,19 @@ BLOCK512 void zb_prefetch(const uint8_t *p, const uint8_t *end, int lines)
 
 /* The lines that start in [w[r] + off, + bytes) of each of the 8 rows
  * into L1 (a decode tile's streams, CLB_STREAM_PFB ahead): over a row's
- * consecutive blocks, each line once. Out of line (CLB_PREFETCH_HELPER: a
- * plain noinline one was deleted by GCC): a call per block costs nothing
- * next to the block, and the tiles stay small. Measured on Zen 5 (FINDINGS
- * 33), the bench model's q4 decode, ms a token at one / two threads: no
- * prefetch 4.5-5.1 / 2.9-3.0; every 64 bytes of the block into L2 (this
- * function before it was kept) 3.9-4.1 / 3.2-3.3; into L1 3.8-4.0 /
- * 3.1-3.3; each line once into L1 (this) 3.7-3.8 / 3.0; 768 and 1536
- * bytes ahead within the noise of CLB_STREAM_PFB. */
-static TGT512 CLB_PREFETCH_HELPER void zb_prefetch_rows(const uint8_t *const w[ZB_R], size_t off,
-                                                         uint32_t bytes)
+ * consecutive blocks, each line once. Inline: out of line (a
+ * CLB_PREFETCH_HELPER, as it was, since a plain noinline one was deleted by
+ * GCC) its call and loop per block cost more than the requests gained.
+ * Measured on Zen 5 (FINDINGS.md 33, 35), test_kernels --bench, one token x
+ * 2816 x 1024 from memory, GB/s, out of line -> inline: Q4_K 38.5-38.9 ->
+ * 42.9-44.5, Q5_K 37.5-38.5 -> 42.1-43.3, Q6_K 39.5-41 -> 42.9-45.4; the
+ * bench model's q4 decode at one thread 3.49-3.53 -> 3.38-3.42 ms a token.
+ * Earlier, out of line (FINDINGS.md 33): no prefetch 4.5-5.1 ms, every 64
+ * bytes into L2 3.9-4.1, into L1 3.8-4.0, each line once into L1 3.7-3.8;
+ * 768 and 1536 bytes ahead within the noise of CLB_STREAM_PFB. */
+BLOCK512 void zb_prefetch_rows(const uint8_t *const w[ZB_R], size_t off, uint32_t bytes)
 {
+    UNROLL
     for (int r = 0; r < ZB_R; r++) {
         const uintptr_t at = (uintptr_t)(w[r] + off);
         for (uintptr_t l = (at + 63u) & ~(uintptr_t)63u; l < at + bytes; l += 64u)
@@ -1477,6 +1483,182 @@ BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const
 }
 
 /* ------------------------------------------------------------------------ */
+/* Q4_0, decode form (one token).
+ *
+ * Why: Q4_0 blocks are small (18 bytes: fp16 d, then qs[16]), so the work
+ * around each block's 32 products decides the speed; avx2.c's EVEX form
+ * loads and reduces a block at a time in ymm halves, and read GGUF Q4_0
+ * files at 4.4-4.6 ms a token where the 4-bit mix's Q4_K took 3.5-3.8.
+ * Here a tile is 8 rows (one from each eighth of W, avx2.c's STREAMS) x 4
+ * consecutive blocks (128 columns, 72 bytes a row):
+ * - a row's 4 blocks come in with one 64-byte load at the first block (the
+ *   4 d's at words 0, 9, 18, 27; qs from word 1) and one 16-byte load of
+ *   its last 16 bytes; one vpermt2w places block k's qs in 128-bit lane k;
+ * - low nibbles (columns 0..15 of each block) and high ones (16..31) go
+ *   into vpdpbusd against the activations laid out the same way, so lane k
+ *   holds block k's 4 partial sums, exact;
+ * - the 8 rows reduce by an exact tree to [block k: rows 0..7] int32, then
+ *   dot = that - 8 * (block's activation sum, from XB), ref's integer;
+ * - the 32 d's of the tile come from the same 64-byte loads (4 vpermt2w,
+ *   3 blends, 2 vcvtph2ps, exact);
+ * - ref's float update per block in block order, 8 rows in lanes:
+ *   acc += float(dot) * (d * xs), unfused.
+ * Blocks past the last whole 4 (nb % 4) take the same path from
+ * zero-padded copies, only their own lanes added. Rows past the last
+ * whole 8 use avx2.c's form; every tiling gives ref's bits. */
+
+enum { Q40_K = 4 }; /* blocks a tile */
+
+/* Lane k (128-bit) = block k's qs[16] of the row whose 4 blocks start at a
+ * (a = the 64 bytes there, t = its bytes 56..71). Block k's qs are the
+ * tile's words 9k + 1 .. 9k + 8; words from 32 on are t's from word 4. */
+static const int16_t Q40_QS_IDX[32] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17,
+                                       19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 36, 37, 38, 39};
+BLOCK512 __m512i q40_qs(__m512i a, __m512i t)
+{
+    return _mm512_permutex2var_epi16(a, _mm512_loadu_si512((const void *)Q40_QS_IDX), t);
+}
+
+/* Row r's isum lanes: lane k = 4 partial sums of block k (q = 0..15
+ * against the signed activations: exact). */
+BLOCK512 __m512i q40_row(__m512i qs, __m512i xlo, __m512i xhi)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i lo = _mm512_and_si512(qs, m4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo), hi, xhi);
+}
+
+/* The 8 rows' d's of the tile's 4 blocks as fp16, word 8k + r = row r's
+ * block k (a[r]: row r's 64 bytes from the tile's first block; d of block
+ * k is its word 9k). One vpermt2w a pair of rows 2p, 2p + 1 by the same
+ * index (word 8k + c <- word 9k of the first row for c even, the second
+ * for c odd), kept at words 8k + 2p, 8k + 2p + 1. */
+static const int16_t Q40_D_IDX[32] = {0, 32, 0, 32, 0, 32, 0, 32, 9, 41, 9, 41, 9, 41, 9, 41,
+                                      18, 50, 18, 50, 18, 50, 18, 50, 27, 59, 27, 59, 27, 59, 27, 59};
+BLOCK512 __m512i q40_d16(const __m512i a[ZB_R])
+{
+    const __m512i idx = _mm512_loadu_si512((const void *)Q40_D_IDX);
+    __m512i d = _mm512_permutex2var_epi16(a[0], idx, a[1]);
+    UNROLL
+    for (int p = 1; p < ZB_R / 2; p++)
+        d = _mm512_mask_mov_epi16(d, (__mmask32)(0x03030303u << (2 * p)),
+                                  _mm512_permutex2var_epi16(a[2 * p], idx, a[2 * p + 1]));
+    return d;
+}
+
+/* acc (lane r = row r) plus the first `nk` (1..4) of the 4 blocks at o
+ * of rows w[0..7], against the token's x (their 128 activations), xs and
+ * xb (the blocks' scales and 16-column sums). Reads all 4 blocks: the
+ * caller passes a short tile in zero-padded copies (q40_tile). */
+BLOCK512 __m256 q40_quad(__m256 acc, const uint8_t *const w[ZB_R], size_t o, const int8_t *x,
+                         const float *xs, const int16_t *xb, uint32_t nk)
+{
+    const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
+    /* [x of block k, columns 0..15] and [16..31] in lane k */
+    const __m512i xlo = _mm512_shuffle_i64x2(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i xhi = _mm512_shuffle_i64x2(x0, x1, _MM_SHUFFLE(3, 1, 3, 1));
+    __m512i a[ZB_R], s[ZB_R];
+    UNROLL
+    for (int r = 0; r < ZB_R; r++) {
+        a[r] = _mm512_loadu_si512((const void *)(w[r] + o));
+        const __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(w[r] + o + 56)));
+        s[r] = q40_row(q40_qs(a[r], t), xlo, xhi);
+    }
+    /* z0 lane k = block k's [rows 0..3], z1 rows 4..7 */
+    const __m512i z0 = pair64(pair32(s[0], s[1]), pair32(s[2], s[3]));
+    const __m512i z1 = pair64(pair32(s[4], s[5]), pair32(s[6], s[7]));
+    /* 8 * the blocks' activation sums; below [block 2h x 8 | block 2h + 1 x 8] */
+    const __m512i sx8 = _mm512_castsi128_si512(_mm_slli_epi32(
+        _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(const void *)xb), _mm_set1_epi16(1)), 3));
+    const __m512 xs4 = _mm512_castps128_ps512(_mm_loadu_ps(xs));
+    const __m512i d16 = q40_d16(a);
+    __m512 f[2];
+    UNROLL
+    for (int h = 0; h < 2; h++) {
+        const __m512i ih = h ? _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)
+                             : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        /* [block 2h: rows 0..7 | block 2h + 1: rows 0..7] */
+        const __m512i dot = _mm512_sub_epi32(
+            _mm512_permutex2var_epi64(z0, h ? _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15)
+                                            : _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), z1),
+            _mm512_permutexvar_epi32(ih, sx8));
+        const __m512 d = _mm512_cvtph_ps(h ? _mm512_extracti64x4_epi64(d16, 1) : _mm512_castsi512_si256(d16));
+        f[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_permutexvar_ps(ih, xs4)));
+    }
+    /* ref's order: block by block, only the tile's own */
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(f[0]));
+    if (nk > 1)
+        acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(f[0], 1));
+    if (nk > 2)
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(f[1]));
+    if (nk > 3)
+        acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(f[1], 1));
+    return acc;
+}
+
+/* Lane r = y of row w[r] for one token, rows w[0..7] of nb Q4_0 blocks,
+ * 4 blocks a step; the last nb % 4 from zero-padded copies (nothing read
+ * past a row). With `prefetch`, each row's stream CLB_STREAM_PFB bytes on. */
+static TGT512 __attribute__((noinline)) __m256 q40_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
+                                                       const float *xs, const int16_t *xb, uint32_t nb,
+                                                       int prefetch)
+{
+    enum { TILE = Q40_K * CLB_Q4_0_BYTES };
+    __m256 acc = _mm256_setzero_ps();
+    uint32_t b = 0;
+    for (; b + Q40_K <= nb; b += Q40_K) {
+        const size_t o = (size_t)b * CLB_Q4_0_BYTES;
+        if (prefetch)
+            zb_prefetch_rows(w, o + CLB_STREAM_PFB, TILE);
+        acc = q40_quad(acc, w, o, xq + (size_t)b * CLB_Q4_0_COLS, xs + b, xb + (size_t)b * 2, Q40_K);
+    }
+    if (b == nb)
+        return acc;
+    /* the short last step (a second instance of q40_quad: one with the
+     * copies in the loop was 3-5 % slower) */
+    const uint32_t nk = nb - b;
+    uint8_t wt[ZB_R][TILE] = {{0}};
+    int8_t xt[Q40_K * CLB_Q4_0_COLS] = {0};
+    float st[Q40_K] = {0.0f};
+    int16_t bt[Q40_K * 2] = {0};
+    const uint8_t *wc[ZB_R];
+    for (int r = 0; r < ZB_R; r++) {
+        memcpy(wt[r], w[r] + (size_t)b * CLB_Q4_0_BYTES, (size_t)nk * CLB_Q4_0_BYTES);
+        wc[r] = wt[r];
+    }
+    memcpy(xt, xq + (size_t)b * CLB_Q4_0_COLS, (size_t)nk * CLB_Q4_0_COLS);
+    memcpy(st, xs + b, (size_t)nk * sizeof(float));
+    memcpy(bt, xb + (size_t)b * 2, (size_t)nk * 2 * sizeof(int16_t));
+    return q40_quad(acc, wc, 0, xt, st, bt, nk);
+}
+
+/* Y[rows] for one token: tile s takes row s of each eighth of the first
+ * 8 * (rows / 8) rows (zb_decode's streams). Returns the rows done. */
+BLOCK512 uint32_t q40_decode(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                             const int16_t *XB, uint32_t rows, uint32_t cols)
+{
+    const uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
+    const size_t row_bytes = (size_t)nb * CLB_Q4_0_BYTES;
+    const uint32_t eighth = rows / ZB_R;
+    const uint8_t *w[ZB_R];
+    UNROLL
+    for (int r = 0; r < ZB_R; r++)
+        w[r] = W + (size_t)r * eighth * row_bytes;
+    if (eighth > 0)
+        zb_prefetch_rows(w, 0, CLB_STREAM_PFB);
+    for (uint32_t s = 0; s < eighth; s++) {
+        float y[ZB_R];
+        _mm256_storeu_ps(y, q40_tile(w, XQ, XS, XB, nb, s + 1 < eighth));
+        UNROLL
+        for (int r = 0; r < ZB_R; r++) {
+            Y[s + (uint32_t)r * eighth] = y[r];
+            w[r] += row_bytes;
+        }
+    }
+    return eighth * ZB_R;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The forms shared with avx2.c's EVEX-VNNI table.                          */
 
 static void z_quantize_act_i8(int8_t *XQ, float *XS, const float *X, uint32_t n,
@@ -1513,10 +1695,19 @@ static void z_matmul_q_0(unsigned dt,
         tiles(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
-static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
-                          const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+/* Q4_0: one token by q40_decode (rows past its whole strips of 8 by
+ * avx2.c's form), several as z_matmul_q_0. */
+TGT512 static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                                 const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    z_matmul_q_0(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, n, rows, cols);
+    if (n != 1) {
+        z_matmul_q_0(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, n, rows, cols);
+        return;
+    }
+    const uint32_t done = q40_decode(Y, W, XQ, XS, XB, rows, cols);
+    if (done < rows)
+        base()->matmul_q4_0(Y + done, W + (size_t)done * ((cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS) * CLB_Q4_0_BYTES,
+                            XQ, XS, XB, 1, rows - done, cols);
 }
 
 static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
