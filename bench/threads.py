@@ -33,6 +33,14 @@ steps after a 16-token prompt (llama-bench tg32: 32 tokens from an empty context
 
 A round runs every engine once, at 1 then 2 threads; the figure is the median over
 the rounds of each round's median; wall time and process CPU time. Nothing asserted.
+
+Two threads and the host: on a VM the two vCPUs may at times share the memory's
+bandwidth with something outside (bench/results/FINDINGS.md 34, 35): then two
+streams at once each run at about half speed, for every engine. So each engine's
+2-thread figures are bracketed by a quick pairing probe (the 2-core over the
+1-core read bandwidth, bench/c/bandwidth.c): a round counts as "both cores
+streaming" for that engine when both probes reach PAIRED_MIN. The ratios are
+given over all rounds, and at 2 threads also over those rounds alone.
 """
 from __future__ import annotations
 
@@ -193,6 +201,11 @@ def build_bandwidth(work: Path) -> Path:
 
 
 BW_MIB = 512  # per thread: far past any L3 of the machines we run on
+# The pairing probe: 2-core / 1-core read bandwidth, median of PAIR_PASSES passes
+# over PAIR_MIB a thread. On the Zen 5 VM (FINDINGS.md 35) it read 0.96-1.34
+# while two one-thread q4 decodes at once each took 6.1-6.5 ms a token (3.5
+# alone), and 1.77-2.22 while they took 3.4-3.8; PAIRED_MIN splits the two.
+PAIR_MIB, PAIR_PASSES, PAIRED_MIN = 128, 3, 1.4
 
 
 def run_bandwidth(probe: Path) -> dict:
@@ -203,6 +216,28 @@ def run_bandwidth(probe: Path) -> dict:
                            text=True)
         out[str(t)] = json.loads(r.stdout).get("read_gb_s") if r.returncode == 0 else None
     return out
+
+
+def run_pairing(probe: Path) -> float | None:
+    """2-core over 1-core read bandwidth now (PAIR_MIB a thread, the median of
+    PAIR_PASSES passes): near 2 when both vCPUs stream at full speed at once,
+    near 1 when they share one's worth of bandwidth. None if the probe fails."""
+    gb = {}
+    for t in (1, 2):
+        r = subprocess.run([str(probe), str(PAIR_MIB), str(PAIR_PASSES), str(t)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+        gb[t] = float(np.median(json.loads(r.stdout)["passes_gb_s"]))
+    return gb[2] / gb[1] if gb[1] else None
+
+
+def paired(pairing) -> bool | None:
+    """Both probes around a 2-thread figure at PAIRED_MIN or more (None: not
+    probed)."""
+    if not pairing or any(p is None for p in pairing):
+        return None
+    return min(pairing) >= PAIRED_MIN
 
 
 def decode_bytes_colibri(path: Path) -> int:
@@ -367,13 +402,13 @@ def run_server_round(s: Server, plan: dict, n_threads: int) -> dict:
     return out
 
 
-def run_llama_bench(flavour: str, gguf: Path, plan: dict) -> dict:
-    """One llama-bench invocation (both thread counts): its JSON, plus the
-    whole process's CPU and wall seconds (it loads the model and warms up
-    inside, so only the ratio CPU/wall is meaningful from those)."""
+def run_llama_bench(flavour: str, gguf: Path, plan: dict, threads=THREADS) -> dict:
+    """One llama-bench invocation (at `threads`): its JSON, plus the whole
+    process's CPU and wall seconds (it loads the model and warms up inside,
+    so only the ratio CPU/wall is meaningful from those)."""
     binary = LLAMA_BENCH[flavour]
     cmd = [str(binary), "-m", str(gguf), *plan["lb_args"],
-           "-t", ",".join(map(str, THREADS)), "-o", "json"]
+           "-t", ",".join(map(str, threads)), "-o", "json"]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
@@ -384,6 +419,21 @@ def run_llama_bench(flavour: str, gguf: Path, plan: dict) -> dict:
     rows = json.loads(proc.stdout)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     return {"rows": rows, "process_wall_s": wall, "process_cpu_s": cpu}
+
+
+def run_llama_bench_paired(flavour: str, gguf: Path, plan: dict, probe: Path) -> tuple:
+    """llama-bench at 1 thread, then at the others between two pairing
+    probes: (its results as one invocation's, [pairing before, after])."""
+    one = run_llama_bench(flavour, gguf, plan, (1,))
+    before = run_pairing(probe)
+    more = run_llama_bench(flavour, gguf, plan, tuple(t for t in THREADS if t > 1))
+    pairing = [before, run_pairing(probe)]
+    for r in (one, more):
+        if "error" in r:
+            return r, pairing
+    return {"rows": one["rows"] + more["rows"],
+            "process_wall_s": one["process_wall_s"] + more["process_wall_s"],
+            "process_cpu_s": one["process_cpu_s"] + more["process_cpu_s"]}, pairing
 
 
 # --- summaries ----------------------------------------------------------------
@@ -398,6 +448,7 @@ def summarise(rounds: list, plan: dict) -> dict:
     the median over rounds; tokens/s = tokens of the figure / time."""
     table: dict = {}
     for rnd in rounds:
+        pairing = rnd.get("pairing", {})
         for name, per_t in rnd["servers"].items():
             for t, res in per_t.items():
                 cell = table.setdefault(name, {}).setdefault(str(t), {})
@@ -410,9 +461,11 @@ def summarise(rounds: list, plan: dict) -> dict:
                         cell.setdefault(m, {})["error"] = r["error"]
                         continue
                     n = plan["n_prefill"] if m != "decode" else 1
-                    c = cell.setdefault(m, {"rounds_tok_s": [], "rounds_tok_s_cpu": []})
+                    c = cell.setdefault(m, {"rounds_tok_s": [], "rounds_tok_s_cpu": [],
+                                            "rounds_paired": []})
                     c["rounds_tok_s"].append(n / _median(r["wall_s"]))
                     c["rounds_tok_s_cpu"].append(n / _median(r["cpu_s"]))
+                    c["rounds_paired"].append(paired(pairing.get(name)) if int(t) > 1 else None)
         for name, res in rnd["llama_bench"].items():
             if "error" in res:
                 table.setdefault(name, {})["error"] = res["error"]
@@ -420,8 +473,11 @@ def summarise(rounds: list, plan: dict) -> dict:
             for row in res["rows"]:
                 m = "prefill_last" if row["n_prompt"] else "decode"
                 cell = table.setdefault(name, {}).setdefault(str(row["n_threads"]), {})
-                c = cell.setdefault(m, {"rounds_tok_s": [], "rounds_tok_s_cpu": []})
+                c = cell.setdefault(m, {"rounds_tok_s": [], "rounds_tok_s_cpu": [],
+                                        "rounds_paired": []})
                 c["rounds_tok_s"].append(row["avg_ts"])
+                c["rounds_paired"].append(paired(pairing.get(name))
+                                          if row["n_threads"] > 1 else None)
             table[name].setdefault("process_cpu_per_wall", []).append(
                 res["process_cpu_s"] / res["process_wall_s"])
     for name, per_t in table.items():
@@ -432,13 +488,16 @@ def summarise(rounds: list, plan: dict) -> dict:
                 if isinstance(c, dict) and "rounds_tok_s" in c:
                     c["tok_s"] = _median(c["rounds_tok_s"])
                     c["tok_s_cpu"] = _median(c["rounds_tok_s_cpu"])
+                    both = [x for x, p in zip(c["rounds_tok_s"], c.get("rounds_paired", []))
+                            if p]
+                    c["tok_s_paired"] = _median(both)
     return table
 
 
-def fig(table, engine, t, metric, cpu=False):
+def fig(table, engine, t, metric, cpu=False, paired_only=False):
     c = table.get(engine, {}).get(str(t), {})
     c = c.get(metric) if isinstance(c, dict) else None
-    return (c or {}).get("tok_s_cpu" if cpu else "tok_s")
+    return (c or {}).get("tok_s_paired" if paired_only else "tok_s_cpu" if cpu else "tok_s")
 
 
 def ratios(table: dict) -> list:
@@ -468,6 +527,11 @@ def ratios(table: dict) -> list:
                 ac, bc = fig(table, ours, t, m, True), fig(table, peer, t, m, True)
                 out.append((f"{ours} / {peer}", t, m, a / b,
                             ac / bc if ac and bc else None, GOAL_VS_PEER))
+                if t > 1:  # the rounds in which both cores streamed, for both
+                    ap, bp = (fig(table, e, t, m, paired_only=True) for e in (ours, peer))
+                    if ap and bp:
+                        out.append((f"{ours} / {peer}, both cores streaming", t, m, ap / bp,
+                                    None, GOAL_VS_PEER))
     for eng in list(table):
         for m in METRICS:
             a, b = fig(table, eng, 2, m), fig(table, eng, 1, m)
@@ -567,6 +631,24 @@ def markdown(res: dict) -> str:
         met = "" if goal is None else ("yes" if rw >= goal else "**no**")
         L.append(f"| {label} | {t} | {m.replace('_', ' ')} | {_f(rw, 2)} | {_f(rc, 2)} | "
                  f"{'' if goal is None else f'≥ {goal}'} | {met} |")
+    pairing = [rnd.get("pairing", {}) for rnd in res.get("rounds", [])]
+    if any(pairing):
+        L += ["", "## Two threads and the host", "",
+              "Pairing probe (2-core / 1-core read bandwidth, bench/c/bandwidth.c, "
+              f"{PAIR_MIB} MiB a thread, median of {PAIR_PASSES} passes) before / after each "
+              f"engine's 2-thread figures; a round counts for an engine when both reach "
+              f"{PAIRED_MIN} (both cores streaming at full speed). The ratios above marked "
+              "\"both cores streaming\" take only those rounds, for both engines.", "",
+              "| engine | " + " | ".join(f"round {i + 1}" for i in range(len(pairing))) + " |",
+              "|---|" + "---:|" * len(pairing)]
+        for eng in table:
+            cells = []
+            for p in pairing:
+                v = p.get(eng)
+                cells.append("—" if not v else " / ".join(_f(x, 2) for x in v)
+                             + (" ✓" if paired(v) else ""))
+            if any(c != "—" for c in cells):
+                L.append(f"| {eng} | " + " | ".join(cells) + " |")
     bw = res.get("bandwidth_gb_s")
     if bw:
         L += ["", "## Decode against the memory's read bandwidth (issue 28)", "",
@@ -690,15 +772,23 @@ def main(argv=None) -> int:
             rnd = {"servers": {}, "llama_bench": {}}
             log(f"round {r + 1}/{plan['rounds']}: read bandwidth probe")
             rnd["bandwidth_gb_s"] = run_bandwidth(probe)
+            rnd["pairing"] = {}
             for s in servers:
                 log(f"round {r + 1}/{plan['rounds']}: {s.name}")
-                rnd["servers"][s.name] = {t: run_server_round(s, plan, t) for t in THREADS}
+                per = {}
+                for t in THREADS:
+                    before = run_pairing(probe) if t > 1 else None
+                    per[t] = run_server_round(s, plan, t)
+                    if t > 1:
+                        rnd["pairing"][s.name] = [before, run_pairing(probe)]
+                rnd["servers"][s.name] = per
             for flavour in lb:
                 files = dict(lb_files, **(lb_q4 if flavour == "native" else {}))
                 for q, path in files.items():
-                    log(f"round {r + 1}/{plan['rounds']}: llama-bench {flavour} {q}")
-                    rnd["llama_bench"][f"llama-bench {flavour} {q}"] = run_llama_bench(
-                        flavour, path, plan)
+                    name = f"llama-bench {flavour} {q}"
+                    log(f"round {r + 1}/{plan['rounds']}: {name}")
+                    rnd["llama_bench"][name], rnd["pairing"][name] = run_llama_bench_paired(
+                        flavour, path, plan, probe)
             rounds.append(rnd)
     finally:
         for s in servers:

@@ -187,3 +187,48 @@ def test_committed_quantize_reports_render_from_their_results():
     for js in found:
         md = js.with_suffix(".md")
         assert quantize.report(json.loads(js.read_text())) == md.read_text(), md
+
+
+def test_threads_two_thread_ratio_over_rounds_both_cores_streamed():
+    """At 2 threads, each engine's rounds whose pairing probes (before and
+    after) both reach PAIRED_MIN give a second figure, and the ratio over
+    those rounds alone is reported beside the all-rounds one; a round with
+    a probe below, or none, does not count."""
+    from bench.threads import PAIRED_MIN, ratios, summarise
+    hi, lo = PAIRED_MIN + 0.3, PAIRED_MIN - 0.3
+
+    def cell(dec):
+        return {m: {"wall_s": [dec], "cpu_s": [dec]} for m in ("prefill_last", "prefill_all",
+                                                               "decode")}
+
+    def lb(ts2):
+        return {"rows": [{"n_prompt": 0, "n_gen": 32, "n_threads": 1, "avg_ts": 10.0},
+                         {"n_prompt": 0, "n_gen": 32, "n_threads": 2, "avg_ts": ts2}],
+                "process_cpu_s": 1.0, "process_wall_s": 1.0}
+
+    # colibri at 2 threads: 0.05 s (paired), 0.10 (not), 0.04 (paired);
+    # llama-bench: 15 (not), 16 (paired), 18 (paired)
+    pairs = [([hi, hi], [lo, hi]), ([hi, lo], [hi, hi]), ([hi, hi], [hi, hi])]
+    rounds = [{"servers": {"colibri int8": {1: cell(0.1), 2: cell(d)}},
+               "llama_bench": {"llama-bench native q8_0": lb(ts)},
+               "pairing": {"colibri int8": pc, "llama-bench native q8_0": pl}}
+              for d, ts, (pc, pl) in zip((0.05, 0.10, 0.04), (15.0, 16.0, 18.0), pairs)]
+    t = summarise(rounds, {"n_prefill": 1})
+    dec = t["colibri int8"]["2"]["decode"]
+    assert dec["rounds_paired"] == [True, False, True]
+    assert dec["tok_s"] == pytest.approx(20.0)           # median of 20, 10, 25
+    assert dec["tok_s_paired"] == pytest.approx(22.5)    # median of 20, 25
+    assert t["colibri int8"]["1"]["decode"]["rounds_paired"] == [None] * 3
+    assert t["llama-bench native q8_0"]["2"]["decode"]["tok_s_paired"] == pytest.approx(17.0)
+    r = {(lab, th, m): w for lab, th, m, w, _, _ in ratios(t)}
+    assert r[("colibri int8 / llama-bench native q8_0", 2, "decode")] == pytest.approx(20 / 16)
+    assert r[("colibri int8 / llama-bench native q8_0, both cores streaming", 2, "decode")] \
+        == pytest.approx(22.5 / 17.0)
+    assert not any(lab.endswith("streaming") and th == 1 for lab, th, _ in r)
+    # no probes at all (an older threads.json): no second figure, no second ratio
+    for rnd in rounds:
+        del rnd["pairing"]
+    t = summarise(rounds, {"n_prefill": 1})
+    assert t["colibri int8"]["2"]["decode"]["tok_s_paired"] is None
+    assert not any(lab.endswith("streaming") for lab, _, _ in
+                   {(lab, th, m) for lab, th, m, *_ in ratios(t)})
