@@ -814,7 +814,10 @@ enum { ZB_R = 8 };          /* rows a decode tile */
 #define ZB_FIVE(dt) ((dt) == COLIBRI_DTYPE_Q5_K)
 #define ZB_QS(dt) (ZB_FIVE(dt) ? CLB_Q5_K_QS : CLB_Q4_K_QS)
 #define ZB_BYTES(dt) ((dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES \
-                      : (dt) == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES : CLB_Q6_K_BYTES)
+                      : (dt) == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES \
+                      : (dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES : CLB_Q6_K_BYTES)
+/* Columns of a block (Q4_0's decode tile shares zb_decode). */
+#define ZB_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_COLS : CLB_QK_COLS)
 /* Bytes past the next tile that the stream prefetch runs ahead (as
  * avx2.c's BT_PF_AHEAD). */
 enum { ZB_PF_AHEAD = 4096 };
@@ -1393,11 +1396,17 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
         _mm256_storeu_ps(y[t], acc[t]);
 }
 
+/* Q4_0's decode tile ("Q4_0, decode form" below). */
+static TGT512 __attribute__((noinline)) __m256 q40_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
+                                                       const float *xs, const int16_t *xb, uint32_t nb,
+                                                       int prefetch);
+
 /* The decode tile of block dtype dt (one token, 8 rows). */
 BLOCK512 __m256 zb_tile1(const unsigned dt, const uint8_t *const w[ZB_R], const int8_t *xq,
                          const float *xs, const int16_t *xb, uint32_t nb, int prefetch)
 {
-    return dt == COLIBRI_DTYPE_Q4_K   ? q4k_tile(w, xq, xs, xb, nb, prefetch)
+    return dt == COLIBRI_DTYPE_Q4_0   ? q40_tile(w, xq, xs, xb, nb, prefetch)
+           : dt == COLIBRI_DTYPE_Q4_K ? q4k_tile(w, xq, xs, xb, nb, prefetch)
            : dt == COLIBRI_DTYPE_Q5_K ? q5k_tile(w, xq, xs, xb, nb, prefetch)
                                       : q6k_tile(w, xq, xs, xb, nb, prefetch);
 }
@@ -1453,14 +1462,15 @@ BLOCK512 uint32_t zb_strips(const unsigned dt, float *Y, const uint8_t *W, const
     return tiles * ZB_R;
 }
 
-/* Y[rows] for one token (decode), block dtype dt: tile s takes row s of
- * each eighth of the first 8 * (rows / 8) rows (avx2.c's STREAMS), each
- * row's stream prefetched CLB_STREAM_PFB ahead. Returns the rows done. */
+/* Y[rows] for one token (decode), block dtype dt (Q4_0 or a K type):
+ * tile s takes row s of each eighth of the first 8 * (rows / 8) rows
+ * (avx2.c's STREAMS), each row's stream prefetched CLB_STREAM_PFB ahead.
+ * Returns the rows done. */
 BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                             const float *XS, const int16_t *XB, uint32_t rows, uint32_t cols)
 {
     const uint32_t bytes = ZB_BYTES(dt);
-    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    const uint32_t nb = (cols + ZB_COLS(dt) - 1) / ZB_COLS(dt);
     const size_t row_bytes = (size_t)nb * bytes;
     const uint32_t eighth = rows / ZB_R;
     const uint8_t *w[ZB_R];
@@ -1632,32 +1642,6 @@ static TGT512 __attribute__((noinline)) __m256 q40_tile(const uint8_t *const w[Z
     return q40_quad(acc, wc, 0, xt, st, bt, nk);
 }
 
-/* Y[rows] for one token: tile s takes row s of each eighth of the first
- * 8 * (rows / 8) rows (zb_decode's streams). Returns the rows done. */
-BLOCK512 uint32_t q40_decode(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
-                             const int16_t *XB, uint32_t rows, uint32_t cols)
-{
-    const uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
-    const size_t row_bytes = (size_t)nb * CLB_Q4_0_BYTES;
-    const uint32_t eighth = rows / ZB_R;
-    const uint8_t *w[ZB_R];
-    UNROLL
-    for (int r = 0; r < ZB_R; r++)
-        w[r] = W + (size_t)r * eighth * row_bytes;
-    if (eighth > 0)
-        zb_prefetch_rows(w, 0, CLB_STREAM_PFB);
-    for (uint32_t s = 0; s < eighth; s++) {
-        float y[ZB_R];
-        _mm256_storeu_ps(y, q40_tile(w, XQ, XS, XB, nb, s + 1 < eighth));
-        UNROLL
-        for (int r = 0; r < ZB_R; r++) {
-            Y[s + (uint32_t)r * eighth] = y[r];
-            w[r] += row_bytes;
-        }
-    }
-    return eighth * ZB_R;
-}
-
 /* ------------------------------------------------------------------------ */
 /* The forms shared with avx2.c's EVEX-VNNI table.                          */
 
@@ -1695,8 +1679,8 @@ static void z_matmul_q_0(unsigned dt,
         tiles(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
-/* Q4_0: one token by q40_decode (rows past its whole strips of 8 by
- * avx2.c's form), several as z_matmul_q_0. */
+/* Q4_0: one token by zb_decode with q40_tile (rows past its whole strips
+ * of 8 by avx2.c's form), several as z_matmul_q_0. */
 TGT512 static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                                  const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
@@ -1704,7 +1688,7 @@ TGT512 static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, c
         z_matmul_q_0(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, n, rows, cols);
         return;
     }
-    const uint32_t done = q40_decode(Y, W, XQ, XS, XB, rows, cols);
+    const uint32_t done = zb_decode(COLIBRI_DTYPE_Q4_0, Y, W, XQ, XS, XB, rows, cols);
     if (done < rows)
         base()->matmul_q4_0(Y + done, W + (size_t)done * ((cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS) * CLB_Q4_0_BYTES,
                             XQ, XS, XB, 1, rows - done, cols);
