@@ -226,9 +226,10 @@ def run_pairing(probe: Path) -> float | None:
     for t in (1, 2):
         r = subprocess.run([str(probe), str(PAIR_MIB), str(PAIR_PASSES), str(t)],
                            capture_output=True, text=True)
-        if r.returncode != 0:
+        passes = json.loads(r.stdout).get("passes_gb_s") if r.returncode == 0 else None
+        if not passes:  # failed, or {"error": "no AVX2"}
             return None
-        gb[t] = float(np.median(json.loads(r.stdout)["passes_gb_s"]))
+        gb[t] = float(np.median(passes))
     return gb[2] / gb[1] if gb[1] else None
 
 
