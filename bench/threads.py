@@ -233,6 +233,13 @@ def run_pairing(probe: Path) -> float | None:
     return gb[2] / gb[1] if gb[1] else None
 
 
+def bracketed(probe: Path, run) -> tuple:
+    """run() between two pairing probes: (its result, [pairing before, after])."""
+    before = run_pairing(probe)
+    out = run()
+    return out, [before, run_pairing(probe)]
+
+
 def paired(pairing) -> bool | None:
     """Both probes around a 2-thread figure at PAIRED_MIN or more (None: not
     probed)."""
@@ -426,9 +433,8 @@ def run_llama_bench_paired(flavour: str, gguf: Path, plan: dict, probe: Path) ->
     """llama-bench at 1 thread, then at the others between two pairing
     probes: (its results as one invocation's, [pairing before, after])."""
     one = run_llama_bench(flavour, gguf, plan, (1,))
-    before = run_pairing(probe)
-    more = run_llama_bench(flavour, gguf, plan, tuple(t for t in THREADS if t > 1))
-    pairing = [before, run_pairing(probe)]
+    more, pairing = bracketed(
+        probe, lambda: run_llama_bench(flavour, gguf, plan, tuple(t for t in THREADS if t > 1)))
     for r in (one, more):
         if "error" in r:
             return r, pairing
@@ -776,12 +782,10 @@ def main(argv=None) -> int:
             rnd["pairing"] = {}
             for s in servers:
                 log(f"round {r + 1}/{plan['rounds']}: {s.name}")
-                per = {}
-                for t in THREADS:
-                    before = run_pairing(probe) if t > 1 else None
-                    per[t] = run_server_round(s, plan, t)
-                    if t > 1:
-                        rnd["pairing"][s.name] = [before, run_pairing(probe)]
+                per = {1: run_server_round(s, plan, 1)}
+                for t in THREADS[1:]:
+                    per[t], rnd["pairing"][s.name] = bracketed(
+                        probe, lambda t=t: run_server_round(s, plan, t))
                 rnd["servers"][s.name] = per
             for flavour in lb:
                 files = dict(lb_files, **(lb_q4 if flavour == "native" else {}))

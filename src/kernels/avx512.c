@@ -1492,6 +1492,22 @@ BLOCK512 uint32_t zb_decode(const unsigned dt, float *Y, const uint8_t *W, const
     return eighth * ZB_R;
 }
 
+/* A table's block matmul (kernels.h matmul_q4_0 and the like). */
+typedef void (*zb_matmul_fn)(float *, const uint8_t *, const int8_t *, const float *,
+                             const int16_t *, uint32_t, uint32_t, uint32_t);
+
+/* Y[rows] for one token, block dtype dt: zb_decode's whole strips of 8,
+ * the last rows % 8 by `rest` (avx2.c's form of dt). */
+BLOCK512 void zb_decode_rows(const unsigned dt, zb_matmul_fn rest, float *Y, const uint8_t *W,
+                             const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t rows,
+                             uint32_t cols)
+{
+    const uint32_t done = zb_decode(dt, Y, W, XQ, XS, XB, rows, cols);
+    if (done < rows)
+        rest(Y + done, W + (size_t)done * ((cols + ZB_COLS(dt) - 1) / ZB_COLS(dt)) * ZB_BYTES(dt),
+             XQ, XS, XB, 1, rows - done, cols);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Q4_0, decode form (one token).
  *
@@ -1665,10 +1681,7 @@ static void z_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const float *
 
 /* Q4_0 / Q5_0 (dt) from CLB_Q0_GEMM_MIN_N tokens: the GEMM with zg_micro
  * over the padded columns; below, avx2.c's tiles (`tiles`). */
-static void z_matmul_q_0(unsigned dt,
-                         void (*tiles)(float *, const uint8_t *, const int8_t *, const float *,
-                                       const int16_t *, uint32_t, uint32_t, uint32_t),
-                         float *Y, const uint8_t *W,
+static void z_matmul_q_0(unsigned dt, zb_matmul_fn tiles, float *Y, const uint8_t *W,
                          const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
                          uint32_t rows, uint32_t cols)
 {
@@ -1679,8 +1692,7 @@ static void z_matmul_q_0(unsigned dt,
         tiles(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
-/* Q4_0: one token by zb_decode with q40_tile (rows past its whole strips
- * of 8 by avx2.c's form), several as z_matmul_q_0. */
+/* Q4_0: one token by zb_decode_rows (q40_tile), several as z_matmul_q_0. */
 TGT512 static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                                  const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
@@ -1688,10 +1700,7 @@ TGT512 static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, c
         z_matmul_q_0(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, n, rows, cols);
         return;
     }
-    const uint32_t done = zb_decode(COLIBRI_DTYPE_Q4_0, Y, W, XQ, XS, XB, rows, cols);
-    if (done < rows)
-        base()->matmul_q4_0(Y + done, W + (size_t)done * ((cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS) * CLB_Q4_0_BYTES,
-                            XQ, XS, XB, 1, rows - done, cols);
+    zb_decode_rows(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, rows, cols);
 }
 
 static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
@@ -1959,22 +1968,20 @@ BLOCK512 void zb_matmul(const unsigned dt, float *Y, const uint8_t *W, const int
         clb_avx2_k_gemm(zk_pack_block, zk_micro, dt, Y, W, XQ, XS, XB, n, rows, cols);
         return;
     }
-    const uint32_t bytes = ZB_BYTES(dt);
-    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
-    const uint32_t done = n > 1 ? zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols)
-                                : zb_decode(dt, Y, W, XQ, XS, XB, rows, cols);
-    if (done == rows)
-        return;
     const colibri_kernels *k = base();
-    void (*mm)(float *, const uint8_t *, const int8_t *, const float *, const int16_t *, uint32_t,
-               uint32_t, uint32_t) = dt == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k
-                                     : ZB_FIVE(dt) ? k->matmul_q5_k : k->matmul_q6_k;
-    const uint8_t *wt = W + (size_t)done * nb * bytes;
-    const uint32_t left = rows - done; /* < ZB_R */
+    const zb_matmul_fn mm = dt == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k
+                            : ZB_FIVE(dt)            ? k->matmul_q5_k : k->matmul_q6_k;
     if (n == 1) {
-        mm(Y + done, wt, XQ, XS, XB, 1, left, cols);
+        zb_decode_rows(dt, mm, Y, W, XQ, XS, XB, rows, cols);
         return;
     }
+    const uint32_t bytes = ZB_BYTES(dt);
+    const uint32_t nb = (cols + CLB_QK_COLS - 1) / CLB_QK_COLS;
+    const uint32_t done = zb_strips(dt, Y, W, XQ, XS, XB, n, rows, cols);
+    if (done == rows)
+        return;
+    const uint8_t *wt = W + (size_t)done * nb * bytes;
+    const uint32_t left = rows - done; /* < ZB_R */
     float tmp[ZB_TAIL_T * ZB_R];
     for (uint32_t t = 0; t < n; t += ZB_TAIL_T) {
         const uint32_t nt = n - t < ZB_TAIL_T ? n - t : ZB_TAIL_T;
