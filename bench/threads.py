@@ -16,6 +16,9 @@ Engines (each loaded once, in its own process, then driven round after round):
                               llama.cpp's own Q4_K_M and Q4_0 files (the llama-bench
                               peers below) through `colibri convert FILE.gguf`, their
                               blocks kept byte for byte: equal bits exactly
+  colibri q8_0 gguf           llama.cpp's Q8_0 file (the int8 peers' own) imported the
+                              same way: Q8_0 blocks, 8.5 bits a weight where `colibri
+                              int8` stores the same kind of values at 9
   colibri int8/q4 avx2-vnni   on an AVX-512 VNNI CPU: the same files with the AVX2 VNNI
                               table forced (COLIBRI_KERNELS), beside the default
                               avx512-vnni: what the 512-bit forms add
@@ -360,7 +363,8 @@ def import_gguf(gguf: Path) -> Path:
 
 
 def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bool,
-                  precisions=PRECISIONS, q4: dict | None = None) -> list:
+                  precisions=PRECISIONS, q4: dict | None = None,
+                  q8_gguf: Path | None = None) -> list:
     servers = []
     if "f32" in precisions:
         servers.append(Server("colibri f32", [progs["vnni"], ms.colibri["f32"], tokens],
@@ -371,6 +375,9 @@ def start_servers(ms: models.ModelSet, tokens: Path, progs: dict, with_llama: bo
             Server("colibri int8 vnni=0", [progs["novnni"], ms.colibri["int8"], tokens],
                    "colibri", "int8"),
         ]
+        if q8_gguf:  # llama.cpp's own Q8_0 file, imported: Q8_0 blocks, its 8.5 bits
+            servers.append(Server("colibri q8_0 gguf", [progs["vnni"], q8_gguf, tokens],
+                                  "colibri", "int8"))
     if "q4" in precisions and q4:
         servers.append(Server("colibri q4", [progs["vnni"], q4["colibri"], tokens],
                               "colibri", "q4"))
@@ -768,10 +775,12 @@ def main(argv=None) -> int:
     lb_files = {q: ms.gguf[q] for q, prec in (("f32", "f32"), ("q8_0", "int8"))
                 if prec in precisions and ms.gguf[q].exists()}
     lb_q4 = {q: q4[q] for q in Q4_PEERS if q4 and q in q4}
+    q8_gguf = (import_gguf(ms.gguf["q8_0"]) if "int8" in precisions and have_gguf
+               and ms.gguf["q8_0"].exists() else None)
 
     probe = build_bandwidth(a.work)
     log("loading the engines")
-    servers = start_servers(ms, tokens, progs, with_llama, precisions, q4)
+    servers = start_servers(ms, tokens, progs, with_llama, precisions, q4, q8_gguf)
     kernels = {s.name: s.info.get("kernels") for s in servers if s.kind == "colibri"}
     rounds = []
     try:

@@ -84,7 +84,7 @@ TIED_I8 = {**F.PRESET_INT8, Kind.EMBED: DType.I8_GROUP}
 # of ~16 KB. ONE_LAYER keeps it small: one layer, two experts.
 BLOCKS_Q4 = {**F.PRESET_INT8, Kind.EMBED: DType.Q4_K, Kind.WQ: DType.Q5_K, Kind.WK: DType.Q6_K,
              Kind.WV: DType.Q4_0, Kind.WO: DType.Q5_0, Kind.EXPERT_W1: DType.Q4_K,
-             Kind.EXPERT_W3: DType.Q6_K, Kind.EXPERT_W2: DType.Q4_0, Kind.LM_HEAD: DType.Q6_K}
+             Kind.EXPERT_W3: DType.Q8_0, Kind.EXPERT_W2: DType.Q4_0, Kind.LM_HEAD: DType.Q6_K}
 ONE_LAYER = dataclasses.replace(TINY, n_layers=1, n_experts=2)
 
 MIXED_B = {**F.PRESET_INT8, Kind.EMBED: DType.F32, Kind.ROUTER: DType.F32,
@@ -125,7 +125,7 @@ def model_bytes(shape: ModelShape, preset, byte_order: str = "little", seed: int
 
 
 def block_bytes(byte_order: str = "little", seed: int = 0) -> bytes:
-    """ONE_LAYER with BLOCKS_Q4: Q4_0, Q5_0, Q4_K, Q5_K and Q6_K in one file of ~16 KB."""
+    """ONE_LAYER with BLOCKS_Q4: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K in one file of ~16 KB."""
     return model_bytes(ONE_LAYER, BLOCKS_Q4, byte_order, seed=seed, exact_dtypes=True)
 
 

@@ -218,6 +218,7 @@ static void kind_shape(const colibri_shape *s, const clb_desc *d, unsigned kind,
      * types (FORMAT.md 4). */
     const unsigned F = 1u << COLIBRI_DTYPE_F32,
                    BLK = 1u << COLIBRI_DTYPE_Q4_0 | 1u << COLIBRI_DTYPE_Q5_0 |
+                         1u << COLIBRI_DTYPE_Q8_0 |
                          1u << COLIBRI_DTYPE_Q4_K | 1u << COLIBRI_DTYPE_Q5_K |
                          1u << COLIBRI_DTYPE_Q6_K,
                    I8 = 1u << COLIBRI_DTYPE_I8_GROUP | BLK,

@@ -167,6 +167,7 @@ static void kernel_rows(const clb_plan *p, const clb_weight *w, const float *X,
     }
     case COLIBRI_DTYPE_Q4_0:
     case COLIBRI_DTYPE_Q5_0:
+    case COLIBRI_DTYPE_Q8_0:
     case COLIBRI_DTYPE_Q4_K:
     case COLIBRI_DTYPE_Q5_K:
     case COLIBRI_DTYPE_Q6_K: {
@@ -182,6 +183,8 @@ static void kernel_rows(const clb_plan *p, const clb_weight *w, const float *X,
             p->k->matmul_q4_0(Y, W, xq, xs, xb, n, nr, w->cols);
         else if (w->dtype == COLIBRI_DTYPE_Q5_0)
             p->k->matmul_q5_0(Y, W, xq, xs, xb, n, nr, w->cols);
+        else if (w->dtype == COLIBRI_DTYPE_Q8_0)
+            p->k->matmul_q8_0(Y, W, xq, xs, xb, n, nr, w->cols);
         else if (w->dtype == COLIBRI_DTYPE_Q4_K)
             p->k->matmul_q4_k(Y, W, xq, xs, xb, n, nr, w->cols);
         else if (w->dtype == COLIBRI_DTYPE_Q5_K)

@@ -37,8 +37,8 @@ GOLDEN_MAX_SEQ = 64     # = max_position_embeddings of every golden config
 GOLDEN_MAX_BATCH = 4    # the golden tests use batches up to 3
 # "q4+q4_0" / "q4+q5_k": the q4 mix with the experts in Q4_0 / Q5_K
 # (--experts ...): the mix itself picks neither, so these files keep them
-# under the golden tests.
-QUANTS = ("f32", "int8", "q4", "q4+q4_0", "q4+q5_k")
+# under the golden tests; "int8+q8_0" the int8 preset with Q8_0 experts.
+QUANTS = ("f32", "int8", "q4", "q4+q4_0", "q4+q5_k", "int8+q8_0")
 
 
 def _check_name(name: str) -> None:

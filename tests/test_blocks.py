@@ -1,6 +1,7 @@
 """The block types (colibri/file/blocks.py, docs/FORMAT.md 4) against llama.cpp's
 own reading of the same bytes: gguf-py (llama.cpp's Python package, pinned)
-dequantises GGUF Q4_0 / Q5_0 / Q4_K / Q6_K blocks. A Colibri block whose float32
+dequantises GGUF Q4_0 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K blocks, and its Q8_0
+quantiser (llama.cpp's quantize_row_q8_0_ref in numpy) judges ours byte for byte. A Colibri block whose float32
 scales are fp16 values is a GGUF block with the scales widened, so both
 readers must give the same floats, bit for bit (elementwise float32
 arithmetic: no BLAS, no CPU dependence).
@@ -21,8 +22,8 @@ from colibri.file import kquants  # noqa: E402
 
 GGML = {B.Q4_0: gguf.GGMLQuantizationType.Q4_0, B.Q5_0: gguf.GGMLQuantizationType.Q5_0,
         B.Q4_K: gguf.GGMLQuantizationType.Q4_K, B.Q5_K: gguf.GGMLQuantizationType.Q5_K,
-        B.Q6_K: gguf.GGMLQuantizationType.Q6_K}
-ALL = [B.Q4_0, B.Q5_0, B.Q4_K, B.Q5_K, B.Q6_K]
+        B.Q6_K: gguf.GGMLQuantizationType.Q6_K, B.Q8_0: gguf.GGMLQuantizationType.Q8_0}
+ALL = [B.Q4_0, B.Q5_0, B.Q4_K, B.Q5_K, B.Q6_K, B.Q8_0]
 
 
 def random_blocks(dtype: int, rows: int, nb: int, rng) -> np.ndarray:
@@ -44,6 +45,8 @@ def to_gguf_bytes(blk: np.ndarray, dtype: int) -> np.ndarray:
         parts = [h("d"), blk["qs"]]
     elif dtype == B.Q5_0:
         parts = [h("d"), blk["qh"], blk["qs"]]
+    elif dtype == B.Q8_0:
+        parts = [h("d"), blk["qs"].view(np.uint8)]
     elif dtype == B.Q4_K:
         parts = [h("d"), h("dmin"), blk["scales"], blk["qs"]]
     elif dtype == B.Q5_K:
@@ -68,9 +71,12 @@ def test_values_equal_llama_cpp_dequantize(dtype):
 def test_pack_unpack_round_trip(dtype):
     rng = np.random.default_rng(10 + dtype)
     blk = random_blocks(dtype, 4, 2, rng)
+    if dtype == B.Q8_0:      # 512 random bytes need not hold both ends
+        blk["qs"][0, 0, :2] = (-128, 127)
     q = B.unpack_values(blk, dtype)
-    top = {B.Q6_K: 63, B.Q5_0: 31, B.Q5_K: 31}.get(dtype, 15)
-    assert q.min() >= 0 and q.max() == top     # random bytes reach the top
+    top = {B.Q6_K: 63, B.Q5_0: 31, B.Q5_K: 31, B.Q8_0: 127}.get(dtype, 15)
+    bottom = -128 if dtype == B.Q8_0 else 0
+    assert q.min() == bottom and q.max() == top     # random bytes reach both ends
     again = blk.copy()
     for f in again.dtype.names:
         if f not in ("d", "dmin", "scales"):
@@ -91,7 +97,8 @@ def test_q4k_scale_packing_round_trip():
 # Relative RMS error of the quantisers on Gaussian weights: bounds a little
 # above what they reach (Q4_0 ~0.085, Q5_0 ~0.042, Q4_K ~0.075, Q5_K ~0.036,
 # Q6_K ~0.019 measured), so a broken packing or scale choice fails.
-RMS_BOUND = {B.Q4_0: 0.10, B.Q5_0: 0.05, B.Q4_K: 0.09, B.Q5_K: 0.045, B.Q6_K: 0.025}
+RMS_BOUND = {B.Q4_0: 0.10, B.Q5_0: 0.05, B.Q4_K: 0.09, B.Q5_K: 0.045, B.Q6_K: 0.025,
+             B.Q8_0: 0.006}   # Q8_0 ~0.0045
 
 
 @pytest.mark.parametrize("dtype", ALL)
@@ -123,6 +130,24 @@ def test_block_product_close_to_dequantised_product(dtype):
     assert np.all(np.abs(y - exact) <= bound)
     # and the bound is not vacuous: the rounding moves the product
     assert np.max(np.abs(y - exact)) > 1e-3
+
+
+@pytest.mark.parametrize("cols", [256, 96])
+def test_q8_0_quantiser_is_llama_cpps(cols):
+    """Our Q8_0 blocks are the ones llama.cpp writes for the same weights
+    (gguf-py's quantize is its quantize_row_q8_0_ref: d = amax / 127 stored
+    as fp16, q = roundf(x * (1 / d))), byte for byte; with exact halves
+    (x * (1 / d) at k + 0.5, roundf's away from zero) and zero blocks."""
+    rng = np.random.default_rng(cols)
+    w = rng.standard_normal((33, cols)).astype(np.float32)
+    # x * (1 / d) at k + 0.5: per block amax 63.5, d 0.5; the others (k + 0.5) / 2
+    halves = ((np.arange(cols) % 127 + np.float32(0.5)) / np.float32(2)).astype(np.float32)
+    halves[31::32] = np.float32(63.5)
+    w[0], w[2] = halves, -halves
+    w[1, :32] = 0
+    ours = kquants.quantize(w, B.Q8_0)
+    theirs = gq.quantize(w, GGML[B.Q8_0])
+    assert ours.tobytes() == theirs.tobytes()
 
 
 def test_zero_rows_quantise_to_zero():

@@ -248,7 +248,7 @@ HOSTILE = {
     "table crc": (lambda r: r[:70] + bytes([r[70] ^ 1]) + r[71:], "tensor table CRC mismatch"),
     "hidden changed": (lambda r: _set_header(r, "hidden", 61), r"shape \[83, 60\], the header implies \[83, 61\]"),
     "vocab overflow": (lambda r: _set_header(r, "vocab", 0xFFFFFFFF), r"the header implies \[4294967295, 60\]"),
-    "unknown dtype": (lambda r: _set_entry(r, 0, "dtype", 13), "dtype = 13 is unknown"),
+    "unknown dtype": (lambda r: _set_entry(r, 0, "dtype", 14), "dtype = 14 is unknown"),
     "retired dtype": (lambda r: _set_entry(r, 0, "dtype", 4),
                       "dtype 4 is a retired float32-scale block of an older colibri: re-convert"),
     "dtype not allowed": (lambda r: _set_entry(r, 1, "dtype", 1), "dtype I8_GROUP is not allowed for ATTN_NORM"),

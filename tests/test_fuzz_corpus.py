@@ -61,7 +61,7 @@ def test_committed_corpus_replays_clean_under_asan_ubsan(replay_exe):
 
 def test_committed_corpus_holds_every_block_type_in_both_byte_orders():
     """The committed corpus (replayed above under the sanitizers) carries
-    valid files holding Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, little- and big-endian, so the
+    valid files holding Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K, little- and big-endian, so the
     replay reaches the block kernels and the blocks' swap without the seeds."""
     from colibri.file import format as F
     from colibri.errors import FormatError
@@ -73,7 +73,8 @@ def test_committed_corpus_holds_every_block_type_in_both_byte_orders():
             continue
         seen |= {(cf.byte_order, F.DType(e.dtype)) for e in cf.entries}
     for order in ("little", "big"):
-        for dt in (F.DType.Q4_0, F.DType.Q5_0, F.DType.Q4_K, F.DType.Q5_K, F.DType.Q6_K):
+        for dt in (F.DType.Q4_0, F.DType.Q5_0, F.DType.Q8_0, F.DType.Q4_K, F.DType.Q5_K,
+                   F.DType.Q6_K):
             assert (order, dt) in seen, (order, dt.name)
 
 

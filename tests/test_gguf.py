@@ -205,16 +205,24 @@ def _check_bit_exact(gguf_path, colibri_path, ex, want_types):
 
 def test_q8_0_gguf_imports_exactly(models, tmp_path):
     """convert_hf_to_gguf.py --outtype q8_0: matrices and the embedding
-    Q8_0 -> I8_GROUP (group 32) value for value; the router (no int8 group
-    type for it) F32, also exact."""
+    Q8_0 -> Colibri's Q8_0, the same blocks (8.5 bits a weight); the router
+    (no block type for it) F32, also exact. With --experts int8 the
+    experts become I8_GROUP (group 32) value for value instead."""
     model, _, files = models["k256"]
     out = tmp_path / "q8.colibri"
     ex = _export(files["q8_0"], out)
-    _check_bit_exact(files["q8_0"], out, ex, {("Q8_0", "I8_GROUP")})
-    assert F.DType(F.read_file(out).entry(F.Kind.EMBED).dtype) == F.DType.I8_GROUP
+    _check_bit_exact(files["q8_0"], out, ex, {("Q8_0", "Q8_0")})
+    cf = F.read_file(out)
+    assert F.DType(cf.entry(F.Kind.EMBED).dtype) == F.DType.Q8_0
+    e = cf.entry(F.Kind.EXPERT_W1, 0, 0)
+    assert e.size == e.rows * (e.cols // 32) * 34       # GGUF's bytes, no wider scale
+    del cf
     err = _logits_vs_transformers(model, out)
     FIGURES["k256 Q8_0 (keep)"] = err
     assert err <= 0.05   # Q8_0's own rounding (Colibri's int8 of the checkpoint: 0.020)
+    ex = _export(files["q8_0"], tmp_path / "q8-int8.colibri", quantize_experts="int8")
+    _check_bit_exact(files["q8_0"], tmp_path / "q8-int8.colibri", ex,
+                     {("Q8_0", "Q8_0"), ("Q8_0", "I8_GROUP")})
 
 
 @pytest.fixture(scope="module")
@@ -451,7 +459,7 @@ def test_unsupported_pre_tokenizer_is_a_warning_by_name(tmp_path):
     assert ex.tokenizer is None and len(warned) == 1 and "'falcon'" in warned[0]
     ex = GGUFExporter(GF.write_gguf(tmp_path / "ok.gguf", q8=True))
     assert ex.tokenizer is not None
-    assert ("Q8_0", "I8_GROUP", "copy") in ex.summary()
+    assert ("Q8_0", "Q8_0", "copy") in ex.summary()
 
 
 # --- tokenizers: llama.cpp's vocabularies and their expected ids --------------

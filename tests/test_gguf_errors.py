@@ -167,20 +167,21 @@ def test_a_gguf_name_that_is_not_a_gguf_file_gets_gguf_advice(case, tmp_path, ca
 
 # --- 4. --group-size with kept Q8_0 tensors ------------------------------------
 
-def test_group_size_cannot_apply_to_kept_q8_0(tmp_path, capsys):
-    """Q8_0 is int8 in groups of 32 (gguf-py's GGML_QUANT_SIZES): kept as it
-    is, another group size cannot apply. It used to store every Q8_0
-    tensor as float32 instead, reporting them kept."""
+def test_group_size_leaves_kept_q8_0_alone(tmp_path):
+    """Q8_0 is kept as Colibri's Q8_0 blocks (groups of 32 by definition,
+    gguf-py's GGML_QUANT_SIZES), so --group-size (I8_GROUP's) does not touch
+    it: the blocks stay exactly as stored. (Until Q8_0 was a block type a
+    kept Q8_0 tensor was I8_GROUP in groups of 32, and another group size
+    was refused.)"""
     assert gguf.GGML_QUANT_SIZES[T.Q8_0][0] == 32
     path = GF.write_gguf(tmp_path / "q8.gguf", q8=True)
-    with pytest.raises(ConversionError, match=r"q8\.gguf: --group-size 64 cannot apply to its "
-                       r"6 Q8_0 tensor\(s\) .* drop --group-size, or requantise them with "
-                       r"--quant int8"):
-        _exporter(path, group_size=64)
-    err = _one_error_line(*_cli(capsys, "convert", path, "-o", tmp_path / "o.colibri",
-                                "--group-size", "7")[::2])
-    assert "--group-size 7" in err
-    # Asked to requantise: the group size applies, with the measured note.
+    ex = _exporter(path, group_size=64)
+    ex.export(tmp_path / "kept.colibri")
+    assert ("Q8_0", "Q8_0", "copy") in ex.summary() and not ex.notes
+    cf = F.read_file(tmp_path / "kept.colibri")
+    assert F.DType(cf.entry(F.Kind.EXPERT_W1, 0, 0).dtype) == F.DType.Q8_0
+    del cf
+    # Asked to requantise to int8: the group size applies, with the measured note.
     ex = _exporter(path, group_size=64, quant="int8")
     ex.export(tmp_path / "g64.colibri")
     cf = F.read_file(tmp_path / "g64.colibri")

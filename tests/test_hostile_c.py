@@ -62,7 +62,7 @@ C_EXPECT = {
     "table crc": (CRC, r"table_crc 0x[0-9a-f]+ != computed"),
     "hidden changed": (BAD_FORMAT, r"tensor 0 \(EMBED\): shape \[83, 60\], the header implies \[83, 61\]"),
     "vocab overflow": (BAD_FORMAT, r"tensor 0 \(EMBED\): shape \[83, 60\], the header implies \[4294967295, 60\]"),
-    "unknown dtype": (BAD_FORMAT, r"tensor 0 \(EMBED\): unknown dtype 13"),
+    "unknown dtype": (BAD_FORMAT, r"tensor 0 \(EMBED\): unknown dtype 14"),
     "retired dtype": (BAD_FORMAT, r"tensor 0 \(EMBED\): dtype 4 is a retired float32-scale "
                       r"block of an older colibri: re-convert the model"),
     "dtype not allowed": (BAD_FORMAT, r"tensor 1 \(ATTN_NORM\): dtype 1 not allowed"),
@@ -737,10 +737,10 @@ def test_encoder_decoder_wrong_crc_in_each_section(replay_exe, encdec_file, tmp_
     check_crc_in_each_section(replay_exe, tmp_path, encdec_file)
 
 
-# ---- the block types (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), in both byte orders ------
+# ---- the block types (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), in both byte orders
 #
 # fuzz/gen_seeds.py's block file: ONE_LAYER (hidden 16, 2 experts) with
-# EMBED / EXPERT_W1 Q4_K, WQ Q5_K, WK / EXPERT_W3 / LM_HEAD Q6_K, WV /
+# EMBED / EXPERT_W1 Q4_K, WQ Q5_K, WK / LM_HEAD Q6_K, EXPERT_W3 Q8_0, WV /
 # EXPERT_W2 Q4_0, WO Q5_0 (each row one block: FORMAT.md 4 pads the last block), the
 # router int16, norms float32. Every case runs on the little- and the
 # big-endian file: both readers must give the same verdict either way.
@@ -782,7 +782,8 @@ def block_file(request) -> tuple[str, bytes]:
     """(byte-order char, the block file in that order)."""
     raw = gen_seeds.block_bytes(request.param, seed=30)
     dtypes = {F.DType(e.dtype) for e in F.parse(raw).entries}
-    assert {F.DType.Q4_0, F.DType.Q5_0, F.DType.Q4_K, F.DType.Q5_K, F.DType.Q6_K} <= dtypes
+    assert {F.DType.Q4_0, F.DType.Q5_0, F.DType.Q8_0, F.DType.Q4_K, F.DType.Q5_K,
+            F.DType.Q6_K} <= dtypes
     return BYTE_ORDERS[request.param], raw
 
 
@@ -792,7 +793,7 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
     NI = F.NO_INDEX
     i_emb, i_lm = idx[(F.Kind.EMBED, NI, NI)], idx[(F.Kind.LM_HEAD, NI, NI)]
     i_wv, i_w1 = idx[(F.Kind.WV, 0, NI)], idx[(F.Kind.EXPERT_W1, 0, 1)]
-    i_wo = idx[(F.Kind.WO, 0, NI)]
+    i_wo, i_w3 = idx[(F.Kind.WO, 0, NI)], idx[(F.Kind.EXPERT_W3, 0, 1)]
     i_norm, i_ffn = idx[(F.Kind.ATTN_NORM, 0, NI)], idx[(F.Kind.FFN_NORM, 0, NI)]
     i_router, i_final = idx[(F.Kind.ROUTER, 0, NI)], idx[(F.Kind.FINAL_NORM, NI, NI)]
     emb, lm, wv, wo = (cf.entries[i] for i in (i_emb, i_lm, i_wv, i_wo))
@@ -800,6 +801,13 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
 
     def sizes(e, dtype):
         return F.section_size(dtype, e.rows, e.cols, cf.shape.group_size)
+
+    def not_allowed(i, kind, dtype):
+        """Entry i (of `kind`) given a block dtype its kind does not allow."""
+        name = F.DType(dtype).name
+        return Case(f"{kind} as {name}", set_(i, "dtype", dtype), BAD_FORMAT,
+                    rf"tensor {i} \({kind}\): dtype {dtype} not allowed for this kind",
+                    rf"dtype {name} is not allowed for {kind}")
 
     def relabelled(what, i, dtype):
         """Entry i's dtype set to another: its stored size is the other type's."""
@@ -809,7 +817,8 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
                     rf"\[{e.rows}, {e.cols}\] needs {sizes(e, dtype)}",
                     rf"size = {e.size}, expected {sizes(e, dtype)}")
 
-    Q4_0, Q4_K, Q6_K, Q5_0, Q5_K = (int(F.DType[n]) for n in ("Q4_0", "Q4_K", "Q6_K", "Q5_0", "Q5_K"))
+    Q4_0, Q4_K, Q6_K, Q5_0, Q5_K, Q8_0 = (int(F.DType[n]) for n in
+                                          ("Q4_0", "Q4_K", "Q6_K", "Q5_0", "Q5_K", "Q8_0"))
     nbytes = F.blocks.BLOCK_BYTES
     qs_at = {t: F.blocks.BLOCK_DTYPES[t].fields["qs"][1] for t in (Q4_0, Q5_0)}
     qh_at = F.blocks.BLOCK_DTYPES[Q5_0].fields["qh"][1]
@@ -830,6 +839,9 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
         relabelled("Q4_0 relabelled I8_GROUP", i_wv, 1),
         relabelled("Q4_K relabelled F32", i_w1, 0),
         relabelled("Q4_K relabelled Q5_K", i_emb, Q5_K),
+        relabelled("Q8_0 relabelled Q4_0", i_w3, Q4_0),
+        relabelled("Q8_0 relabelled I8_GROUP", i_w3, 1),
+        relabelled("Q5_0 relabelled Q8_0", i_wo, Q8_0),
         Case("dtype one past the last", set_(i_emb, "dtype", int(max(F.DType)) + 1), BAD_FORMAT,
              rf"tensor {i_emb} \(EMBED\): unknown dtype {int(max(F.DType)) + 1}",
              r"entry 0 \(EMBED\).*dtype"),
@@ -840,27 +852,11 @@ def block_cases(bc: str, raw: bytes) -> list[Case]:
                "re-convert", rf"entry {i_emb} \(EMBED\): dtype {r} is a retired "
                "float32-scale block.*re-convert") for r in F.blocks.RETIRED),
         # A block type on a kind that does not allow one (norms, router).
-        Case("ATTN_NORM as Q4_0", set_(i_norm, "dtype", Q4_0), BAD_FORMAT,
-             rf"tensor {i_norm} \(ATTN_NORM\): dtype {Q4_0} not allowed for this kind",
-             r"dtype Q4_0 is not allowed for ATTN_NORM"),
-        Case("FFN_NORM as Q4_K", set_(i_ffn, "dtype", Q4_K), BAD_FORMAT,
-             rf"tensor {i_ffn} \(FFN_NORM\): dtype {Q4_K} not allowed for this kind",
-             r"dtype Q4_K is not allowed for FFN_NORM"),
-        Case("FINAL_NORM as Q6_K", set_(i_final, "dtype", Q6_K), BAD_FORMAT,
-             rf"tensor {i_final} \(FINAL_NORM\): dtype {Q6_K} not allowed for this kind",
-             r"dtype Q6_K is not allowed for FINAL_NORM"),
-        Case("ROUTER as Q4_K", set_(i_router, "dtype", Q4_K), BAD_FORMAT,
-             rf"tensor {i_router} \(ROUTER\): dtype {Q4_K} not allowed for this kind",
-             r"dtype Q4_K is not allowed for ROUTER"),
-        Case("ROUTER as Q4_0", set_(i_router, "dtype", Q4_0), BAD_FORMAT,
-             rf"tensor {i_router} \(ROUTER\): dtype {Q4_0} not allowed for this kind",
-             r"dtype Q4_0 is not allowed for ROUTER"),
-        Case("ATTN_NORM as Q5_0", set_(i_norm, "dtype", Q5_0), BAD_FORMAT,
-             rf"tensor {i_norm} \(ATTN_NORM\): dtype {Q5_0} not allowed for this kind",
-             r"dtype Q5_0 is not allowed for ATTN_NORM"),
-        Case("ROUTER as Q5_K", set_(i_router, "dtype", Q5_K), BAD_FORMAT,
-             rf"tensor {i_router} \(ROUTER\): dtype {Q5_K} not allowed for this kind",
-             r"dtype Q5_K is not allowed for ROUTER"),
+        *(not_allowed(i, kind, dt) for i, kind, dt in (
+            (i_norm, "ATTN_NORM", Q4_0), (i_ffn, "FFN_NORM", Q4_K), (i_final, "FINAL_NORM", Q6_K),
+            (i_router, "ROUTER", Q4_K), (i_router, "ROUTER", Q4_0), (i_norm, "ATTN_NORM", Q5_0),
+            (i_router, "ROUTER", Q5_K), (i_router, "ROUTER", Q8_0), (i_ffn, "FFN_NORM", Q8_0),
+        )),
         # A block's padding columns (16..31 of a 16-column Q4_0 row: the
         # high nibbles of qs) hold other values: still valid (a reader never
         # uses them), and the logits stay finite.

@@ -256,7 +256,7 @@ def test_getters_return_null_when_not_built_in(tmp_path: Path) -> None:
 # tiles request their streams inline: each must hold a prefetch instruction.
 # avx2.c's Q6_K decode tile (in its three forms) calls an out-of-line
 # helper (kernels.h CLB_PREFETCH_HELPER): at least that many calls.
-PREFETCH_INLINE = {"avx512.c": ("q40_tile", "q4k_tile", "q5k_tile", "q6k_tile")}
+PREFETCH_INLINE = {"avx512.c": ("q40_tile", "q80_tile", "q4k_tile", "q5k_tile", "q6k_tile")}
 PREFETCH_CALLS = {"avx2.c": ("prefetch_lines", 3)}
 
 

@@ -42,7 +42,8 @@ def test_info_reports_the_header(c_build, colibri_file, name, quant):
 DTYPE_NAMES = {cformat.DType.F32: "f32", cformat.DType.I8_GROUP: "i8_group",
                cformat.DType.I16_ROW: "i16_row", cformat.DType.Q4_0: "q4_0",
                cformat.DType.Q4_K: "q4_k", cformat.DType.Q6_K: "q6_k",
-               cformat.DType.Q5_0: "q5_0", cformat.DType.Q5_K: "q5_k"}
+               cformat.DType.Q5_0: "q5_0", cformat.DType.Q5_K: "q5_k",
+               cformat.DType.Q8_0: "q8_0"}
 
 
 def _group_dtypes(cf, first, kinds, layer) -> str:

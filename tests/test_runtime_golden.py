@@ -76,11 +76,12 @@ def _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, nam
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name, quant", [(n, q) for n in Q4_NAMES for q in ("q4", "q4+q4_0")]
-                         + [("k256", "q4+q5_k")])
+                         + [("k256", "q4+q5_k"), ("tiny", "int8+q8_0"), ("awkward", "int8+q8_0")])
 def test_q4_logits_match_reference_of_same_file(c_build, colibri_file, reference,
                                                 tmp_path, name, batch, quant):
     """The 4-bit mix (Q4_K, Q6_K, Q5_0, int8 where rows are narrow; Q4_0
-    and Q5_K with --experts q4_0 / q5_k): the block products are exact integer sums with
+    and Q5_K with --experts q4_0 / q5_k; Q8_0 with --quant int8 --experts
+    q8_0, on awkward's odd widths too): the block products are exact integer sums with
     the float order of FORMAT.md 5 in both C and numpy, so rows agree as the
     int8 ones do, and for the same reason (activation rounding flips after
     1-ulp differences elsewhere: attention, norms, the f32 sums of BLAS)."""
@@ -89,7 +90,9 @@ def test_q4_logits_match_reference_of_same_file(c_build, colibri_file, reference
     dtypes = {D(e.dtype) for e in cformat.read_file(colibri_file(name, quant)).entries}
     want_types = {("tiny", "q4"): {D.Q5_0}, ("k256", "q4"): {D.Q4_K, D.Q6_K, D.Q5_0},
                   ("tiny", "q4+q4_0"): {D.Q4_0}, ("k256", "q4+q4_0"): {D.Q4_0, D.Q6_K},
-                  ("k256", "q4+q5_k"): {D.Q5_K, D.Q5_0, D.Q6_K}}
+                  ("k256", "q4+q5_k"): {D.Q5_K, D.Q5_0, D.Q6_K},
+                  ("tiny", "int8+q8_0"): {D.Q8_0, D.I8_GROUP},
+                  ("awkward", "int8+q8_0"): {D.Q8_0, D.I8_GROUP}}
     assert want_types[name, quant] <= dtypes, f"{name} {quant} file holds {sorted(dtypes)}"
     _assert_quantised_rows_agree(c_build, colibri_file, reference, tmp_path, name, quant,
                                  batch)

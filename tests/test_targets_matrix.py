@@ -17,7 +17,8 @@ kernel configuration share their compiled libraries: tests/shared_builds.py):
               (x86_64, armv7, ppc, aarch64, riscv64) must give bit-identical
               logits
   qwen2_moe   tests/golden_families.py's Qwen2-MoE (gated shared expert,
-              biases, a dense layer, top-k not renormalised), int8
+              biases, a dense layer, top-k not renormalised), int8 with
+              its experts (routed, shared, dense) in Q8_0 (`--experts q8_0`)
   granitemoe_shared  its GraniteMoeShared (multipliers, ungated shared
               expert, fused experts), f32
   ref-qwen3_moe  its Qwen3-MoE (per-head q/k norm, free head_dim, biases),
@@ -55,23 +56,34 @@ LINUX_REF_TARGETS = [n for n, t in TARGETS.items() if t.is_linux]
 # (target, CPU) for the CPUs a target lists besides the one its emulator pins.
 OTHER_CPUS = [(n, cpu) for n, t in TARGETS.items() for cpu in list(t.cpu_kernels)[1:]]
 
-# The block types the q4 matrix model must hold.
-Q4_DTYPES = set(storage.BLOCK_TYPES)     # Q4_0, Q5_0, Q4_K, Q5_K, Q6_K
+# The block types the q4 matrix model must hold; Q8_0 is the qwen2_moe
+# build's (the q4 model's three free kinds hold Q5_K, Q6_K and Q4_0).
+Q4_DTYPES = set(storage.BLOCK_TYPES) - {storage.DType.Q8_0}
 
-FAMILY_BUILDS = {"qwen2_moe": ("qwen2_moe", "int8"),
+FAMILY_BUILDS = {"qwen2_moe": ("qwen2_moe", "int8+q8_0"),
                  "granitemoe_shared": ("granitemoe_shared", "f32"),
                  "ref-qwen3_moe": ("qwen3_moe", "f32")}
 
 
 def _family_model(d: Path, family: str, quant: str) -> Path:
     """A golden family checkpoint converted by the real converter; a short
-    cache (max_seq_len 16, batch 1) keeps the emulated runs quick."""
+    cache (max_seq_len 16, batch 1) keeps the emulated runs quick. quant
+    "int8+q8_0": --quant int8 --experts q8_0 (the file must hold Q8_0)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from colibri.model.convert import ColibriExporter
     from golden_families import make_family, save_family
+    from colibri.file import format as cformat
     ck = save_family(make_family(family, seed=0), d / f"hf-{family}")
-    return ColibriExporter(ck, quant=quant, max_seq_len=16).export(d / f"{family}-{quant}.colibri")
+    preset, _, experts = quant.partition("+")
+    out = ColibriExporter(ck, quant=preset, quantize_experts=experts or None,
+                          max_seq_len=16).export(d / f"{family}-{quant}.colibri")
+    if experts:
+        f = cformat.read_file(out)
+        held = {cformat.DType(e.dtype) for e in f.entries}
+        f.close()
+        assert cformat.DType[experts.upper()] in held, f"{out.name} holds {sorted(held)}"
+    return out
 
 
 def _q4_model(d: Path) -> Path:

@@ -31,14 +31,15 @@ TOLERANCE = {"f32": 1e-4, "int8": 1e-3, "q4": 3e-2}
 
 
 def quantisation(model) -> str:
-    """"f32" if every tensor of the file is float32, "q4" if any is a block
-    type (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), else "int8"."""
+    """"f32" if every tensor of the file is float32, "q4" if any is a 4- to
+    6-bit block type (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), else "int8" (Q8_0 too:
+    its product is I8_GROUP's with groups of 32, an fp16 scale)."""
     f = cformat.read_file(model)
     try:
         dtypes = {e.dtype for e in f.entries if e.kind in cformat.Kind._value2member_map_}
         if all(d == cformat.DType.F32 for d in dtypes):
             return "f32"
-        return "q4" if any(blocks.is_block(d) for d in dtypes) else "int8"
+        return "q4" if any(blocks.is_block(d) and d != blocks.Q8_0 for d in dtypes) else "int8"
     finally:
         f.close()
 

@@ -1,4 +1,4 @@
-"""The block storage types Q4_0, Q5_0, Q4_K, Q5_K and Q6_K (docs/FORMAT.md section 4,
+"""The block storage types Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K (docs/FORMAT.md section 4,
 "Block types"): their byte layouts as numpy structured dtypes, packing and
 unpacking of the 4- and 6-bit values, the exact values a block holds
 (`dequantize`), and the block matrix-vector product of FORMAT.md section 5
@@ -9,7 +9,7 @@ A block tensor is a structured array [rows, nb] of one of BLOCK_DTYPES
 the file's order on disk (format.py swaps them). The quantisers that choose the
 values live in colibri/file/kquants.py; any block is valid.
 
-Layouts are llama.cpp's byte for byte (ggml-common.h block_q4_0, block_q5_0,
+Layouts are llama.cpp's byte for byte (ggml-common.h block_q4_0, block_q5_0, block_q8_0,
 block_q4_K, block_q5_K, block_q6_K, fp16 scales included): a GGUF tensor's
 blocks are a .colibri section's, and the reverse. Every product reads the
 scales widened to float32, which is exact.
@@ -21,33 +21,35 @@ import numpy as np
 from .quant import quantize_activations_i8
 from ..errors import ColibriError
 
-Q4_0, Q4_K, Q6_K, Q5_0, Q5_K = 8, 9, 10, 11, 12   # storage.DType values (storage.py names them)
+Q4_0, Q4_K, Q6_K, Q5_0, Q5_K, Q8_0 = 8, 9, 10, 11, 12, 13   # storage.DType values (storage.py names them)
 # The float32-scale blocks of converters before 2026-12-05 (the same five
 # types, 4 or 8 bytes a block longer): readers refuse them, "re-convert".
 RETIRED = range(3, 8)
 
 # Columns per block and the block's fields (GGUF's order: Q6_K's d is last).
-BLOCK_COLS = {Q4_0: 32, Q5_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+BLOCK_COLS = {Q4_0: 32, Q5_0: 32, Q8_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
 BLOCK_DTYPES = {
     Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
     # qh: bit 4 of column i's value is bit i % 8 of qh[i / 8] (llama.cpp's
     # uint32 qh read little-endian, kept as bytes so no reader swaps it)
     Q5_0: np.dtype([("d", "<f2"), ("qh", "u1", 4), ("qs", "u1", 16)]),
+    # the 32 values as signed bytes (I8_GROUP's with an fp16 scale)
+    Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
     Q4_K: np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)]),
     # Q4_K's fields with bit 4 of every value in qh (FORMAT.md 4)
     Q5_K: np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32),
                     ("qs", "u1", 128)]),
     Q6_K: np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")]),
 }
-BLOCK_BYTES = {k: v.itemsize for k, v in BLOCK_DTYPES.items()}   # 18, 22, 144, 176, 210
-assert BLOCK_BYTES == {Q4_0: 18, Q5_0: 22, Q4_K: 144, Q5_K: 176, Q6_K: 210}
+BLOCK_BYTES = {k: v.itemsize for k, v in BLOCK_DTYPES.items()}   # 18, 22, 34, 144, 176, 210
+assert BLOCK_BYTES == {Q4_0: 18, Q5_0: 22, Q8_0: 34, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 # The largest scale an fp16 holds (a block whose d would exceed it cannot be
 # stored: kquants refuses the tensor).
 F16_MAX = 65504.0
 # The K types with Q4_K's scale/min pairs: sub-blocks of 32, x ~ d sc q - dmin m.
 AFFINE_K = (Q4_K, Q5_K)
-# What the value of Q4_0 / Q5_0 subtracts from the stored integer.
-ZERO_OFFSET = {Q4_0: 8, Q5_0: 16}
+# What the value of Q4_0 / Q5_0 / Q8_0 subtracts from the stored integer.
+ZERO_OFFSET = {Q4_0: 8, Q5_0: 16, Q8_0: 0}
 
 
 def is_block(dtype: int) -> bool:
@@ -105,8 +107,10 @@ def pack_q4k_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
 def unpack_values(blocks: np.ndarray, dtype: int) -> np.ndarray:
     """The stored integers of every column, [rows, nb, B] int32: Q4_0 and
     Q4_K 0..15, Q5_0 and Q5_K 0..31, Q6_K 0..63 (before the -8 / -16 / -32
-    offsets)."""
+    offsets), Q8_0 -128..127."""
     dtype = int(dtype)
+    if dtype == Q8_0:
+        return blocks["qs"].astype(np.int32)
     if dtype == Q4_0:
         qs = blocks["qs"].astype(np.int32)                        # [..., 16]
         return np.concatenate([qs & 15, qs >> 4], axis=-1)
@@ -134,6 +138,9 @@ def unpack_values(blocks: np.ndarray, dtype: int) -> np.ndarray:
 def pack_values(blocks: np.ndarray, dtype: int, q: np.ndarray) -> None:
     """Store integers q [rows, nb, B] (ranges as unpack_values) into blocks."""
     dtype = int(dtype)
+    if dtype == Q8_0:
+        blocks["qs"] = q.astype(np.int8)
+        return
     q = q.astype(np.uint8)
     if dtype in (Q4_0, Q5_0):
         lo = q & 15

@@ -423,6 +423,30 @@ def quantize_q5_0(w: np.ndarray, importance=None) -> np.ndarray:
     return _quantize_q_0(w, importance, B.Q5_0)
 
 
+def quantize_q8_0(w: np.ndarray, importance=None) -> np.ndarray:
+    """Q8_0: per block of 32, x ~ d q, q in -127..127: llama.cpp's
+    quantize_row_q8_0_ref (d = amax / 127, q = round(x / d) half away from
+    zero, with x * (1 / d) as it computes it; d stored as fp16). At 8 bits
+    the rounding error is small enough that llama.cpp searches no scale, and
+    neither does this: `importance` is not used."""
+    del importance
+    x = _padded(w, B.Q8_0)
+    rows, width = x.shape
+    out = np.zeros((rows, width // 32), B.BLOCK_DTYPES[B.Q8_0])
+    for rs in _row_chunks(rows, width):
+        xb = x[rs].reshape(-1, width // 32, 32)
+        # d <= 65504 / 127: _padded refused larger weights
+        d = (np.abs(xb).max(axis=-1) / np.float32(127)).astype(np.float32)
+        v = xb * _safe_div(np.float32(1), d)[..., None]
+        # roundf: half away from zero, from the exact fraction (|v| + 0.5
+        # would round up just below a half)
+        t = np.trunc(v)
+        q = np.clip(t + np.sign(v) * (np.abs(v - t) >= np.float32(0.5)), -127, 127)
+        out["d"][rs] = d
+        B.pack_values(out[rs], B.Q8_0, q.astype(np.int32))
+    return out
+
+
 def quantize_q4_k(w: np.ndarray, importance=None) -> np.ndarray:
     """Q4_K: per sub-block of 32 x ~ s q - m (q in 0..15), s = d sc, m =
     dmin mn with the 8 sc and 8 mn of a block of 256 6-bit integers."""
@@ -492,7 +516,8 @@ def quantize_q6_k(w: np.ndarray, importance=None) -> np.ndarray:
     return out
 
 
-QUANTIZERS = {B.Q4_0: quantize_q4_0, B.Q5_0: quantize_q5_0, B.Q4_K: quantize_q4_k,
+QUANTIZERS = {B.Q4_0: quantize_q4_0, B.Q5_0: quantize_q5_0, B.Q8_0: quantize_q8_0,
+              B.Q4_K: quantize_q4_k,
               B.Q5_K: quantize_q5_k, B.Q6_K: quantize_q6_k}
 
 

@@ -27,9 +27,10 @@ class DType(enum.IntEnum):
     Q6_K = blocks.Q6_K
     Q5_0 = blocks.Q5_0
     Q5_K = blocks.Q5_K
+    Q8_0 = blocks.Q8_0
 
 
-BLOCK_TYPES = (DType.Q4_0, DType.Q5_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
+BLOCK_TYPES = (DType.Q4_0, DType.Q5_0, DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K)
 
 
 def encode(w: np.ndarray, dtype: int, group_size: int,

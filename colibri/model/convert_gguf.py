@@ -9,9 +9,8 @@ keep exactly.
 
 What `--quant` means for a GGUF input (docs/FORMAT.md, "GGUF files"):
 - not given ("keep", the default): every tensor keeps the values it has.
-  F32/F16/BF16 -> F32, Q8_0 -> I8_GROUP (group 32; so --group-size other
-  than 32 is refused for a file with Q8_0 tensors kept), Q4_0/Q5_0/Q4_K/Q5_K/Q6_K -> the
-  block type of that name; where the kind cannot use that type (the router
+  F32/F16/BF16 -> F32, Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K -> the block type of
+  that name (the same bytes); where the kind cannot use that type (the router
   is F32 or I16_ROW) -> F32, still exact.
   Other GGUF types (Q5_1, Q3_K, IQ4_XS, ...) are dequantised and stored in
   the smallest Colibri type of at least their bits (Q6_K from 5.5 bits a
@@ -53,14 +52,12 @@ REQUANTISE = "requantise"  # a quantised GGUF tensor rounded a second time
 NARROW = "narrow"
 
 
-def keep_dtype(kind: Kind, t: gguf_in.GTensor, group_size: int) -> tuple[DType, str]:
+def keep_dtype(kind: Kind, t: gguf_in.GTensor) -> tuple[DType, str]:
     """The "keep" choice for one tensor (the module docstring)."""
     allowed = fmt.ALLOWED_DTYPES[kind]
     if t.type_name == "F64":
         return DType.F32, NARROW
     ex = gguf_in.exact_dtype(t.type_name)
-    if ex == DType.I8_GROUP and group_size != 32:
-        ex = DType.F32
     if ex is not None:
         return (ex if ex in allowed else DType.F32), COPY
     bpw = 8.0 * t.block_bytes / t.block
@@ -76,11 +73,11 @@ def target_dtype(kind: Kind, t: gguf_in.GTensor, chosen: DType, group_size: int
     """The storage type for a kind's chosen type (a preset or an option)."""
     dt = fmt.fit_dtype(chosen, t.cols, kind)
     ex = gguf_in.exact_dtype(t.type_name)
-    if ex == DType.I8_GROUP and group_size != 32:
-        ex = None
+    # Q8_0's values are I8_GROUP's in groups of 32 (its fp16 scales widened)
+    q8_as_int8 = t.type_name == "Q8_0" and dt == DType.I8_GROUP and group_size == 32
     if dt == DType.F32 and t.type_name == "F64":
         return dt, NARROW
-    if dt == DType.F32 or dt == ex:
+    if dt == DType.F32 or dt == ex or q8_as_int8:
         return dt, COPY
     if t.type_name in gguf_in.FLOAT_TYPES:
         return dt, QUANTISE
@@ -144,7 +141,6 @@ class GGUFExporter:
             if Kind.LM_HEAD in self.overrides:
                 self.overrides[Kind.EMBED] = self.overrides[Kind.LM_HEAD]
         self.steps = gguf_in.plan(self.gguf, self.family, self.shape, self.desc)
-        self._refuse_group_size()
         self.choices = [self.choose(st) for st in self.steps]
         self.tokenizer = self._tokenizer(warn) if tokenizer else None
         self.notes: list[str] = []
@@ -162,27 +158,8 @@ class GGUFExporter:
         t, gs = st.source.tensor, self.shape.group_size
         chosen = self.chosen(st.kind)
         if chosen is None:
-            return keep_dtype(st.kind, t, gs)
+            return keep_dtype(st.kind, t)
         return target_dtype(st.kind, t, chosen, gs)
-
-    def _refuse_group_size(self) -> None:
-        """A kept Q8_0 tensor is int8 in groups of 32: another --group-size
-        cannot apply to it without a second rounding, which "keep" never
-        does (it used to store such tensors as float32 instead, silently
-        3.5x larger). Requantising is an explicit choice: --quant int8 or a
-        per-kind option."""
-        gs = self.shape.group_size
-        if gs == 32:
-            return
-        kept = [st.source.tensor.name for st in self.steps
-                if st.source.tensor.type_name == "Q8_0" and self.chosen(st.kind) is None
-                and DType.I8_GROUP in fmt.ALLOWED_DTYPES[st.kind]]
-        if kept:
-            names = list(dict.fromkeys(kept))
-            raise ConversionError(
-                f"{self.path}: --group-size {gs} cannot apply to its {len(names)} Q8_0 "
-                f"tensor(s) ({gguf_in._some(names, 2)}), kept as they are: int8 in groups of 32; "
-                "drop --group-size, or requantise them with --quant int8 (a second rounding)")
 
     def _tokenizer(self, warn):
         from ..text import gguf_tokenizer as gt
@@ -212,7 +189,7 @@ class GGUFExporter:
         t = src.tensor
         raw = self.gguf.read_rows(t, src.first, src.count)
         if how == COPY and dt != DType.F32:
-            got, values, scales = gguf_in.to_exact(raw, t, src.count)
+            got, values, scales = gguf_in.to_exact(raw, t, src.count, dt)
             assert got == dt, (got, dt)
             fields = [scales] if scales is not None else [values[f] for f in ("d", "dmin")
                                                           if f in values.dtype.names]

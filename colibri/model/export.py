@@ -26,7 +26,7 @@ DEFAULT_MAX_SEQ_CAP = 4096
 
 # User-facing storage-type names per option -> DType. Norms are always F32.
 BLOCK_CHOICES = {"q4_0": DType.Q4_0, "q5_0": DType.Q5_0, "q4_k": DType.Q4_K,
-                 "q5_k": DType.Q5_K, "q6_k": DType.Q6_K}
+                 "q5_k": DType.Q5_K, "q6_k": DType.Q6_K, "q8_0": DType.Q8_0}
 QUANT_CHOICES = {
     "router": ({"f32": DType.F32, "int16": DType.I16_ROW}, (Kind.ROUTER,)),
     "experts": ({"f32": DType.F32, "int8": DType.I8_GROUP, **BLOCK_CHOICES},

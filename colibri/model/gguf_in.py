@@ -118,7 +118,7 @@ def is_gguf(path: str | os.PathLike) -> bool:
 # F64 is not one: float32 rounds it (convert_gguf narrows it, and says so).
 def exact_dtype(ggml_name: str) -> DType | None:
     return {"F32": DType.F32, "F16": DType.F32, "BF16": DType.F32,
-            "Q8_0": DType.I8_GROUP, "Q4_0": DType.Q4_0, "Q5_0": DType.Q5_0, "Q4_K": DType.Q4_K,
+            "Q8_0": DType.Q8_0, "Q4_0": DType.Q4_0, "Q5_0": DType.Q5_0, "Q4_K": DType.Q4_K,
             "Q5_K": DType.Q5_K,
             "Q6_K": DType.Q6_K}.get(ggml_name)
 
@@ -662,18 +662,14 @@ def to_float(raw: bytes, t: GTensor, rows: int) -> np.ndarray:
     return np.ascontiguousarray(w, dtype=np.float32).reshape(rows, t.cols)
 
 
-# GGUF's Q8_0 block (ggml-common.h); its other block types are Colibri's byte
-# for byte (colibri/file/blocks.py).
-_Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
-
-
-def to_exact(raw: bytes, t: GTensor, rows: int):
+def to_exact(raw: bytes, t: GTensor, rows: int, dt: DType | None = None):
     """Rows of a Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K tensor -> (dtype, values, scales)
     as the .colibri writer takes them, the same values: the blocks as they
-    are (the layouts are the same), or Q8_0 as I8_GROUP int8 [rows, cols]
-    with its fp16 scales widened to float32 [rows, cols / 32]."""
-    if t.type_name == "Q8_0":
-        src = np.frombuffer(raw, _Q8_0_BLOCK).reshape(rows, -1)
+    are (Colibri's block types are GGUF's byte for byte), or, with dt
+    I8_GROUP, Q8_0 as int8 [rows, cols] with its fp16 scales widened to
+    float32 [rows, cols / 32] (exact; `--quant int8` with groups of 32)."""
+    if t.type_name == "Q8_0" and dt == DType.I8_GROUP:
+        src = np.frombuffer(raw, blocks.BLOCK_DTYPES[DType.Q8_0]).reshape(rows, -1)
         values = np.ascontiguousarray(src["qs"]).reshape(rows, t.cols)
         return DType.I8_GROUP, values, src["d"].astype(np.float32)
     dt = exact_dtype(t.type_name)

@@ -261,7 +261,8 @@ static const char *dtype_name(unsigned d)
     return d == COLIBRI_DTYPE_F32 ? "f32" : d == COLIBRI_DTYPE_I8_GROUP ? "i8_group"
          : d == COLIBRI_DTYPE_I16_ROW ? "i16_row" : d == COLIBRI_DTYPE_Q4_0 ? "q4_0"
          : d == COLIBRI_DTYPE_Q4_K ? "q4_k" : d == COLIBRI_DTYPE_Q6_K ? "q6_k"
-         : d == COLIBRI_DTYPE_Q5_0 ? "q5_0" : d == COLIBRI_DTYPE_Q5_K ? "q5_k" : "?";
+         : d == COLIBRI_DTYPE_Q5_0 ? "q5_0" : d == COLIBRI_DTYPE_Q5_K ? "q5_k"
+         : d == COLIBRI_DTYPE_Q8_0 ? "q8_0" : "?";
 }
 
 /* The storage types of a part (bits 1 << COLIBRI_DTYPE_*) as "q4_k+q6_k". */

@@ -150,10 +150,12 @@
 #define COLIBRI_DTYPE_Q6_K 10  /* 256 columns, 210 bytes */
 #define COLIBRI_DTYPE_Q5_0 11  /* 32 columns, 22 bytes */
 #define COLIBRI_DTYPE_Q5_K 12  /* 256 columns, 176 bytes */
-#define COLIBRI_DTYPE_MAX 12
-#define COLIBRI_Q4_0_COLS 32     /* columns of a Q4_0 or Q5_0 block */
+#define COLIBRI_DTYPE_Q8_0 13  /* 32 columns, 34 bytes */
+#define COLIBRI_DTYPE_MAX 13
+#define COLIBRI_Q4_0_COLS 32     /* columns of a Q4_0, Q5_0 or Q8_0 block */
 #define COLIBRI_Q4_0_BYTES 18    /* f16 d, u8 qs[16] at 2 */
 #define COLIBRI_Q5_0_BYTES 22    /* f16 d, u8 qh[4] at 2, u8 qs[16] at 6 */
+#define COLIBRI_Q8_0_BYTES 34    /* f16 d, i8 qs[32] at 2 */
 #define COLIBRI_QK_COLS 256      /* columns of a Q4_K, Q5_K or Q6_K block */
 #define COLIBRI_Q4_K_BYTES 144   /* f16 d, f16 dmin, u8 scales[12] at 4, u8 qs[128] at 16 */
 #define COLIBRI_Q5_K_BYTES 176   /* Q4_K's fields, then u8 qh[32] at 16, qs[128] at 48 */

@@ -859,11 +859,11 @@ TGT static void pack_q16(int8_t *wp, const int8_t *Q, uint32_t cols, uint32_t r0
 }
 
 /* What the GEMM form multiplies: int8 rows Q [rows, cols] with a float
- * scale per group S [rows, ng] (I8_GROUP: dt 0), or the Q4_0 / Q5_0
- * blocks W [rows, cols / 32] (dt COLIBRI_DTYPE_Q4_0 / _Q5_0), which are
- * groups of 32 in another dress: ref's block term float(sum (q - 8) x) *
+ * scale per group S [rows, ng] (I8_GROUP: dt 0), or the Q4_0 / Q5_0 / Q8_0
+ * blocks W [rows, cols / 32] (dt COLIBRI_DTYPE_Q4_0 / _Q5_0 / _Q8_0), which
+ * are groups of 32 in another dress: ref's block term float(sum (q - 8) x) *
  * (d * xs) is the group term float(dot) * (S * XS) with the value q - 8
- * (Q5_0: q - 16) and S = d, added block after block in the same order,
+ * (Q5_0: q - 16, Q8_0: q) and S = d, added block after block in the same order,
  * and quantize_act_blk's XQ / XS are quantize_act_i8's for group 32 over
  * the padded columns (zeros past cols). So the blocks, unpacked into the
  * packed layout a chunk at a time (unpack_q_0), give ref's bits. */
@@ -871,7 +871,7 @@ typedef struct {
     unsigned dt;
     const int8_t *q;  /* dt 0 */
     const float *s;   /* dt 0 */
-    const uint8_t *w; /* Q4_0 / Q5_0 */
+    const uint8_t *w; /* Q4_0 / Q5_0 / Q8_0 */
 } i8g_src;
 
 /* Bytes of a source's row of `cols` columns, and the byte of column c (a
@@ -1171,8 +1171,10 @@ static __attribute__((noinline)) TGT void i8_gemm(const int vnni, clb_i8g_micro_
 {
     enum { TB = 4, GMAX = I8G_KC / 4 };
     /* Q4_0 / Q5_0 without VNNI: byte runs (I8G_BYTE_RUN), int8 weights and
-     * biased activations as with VNNI; int8 rows: int16 pairs */
-    const uint32_t run = vnni || !src->dt ? 0u : (uint32_t)I8G_BYTE_RUN;
+     * biased activations as with VNNI; int8 rows and Q8_0 (values to 128,
+     * too large for the runs): int16 pairs */
+    const uint32_t run = vnni || !src->dt || src->dt == COLIBRI_DTYPE_Q8_0 ? 0u
+                                                                          : (uint32_t)I8G_BYTE_RUN;
     const int bytes = vnni || run;
     /* the packed weights: int8 with VNNI (pack_q16), int16 without (pack_w16) */
     __attribute__((aligned(32))) int8_t wp[16 * I8G_KC]; /* = 16 x I8G_KC16 int16 */
@@ -1459,10 +1461,16 @@ BLOCK __m256i q5_0_high16(const uint8_t *lo_blk, const uint8_t *hi_blk, const in
 
 /* The GEMM form's unpack (i8g_src): the 32 values of block b of each row,
  * low nibbles (columns 0..15) then high (16..31), Q5_0's fifth bit or-ed
- * in, less the zero; values in [-8, 7] ([-16, 15]). */
+ * in, less the zero; values in [-8, 7] ([-16, 15]); Q8_0's qs as stored. */
 static TGT void unpack_q_0(int8_t tmp[16][32], const i8g_src *src, size_t row_bytes, uint32_t r0,
                            uint32_t nr, uint32_t b)
 {
+    if (src->dt == COLIBRI_DTYPE_Q8_0) {
+        for (uint32_t i = 0; i < nr; i++)
+            memcpy(tmp[i], src->w + (size_t)(r0 + i) * row_bytes + (size_t)b * CLB_Q8_0_BYTES +
+                               CLB_Q8_0_QS, 32);
+        return;
+    }
     const int five = src->dt == COLIBRI_DTYPE_Q5_0;
     const size_t at = (size_t)b * (five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES);
     const size_t qo = five ? CLB_Q5_0_QS : CLB_Q4_0_QS;
@@ -1477,6 +1485,19 @@ static TGT void unpack_q_0(int8_t tmp[16][32], const i8g_src *src, size_t row_by
                                                              q5_0_high16(bp, bp, 1), 0x20));
         _mm256_store_si256((__m256i *)(void *)tmp[i], _mm256_sub_epi8(q, zero));
     }
+}
+
+/* The 32 products of the unsigned bytes u and the signed bytes s, 4 to an
+ * int32 lane: vpdpbusd, or vpmaddubsw then vpmaddwd (exact where the pairs
+ * fit int16: the callers' values keep them to 32512). */
+BLOCK __m256i dot_u8s8(const int vnni, __m256i u, __m256i s)
+{
+    if (vnni) {
+        __m256i a = _mm256_setzero_si256();
+        DPBUSD(vnni, a, u, s);
+        return a;
+    }
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
 /* Q4_0 (Q5_0) block b of R rows x T tokens: lane k = dot = sum_i (q_i - 8)
@@ -1565,18 +1586,9 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
                 q = _mm256_or_si256(q, _mm256_permute2x128_si256(q5_0_high16(bp, bp, 0),
                                                                  q5_0_high16(bp, bp, 1), 0x20));
             UNROLL
-            for (int t = 0; t < T; t++) {
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
-                    x[t] + (size_t)b * CLB_Q4_0_COLS));
-                __m256i a;
-                if (vnni) {
-                    a = _mm256_setzero_si256();
-                    DPBUSD(vnni, a, q, xv);
-                } else {
-                    a = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
-                }
-                acc[t * R + r] = a;
-            }
+            for (int t = 0; t < T; t++)
+                acc[t * R + r] = dot_u8s8(vnni, q, _mm256_loadu_si256((const __m256i *)(const void *)(
+                                                       x[t] + (size_t)b * CLB_Q4_0_COLS)));
         }
         sums = lane_sums(R * T, acc);
     }
@@ -1586,6 +1598,33 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
     for (int t = 0; t < T; t++)
         off[t] = zero * ((int32_t)xb[t][2 * b] + xb[t][2 * b + 1]);
     return _mm256_sub_epi32(sums, lanes_of_tokens_i(R, T, off));
+}
+
+/* Q8_0 block b of R rows x T tokens: lane k = dot = sum_i q_i * x_i over
+ * the block's 32 signed values, one 32-byte load a row. Both operands are
+ * signed, so the unsigned operand is |q| (at most 128) and the signed one x
+ * with q's sign (vpsignb; x is in [-127, 127], so its negation is exact):
+ * products <= 128 * 127, vpmaddubsw's int16 pairs <= 32512, no saturation,
+ * and no offset to take out. */
+BLOCK __m256i q8_0_dots(const int vnni, const int R, const int T, const uint8_t *const w[MAXR],
+                        const int8_t *const x[BT_MAXT], uint32_t b)
+{
+    __m256i acc[8]; /* all 8 zeroed: as q4k_sums */
+    UNROLL
+    for (int k = 0; k < 8; k++)
+        acc[k] = _mm256_setzero_si256();
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(
+            w[r] + (size_t)b * CLB_Q8_0_BYTES + CLB_Q8_0_QS));
+        const __m256i aq = _mm256_sign_epi8(q, q);
+        UNROLL
+        for (int t = 0; t < T; t++)
+            acc[t * R + r] = dot_u8s8(vnni, aq, _mm256_sign_epi8(_mm256_loadu_si256(
+                                                    (const __m256i *)(const void *)(
+                                                        x[t] + (size_t)b * CLB_Q4_0_COLS)), q));
+    }
+    return lane_sums(R * T, acc);
 }
 
 /* A Q4_K block's 8 6-bit scales and mins (clb_q4k_scale_min) as bytes
@@ -1852,12 +1891,13 @@ BLOCK void store_tile(const int R, const int T, __m256 v, float *Y, uint32_t row
 /* Bytes and columns of a block of dtype dt (a compile-time constant). */
 #define BT_BYTES(dt) ((dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES \
                       : (dt) == COLIBRI_DTYPE_Q5_0 ? CLB_Q5_0_BYTES \
+                      : (dt) == COLIBRI_DTYPE_Q8_0 ? CLB_Q8_0_BYTES \
                       : (dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES \
                       : (dt) == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES : CLB_Q6_K_BYTES)
 /* Q4_K or Q5_K: sub-block scales and mins, d and dmin */
 #define BT_AFFINE(dt) ((dt) == COLIBRI_DTYPE_Q4_K || (dt) == COLIBRI_DTYPE_Q5_K)
-#define BT_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 || (dt) == COLIBRI_DTYPE_Q5_0 ? CLB_Q4_0_COLS \
-                     : CLB_QK_COLS)
+#define BT_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 || (dt) == COLIBRI_DTYPE_Q5_0 || \
+                     (dt) == COLIBRI_DTYPE_Q8_0 ? CLB_Q4_0_COLS : CLB_QK_COLS)
 
 /* The lines that start in [w[r] + off, + n) of each of the R rows into L2:
  * over a row's consecutive blocks, each line of the stream once. Q6_K's
@@ -1980,9 +2020,11 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
             }
         }
         const __m256 xsv = lanes_of_tokens(R, T, xsb);
-        if (dt == COLIBRI_DTYPE_Q4_0 || dt == COLIBRI_DTYPE_Q5_0) {
+        if (BT_COLS(dt) == CLB_Q4_0_COLS) {
             /* acc += float(dot) * (d * xs) */
-            const __m256i dot = q4_0_dots(vnni, dt == COLIBRI_DTYPE_Q5_0, R, T, w, x, xb, b);
+            const __m256i dot = dt == COLIBRI_DTYPE_Q8_0
+                                    ? q8_0_dots(vnni, R, T, w, x, b)
+                                    : q4_0_dots(vnni, dt == COLIBRI_DTYPE_Q5_0, R, T, w, x, xb, b);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dv, xsv)));
         } else if (BT_AFFINE(dt)) {
             /* acc += xs * (d * float(isum) - dmin * float(msum)) */
@@ -2406,7 +2448,7 @@ BLOCK void blk_matmul(const int vnni, const unsigned dt, float *Y, const uint8_t
             blk_panels(vnni, dt, Y, W, XQ, XS, XB, n, rows, nb, r);
         return;
     }
-    if (n >= CLB_Q0_GEMM_MIN_N) { /* Q4_0 / Q5_0 as the int8 GEMM's groups */
+    if (n >= CLB_Q0_GEMM_MIN_N) { /* Q4_0 / Q5_0 / Q8_0 as the int8 GEMM's groups */
         const i8g_src src = {dt, NULL, NULL, W};
         i8_gemm(vnni, NULL, Y, &src, XQ, XS, n, rows, nb * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
         return;
@@ -2451,6 +2493,36 @@ BT_ENTRY(avx2_evex_vnni_matmul_q4_k, 2, COLIBRI_DTYPE_Q4_K)
 BT_ENTRY(avx2_evex_vnni_matmul_q6_k, 2, COLIBRI_DTYPE_Q6_K)
 BT_ENTRY(avx2_evex_vnni_matmul_q5_0, 2, COLIBRI_DTYPE_Q5_0)
 #undef BT_ENTRY
+
+/* Q8_0 (GGUF Q8_0 imports, --experts q8_0): one instance of the tiles, the
+ * plain AVX2 ones (vpsignb and vpmaddubsw are exact for its values, and
+ * its decode is bound by the memory), and from CLB_Q0_GEMM_MIN_N tokens
+ * the int8 GEMM in the table's integer form (`gemm`, as BT_ENTRY's vnni:
+ * i8_gemm takes it at run time): 2 x 3.2 KiB of code less than an
+ * instance per form, the same bits. */
+static __attribute__((noinline)) TGT void q8_0_matmul(const int gemm, float *Y, const uint8_t *W,
+                                                      const int8_t *XQ, const float *XS,
+                                                      const int16_t *XB, uint32_t n,
+                                                      uint32_t rows, uint32_t cols)
+{
+    if (n >= CLB_Q0_GEMM_MIN_N) {
+        const i8g_src src = {COLIBRI_DTYPE_Q8_0, NULL, NULL, W};
+        const uint32_t padded = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS * CLB_Q4_0_COLS;
+        i8_gemm(gemm, NULL, Y, &src, XQ, XS, n, rows, padded, CLB_Q4_0_COLS);
+        return;
+    }
+    blk_matmul(0, COLIBRI_DTYPE_Q8_0, Y, W, XQ, XS, XB, n, rows, cols);
+}
+#define Q8_ENTRY(name, gemm)                                                            \
+    static void name(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,     \
+                     const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)       \
+    {                                                                                   \
+        q8_0_matmul(gemm, Y, W, XQ, XS, XB, n, rows, cols);                             \
+    }
+Q8_ENTRY(avx2_matmul_q8_0, 0)
+Q8_ENTRY(avx2_vnni_matmul_q8_0, 1)
+Q8_ENTRY(avx2_evex_vnni_matmul_q8_0, 2)
+#undef Q8_ENTRY
 
 /* The sums of each 16 consecutive xq[0 .. len) (len a multiple of 32) into
  * xb: vpsadbw sums 8 unsigned bytes exactly, so the bytes are biased by
@@ -2928,6 +3000,7 @@ static const colibri_kernels avx2_kernels = {
     avx2_matmul_q6_k,
     avx2_matmul_q5_0,
     avx2_matmul_q5_k,
+    avx2_matmul_q8_0,
     avx2_attend,
     avx2_attend_rows,
     avx2_silu_mul,
@@ -2953,6 +3026,7 @@ static const colibri_kernels avx2_vnni_kernels = {
     avx2_vnni_matmul_q6_k,
     avx2_vnni_matmul_q5_0,
     avx2_matmul_q5_k,
+    avx2_vnni_matmul_q8_0,
     avx2_attend,
     avx2_attend_rows,
     avx2_silu_mul,
@@ -2970,6 +3044,7 @@ static const colibri_kernels avx2_evex_vnni_kernels = {
     avx2_evex_vnni_matmul_q6_k,
     avx2_evex_vnni_matmul_q5_0,
     avx2_matmul_q5_k,
+    avx2_evex_vnni_matmul_q8_0,
     avx2_attend,
     avx2_attend_rows,
     avx2_silu_mul,

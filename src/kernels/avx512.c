@@ -815,9 +815,11 @@ enum { ZB_R = 8 };          /* rows a decode tile */
 #define ZB_QS(dt) (ZB_FIVE(dt) ? CLB_Q5_K_QS : CLB_Q4_K_QS)
 #define ZB_BYTES(dt) ((dt) == COLIBRI_DTYPE_Q4_K ? CLB_Q4_K_BYTES \
                       : (dt) == COLIBRI_DTYPE_Q5_K ? CLB_Q5_K_BYTES \
-                      : (dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES : CLB_Q6_K_BYTES)
-/* Columns of a block (Q4_0's decode tile shares zb_decode). */
-#define ZB_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_COLS : CLB_QK_COLS)
+                      : (dt) == COLIBRI_DTYPE_Q4_0 ? CLB_Q4_0_BYTES \
+                      : (dt) == COLIBRI_DTYPE_Q8_0 ? CLB_Q8_0_BYTES : CLB_Q6_K_BYTES)
+/* Columns of a block (Q4_0's and Q8_0's decode tiles share zb_decode). */
+#define ZB_COLS(dt) ((dt) == COLIBRI_DTYPE_Q4_0 || (dt) == COLIBRI_DTYPE_Q8_0 ? CLB_Q4_0_COLS \
+                                                                            : CLB_QK_COLS)
 /* Bytes past the next tile that the stream prefetch runs ahead (as
  * avx2.c's BT_PF_AHEAD). */
 enum { ZB_PF_AHEAD = 4096 };
@@ -1396,8 +1398,11 @@ BLOCK512 void zb_tile4(const unsigned dt, float *const y[4], const uint8_t *cons
         _mm256_storeu_ps(y[t], acc[t]);
 }
 
-/* Q4_0's decode tile ("Q4_0, decode form" below). */
+/* Q4_0's and Q8_0's decode tiles ("Q4_0 and Q8_0, decode form" below). */
 static TGT512 __attribute__((noinline)) __m256 q40_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
+                                                       const float *xs, const int16_t *xb, uint32_t nb,
+                                                       int prefetch);
+static TGT512 __attribute__((noinline)) __m256 q80_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
                                                        const float *xs, const int16_t *xb, uint32_t nb,
                                                        int prefetch);
 
@@ -1406,6 +1411,7 @@ BLOCK512 __m256 zb_tile1(const unsigned dt, const uint8_t *const w[ZB_R], const 
                          const float *xs, const int16_t *xb, uint32_t nb, int prefetch)
 {
     return dt == COLIBRI_DTYPE_Q4_0   ? q40_tile(w, xq, xs, xb, nb, prefetch)
+           : dt == COLIBRI_DTYPE_Q8_0 ? q80_tile(w, xq, xs, xb, nb, prefetch)
            : dt == COLIBRI_DTYPE_Q4_K ? q4k_tile(w, xq, xs, xb, nb, prefetch)
            : dt == COLIBRI_DTYPE_Q5_K ? q5k_tile(w, xq, xs, xb, nb, prefetch)
                                       : q6k_tile(w, xq, xs, xb, nb, prefetch);
@@ -1509,7 +1515,7 @@ BLOCK512 void zb_decode_rows(const unsigned dt, zb_matmul_fn rest, float *Y, con
 }
 
 /* ------------------------------------------------------------------------ */
-/* Q4_0, decode form (one token).
+/* Q4_0 and Q8_0, decode form (one token).
  *
  * Why: Q4_0 blocks are small (18 bytes: fp16 d, then qs[16]), so the work
  * around each block's 32 products decides the speed; avx2.c's EVEX form
@@ -1531,7 +1537,16 @@ BLOCK512 void zb_decode_rows(const unsigned dt, zb_matmul_fn rest, float *Y, con
  *   acc += float(dot) * (d * xs), unfused.
  * Blocks past the last whole 4 (nb % 4) take the same path from
  * zero-padded copies, only their own lanes added. Rows past the last
- * whole 8 use avx2.c's form; every tiling gives ref's bits. */
+ * whole 8 use avx2.c's form; every tiling gives ref's bits.
+ *
+ * Q8_0 (34 bytes: fp16 d, then 32 signed qs; llama.cpp's Q8_0 files, and
+ * --experts q8_0) shares the tile's shape and its float update. A row's
+ * 4 blocks are 136 bytes: two blocks' qs (2 x 32 bytes) make one zmm in
+ * column order, xor 0x80 makes them vpdpbusd's unsigned operand (q + 128),
+ * and the bias is 128 * (the block's activation sum, from XB), taken off
+ * as Q4_0's 8 *; the d's come from the row's first and second 64 bytes.
+ * avx2.c's EVEX form (one block at a time in ymm, vpsignb) read 33-35
+ * GB/s from memory on Zen 5 (test_kernels --bench 1x2816x1024). */
 
 enum { Q40_K = 4 }; /* blocks a tile */
 
@@ -1572,32 +1587,23 @@ BLOCK512 __m512i q40_d16(const __m512i a[ZB_R])
     return d;
 }
 
-/* acc (lane r = row r) plus the first `nk` (1..4) of the 4 blocks at o
- * of rows w[0..7], against the token's x (their 128 activations), xs and
- * xb (the blocks' scales and 16-column sums). Reads all 4 blocks: the
- * caller passes a short tile in zero-padded copies (q40_tile). */
-BLOCK512 __m256 q40_quad(__m256 acc, const uint8_t *const w[ZB_R], size_t o, const int8_t *x,
-                         const float *xs, const int16_t *xb, uint32_t nk)
+/* acc (lane r = row r) plus ref's float update of the first `nk` (1..4)
+ * of a tile's 4 blocks: s[r] (128-bit lane k = 4 partial sums of row r's
+ * block k, its stored values against the activations), d16 (word 8k + r
+ * = row r's block k's fp16 d), xs and xb the blocks' activation scales and
+ * 16-column sums; dot = the partials' sum - (1 << zshift) * (the block's
+ * activation sum): Q4_0's zero 8, Q8_0's bias 128. */
+BLOCK512 __m256 q_0_update(__m256 acc, const __m512i s[ZB_R], __m512i d16, const float *xs,
+                           const int16_t *xb, int zshift, uint32_t nk)
 {
-    const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
-    /* [x of block k, columns 0..15] and [16..31] in lane k */
-    const __m512i xlo = _mm512_shuffle_i64x2(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i xhi = _mm512_shuffle_i64x2(x0, x1, _MM_SHUFFLE(3, 1, 3, 1));
-    __m512i a[ZB_R], s[ZB_R];
-    UNROLL
-    for (int r = 0; r < ZB_R; r++) {
-        a[r] = _mm512_loadu_si512((const void *)(w[r] + o));
-        const __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(w[r] + o + 56)));
-        s[r] = q40_row(q40_qs(a[r], t), xlo, xhi);
-    }
     /* z0 lane k = block k's [rows 0..3], z1 rows 4..7 */
     const __m512i z0 = pair64(pair32(s[0], s[1]), pair32(s[2], s[3]));
     const __m512i z1 = pair64(pair32(s[4], s[5]), pair32(s[6], s[7]));
-    /* 8 * the blocks' activation sums; below [block 2h x 8 | block 2h + 1 x 8] */
-    const __m512i sx8 = _mm512_castsi128_si512(_mm_slli_epi32(
-        _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(const void *)xb), _mm_set1_epi16(1)), 3));
+    /* the zero times the blocks' activation sums; below [block 2h x 8 | block 2h + 1 x 8] */
+    const __m512i sx8 = _mm512_castsi128_si512(_mm_sll_epi32(
+        _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(const void *)xb), _mm_set1_epi16(1)),
+        _mm_cvtsi32_si128(zshift)));
     const __m512 xs4 = _mm512_castps128_ps512(_mm_loadu_ps(xs));
-    const __m512i d16 = q40_d16(a);
     __m512 f[2];
     UNROLL
     for (int h = 0; h < 2; h++) {
@@ -1622,25 +1628,107 @@ BLOCK512 __m256 q40_quad(__m256 acc, const uint8_t *const w[ZB_R], size_t o, con
     return acc;
 }
 
-/* Lane r = y of row w[r] for one token, rows w[0..7] of nb Q4_0 blocks,
- * 4 blocks a step; the last nb % 4 from zero-padded copies (nothing read
- * past a row). With `prefetch`, each row's stream CLB_STREAM_PFB bytes on. */
-static TGT512 __attribute__((noinline)) __m256 q40_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
-                                                       const float *xs, const int16_t *xb, uint32_t nb,
-                                                       int prefetch)
+/* acc (lane r = row r) plus the first `nk` (1..4) of the 4 Q4_0 blocks at
+ * o of rows w[0..7], against the token's x (their 128 activations), xs and
+ * xb (the blocks' scales and 16-column sums). Reads all 4 blocks: the
+ * caller passes a short tile in zero-padded copies (q_0_tile). */
+BLOCK512 __m256 q40_quad(__m256 acc, const uint8_t *const w[ZB_R], size_t o, const int8_t *x,
+                         const float *xs, const int16_t *xb, uint32_t nk)
 {
-    enum { TILE = Q40_K * CLB_Q4_0_BYTES };
+    const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
+    /* [x of block k, columns 0..15] and [16..31] in lane k */
+    const __m512i xlo = _mm512_shuffle_i64x2(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i xhi = _mm512_shuffle_i64x2(x0, x1, _MM_SHUFFLE(3, 1, 3, 1));
+    __m512i a[ZB_R], s[ZB_R];
+    UNROLL
+    for (int r = 0; r < ZB_R; r++) {
+        a[r] = _mm512_loadu_si512((const void *)(w[r] + o));
+        const __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(w[r] + o + 56)));
+        s[r] = q40_row(q40_qs(a[r], t), xlo, xhi);
+    }
+    return q_0_update(acc, s, q40_d16(a), xs, xb, 3, nk);
+}
+
+/* Q8_0's d's as q40_d16 lays them out (word 8k + r = row r's block k),
+ * from each row's first 64 bytes a[r] (blocks 0 and 1: d at words 0 and
+ * 17) and its next 64 b[r] (blocks 2 and 3: words 2 and 19 there). Per
+ * pair of rows 2p, 2p + 1 one vpermt2w of each (c even: the first row,
+ * odd: the second), merged at words 8k + 2p, 8k + 2p + 1. */
+static const int16_t Q80_DA_IDX[32] = {0, 32, 0, 32, 0, 32, 0, 32, 17, 49, 17, 49, 17, 49, 17, 49,
+                                       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int16_t Q80_DB_IDX[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                       2, 34, 2, 34, 2, 34, 2, 34, 19, 51, 19, 51, 19, 51, 19, 51};
+BLOCK512 __m512i q80_d16(const __m512i a[ZB_R], const __m512i b[ZB_R])
+{
+    const __m512i ia = _mm512_loadu_si512((const void *)Q80_DA_IDX);
+    const __m512i ib = _mm512_loadu_si512((const void *)Q80_DB_IDX);
+    __m512i d = _mm512_setzero_si512();
+    UNROLL
+    for (int p = 0; p < ZB_R / 2; p++) {
+        const __m512i pair = _mm512_mask_mov_epi16(_mm512_permutex2var_epi16(a[2 * p], ia, a[2 * p + 1]),
+                                                   (__mmask32)0xFFFF0000u,
+                                                   _mm512_permutex2var_epi16(b[2 * p], ib, b[2 * p + 1]));
+        d = _mm512_mask_mov_epi16(d, (__mmask32)(0x03030303u << (2 * p)), pair);
+    }
+    return d;
+}
+
+/* q40_quad for Q8_0: rows w[0..7]'s 4 blocks at o (136 bytes each). */
+BLOCK512 __m256 q80_quad(__m256 acc, const uint8_t *const w[ZB_R], size_t o, const int8_t *x,
+                         const float *xs, const int16_t *xb, uint32_t nk)
+{
+    /* the activations of blocks 0, 1 and 2, 3 in column order */
+    const __m512i x0 = _mm512_loadu_si512((const void *)x), x1 = _mm512_loadu_si512((const void *)(x + 64));
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512i a[ZB_R], b[ZB_R], s[ZB_R];
+    UNROLL
+    for (int r = 0; r < ZB_R; r++) {
+        const uint8_t *p = w[r] + o;
+        a[r] = _mm512_loadu_si512((const void *)p);
+        b[r] = _mm512_loadu_si512((const void *)(p + 64));
+        /* [qs of block 0 | block 1] and [block 2 | block 3], q + 128 */
+        const __m512i q01 = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(p + CLB_Q8_0_QS))),
+            _mm256_loadu_si256((const __m256i *)(const void *)(p + CLB_Q8_0_BYTES + CLB_Q8_0_QS)), 1);
+        const __m512i q23 = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(
+                p + 2 * CLB_Q8_0_BYTES + CLB_Q8_0_QS))),
+            _mm256_loadu_si256((const __m256i *)(const void *)(p + 3 * CLB_Q8_0_BYTES + CLB_Q8_0_QS)), 1);
+        /* block k's two 128-bit lanes added: lane k = its 4 partial sums */
+        s[r] = pair128(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(q01, bias), x0),
+                       _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(q23, bias), x1));
+    }
+    return q_0_update(acc, s, q80_d16(a, b), xs, xb, 7, nk);
+}
+
+/* q40_quad or q80_quad (dt Q4_0 or Q8_0). */
+BLOCK512 __m256 q_0_quad(const unsigned dt, __m256 acc, const uint8_t *const w[ZB_R], size_t o,
+                         const int8_t *x, const float *xs, const int16_t *xb, uint32_t nk)
+{
+    return dt == COLIBRI_DTYPE_Q8_0 ? q80_quad(acc, w, o, x, xs, xb, nk)
+                                    : q40_quad(acc, w, o, x, xs, xb, nk);
+}
+
+/* Lane r = y of row w[r] for one token, rows w[0..7] of nb blocks of dt
+ * (Q4_0 or Q8_0), 4 blocks a step; the last nb % 4 from zero-padded copies
+ * (nothing read past a row). With `prefetch`, each row's stream
+ * CLB_STREAM_PFB bytes on. */
+BLOCK512 __m256 q_0_tile(const unsigned dt, const uint8_t *const w[ZB_R], const int8_t *xq,
+                         const float *xs, const int16_t *xb, uint32_t nb, int prefetch)
+{
+    enum { TILE = Q40_K * CLB_Q8_0_BYTES }; /* the larger type's */
+    const uint32_t bytes = ZB_BYTES(dt);
     __m256 acc = _mm256_setzero_ps();
     uint32_t b = 0;
     for (; b + Q40_K <= nb; b += Q40_K) {
-        const size_t o = (size_t)b * CLB_Q4_0_BYTES;
+        const size_t o = (size_t)b * bytes;
         if (prefetch)
-            zb_prefetch_rows(w, o + CLB_STREAM_PFB, TILE);
-        acc = q40_quad(acc, w, o, xq + (size_t)b * CLB_Q4_0_COLS, xs + b, xb + (size_t)b * 2, Q40_K);
+            zb_prefetch_rows(w, o + CLB_STREAM_PFB, Q40_K * bytes);
+        acc = q_0_quad(dt, acc, w, o, xq + (size_t)b * CLB_Q4_0_COLS, xs + b, xb + (size_t)b * 2, Q40_K);
     }
     if (b == nb)
         return acc;
-    /* the short last step (a second instance of q40_quad: one with the
+    /* the short last step (a second instance of the quad: one with the
      * copies in the loop was 3-5 % slower) */
     const uint32_t nk = nb - b;
     uint8_t wt[ZB_R][TILE] = {{0}};
@@ -1649,13 +1737,27 @@ static TGT512 __attribute__((noinline)) __m256 q40_tile(const uint8_t *const w[Z
     int16_t bt[Q40_K * 2] = {0};
     const uint8_t *wc[ZB_R];
     for (int r = 0; r < ZB_R; r++) {
-        memcpy(wt[r], w[r] + (size_t)b * CLB_Q4_0_BYTES, (size_t)nk * CLB_Q4_0_BYTES);
+        memcpy(wt[r], w[r] + (size_t)b * bytes, (size_t)nk * bytes);
         wc[r] = wt[r];
     }
     memcpy(xt, xq + (size_t)b * CLB_Q4_0_COLS, (size_t)nk * CLB_Q4_0_COLS);
     memcpy(st, xs + b, (size_t)nk * sizeof(float));
     memcpy(bt, xb + (size_t)b * 2, (size_t)nk * 2 * sizeof(int16_t));
-    return q40_quad(acc, wc, 0, xt, st, bt, nk);
+    return q_0_quad(dt, acc, wc, 0, xt, st, bt, nk);
+}
+
+static TGT512 __attribute__((noinline)) __m256 q40_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
+                                                       const float *xs, const int16_t *xb, uint32_t nb,
+                                                       int prefetch)
+{
+    return q_0_tile(COLIBRI_DTYPE_Q4_0, w, xq, xs, xb, nb, prefetch);
+}
+
+static TGT512 __attribute__((noinline)) __m256 q80_tile(const uint8_t *const w[ZB_R], const int8_t *xq,
+                                                       const float *xs, const int16_t *xb, uint32_t nb,
+                                                       int prefetch)
+{
+    return q_0_tile(COLIBRI_DTYPE_Q8_0, w, xq, xs, xb, nb, prefetch);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1679,34 +1781,40 @@ static void z_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB, const float *
     base()->quantize_act_blk(XQ, XS, XB, X, n, cols, block);
 }
 
-/* Q4_0 / Q5_0 (dt) from CLB_Q0_GEMM_MIN_N tokens: the GEMM with zg_micro
- * over the padded columns; below, avx2.c's tiles (`tiles`). */
-static void z_matmul_q_0(unsigned dt, zb_matmul_fn tiles, float *Y, const uint8_t *W,
-                         const int8_t *XQ, const float *XS, const int16_t *XB, uint32_t n,
-                         uint32_t rows, uint32_t cols)
+/* Q4_0 / Q5_0 / Q8_0 (dt) from CLB_Q0_GEMM_MIN_N tokens: the GEMM with
+ * zg_micro over the padded columns; one token of Q4_0 or Q8_0 by
+ * zb_decode_rows (q40_tile, q80_tile); the rest avx2.c's tiles (`tiles`). */
+static TGT512 __attribute__((noinline)) void z_matmul_q_0(const unsigned dt, zb_matmul_fn tiles,
+                                                          float *Y, const uint8_t *W,
+                                                          const int8_t *XQ, const float *XS,
+                                                          const int16_t *XB, uint32_t n,
+                                                          uint32_t rows, uint32_t cols)
 {
     if (n >= CLB_Q0_GEMM_MIN_N)
         clb_avx2_i8_gemm(zg_micro, dt, W, NULL, Y, XQ, XS, n, rows,
                          (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS * CLB_Q4_0_COLS, CLB_Q4_0_COLS);
+    else if (n == 1 && dt != COLIBRI_DTYPE_Q5_0)
+        zb_decode_rows(dt, tiles, Y, W, XQ, XS, XB, rows, cols);
     else
         tiles(Y, W, XQ, XS, XB, n, rows, cols);
 }
 
-/* Q4_0: one token by zb_decode_rows (q40_tile), several as z_matmul_q_0. */
 TGT512 static void z_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                                  const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    if (n != 1) {
-        z_matmul_q_0(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, n, rows, cols);
-        return;
-    }
-    zb_decode_rows(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, rows, cols);
+    z_matmul_q_0(COLIBRI_DTYPE_Q4_0, base()->matmul_q4_0, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
-static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
-                          const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+TGT512 static void z_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                                 const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
     z_matmul_q_0(COLIBRI_DTYPE_Q5_0, base()->matmul_q5_0, Y, W, XQ, XS, XB, n, rows, cols);
+}
+
+TGT512 static void z_matmul_q8_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                                 const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    z_matmul_q_0(COLIBRI_DTYPE_Q8_0, base()->matmul_q8_0, Y, W, XQ, XS, XB, n, rows, cols);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2028,6 +2136,7 @@ static const colibri_kernels avx512_vnni_kernels = {
     z_matmul_q6_k,
     z_matmul_q5_0,
     z_matmul_q5_k,
+    z_matmul_q8_0,
     z_attend,
     z_attend_rows,
     z_silu_mul,

@@ -275,8 +275,8 @@ typedef struct colibri_kernels {
                        const float *X, uint32_t n, uint32_t rows, uint32_t cols);
 
     /* --- Block-quantised weights (docs/FORMAT.md 4, "Block types"; the
-     * arithmetic of section 5). B = 32 for Q4_0 and Q5_0, 256 for Q4_K, Q5_K
-     * and Q6_K;
+     * arithmetic of section 5). B = 32 for Q4_0, Q5_0 and Q8_0, 256 for
+     * Q4_K, Q5_K and Q6_K;
      * nb = ceil(cols / B); a weight row is nb consecutive blocks. */
 
     /* Activations for block weights: X float [n, cols] -> XQ int8
@@ -304,6 +304,9 @@ typedef struct colibri_kernels {
                         const float *XS, const int16_t *XB, uint32_t n,
                         uint32_t rows, uint32_t cols);
     void (*matmul_q5_k)(float *Y, const uint8_t *W, const int8_t *XQ,
+                        const float *XS, const int16_t *XB, uint32_t n,
+                        uint32_t rows, uint32_t cols);
+    void (*matmul_q8_0)(float *Y, const uint8_t *W, const int8_t *XQ,
                         const float *XS, const int16_t *XB, uint32_t n,
                         uint32_t rows, uint32_t cols);
 
@@ -343,6 +346,9 @@ void clb_ref_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
                          const float *XS, const int16_t *XB, uint32_t n,
                          uint32_t rows, uint32_t cols);
 void clb_ref_matmul_q5_k(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols);
+void clb_ref_matmul_q8_0(float *Y, const uint8_t *W, const int8_t *XQ,
                          const float *XS, const int16_t *XB, uint32_t n,
                          uint32_t rows, uint32_t cols);
 
@@ -478,16 +484,18 @@ static inline float clb_att_new_max(float m, float mb, int any, float *dm)
 #define CLB_Q4_0_COLS ((uint32_t)COLIBRI_Q4_0_COLS)
 #define CLB_Q4_0_BYTES ((uint32_t)COLIBRI_Q4_0_BYTES)
 #define CLB_Q5_0_BYTES ((uint32_t)COLIBRI_Q5_0_BYTES)
+#define CLB_Q8_0_BYTES ((uint32_t)COLIBRI_Q8_0_BYTES)
 #define CLB_QK_COLS ((uint32_t)COLIBRI_QK_COLS)
 #define CLB_Q4_K_BYTES ((uint32_t)COLIBRI_Q4_K_BYTES)
 #define CLB_Q5_K_BYTES ((uint32_t)COLIBRI_Q5_K_BYTES)
 #define CLB_Q6_K_BYTES ((uint32_t)COLIBRI_Q6_K_BYTES)
-/* Field offsets (GGUF's layouts): Q4_0's qs[16] and Q5_0's qh[4], qs[16]
- * after d; Q4_K's and Q5_K's scales[12] after d and dmin, then Q5_K's
+/* Field offsets (GGUF's layouts): Q4_0's qs[16], Q5_0's qh[4], qs[16] and
+ * Q8_0's signed qs[32] after d; Q4_K's and Q5_K's scales[12] after d and dmin, then Q5_K's
  * qh[32], then qs[128]; Q6_K's qh[64], scales[16] and d after ql[128]. */
 #define CLB_Q4_0_QS 2u
 #define CLB_Q5_0_QH 2u
 #define CLB_Q5_0_QS 6u
+#define CLB_Q8_0_QS 2u
 #define CLB_QK_SCALES 4u
 #define CLB_Q5_K_QH 16u
 #define CLB_Q4_K_QS 16u
@@ -500,7 +508,8 @@ static inline float clb_att_new_max(float m, float mb, int any, float *dm)
  * 0 for the element types (F32, I8_GROUP, I16_ROW). */
 static inline uint32_t clb_block_cols(unsigned dtype)
 {
-    return dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0 ? COLIBRI_Q4_0_COLS
+    return dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0 ||
+                   dtype == COLIBRI_DTYPE_Q8_0 ? COLIBRI_Q4_0_COLS
          : dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K ||
                    dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_QK_COLS : 0;
 }
@@ -508,6 +517,7 @@ static inline uint32_t clb_block_bytes(unsigned dtype)
 {
     return dtype == COLIBRI_DTYPE_Q4_0 ? COLIBRI_Q4_0_BYTES
          : dtype == COLIBRI_DTYPE_Q5_0 ? COLIBRI_Q5_0_BYTES
+         : dtype == COLIBRI_DTYPE_Q8_0 ? COLIBRI_Q8_0_BYTES
          : dtype == COLIBRI_DTYPE_Q4_K ? COLIBRI_Q4_K_BYTES
          : dtype == COLIBRI_DTYPE_Q5_K ? COLIBRI_Q5_K_BYTES
          : dtype == COLIBRI_DTYPE_Q6_K ? COLIBRI_Q6_K_BYTES : 0;
@@ -522,7 +532,7 @@ static inline unsigned clb_block_scales(unsigned dtype, unsigned *at)
 
 /* Shared by every table (ref.c): the exact values of one block row, for
  * embedding lookups. out[cols] = the first cols values of a row of nb
- * blocks of dtype (COLIBRI_DTYPE_Q4_0/Q5_0/Q4_K/Q5_K/Q6_K). */
+ * blocks of dtype (COLIBRI_DTYPE_Q4_0/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K). */
 void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
                      uint32_t cols);
 

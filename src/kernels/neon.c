@@ -31,7 +31,7 @@
  *   neon_dotprod.c) the result is bit-identical to ref: each output's float
  *   operations are ref's, in ref's order (neon_a64_i8.h).
  * - quantize_act_blk: bit-identical to ref (quantize_act_i8 per block).
- * - matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q5_k, matmul_q6_k: bit-identical to ref on both
+ * - matmul_q4_0, matmul_q5_0, matmul_q8_0, matmul_q4_k, matmul_q5_k, matmul_q6_k: bit-identical to ref on both
  *   ISAs, for any tiling (neon_blocks.h, shared with neon_dotprod.c).
  * - attend, attend_rows: bit-identical to ref. On AArch64 16 positions in
  *   four vectors, ref's fused multiply-adds as FMLA (neon_attend.c, both
@@ -403,14 +403,21 @@ static void neon_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ, const
                              const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    nb_matmul_q4_0(0, Y, W, XQ, XS, n, rows, cols);
+    nb_matmul_q4_0(COLIBRI_DTYPE_Q4_0, Y, W, XQ, XS, n, rows, cols);
 }
 
 static void neon_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
                              const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    nb_matmul_q4_0(1, Y, W, XQ, XS, n, rows, cols);
+    nb_matmul_q4_0(COLIBRI_DTYPE_Q5_0, Y, W, XQ, XS, n, rows, cols);
+}
+
+static void neon_matmul_q8_0(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
+                             const int16_t *XB, uint32_t n, uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    nb_matmul_q4_0(COLIBRI_DTYPE_Q8_0, Y, W, XQ, XS, n, rows, cols);
 }
 
 static void neon_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ, const float *XS,
@@ -640,6 +647,7 @@ static const colibri_kernels neon_kernels = {
     neon_matmul_q6_k,
     neon_matmul_q5_0,
     neon_matmul_q5_k,
+    neon_matmul_q8_0,
     NEON_ATTEND,
     NEON_ATTEND_ROWS,
     NEON_SILU_MUL,
@@ -660,6 +668,7 @@ static const colibri_kernels neon_dotprod_kernels = {
     colibri_neon_dotprod_matmul_q6_k,
     colibri_neon_dotprod_matmul_q5_0,
     neon_matmul_q5_k, /* one form in both tables (code size; the same bits) */
+    colibri_neon_dotprod_matmul_q8_0,
     clb_neon_attend,
     clb_neon_attend_rows,
     clb_neon_silu_mul,

@@ -1,6 +1,6 @@
 /*
  * neon_blocks.h - NEON kernels for the block-quantised weights (kernels.h
- * matmul_q4_0, matmul_q5_0, matmul_q4_k, matmul_q5_k, matmul_q6_k), included by neon.c (the "neon"
+ * matmul_q4_0, matmul_q5_0, matmul_q8_0, matmul_q4_k, matmul_q5_k, matmul_q6_k), included by neon.c (the "neon"
  * table, ARMv7-A and AArch64) and by neon_dotprod.c (AArch64
  * "neon-dotprod"). The one difference between the includers is the integer
  * dot-product step, chosen by __ARM_FEATURE_DOTPROD (defined only in
@@ -10,7 +10,7 @@
  * any token x row tiling of a call (kernels.h). Per output element ref
  * computes, block by block in order, one exact int32 sum (or two for
  * Q4_K) and then a few float32 operations in a fixed order (FORMAT.md 5):
- *   Q4_0, Q5_0: acc = acc + float(dot) * (d * xs)
+ *   Q4_0, Q5_0, Q8_0: acc = acc + float(dot) * (d * xs)
  *   Q4_K, Q5_K: acc = acc + xs * (d * float(isum) - dmin * float(msum))
  *   Q6_K: acc = acc + xs * (d * float(isum))
  * Here the integer sums are exact (every partial sum is an int32 or a
@@ -28,7 +28,7 @@
  *   the 32 or 256 multiply-adds of the integer part.
  *
  * Loop structure:
- * - Q4_0 and Q5_0 (32 columns, 18 or 22 bytes a block): the weights stay in
+ * - Q4_0, Q5_0 and Q8_0 (32 columns, 18, 22 or 34 bytes a block): the weights stay in
  *   registers.
  *   A tile of 4V rows x T tokens unpacks each row's block once into two
  *   int8 vectors and uses them for all T tokens (prefill: 4 rows x NB_TP
@@ -112,6 +112,21 @@ NB_INLINE int32x4_t nb_dot32(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t
     p = nb_mlal_high(p, w0, x0);
     p = vmlal_s8(p, vget_low_s8(w1), vget_low_s8(x1));
     return vpaddlq_s16(nb_mlal_high(p, w1, x1));
+#endif
+}
+
+/* nb_dot32 for any int8 weights (Q8_0's, to -128): without SDOT each
+ * product widened to int16 (<= 128 * 127 = 16256) and pairs added into
+ * int32 lanes (vpadal), exact. */
+NB_INLINE int32x4_t nb_dot32_i8(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x1)
+{
+#ifdef __ARM_FEATURE_DOTPROD
+    return nb_dot32(w0, w1, x0, x1);
+#else
+    int32x4_t a = vpaddlq_s16(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)));
+    a = vpadalq_s16(a, vmull_s8(vget_high_s8(w0), vget_high_s8(x0)));
+    a = vpadalq_s16(a, vmull_s8(vget_low_s8(w1), vget_low_s8(x1)));
+    return vpadalq_s16(a, vmull_s8(vget_high_s8(w1), vget_high_s8(x1)));
 #endif
 }
 
@@ -278,15 +293,17 @@ NB_INLINE void nb_unpack_q5_0(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi)
     *hi = vsubq_s8(vreinterpretq_s8_u8(h), sixteen);
 }
 
-/* Y[t0 .. t0+T, r0 .. r0+4V) of a Q4_0 (five: Q5_0) matrix W [rows, nb
- * blocks]. Per block: 4V rows unpacked into registers (2 vectors each),
+/* Q8_0: {fp16 d; int8 qs[32]} (qs at 2), the values as stored. */
+
+/* Y[t0 .. t0+T, r0 .. r0+4V) of a Q4_0, Q5_0 or Q8_0 matrix (dt) W [rows,
+ * nb blocks]. Per block: 4V rows unpacked into registers (2 vectors each),
  * each used by T tokens (2 activation vectors each); per (4 rows, token)
  * one vector of 4 exact dots and the float step. */
-NB_INLINE void nb_q4_0_tile(const int five, const int V, const int T, float *Y,
+NB_INLINE void nb_q4_0_tile(const unsigned dt, const int V, const int T, float *Y,
                             const uint8_t *W, const int8_t *XQ, const float *XS, uint32_t nb,
                             uint32_t rows, uint32_t r0, uint32_t t0)
 {
-    const size_t bytes = five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES;
+    const size_t bytes = clb_block_bytes(dt);
     const uint8_t *w[4 * NB_MAXV];
     const int8_t *x[NB_MAXT];
     const float *xs[NB_MAXT];
@@ -308,10 +325,14 @@ NB_INLINE void nb_q4_0_tile(const int five, const int V, const int T, float *Y,
         NB_UNROLL
         for (int i = 0; i < 4 * V; i++) {
             const uint8_t *blk = w[i] + (size_t)b * bytes;
-            if (five)
+            if (dt == COLIBRI_DTYPE_Q8_0) {
+                lo[i] = vld1q_s8((const int8_t *)(const void *)(blk + CLB_Q8_0_QS));
+                hi[i] = vld1q_s8((const int8_t *)(const void *)(blk + CLB_Q8_0_QS + 16));
+            } else if (dt == COLIBRI_DTYPE_Q5_0) {
                 nb_unpack_q5_0(blk, &lo[i], &hi[i]);
-            else
+            } else {
                 nb_unpack_q4_0(blk, &lo[i], &hi[i]);
+            }
             d[i] = clb_blk_f16(blk, 0);
         }
         NB_UNROLL
@@ -321,10 +342,10 @@ NB_INLINE void nb_q4_0_tile(const int five, const int V, const int T, float *Y,
             NB_UNROLL
             for (int v = 0; v < V; v++) {
                 const int i = 4 * v;
-                const int32x4_t dots = nb_hsum4(nb_dot32(lo[i], hi[i], x0, x1),
-                                                nb_dot32(lo[i + 1], hi[i + 1], x0, x1),
-                                                nb_dot32(lo[i + 2], hi[i + 2], x0, x1),
-                                                nb_dot32(lo[i + 3], hi[i + 3], x0, x1));
+#define NB_DOT(j) (dt == COLIBRI_DTYPE_Q8_0 ? nb_dot32_i8(lo[j], hi[j], x0, x1) \
+                                            : nb_dot32(lo[j], hi[j], x0, x1))
+                const int32x4_t dots = nb_hsum4(NB_DOT(i), NB_DOT(i + 1), NB_DOT(i + 2), NB_DOT(i + 3));
+#undef NB_DOT
                 acc[v][t] = nb_step_q4_0(acc[v][t], dots, d + i, xs[t][b]);
             }
         }
@@ -338,17 +359,17 @@ NB_INLINE void nb_q4_0_tile(const int five, const int V, const int T, float *Y,
 
 /* Tiles of 4 rows x NB_TP tokens while NB_TP tokens are left, then single
  * tokens with 4 * NB_DV rows in flight (two tile shapes only: code size). */
-NB_INLINE void nb_matmul_q4_0(const int five, float *Y, const uint8_t *W, const int8_t *XQ,
+NB_INLINE void nb_matmul_q4_0(const unsigned dt, float *Y, const uint8_t *W, const int8_t *XQ,
                               const float *XS, uint32_t n, uint32_t rows, uint32_t cols)
 {
     const uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
     uint32_t t = 0;
     for (; t + NB_TP <= n; t += NB_TP)
         for (uint32_t r = 0; r < rows; r += 4)
-            nb_q4_0_tile(five, 1, NB_TP, Y, W, XQ, XS, nb, rows, r, t);
+            nb_q4_0_tile(dt, 1, NB_TP, Y, W, XQ, XS, nb, rows, r, t);
     for (; t < n; t++)
         for (uint32_t r = 0; r < rows; r += 4 * NB_DV)
-            nb_q4_0_tile(five, NB_DV, 1, Y, W, XQ, XS, nb, rows, r, t);
+            nb_q4_0_tile(dt, NB_DV, 1, Y, W, XQ, XS, nb, rows, r, t);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -620,6 +641,9 @@ void colibri_neon_dotprod_matmul_q6_k(float *Y, const uint8_t *W, const int8_t *
                                       const float *XS, const int16_t *XB, uint32_t n,
                                       uint32_t rows, uint32_t cols);
 void colibri_neon_dotprod_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols);
+void colibri_neon_dotprod_matmul_q8_0(float *Y, const uint8_t *W, const int8_t *XQ,
                                       const float *XS, const int16_t *XB, uint32_t n,
                                       uint32_t rows, uint32_t cols);
 #endif

@@ -45,7 +45,7 @@ void colibri_neon_dotprod_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *
                                       uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    nb_matmul_q4_0(0, Y, W, XQ, XS, n, rows, cols);
+    nb_matmul_q4_0(COLIBRI_DTYPE_Q4_0, Y, W, XQ, XS, n, rows, cols);
 }
 
 void colibri_neon_dotprod_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
@@ -53,7 +53,15 @@ void colibri_neon_dotprod_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *
                                       uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    nb_matmul_q4_0(1, Y, W, XQ, XS, n, rows, cols);
+    nb_matmul_q4_0(COLIBRI_DTYPE_Q5_0, Y, W, XQ, XS, n, rows, cols);
+}
+
+void colibri_neon_dotprod_matmul_q8_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                                      const float *XS, const int16_t *XB, uint32_t n,
+                                      uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    nb_matmul_q4_0(COLIBRI_DTYPE_Q8_0, Y, W, XQ, XS, n, rows, cols);
 }
 
 void colibri_neon_dotprod_matmul_q4_k(float *Y, const uint8_t *W, const int8_t *XQ,

@@ -117,7 +117,7 @@ static void ref_matmul_i16(float *Y, const int16_t *Q, const float *S,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Block types (FORMAT.md 4-5): Q4_0, Q5_0, Q4_K, Q5_K, Q6_K                */
+/* Block types (FORMAT.md 4-5): Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K          */
 /* ------------------------------------------------------------------------ */
 
 /* Per row t and block b of `block` columns: the I8 activation quantisation
@@ -146,13 +146,23 @@ void clb_ref_quantize_act_blk(int8_t *XQ, float *XS, int16_t *XB,
     }
 }
 
-/* y = sum_b float(dot_b) * (d_b * xs_b): the I8 form with 4-bit (five = 0:
- * Q4_0, dot = sum (q - 8) x) or 5-bit values (Q5_0, sum (q - 16) x). */
-static void ref_matmul_q_0(int five, float *Y, const uint8_t *W, const int8_t *XQ,
+/* The value of column i (0..31) of a block of dtype Q4_0, Q5_0 or Q8_0:
+ * the stored integer less the type's zero (8, 16; Q8_0's is signed). */
+static int32_t q_0_value(const uint8_t *blk, unsigned i, unsigned dtype)
+{
+    if (dtype == COLIBRI_DTYPE_Q8_0)
+        return ((const int8_t *)blk)[CLB_Q8_0_QS + i];
+    const int five = dtype == COLIBRI_DTYPE_Q5_0;
+    return (int32_t)clb_q_0_value(blk, i, five) - (five ? 16 : 8);
+}
+
+/* y = sum_b float(dot_b) * (d_b * xs_b): the I8 form with 4-bit (Q4_0,
+ * dot = sum (q - 8) x), 5-bit (Q5_0, sum (q - 16) x) or 8-bit values
+ * (Q8_0, sum q x: I8_GROUP's group term with an fp16 scale). */
+static void ref_matmul_q_0(unsigned dtype, float *Y, const uint8_t *W, const int8_t *XQ,
                            const float *XS, uint32_t n, uint32_t rows, uint32_t cols)
 {
-    const uint32_t bytes = five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES;
-    const int32_t zero = five ? 16 : 8;
+    const uint32_t bytes = clb_block_bytes(dtype);
     uint32_t nb = (cols + CLB_Q4_0_COLS - 1) / CLB_Q4_0_COLS;
     for (uint32_t t = 0; t < n; t++) {
         const int8_t *xq = XQ + (size_t)t * nb * CLB_Q4_0_COLS;
@@ -164,7 +174,7 @@ static void ref_matmul_q_0(int five, float *Y, const uint8_t *W, const int8_t *X
                 const int8_t *x = xq + (size_t)b * CLB_Q4_0_COLS;
                 int32_t dot = 0;
                 for (unsigned i = 0; i < 32; i++)
-                    dot += ((int32_t)clb_q_0_value(blk, i, five) - zero) * x[i];
+                    dot += q_0_value(blk, i, dtype) * x[i];
                 acc += (float)dot * (clb_blk_f16(blk, 0) * xs[b]);
             }
             Y[(size_t)t * rows + r] = acc;
@@ -177,7 +187,7 @@ void clb_ref_matmul_q4_0(float *Y, const uint8_t *W, const int8_t *XQ,
                          uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    ref_matmul_q_0(0, Y, W, XQ, XS, n, rows, cols);
+    ref_matmul_q_0(COLIBRI_DTYPE_Q4_0, Y, W, XQ, XS, n, rows, cols);
 }
 
 void clb_ref_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
@@ -185,7 +195,15 @@ void clb_ref_matmul_q5_0(float *Y, const uint8_t *W, const int8_t *XQ,
                          uint32_t rows, uint32_t cols)
 {
     (void)XB;
-    ref_matmul_q_0(1, Y, W, XQ, XS, n, rows, cols);
+    ref_matmul_q_0(COLIBRI_DTYPE_Q5_0, Y, W, XQ, XS, n, rows, cols);
+}
+
+void clb_ref_matmul_q8_0(float *Y, const uint8_t *W, const int8_t *XQ,
+                         const float *XS, const int16_t *XB, uint32_t n,
+                         uint32_t rows, uint32_t cols)
+{
+    (void)XB;
+    ref_matmul_q_0(COLIBRI_DTYPE_Q8_0, Y, W, XQ, XS, n, rows, cols);
 }
 
 /* acc += xs * (d * float(sum_j sc_j dot_j) - dmin * float(sum_j m_j bsum_j)),
@@ -296,11 +314,9 @@ void clb_dequant_row(float *out, const uint8_t *row, unsigned dtype,
                      uint32_t cols)
 {
     for (uint32_t i = 0; i < cols; i++) {
-        if (dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q5_0) {
-            int five = dtype == COLIBRI_DTYPE_Q5_0;
-            const uint8_t *blk = row + (size_t)(i / 32) * (five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES);
-            int q = (int)clb_q_0_value(blk, i % 32, five) - (five ? 16 : 8);
-            out[i] = clb_blk_f16(blk, 0) * (float)q;
+        if (clb_block_cols(dtype) == CLB_Q4_0_COLS) { /* Q4_0, Q5_0, Q8_0 */
+            const uint8_t *blk = row + (size_t)(i / 32) * clb_block_bytes(dtype);
+            out[i] = clb_blk_f16(blk, 0) * (float)q_0_value(blk, i % 32, dtype);
         } else if (dtype == COLIBRI_DTYPE_Q4_K || dtype == COLIBRI_DTYPE_Q5_K) {
             int five = dtype == COLIBRI_DTYPE_Q5_K;
             const uint8_t *blk = row + (size_t)(i / 256) * (five ? CLB_Q5_K_BYTES : CLB_Q4_K_BYTES);
@@ -540,6 +556,7 @@ static const colibri_kernels ref_kernels = {
     clb_ref_matmul_q6_k,
     clb_ref_matmul_q5_0,
     clb_ref_matmul_q5_k,
+    clb_ref_matmul_q8_0,
     clb_ref_attend,
     clb_ref_attend_rows,
     clb_ref_silu_mul,

@@ -487,7 +487,7 @@ static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t 
     buf_free(&YT);
 }
 
-/* ---- block types (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) -------------------------- */
+/* ---- block types (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) -------------------- */
 /* kernels.h promises every table's block kernels bit-identical to ref's
  * (FORMAT.md 5: exact integer sums, a fixed float order per element), so
  * XQ/XS/XB and Y are compared bit for bit. Blocks are random bytes with
@@ -496,7 +496,7 @@ static void test_matmul_i8_tiles(const colibri_kernels *k, uint32_t n, uint32_t 
 
 static const unsigned BLK_DTYPES[] = {COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_Q4_K,
                                       COLIBRI_DTYPE_Q6_K, COLIBRI_DTYPE_Q5_0,
-                                      COLIBRI_DTYPE_Q5_K};
+                                      COLIBRI_DTYPE_Q5_K, COLIBRI_DTYPE_Q8_0};
 static const uint32_t BLK_COLS[] = {1, 17, 31, 32, 33, 64, 100, 255, 256, 257, 512, 700, 1100};
 static const uint32_t BLK_ROWS[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 65};
 
@@ -508,6 +508,7 @@ static blk_matmul_fn blk_matmul_of(const colibri_kernels *k, unsigned dtype)
 {
     return dtype == COLIBRI_DTYPE_Q4_0 ? k->matmul_q4_0
          : dtype == COLIBRI_DTYPE_Q5_0 ? k->matmul_q5_0
+         : dtype == COLIBRI_DTYPE_Q8_0 ? k->matmul_q8_0
          : dtype == COLIBRI_DTYPE_Q4_K ? k->matmul_q4_k
          : dtype == COLIBRI_DTYPE_Q5_K ? k->matmul_q5_k : k->matmul_q6_k;
 }
@@ -692,14 +693,18 @@ static void fill_blk_act(float *x, size_t count, uint32_t B)
  * KG_RUN). */
 enum { BLK_RANDOM, BLK_EXTREME_POS, BLK_EXTREME_NEG };
 
-static void fill_blocks_extreme(uint8_t *w, unsigned dtype, size_t nblocks)
+static void fill_blocks_extreme(uint8_t *w, unsigned dtype, size_t nblocks, int fill)
 {
     const uint32_t bytes = clb_block_bytes(dtype);
     unsigned at, nf = clb_block_scales(dtype, &at);
+    /* Q8_0's signed values: -128 (the largest magnitude, |q| 128 in
+     * avx2.c's vpsignb form) with +127 activations, +127 (q + 128 = 255
+     * in avx512.c's biased form) with -127 */
+    const uint8_t v = dtype != COLIBRI_DTYPE_Q8_0 ? 0xFF : fill == BLK_EXTREME_POS ? 0x80 : 0x7F;
     for (size_t b = 0; b < nblocks; b++)
         for (uint32_t i = 0; i < bytes; i++)
             if (i < at || i >= at + 2 * nf)
-                w[b * bytes + i] = 0xFF;
+                w[b * bytes + i] = v;
 }
 
 static void test_blocks(const colibri_kernels *ref, const colibri_kernels *k, unsigned dtype,
@@ -723,7 +728,7 @@ static void test_blocks(const colibri_kernels *ref, const colibri_kernels *k, un
     fill_blocks(w, dtype, (size_t)rows * nb);
     fill_blk_act(x, (size_t)n * cols, B);
     if (fill != BLK_RANDOM) {
-        fill_blocks_extreme(w, dtype, (size_t)rows * nb);
+        fill_blocks_extreme(w, dtype, (size_t)rows * nb, fill);
         for (size_t i = 0; i < (size_t)n * cols; i++)
             x[i] = fill == BLK_EXTREME_POS ? 4.0f : -4.0f;
     }
@@ -1604,7 +1609,7 @@ static void run_bench_blocks(const colibri_kernels *ref, const colibri_kernels *
         {32, 2816, 1024}, {32, 1024, 2816}, {128, 2816, 1024}, {128, 1024, 2816},
     };
     static const char *names[] = {"matmul_q4_0", "matmul_q4_k", "matmul_q6_k", "matmul_q5_0",
-                                  "matmul_q5_k"};
+                                  "matmul_q5_k", "matmul_q8_0"};
     const uint32_t maxn = 128, maxc = 2816;
     uint8_t *w = xmalloc(BB_ROTATE + (4u << 20));
     float *x = xmalloc((size_t)maxn * maxc * sizeof(float));
