@@ -27,7 +27,10 @@ time; llama-bench wall time, its default settings otherwise, flash attention
                 calls with the KV cache (llama-bench `-p 0 -n steps -d N`)
 A round runs every engine once at 1 then 2 threads; the figure is the median
 over rounds of each round's median. The read bandwidth of 1 and 2 cores is
-probed in each round (bench/c/bandwidth.c). Nothing is asserted.
+probed in each round (bench/c/bandwidth.c), and each engine's 2-thread
+figures sit between two of threads.py's pairing probes: the ratios over the
+rounds in which both cores streamed are reported apart (bench/README.md,
+"Two threads on a VM"). Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -76,10 +79,10 @@ def long_file(ms: models.ModelSet, precision: str, max_seq: int) -> Path:
     return out
 
 
-def llama_bench(gguf: Path, args: list, build: str) -> dict:
-    """One llama-bench run (build: native or avx2) at 1 and 2 threads: {threads: tokens/s}."""
+def llama_bench(gguf: Path, args: list, build: str, n_threads=THREADS) -> dict:
+    """One llama-bench run (build: native or avx2) at n_threads: {threads: tokens/s}."""
     cmd = [str(threads.LLAMA_BENCH[build]), "-m", str(gguf), *args, "-r", str(LLAMA_REPS),
-           "-t", ",".join(map(str, THREADS)), "-o", "json"]
+           "-t", ",".join(map(str, n_threads)), "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     if proc.returncode:
         return {"error": (proc.stderr or proc.stdout)[-800:]}
@@ -106,15 +109,20 @@ def colibri_round(s: threads.Server, n: int, steps: int, t: int) -> dict:
     return out
 
 
-def summarise(rounds: list) -> dict:
-    """{engine: {N: {threads: {metric: {"wall", "cpu"}}}}}: medians over rounds."""
+def summarise(rounds: list, paired_only: bool = False) -> dict:
+    """{engine: {N: {threads: {metric: {"wall", "cpu"}}}}}: medians over rounds
+    (paired_only: the 2-thread figures of the rounds whose pairing probes
+    both read threads.PAIRED_MIN or more, threads.paired)."""
     acc: dict = {}
     for rnd in rounds:
         for eng, per_n in rnd.items():
-            if eng == "bandwidth_gb_s":
+            if eng in ("bandwidth_gb_s", "pairing"):
                 continue
             for n, per_t in per_n.items():
                 for t, res in per_t.items():
+                    if paired_only and (t == "1" or not threads.paired(
+                            rnd.get("pairing", {}).get(f"{eng} N={n}"))):
+                        continue
                     for m, v in res.items():
                         if not isinstance(v, dict):
                             continue
@@ -166,8 +174,43 @@ def markdown(res: dict) -> str:
                     row += [f"{threads._f(w)} ({threads._f(c.get('cpu'))})", threads._f(pw),
                             f"**{w / pw:.2f}x**" if w and pw else "—"]
                 L.append("| " + " | ".join(row) + " |")
+    L += _paired_section(res)
     L += ["", "Consistency: " + "; ".join(f"{k}: {v}" for k, v in res["consistency"].items())]
     return "\n".join(L) + "\n"
+
+
+def _paired_section(res: dict) -> list:
+    """The 2-thread ratios over the rounds in which the host let both cores
+    stream for both engines (threads.py's pairing probe around each
+    2-thread figure), and every probe: bench/README.md, "Two threads on a VM"."""
+    probes = [rnd.get("pairing", {}) for rnd in res["raw"]]
+    if not any(probes):
+        return []
+    tp = res.get("table_paired", {})
+    t = str(THREADS[-1])
+    L = ["", "## Two threads and the host", "",
+         f"Around each {t}-thread figure the 2-core over 1-core read bandwidth was probed "
+         f"before and after (bench/threads.py's pairing probe); ✓: both at "
+         f"{threads.PAIRED_MIN} or more (both cores streaming at full speed). Ratios over "
+         "those rounds only, where both engines have one:", "",
+         "| Colibri | KV cache | positions N | prefill N ratio | decode at N ratio |",
+         "|---|---|---:|---:|---:|"]
+    for prec, kv in ((p, k) for p in res["precisions"] for k in res["kv"]):
+        ours, peer = engine(prec, kv), f"llama-bench {PEER[prec]}"
+        for n in map(str, res["positions"]):
+            cells = []
+            for m in ("prefill", "decode"):
+                w = tp.get(ours, {}).get(n, {}).get(t, {}).get(m, {}).get("wall")
+                pw = tp.get(peer, {}).get(n, {}).get(t, {}).get(m, {}).get("wall")
+                cells.append(f"**{w / pw:.2f}x**" if w and pw else "— (no such round)")
+            L.append(f"| colibri {prec} | {kv} | {n} | " + " | ".join(cells) + " |")
+    L += ["", "| engine, N | " + " | ".join(f"round {i + 1}" for i in range(len(probes))) + " |",
+          "|---|" + "---:|" * len(probes)]
+    for key in dict.fromkeys(k for p in probes for k in p):
+        cells = [("—" if not p.get(key) else " / ".join(threads._f(x, 2) for x in p[key])
+                  + (" ✓" if threads.paired(p[key]) else "")) for p in probes]
+        L.append(f"| {key} | " + " | ".join(cells) + " |")
+    return L
 
 
 def main(argv=None) -> int:
@@ -229,23 +272,33 @@ def main(argv=None) -> int:
     rounds = []
     try:
         for r in range(a.rounds):
-            rnd = {"bandwidth_gb_s": threads.run_bandwidth(probe)}
+            rnd = {"bandwidth_gb_s": threads.run_bandwidth(probe), "pairing": {}}
             for s in servers:
                 for n in positions:
                     log(f"round {r + 1}/{a.rounds}: {s.name}, N = {n}")
-                    for t in THREADS:
-                        (rnd.setdefault(s.name, {}).setdefault(str(n), {})
-                         [str(t)]) = colibri_round(s, n, a.steps, t)
+                    per_t = rnd.setdefault(s.name, {}).setdefault(str(n), {})
+                    per_t["1"] = colibri_round(s, n, a.steps, 1)
+                    # 2 threads between two probes of the host's mode (threads.py)
+                    for t in THREADS[1:]:
+                        per_t[str(t)], rnd["pairing"][f"{s.name} N={n}"] = threads.bracketed(
+                            probe, lambda t=t: colibri_round(s, n, a.steps, t))
             for p, g in ggufs.items():
                 if g is None:
                     continue
                 eng = f"llama-bench {PEER[p]}"
                 for n in positions:
                     log(f"round {r + 1}/{a.rounds}: {eng}, N = {n}")
-                    pre = llama_bench(g, ["-p", str(n), "-n", "0"], a.llama_build)
-                    dec = llama_bench(g, ["-p", "0", "-n", str(a.steps), "-d", str(n)],
-                                      a.llama_build)
+
+                    def runs(n_threads, n=n, g=g):  # (prefill N, decode at N)
+                        return (llama_bench(g, ["-p", str(n), "-n", "0"], a.llama_build,
+                                            n_threads),
+                                llama_bench(g, ["-p", "0", "-n", str(a.steps), "-d", str(n)],
+                                            a.llama_build, n_threads))
+                    one = runs(THREADS[:1])
+                    more, rnd["pairing"][f"{eng} N={n}"] = threads.bracketed(
+                        probe, lambda runs=runs: runs(THREADS[1:]))
                     for t in map(str, THREADS):
+                        pre, dec = one if t == str(THREADS[0]) else more
                         cell = rnd.setdefault(eng, {}).setdefault(str(n), {}).setdefault(t, {})
                         for m, res in (("prefill", pre), ("decode", dec)):
                             cell[m] = {"wall": res.get(t)} if "error" not in res else res
@@ -268,7 +321,8 @@ def main(argv=None) -> int:
            "steps": a.steps,
            "rounds": a.rounds, "kernels": {s.name: s.info.get("kernels") for s in servers},
            "command": "bench/context.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "bandwidth_gb_s": bw, "table": summarise(rounds), "consistency": consistency,
+           "bandwidth_gb_s": bw, "table": summarise(rounds),
+           "table_paired": summarise(rounds, paired_only=True), "consistency": consistency,
            "raw": rounds, "wall_s": time.perf_counter() - t_start}
     (out_dir / "context.json").write_text(json.dumps(res, indent=1) + "\n")
     md = markdown(res)

@@ -232,3 +232,40 @@ def test_threads_two_thread_ratio_over_rounds_both_cores_streamed():
     assert t["colibri int8"]["2"]["decode"]["tok_s_paired"] is None
     assert not any(lab.endswith("streaming") for lab, _, _ in
                    {(lab, th, m) for lab, th, m, *_ in ratios(t)})
+
+
+def test_context_two_thread_ratio_over_rounds_both_cores_streamed():
+    """bench/context.py: the 2-thread figures of the rounds whose pairing
+    probes (before and after, per engine and N) both reach PAIRED_MIN make a
+    second table, and its section gives the ratio over those rounds; the
+    1-thread figures never enter it, and a round without a probe does not."""
+    from bench import context
+    from bench.threads import PAIRED_MIN
+    hi, lo = PAIRED_MIN + 0.3, PAIRED_MIN - 0.3
+    ours, peer = context.engine("int8", "f32"), f"llama-bench {context.PEER['int8']}"
+
+    def cell(dec):
+        return {"decode": {"wall": dec, "cpu": dec}, "prefill": {"wall": 2 * dec, "cpu": dec}}
+
+    # decode tok/s at 2 threads, colibri: 20 (paired), 10 (not), 30 (paired);
+    # llama-bench: 15 (not), 16 (paired), 18 (paired)
+    rounds = [{"bandwidth_gb_s": {}, ours: {"2048": {"1": cell(1.0), "2": cell(c)}},
+               peer: {"2048": {"1": cell(1.0), "2": cell(p)}},
+               "pairing": {f"{ours} N=2048": pc, f"{peer} N=2048": pp}}
+              for c, p, pc, pp in ((20.0, 15.0, [hi, hi], [lo, hi]),
+                                   (10.0, 16.0, [hi, lo], [hi, hi]),
+                                   (30.0, 18.0, [hi, hi], [hi, hi]))]
+    all_rounds, only = context.summarise(rounds), context.summarise(rounds, paired_only=True)
+    assert all_rounds[ours]["2048"]["2"]["decode"]["wall"] == pytest.approx(20.0)
+    assert only[ours]["2048"]["2"]["decode"]["wall"] == pytest.approx(25.0)   # 20, 30
+    assert only[peer]["2048"]["2"]["decode"]["wall"] == pytest.approx(17.0)   # 16, 18
+    assert "1" not in only[ours]["2048"]
+    res = {"raw": rounds, "table_paired": only, "precisions": ["int8"], "kv": ["f32"],
+           "positions": [2048]}
+    text = "\n".join(context._paired_section(res))
+    # prefill is twice decode: 50 (40, 60) over 34 (32, 36)
+    assert f"| colibri int8 | f32 | 2048 | **{50 / 34:.2f}x** | **{25 / 17:.2f}x** |" in text
+    assert f"{hi:.2f} / {hi:.2f} ✓" in text and f"{hi:.2f} / {lo:.2f} |" in text
+    for rnd in rounds:      # an older context.json: no probes, no section
+        del rnd["pairing"]
+    assert context._paired_section({**res, "raw": rounds}) == []
