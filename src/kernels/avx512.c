@@ -51,14 +51,17 @@
  *   form"): test_kernels --bench, one token x 2816 x 1024 from memory, on
  *   Zen 5 29-31 -> 42-44 GB/s against avx2.c's EVEX form; the GGUF Q4_0
  *   bench model's decode 4.3 -> 3.7 ms a token (FINDINGS.md 35).
- * - the int8 GEMM's micro-kernel (prefill of int8, and of Q4_0 / Q5_0 from
- *   16 tokens): avx2.c's GEMM driver (x86_gemm.h: packing, chunks,
+ * - matmul_q8_0 for one token: Q4_0's tile shape and float update with
+ *   Q8_0's 32 signed values (FINDINGS.md 36): 42.9 GB/s from memory on
+ *   Zen 5 against avx2.c's tiles' 33.
+ * - the int8 GEMM's micro-kernel (prefill of int8, and of Q4_0 / Q5_0 / Q8_0
+ *   from 16 tokens): avx2.c's GEMM driver (x86_gemm.h: packing, chunks,
  *   prefetch) with zg_micro, whose zmm holds a column quad of all 16 rows,
  *   one vpdpbusd a token and quad where avx2.c's ymm form takes two:
  *   128 x 2816 x 1024 on a Xeon, int8 2.99-3.02 -> 2.62-2.77 ms, Q4_0
  *   3.35-3.36 -> 2.82-2.86 (FINDINGS.md 24).
- * Everything else (float matmuls, quantisation, int16, Q4_0 from 2 and
- * Q5_0 from 1 to 15 tokens, and below CLB_KG_MIN_N tokens the block
+ * Everything else (float matmuls, quantisation, int16, Q4_0 and Q8_0 from
+ * 2 and Q5_0 from 1 to 15 tokens, and below CLB_KG_MIN_N tokens the block
  * types' rows past the last strip of 8) is avx2.c's EVEX-VNNI table,
  * called through its pointers:
  * a 512-bit f32 decode form (8 rows x 16 columns an FMA step) measured no
@@ -1545,8 +1548,9 @@ BLOCK512 void zb_decode_rows(const unsigned dt, zb_matmul_fn rest, float *Y, con
  * column order, xor 0x80 makes them vpdpbusd's unsigned operand (q + 128),
  * and the bias is 128 * (the block's activation sum, from XB), taken off
  * as Q4_0's 8 *; the d's come from the row's first and second 64 bytes.
- * avx2.c's EVEX form (one block at a time in ymm, vpsignb) read 33-35
- * GB/s from memory on Zen 5 (test_kernels --bench 1x2816x1024). */
+ * avx2.c's tiles (one block at a time in ymm, vpsignb and vpmaddubsw) read
+ * 33 GB/s from memory on Zen 5, this tile 42.9 (test_kernels --bench,
+ * 1 x 2816 x 1024). */
 
 enum { Q40_K = 4 }; /* blocks a tile */
 
