@@ -1526,27 +1526,33 @@ BLOCK __m256i dot_u8s8(const int vnni, __m256i u, __m256i s)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-/* Q4_0 (Q5_0) block b of R rows x T tokens: lane k = dot = sum_i (q_i - 8)
- * * x_i (q_i - 16) over the block's 32 columns: the 4-bit values of qs
- * (Q5_0: with bit 4 from qh, q5_0_high16), the offset taken out after. Its
- * blocks are small (18 or 22 bytes), so the
+/* Q4_0 (Q5_0, Q8_0) block b of R rows x T tokens: lane k = dot = sum_i
+ * (q_i - 8) * x_i (q_i - 16; Q8_0 q_i) over the block's 32 columns: the
+ * 4-bit values of qs (Q5_0: with bit 4 from qh, q5_0_high16), the offset
+ * taken out after. Q8_0's 32 signed values, one 32-byte load a row, go
+ * through the one-row-a-vector form below: the unsigned operand is |q| (at
+ * most 128) and the signed one x with q's sign (vpsignb; x is in [-127,
+ * 127], so its negation is exact): pairs <= 2 * 128 * 127 = 32512, exact
+ * in vpmaddubsw, and no offset. Q4_0's and Q5_0's blocks are small (18 or
+ * 22 bytes), so the
  * per-block work around the products matters: with R even, one vector
  * holds two rows, [row p | row p + R/2] (16 + 16 bytes of qs), against the
  * token's x halves broadcast to both 128-bit halves; the int16 pair sums of
  * the low and high nibbles are added (<= 4 * 15 * 127, exact), so a tile
  * needs R * T / 2 vectors and a 3-hadd tree, then one permute to lane
  * order t * R + r. */
-BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T,
+BLOCK __m256i q4_0_dots(const int vnni, const unsigned dt, const int R, const int T,
                         const uint8_t *const w[MAXR], const int8_t *const x[BT_MAXT],
                         const int16_t *const xb[BT_MAXT], uint32_t b)
 {
+    const int five = dt == COLIBRI_DTYPE_Q5_0, eight = dt == COLIBRI_DTYPE_Q8_0;
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     /* block bytes, the offset of qs in a block, the values' zero */
-    const size_t bytes = five ? CLB_Q5_0_BYTES : CLB_Q4_0_BYTES;
-    const size_t qo = five ? CLB_Q5_0_QS : CLB_Q4_0_QS;
-    const int32_t zero = five ? 16 : 8;
+    const size_t bytes = clb_block_bytes(dt);
+    const size_t qo = five ? CLB_Q5_0_QS : eight ? CLB_Q8_0_QS : CLB_Q4_0_QS;
+    const int32_t zero = five ? 16 : 8; /* Q8_0 has none: it returns first */
     __m256i sums;
-    if (R % 2 == 0) {
+    if (R % 2 == 0 && !eight) {
         const int H = R / 2;
         __m256i xlo[BT_MAXT], xhi[BT_MAXT], v[4];
         UNROLL
@@ -1603,54 +1609,36 @@ BLOCK __m256i q4_0_dots(const int vnni, const int five, const int R, const int T
             acc[k] = _mm256_setzero_si256();
         UNROLL
         for (int r = 0; r < R; r++) {
-            /* qs[16] -> [low nibbles = columns 0..15 | high nibbles = 16..31] */
             const uint8_t *bp = w[r] + (size_t)b * bytes;
-            const __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(bp + qo));
-            __m256i q = _mm256_and_si256(
-                _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1), m4);
+            __m256i q;
+            if (eight) { /* the 32 signed values, in column order */
+                q = _mm256_loadu_si256((const __m256i *)(const void *)(bp + qo));
+            } else { /* qs[16] -> [low nibbles = columns 0..15 | high nibbles = 16..31] */
+                const __m128i qs = _mm_loadu_si128((const __m128i *)(const void *)(bp + qo));
+                q = _mm256_and_si256(
+                    _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1), m4);
+            }
             if (five) /* bit 4 of columns 0..15 | of 16..31 */
                 q = _mm256_or_si256(q, _mm256_permute2x128_si256(q5_0_high16(bp, bp, 0),
                                                                  q5_0_high16(bp, bp, 1), 0x20));
             UNROLL
-            for (int t = 0; t < T; t++)
-                acc[t * R + r] = dot_u8s8(vnni, q, _mm256_loadu_si256((const __m256i *)(const void *)(
-                                                       x[t] + (size_t)b * CLB_Q4_0_COLS)));
+            for (int t = 0; t < T; t++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(
+                    x[t] + (size_t)b * CLB_Q4_0_COLS));
+                acc[t * R + r] = eight ? dot_u8s8(vnni, _mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q))
+                                       : dot_u8s8(vnni, q, xv);
+            }
         }
         sums = lane_sums(R * T, acc);
     }
+    if (eight)
+        return sums;
     /* sum (q - z) x = sum q x - z * (sum of the block's 32 xq = XB 2b, 2b+1) */
     int32_t off[BT_MAXT] = {0}; /* lanes_of_tokens_i reads T of them */
     UNROLL
     for (int t = 0; t < T; t++)
         off[t] = zero * ((int32_t)xb[t][2 * b] + xb[t][2 * b + 1]);
     return _mm256_sub_epi32(sums, lanes_of_tokens_i(R, T, off));
-}
-
-/* Q8_0 block b of R rows x T tokens: lane k = dot = sum_i q_i * x_i over
- * the block's 32 signed values, one 32-byte load a row. Both operands are
- * signed, so the unsigned operand is |q| (at most 128) and the signed one x
- * with q's sign (vpsignb; x is in [-127, 127], so its negation is exact):
- * products <= 128 * 127, vpmaddubsw's int16 pairs <= 32512, no saturation,
- * and no offset to take out. */
-BLOCK __m256i q8_0_dots(const int vnni, const int R, const int T, const uint8_t *const w[MAXR],
-                        const int8_t *const x[BT_MAXT], uint32_t b)
-{
-    __m256i acc[8]; /* all 8 zeroed: as q4k_sums */
-    UNROLL
-    for (int k = 0; k < 8; k++)
-        acc[k] = _mm256_setzero_si256();
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(
-            w[r] + (size_t)b * CLB_Q8_0_BYTES + CLB_Q8_0_QS));
-        const __m256i aq = _mm256_sign_epi8(q, q);
-        UNROLL
-        for (int t = 0; t < T; t++)
-            acc[t * R + r] = dot_u8s8(vnni, aq, _mm256_sign_epi8(_mm256_loadu_si256(
-                                                    (const __m256i *)(const void *)(
-                                                        x[t] + (size_t)b * CLB_Q4_0_COLS)), q));
-    }
-    return lane_sums(R * T, acc);
 }
 
 /* A Q4_K block's 8 6-bit scales and mins (clb_q4k_scale_min) as bytes
@@ -2048,9 +2036,7 @@ BLOCK void blk_tile(const int vnni, const unsigned dt, const int R, const int T,
         const __m256 xsv = lanes_of_tokens(R, T, xsb);
         if (BT_COLS(dt) == CLB_Q4_0_COLS) {
             /* acc += float(dot) * (d * xs) */
-            const __m256i dot = dt == COLIBRI_DTYPE_Q8_0
-                                    ? q8_0_dots(vnni, R, T, w, x, b)
-                                    : q4_0_dots(vnni, dt == COLIBRI_DTYPE_Q5_0, R, T, w, x, xb, b);
+            const __m256i dot = q4_0_dots(vnni, dt, R, T, w, x, xb, b);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dv, xsv)));
         } else if (BT_AFFINE(dt)) {
             /* acc += xs * (d * float(isum) - dmin * float(msum)) */
